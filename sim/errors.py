@@ -1,0 +1,20 @@
+"""The one error type users see: ``error: <where>: <what>`` and exit code 2."""
+
+from __future__ import annotations
+
+
+class KvsimError(Exception):
+    """Bad input or an impossible configuration.
+
+    ``where`` names the file (and line or key) at fault; ``what`` says what is wrong, in one line.
+    The CLI prints ``error: {where}: {what}`` and exits 2, with no traceback.
+    """
+
+    def __init__(self, where: str, what: str) -> None:
+        super().__init__(f"{where}: {what}")
+        self.where = where
+        self.what = what
+
+    def one_line(self) -> str:
+        text = f"error: {self.where}: {self.what}" if self.where else f"error: {self.what}"
+        return " ".join(text.split())

@@ -1,0 +1,48 @@
+"""The Executor contract and the registry that finds executors by name.
+
+Heavy executors (the GPU backend imports torch and triton) are registered as "module:attr" strings
+and imported only when a scenario asks for them, so the simulator runs without torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Protocol, runtime_checkable
+
+from sim.sched.plan import StepPlan, StepResult
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """Prices (or performs) one engine step.
+
+    ``execute`` must not mutate the plan, must return a positive ``duration_s``, and must be
+    deterministic for the cost model (the same plan gives the same result).
+    """
+
+    def execute(self, plan: StepPlan) -> StepResult: ...
+
+
+# name -> "module:factory"; factory(model, hardware, executor_config, kv_config) -> Executor
+_REGISTRY: dict[str, str] = {
+    "cost_model": "sim.executors.cost_model:make_cost_model_executor",
+    "gpu": "backend.executor:make_gpu_executor",
+}
+
+
+def register_executor(name: str, target: str) -> None:
+    """Register an executor factory under ``name`` as a "module:attr" path (imported lazily)."""
+    _REGISTRY[name] = target
+
+
+def executor_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def make_executor(name: str, **kwargs: Any) -> Executor:
+    """Import and build the executor registered under ``name``."""
+    if name not in _REGISTRY:
+        raise KeyError(f"unknown executor {name!r}; known: {', '.join(executor_names())}")
+    module_name, attr = _REGISTRY[name].split(":")
+    factory = getattr(importlib.import_module(module_name), attr)
+    return factory(**kwargs)

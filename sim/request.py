@@ -1,0 +1,65 @@
+"""A request and its lifecycle.
+
+    WAITING -> RUNNING -> (PREEMPTED | SWAPPED -> RUNNING)* -> FINISHED
+    WAITING -> REJECTED (it can never fit; ``reject_reason`` says why)
+
+Token accounting follows vLLM: ``num_tokens = prompt_len + num_generated``; ``num_computed_tokens``
+catches up with it. A step that brings ``num_computed_tokens`` up to ``num_tokens`` samples one new
+token (``num_generated += 1``). The last generated token's KV is never computed, so a request holds
+at most ``prompt_len + output_len - 1`` tokens of KV.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+
+class RequestStatus(IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    SWAPPED = 3
+    FINISHED = 4
+    REJECTED = 5
+
+
+@dataclass(slots=True)
+class Request:
+    # --- workload fields (immutable during a run) ---
+    req_id: int
+    arrival_s: float
+    prompt_len: int
+    output_len: int
+    priority: int = 0                      # lower value is served first by the priority policy
+    n: int = 1                             # parallel samples
+    prefix_group: int = -1                 # requests of one group share their first prefix_len tokens
+    prefix_len: int = 0
+    hash_ids: tuple[int, ...] | None = None  # Mooncake: one id per hash_block_tokens prompt tokens
+    hash_block_tokens: int = 512
+    # --- state (owned by the scheduler) ---
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0
+    num_generated: int = 0
+    num_preemptions: int = 0
+    num_cached_tokens: int = 0             # prompt tokens served from the prefix cache at first admission
+    first_scheduled_s: float = math.nan
+    first_token_s: float = math.nan
+    last_token_s: float = math.nan
+    finish_s: float = math.nan
+    reject_reason: str = ""
+    extra: dict = field(default_factory=dict)  # policy-private state (e.g. round-robin turn start)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_len + self.num_generated
+
+    @property
+    def max_kv_tokens(self) -> int:
+        """The most tokens of KV this request ever holds (the last sampled token is never cached)."""
+        return self.prompt_len + self.output_len - 1
+
+    @property
+    def is_finished(self) -> bool:
+        return self.num_generated >= self.output_len

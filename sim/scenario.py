@@ -1,0 +1,252 @@
+"""The scenario file: a strict pydantic schema, YAML loading with line numbers, and --set overrides.
+
+Every error becomes a KvsimError naming the file, the key path and (when known) the YAML line.
+Paths inside a scenario are relative to the scenario file (``Scenario.base_dir``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+
+from sim.errors import KvsimError
+from sim.specs import HardwareSpec, ModelSpec
+from sim.workload.config import WorkloadConfig
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class KVCacheConfig(_Strict):
+    block_size: int = Field(default=16, ge=1, le=1024)
+    num_gpu_blocks: int | None = Field(default=None, ge=1)     # overrides the capacity computed from HBM
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    activation_reserve_gb: float | None = Field(default=None, ge=0)
+    swap_space_gb: float = Field(default=4.0, ge=0)
+    allocator: Literal["paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle"] = "paged"
+    prefix_caching: bool = False
+
+    @field_validator("block_size")
+    @classmethod
+    def _pow2(cls, v: int) -> int:
+        if v & (v - 1):
+            raise ValueError(f"block_size must be a power of two, got {v}")
+        return v
+
+
+class SchedulerConfig(_Strict):
+    batching: Literal["static", "continuous"] = "continuous"
+    policy: Literal["fcfs", "round_robin", "priority", "longest_prefix_first"] = "fcfs"
+    max_num_seqs: int = Field(default=256, ge=1)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)  # default: max(max_model_len, 2048)
+    chunked_prefill: bool = False
+    preemption: Literal["recompute", "swap"] = "recompute"
+    victim: Literal["latest_arrival", "most_generated"] = "latest_arrival"
+    rr_quantum_steps: int = Field(default=16, ge=1)
+    max_steps_without_progress: int = Field(default=100_000, ge=1)  # watchdog
+
+
+class ExecutorConfig(_Strict):
+    kind: str = "cost_model"
+    calibration: str | None = None          # a calibration JSON (relative to the scenario file)
+    device: Literal["cuda", "cpu"] = "cuda"  # gpu executor only
+    num_layers: int | None = Field(default=None, ge=1)  # gpu executor: run fewer layers, scale the time
+    step_overhead_s: float | None = Field(default=None, ge=0)
+
+
+class OutputConfig(_Strict):
+    plots: bool = True
+    dir: str | None = None
+
+
+class Scenario(_Strict):
+    name: str = "scenario"
+    seed: int = 0
+    model: str | ModelSpec = "llama-2-13b"
+    hardware: str | HardwareSpec = "a100-80gb"
+    kv_cache: KVCacheConfig = KVCacheConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+    workload: WorkloadConfig
+    executor: ExecutorConfig = ExecutorConfig()
+    output: OutputConfig = OutputConfig()
+
+    _base_dir: Path = PrivateAttr(default=Path("."))
+    _source: str = PrivateAttr(default="<scenario>")
+
+    @field_validator("model")
+    @classmethod
+    def _model_preset(cls, v: str | ModelSpec) -> str | ModelSpec:
+        if isinstance(v, str):
+            try:
+                ModelSpec.from_name(v)
+            except KeyError as e:
+                raise ValueError(e.args[0]) from None
+        return v
+
+    @field_validator("hardware")
+    @classmethod
+    def _hardware_preset(cls, v: str | HardwareSpec) -> str | HardwareSpec:
+        if isinstance(v, str):
+            try:
+                HardwareSpec.from_name(v)
+            except KeyError as e:
+                raise ValueError(e.args[0]) from None
+        return v
+
+    @property
+    def model_spec(self) -> ModelSpec:
+        return ModelSpec.from_name(self.model) if isinstance(self.model, str) else self.model
+
+    @property
+    def hardware_spec(self) -> HardwareSpec:
+        return HardwareSpec.from_name(self.hardware) if isinstance(self.hardware, str) else self.hardware
+
+    @property
+    def base_dir(self) -> Path:
+        return self._base_dir
+
+    @property
+    def source(self) -> str:
+        return self._source
+
+    def resolve_path(self, path: str) -> Path:
+        p = Path(path)
+        return p if p.is_absolute() else self._base_dir / p
+
+
+# ---------------------------------------------------------------- loading
+
+
+def _key_lines(node: yaml.Node, prefix: tuple = ()) -> dict[tuple, int]:
+    """Map every key path in a composed YAML document to its 1-based line number."""
+    lines: dict[tuple, int] = {}
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            path = prefix + (k.value,)
+            lines[path] = k.start_mark.line + 1
+            lines.update(_key_lines(v, path))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value):
+            lines[prefix + (i,)] = v.start_mark.line + 1
+            lines.update(_key_lines(v, prefix + (i,)))
+    return lines
+
+
+def _parse_yaml(text: str, source: str) -> tuple[dict, dict[tuple, int]]:
+    try:
+        node = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        problem = getattr(e, "problem", None) or str(e)
+        raise KvsimError(where, f"invalid YAML: {problem}") from None
+    if data is None:
+        raise KvsimError(source, "the file is empty")
+    if not isinstance(data, dict):
+        raise KvsimError(source, "a scenario must be a mapping of keys (name, model, workload, ...)")
+    return data, (_key_lines(node) if node is not None else {})
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``key.path=value`` -> (["key", "path"], value parsed as a YAML scalar or list)."""
+    if "=" not in text:
+        raise KvsimError("--set", f"expected key.path=value, got {text!r}")
+    key, raw = text.split("=", 1)
+    if not key or any(not part for part in key.split(".")):
+        raise KvsimError("--set", f"bad key path {key!r}")
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def apply_override(data: dict, path: list[str], value: Any) -> None:
+    node = data
+    for part in path[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {} if child is None else child
+            if not isinstance(child, dict):
+                raise KvsimError("--set", f"{'.'.join(path)}: {part} is not a mapping")
+            node[part] = child
+        node = child
+    node[path[-1]] = value
+
+
+def _explain(err: ValidationError, source: str, lines: dict[tuple, int], overridden: set[tuple]) -> KvsimError:
+    first = err.errors()[0]
+    loc = tuple(p for p in first["loc"] if not (isinstance(p, str) and p in ("str", "ModelSpec", "HardwareSpec")))
+    # pydantic adds the union member tried ('function-after[...]', 'ModelSpec') to the loc; drop those
+    loc = tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p[:1].isupper())))
+    key = ".".join(str(p) for p in loc) or "<top>"
+    msg = first["msg"]
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif first["type"] == "missing":
+        msg = "required key is missing"
+    msg = msg.removeprefix("Value error, ")
+    line = None
+    for n in range(len(loc), 0, -1):
+        if loc[:n] in lines:
+            line = lines[loc[:n]]
+            break
+    via = " (from --set)" if loc in overridden else ""
+    where = f"{source}:{line}" if line and not via else source
+    return KvsimError(where, f"{key}: {msg}{via}")
+
+
+def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
+    """Read, override and validate a scenario file. Raises KvsimError on any problem."""
+    path = Path(path)
+    source = str(path)
+    if not path.exists():
+        raise KvsimError(source, "no such file")
+    if path.is_dir():
+        raise KvsimError(source, "is a directory, not a scenario file")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise KvsimError(source, f"cannot read: {e}") from None
+    data, lines = _parse_yaml(text, source)
+    return scenario_from_dict(data, base_dir=path.parent, source=source, lines=lines, overrides=overrides)
+
+
+def scenario_from_dict(
+    data: dict,
+    base_dir: Path | str = ".",
+    source: str = "<scenario>",
+    lines: dict[tuple, int] | None = None,
+    overrides: list[str] | None = None,
+) -> Scenario:
+    """Validate a scenario given as a dict (notebooks build them this way)."""
+    data = _deep_copy(data)
+    overridden: set[tuple] = set()
+    for text in overrides or []:
+        path, value = parse_override(text)
+        apply_override(data, path, value)
+        overridden.add(tuple(path))
+    try:
+        scn = Scenario.model_validate(data)
+    except ValidationError as e:
+        raise _explain(e, source, lines or {}, overridden) from None
+    scn._base_dir = Path(base_dir)
+    scn._source = source
+    return scn
+
+
+def _deep_copy(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _deep_copy(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_deep_copy(v) for v in x]
+    return x
+
+
+def scenario_json_schema() -> dict:
+    return Scenario.model_json_schema()

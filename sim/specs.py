@@ -1,0 +1,199 @@
+"""Model and hardware specifications, their presets, and the KV-cache arithmetic.
+
+Invariants:
+- ``head_dim * num_heads`` need not equal ``hidden_size`` (it does for every preset here).
+- KV bytes per token = 2 (K and V) x layers x kv_heads x head_dim x dtype bytes; with GQA kv_heads < heads.
+- Presets are immutable; a scenario may give a mapping instead, validated with ``extra="forbid"``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+GiB = 1024**3
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
+
+
+class ModelSpec(BaseModel):
+    """The shape of a decoder-only transformer: all the simulator needs to price it and size its KV."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = "custom"
+    num_layers: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    num_heads: int = Field(gt=0)
+    num_kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    intermediate_size: int = Field(gt=0)
+    vocab_size: int = Field(gt=0)
+    max_model_len: int = Field(gt=0)
+    gated_mlp: bool = True  # SwiGLU (gate, up, down) vs a plain two-matrix MLP (OPT)
+    tied_embeddings: bool = False
+    dtype: str = "fp16"
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelSpec:
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        if self.dtype not in DTYPE_BYTES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}")
+        return self
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    def kv_bytes_per_token(self, dtype: str | None = None) -> int:
+        """2 x layers x kv_heads x head_dim x bytes: the K and V of one token in every layer."""
+        nbytes = DTYPE_BYTES[dtype] if dtype else self.dtype_bytes
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * nbytes
+
+    def kv_bytes_per_block(self, block_size: int, dtype: str | None = None) -> int:
+        return block_size * self.kv_bytes_per_token(dtype)
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def layer_params(self) -> int:
+        """Parameters of one layer: fused QKV, output projection, MLP, two norms."""
+        qkv = self.hidden_size * (self.q_size + 2 * self.kv_size)
+        out = self.q_size * self.hidden_size
+        mlp = (3 if self.gated_mlp else 2) * self.hidden_size * self.intermediate_size
+        return qkv + out + mlp + 2 * self.hidden_size
+
+    def num_params(self) -> int:
+        """All parameters: layers, token embedding, LM head (unless tied), final norm."""
+        emb = self.vocab_size * self.hidden_size
+        head = 0 if self.tied_embeddings else emb
+        return self.num_layers * self.layer_params() + emb + head + self.hidden_size
+
+    def weight_bytes(self) -> int:
+        return self.num_params() * self.dtype_bytes
+
+    @classmethod
+    def from_name(cls, name: str) -> ModelSpec:
+        key = name.lower()
+        if key not in MODEL_PRESETS:
+            raise KeyError(f"unknown model preset {name!r}; known: {', '.join(sorted(MODEL_PRESETS))}")
+        return MODEL_PRESETS[key]
+
+
+class HardwareSpec(BaseModel):
+    """One accelerator (or a tensor-parallel group of identical ones) and its host link.
+
+    Bandwidths are bytes/s, compute is dense fp16/bf16 FLOP/s without sparsity, memory in bytes.
+    With ``tensor_parallel = t`` each GPU holds 1/t of the weights and heads, and each layer adds
+    all-reduces over the interconnect.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = "custom"
+    hbm_bytes: int = Field(gt=0)
+    hbm_bandwidth: float = Field(gt=0)
+    peak_flops: float = Field(gt=0)
+    host_link_bandwidth: float = Field(gt=0)
+    interconnect_bandwidth: float = Field(default=0.0, ge=0)  # per-GPU NVLink bytes/s; 0: PCIe only
+    interconnect_latency_s: float = Field(default=5e-6, ge=0)
+    tensor_parallel: int = Field(default=1, ge=1)
+
+    @classmethod
+    def from_name(cls, name: str) -> HardwareSpec:
+        key = name.lower()
+        if key not in HARDWARE_PRESETS:
+            raise KeyError(f"unknown hardware preset {name!r}; known: {', '.join(sorted(HARDWARE_PRESETS))}")
+        return HARDWARE_PRESETS[key]
+
+
+def kv_capacity_blocks(
+    model: ModelSpec,
+    hardware: HardwareSpec,
+    block_size: int,
+    gpu_memory_utilization: float = 0.9,
+    activation_reserve_bytes: int | None = None,
+) -> int:
+    """Blocks that fit: (HBM x utilization x TP - weights - activation reserve) / block bytes.
+
+    The activation reserve defaults to 5% of the usable HBM (vLLM profiles a dummy forward pass
+    instead; its peak for a 13B model at 2k batched tokens is a few percent of an 80 GB card).
+    Raises ValueError when the weights alone do not fit.
+    """
+    usable = hardware.hbm_bytes * gpu_memory_utilization * hardware.tensor_parallel
+    reserve = 0.05 * usable if activation_reserve_bytes is None else activation_reserve_bytes
+    free = usable - model.weight_bytes() - reserve
+    if free <= 0:
+        raise ValueError(
+            f"model weights ({model.weight_bytes() / GiB:.1f} GiB) do not fit in "
+            f"{hardware.tensor_parallel} x {hardware.name} at gpu_memory_utilization={gpu_memory_utilization}"
+        )
+    return math.floor(free / model.kv_bytes_per_block(block_size))
+
+
+def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, inter: int, vocab: int, max_len: int,
+           **kw) -> ModelSpec:
+    return ModelSpec(name=name, num_layers=layers, hidden_size=hidden, num_heads=heads, num_kv_heads=kv,
+                     head_dim=hidden // heads, intermediate_size=inter, vocab_size=vocab, max_model_len=max_len,
+                     **kw)
+
+
+# Model presets: numbers from each model's config.json on the Hugging Face Hub
+# (num_hidden_layers, hidden_size, num_attention_heads, num_key_value_heads, intermediate_size,
+# vocab_size, max_position_embeddings).
+MODEL_PRESETS: dict[str, ModelSpec] = {
+    # meta-llama/Llama-2-7b-hf config.json
+    "llama-2-7b": _llama("llama-2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
+    # meta-llama/Llama-2-13b-hf config.json
+    "llama-2-13b": _llama("llama-2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
+    # meta-llama/Llama-2-70b-hf config.json (GQA, 8 KV heads)
+    "llama-2-70b": _llama("llama-2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
+    # meta-llama/Meta-Llama-3-8B config.json
+    "llama-3-8b": _llama("llama-3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
+    # meta-llama/Meta-Llama-3-70B config.json
+    "llama-3-70b": _llama("llama-3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
+    # meta-llama/Llama-3.1-8B config.json (128k context via rope scaling)
+    "llama-3.1-8b": _llama("llama-3.1-8b", 32, 4096, 32, 8, 14336, 128256, 131072),
+    # meta-llama/Llama-3.1-70B config.json
+    "llama-3.1-70b": _llama("llama-3.1-70b", 80, 8192, 64, 8, 28672, 128256, 131072),
+    # mistralai/Mistral-7B-v0.1 config.json (sliding window 4096 not modelled)
+    "mistral-7b": _llama("mistral-7b", 32, 4096, 32, 8, 14336, 32000, 32768),
+    # facebook/opt-13b config.json: ffn_dim 20480, ReLU MLP, 2048 positions, tied embeddings
+    "opt-13b": _llama("opt-13b", 40, 5120, 40, 40, 20480, 50272, 2048, gated_mlp=False, tied_embeddings=True),
+    # codellama/CodeLlama-34b-Instruct-hf config.json
+    "codellama-34b": _llama("codellama-34b", 48, 8192, 64, 8, 22016, 32000, 16384),
+    # Qwen/Qwen-72B config.json: 80 layers, hidden 8192, 64 heads (no GQA), intermediate_size 49152
+    # counts gate+up together, so each projection is 24576 wide; vocab 152064; seq_length 32768
+    "qwen-72b": _llama("qwen-72b", 80, 8192, 64, 64, 24576, 152064, 32768),
+    # A toy shape for running the real backend on a CPU: 2 layers, hidden 256, 4 heads, 2 KV heads
+    "tiny-llama": _llama("tiny-llama", 2, 256, 4, 2, 512, 1024, 4096),
+}
+
+# Hardware presets: vendor datasheets. Dense (no sparsity) fp16/bf16 tensor FLOP/s; one direction of
+# the host link (PCIe x16); NVLink per-GPU bandwidth per direction.
+HARDWARE_PRESETS: dict[str, HardwareSpec] = {
+    # NVIDIA A100 datasheet (SXM 40GB): 1,555 GB/s HBM2, 312 TFLOPS fp16, PCIe Gen4 32 GB/s, NVLink 600 GB/s
+    "a100-40gb": HardwareSpec(name="a100-40gb", hbm_bytes=40 * GiB, hbm_bandwidth=1555e9, peak_flops=312e12,
+                              host_link_bandwidth=32e9, interconnect_bandwidth=300e9),
+    # NVIDIA A100 datasheet (SXM 80GB): 2,039 GB/s HBM2e
+    "a100-80gb": HardwareSpec(name="a100-80gb", hbm_bytes=80 * GiB, hbm_bandwidth=2039e9, peak_flops=312e12,
+                              host_link_bandwidth=32e9, interconnect_bandwidth=300e9),
+    # NVIDIA H100 datasheet (SXM): 3.35 TB/s HBM3, 989 TFLOPS bf16 dense, PCIe Gen5 64 GB/s, NVLink 900 GB/s
+    "h100-80gb": HardwareSpec(name="h100-80gb", hbm_bytes=80 * GiB, hbm_bandwidth=3.35e12, peak_flops=989e12,
+                              host_link_bandwidth=64e9, interconnect_bandwidth=450e9),
+    # NVIDIA H200 datasheet (SXM): 141 GB HBM3e at 4.8 TB/s, same compute as H100 SXM
+    "h200-141gb": HardwareSpec(name="h200-141gb", hbm_bytes=141 * 10**9, hbm_bandwidth=4.8e12,
+                               peak_flops=989e12, host_link_bandwidth=64e9, interconnect_bandwidth=450e9),
+    # NVIDIA L40S datasheet: 48 GB GDDR6 at 864 GB/s, 362 TFLOPS fp16 dense, PCIe Gen4, no NVLink
+    "l40s": HardwareSpec(name="l40s", hbm_bytes=48 * 10**9, hbm_bandwidth=864e9, peak_flops=362e12,
+                         host_link_bandwidth=32e9, interconnect_bandwidth=0.0),
+    # A generic host CPU, for running the real backend's reference path; calibrate before trusting it
+    "cpu": HardwareSpec(name="cpu", hbm_bytes=16 * GiB, hbm_bandwidth=20e9, peak_flops=2e11,
+                        host_link_bandwidth=20e9, interconnect_bandwidth=0.0),
+}
