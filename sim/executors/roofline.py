@@ -1,0 +1,122 @@
+"""Operator pricing: a roofline with shape-aware efficiency, shared by the executor and the calibrator.
+
+One GEMM ``[M, K] x [K, N]`` (M tokens, K inputs, N outputs, ``b`` bytes per element) costs
+
+    flops  = 2 * M * N * K
+    bytes  = b * (K * N + M * K + M * N)            weights read once, activations in and out
+    t_c    = flops_q / (peak * compute_eff)          compute time
+    t_m    = bytes / (bandwidth * memory_eff)        memory time
+    t      = (t_c**p + t_m**p) ** (1/p) + latency    a smooth max (p -> inf is the plain max)
+
+Shape awareness (``CostParams.tile_m > 0``) replaces ``flops`` by the work the GPU really issues:
+
+    tiles    = ceil(M / tile_m) * ceil(N / tile_n)   tile quantization: partial tiles cost full tiles
+    waves    = ceil(tiles / num_sms)                 wave quantization: a partial last wave costs a wave
+    flops_q  = 2 * waves * num_sms * tile_m * tile_n * K
+
+and the compute efficiency ramps up with the useful work per SM (small GEMMs do not reach peak):
+
+    compute_eff(M) = compute_eff * M / (M + ramp_tokens)
+
+The plain roofline of the brief is ``tile_m = 0, ramp_tokens = 0, smooth_p = inf``. Every function
+here accepts numpy arrays as well as scalars (the calibrator prices thousands of rows at once).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import numpy as np
+
+# Streaming multiprocessors per GPU, from the NVIDIA datasheets (A100: 108, H100 SXM: 132, H200: 132,
+# L40S: 142); a CPU has no waves to quantize, so 1.
+DEFAULT_NUM_SMS = {"a100-40gb": 108, "a100-80gb": 108, "h100-80gb": 132, "h200-141gb": 132, "l40s": 142, "cpu": 1}
+
+
+@dataclass(slots=True)
+class CostParams:
+    """Fitted (or default) efficiencies and latencies of one piece of hardware.
+
+    Invariants: efficiencies are in (0, 1.5]; latencies and overheads are >= 0; ``smooth_p >= 1``.
+    ``tile_m == 0`` switches tile and wave quantization off.
+    """
+
+    compute_eff: float = 0.7          # fraction of peak FLOP/s a large GEMM reaches
+    memory_eff: float = 0.8           # fraction of HBM bandwidth a streaming kernel reaches
+    kernel_latency_s: float = 5e-6    # launch + tail of one kernel
+    step_overhead_s: float = 2e-3     # scheduler, sampling, Python: once per engine step
+    smooth_p: float = math.inf        # exponent of the smooth max of compute and memory time
+    tile_m: int = 0                   # GEMM tile rows (tokens); 0: no quantization
+    tile_n: int = 128                 # GEMM tile columns (outputs)
+    num_sms: int = 108                # SMs for wave quantization
+    ramp_tokens: float = 0.0          # tokens at which a GEMM reaches half its compute efficiency
+    attn_compute_eff: float = 0.5     # FlashAttention-style prefill reaches less than a GEMM
+    attn_memory_eff: float = 0.7      # paged decode attention reading KV blocks
+    elementwise_eff: float = 0.6      # norms, rope, activation, residual add (memory bound)
+    swap_block_latency_s: float = 1e-5  # per block moved over the host link
+    allreduce_latency_s: float = 0.0  # extra fixed latency per all-reduce (beyond the link latency)
+    allreduce_eff: float = 0.8        # fraction of interconnect bandwidth a ring all-reduce reaches
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CostParams:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown cost parameters: {', '.join(unknown)}")
+        params = cls(**data)
+        params.smooth_p = float(params.smooth_p)
+        return params
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        if math.isinf(out["smooth_p"]):
+            out["smooth_p"] = 1e9  # JSON has no infinity
+        return out
+
+
+def smooth_max(a: Any, b: Any, p: float) -> Any:
+    """(a^p + b^p)^(1/p): equals max(a, b) as p -> inf, and at most 2^(1/p) x the max."""
+    if p >= 64:
+        return np.maximum(a, b)
+    hi = np.maximum(a, b)
+    safe = np.where(hi > 0, hi, 1.0)
+    return safe * ((a / safe) ** p + (b / safe) ** p) ** (1.0 / p) * (hi > 0)
+
+
+def gemm_time(m: Any, n: int | Any, k: int | Any, peak: float, bandwidth: float, dtype_bytes: int,
+              params: CostParams) -> Any:
+    """Seconds for one ``[m, k] x [k, n]`` GEMM, with the formulas of the module docstring."""
+    m = np.asarray(m, dtype=float)
+    if params.tile_m > 0:
+        tiles = np.ceil(m / params.tile_m) * np.ceil(np.asarray(n, dtype=float) / params.tile_n)
+        waves = np.ceil(tiles / params.num_sms)
+        flops = 2.0 * waves * params.num_sms * params.tile_m * params.tile_n * k
+    else:
+        flops = 2.0 * m * n * k
+    eff = params.compute_eff
+    if params.ramp_tokens > 0:
+        eff = eff * m / (m + params.ramp_tokens)
+    t_c = flops / (peak * eff)
+    t_m = dtype_bytes * (k * n + m * k + m * n) / (bandwidth * params.memory_eff)
+    return smooth_max(t_c, t_m, params.smooth_p) + params.kernel_latency_s
+
+
+def roofline_time(flops: Any, nbytes: Any, peak: float, bandwidth: float, compute_eff: float,
+                  memory_eff: float, latency_s: float) -> Any:
+    """max(flops / (peak x compute_eff), bytes / (bandwidth x memory_eff)) + latency."""
+    return np.maximum(flops / (peak * compute_eff), nbytes / (bandwidth * memory_eff)) + latency_s
+
+
+def allreduce_time(nbytes: Any, tp: int, link_bandwidth: float, link_latency_s: float,
+                   params: CostParams) -> Any:
+    """Ring all-reduce over ``tp`` GPUs: 2 (t-1)/t x bytes / (bw x eff) + 2 (t-1) x link latency.
+
+    Zero when ``tp == 1``. A ring moves each byte through 2 (t-1) hops, each paying the link latency.
+    """
+    if tp <= 1:
+        return 0.0 * np.asarray(nbytes, dtype=float)
+    bw = link_bandwidth if link_bandwidth > 0 else 16e9  # no NVLink: assume PCIe-class peer traffic
+    return (2.0 * (tp - 1) / tp * np.asarray(nbytes, dtype=float) / (bw * params.allreduce_eff)
+            + 2 * (tp - 1) * link_latency_s + params.allreduce_latency_s)
