@@ -1,7 +1,8 @@
 """The ``workload:`` section of a scenario (pydantic, extra="forbid").
 
 Exactly one of ``trace``, ``synthetic`` or ``requests`` is given. Reshaping keys (limit, start_s,
-duration_s, time_scale, rate, max_model_len) apply to any of them, in that order.
+duration_s, time_scale, rate, max_model_len) apply to any of them, in that order. ``arrival`` gives a
+trace new arrival times (a length-only trace needs it).
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ class WorkloadConfig(_Strict):
     format: Literal["azure", "mooncake", "vidur", "burstgpt", "csv", "jsonl"] | None = None
     columns: dict[str, str] | None = None         # csv/jsonl: field -> column name
     model_filter: str | None = None               # burstgpt: keep rows of this Model only
+    arrival: ArrivalConfig | None = None          # trace: replaces (or supplies, for length-only files) arrival times
     synthetic: SyntheticConfig | None = None
     requests: list[InlineRequest] | None = None
     limit: int | None = Field(default=None, ge=1)
@@ -105,4 +107,6 @@ class WorkloadConfig(_Strict):
             raise ValueError(f"give exactly one of trace, synthetic, requests (got {', '.join(given) or 'none'})")
         if self.trace is not None and self.format is None:
             raise ValueError("a trace needs a format (azure, mooncake, vidur, burstgpt, csv, jsonl)")
+        if self.arrival is not None and self.trace is None:
+            raise ValueError("workload.arrival applies to a trace; a synthetic workload has synthetic.arrival")
         return self

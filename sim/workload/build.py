@@ -1,0 +1,142 @@
+"""``build_workload``: a scenario's ``workload:`` section -> Requests sorted by arrival.
+
+    source (trace | synthetic | inline) -> drop empty rows -> arrivals from workload.arrival (traces)
+    -> stable sort by arrival -> shift traces to t=0 -> limit -> window -> time_scale -> rate
+    -> max_model_len clipping -> Request objects, req_id = 0..N-1 in arrival order
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from sim.errors import KvsimError
+from sim.request import Request
+from sim.workload import reshape
+from sim.workload.config import InlineRequest, WorkloadConfig
+from sim.workload.synthetic import arrival_times, generate
+from sim.workload.table import Columns, LoadStats
+from sim.workload.traces import load_trace
+
+
+@dataclass(slots=True)
+class Workload:
+    """The requests of one run (sorted by arrival, req_id = index) and what building them saw."""
+
+    requests: list[Request]
+    stats: dict = field(default_factory=dict)
+
+
+def build_workload(cfg: WorkloadConfig, base_dir: Path, seed: int, source: str = "<scenario>") -> Workload:
+    """Load or generate the workload; raise KvsimError on bad input (naming file and line)."""
+    rng = np.random.default_rng(seed)
+    stats = LoadStats()
+    info: dict = {}
+    if cfg.trace is not None:
+        cols, where = _from_trace(cfg, Path(base_dir), source, stats, rng, info)
+    elif cfg.synthetic is not None:
+        cols, where = generate(cfg.synthetic, rng, Path(base_dir), where=source), source
+        stats.rows_read = len(cols)
+        info["kind"] = "synthetic"
+    else:
+        cols, where = _from_inline(cfg.requests or [], source), source
+        stats.rows_read = len(cols)
+        info["kind"] = "inline"
+    cols = reshape.sort_by_arrival(cols, stats, where)
+    if cfg.trace is not None:
+        cols = reshape.shift_to_zero(cols)
+    cols = reshape.limit(cols, cfg.limit)
+    cols = reshape.window(cols, cfg.start_s, cfg.duration_s)
+    cols = reshape.time_scale(cols, cfg.time_scale)
+    cols = reshape.rescale_rate(cols, cfg.rate, source)
+    cols = reshape.clip_to_model_len(cols, cfg.max_model_len, stats)
+    if len(cols) == 0:
+        raise KvsimError(where, "the workload has no requests (after limit and time window)")
+    requests = to_requests(cols)
+    out = stats.as_dict()
+    out.update(info)
+    out["num_requests"] = len(requests)
+    out["time_span_s"] = float(cols.arrival[-1] - cols.arrival[0])
+    out["mean_rate"] = reshape.mean_rate(cols.arrival)
+    return Workload(requests=requests, stats=out)
+
+
+def _from_trace(cfg: WorkloadConfig, base_dir: Path, source: str, stats: LoadStats,
+                rng: np.random.Generator, info: dict) -> tuple[Columns, str]:
+    assert cfg.trace is not None and cfg.format is not None
+    path = Path(cfg.trace)
+    path = path if path.is_absolute() else base_dir / path
+    where = str(path)
+    if not path.exists():
+        raise KvsimError(source, f"workload.trace: no such file {where}")
+    # reading stops early only when no row can be dropped and times stay the file's own
+    early = cfg.limit if (cfg.arrival is None and cfg.format in ("azure", "mooncake")) else None
+    cols = load_trace(path, cfg.format, where, stats, columns=cfg.columns, model_filter=cfg.model_filter,
+                      max_rows=early)
+    cols = drop_empty(cols, stats)
+    if len(cols) == 0:
+        raise KvsimError(where, "no requests left after skipping rows with zero tokens")
+    if cfg.arrival is not None:
+        cols.arrival = arrival_times(cfg.arrival, len(cols), rng)
+    elif np.isnan(cols.arrival).any():
+        raise KvsimError(source, f"workload.arrival: the trace {where} has no arrival times; give an arrival "
+                         "process, e.g. arrival: {process: poisson, rate: 2.0}")
+    info.update(kind="trace", trace=where, format=cfg.format)
+    return cols, where
+
+
+def drop_empty(cols: Columns, stats: LoadStats) -> Columns:
+    """Skip rows with a zero prompt or zero output length (counted in stats)."""
+    no_prompt = cols.prompt_len == 0
+    no_output = (cols.output_len == 0) & ~no_prompt
+    stats.skip("zero prompt tokens", int(no_prompt.sum()))
+    stats.skip("zero output tokens", int(no_output.sum()))
+    bad = no_prompt | no_output
+    return cols.take(~bad) if bad.any() else cols
+
+
+def _from_inline(items: list[InlineRequest], source: str) -> Columns:
+    for i, r in enumerate(items):
+        if r.prefix_len and r.prefix_len >= r.prompt_len:
+            raise KvsimError(source, f"workload.requests.{i}: prefix_len ({r.prefix_len}) must be below "
+                             f"prompt_len ({r.prompt_len})")
+        if r.prefix_len and r.prefix_group < 0:
+            raise KvsimError(source, f"workload.requests.{i}: prefix_len needs a prefix_group >= 0")
+    if not items:
+        raise KvsimError(source, "workload.requests: the list is empty")
+
+    def col(name: str, dtype: type) -> np.ndarray:
+        return np.array([getattr(r, name) for r in items], dtype=dtype)
+
+    return Columns(arrival=col("arrival", np.float64), prompt_len=col("prompt_len", np.int64),
+                   output_len=col("output_len", np.int64), priority=col("priority", np.int64),
+                   n=col("n", np.int64), prefix_group=col("prefix_group", np.int64),
+                   prefix_len=col("prefix_len", np.int64), beam_width=col("beam_width", np.int64))
+
+
+def to_requests(cols: Columns) -> list[Request]:
+    """Request objects, req_id = position. Arrays go to Python scalars once, in bulk (fast)."""
+    count = len(cols)
+    arrival = cols.arrival.tolist()
+    prompt = cols.prompt_len.tolist()
+    output = cols.output_len.tolist()
+    priority = cols.priority.tolist() if cols.priority is not None else [0] * count
+    n = cols.n.tolist() if cols.n is not None else [1] * count
+    beam = cols.beam_width.tolist() if cols.beam_width is not None else None
+    if cols.prefix_group is not None and cols.prefix_len is not None:
+        has = cols.prefix_group >= 0
+        group = np.where(has, cols.prefix_group, -1).tolist()
+        plen = np.where(has, cols.prefix_len, 0).tolist()
+    else:
+        group, plen = [-1] * count, [0] * count
+    hashes = cols.hash_ids if cols.hash_ids is not None else [None] * count
+    block = cols.hash_block_tokens
+    out = [Request(i, arrival[i], prompt[i], output[i], priority[i], n[i], group[i], plen[i], hashes[i], block)
+           for i in range(count)]
+    if beam is not None:
+        for r, w in zip(out, beam, strict=True):
+            if w > 1:
+                r.extra["beam_width"] = w
+    return out
