@@ -1,0 +1,63 @@
+"""kvsim kv-size --model NAME --seq-len N [--dtype fp16] [--block-size 16] [--json]: the KV arithmetic."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from sim.errors import KvsimError
+from sim.specs import DTYPE_BYTES, GiB, ModelSpec
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("kv-size", help="KV-cache bytes per token, per block and per sequence")
+    p.add_argument("--model", required=True, help="model preset name")
+    p.add_argument("--seq-len", type=int, required=True, help="tokens in the sequence")
+    p.add_argument("--dtype", default="fp16", help="KV dtype: " + ", ".join(DTYPE_BYTES))
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=main)
+
+
+def kv_size(model: ModelSpec, seq_len: int, dtype: str, block_size: int) -> dict:
+    per_token = model.kv_bytes_per_token(dtype)
+    blocks = -(-seq_len // block_size)
+    return {
+        "model": model.name, "dtype": dtype, "seq_len": seq_len, "block_size": block_size,
+        "num_layers": model.num_layers, "num_kv_heads": model.num_kv_heads, "head_dim": model.head_dim,
+        "bytes_per_token": per_token,
+        "bytes_per_block": per_token * block_size,
+        "bytes_per_sequence": per_token * seq_len,
+        "blocks_per_sequence": blocks,
+        "bytes_per_sequence_paged": blocks * per_token * block_size,
+        "weight_bytes": model.weight_bytes(),
+    }
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        model = ModelSpec.from_name(args.model)
+    except KeyError as e:
+        raise KvsimError("--model", e.args[0]) from None
+    if args.dtype not in DTYPE_BYTES:
+        raise KvsimError("--dtype", f"unknown dtype {args.dtype!r}; known: {', '.join(DTYPE_BYTES)}")
+    if args.seq_len <= 0:
+        raise KvsimError("--seq-len", f"must be positive, got {args.seq_len}")
+    if args.block_size <= 0 or args.block_size & (args.block_size - 1):
+        raise KvsimError("--block-size", f"must be a positive power of two, got {args.block_size}")
+    info = kv_size(model, args.seq_len, args.dtype, args.block_size)
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    rows = [
+        ("KV per token", info["bytes_per_token"]),
+        (f"KV per {args.block_size}-token block", info["bytes_per_block"]),
+        (f"KV per {args.seq_len}-token sequence", info["bytes_per_sequence"]),
+        (f"  paged ({info['blocks_per_sequence']} blocks)", info["bytes_per_sequence_paged"]),
+        ("model weights", info["weight_bytes"]),
+    ]
+    print(f"{model.name}: {model.num_layers} layers x {model.num_kv_heads} KV heads x {model.head_dim} "
+          f"head_dim x {DTYPE_BYTES[args.dtype]} bytes ({args.dtype}) x 2 (K and V)")
+    for name, b in rows:
+        print(f"  {name:<34} {b:>18,d} bytes  {b / GiB:>10.3f} GiB  {b / 1e9:>10.3f} GB")
+    return 0

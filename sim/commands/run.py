@@ -1,0 +1,56 @@
+"""kvsim run SCENARIO.yaml [--out DIR] [--set key.path=value ...]: run one scenario, print its summary."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from sim.commands.summary_table import print_summary
+from sim.output import prepare_out_dir, summary_json, write_atomic, write_text
+from sim.runner import Result, run_scenario
+from sim.scenario import load_scenario
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("run", help="run a scenario file and print its summary")
+    p.add_argument("scenario", help="scenario YAML file")
+    p.add_argument("--out", help="folder for summary.json, requests.csv, steps.csv and plots")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
+                   help="override a scenario key (repeatable)")
+    p.add_argument("--no-plots", action="store_true", help="skip the figures")
+    p.add_argument("--check", action="store_true", help="check every KV invariant after every step (slow)")
+    p.add_argument("--progress", action="store_true", help="show a progress bar")
+    p.set_defaults(func=main)
+
+
+def write_results(result: Result, out: Path, plots: bool = True) -> list[Path]:
+    """summary.json, requests.csv, steps.csv and the figures, each written atomically."""
+    written = [
+        write_atomic(out / "requests.csv", lambda p: result.requests.to_csv(p, index=False)),
+        write_atomic(out / "steps.csv", lambda p: result.steps.to_csv(p, index=False)),
+    ]
+    if plots:
+        from sim import plots as figs
+
+        tmp = out / ".plots.tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
+        try:
+            for f in figs.write_run_plots(result.requests, result.steps, result.summary, tmp):
+                written.append(write_atomic(out / f.name, lambda p, f=f: p.write_bytes(f.read_bytes())))
+        finally:
+            for f in tmp.iterdir():
+                f.unlink()
+            tmp.rmdir()
+    written.append(write_text(out / "summary.json", summary_json(result.summary)))
+    return written
+
+
+def main(args: argparse.Namespace) -> int:
+    scn = load_scenario(args.scenario, args.overrides)
+    out = prepare_out_dir(args.out) if args.out else None
+    result = run_scenario(scn, check_integrity=True if args.check else None, progress=args.progress)
+    print_summary(result.summary, title=f"{scn.name}  ({args.scenario})")
+    if out is not None:
+        files = write_results(result, out, plots=scn.output.plots and not args.no_plots)
+        print(f"wrote {len(files)} files to {out}/")
+    return 0

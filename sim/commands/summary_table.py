@@ -1,0 +1,43 @@
+"""A readable summary table (rich) for the terminal."""
+
+from __future__ import annotations
+
+import math
+
+from rich.console import Console
+from rich.table import Table
+
+LATENCIES = ["ttft_s", "tpot_s", "itl_s", "e2e_s", "normalized_latency_s_per_tok"]
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "-"
+        return f"{v:.4g}"
+    return str(v)
+
+
+def print_summary(summary: dict, title: str = "summary") -> None:
+    console = Console()
+    t = Table(title=title, show_header=True, header_style="bold")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    for k, v in summary.items():
+        if k in LATENCIES or k == "memory_breakdown":
+            continue
+        t.add_row(k, _fmt(v))
+    console.print(t)
+    lat = Table(title="latency (s)", header_style="bold")
+    lat.add_column("metric")
+    for q in ("mean", "p50", "p90", "p99"):
+        lat.add_column(q, justify="right")
+    for k in LATENCIES:
+        if k in summary:
+            lat.add_row(k, *(_fmt(summary[k][q]) for q in ("mean", "p50", "p90", "p99")))
+    console.print(lat)
+    mb = Table(title="KV memory breakdown (fraction of capacity, time-weighted)", header_style="bold")
+    for k in summary["memory_breakdown"]:
+        mb.add_column(k, justify="right")
+    mb.add_row(*(f"{v:.3f}" for v in summary["memory_breakdown"].values()))
+    console.print(mb)

@@ -1,0 +1,96 @@
+"""The SimPy model: an arrival process and an engine-loop process.
+
+    arrivals:  for each request: wait until its arrival, hand it to the scheduler, wake the engine
+    engine:    while there is work:  plan = schedule(now)
+                                     result = execute(plan)
+                                     yield timeout(result.duration_s)
+                                     update(plan, result, now); record the step
+               idle:                 wait on the event the next arrival triggers
+
+Time passes only through ``env.timeout``. A watchdog turns a run that makes no progress (no token
+sampled, no request finished) for ``max_steps_without_progress`` steps into a clear error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import simpy
+
+from sim.errors import KvsimError
+from sim.executors.base import Executor
+from sim.metrics import Recorder
+from sim.request import Request
+from sim.sched.base import SchedulerBase
+
+
+class Engine:
+    """One replica: a scheduler, an executor and a recorder driven by a SimPy environment."""
+
+    def __init__(self, requests: list[Request], scheduler: SchedulerBase, executor: Executor, recorder: Recorder,
+                 check_integrity: bool = False, max_steps_without_progress: int = 100_000,
+                 on_step: Callable[[int], None] | None = None) -> None:
+        self.env = simpy.Environment()
+        self.requests = requests
+        self.scheduler = scheduler
+        self.executor = executor
+        self.recorder = recorder
+        self.check_integrity = check_integrity
+        self.max_stall = max_steps_without_progress
+        self.on_step = on_step
+        self._wake: simpy.Event | None = None
+        self._arrivals_done = False
+
+    def run(self) -> None:
+        self.env.process(self._arrivals())
+        self.env.process(self._loop())
+        self.env.run()
+
+    def _arrivals(self):
+        env = self.env
+        sched = self.scheduler
+        for req in self.requests:
+            delay = req.arrival_s - env.now
+            if delay > 0:
+                yield env.timeout(delay)
+            if sched.add_request(req, env.now) and self._wake is not None and not self._wake.triggered:
+                self._wake.succeed()
+        self._arrivals_done = True
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def _loop(self):
+        env = self.env
+        sched = self.scheduler
+        execute = self.executor.execute
+        record = self.recorder.record_step
+        stall = 0
+        step = 0
+        while True:
+            if not sched.has_work():
+                if self._arrivals_done:
+                    return
+                self._wake = env.event()
+                yield self._wake
+                self._wake = None
+                continue
+            start = env.now
+            plan = sched.schedule(start)
+            if plan.is_empty():
+                raise KvsimError("engine", f"deadlock at t={start:.3f}s: {sched.num_waiting()} waiting, "
+                                 f"{len(sched.running)} running, nothing can be scheduled")
+            result = execute(plan)
+            if not result.duration_s > 0:
+                raise KvsimError("executor", f"step {step} returned a non-positive duration {result.duration_s}")
+            yield env.timeout(result.duration_s)
+            done = sched.update(plan, result, env.now)
+            record(start, plan, result, sched)
+            if self.check_integrity:
+                sched.check_integrity()
+            step += 1
+            if self.on_step is not None:
+                self.on_step(step)
+            stall = 0 if (sched.stats.num_sampled or done) else stall + 1
+            if stall >= self.max_stall:
+                raise KvsimError("engine", f"no progress for {stall} steps at t={env.now:.3f}s "
+                                 f"({sched.num_waiting()} waiting, {len(sched.running)} running): livelock")

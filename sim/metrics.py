@@ -1,0 +1,175 @@
+"""Recorder: one tuple per step while running; DataFrames and the summary at the end.
+
+Summary definitions (vLLM benchmark names):
+- TTFT = first token time - arrival; TPOT = (finish - first token) / (output tokens - 1), requests with
+  more than one output token; ITL = every gap between consecutive tokens of a request; E2E = finish - arrival;
+  normalized latency = E2E / output tokens (the PagedAttention paper's metric).
+- KV usage and the memory breakdown are averaged over steps weighted by step duration (engine busy time).
+- Fairness: Jain's index of normalized latency, (sum x)^2 / (n sum x^2), 1 when all equal;
+  queue wait = first scheduled - arrival.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sim.request import Request, RequestStatus
+from sim.sched.plan import StepPlan, StepResult
+
+STEP_COLUMNS = [
+    "start_s", "duration_s", "batch_size", "num_prefill_tokens", "num_decode_tokens", "num_running",
+    "num_waiting", "num_swapped", "kv_blocks_used", "num_preempted", "blocks_swapped_out", "blocks_swapped_in",
+    "blocks_copied", "slots_token_states", "slots_reserved", "slots_internal_frag", "slots_external_frag",
+    "slots_free",
+]
+BREAKDOWN_KEYS = ["token_states", "reserved", "internal_fragmentation", "external_fragmentation", "free"]
+
+
+class Recorder:
+    """Collects step rows as tuples (cheap in the hot loop); builds DataFrames once at the end."""
+
+    def __init__(self, num_gpu_blocks: int, capacity_slots: int) -> None:
+        self.num_gpu_blocks = num_gpu_blocks
+        self.capacity_slots = capacity_slots
+        self.rows: list[tuple] = []
+        self.breakdown_keys: list[str] = []
+        self.breakdown_rows: list[tuple] = []
+
+    def record_step(self, start: float, plan: StepPlan, result: StepResult, sched) -> None:
+        st = sched.stats
+        mgr = sched.manager
+        self.rows.append((
+            start, result.duration_s, len(plan.scheduled), st.num_prefill_tokens, st.num_decode_tokens,
+            len(sched.running), sched.num_waiting(), sched.num_swapped(), mgr.num_blocks - mgr.num_free_blocks(),
+            st.num_preempted, len(plan.blocks_to_swap_out), len(plan.blocks_to_swap_in), len(plan.blocks_to_copy),
+            *mgr.memory_slots(),
+        ))
+        if result.breakdown:
+            if not self.breakdown_keys:
+                self.breakdown_keys = list(result.breakdown)
+            self.breakdown_rows.append(tuple(result.breakdown.get(k, 0.0) for k in self.breakdown_keys))
+
+    def steps_frame(self) -> pd.DataFrame:
+        df = pd.DataFrame(self.rows, columns=STEP_COLUMNS)
+        df.insert(0, "step", np.arange(len(df), dtype=np.int64))
+        df["end_s"] = df["start_s"] + df["duration_s"]
+        df["kv_usage"] = df["kv_blocks_used"] / self.num_gpu_blocks
+        if self.breakdown_rows and len(self.breakdown_rows) == len(df):
+            bd = pd.DataFrame(self.breakdown_rows, columns=[f"time_{k}_s" for k in self.breakdown_keys])
+            df = pd.concat([df, bd], axis=1)
+        return df
+
+
+def requests_frame(requests: list[Request]) -> pd.DataFrame:
+    """One row per request, in req_id order."""
+    cols: dict[str, list[Any]] = {k: [] for k in (
+        "req_id", "arrival_s", "prompt_tokens", "output_tokens", "n", "priority", "status", "first_scheduled_s",
+        "first_token_s", "finish_s", "num_preemptions", "num_cached_tokens", "reject_reason")}
+    for r in requests:
+        cols["req_id"].append(r.req_id)
+        cols["arrival_s"].append(r.arrival_s)
+        cols["prompt_tokens"].append(r.prompt_len)
+        cols["output_tokens"].append(r.output_len)
+        cols["n"].append(r.n)
+        cols["priority"].append(r.priority)
+        cols["status"].append(RequestStatus(r.status).name)
+        cols["first_scheduled_s"].append(r.first_scheduled_s)
+        cols["first_token_s"].append(r.first_token_s)
+        cols["finish_s"].append(r.finish_s)
+        cols["num_preemptions"].append(r.num_preemptions)
+        cols["num_cached_tokens"].append(r.num_cached_tokens)
+        cols["reject_reason"].append(r.reject_reason)
+    df = pd.DataFrame(cols)
+    done = df["status"] == "FINISHED"
+    df["ttft_s"] = (df["first_token_s"] - df["arrival_s"]).where(done)
+    df["e2e_s"] = (df["finish_s"] - df["arrival_s"]).where(done)
+    multi = done & (df["output_tokens"] > 1)
+    df["tpot_s"] = ((df["finish_s"] - df["first_token_s"]) / (df["output_tokens"] - 1)).where(multi)
+    df["queue_wait_s"] = (df["first_scheduled_s"] - df["arrival_s"]).where(done)
+    df["normalized_latency_s_per_tok"] = (df["e2e_s"] / df["output_tokens"]).where(done)
+    return df
+
+
+def _stats(x: np.ndarray, weights: np.ndarray | None = None) -> dict[str, float]:
+    x = np.asarray(x, dtype=float)
+    if weights is None:
+        x = x[~np.isnan(x)]
+        if x.size == 0:
+            return {"mean": math.nan, "p50": math.nan, "p90": math.nan, "p99": math.nan}
+        p50, p90, p99 = np.percentile(x, [50, 90, 99])
+        return {"mean": float(x.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+    if weights.sum() == 0:
+        return {"mean": math.nan, "p50": math.nan, "p90": math.nan, "p99": math.nan}
+    order = np.argsort(x, kind="stable")
+    xs, ws = x[order], weights[order]
+    cum = np.cumsum(ws)
+    total = cum[-1]
+
+    def q(p: float) -> float:  # the lower weighted percentile (inverted CDF, as numpy's "inverted_cdf")
+        return float(xs[np.searchsorted(cum, p * total, side="left")])
+
+    return {"mean": float((xs * ws).sum() / total), "p50": q(0.5), "p90": q(0.9), "p99": q(0.99)}
+
+
+def itl_stats(step_gaps: list[tuple[float, int]], other_gaps: list[float]) -> dict[str, float]:
+    """Inter-token latency statistics from per-step gap counts plus the irregular gaps."""
+    vals = np.array([g for g, _ in step_gaps] + list(other_gaps), dtype=float)
+    w = np.array([c for _, c in step_gaps] + [1] * len(other_gaps), dtype=float)
+    return _stats(vals, w)
+
+
+def jain_index(x: np.ndarray) -> float:
+    x = np.asarray(x, dtype=float)
+    x = x[~np.isnan(x)]
+    if x.size == 0 or not (x**2).sum():
+        return math.nan
+    return float(x.sum() ** 2 / (x.size * (x**2).sum()))
+
+
+def summarize(reqs: pd.DataFrame, steps: pd.DataFrame, sched, *, capacity_slots: int, wall_time_s: float,
+              prefix_cache_hit_rate: float = 0.0) -> dict[str, Any]:
+    """The summary.json mapping (DESIGN.md's keys, plus fairness and a few counters)."""
+    done = reqs[reqs["status"] == "FINISHED"]
+    num_finished = len(done)
+    start = float(reqs["arrival_s"].min()) if len(reqs) else 0.0
+    end = float(np.nanmax(reqs["finish_s"].to_numpy(dtype=float))) if num_finished else start
+    makespan = max(0.0, end - start)
+    out_tokens = int((done["output_tokens"] * done["n"]).sum())
+    w = steps["duration_s"].to_numpy() if len(steps) else np.zeros(0)
+    busy = float(w.sum())
+    kv_mean = float((steps["kv_usage"] * w).sum() / busy) if busy else 0.0
+    slot_cols = ["slots_token_states", "slots_reserved", "slots_internal_frag", "slots_external_frag", "slots_free"]
+    if busy:
+        fr = (steps[slot_cols].to_numpy(dtype=float) * w[:, None]).sum(axis=0) / busy / capacity_slots
+    else:
+        fr = np.array([0, 0, 0, 0, 1.0])
+    return {
+        "num_requests": int(len(reqs)),
+        "num_finished": num_finished,
+        "num_rejected": int((reqs["status"] == "REJECTED").sum()),
+        "num_truncated": int(sched.num_truncated),
+        "makespan_s": makespan,
+        "output_throughput_tok_s": out_tokens / makespan if makespan else 0.0,
+        "request_throughput": num_finished / makespan if makespan else 0.0,
+        "ttft_s": _stats(done["ttft_s"].to_numpy()),
+        "tpot_s": _stats(done["tpot_s"].to_numpy()),
+        "itl_s": itl_stats(sched.gaps.step_gaps, sched.gaps.other_gaps),
+        "e2e_s": _stats(done["e2e_s"].to_numpy()),
+        "normalized_latency_s_per_tok": _stats(done["normalized_latency_s_per_tok"].to_numpy()),
+        "kv_usage_mean": kv_mean,
+        "kv_usage_max": float(steps["kv_usage"].max()) if len(steps) else 0.0,
+        "memory_breakdown": {k: float(v) for k, v in zip(BREAKDOWN_KEYS, fr)},
+        "num_preemptions": int(sched.num_preemptions),
+        "prefix_cache_hit_rate": float(prefix_cache_hit_rate),
+        "swapped_blocks": int(sched.swapped_blocks),
+        "jain_fairness": jain_index(done["normalized_latency_s_per_tok"].to_numpy()),
+        "queue_wait_max_s": float(done["queue_wait_s"].max()) if num_finished else math.nan,
+        "queue_wait_p99_s": float(np.percentile(done["queue_wait_s"], 99)) if num_finished else math.nan,
+        "busy_time_s": busy,
+        "num_steps": int(len(steps)),
+        "wall_time_s": wall_time_s,
+    }

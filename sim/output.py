@@ -1,0 +1,57 @@
+"""Atomic result writing: every file goes to a temporary name in the target folder, then is renamed.
+
+An interrupted run (Ctrl-C, an exception) writes nothing, so the previous results stay intact;
+a finished run replaces each file in one rename.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sim.errors import KvsimError
+
+
+def _clean(x: Any) -> Any:
+    if isinstance(x, float):
+        return None if math.isnan(x) or math.isinf(x) else x
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    return x
+
+
+def summary_json(summary: dict) -> str:
+    """summary.json text: sorted keys, NaN as null, fixed formatting (byte-stable for the same run)."""
+    return json.dumps(_clean(summary), indent=2, sort_keys=True) + "\n"
+
+
+def write_atomic(path: Path, writer: Callable[[Path], None]) -> Path:
+    """Call ``writer(tmp)`` then rename tmp to ``path``; the tmp file is removed on failure."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        writer(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_text(path: Path, text: str) -> Path:
+    return write_atomic(path, lambda p: p.write_text(text))
+
+
+def prepare_out_dir(out: str | Path) -> Path:
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise KvsimError(str(path), "--out must be a folder, and this is a file")
+    return path

@@ -1,0 +1,100 @@
+"""Figures, drawn from DataFrames only (requests.csv / steps.csv shapes), never from simulator state.
+
+Every function takes the frames (one run, or a mapping label -> frames for overlays) and a path,
+writes one PNG and returns the path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+BREAKDOWN_COLORS = {"token_states": "#2b8a3e", "reserved": "#f59f00", "internal_fragmentation": "#e03131",
+                    "external_fragmentation": "#862e9c", "free": "#ced4da"}
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _runs(x: pd.DataFrame | Mapping[str, pd.DataFrame]) -> Mapping[str, pd.DataFrame]:
+    return x if isinstance(x, Mapping) else {"": x}
+
+
+def kv_usage(steps: pd.DataFrame | Mapping[str, pd.DataFrame], path: Path) -> Path:
+    """KV-cache usage (fraction of blocks allocated) over simulated time."""
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    for label, df in _runs(steps).items():
+        ax.step(df["start_s"], df["kv_usage"] * 100, where="post", lw=0.8, label=label or None)
+    ax.set_xlabel("simulated time (s)")
+    ax.set_ylabel("KV blocks used (%)")
+    ax.set_ylim(0, 105)
+    ax.set_title("KV-cache usage")
+    if len(_runs(steps)) > 1:
+        ax.legend()
+    return _save(fig, path)
+
+
+def batch(steps: pd.DataFrame, path: Path) -> Path:
+    """Batch size (requests in the step) and waiting-queue length over time."""
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    ax.step(steps["start_s"], steps["batch_size"], where="post", lw=0.8, label="batch size")
+    ax.step(steps["start_s"], steps["num_waiting"], where="post", lw=0.8, label="waiting")
+    if "num_swapped" in steps and steps["num_swapped"].any():
+        ax.step(steps["start_s"], steps["num_swapped"], where="post", lw=0.8, label="swapped")
+    ax.set_xlabel("simulated time (s)")
+    ax.set_ylabel("requests")
+    ax.set_title("Batch size and queue length")
+    ax.legend()
+    return _save(fig, path)
+
+
+def latency_cdf(requests: pd.DataFrame | Mapping[str, pd.DataFrame], path: Path) -> Path:
+    """Empirical CDFs of TTFT, TPOT and end-to-end latency of finished requests."""
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
+    for label, df in _runs(requests).items():
+        for ax, col, title in zip(axes, ("ttft_s", "tpot_s", "e2e_s"), ("TTFT", "TPOT", "E2E latency")):
+            x = np.sort(df[col].dropna().to_numpy())
+            if x.size:
+                ax.plot(x, np.arange(1, x.size + 1) / x.size, lw=1.2, label=label or None)
+            ax.set_title(title)
+            ax.set_xlabel("seconds")
+            ax.set_ylim(0, 1.02)
+    axes[0].set_ylabel("fraction of requests")
+    if len(_runs(requests)) > 1:
+        axes[0].legend()
+    return _save(fig, path)
+
+
+def memory_breakdown(breakdowns: Mapping[str, Mapping[str, float]], path: Path) -> Path:
+    """Stacked bars of the five-way KV memory breakdown (the PagedAttention paper's Figure 2)."""
+    fig, ax = plt.subplots(figsize=(max(4, 1.6 * len(breakdowns) + 2), 4))
+    labels = list(breakdowns)
+    bottom = np.zeros(len(labels))
+    for key, color in BREAKDOWN_COLORS.items():
+        vals = np.array([breakdowns[lbl].get(key, 0.0) * 100 for lbl in labels])
+        ax.bar(labels, vals, bottom=bottom, color=color, label=key.replace("_", " "))
+        bottom += vals
+    ax.set_ylabel("% of KV capacity (time-weighted)")
+    ax.set_ylim(0, 100)
+    ax.set_title("KV memory breakdown")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return _save(fig, path)
+
+
+def write_run_plots(requests: pd.DataFrame, steps: pd.DataFrame, summary: dict, out_dir: Path) -> list[Path]:
+    """The standard figures of one run."""
+    out = [kv_usage(steps, out_dir / "kv_usage.png"), batch(steps, out_dir / "batch.png"),
+           latency_cdf(requests, out_dir / "latency_cdf.png"),
+           memory_breakdown({"run": summary["memory_breakdown"]}, out_dir / "memory_breakdown.png")]
+    return out

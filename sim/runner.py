@@ -1,0 +1,110 @@
+"""run_scenario: build the parts a scenario names, run the engine, return the tables and the summary."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import pandas as pd
+
+from sim.engine import Engine
+from sim.errors import KvsimError
+from sim.executors.base import make_executor
+from sim.kv import make_kv_manager
+from sim.metrics import Recorder, requests_frame, summarize
+from sim.scenario import Scenario
+from sim.sched import make_scheduler
+from sim.specs import GiB, kv_capacity_blocks
+from sim.workload import build_workload
+
+
+@dataclass
+class Result:
+    """What a run produced: ``summary`` (DESIGN.md's keys), per-request and per-step DataFrames."""
+
+    scenario: Scenario
+    summary: dict
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    workload_stats: dict
+
+
+def gpu_blocks(scn: Scenario) -> int:
+    """KV capacity in blocks: the explicit ``num_gpu_blocks`` or what fits in HBM after the weights."""
+    kv = scn.kv_cache
+    if kv.num_gpu_blocks is not None:
+        return kv.num_gpu_blocks
+    reserve = None if kv.activation_reserve_gb is None else int(kv.activation_reserve_gb * GiB)
+    try:
+        return kv_capacity_blocks(scn.model_spec, scn.hardware_spec, kv.block_size, kv.gpu_memory_utilization,
+                                  reserve)
+    except ValueError as e:
+        raise KvsimError(f"{scn.source}: model", str(e)) from None
+
+
+def cpu_blocks(scn: Scenario) -> int:
+    block_bytes = scn.model_spec.kv_bytes_per_block(scn.kv_cache.block_size)
+    return int(scn.kv_cache.swap_space_gb * GiB // block_bytes)
+
+
+def _integrity_default() -> bool:
+    return os.environ.get("KVSIM_CHECK_INTEGRITY", "") not in ("", "0")
+
+
+def run_scenario(scn: Scenario, check_integrity: bool | None = None, progress: bool = False) -> Result:
+    """Run one scenario to completion. ``check_integrity`` (default: env KVSIM_CHECK_INTEGRITY) checks
+    every KV invariant after every step."""
+    t0 = time.perf_counter()
+    model = scn.model_spec
+    num_gpu = gpu_blocks(scn)
+    if num_gpu < 1:
+        raise KvsimError(f"{scn.source}: kv_cache", "no room for a single KV block")
+    num_cpu = cpu_blocks(scn)
+    workload = build_workload(scn.workload, base_dir=scn.base_dir, seed=scn.seed, source=scn.source)
+    manager = make_kv_manager(scn.kv_cache, num_gpu, num_cpu, model.max_model_len)
+    scheduler = make_scheduler(scn.scheduler, manager, model.max_model_len)
+    try:
+        executor = make_executor(scn.executor.kind, model=model, hardware=scn.hardware_spec, config=scn.executor,
+                                 kv=scn.kv_cache, num_gpu_blocks=num_gpu, num_cpu_blocks=num_cpu,
+                                 base_dir=scn.base_dir)
+    except KeyError as e:
+        raise KvsimError(f"{scn.source}: executor.kind", e.args[0]) from None
+    recorder = Recorder(num_gpu, manager.capacity_slots)
+    check = _integrity_default() if check_integrity is None else check_integrity
+    bar = _progress_bar(len(workload.requests)) if progress else None
+    engine = Engine(workload.requests, scheduler, executor, recorder, check_integrity=check,
+                    max_steps_without_progress=scn.scheduler.max_steps_without_progress,
+                    on_step=(lambda _s: bar.update(scheduler)) if bar else None)
+    try:
+        engine.run()
+    finally:
+        if bar:
+            bar.close()
+    reqs = requests_frame(workload.requests)
+    steps = recorder.steps_frame()
+    hit_rate = manager.prefix_cache_hit_rate() if hasattr(manager, "prefix_cache_hit_rate") else 0.0
+    summary = summarize(reqs, steps, scheduler, capacity_slots=manager.capacity_slots,
+                        wall_time_s=time.perf_counter() - t0, prefix_cache_hit_rate=hit_rate)
+    summary["num_gpu_blocks"] = num_gpu
+    return Result(scn, summary, reqs, steps, dict(workload.stats))
+
+
+class _progress_bar:
+    """A rich progress bar over finished requests, refreshed every few hundred steps."""
+
+    def __init__(self, total: int) -> None:
+        from rich.progress import Progress
+
+        self._p = Progress(transient=True)
+        self._task = self._p.add_task("simulating", total=total)
+        self._p.start()
+        self._n = 0
+
+    def update(self, sched) -> None:
+        self._n += 1
+        if self._n % 500 == 0:
+            self._p.update(self._task, completed=len(sched.finished) + len(sched.rejected))
+
+    def close(self) -> None:
+        self._p.stop()
