@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="kvsim", description="Simulate LLM serving with a paged KV cache.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
-    for name, module in COMMANDS.items():
+    for module in COMMANDS.values():
         try:
             mod = importlib.import_module(f"sim.commands.{module}")
         except ModuleNotFoundError as e:
