@@ -16,6 +16,7 @@ COMMANDS: dict[str, str] = {
     "run": "run",
     "kv-size": "kv_size",
     "schema": "schema",
+    "trace-info": "trace_info",
 }
 
 
