@@ -74,6 +74,7 @@ def _from_trace(cfg: WorkloadConfig, base_dir: Path, source: str, stats: LoadSta
     # reading stops early only when no row can be dropped and times stay the file's own
     early = cfg.limit if (cfg.arrival is None and cfg.format in ("azure", "mooncake")) else None
     cols = load_trace(path, cfg.format, where, stats, columns=cfg.columns, model_filter=cfg.model_filter,
+                      time_unit=cfg.time_unit,
                       max_rows=early)
     cols = drop_empty(cols, stats)
     if len(cols) == 0:

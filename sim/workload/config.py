@@ -89,6 +89,7 @@ class WorkloadConfig(_Strict):
     trace: str | None = None
     format: Literal["azure", "mooncake", "vidur", "burstgpt", "csv", "jsonl"] | None = None
     columns: dict[str, str] | None = None         # csv/jsonl: field -> column name
+    time_unit: Literal["s", "ms", "us"] = "s"     # csv/jsonl: unit of a numeric arrival column
     model_filter: str | None = None               # burstgpt: keep rows of this Model only
     arrival: ArrivalConfig | None = None          # trace: replaces (or supplies, for length-only files) arrival times
     synthetic: SyntheticConfig | None = None

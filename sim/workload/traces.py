@@ -28,11 +28,13 @@ from sim.workload.table import Columns, LoadStats, datetimes_to_seconds, to_coun
 FORMATS = ("azure", "mooncake", "vidur", "burstgpt", "csv", "jsonl")
 OPTIONAL_FIELDS = ("priority", "prefix_group", "prefix_len", "n", "beam_width")
 AZURE_TIME_FORMAT = "%Y-%m-%d %H:%M:%S.%f"
+TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 
 
 def load_trace(
     path: Path, fmt: str, source: str, stats: LoadStats, *, columns: dict[str, str] | None = None,
-    model_filter: str | None = None, max_rows: int | None = None, chunk_rows: int | None = None,
+    model_filter: str | None = None, time_unit: str = "s", max_rows: int | None = None,
+    chunk_rows: int | None = None,
 ) -> Columns:
     """Read one trace file in the given format. ``max_rows`` stops after that many file rows."""
     if fmt == "azure":
@@ -45,10 +47,12 @@ def load_trace(
     if fmt == "burstgpt":
         return load_burstgpt(path, source, stats, model_filter=model_filter)
     if fmt == "csv":
-        return load_mapped_csv(path, source, stats, columns or {}, max_rows=max_rows, chunk_rows=chunk_rows)
+        return load_mapped_csv(path, source, stats, columns or {}, unit_s=TIME_UNITS[time_unit],
+                               max_rows=max_rows, chunk_rows=chunk_rows)
     if fmt == "jsonl":
         from sim.workload.jsonl import load_mapped_jsonl
-        return load_mapped_jsonl(path, source, stats, columns or {}, max_rows=max_rows)
+        return load_mapped_jsonl(path, source, stats, columns or {}, unit_s=TIME_UNITS[time_unit],
+                                 max_rows=max_rows)
     raise KvsimError(source, f"unknown trace format {fmt!r} (known: {', '.join(FORMATS)})")
 
 
@@ -149,9 +153,10 @@ def mapped_names(columns: dict[str, str], source: str) -> dict[str, str]:
     return {f: columns.get(f, f) for f in known}
 
 
-def frame_to_columns(df: pd.DataFrame, lines: np.ndarray, names: dict[str, str], source: str) -> Columns:
+def frame_to_columns(df: pd.DataFrame, lines: np.ndarray, names: dict[str, str], source: str,
+                     unit_s: float = 1.0) -> Columns:
     """A table with mapped columns -> Columns (arrival NaN when the arrival column is absent)."""
-    arrival = (to_seconds(df[names["arrival"]], names["arrival"], source, lines) if names["arrival"] in df
+    arrival = (to_seconds(df[names["arrival"]], names["arrival"], source, lines, unit_s) if names["arrival"] in df
                else np.full(len(df), np.nan))
     opt: dict[str, np.ndarray | None] = {}
     for f in OPTIONAL_FIELDS:
@@ -178,9 +183,9 @@ def frame_to_columns(df: pd.DataFrame, lines: np.ndarray, names: dict[str, str],
 
 
 def load_mapped_csv(path: Path, source: str, stats: LoadStats, columns: dict[str, str], *,
-                    max_rows: int | None = None, chunk_rows: int | None = None) -> Columns:
+                    unit_s: float = 1.0, max_rows: int | None = None, chunk_rows: int | None = None) -> Columns:
     names = mapped_names(columns, source)
     needed = [names[f] for f in ("prompt_len", "output_len")] + ([names["arrival"]] if "arrival" in columns else [])
     optional = [names["arrival"]] + [names[f] for f in OPTIONAL_FIELDS]
-    return read_columns(path, source, stats, needed, lambda df, lines: frame_to_columns(df, lines, names, source),
+    return read_columns(path, source, stats, needed, lambda df, lines: frame_to_columns(df, lines, names, source, unit_s),
                         optional=optional, max_rows=max_rows, chunk_rows=chunk_rows)
