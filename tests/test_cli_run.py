@@ -1,0 +1,129 @@
+"""kvsim run / kv-size / schema through the real CLI entry point."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from sim import load_scenario, run_scenario
+from sim.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+SUMMARY_KEYS = ("num_requests num_finished num_rejected makespan_s output_throughput_tok_s request_throughput "
+                "ttft_s tpot_s itl_s e2e_s normalized_latency_s_per_tok kv_usage_mean kv_usage_max "
+                "memory_breakdown num_preemptions prefix_cache_hit_rate swapped_blocks num_steps "
+                "wall_time_s").split()
+
+INLINE = """
+name: inline
+model: llama-2-7b
+hardware: a100-80gb
+kv_cache: {block_size: 16, num_gpu_blocks: 64}
+workload:
+  requests:
+    - {arrival: 0.0, prompt_len: 10, output_len: 5}
+    - {arrival: 0.0, prompt_len: 20, output_len: 3}
+"""
+
+
+def kvsim(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "sim.cli", *args], cwd=cwd, capture_output=True, text=True)
+
+
+def test_inline_scenario_step_counts_and_tokens(tmp_path):
+    f = tmp_path / "s.yaml"
+    f.write_text(INLINE)
+    res = run_scenario(load_scenario(f))
+    s = res.summary
+    # worked by hand in test_engine_exact: 5 steps, 30 prefill tokens, 6 decode tokens, 8 tokens out
+    assert s["num_steps"] == 5
+    assert res.steps["num_prefill_tokens"].sum() == 30
+    assert res.steps["num_decode_tokens"].sum() == 6
+    assert s["num_finished"] == 2 and s["num_rejected"] == 0
+    assert res.requests["output_tokens"].sum() == 8
+    assert s["output_throughput_tok_s"] == pytest.approx(8 / s["makespan_s"])
+    assert s["makespan_s"] == pytest.approx(res.steps["duration_s"].sum())
+    # blocks: 1 + 2 of 64 at most
+    assert s["kv_usage_max"] == pytest.approx(3 / 64)
+
+
+def test_quickstart_writes_every_output(tmp_path):
+    out = tmp_path / "out"
+    r = kvsim("run", "scenarios/quickstart.yaml", "--out", str(out), "--set", "workload.limit=150")
+    assert r.returncode == 0, r.stderr
+    assert "num_finished" in r.stdout
+    s = json.loads((out / "summary.json").read_text())
+    for k in SUMMARY_KEYS:
+        assert k in s, k
+    for k in ("ttft_s", "tpot_s", "itl_s", "e2e_s", "normalized_latency_s_per_tok"):
+        assert set(s[k]) == {"mean", "p50", "p90", "p99"}
+    assert s["num_finished"] + s["num_rejected"] == s["num_requests"] == 150
+    assert sum(s["memory_breakdown"].values()) == pytest.approx(1.0)
+    reqs = pd.read_csv(out / "requests.csv")
+    assert len(reqs) == 150
+    for col in ("req_id", "arrival_s", "prompt_tokens", "output_tokens", "first_token_s", "finish_s", "ttft_s",
+                "tpot_s", "e2e_s", "num_preemptions", "status"):
+        assert col in reqs.columns
+    steps = pd.read_csv(out / "steps.csv")
+    assert len(steps) == s["num_steps"]
+    for col in ("start_s", "duration_s", "batch_size", "num_prefill_tokens", "num_decode_tokens", "num_running",
+                "num_waiting", "kv_blocks_used"):
+        assert col in steps.columns
+    for png in ("kv_usage.png", "batch.png", "latency_cdf.png"):
+        assert (out / png).stat().st_size > 1000
+
+
+@pytest.mark.parametrize("where", ["set", "file"])
+def test_typo_is_one_line_exit_2(tmp_path, where):
+    if where == "set":
+        args = ["run", "scenarios/quickstart.yaml", "--set", "scheduler.polcy=fcfs", "--out", str(tmp_path / "o")]
+        r = kvsim(*args)
+        expect_file = "scenarios/quickstart.yaml"
+    else:
+        f = tmp_path / "typo.yaml"
+        f.write_text(INLINE + "scheduler:\n  polcy: fcfs\n")
+        r = kvsim("run", str(f), "--out", str(tmp_path / "o"))
+        expect_file = f"{f}:11"  # INLINE starts with a blank line; polcy is line 11
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr
+    assert "scheduler.polcy" in lines[0] and expect_file in lines[0] and "unknown key" in lines[0]
+    assert not (tmp_path / "o").exists()
+
+
+def test_same_seed_same_summary(tmp_path):
+    outs = []
+    for i in range(2):
+        out = tmp_path / f"o{i}"
+        assert main(["run", "scenarios/quickstart.yaml", "--out", str(out), "--no-plots",
+                     "--set", "workload.limit=100"]) == 0
+        s = json.loads((out / "summary.json").read_text())
+        s.pop("wall_time_s")
+        outs.append(json.dumps(s, sort_keys=True))
+    assert outs[0] == outs[1]
+
+
+def test_kv_size_matches_the_seed():
+    r = kvsim("kv-size", "--model", "llama-2-13b", "--seq-len", "4096", "--json")
+    d = json.loads(r.stdout)
+    assert d["bytes_per_token"] == 2 * 40 * 40 * 128 * 2 == 819_200
+    assert d["bytes_per_block"] == 13_107_200
+    assert d["bytes_per_sequence"] == 3_355_443_200
+    d = json.loads(kvsim("kv-size", "--model", "llama-2-13b", "--seq-len", "1000", "--json").stdout)
+    assert d["bytes_per_sequence"] == 819_200_000
+    text = kvsim("kv-size", "--model", "llama-2-13b", "--seq-len", "4096").stdout
+    assert "3.125 GiB" in text and "3,355,443,200" in text
+
+
+def test_kv_size_unknown_model():
+    r = kvsim("kv-size", "--model", "llama-9", "--seq-len", "4")
+    assert r.returncode == 2 and r.stderr.startswith("error: --model: unknown model preset")
+
+
+def test_schema_is_json():
+    r = kvsim("schema")
+    schema = json.loads(r.stdout)
+    assert {"model", "hardware", "kv_cache", "scheduler", "workload", "executor"} <= set(schema["properties"])
