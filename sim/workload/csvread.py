@@ -77,8 +77,10 @@ def read_columns(
     """Read a CSV chunk by chunk, converting each chunk with ``convert`` and joining the results."""
     parts: list[Columns] = []
     for df, lines in read_chunks(path, source, needed, optional, str_columns, max_rows, chunk_rows):
+        if len(df) == 0:
+            continue
         stats.rows_read += len(df)
         parts.append(convert(df, lines))
-    if not parts or stats.rows_read == 0:
+    if not parts:
         raise KvsimError(source, "no requests in the file (only a header)")
     return Columns.concat(parts)

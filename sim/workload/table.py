@@ -139,11 +139,12 @@ def to_counts(values: pd.Series, column: str, source: str, lines: np.ndarray, mi
 def to_seconds(values: pd.Series, column: str, source: str, lines: np.ndarray, unit_s: float = 1.0) -> np.ndarray:
     """Numbers (times ``unit_s``) or datetimes, as float64 seconds; raise on the first unparsable one.
 
-    Datetimes become seconds since the earliest one (callers shift to t=0 anyway).
+    The first row decides: a number there means a numeric column. Datetimes become seconds since the
+    earliest one (callers shift to t=0 anyway).
     """
     num = pd.to_numeric(values, errors="coerce")
     arr = num.to_numpy(dtype=np.float64, na_value=np.nan)
-    if values.dtype.kind in "if" or np.isfinite(arr).mean() > 0.5:
+    if values.dtype.kind in "if" or len(arr) == 0 or np.isfinite(arr[0]):
         bad = ~np.isfinite(arr)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
