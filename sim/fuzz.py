@@ -1,0 +1,274 @@
+"""The scenario fuzzer: random small scenarios, run with every invariant checked, then conservation checks.
+
+    draw_scenario(rng) -> dict          a random, valid scenario (tiny caches, few requests)
+    run_case(data)     -> CaseResult    run it (integrity check after every step) and check the outcome
+    fuzz(seed, count)  -> FuzzReport    many cases; failures keep the scenario, to replay with ``kvsim run``
+
+Knobs are a list of (dotted key, draw function). Enumerated settings (scheduler.policy, allocator,
+preemption, ...) are read from the pydantic schema, so a value added to a ``Literal`` is fuzzed without
+touching this file; a new boolean or number is one line in ``KNOBS``. A run that raises
+NotImplementedError (a setting whose code has not landed yet) counts as *unsupported*, not as a failure.
+
+End-of-run checks (``check_outcome``), each computed from the run's tables, not from its summary code:
+- every request is FINISHED, or REJECTED with a reason; finished + rejected = requests;
+- per finished request: arrival <= first scheduled <= first token <= finish;
+- step times are monotone: each step starts at or after the previous one's end;
+- the last step leaves no block referenced and no token state held (cached free blocks count as free);
+- each step's memory slots add up to the capacity;
+- without preemptions or prefix hits, the tokens computed over all steps equal, per finished request,
+  prompt + output - 1 (the last sampled token's KV is never computed), so every output token was made.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+import traceback
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sim.scenario import KVCacheConfig, SchedulerConfig
+
+MODELS = ["tiny-llama", "tiny-llama", "llama-2-7b", "llama-3-8b"]
+HARDWARE = ["a100-80gb", "h100-80gb", "cpu"]
+STALL_STEPS = 5_000  # fuzzed runs use a tight watchdog so a livelock fails fast instead of hanging
+
+
+def literal_choices(model: type, name: str) -> list[Any]:
+    """The values a ``Literal[...]`` field of a pydantic model accepts (in declaration order)."""
+    ann = model.model_fields[name].annotation
+    args = typing.get_args(ann)
+    if typing.get_origin(ann) is typing.Literal:
+        return list(args)
+    for a in args:  # Optional[Literal[...]]
+        if typing.get_origin(a) is typing.Literal:
+            return list(typing.get_args(a))
+    raise TypeError(f"{model.__name__}.{name} is not a Literal field")
+
+
+def _choice(values: list[Any]) -> Callable[[random.Random], Any]:
+    return lambda rng: rng.choice(values)
+
+
+def _schema_choice(model: type, name: str) -> Callable[[random.Random], Any]:
+    """Half the time the schema default, else any accepted value (so unbuilt values do not drown the rest)."""
+    default = model.model_fields[name].default
+    return lambda rng: default if rng.random() < 0.5 else rng.choice(literal_choices(model, name))
+
+
+def _maybe(p: float, draw: Callable[[random.Random], Any], default: Any = None) -> Callable[[random.Random], Any]:
+    return lambda rng: draw(rng) if rng.random() < p else default
+
+
+# (dotted key, draw): applied in order; a draw returning None leaves the key out (schema default)
+KNOBS: list[tuple[str, Callable[[random.Random], Any]]] = [
+    ("model", _choice(MODELS)),
+    ("hardware", _choice(HARDWARE)),
+    ("kv_cache.block_size", _choice([1, 2, 4, 8, 16, 32])),
+    ("kv_cache.num_gpu_blocks", lambda rng: rng.randint(1, 48)),
+    ("kv_cache.swap_space_gb", _choice([0.0, 0.0001, 0.001, 0.01, 1.0])),
+    ("kv_cache.allocator", _schema_choice(KVCacheConfig, "allocator")),
+    ("kv_cache.prefix_caching", _choice([False, True])),
+    ("scheduler.batching", _schema_choice(SchedulerConfig, "batching")),
+    ("scheduler.policy", _schema_choice(SchedulerConfig, "policy")),
+    ("scheduler.preemption", _schema_choice(SchedulerConfig, "preemption")),
+    ("scheduler.victim", _schema_choice(SchedulerConfig, "victim")),
+    ("scheduler.chunked_prefill", _choice([False, True])),
+    ("scheduler.max_num_seqs", _choice([1, 2, 3, 4, 8, 256])),
+    ("scheduler.max_num_batched_tokens", _maybe(0.6, lambda rng: rng.choice([1, 2, 8, 16, 64, 256, 2048]))),
+    ("scheduler.rr_quantum_steps", _choice([1, 2, 4, 16])),
+]
+
+
+def _set(data: dict, path: str, value: Any) -> None:
+    node = data
+    parts = path.split(".")
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+    node[parts[-1]] = value
+
+
+def _length(rng: random.Random, hi: int) -> dict:
+    hi = max(1, hi)
+    kind = rng.choice(["fixed", "uniform", "uniform", "lognormal"])
+    if kind == "fixed":
+        return {"dist": "fixed", "value": rng.randint(1, hi)}
+    if kind == "uniform":
+        lo = rng.randint(1, hi)
+        return {"dist": "uniform", "min": lo, "max": rng.randint(lo, hi)}
+    return {"dist": "lognormal", "mean": float(rng.randint(1, hi)), "std": float(rng.randint(1, hi)),
+            "min": 1, "max": hi}
+
+
+def _arrival(rng: random.Random) -> dict:
+    process = rng.choice(["burst", "poisson", "gamma", "constant"])
+    if process == "burst":
+        return {"process": "burst"}
+    out: dict = {"process": process, "rate": rng.choice([1.0, 20.0, 500.0])}
+    if process == "gamma":
+        out["cv"] = rng.choice([0.5, 2.0])
+    return out
+
+
+def draw_workload(rng: random.Random, cache_tokens: int) -> dict:
+    """A synthetic or inline workload whose prompts reach a little past the cache (some get rejected)."""
+    hi = max(2, int(cache_tokens * 1.2))
+    if rng.random() < 0.3:
+        reqs = []
+        for _ in range(rng.randint(1, 6)):
+            r: dict = {"arrival": round(rng.uniform(0, 0.5), 3) if rng.random() < 0.5 else 0.0,
+                       "prompt_len": rng.randint(1, hi), "output_len": rng.randint(1, 40)}
+            if rng.random() < 0.3:
+                r["priority"] = rng.randint(0, 3)
+            if rng.random() < 0.2:
+                r["n"] = rng.randint(2, 3)
+            if rng.random() < 0.3:
+                r["prefix_group"] = rng.randint(0, 1)
+                r["prefix_len"] = rng.randint(0, r["prompt_len"] - 1)
+            reqs.append(r)
+        return {"requests": reqs}
+    syn: dict = {"num_requests": rng.randint(1, 12), "arrival": _arrival(rng),
+                 "prompt_len": _length(rng, hi), "output_len": _length(rng, rng.choice([1, 8, 40]))}
+    if rng.random() < 0.3:
+        syn["shared_prefix"] = {"groups": rng.randint(1, 3), "length": rng.randint(1, max(1, hi // 2))}
+    if rng.random() < 0.2:
+        syn["n"] = rng.randint(2, 3)
+    if rng.random() < 0.3:
+        syn["priority"] = {"dist": "uniform", "min": 0, "max": 3}
+    out: dict = {"synthetic": syn}
+    if rng.random() < 0.15:
+        out["max_model_len"] = rng.randint(2, 4096)
+    return out
+
+
+def draw_scenario(rng: random.Random, index: int = 0) -> dict:
+    """One random valid scenario (as the dict a YAML file would hold)."""
+    data: dict = {"name": f"fuzz-{index}", "seed": rng.randint(0, 2**31 - 1)}
+    for path, draw in KNOBS:
+        value = draw(rng)
+        if value is not None:
+            _set(data, path, value)
+    _set(data, "scheduler.max_steps_without_progress", STALL_STEPS)
+    _set(data, "output.plots", False)
+    cache_tokens = data["kv_cache"]["num_gpu_blocks"] * data["kv_cache"]["block_size"]
+    data["workload"] = draw_workload(rng, cache_tokens)
+    return data
+
+
+# ---------------------------------------------------------------- running and checking
+
+
+@dataclass
+class CaseResult:
+    index: int
+    scenario: dict
+    outcome: str                 # "ok" | "unsupported" | "failed"
+    error: str = ""
+    seconds: float = 0.0
+    num_steps: int = 0
+
+
+@dataclass
+class FuzzReport:
+    cases: list[CaseResult] = field(default_factory=list)
+
+    @property
+    def failures(self) -> list[CaseResult]:
+        return [c for c in self.cases if c.outcome == "failed"]
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for c in self.cases:
+            out[c.outcome] = out.get(c.outcome, 0) + 1
+        return out
+
+
+def check_outcome(requests, steps, summary: dict, capacity_slots: int) -> list[str]:
+    """Conservation checks on a finished run's tables; returns the problems found (empty: all good)."""
+    bad: list[str] = []
+    status = requests["status"]
+    if not status.isin(["FINISHED", "REJECTED"]).all():
+        left = requests.loc[~status.isin(["FINISHED", "REJECTED"]), "req_id"].tolist()
+        bad.append(f"requests neither finished nor rejected: {left[:10]}")
+    rej = requests[status == "REJECTED"]
+    if (rej["reject_reason"].fillna("") == "").any():
+        bad.append(f"rejected without a reason: {rej.loc[rej['reject_reason'].fillna('') == '', 'req_id'].tolist()}")
+    done = requests[status == "FINISHED"]
+    if summary["num_finished"] + summary["num_rejected"] != len(requests):
+        bad.append("num_finished + num_rejected != num_requests")
+    eps = 1e-9
+    for col_a, col_b in (("arrival_s", "first_scheduled_s"), ("first_scheduled_s", "first_token_s"),
+                         ("first_token_s", "finish_s")):
+        wrong = done[~(done[col_b] >= done[col_a] - eps)]
+        if len(wrong):
+            bad.append(f"{col_b} < {col_a} (or missing) for requests {wrong['req_id'].tolist()[:10]}")
+    if "generated_tokens" in done.columns:
+        expect = done["output_tokens"] * (done["n"] if "n" in done.columns else 1)
+        if not (done["generated_tokens"] == expect).all():
+            bad.append("generated tokens differ from output length x n")
+    if len(steps):
+        start = steps["start_s"].to_numpy()
+        end = steps["end_s"].to_numpy()
+        if (steps["duration_s"] <= 0).any():
+            bad.append("a step with a non-positive duration")
+        if (start[1:] < end[:-1] - eps).any():
+            bad.append("steps overlap or go back in time")
+        last = steps.iloc[-1]
+        if last["kv_blocks_used"] != 0 or last["slots_token_states"] != 0:
+            bad.append(f"after the last step {last['kv_blocks_used']} blocks and "
+                       f"{last['slots_token_states']} token slots are still held")
+        slots = steps[["slots_token_states", "slots_reserved", "slots_internal_frag", "slots_external_frag",
+                       "slots_free"]].sum(axis=1)
+        if not (slots == capacity_slots).all():
+            bad.append("memory slots do not add up to the capacity in some step")
+        if len(done) and not done["finish_s"].max() <= end[-1] + eps:
+            bad.append("a request finished after the last step ended")
+    elif len(done):
+        bad.append("requests finished without any step")
+    plain = (summary["num_preemptions"] == 0 and (requests["num_cached_tokens"] == 0).all()
+             and (requests["n"] == 1).all() and summary.get("swapped_blocks", 0) == 0)
+    if plain and len(steps):
+        computed = int(steps["num_prefill_tokens"].sum() + steps["num_decode_tokens"].sum())
+        expect = int((done["prompt_tokens"] + done["output_tokens"] - 1).sum())
+        if computed != expect:
+            bad.append(f"tokens computed over all steps {computed} != sum of prompt + output - 1 = {expect}")
+    bd = summary["memory_breakdown"]
+    if not math.isclose(sum(bd.values()), 1.0, abs_tol=1e-6):
+        bad.append(f"memory breakdown sums to {sum(bd.values())}")
+    return bad
+
+
+def run_case(data: dict, index: int = 0) -> CaseResult:
+    """Validate and run one scenario dict with integrity checks on; classify the outcome."""
+    from sim.runner import run_scenario
+    from sim.scenario import scenario_from_dict
+
+    t0 = time.perf_counter()
+    try:
+        scn = scenario_from_dict(data, source=f"<fuzz {index}>")
+        result = run_scenario(scn, check_integrity=True)
+    except NotImplementedError as e:
+        return CaseResult(index, data, "unsupported", str(e), time.perf_counter() - t0)
+    except Exception as e:  # noqa: BLE001 - the fuzzer reports every crash with its scenario
+        tb = traceback.format_exc(limit=-3)
+        return CaseResult(index, data, "failed", f"{type(e).__name__}: {e}\n{tb}", time.perf_counter() - t0)
+    cap = scn.kv_cache.num_gpu_blocks * scn.kv_cache.block_size
+    problems = check_outcome(result.requests, result.steps, result.summary, cap)
+    return CaseResult(index, data, "failed" if problems else "ok", "; ".join(problems),
+                      time.perf_counter() - t0, int(result.summary["num_steps"]))
+
+
+def fuzz(seed: int, count: int, on_case: Callable[[CaseResult], None] | None = None,
+         start: int = 0) -> FuzzReport:
+    """Run ``count`` random scenarios drawn from ``seed`` (case i is reproducible from (seed, i))."""
+    report = FuzzReport()
+    for i in range(start, start + count):
+        data = draw_scenario(random.Random(f"{seed}:{i}"), i)
+        case = run_case(data, i)
+        report.cases.append(case)
+        if on_case is not None:
+            on_case(case)
+    return report

@@ -1,0 +1,76 @@
+"""The scenario fuzzer: a seeded batch of random small scenarios must all pass, and the checker must bite."""
+
+from __future__ import annotations
+
+import random
+
+import pandas as pd
+import pytest
+
+from sim.fuzz import check_outcome, draw_scenario, fuzz, literal_choices, run_case
+from sim.scenario import SchedulerConfig, scenario_from_dict
+
+
+def test_seeded_fuzz_batch_passes():
+    report = fuzz(seed=20261130, count=400)
+    assert not report.failures, "\n\n".join(f"case {c.index}: {c.error}\n{c.scenario}" for c in report.failures[:3])
+    assert report.counts().get("ok", 0) >= 100  # enough of the batch ran the real code paths
+
+
+def test_draws_are_valid_and_reproducible():
+    for i in range(50):
+        a = draw_scenario(random.Random(f"7:{i}"), i)
+        assert a == draw_scenario(random.Random(f"7:{i}"), i)
+        scenario_from_dict(a)  # the schema accepts every draw
+
+
+def test_schema_choices_track_the_schema():
+    assert {"fcfs", "priority"} <= set(literal_choices(SchedulerConfig, "policy"))
+    assert set(literal_choices(SchedulerConfig, "preemption")) == {"recompute", "swap"}
+
+
+def _tables():
+    reqs = pd.DataFrame({
+        "req_id": [0, 1], "arrival_s": [0.0, 0.0], "prompt_tokens": [4, 9], "output_tokens": [3, 2], "n": [1, 1],
+        "status": ["FINISHED", "REJECTED"], "first_scheduled_s": [0.0, float("nan")],
+        "first_token_s": [0.1, float("nan")], "finish_s": [0.3, 0.0], "num_cached_tokens": [0, 0],
+        "reject_reason": ["", "too long"],
+    })
+    # request 0: prefill of 4 tokens, then 2 decode steps (prompt + output - 1 = 6 tokens of KV computed)
+    steps = pd.DataFrame({
+        "start_s": [0.0, 0.1, 0.2], "duration_s": [0.1, 0.1, 0.1], "end_s": [0.1, 0.2, 0.3],
+        "num_prefill_tokens": [4, 0, 0], "num_decode_tokens": [0, 1, 1], "kv_blocks_used": [1, 2, 0],
+        "slots_token_states": [4, 5, 0], "slots_reserved": [0, 3, 0], "slots_internal_frag": [0, 0, 0],
+        "slots_external_frag": [0, 0, 0], "slots_free": [4, 0, 8],
+    })
+    summary = {"num_finished": 1, "num_rejected": 1, "num_preemptions": 0, "swapped_blocks": 0,
+               "memory_breakdown": {"token_states": 0.5, "free": 0.5}}
+    return reqs, steps, summary
+
+
+def test_checker_accepts_a_consistent_run():
+    reqs, steps, summary = _tables()
+    assert check_outcome(reqs, steps, summary, capacity_slots=8) == []
+
+
+@pytest.mark.parametrize("breakage, fragment", [
+    (lambda r, s, m: r.__setitem__("status", ["RUNNING", "REJECTED"]), "neither finished nor rejected"),
+    (lambda r, s, m: r.__setitem__("reject_reason", ["", ""]), "without a reason"),
+    (lambda r, s, m: r.__setitem__("first_token_s", [0.5, float("nan")]), "finish_s < first_token_s"),
+    (lambda r, s, m: s.__setitem__("kv_blocks_used", [1, 2, 1]), "still held"),
+    (lambda r, s, m: s.__setitem__("num_decode_tokens", [0, 1, 0]), "tokens computed"),
+    (lambda r, s, m: s.__setitem__("start_s", [0.0, 0.05, 0.2]), "overlap"),
+    (lambda r, s, m: s.__setitem__("slots_free", [4, 0, 7]), "add up"),
+])
+def test_checker_catches_each_violation(breakage, fragment):
+    reqs, steps, summary = _tables()
+    breakage(reqs, steps, summary)
+    problems = check_outcome(reqs, steps, summary, capacity_slots=8)
+    assert any(fragment in p for p in problems), problems
+
+
+def test_a_crash_is_reported_with_its_scenario():
+    data = draw_scenario(random.Random("crash"), 0)
+    data["kv_cache"]["block_size"] = 3  # invalid: the schema rejects it, and the case reports a failure
+    case = run_case(data)
+    assert case.outcome == "failed" and "block_size" in case.error and case.scenario is data
