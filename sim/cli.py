@@ -17,6 +17,8 @@ COMMANDS: dict[str, str] = {
     "kv-size": "kv_size",
     "schema": "schema",
     "trace-info": "trace_info",
+    "sweep": "sweep",
+    "calibrate": "calibrate", "validate": "validate", "profile": "profile",
 }
 
 

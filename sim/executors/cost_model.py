@@ -11,8 +11,9 @@ bytes, H = hidden, I = intermediate, hd = head_dim, q = ceil(heads / t) x hd, kv
                                    each new token sees its context and the new tokens up to itself)
                    prefill bytes = b x (sum n x (2q + 2kv) + sum c x 2kv)   (Q, O, new K/V, cached K/V)
                    decode bytes  = b x sum (c + 1) x 2kv  (+ Q and O)       (the KV read dominates)
-    elementwise= L x T x b x (10 H + 2 (q + kv) + 3 I/t) / (bw x elementwise_eff) + 6 launches
-                 (two norms, rope, activation, two residual adds; read + write each)
+    elementwise= L x (T x b / bw x [2H / e_norm1 + 2 (q + kv) / e_rope + 2H / e_norm2 + 3 I/t / e_act
+                 + 2 x 3H / e_add] + 6 x elementwise_latency)   (read + write of two norms, rope, the gated
+                 activation (2 I/t with a plain MLP), two residual adds; e_* per-operator efficiencies)
     allreduce  = 2 L x ring all-reduce of T x H x b bytes (after attention and after the MLP), t > 1
     swap       = (blocks out + blocks in) x (block bytes / t / host_link_bandwidth + swap_block_latency)
     copy       = blocks copied x 2 x block bytes / t / HBM bandwidth   (read the source, write the copy)
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import json
 import math
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from sim.sched.plan import StepPlan, StepResult
 from sim.specs import HardwareSpec, ModelSpec
 
 ELEMENTWISE_KERNELS = 6
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"  # package data: sim/data
 
 
 def linear_shapes(model: ModelSpec, tp: int) -> list[tuple[str, int, int]]:
@@ -55,8 +56,8 @@ def linear_shapes(model: ModelSpec, tp: int) -> list[tuple[str, int, int]]:
 
 def shipped_calibration(name: str) -> Path | None:
     """The calibration file shipped for hardware ``name`` (sim/data/calibration/NAME.json), if any."""
-    path = resources.files("sim") / "data" / "calibration" / f"{name.lower()}.json"
-    return Path(str(path)) if path.is_file() else None
+    path = DATA_DIR / "calibration" / f"{name.lower()}.json"
+    return path if path.is_file() else None
 
 
 def load_calibration(ref: str, base_dir: Path | None = None) -> tuple[CostParams, dict[str, Any]]:
@@ -103,9 +104,13 @@ class CostModelExecutor:
         self._attn_peak = self._peak * params.attn_compute_eff
         self._attn_bw = self._bw * params.attn_memory_eff
         # elementwise and communication constants
-        self._elem_s_per_token = (b * (10 * model.hidden_size + 2 * (q + kv) + 3 * inter)
-                                  / (self._bw * params.elementwise_eff))
-        self._elem_fixed = ELEMENTWISE_KERNELS * params.kernel_latency_s
+        e = {op: params.elementwise_effs.get(op, params.elementwise_eff) for op in
+             ("input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")}
+        h = model.hidden_size
+        self._elem_s_per_token = b / self._bw * (
+            2 * h / e["input_layernorm"] + 2 * (q + kv) / e["attn_rope"] + 2 * h / e["post_attention_layernorm"]
+            + (3 if model.gated_mlp else 2) * inter / e["mlp_act"] + 2 * 3 * h / e["add"])
+        self._elem_fixed = ELEMENTWISE_KERNELS * params.elementwise_latency_s
         self._act_bytes = b * model.hidden_size
         # block movement
         block_bytes = model.kv_bytes_per_block(block_size) / tp

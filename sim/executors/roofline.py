@@ -8,24 +8,24 @@ One GEMM ``[M, K] x [K, N]`` (M tokens, K inputs, N outputs, ``b`` bytes per ele
     t_m    = bytes / (bandwidth * memory_eff)        memory time
     t      = (t_c**p + t_m**p) ** (1/p) + latency    a smooth max (p -> inf is the plain max)
 
-Shape awareness (``CostParams.tile_m > 0``) replaces ``flops`` by the work the GPU really issues:
+Shape awareness (``CostParams.tiles``, a list of ``[tile_m, tile_n, eff]``) prices the compute the
+way a GEMM library runs it: output tiles spread over the SMs in waves, and the library picks the
+tile shape that finishes first. For each candidate tile:
 
     tiles    = ceil(M / tile_m) * ceil(N / tile_n)   tile quantization: partial tiles cost full tiles
     waves    = ceil(tiles / num_sms)                 wave quantization: a partial last wave costs a wave
-    flops_q  = 2 * waves * num_sms * tile_m * tile_n * K
+    t_tile   = 2 * waves * num_sms * tile_m * tile_n * K / (peak * eff)
+    t_c      = min over tiles of t_tile
 
-and the compute efficiency ramps up with the useful work per SM (small GEMMs do not reach peak):
-
-    compute_eff(M) = compute_eff * M / (M + ramp_tokens)
-
-The plain roofline of the brief is ``tile_m = 0, ramp_tokens = 0, smooth_p = inf``. Every function
+Small tiles waste less on small or ragged shapes but reach a lower efficiency (fitted per tile), so
+small GEMMs do not reach peak. The plain roofline of the brief is ``tiles = [], smooth_p = inf``. Every function
 here accepts numpy arrays as well as scalars (the calibrator prices thousands of rows at once).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -40,7 +40,7 @@ class CostParams:
     """Fitted (or default) efficiencies and latencies of one piece of hardware.
 
     Invariants: efficiencies are in (0, 1.5]; latencies and overheads are >= 0; ``smooth_p >= 1``.
-    ``tile_m == 0`` switches tile and wave quantization off.
+    An empty ``tiles`` switches tile and wave quantization off (``compute_eff`` applies instead).
     """
 
     compute_eff: float = 0.7          # fraction of peak FLOP/s a large GEMM reaches
@@ -48,16 +48,18 @@ class CostParams:
     kernel_latency_s: float = 5e-6    # launch + tail of one kernel
     step_overhead_s: float = 2e-3     # scheduler, sampling, Python: once per engine step
     smooth_p: float = math.inf        # exponent of the smooth max of compute and memory time
-    tile_m: int = 0                   # GEMM tile rows (tokens); 0: no quantization
-    tile_n: int = 128                 # GEMM tile columns (outputs)
+    tiles: list[list[float]] = field(default_factory=list)  # [tile_m, tile_n, eff]; []: plain roofline
     num_sms: int = 108                # SMs for wave quantization
-    ramp_tokens: float = 0.0          # tokens at which a GEMM reaches half its compute efficiency
     attn_compute_eff: float = 0.5     # FlashAttention-style prefill reaches less than a GEMM
     attn_memory_eff: float = 0.7      # paged decode attention reading KV blocks
     elementwise_eff: float = 0.6      # norms, rope, activation, residual add (memory bound)
+    elementwise_effs: dict[str, float] = field(default_factory=dict)  # per operator, overrides the above
+    elementwise_latency_s: float = 5e-6  # launch + tail of one small elementwise kernel
     swap_block_latency_s: float = 1e-5  # per block moved over the host link
     allreduce_latency_s: float = 0.0  # extra fixed latency per all-reduce (beyond the link latency)
     allreduce_eff: float = 0.8        # fraction of interconnect bandwidth a ring all-reduce reaches
+    # measured all-reduce times: {"tp": [[bytes, seconds], ...]} sorted by bytes; replaces the ring formula
+    allreduce_table: dict[str, list[list[float]]] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CostParams:
@@ -67,6 +69,7 @@ class CostParams:
             raise ValueError(f"unknown cost parameters: {', '.join(unknown)}")
         params = cls(**data)
         params.smooth_p = float(params.smooth_p)
+        params.tiles = [[int(t[0]), int(t[1]), float(t[2])] for t in params.tiles]
         return params
 
     def to_dict(self) -> dict[str, Any]:
@@ -89,16 +92,16 @@ def gemm_time(m: Any, n: int | Any, k: int | Any, peak: float, bandwidth: float,
               params: CostParams) -> Any:
     """Seconds for one ``[m, k] x [k, n]`` GEMM, with the formulas of the module docstring."""
     m = np.asarray(m, dtype=float)
-    if params.tile_m > 0:
-        tiles = np.ceil(m / params.tile_m) * np.ceil(np.asarray(n, dtype=float) / params.tile_n)
-        waves = np.ceil(tiles / params.num_sms)
-        flops = 2.0 * waves * params.num_sms * params.tile_m * params.tile_n * k
+    if params.tiles:
+        sms = params.num_sms
+        n_f = np.asarray(n, dtype=float)
+        t_c = None
+        for tm, tn, eff in params.tiles:
+            waves = np.ceil(np.ceil(m / tm) * np.ceil(n_f / tn) / sms)
+            t_tile = 2.0 * waves * sms * tm * tn * k / (peak * eff)
+            t_c = t_tile if t_c is None else np.minimum(t_c, t_tile)
     else:
-        flops = 2.0 * m * n * k
-    eff = params.compute_eff
-    if params.ramp_tokens > 0:
-        eff = eff * m / (m + params.ramp_tokens)
-    t_c = flops / (peak * eff)
+        t_c = 2.0 * m * n * k / (peak * params.compute_eff)
     t_m = dtype_bytes * (k * n + m * k + m * n) / (bandwidth * params.memory_eff)
     return smooth_max(t_c, t_m, params.smooth_p) + params.kernel_latency_s
 
@@ -114,9 +117,17 @@ def allreduce_time(nbytes: Any, tp: int, link_bandwidth: float, link_latency_s: 
     """Ring all-reduce over ``tp`` GPUs: 2 (t-1)/t x bytes / (bw x eff) + 2 (t-1) x link latency.
 
     Zero when ``tp == 1``. A ring moves each byte through 2 (t-1) hops, each paying the link latency.
+    With a measured table for ``tp`` (``params.allreduce_table``), the time is interpolated linearly in
+    bytes instead, and extrapolated beyond the largest size at the last point's bandwidth.
     """
     if tp <= 1:
         return 0.0 * np.asarray(nbytes, dtype=float)
+    table = params.allreduce_table.get(str(tp))
+    if table:
+        sizes = np.array([r[0] for r in table])
+        times = np.array([r[1] for r in table])
+        x = np.asarray(nbytes, dtype=float)
+        return np.where(x <= sizes[-1], np.interp(x, sizes, times), times[-1] * x / sizes[-1])
     bw = link_bandwidth if link_bandwidth > 0 else 16e9  # no NVLink: assume PCIe-class peer traffic
     return (2.0 * (tp - 1) / tp * np.asarray(nbytes, dtype=float) / (bw * params.allreduce_eff)
             + 2 * (tp - 1) * link_latency_s + params.allreduce_latency_s)

@@ -1,0 +1,122 @@
+"""Operator timings from files, in one long table, whatever format they came in.
+
+Two formats, recognised by their columns:
+
+- Vidur per-operator CSVs (``time_stats.{OP}.{min,max,mean,median,std}`` in ms, plus n_head, n_kv_head,
+  n_embd, n_expanded_embd, vocab_size, use_gated_mlp, num_tokens, num_tensor_parallel_workers). One row
+  is one (num_tokens, TP) point of one model; the operators ran on one TP shard. The median is used.
+- Vidur all-reduce CSVs (``time_stats.all_reduce.*`` in ms, ``size`` in bytes, ``num_workers``,
+  ``devices_per_node``): single-node rows become ``all_reduce`` rows with ``num_tokens`` = bytes and
+  ``tp`` = workers.
+- The project's profile CSV (``model,device,kind,batch_size,num_tokens,context_len,operator,time_ms``),
+  written by ``kvsim profile``; ``model`` is a preset name.
+
+The long table has one row per (point, operator): ``source, model, tp, kind, batch_size, num_tokens,
+context_len, operator, time_s`` and the model's shape ``hidden, heads, kv_heads, head_dim, inter, vocab,
+gated, dtype_bytes``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sim.errors import KvsimError
+from sim.specs import ModelSpec
+
+LINEAR_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
+ELEMENTWISE_OPS = ("input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")
+VIDUR_OPS = LINEAR_OPS + ELEMENTWISE_OPS
+PROFILE_COLUMNS = ["model", "device", "kind", "batch_size", "num_tokens", "context_len", "operator", "time_ms"]
+PROFILE_OPS = LINEAR_OPS + ("attention", "step")
+VIDUR_SHAPE = ["n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size", "use_gated_mlp", "num_tokens",
+               "num_tensor_parallel_workers"]
+COLUMNS = ["source", "model", "tp", "kind", "batch_size", "num_tokens", "context_len", "operator", "time_s",
+           "hidden", "heads", "kv_heads", "head_dim", "inter", "vocab", "gated", "dtype_bytes"]
+
+
+def _vidur(df: pd.DataFrame, path: Path) -> pd.DataFrame:
+    missing = [c for c in VIDUR_SHAPE if c not in df.columns]
+    if missing:
+        raise KvsimError(str(path), f"Vidur CSV lacks columns {', '.join(missing)}")
+    name = path.stem.removesuffix("_mlp")
+    name = name.split("_", 1)[1] if "_" in name else name  # "a100_Llama-2-7b-hf" -> "Llama-2-7b-hf"
+    parts = []
+    for op in VIDUR_OPS:
+        col = f"time_stats.{op}.median"
+        if col not in df.columns:
+            continue
+        parts.append(pd.DataFrame({
+            "source": str(path), "model": name, "tp": df.num_tensor_parallel_workers.astype(int), "kind": "mixed",
+            "batch_size": 0, "num_tokens": df.num_tokens.astype(int), "context_len": 0, "operator": op,
+            "time_s": df[col].astype(float) / 1e3, "hidden": df.n_embd.astype(int), "heads": df.n_head.astype(int),
+            "kv_heads": df.n_kv_head.astype(int), "head_dim": (df.n_embd // df.n_head).astype(int),
+            "inter": df.n_expanded_embd.astype(int), "vocab": df.vocab_size.astype(int),
+            "gated": df.use_gated_mlp.astype(str).str.lower().isin(["true", "1"]), "dtype_bytes": 2,
+        }))
+    if not parts:
+        raise KvsimError(str(path), "Vidur CSV has no time_stats columns for the projections")
+    return pd.concat(parts, ignore_index=True)
+
+
+def _allreduce(df: pd.DataFrame, path: Path) -> pd.DataFrame:
+    need = ["time_stats.all_reduce.median", "size", "num_workers"]
+    missing = [c for c in need if c not in df.columns]
+    if missing:
+        raise KvsimError(str(path), f"all-reduce CSV lacks columns {', '.join(missing)}")
+    if "devices_per_node" in df.columns:
+        df = df[df.devices_per_node == df.num_workers]  # one node: NVLink, no network
+    g = df.groupby(["num_workers", "size"])["time_stats.all_reduce.median"].median().reset_index()
+    return pd.DataFrame({
+        "source": str(path), "model": "all_reduce", "tp": g.num_workers.astype(int), "kind": "collective",
+        "batch_size": 0, "num_tokens": g["size"].astype(int), "context_len": 0, "operator": "all_reduce",
+        "time_s": g["time_stats.all_reduce.median"].astype(float) / 1e3, "hidden": 0, "heads": 0, "kv_heads": 0,
+        "head_dim": 0, "inter": 0, "vocab": 0, "gated": False, "dtype_bytes": 2})
+
+
+def _profile(df: pd.DataFrame, path: Path) -> pd.DataFrame:
+    bad = sorted(set(df.operator) - set(PROFILE_OPS))
+    if bad:
+        raise KvsimError(str(path), f"unknown operators {', '.join(bad)}; known: {', '.join(PROFILE_OPS)}")
+    specs = {}
+    for name in df.model.unique():
+        try:
+            specs[name] = ModelSpec.from_name(str(name))
+        except KeyError as exc:
+            raise KvsimError(str(path), str(exc).strip("\"'")) from exc
+    out = pd.DataFrame({
+        "source": str(path), "model": df.model.astype(str), "tp": 1, "kind": df.kind.astype(str),
+        "batch_size": df.batch_size.astype(int), "num_tokens": df.num_tokens.astype(int),
+        "context_len": df.context_len.astype(int), "operator": df.operator.astype(str),
+        "time_s": df.time_ms.astype(float) / 1e3})
+    for col, attr in [("hidden", "hidden_size"), ("heads", "num_heads"), ("kv_heads", "num_kv_heads"),
+                      ("head_dim", "head_dim"), ("inter", "intermediate_size"), ("vocab", "vocab_size"),
+                      ("gated", "gated_mlp"), ("dtype_bytes", "dtype_bytes")]:
+        out[col] = [getattr(specs[m], attr) for m in out.model]
+    return out
+
+
+def read_measurements(paths: list[str | Path]) -> pd.DataFrame:
+    """Read and concatenate measurement files; rows with a non-positive or missing time are dropped."""
+    if not paths:
+        raise KvsimError("--measurements", "no measurement files given")
+    frames = []
+    for p in paths:
+        path = Path(p)
+        try:
+            df = pd.read_csv(path)
+        except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+            raise KvsimError(str(path), f"cannot read CSV ({exc})") from exc
+        if list(df.columns[: len(PROFILE_COLUMNS)]) == PROFILE_COLUMNS:
+            frames.append(_profile(df, path))
+        elif "time_stats.all_reduce.median" in df.columns:
+            frames.append(_allreduce(df, path))
+        elif any(c.startswith("time_stats.") for c in df.columns):
+            frames.append(_vidur(df, path))
+        else:
+            raise KvsimError(str(path), "unrecognised columns: expected a Vidur per-operator CSV or "
+                                        f"{','.join(PROFILE_COLUMNS)}")
+    out = pd.concat(frames, ignore_index=True)[COLUMNS]
+    return out[np.isfinite(out.time_s) & (out.time_s > 0)].reset_index(drop=True)

@@ -1,0 +1,146 @@
+"""Calibration files and validation reports: fit -> JSON, JSON + measurements -> errors and a parity plot.
+
+A calibration file is JSON: ``{"format": "kvsim-calibration/1", "hardware": NAME, "params": {...},
+"baseline": {...}, "fitted_on": [...], "train_mape": {...}}``. ``params`` are CostParams (roofline.py);
+``baseline`` is the plain roofline fitted on the same rows, kept so validation can show both errors.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sim.errors import KvsimError
+from sim.executors.calibrate import fit_baseline, fit_params, predict, score
+from sim.executors.cost_model import DATA_DIR, load_calibration
+from sim.executors.measurements import ELEMENTWISE_OPS, LINEAR_OPS, read_measurements
+from sim.executors.roofline import CostParams
+from sim.specs import HardwareSpec
+
+FORMAT = "kvsim-calibration/1"
+
+
+def shipped_vidur(gpu: str, kind: str = "mlp") -> list[Path]:
+    """Shipped Vidur tables for ``gpu`` ("a100" or "h100"): ``kind`` "mlp" or "all_reduce"."""
+    return sorted((DATA_DIR / "vidur").glob(f"{gpu}_*_{kind}.csv"))
+
+
+def hardware_of(name: str) -> HardwareSpec:
+    try:
+        return HardwareSpec.from_name(name)
+    except KeyError as exc:
+        raise KvsimError("--hardware", exc.args[0]) from None
+
+
+def calibrate(hardware: HardwareSpec, df: pd.DataFrame, sources: list[str]) -> dict[str, Any]:
+    """Fit the model and the baseline on ``df``; return the calibration document."""
+    if df.empty:
+        raise KvsimError("--measurements", "no rows left to fit")
+    params = fit_params(df, hardware)
+    baseline = fit_baseline(df, hardware)
+    train = score(df, hardware, params)
+    return {"format": FORMAT, "hardware": hardware.name, "params": params.to_dict(),
+            "baseline": baseline.to_dict(), "fitted_on": sources, "rows": int(len(df)),
+            "train_mape": {k: round(v, 5) for k, v in train.items()}}
+
+
+def calibrate_files(hardware_name: str, paths: list[str | Path], tp: int | None = None) -> dict[str, Any]:
+    """Read measurement files (optionally keeping only operator rows at TP ``tp``) and calibrate."""
+    df = read_measurements(paths)
+    if tp is not None:
+        df = df[(df.tp == tp) | (df.operator == "all_reduce")]
+    return calibrate(hardware_of(hardware_name), df, [Path(p).name for p in paths])
+
+
+def write_calibration(doc: dict[str, Any], out: str | Path) -> None:
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+@dataclass
+class Validation:
+    """Predictions beside measurements, and the errors of the model and of the baseline."""
+
+    rows: pd.DataFrame            # the measurement rows plus columns pred_s, baseline_s
+    model: dict[str, float]       # MAPE per operator, "linear", "layer", "overall" (fractions)
+    baseline: dict[str, float]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"overall_mape": self.model["overall"], "linear_mape": self.model.get("linear"),
+                "layer_mape": self.model.get("layer"), "per_operator": self.model,
+                "baseline": {"overall_mape": self.baseline["overall"], "linear_mape": self.baseline.get("linear"),
+                             "layer_mape": self.baseline.get("layer"), "per_operator": self.baseline},
+                "rows": int(len(self.rows))}
+
+    def table(self) -> str:
+        """Per-operator MAPE, then the projections together, one layer, and all rows."""
+        counts = self.rows.operator.value_counts()
+        lines = [f"{'operator':<26}{'rows':>7}{'model MAPE':>12}{'baseline':>11}"]
+        summary = ("linear", "layer", "overall")
+        for key in [k for k in self.model if k not in summary] + ["-"] + [k for k in summary if k in self.model]:
+            if key == "-":
+                lines.append("-" * 56)
+                continue
+            n = counts.get(key, "")
+            base = self.baseline.get(key, float("nan"))
+            lines.append(f"{key:<26}{n!s:>7}{100 * self.model[key]:>11.2f}%{100 * base:>10.2f}%")
+        return "\n".join(lines)
+
+
+def validate(doc: dict[str, Any], df: pd.DataFrame, hardware: HardwareSpec | None = None) -> Validation:
+    """Score the calibration ``doc`` (and its baseline) on measurement rows ``df``."""
+    hw = hardware or hardware_of(doc.get("hardware", ""))
+    params = CostParams.from_dict(doc["params"])
+    base = CostParams.from_dict(doc["baseline"]) if "baseline" in doc else CostParams()
+    rows = df.assign(pred_s=predict(df, hw, params), baseline_s=predict(df, hw, base))
+    return Validation(rows, score(df, hw, params), score(df, hw, base))
+
+
+def validate_files(calibration: str | Path, paths: list[str | Path]) -> Validation:
+    _, doc = load_calibration(str(calibration))
+    return validate(doc, read_measurements(paths))
+
+
+def parity_plot(v: Validation, path: str | Path, title: str = "") -> None:
+    """Predicted vs measured (log-log) and relative residuals against token count, per operator."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = v.rows
+    ops = [o for o in (*LINEAR_OPS, *ELEMENTWISE_OPS, "attention", "step", "all_reduce") if (rows.operator == o).any()]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 5))
+    cmap = plt.get_cmap("tab10")
+    for i, op in enumerate(ops):
+        r = rows[rows.operator == op]
+        c = cmap(i % 10)
+        ax1.scatter(r.time_s * 1e3, r.pred_s * 1e3, s=4, alpha=0.5, color=c, label=op)
+        ax2.scatter(r.num_tokens, 100 * (r.pred_s - r.time_s) / r.time_s, s=4, alpha=0.5, color=c, label=op)
+    lo = float(min(rows.time_s.min(), rows.pred_s.min()) * 1e3)
+    hi = float(max(rows.time_s.max(), rows.pred_s.max()) * 1e3)
+    ax1.plot([lo, hi], [lo, hi], "k--", lw=1)
+    ax1.set(xscale="log", yscale="log", xlabel="measured (ms)", ylabel="predicted (ms)",
+            title=f"parity: overall MAPE {100 * v.model['overall']:.1f}% "
+                  f"(baseline {100 * v.baseline['overall']:.1f}%)")
+    ax2.axhline(0, color="k", lw=1)
+    ax2.set(xscale="log", xlabel="tokens (bytes for all_reduce)", ylabel="(predicted - measured) / measured (%)",
+            title="residuals", ylim=(-60, 60))
+    ax1.legend(markerscale=3, fontsize=7)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def heldout_mask(df: pd.DataFrame, train_model: str = "Llama-2-7b-hf", train_tp: int = 1) -> np.ndarray:
+    """Rows of models or TP degrees the shipped calibrations never saw (all-reduce rows excluded)."""
+    seen = (df.model == train_model) & (df.tp == train_tp)
+    return (~seen & (df.operator != "all_reduce")).to_numpy()
