@@ -34,9 +34,9 @@ def _decode_split_kernel(
     stride_vb, stride_vt, stride_vh,
     stride_bts,
     stride_os, stride_oh,
-    num_heads, split_len,
+    num_heads, split_len, num_splits,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, IEEE: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1).to(tl.int64)
@@ -83,13 +83,13 @@ def _decode_split_kernel(
         m_i = m_new
 
     o_mask = g_mask[:, None] & d_mask[None, :]
-    if NUM_SPLITS == 1:
+    if SINGLE:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(out_ptr + seq * stride_os + heads[:, None] * stride_oh + d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=o_mask)
     else:
-        # partial buffers: out [S, H, NUM_SPLITS, BLOCK_D], lse [S, H, NUM_SPLITS], contiguous fp32
-        row = (seq * num_heads + heads) * NUM_SPLITS + split                    # [BLOCK_G]
+        # partial buffers: out [S, H, num_splits, BLOCK_D], lse [S, H, num_splits], contiguous fp32
+        row = (seq * num_heads + heads) * num_splits + split                    # [BLOCK_G]
         part = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(part_out_ptr + row[:, None] * BLOCK_D + d[None, :], part, mask=o_mask)
         lse = tl.where(l_i > 0, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
@@ -98,34 +98,48 @@ def _decode_split_kernel(
 
 @triton.jit
 def _decode_merge_kernel(
-    part_out_ptr, part_lse_ptr, out_ptr, stride_os, stride_oh, num_heads,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_SPLITS: tl.constexpr,
+    part_out_ptr, part_lse_ptr, out_ptr, stride_os, stride_oh, num_heads, num_splits,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SPLITS: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1).to(tl.int64)
     sp = tl.arange(0, BLOCK_SPLITS)
     d = tl.arange(0, BLOCK_D)
-    row = (seq * num_heads + head) * NUM_SPLITS
-    lse = tl.load(part_lse_ptr + row + sp, mask=sp < NUM_SPLITS, other=float("-inf"))
+    row = (seq * num_heads + head) * num_splits
+    lse = tl.load(part_lse_ptr + row + sp, mask=sp < num_splits, other=float("-inf"))
     m = tl.max(lse, 0)
     m = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp2(lse - m)                                                        # empty splits weigh 0
     parts = tl.load(part_out_ptr + (row + sp)[:, None] * BLOCK_D + d[None, :],
-                    mask=(sp < NUM_SPLITS)[:, None], other=0.0)
+                    mask=(sp < num_splits)[:, None], other=0.0)
     total = tl.sum(w, 0)
     out = tl.sum(parts * w[:, None], 0) / tl.where(total > 0, total, 1.0)
     tl.store(out_ptr + seq * stride_os + head * stride_oh + d, out.to(out_ptr.dtype.element_ty),
              mask=d < HEAD_DIM)
 
 
-def _num_splits(num_seqs: int, num_kv_heads: int, max_len: int, block_n: int, device: torch.device) -> int:
-    """Splits so that programs >= ~4 waves of the SMs, each split at least 4 tiles long."""
-    if device.type != "cuda":
-        return 1 if max_len <= 4 * block_n else min(4, triton.cdiv(max_len, 4 * block_n))
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    want = triton.cdiv(4 * sms, max(1, num_seqs * num_kv_heads))
+def decode_split_plan(num_seqs: int, num_kv_heads: int, head_dim: int, block_size: int, table_width: int,
+                      device: torch.device, num_splits: int | None = None,
+                      block_n: int | None = None) -> tuple[int, int, int]:
+    """(splits, split_len, block_n): enough programs for ~4 waves of the SMs, each split >= 4 tiles.
+
+    Depends only on shapes (the table width bounds the context), so it needs no host sync.
+    """
+    if block_n is None:
+        block_n = 64 if head_dim <= 128 else 32
+        if block_size <= 128:
+            block_n = max(block_n, triton.next_power_of_2(block_size))
+    max_len = max(1, table_width * block_size)
     most = max(1, triton.cdiv(max_len, 4 * block_n))
-    return int(max(1, min(want, most, 64)))
+    if num_splits is None:
+        if device.type == "cuda":
+            sms = torch.cuda.get_device_properties(device).multi_processor_count
+            want = triton.cdiv(4 * sms, max(1, num_seqs * num_kv_heads))
+        else:
+            want = 4
+        num_splits = max(1, min(want, most, 64))
+    split_len = triton.cdiv(triton.cdiv(max_len, num_splits), block_n) * block_n
+    return triton.cdiv(max_len, split_len), split_len, block_n
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -143,13 +157,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if num_seqs == 0:
         return out
     block_d = triton.next_power_of_2(head_dim)
-    if block_n is None:
-        block_n = 64 if head_dim <= 128 else 32
-        block_n = max(block_n, triton.next_power_of_2(block_size)) if block_size <= 128 else block_n
-    max_len = block_tables.shape[1] * block_size
-    splits = num_splits or _num_splits(num_seqs, num_kv_heads, max_len, block_n, q.device)
-    split_len = triton.cdiv(triton.cdiv(max_len, splits), block_n) * block_n
-    splits = triton.cdiv(max_len, split_len)
+    splits, split_len, block_n = decode_split_plan(num_seqs, num_kv_heads, head_dim, block_size,
+                                                   block_tables.shape[1], q.device, num_splits, block_n)
     if splits > 1:
         part_out = torch.empty(num_seqs, num_heads, splits, block_d, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(num_seqs, num_heads, splits, dtype=torch.float32, device=q.device)
@@ -164,15 +173,15 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0),
         out.stride(0), out.stride(1),
-        num_heads, split_len,
+        num_heads, split_len, splits,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d,
-        BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_SPLITS=splits, IEEE=ieee,
+        BLOCK_SIZE=block_size, BLOCK_N=block_n, SINGLE=splits == 1, IEEE=ieee,
         num_warps=4, num_stages=2,
     )
     if splits > 1:
         _decode_merge_kernel[(num_seqs, num_heads)](
-            part_out, part_lse, out, out.stride(0), out.stride(1), num_heads,
-            HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=splits,
+            part_out, part_lse, out, out.stride(0), out.stride(1), num_heads, splits,
+            HEAD_DIM=head_dim, BLOCK_D=block_d,
             BLOCK_SPLITS=max(2, triton.next_power_of_2(splits)), num_warps=4,
         )
     return out
