@@ -153,3 +153,10 @@ def test_unknown_format_in_a_scenario_exits_2(tmp_path: Path) -> None:
     scn = tmp_path / "s.yaml"
     scn.write_text(f"workload:\n  trace: {DATA / 'azure_small.csv'}\n  format: parquet\n")
     assert main(["run", str(scn), "--out", str(tmp_path / "out")]) == 2
+
+
+def test_azure_2024_style_timestamps_with_utc_offset(tmp_path: Path) -> None:
+    p = tmp_path / "az2024.csv"
+    p.write_text(AZ_HEADER + "2024-05-10 00:00:00.009930+00:00,100,10\n2024-05-10 00:00:01.5+00:00,200,20\n"
+                 "2024-05-10 00:00:02+00:00,300,30\n")
+    assert rows(load(str(p), "azure")) == [(0, 0.0, 100, 10), (1, 1.49007, 200, 20), (2, 1.99007, 300, 30)]

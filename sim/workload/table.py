@@ -157,22 +157,38 @@ def to_seconds(values: pd.Series, column: str, source: str, lines: np.ndarray, u
     return datetimes_to_seconds(values, column, source, lines)
 
 
-def datetimes_to_seconds(values: pd.Series, column: str, source: str, lines: np.ndarray,
-                         fmt: str | None = None, origin: np.datetime64 | None = None) -> np.ndarray:
-    """Parse wall-clock datetimes (vectorized) to float64 seconds since ``origin`` (default: the earliest)."""
+def datetimes_ns(values: pd.Series, column: str, source: str, lines: np.ndarray, fmt: str | None = None) -> np.ndarray:
+    """Parse wall-clock datetimes (vectorized) to int64 ns since the epoch, in UTC (naive values are
+    taken as UTC). Tries ``fmt``, then ISO 8601 (offsets such as +00:00 included), then any layout,
+    each only on the rows the previous one missed; raises naming the first row none could read."""
     text = values.astype(str).str.strip()
-    try:
-        ts = pd.to_datetime(text, format=fmt if fmt else "ISO8601", errors="coerce")
-    except (ValueError, TypeError):
-        ts = pd.to_datetime(text, format="mixed", errors="coerce")
-    if fmt is not None and ts.isna().any():  # a row in another layout: give the flexible parser a chance
-        retry = ts.isna()
-        ts = ts.copy()
-        ts[retry] = pd.to_datetime(text[retry], format="mixed", errors="coerce")
-    bad = ts.isna().to_numpy()
+    ns = _parse_ns(text, fmt or "ISO8601")
+    for retry in (["ISO8601"] if fmt else []) + ["mixed"]:
+        missed = ns == NAT
+        if not missed.any():
+            break
+        ns[missed] = _parse_ns(text[missed], retry)
+    bad = ns == NAT
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise KvsimError(where(source, int(lines[i])), f"column {column}: unparsable timestamp {values.iloc[i]!r}")
-    ns = ts.to_numpy(dtype="datetime64[ns]").astype(np.int64)
-    base = int(ns.min()) if origin is None else int(np.datetime64(origin, "ns").astype(np.int64))
+    return ns
+
+
+NAT = np.iinfo(np.int64).min  # NaT as int64
+
+
+def _parse_ns(text: pd.Series, fmt: str) -> np.ndarray:
+    try:
+        ts = pd.to_datetime(text, format=fmt, errors="coerce", utc=True)
+    except (ValueError, TypeError, OverflowError):
+        return np.full(len(text), NAT, dtype=np.int64)
+    return ts.dt.tz_convert(None).astype("datetime64[ns]").to_numpy().view(np.int64).copy()
+
+
+def datetimes_to_seconds(values: pd.Series, column: str, source: str, lines: np.ndarray,
+                         fmt: str | None = None, origin_ns: int | None = None) -> np.ndarray:
+    """Datetimes as float64 seconds since ``origin_ns`` (default: the earliest of them)."""
+    ns = datetimes_ns(values, column, source, lines, fmt)
+    base = int(ns.min()) if origin_ns is None else origin_ns
     return (ns - base).astype(np.float64) / 1e9

@@ -23,7 +23,7 @@ import pandas as pd
 
 from sim.errors import KvsimError
 from sim.workload.csvread import header_of, read_columns
-from sim.workload.table import Columns, LoadStats, datetimes_to_seconds, to_counts, to_seconds
+from sim.workload.table import Columns, LoadStats, datetimes_ns, to_counts, to_seconds
 
 FORMATS = ("azure", "mooncake", "vidur", "burstgpt", "csv", "jsonl")
 OPTIONAL_FIELDS = ("priority", "prefix_group", "prefix_len", "n", "beam_width")
@@ -80,15 +80,14 @@ def guess_format(path: Path, source: str) -> str:
 def load_azure(path: Path, source: str, stats: LoadStats, *, max_rows: int | None = None,
                chunk_rows: int | None = None) -> Columns:
     """Azure LLM inference traces (2023 and 2024 share the schema). Times: seconds since the first row."""
-    origin: list[np.datetime64] = []
+    origin: list[int] = []
 
     def convert(df: pd.DataFrame, lines: np.ndarray) -> Columns:
-        if not origin:  # all chunks measure from the first chunk's earliest time
-            first = pd.to_datetime(df["TIMESTAMP"].iloc[:1].str.strip(), format="mixed", errors="coerce")
-            origin.append(first.iloc[0].to_datetime64() if first.notna().all() else None)  # type: ignore[arg-type]
+        ns = datetimes_ns(df["TIMESTAMP"], "TIMESTAMP", source, lines, fmt=AZURE_TIME_FORMAT)
+        if not origin:  # every chunk measures from the first chunk's earliest time
+            origin.append(int(ns.min()))
         return Columns(
-            arrival=datetimes_to_seconds(df["TIMESTAMP"], "TIMESTAMP", source, lines, fmt=AZURE_TIME_FORMAT,
-                                         origin=origin[0]),
+            arrival=(ns - origin[0]).astype(np.float64) / 1e9,
             prompt_len=to_counts(df["ContextTokens"], "ContextTokens", source, lines),
             output_len=to_counts(df["GeneratedTokens"], "GeneratedTokens", source, lines),
         )

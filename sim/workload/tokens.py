@@ -1,0 +1,93 @@
+"""Synthetic token ids, derived on demand from a Request's fields (no token lists are ever stored).
+
+A token's id is a 62-bit mix of where its content comes from:
+
+    position p of sequence s         source key                       equal ids when
+    -----------------------------    -------------------------------  -------------------------------
+    p < prefix_len (prefix_group g)  (PREFIX, g, p)                   same group, same position
+    p < prompt_len, hash_ids given   (CHUNK, hash_ids[p // C], p % C)  same Mooncake chunk id (C = 512)
+    other prompt positions           (PROMPT, req_id, p)              never across requests
+    p >= prompt_len (generated)      (OUTPUT, req_id, s, p)           never across requests or samples
+
+So requests of one prefix group share their first ``prefix_len`` token ids, Mooncake requests whose
+``hash_ids`` agree share those 512-token chunks, and a preempted request that comes back regenerates
+the same ids for its own generated tokens (they are a function of position, not of a random draw).
+
+``block_hashes`` chains full blocks the vLLM v1 way: hash(block i) = H(hash(block i-1), tokens of i),
+with H built from integer mixing and Python's tuple-of-int hash, which (unlike str hashing) is not
+salted per process: the same workload gives the same hashes in every run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_PREFIX, _CHUNK, _PROMPT, _OUTPUT = 1, 2, 3, 4
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_GOLD = np.uint64(0x9E3779B97F4A7C15)
+_MASK62 = np.uint64((1 << 62) - 1)
+ROOT_HASH = 0x5EED  # the parent hash of a sequence's first block
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer, element-wise on uint64 (wraps modulo 2**64)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * _M1
+    x = x ^ (x >> np.uint64(27))
+    x = x * _M2
+    return x ^ (x >> np.uint64(31))
+
+
+def _ids(tag: int, a: int, b: int | np.ndarray, pos: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        seed = np.uint64((tag * 0x1000193 + (a & 0xFFFFFFFFFFFF) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF)
+        x = _mix(pos.astype(np.uint64) * _GOLD ^ seed)
+        x = _mix(x ^ (np.asarray(b).astype(np.uint64) * _M2))
+    return (x & _MASK62).astype(np.int64)
+
+
+def token_ids(req, start: int, end: int, seq: int = 0) -> np.ndarray:
+    """Token ids of positions ``start .. end-1`` of sequence ``seq`` of ``req`` (int64 array)."""
+    pos = np.arange(start, end, dtype=np.int64)
+    out = np.empty(len(pos), dtype=np.int64)
+    prompt = req.prompt_len
+    plen = req.prefix_len if req.prefix_group >= 0 else 0
+    hashes = req.hash_ids
+    c = req.hash_block_tokens
+    chunked_end = min(prompt, len(hashes) * c) if hashes else 0
+
+    m = pos < plen
+    if m.any():
+        out[m] = _ids(_PREFIX, req.prefix_group, 0, pos[m])
+    m2 = ~m & (pos < chunked_end)
+    if m2.any():
+        p = pos[m2]
+        chunk = np.asarray(hashes, dtype=np.int64)[p // c]
+        out[m2] = _ids(_CHUNK, 0, chunk, p % c)
+    m3 = ~m & ~m2 & (pos < prompt)
+    if m3.any():
+        out[m3] = _ids(_PROMPT, req.req_id, 0, pos[m3])
+    m4 = pos >= prompt
+    if m4.any():
+        out[m4] = _ids(_OUTPUT, req.req_id, seq, pos[m4])
+    return out
+
+
+_W = _mix(np.arange(1, 1025, dtype=np.uint64) * _GOLD)  # per-slot weights of the block digest
+
+
+def block_hashes(req, first_block: int, end_block: int, block_size: int, parent: int, seq: int = 0) -> list[int]:
+    """Chained hashes of full blocks ``first_block .. end_block-1``; ``parent`` is block first_block-1's
+    hash (``ROOT_HASH`` for block 0). One numpy pass digests the blocks; a short Python loop chains them."""
+    if end_block <= first_block:
+        return []
+    toks = token_ids(req, first_block * block_size, end_block * block_size, seq).astype(np.uint64)
+    with np.errstate(over="ignore"):
+        digest = (_mix(toks).reshape(-1, block_size) * _W[:block_size]).sum(axis=1, dtype=np.uint64)
+    out = []
+    h = parent
+    for d in digest.tolist():
+        h = hash((h, d))
+        out.append(h)
+    return out
