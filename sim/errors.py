@@ -11,9 +11,14 @@ class KvsimError(Exception):
     """
 
     def __init__(self, where: str, what: str) -> None:
-        super().__init__(f"{where}: {what}")
+        # args must be (where, what): SimPy re-raises a process's exception as type(e)(*e.args), and
+        # pickling (worker processes, Ray) rebuilds it the same way
+        super().__init__(where, what)
         self.where = where
         self.what = what
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.what}"
 
     def one_line(self) -> str:
         text = f"error: {self.where}: {self.what}" if self.where else f"error: {self.what}"
