@@ -160,3 +160,11 @@ def test_azure_2024_style_timestamps_with_utc_offset(tmp_path: Path) -> None:
     p.write_text(AZ_HEADER + "2024-05-10 00:00:00.009930+00:00,100,10\n2024-05-10 00:00:01.5+00:00,200,20\n"
                  "2024-05-10 00:00:02+00:00,300,30\n")
     assert rows(load(str(p), "azure")) == [(0, 0.0, 100, 10), (1, 1.49007, 200, 20), (2, 1.99007, 300, 30)]
+
+
+def test_mooncake_without_hash_ids(tmp_path: Path) -> None:
+    p = tmp_path / "m.jsonl"
+    p.write_text('{"timestamp": 0, "input_length": 700, "output_length": 3}\n'
+                 '{"timestamp": 10, "input_length": 600, "output_length": 2, "hash_ids": [7, 8]}\n')
+    w = load(str(p), "mooncake", max_model_len=500)
+    assert [(r.prompt_len, r.hash_ids) for r in w.requests] == [(499, None), (499, (7,))]

@@ -61,10 +61,13 @@ def load_mooncake(path: Path, source: str, stats: LoadStats, *, max_rows: int | 
     _require_fields(rows, lines, ["timestamp", "input_length", "output_length"], source)
     df = pd.DataFrame.from_records(rows, columns=["timestamp", "input_length", "output_length"])
     prompt = to_counts(df["input_length"], "input_length", source, lines)
-    hashes: list[tuple[int, ...]] = []
+    hashes: list[tuple[int, ...] | None] = []
     mismatched = 0
     for row, line, p in zip(rows, lines.tolist(), prompt.tolist(), strict=True):
-        ids = row.get("hash_ids", [])
+        ids = row.get("hash_ids")
+        if ids is None:  # no block ids on this line: nothing known to be shared
+            hashes.append(None)
+            continue
         if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in ids):
             raise KvsimError(f"{source}:{line}", "hash_ids: expected a list of integers")
         mismatched += len(ids) != -(-p // MOONCAKE_BLOCK_TOKENS)
@@ -76,7 +79,8 @@ def load_mooncake(path: Path, source: str, stats: LoadStats, *, max_rows: int | 
         arrival=to_seconds(df["timestamp"], "timestamp", source, lines, unit_s=1e-3),
         prompt_len=prompt,
         output_len=to_counts(df["output_length"], "output_length", source, lines),
-        hash_ids=hashes, hash_block_tokens=MOONCAKE_BLOCK_TOKENS,
+        hash_ids=hashes if any(h is not None for h in hashes) else None,  # type: ignore[arg-type]
+        hash_block_tokens=MOONCAKE_BLOCK_TOKENS,
     )
 
 

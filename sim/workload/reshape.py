@@ -91,6 +91,6 @@ def clip_to_model_len(cols: Columns, max_model_len: int | None, stats: LoadStats
         cols.prefix_len = np.minimum(cols.prefix_len, new_prompt - 1)
     if cols.hash_ids is not None:
         b = cols.hash_block_tokens
-        cols.hash_ids = [h if not o else h[: -(-p // b)]
+        cols.hash_ids = [h if (not o or h is None) else h[: -(-p // b)]
                          for h, o, p in zip(cols.hash_ids, over.tolist(), new_prompt.tolist(), strict=True)]
     return cols

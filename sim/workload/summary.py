@@ -36,11 +36,11 @@ def length_stats(x: np.ndarray) -> dict:
             "max": int(x.max())}
 
 
-def block_repeat_fraction(hash_ids: list[tuple[int, ...]]) -> float:
-    total = sum(len(h) for h in hash_ids)
+def block_repeat_fraction(hash_ids: list[tuple[int, ...] | None]) -> float:
+    total = sum(len(h) for h in hash_ids if h)
     if total == 0:
         return 0.0
-    unique = len({i for h in hash_ids for i in h})
+    unique = len({i for h in hash_ids if h for i in h})
     return (total - unique) / total
 
 

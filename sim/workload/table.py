@@ -28,7 +28,7 @@ class Columns:
     prefix_group: np.ndarray | None = None  # int64; -1 means no shared prefix
     prefix_len: np.ndarray | None = None    # int64
     beam_width: np.ndarray | None = None    # int64; None means all 1
-    hash_ids: list[tuple[int, ...]] | None = None  # Mooncake: block ids per request
+    hash_ids: list[tuple[int, ...] | None] | None = None  # Mooncake: block ids per request (None: unknown)
     hash_block_tokens: int = 512
 
     def __len__(self) -> int:
