@@ -69,7 +69,7 @@ KNOBS: list[tuple[str, Callable[[random.Random], Any]]] = [
     ("hardware", _choice(HARDWARE)),
     ("kv_cache.block_size", _choice([1, 2, 4, 8, 16, 32])),
     ("kv_cache.num_gpu_blocks", lambda rng: rng.randint(1, 48)),
-    ("kv_cache.swap_space_gb", _choice([0.0, 0.0001, 0.001, 0.01, 1.0])),
+    ("kv_cache.swap_space_gb", _choice([0.0, 0.0001, 0.001, 0.01])),
     ("kv_cache.allocator", _schema_choice(KVCacheConfig, "allocator")),
     ("kv_cache.prefix_caching", _choice([False, True])),
     ("scheduler.batching", _schema_choice(SchedulerConfig, "batching")),

@@ -1,0 +1,40 @@
+"""kvsim sweep SWEEP.yaml [--ray [ADDRESS]] [--workers N]: a grid of runs into one results table."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from sim.errors import KvsimError
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("sweep", help="run a grid of scenarios (resumable) into one results table")
+    p.add_argument("sweep", help="sweep YAML file (base, grid, repeats, out)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="local worker processes (default: CPU count, at most the number of runs)")
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="run on Ray (a local cluster, or the one at ADDRESS)")
+    p.add_argument("--dry-run", action="store_true", help="validate and list the runs; run nothing")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from sim.sweep import load_sweep, run_sweep
+
+    if args.workers is not None and args.workers < 1:
+        raise KvsimError("--workers", f"must be at least 1, got {args.workers}")
+    sweep = load_sweep(args.sweep)
+    if args.dry_run:
+        for t in sweep.tasks:
+            point = ", ".join(f"{k}={v!r}" for k, v in t.params) or "(base)"
+            print(f"{t.task_id}  {point}  repeat={t.repeat} seed={t.seed}")
+        print(f"{len(sweep.tasks)} runs -> {os.path.normpath(sweep.out_dir)}/")
+        return 0
+    workers = args.workers or max(1, min(os.cpu_count() or 1, len(sweep.tasks)))
+    outcome = run_sweep(sweep, workers=workers, use_ray=args.ray is not None, ray_address=args.ray or None,
+                        progress=not args.no_progress)
+    print(f"{outcome.total} runs: {outcome.ran} ran ({outcome.failed} failed), {outcome.skipped} already done; "
+          f"results in {os.path.normpath(sweep.out_dir)}/")
+    return 1 if outcome.failed else 0
