@@ -7,6 +7,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sim.errors import KvsimError
 from sim.scenario import load_scenario
@@ -129,3 +131,33 @@ def test_arrival_override_for_a_trace_is_seeded() -> None:
         return times(build_workload(cfg, SCENARIOS, seed))
 
     assert run(3) == run(3) != run(4)
+
+
+# ---------------------------------------------------------------- invariants, for any inline workload
+
+_request = st.fixed_dictionaries({
+    "arrival": st.floats(0, 100, allow_nan=False), "prompt_len": st.integers(2, 500),
+    "output_len": st.integers(1, 500), "prefix_group": st.sampled_from([-1, 0, 1]),
+})
+
+
+@settings(max_examples=60, deadline=None)
+@given(reqs=st.lists(_request, min_size=1, max_size=30), max_len=st.integers(2, 600),
+       scale=st.floats(0.1, 4.0), limit=st.integers(1, 40))
+def test_reshaped_workload_invariants(reqs: list[dict], max_len: int, scale: float, limit: int) -> None:
+    for r in reqs:
+        r["prefix_len"] = r["prompt_len"] // 2 if r["prefix_group"] >= 0 else 0
+    cfg = {"requests": reqs, "max_model_len": max_len, "time_scale": scale, "limit": limit}
+    w = build_workload(WorkloadConfig.model_validate(cfg), Path("."), 0)
+    out = w.requests
+    assert len(out) == min(limit, len(reqs))
+    assert [r.req_id for r in out] == list(range(len(out)))
+    assert all(a.arrival_s <= b.arrival_s for a, b in zip(out, out[1:], strict=False))
+    expect_times = sorted(r["arrival"] for r in reqs)[: len(out)]
+    assert [r.arrival_s for r in out] == pytest.approx([t * scale for t in expect_times])
+    for r in out:
+        assert r.prompt_len >= 1 and r.output_len >= 1 and r.prompt_len + r.output_len <= max(max_len, 2)
+        assert 0 <= r.prefix_len < r.prompt_len or (r.prefix_group == -1 and r.prefix_len == 0)
+    over = sum(r["prompt_len"] + r["output_len"] > max_len for r in
+               sorted(reqs, key=lambda r: r["arrival"])[: len(out)])
+    assert w.stats["clipped"] == over
