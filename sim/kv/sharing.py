@@ -1,0 +1,343 @@
+"""Block sharing for the paged manager: prefix-cache hits, forked sequences (parallel sampling, beam
+search) with copy-on-write, and the physical slot accounting that sharing requires.
+
+Representation of a request with k = max(n, beam_width) > 1 sequences:
+
+    prefill (one sequence, the request's own table):   block_tables[req_id] = [4, 9, 2]   (2 partly full)
+    first token sampled -> fork: k tables share every block (ref counts +k-1)
+        seq 0: [4, 9, 2]   seq 1: [4, 9, 2]   seq 2: [4, 9, 2]      ref(4) = ref(9) = ref(2) = 3
+    next decode step, each sequence writes one token into block 2 (partly full, shared): copy-on-write
+        seq 0: [4, 9, 7]  (copy 2 -> 7)   seq 1: [4, 9, 5]  (copy 2 -> 5)   seq 2: [4, 9, 2]  (last holder)
+        plan.blocks_to_copy = [(2, 7), (2, 5)]
+
+The sequences advance in lockstep: one Request carries ``num_computed_tokens`` for all of them and the
+plan has one ScheduledRequest per sequence (same req_id, its own table). ``block_tables[req_id]`` is
+always sequence 0's table. Beam search (``beam_width`` > 1) adds, after each sampled token, a seeded
+random draw of k parents among the k beams: a parent drawn twice is forked (its table shared again),
+a beam never drawn is freed. A preempted group frees every table and comes back as one sequence (its
+recompute covers sequence 0's tokens) and forks again when it catches up.
+
+Physical accounting: ``_held_tokens`` counts KV slots of distinct blocks (a block shared by m tables
+counts once): a hit on a free cached block adds block_size, a copy adds the copied slots, and freeing a
+table subtracts, per block whose last reference goes, the slots its table had filled.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import dataclass
+
+from sim.kv.prefix_cache import PrefixCache
+from sim.request import Request
+from sim.workload.tokens import ROOT_HASH, block_hashes
+
+
+@dataclass(slots=True)
+class SeqGroup:
+    """The k tables of a forked request; ``tables[0]`` is the request's own (``block_tables[req_id]``)."""
+
+    tables: list[list[int]]
+    rng: random.Random | None = None   # beam search: draws the surviving beams
+
+
+def seq_width(req: Request) -> int:
+    """Sequences (and seats of max_num_seqs) a request occupies once it has forked."""
+    return max(req.n, req.beam_width)
+
+
+class SharingMixin:
+    """Mixed into KVCacheManager; uses its pool, block_size, block_tables and slot counters."""
+
+    def _init_sharing(self, prefix_caching: bool) -> None:
+        self.prefix_cache = PrefixCache(self.pool) if prefix_caching else None
+        self.groups: dict[int, SeqGroup] = {}
+        self.copies: list[tuple[int, int]] = []   # copy-on-write pairs of the step being planned
+        self._hashes: dict[int, list[int]] = {}   # req_id -> chained hashes of sequence 0's full blocks
+        self._cached_upto: dict[int, int] = {}    # req_id -> blocks of its table already offered to the cache
+        self._looked_up: set[int] = set()         # requests whose first admission was counted
+        self._owners: dict[int, Request] = {}     # req_id -> request, while it holds blocks
+        self._logical_blocks = 0                  # sum of table lengths: the blocks without any sharing
+        self._prefix_refs: Counter[int] = Counter()  # block -> holders among shared-prefix regions
+        self._prefix_logical = 0
+        self.peaks = {"used": 0, "logical": 0, "prefix": 0, "prefix_logical": 0}
+        self._sum_used = 0
+        self._sum_logical = 0
+
+    # ------------------------------------------------------------ prefix cache
+    def _hashes_upto(self, req: Request, num_blocks: int) -> list[int]:
+        lst = self._hashes.get(req.req_id)
+        if lst is None:
+            lst = self._hashes[req.req_id] = []
+        if len(lst) < num_blocks:
+            lst.extend(block_hashes(req, len(lst), num_blocks, self.block_size, lst[-1] if lst else ROOT_HASH))
+        return lst
+
+    def match_prefix(self, req: Request) -> list[int]:
+        """Cached blocks a fresh admission of ``req`` would reuse (at least one token is left to compute)."""
+        if self.prefix_cache is None or req.req_id in self.block_tables:
+            return []
+        max_blocks = (req.prompt_len + req.num_generated - 1) // self.block_size
+        if max_blocks <= 0:
+            return []
+        return self.prefix_cache.match(self._hashes_upto(req, max_blocks), max_blocks)
+
+    def _cache_full_blocks(self, req: Request, table: list[int], num_tokens: int) -> None:
+        full = min(num_tokens // self.block_size, len(table))
+        done = self._cached_upto.get(req.req_id, 0)
+        if full <= done:
+            return
+        hashes = self._hashes_upto(req, full)
+        insert = self.prefix_cache.insert
+        for i in range(done, full):
+            insert(table[i], hashes[i])
+        self._cached_upto[req.req_id] = full
+
+    def prefix_cache_hit_rate(self) -> float:
+        """Share of prompt tokens, over first admissions, served from the prefix cache."""
+        return self.prefix_cache.hit_rate() if self.prefix_cache is not None else 0.0
+
+    def _first_lookup(self, req: Request, hit_tokens: int) -> None:
+        if self.prefix_cache is not None and req.req_id not in self._looked_up:
+            self._looked_up.add(req.req_id)
+            self.prefix_cache.record_lookup(req.prompt_len, hit_tokens)
+            req.num_cached_tokens = hit_tokens
+
+    def _allocate_cached(self, req: Request, num_new_tokens: int, cached: list[int]) -> bool:
+        """Start ``req``'s table with the ``cached`` blocks (ref counts up) plus fresh ones for its new tokens."""
+        bs = self.block_size
+        pool = self.pool
+        refs = pool.ref_counts
+        revive = sum(1 for b in cached if refs[b] == 0)
+        need = -(-(len(cached) * bs + num_new_tokens) // bs) - len(cached)
+        if need + revive > pool.num_free:
+            return False
+        for b in cached:
+            if refs[b] == 0:
+                self._held_tokens += bs
+            pool.incref(b)
+        table = self.block_tables[req.req_id] = list(cached)
+        if need > 0:
+            table.extend(pool.allocate(need))
+        req.num_computed_tokens = len(cached) * bs
+        self._first_lookup(req, req.num_computed_tokens)
+        self._note_table(req, table)
+        self._cache_full_blocks(req, table, req.num_computed_tokens + num_new_tokens)
+        return True
+
+    # ------------------------------------------------------------ growth and release
+    def _note_table(self, req: Request, table: list[int], old: int = 0) -> None:
+        """After sequence 0's table grew from ``old`` blocks (0: a fresh table): counters and peaks."""
+        self._logical_blocks += len(table) - old
+        self._owners[req.req_id] = req
+        if req.prefix_group >= 0:
+            refs = self._prefix_refs
+            for i in range(old, min(len(table), req.prefix_len // self.block_size)):
+                refs[table[i]] += 1
+                self._prefix_logical += 1
+        self._note_beyond(req)
+        self._note_peaks()
+
+    def _release(self, table: list[int], num_computed: int) -> None:
+        """Drop one table: blocks losing their last reference give back the slots the table filled."""
+        bs = self.block_size
+        refs = self.pool.ref_counts
+        held = 0
+        for i, b in enumerate(table):
+            if refs[b] == 1:
+                fill = num_computed - i * bs
+                held += bs if fill >= bs else (fill if fill > 0 else 0)
+        self._held_tokens -= held
+        self._logical_blocks -= len(table)
+        self.pool.free(reversed(table))
+
+    def _free_shared(self, req: Request, table: list[int]) -> None:
+        """Everything ``free`` does beyond the pool: cache, groups, prefix-region counters."""
+        rid = req.req_id
+        group = self.groups.pop(rid, None)
+        if group is None:
+            if self.prefix_cache is not None:
+                self._cache_full_blocks(req, table, req.num_computed_tokens)
+        elif not self.groups:
+            self.decode_fast_path = True
+        if req.prefix_group >= 0:
+            refs = self._prefix_refs
+            for i in range(min(len(table), req.prefix_len // self.block_size)):
+                b = table[i]
+                refs[b] -= 1
+                self._prefix_logical -= 1
+                if not refs[b]:
+                    del refs[b]
+        for t in (group.tables if group is not None else [table]):
+            self._release(t, req.num_computed_tokens)
+        self._cached_upto.pop(rid, None)
+        self._owners.pop(rid, None)
+        if req.num_generated >= req.output_len:
+            self._hashes.pop(rid, None)
+
+    # ------------------------------------------------------------ forked sequences
+    def seq_tables(self, req_id: int) -> list[list[int]]:
+        group = self.groups.get(req_id)
+        return group.tables if group is not None else [self.block_tables[req_id]]
+
+    def seq_width_now(self, req_id: int) -> int:
+        group = self.groups.get(req_id)
+        return len(group.tables) if group is not None else 1
+
+    def on_token(self, req: Request) -> None:
+        """After a multi-sequence request sampled a token: fork it, or (beam search) redraw its beams."""
+        group = self.groups.get(req.req_id)
+        if group is None:
+            self._fork(req, seq_width(req))
+        elif req.beam_width > 1:
+            self._beam_step(req, group)
+
+    def _fork(self, req: Request, k: int) -> None:
+        t0 = self.block_tables[req.req_id]
+        incref = self.pool.incref
+        for b in t0:
+            for _ in range(k - 1):
+                incref(b)
+        rng = random.Random(req.req_id * 1_000_003 + 17) if req.beam_width > 1 else None
+        self.groups[req.req_id] = SeqGroup([t0] + [list(t0) for _ in range(k - 1)], rng)
+        self._logical_blocks += (k - 1) * len(t0)
+        self.decode_fast_path = False
+        self._note_beyond(req)
+        self._note_peaks()
+
+    def _beam_step(self, req: Request, group: SeqGroup) -> None:
+        k = len(group.tables)
+        parents = sorted(group.rng.choices(range(k), k=k))
+        incref = self.pool.incref
+        seen: set[int] = set()
+        tables = []
+        for p in parents:
+            t = group.tables[p]
+            if p in seen:
+                t = list(t)
+                for b in t:
+                    incref(b)
+                self._logical_blocks += len(t)
+            seen.add(p)
+            tables.append(t)
+        for i, t in enumerate(group.tables):
+            if i not in seen:
+                self._release(t, req.num_computed_tokens)
+        group.tables = tables
+        self.block_tables[req.req_id] = tables[0]
+        self._note_beyond(req)
+
+    def _allocate_group(self, req: Request, num_new_tokens: int) -> bool:
+        """Room for every sequence's next tokens. A write into a block other tables still hold first
+        replaces it with a private block: a copy (``copies`` gets (src, dst)) when it holds tokens."""
+        bs = self.block_size
+        pool = self.pool
+        refs = pool.ref_counts
+        pos = req.num_computed_tokens
+        end = pos + num_new_tokens
+        total = -(-end // bs)
+        first = pos // bs
+        group = self.groups[req.req_id]
+        left: dict[int, int] = {}
+        need = 0
+        for t in group.tables:
+            for i in range(first, min(total, len(t))):
+                b = t[i]
+                r = left.get(b, refs[b])
+                if r > 1:
+                    need += 1
+                    left[b] = r - 1
+            need += max(0, total - len(t))
+        if need > pool.num_free:
+            return False
+        for t in group.tables:
+            for i in range(first, min(total, len(t))):
+                src = t[i]
+                if refs[src] > 1:
+                    dst = pool.allocate(1)[0]
+                    pool.free((src,))
+                    t[i] = dst
+                    filled = min(bs, pos - i * bs)
+                    if filled > 0:
+                        self.copies.append((src, dst))
+                        self._held_tokens += filled
+            grow = total - len(t)
+            if grow > 0:
+                t.extend(pool.allocate(grow))
+                self._logical_blocks += grow
+        self._note_beyond(req)
+        self._note_peaks()
+        return True
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        out, self.copies = self.copies, []
+        return out
+
+    # ------------------------------------------------------------ accounting
+    def _note_beyond(self, req: Request) -> None:
+        """Internal fragmentation: slots past the final length, in the distinct blocks at the last index."""
+        bs = self.block_size
+        last = (req.max_kv_tokens - 1) // bs
+        per = (last + 1) * bs - req.max_kv_tokens
+        if per:
+            group = self.groups.get(req.req_id)
+            tables = group.tables if group is not None else [self.block_tables[req.req_id]]
+            beyond = per * len({t[last] for t in tables if len(t) > last})
+        else:
+            beyond = 0
+        old = self._beyond.get(req.req_id, 0)
+        if beyond != old:
+            self._beyond_final += beyond - old
+            self._beyond[req.req_id] = beyond
+
+    def _note_peaks(self) -> None:
+        p = self.peaks
+        used = self.pool.num_used
+        if used > p["used"]:
+            p["used"] = used
+        if self._logical_blocks > p["logical"]:
+            p["logical"] = self._logical_blocks
+        if len(self._prefix_refs) > p["prefix"]:
+            p["prefix"] = len(self._prefix_refs)
+        if self._prefix_logical > p["prefix_logical"]:
+            p["prefix_logical"] = self._prefix_logical
+
+    def _note_step(self) -> None:
+        self._sum_used += self.pool.num_used
+        self._sum_logical += self._logical_blocks
+
+    def sharing_summary(self, block_bytes: int) -> dict[str, float]:
+        """Summary keys of block sharing (bytes at their peaks; saving averaged over steps)."""
+        p = self.peaks
+        return {
+            "kv_bytes_peak": p["used"] * block_bytes,
+            "kv_bytes_unshared_peak": p["logical"] * block_bytes,
+            "kv_sharing_saving": 1 - self._sum_used / self._sum_logical if self._sum_logical else 0.0,
+            "prefix_kv_bytes_peak": p["prefix"] * block_bytes,
+            "prefix_kv_bytes_unshared_peak": p["prefix_logical"] * block_bytes,
+            "prefix_cache_evictions": self.prefix_cache.num_evicted if self.prefix_cache is not None else 0,
+        }
+
+    def _check_sharing(self, holders: Counter[int]) -> None:
+        """Group tables are counted as holders; the slot counters are recomputed from the tables."""
+        bs = self.block_size
+        fill: dict[int, int] = {}
+        for rid, table in self.block_tables.items():
+            req = self._owners.get(rid)
+            assert req is not None, f"table of request {rid} has no owner"
+            group = self.groups.get(rid)
+            tables = group.tables if group is not None else [table]
+            if group is not None:
+                assert tables[0] is table, f"request {rid}: sequence 0 is not its block table"
+                for t in tables[1:]:
+                    holders.update(t)
+            for t in tables:
+                for i, b in enumerate(t):
+                    f = max(0, min(bs, req.num_computed_tokens - i * bs))
+                    assert fill.setdefault(b, f) == f, f"block {b} filled differently by its holders"
+        assert sum(fill.values()) == self._held_tokens, (
+            f"held slots {self._held_tokens} != {sum(fill.values())} recomputed from the tables")
+        logical = sum(len(t) for rid in self.block_tables for t in self.seq_tables(rid))
+        assert logical == self._logical_blocks, f"logical blocks {self._logical_blocks} != {logical}"
+        if self.prefix_cache is not None:
+            self.prefix_cache.check_integrity()
