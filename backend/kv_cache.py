@@ -6,9 +6,9 @@ one block is one contiguous slab and block id b is the same block in every layer
     layer 0  K: [ blk0 | blk1 | blk2 | ... ]   V: [ blk0 | blk1 | ... ]
     layer 1  K: [ blk0 | blk1 | blk2 | ... ]   V: ...
 
-The swap pool has the same layout with ``num_cpu_blocks`` blocks, pinned when CUDA is available
-(so copies are asynchronous DMA). Pools are allocated with torch.empty: untouched pages cost no
-host memory, and a block holds garbage until written. Invariant: swap out then swap in of the same
+The swap pool has the same layout with ``num_cpu_blocks`` blocks; with a CUDA device it is pinned
+(DMA copies) and allocated up front, on the CPU on first use. Pools are allocated with torch.empty:
+untouched pages cost no host memory, and a block holds garbage until written. Invariant: swap out then swap in of the same
 blocks, or a block copy, leaves the copied bytes bit-identical.
 """
 
@@ -34,6 +34,8 @@ class PagedKVCache:
         self._cpu_shape = (num_cpu_blocks, block_size, num_kv_heads, head_dim)
         self._cpu_k: list[torch.Tensor] | None = None
         self._cpu_v: list[torch.Tensor] | None = None
+        if self.device.type == "cuda" and num_cpu_blocks:
+            self._cpu_pool()  # pinning is slow: do it now, not inside a timed swap
 
     @property
     def num_layers(self) -> int:

@@ -150,14 +150,14 @@ class StepRunner:
         key = (bool(pre), self._decode_key(len(dec), batch.decode_block_tables))
         return tokens, torch.from_numpy(pos_all).to(dev), batch, key
 
-    def _decode_key(self, num_seqs: int, tables: torch.Tensor | None) -> int:
-        """The decode kernels' compile variant: 0 (none), 1 (one split) or the merge's power of two."""
+    def _decode_key(self, num_seqs: int, tables: torch.Tensor | None) -> tuple[int, int]:
+        """The decode kernels' compile/autotune variant: (tuning bucket, merge kernel's power of two)."""
         if tables is None or self.device.type != "cuda":
-            return 0
-        from backend.kernels.decode import decode_split_plan
+            return (0, 0)
+        from backend.kernels.decode import decode_split_plan, decode_tune_bucket
         splits, _, _ = decode_split_plan(num_seqs, self.shape.num_kv_heads, self.shape.head_dim,
                                          self.block_size, tables.shape[1], self.device)
-        return 1 if splits == 1 else 1 << (splits - 1).bit_length()
+        return decode_tune_bucket(num_seqs, splits), 1 << (splits - 1).bit_length()
 
     def run(self, seqs: list[SeqWork], copies: list[tuple[int, int]] = (),
             swap_out: list[tuple[int, int]] = (), swap_in: list[tuple[int, int]] = ()) -> StepTiming:

@@ -25,7 +25,7 @@ import triton.language as tl
 LOG2E = 1.4426950408889634
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["tune_bucket", "num_splits", "split_len"])
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, part_out_ptr, part_lse_ptr,
     scale_log2,
@@ -34,7 +34,7 @@ def _decode_split_kernel(
     stride_vb, stride_vt, stride_vh,
     stride_bts,
     stride_os, stride_oh,
-    num_heads, split_len, num_splits,
+    num_heads, split_len, num_splits, tune_bucket,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, IEEE: tl.constexpr,
 ):
@@ -96,6 +96,16 @@ def _decode_split_kernel(
         tl.store(part_lse_ptr + row, lse, mask=g_mask)
 
 
+# On a GPU the tile size, warps and pipeline depth are tuned per (shape, size bucket of the launch);
+# split lengths are multiples of 128, so every candidate tile divides them.
+_TUNE_CONFIGS = [triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=st)
+                 for bn, w, st in ((32, 4, 4), (64, 4, 2), (64, 4, 3), (64, 8, 3), (128, 4, 2), (128, 8, 2))]
+_decode_split_tuned = triton.autotune(configs=_TUNE_CONFIGS,
+                                      key=["GROUP", "HEAD_DIM", "BLOCK_SIZE", "SINGLE", "tune_bucket"])(
+    _decode_split_kernel)
+SPLIT_MULTIPLE = 128
+
+
 @triton.jit
 def _decode_merge_kernel(
     part_out_ptr, part_lse_ptr, out_ptr, stride_os, stride_oh, num_heads, num_splits,
@@ -138,8 +148,14 @@ def decode_split_plan(num_seqs: int, num_kv_heads: int, head_dim: int, block_siz
         else:
             want = 4
         num_splits = max(1, min(want, most, 64))
-    split_len = triton.cdiv(triton.cdiv(max_len, num_splits), block_n) * block_n
+    step = max(block_n, SPLIT_MULTIPLE)
+    split_len = triton.cdiv(triton.cdiv(max_len, num_splits), step) * step
     return triton.cdiv(max_len, split_len), split_len, block_n
+
+
+def decode_tune_bucket(num_seqs: int, num_splits: int) -> int:
+    """The autotuning bucket: sequences (log2) and whether the launch splits."""
+    return num_seqs.bit_length() * 2 + (num_splits > 1)
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -147,7 +163,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            *, num_splits: int | None = None, block_n: int | None = None) -> torch.Tensor:
     """q [S, H, D]; caches [B, block_size, KVH, D]; block_tables [S, W] int32; context_lens [S] int32.
 
-    Returns out [S, H, D] (q's dtype). ``num_splits`` / ``block_n`` override the tuning (tests).
+    Returns out [S, H, D] (q's dtype). ``num_splits`` / ``block_n`` override the heuristics (tests);
+    on CUDA without ``block_n`` the tile is autotuned.
     """
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -157,6 +174,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if num_seqs == 0:
         return out
     block_d = triton.next_power_of_2(head_dim)
+    block_n_arg = block_n
     splits, split_len, block_n = decode_split_plan(num_seqs, num_kv_heads, head_dim, block_size,
                                                    block_tables.shape[1], q.device, num_splits, block_n)
     if splits > 1:
@@ -165,7 +183,10 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     else:
         part_out = part_lse = out  # unused
     ieee = q.dtype == torch.float32 or k_cache.dtype == torch.float32
-    _decode_split_kernel[(num_seqs, num_kv_heads, splits)](
+    tuned = q.device.type == "cuda" and block_n_arg is None
+    kernel = _decode_split_tuned if tuned else _decode_split_kernel
+    meta = {} if tuned else {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 2}
+    kernel[(num_seqs, num_kv_heads, splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse,
         scale * LOG2E,
         q.stride(0), q.stride(1),
@@ -173,10 +194,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0),
         out.stride(0), out.stride(1),
-        num_heads, split_len, splits,
+        num_heads, split_len, splits, decode_tune_bucket(num_seqs, splits),
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d,
-        BLOCK_SIZE=block_size, BLOCK_N=block_n, SINGLE=splits == 1, IEEE=ieee,
-        num_warps=4, num_stages=2,
+        BLOCK_SIZE=block_size, SINGLE=splits == 1, IEEE=ieee, **meta,
     )
     if splits > 1:
         _decode_merge_kernel[(num_seqs, num_heads)](
