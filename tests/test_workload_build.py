@@ -53,6 +53,7 @@ def test_azure_conversation_matches_raw_file(conv_raw: pd.DataFrame) -> None:
 def test_azure_limit_and_time_scale(conv_raw: pd.DataFrame) -> None:
     w = wl({"trace": "traces/azure_llm_2023_conv.csv", "format": "azure", "limit": 100, "time_scale": 0.5})
     assert len(w.requests) == 100
+    assert w.stats["rows_read"] == 100  # reading stopped after the first 100 rows
     t = pd.to_datetime(conv_raw["TIMESTAMP"].iloc[:100])
     expect = ((t - t.iloc[0]).dt.total_seconds() * 0.5).to_numpy()
     np.testing.assert_allclose([r.arrival_s for r in w.requests], expect, atol=1e-9)
