@@ -131,7 +131,7 @@ def _decode_merge_kernel(
 def decode_split_plan(num_seqs: int, num_kv_heads: int, head_dim: int, block_size: int, table_width: int,
                       device: torch.device, num_splits: int | None = None,
                       block_n: int | None = None) -> tuple[int, int, int]:
-    """(splits, split_len, block_n): enough programs for ~4 waves of the SMs, each split >= 4 tiles.
+    """(splits, split_len, block_n): about 8 programs per SM (a small tail wave), each split >= 4 tiles.
 
     Depends only on shapes (the table width bounds the context), so it needs no host sync.
     """
@@ -144,7 +144,7 @@ def decode_split_plan(num_seqs: int, num_kv_heads: int, head_dim: int, block_siz
     if num_splits is None:
         if device.type == "cuda":
             sms = torch.cuda.get_device_properties(device).multi_processor_count
-            want = triton.cdiv(4 * sms, max(1, num_seqs * num_kv_heads))
+            want = triton.cdiv(8 * sms, max(1, num_seqs * num_kv_heads))
         else:
             want = 4
         num_splits = max(1, min(want, most, 64))
