@@ -180,7 +180,15 @@ def apply_override(data: dict, path: list[str], value: Any) -> None:
 
 
 def _explain(err: ValidationError, source: str, lines: dict[tuple, int], overridden: set[tuple]) -> KvsimError:
-    first = err.errors()[0]
+    errors = err.errors()
+    first = errors[0]
+    if first["type"] == "string_type" and len(first["loc"]) > 1:
+        # a mapping given where a preset name or a mapping is accepted (model, hardware): report the
+        # mapping branch's own error (an unknown key first), not "should be a valid string"
+        head = first["loc"][:-1]
+        branch = [e for e in errors[1:] if e["loc"][:len(head)] == head]
+        if branch:
+            first = next((e for e in branch if e["type"] == "extra_forbidden"), branch[0])
     loc = tuple(p for p in first["loc"] if not (isinstance(p, str) and p in ("str", "ModelSpec", "HardwareSpec")))
     # pydantic adds the union member tried ('function-after[...]', 'ModelSpec') to the loc; drop those
     loc = tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p[:1].isupper())))

@@ -175,6 +175,9 @@ def load_sweep(path: str | Path) -> Sweep:
 
     base_path = Path(spec.base)
     base_path = base_path if base_path.is_absolute() else path.parent / base_path
+    if not base_path.is_file():
+        line = lines.get("base")
+        raise KvsimError(f"{path}:{line}" if line else str(path), f"base: no such scenario file {base_path}")
     base_text, base = _read_yaml(base_path, "scenario file")
     if not isinstance(base, dict):
         raise KvsimError(str(base_path), "a scenario must be a mapping of keys (name, model, workload, ...)")
