@@ -105,6 +105,7 @@ class StepRunner:
     def _prepare(self, seqs: list[SeqWork]) -> tuple[torch.Tensor, torch.Tensor, AttnBatch, tuple]:
         """Token ids, positions and attention metadata; prefill/extend sequences first, then decodes."""
         bs = self.block_size
+        seqs = [s for s in seqs if s.num_new_tokens > 0]
         pre = [s for s in seqs if not (s.num_new_tokens == 1 and s.num_context_tokens > 0)]
         dec = [s for s in seqs if s.num_new_tokens == 1 and s.num_context_tokens > 0]
         positions, slots, last = [], [], []

@@ -32,7 +32,7 @@ def test_prefill_then_decode_write_exactly_their_slots():
     want = {(5, i) for i in range(16)} | {(2, 0), (2, 1), (2, 2), (2, 3)} | {(7, 0), (7, 1), (7, 2)}
     for layer in range(r.num_layers):
         assert _written(r.kv.k[layer]) == want and _written(r.kv.v[layer]) == want
-    t = r.run([SeqWork(1, 20, [5, 2]), SeqWork(4, 3, [7])])   # a decode and an extend chunk
+    t = r.run([SeqWork(1, 20, [5, 2]), SeqWork(0, 7, [7]), SeqWork(4, 3, [7])])  # decode, idle, extend
     want |= {(2, 4), (7, 3), (7, 4), (7, 5), (7, 6)}
     assert _written(r.kv.k[0]) == want
     assert t.total_s > 0 and math.isclose(t.total_s, sum(t.breakdown.values()))
