@@ -7,16 +7,35 @@ A scheduler owns the queues and the KV manager. The engine calls, per step:
     finished = scheduler.update(plan, result, now)   # tokens computed, tokens sampled, requests done
 
 Invariant: after ``update`` every RUNNING request holds blocks for exactly its computed tokens
-(rounded up to blocks), and every FINISHED or REJECTED request holds none.
+(rounded up to blocks), and every FINISHED or REJECTED request holds none (static batching: none
+once its batch has ended).
+
+Timeline: every state change appends one ``(req_id, time, Phase)`` tuple to ``transitions`` (a few per
+request, never one per token); ``timeline_frame()`` turns them into state intervals for the plots.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import IntEnum
+
+import pandas as pd
 
 from sim.kv.manager import KVCacheManager
 from sim.request import Request, RequestStatus
-from sim.sched.plan import StepPlan, StepResult
+from sim.sched.plan import ScheduledRequest, StepPlan, StepResult
+
+
+class Phase(IntEnum):
+    """What a request is doing, for the timeline."""
+
+    WAITING = 0     # queued, never run
+    PREFILL = 1     # computing its prompt (or recomputing prompt + generated tokens)
+    DECODE = 2      # generating one token a step
+    PREEMPTED = 3   # preempted by recompute, queued again
+    SWAPPED = 4     # preempted by swap, its KV in CPU memory
+    IDLE = 5        # finished but still holding its memory (static batching)
+    DONE = 6        # finished, memory released
 
 
 @dataclass(slots=True)
@@ -56,6 +75,32 @@ class SchedulerBase:
         self.gaps = TokenGaps()
         self.stats = StepStats()
         self._batch: list[Request] = []   # requests of the last plan, in plan order
+        self.step_index = 0               # number of schedule() calls so far
+        self.transitions: list[tuple[int, float, int]] = []   # (req_id, time, Phase)
+        self._prefilling: set[int] = set()                    # req_ids in Phase.PREFILL
+        self._num_swapped = 0                                 # requests whose KV is in CPU memory
+        self._multi_seq = False   # set once a request with n > 1 or beam_width > 1 arrives (paged only)
+        # forked sequences (sim/kv/sharing.py) under continuous batching; static batching reserves one
+        # sequence per request, so its samples share that reservation
+        self.forks = getattr(config, "batching", "continuous") == "continuous"
+
+    # ------------------------------------------------------------ timeline
+    def mark(self, req: Request, phase: Phase, now: float) -> None:
+        """Record a state change; PREFILL is left for DECODE when the request samples a token."""
+        self.transitions.append((req.req_id, now, int(phase)))
+        if phase == Phase.PREFILL:
+            self._prefilling.add(req.req_id)
+        else:
+            self._prefilling.discard(req.req_id)
+
+    def timeline_frame(self) -> pd.DataFrame:
+        """State intervals (req_id, phase name, start_s, end_s), each ending where the next begins;
+        the final DONE of a request is a point (end_s = start_s)."""
+        tr = pd.DataFrame(self.transitions, columns=["req_id", "start_s", "phase"])
+        tr = tr.sort_values(["req_id", "start_s"], kind="stable").reset_index(drop=True)
+        tr["end_s"] = tr.groupby("req_id")["start_s"].shift(-1).fillna(tr["start_s"])
+        tr["phase"] = [Phase(p).name.lower() for p in tr["phase"]]
+        return tr[["req_id", "phase", "start_s", "end_s"]]
 
     # ------------------------------------------------------------ arrivals
     def reject_reason(self, req: Request) -> str:
@@ -72,6 +117,8 @@ class SchedulerBase:
 
     def add_request(self, req: Request, now: float) -> bool:
         """Queue a new arrival, or reject it with a reason. Returns whether it was queued."""
+        if req.extra.get("beam_width", 1) > req.beam_width:  # the workload builder's spelling
+            req.beam_width = req.extra["beam_width"]
         if req.prompt_len + req.output_len > self.max_model_len and req.prompt_len < self.max_model_len:
             req.output_len = self.max_model_len - req.prompt_len  # generation stops at the context limit
             self.num_truncated += 1
@@ -83,6 +130,9 @@ class SchedulerBase:
             self.rejected.append(req)
             return False
         req.status = RequestStatus.WAITING
+        if (req.n > 1 or req.beam_width > 1) and hasattr(self.manager, "on_token") and self.forks:
+            self._multi_seq = True
+        self.mark(req, Phase.WAITING, now)
         self._enqueue(req)
         return True
 
@@ -100,7 +150,25 @@ class SchedulerBase:
         raise NotImplementedError
 
     def num_swapped(self) -> int:
-        return 0
+        return self._num_swapped
+
+    def _add(self, scheduled: list[ScheduledRequest], batch: list[Request], req: Request, num_new: int,
+             stats: StepStats) -> None:
+        """Put ``req`` in the plan with ``num_new`` tokens to compute (its blocks already allocated)."""
+        scheduled.append(ScheduledRequest(req.req_id, num_new, req.num_computed_tokens,
+                                          self.manager.block_tables[req.req_id]))
+        batch.append(req)
+        width = 1
+        if self._multi_seq:  # a forked request: one entry per sequence, the extra ones None in the batch
+            tables = self.manager.seq_tables(req.req_id)
+            width = len(tables)
+            for t in tables[1:]:
+                scheduled.append(ScheduledRequest(req.req_id, num_new, req.num_computed_tokens, t))
+                batch.append(None)
+        if num_new == 1 and req.num_generated > 0 and req.num_computed_tokens + 1 == req.num_tokens:
+            stats.num_decode_tokens += width
+        else:
+            stats.num_prefill_tokens += num_new * width
 
     def update(self, plan: StepPlan, result: StepResult, now: float) -> list[Request]:
         """Advance every scheduled request by its new tokens; sample, finish and free as due."""
@@ -109,22 +177,33 @@ class SchedulerBase:
         done: list[Request] = []
         computed = 0
         sampled = 0
+        other_gaps = self.gaps.other_gaps
+        prefilling = self._prefilling
+        multi = self._multi_seq
         for req, s in zip(self._batch, plan.scheduled):
-            req.num_computed_tokens += s.num_new_tokens
-            computed += s.num_new_tokens
-            if req.num_computed_tokens < req.num_tokens:
+            n = s.num_new_tokens
+            if req is None:  # another sequence of the forked request before it
+                computed += n
+                continue
+            c = req.num_computed_tokens = req.num_computed_tokens + n
+            computed += n
+            if c < req.prompt_len + req.num_generated:
                 continue  # a prefill chunk: no token sampled yet
-            req.num_generated += 1
+            g = req.num_generated = req.num_generated + 1
             sampled += 1
-            if req.num_generated == 1:
+            if prefilling and req.req_id in prefilling:
+                self.mark(req, Phase.DECODE, now)
+            if g == 1:
                 req.first_token_s = now
             elif req.last_token_s == step_start:
                 regular += 1
             else:
-                self.gaps.other_gaps.append(now - req.last_token_s)
+                other_gaps.append(now - req.last_token_s)
             req.last_token_s = now
-            if req.num_generated >= req.output_len:
+            if g >= req.output_len:
                 done.append(req)
+            elif multi and (req.n > 1 or req.beam_width > 1):
+                self.manager.on_token(req)   # fork after the prompt; beam search redraws its beams
         self.manager.note_computed(computed)
         self.stats.num_sampled = sampled
         if regular:
@@ -139,6 +218,7 @@ class SchedulerBase:
             req.finish_s = now
             self.manager.free(req)
             self.finished.append(req)
+            self.mark(req, Phase.DONE, now)
         gone = {id(r) for r in done}
         self.running = [r for r in self.running if id(r) not in gone]
 

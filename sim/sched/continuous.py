@@ -1,37 +1,50 @@
 """Continuous batching (Orca / vLLM): requests join and leave the batch at every step.
 
-One step, as vLLM v1 schedules it:
+One step:
 
-    1. running requests, in batch order, each get their next tokens (1 for a decode; a chunk for a
-       chunked prefill). If their next block does not fit, the victim (latest arrival by default)
-       is preempted by recompute: its blocks are freed and it returns to the front of the queue.
-    2. if nobody was preempted, waiting requests are admitted in queue order while the batch has a
-       seat (``max_num_seqs``), the step has token budget (``max_num_batched_tokens``) and their
-       prompt's blocks fit. The head of the queue blocks those behind it (no overtaking).
+    0. round-robin only: when requests wait and the batch is full (no seat, or no memory for the head
+       of the queue), running requests whose turn has lasted ``rr_quantum_steps`` steps, longest first
+       and at most one per waiting request, are preempted and go to the BACK of the queue (a request
+       still in its prefill is skipped: every turn samples a token, so rotation cannot livelock).
+    1. running requests each get their next tokens (1 for a decode; a chunk for a chunked prefill,
+       decodes before prefill chunks). If a request's next block does not fit, a victim (latest arrival,
+       lowest priority, or most generated) is preempted: by swap (its blocks copied to the CPU swap
+       space, ``blocks_to_swap_out``) when ``preemption: swap`` and the space has room, else by recompute
+       (blocks freed, computed tokens forgotten, requeued at the front).
+    2. if nobody was preempted in 1: swapped requests come back first (``blocks_to_swap_in``), oldest
+       first; only when none is left swapped are waiting requests admitted, in queue order, while the
+       batch has a seat (``max_num_seqs``), the step has token budget (``max_num_batched_tokens``) and
+       their blocks fit. The head of the queue blocks those behind it (no overtaking).
 """
 
 from __future__ import annotations
 
 from sim.kv.manager import KVCacheManager
 from sim.request import Request, RequestStatus
-from sim.sched.base import SchedulerBase, StepStats
+from sim.sched.base import Phase, SchedulerBase, StepStats
 from sim.sched.plan import ScheduledRequest, StepPlan
 from sim.sched.queues import make_queue
+
+_RUNNING = RequestStatus.RUNNING
+_SWAPPED = RequestStatus.SWAPPED
 
 
 class ContinuousScheduler(SchedulerBase):
     def __init__(self, config, manager: KVCacheManager, max_model_len: int) -> None:
         super().__init__(config, manager, max_model_len)
-        self.waiting = make_queue(config.policy)
+        self.waiting = make_queue(config.policy, manager)
+        self.swapped: list[Request] = []   # swapped out under memory pressure; they return before admissions
+        self._plan = StepPlan()
 
     def _enqueue(self, req: Request) -> None:
         self.waiting.push(req)
 
     def has_work(self) -> bool:
-        return bool(self.running) or len(self.waiting) > 0
+        return bool(self.running) or len(self.waiting) > 0 or bool(self.swapped)
 
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        """Queued requests that are not swapped out (round-robin queues swapped ones too)."""
+        return len(self.waiting) - (self._num_swapped - len(self.swapped))
 
     # ------------------------------------------------------------ preemption
     def _pick_victim(self, candidates: list[Request]) -> Request:
@@ -41,15 +54,60 @@ class ContinuousScheduler(SchedulerBase):
             return max(candidates, key=lambda r: (r.priority, r.arrival_s, r.req_id))
         return max(candidates, key=lambda r: (r.arrival_s, r.req_id))
 
-    def _preempt(self, req: Request) -> None:
-        """Recompute preemption: free the blocks, forget the computed tokens, requeue at the front."""
-        self.manager.free(req)
-        req.num_computed_tokens = 0
-        req.status = RequestStatus.PREEMPTED
+    def _preempt(self, req: Request, now: float, rotate: bool = False) -> None:
+        """Preempt ``req`` by swap (if configured and the swap space has room) or by recompute.
+
+        ``rotate`` (round-robin): requeue at the back; otherwise a swapped request joins ``swapped`` and a
+        recomputed one goes to the front of the queue."""
+        manager = self.manager
         req.num_preemptions += 1
         self.num_preemptions += 1
         self.stats.num_preempted += 1
-        self.waiting.push_front(req)
+        if self.config.preemption == "swap" and manager.can_swap_out(req):
+            pairs = manager.swap_out(req)
+            self._plan.blocks_to_swap_out.extend(pairs)
+            self.swapped_blocks += len(pairs)
+            self.stats.num_swapped_out += 1
+            self._num_swapped += 1
+            req.status = _SWAPPED
+            self.mark(req, Phase.SWAPPED, now)
+            if rotate:
+                self.waiting.push(req)
+            else:
+                self.swapped.append(req)
+            return
+        manager.free(req)
+        req.num_computed_tokens = 0
+        req.status = RequestStatus.PREEMPTED
+        self.mark(req, Phase.PREEMPTED, now)
+        if rotate:
+            self.waiting.push(req)
+        else:
+            self.waiting.push_front(req)
+
+    def _rotate(self, now: float) -> None:
+        """Round-robin time slice: expired turns (the head of ``running`` has run longest) make way."""
+        if len(self.running) < self.config.max_num_seqs and self._head_fits():
+            return  # not full: the waiting head gets in without anyone leaving
+        limit = self.step_index - self.config.rr_quantum_steps
+        n = len(self.waiting) + len(self.swapped)
+        out: list[Request] = []
+        for req in self.running:  # in turn order
+            if len(out) == n or req.extra["turn"] > limit:
+                break
+            if req.req_id not in self._prefilling:  # a turn ends only after a token: no livelock
+                out.append(req)
+        if out:
+            gone = {id(r) for r in out}
+            self.running = [r for r in self.running if id(r) not in gone]
+            for req in out:
+                self._preempt(req, now, rotate=True)
+
+    def _head_fits(self) -> bool:
+        req = self.swapped[0] if self.swapped else self.waiting.peek()
+        if req.status == _SWAPPED:
+            return self.manager.can_swap_in(req, req.num_tokens - req.num_computed_tokens)
+        return self.manager.can_allocate(req, req.num_tokens - req.num_computed_tokens)
 
     # ------------------------------------------------------------ the step
     def schedule(self, now: float) -> StepPlan:
@@ -59,72 +117,148 @@ class ContinuousScheduler(SchedulerBase):
         budget = self.max_num_batched_tokens
         chunked = cfg.chunked_prefill
         batch: list[Request] = []
-        plan = StepPlan()
+        plan = self._plan = StepPlan()
         scheduled = plan.scheduled
+        self.step_index += 1
 
-        # 1. the running batch
+        # 0. round-robin rotation (its preemptions do not hold back admissions)
+        if cfg.policy == "round_robin" and self.running and (len(self.waiting) or self.swapped):
+            self._rotate(now)
+        rotated = stats.num_preempted
+
+        # 1. the running batch (decodes first when prefills are chunked); a victim leaves it
         queue = self.running
-        kept: list[Request] = []
-        i = 0
-        while i < len(queue):
-            req = queue[i]
-            num_new = req.num_tokens - req.num_computed_tokens
-            if chunked and num_new > budget:
-                num_new = budget
-            if num_new <= 0 or num_new > budget:
-                kept.append(req)
-                i += 1
+        order = queue
+        if chunked and self._prefilling:
+            pre = self._prefilling
+            order = [r for r in queue if r.req_id not in pre] + [r for r in queue if r.req_id in pre]
+        bs = manager.block_size
+        tables = manager.block_tables
+        fast = manager.decode_fast_path
+        num_decode = 0
+        for idx, req in enumerate(order):
+            if req.status != _RUNNING:
+                continue  # preempted earlier in this step
+            computed = req.num_computed_tokens
+            num_new = req.prompt_len + req.num_generated - computed
+            if num_new == 1 and fast and computed % bs and budget > 0 and req.num_generated:
+                # decode fast path: the next slot is inside the request's last block (no allocation)
+                scheduled.append(ScheduledRequest(req.req_id, 1, computed, tables[req.req_id]))
+                batch.append(req)
+                num_decode += 1
+                budget -= 1
+                continue
+            width = manager.seq_width_now(req.req_id) if self._multi_seq else 1
+            if chunked and num_new * width > budget:
+                num_new = budget // width
+            if num_new <= 0 or num_new * width > budget:
                 continue
             ok = manager.allocate_slots(req, num_new)
             while not ok:
-                victim = self._pick_victim(queue[i:])
-                queue.remove(victim)
-                self._preempt(victim)
+                victim = self._pick_victim([r for r in order[idx:] if r.status == _RUNNING])
+                self._preempt(victim, now)
                 if victim is req:
                     break
                 ok = manager.allocate_slots(req, num_new)
-            if not ok:
-                continue  # req itself was preempted; queue[i] is now the next request
-            self._add(scheduled, batch, req, num_new, stats)
-            budget -= num_new
-            kept.append(req)
-            i += 1
-        self.running = kept
+            if ok:
+                self._add(scheduled, batch, req, num_new, stats)
+                budget -= num_new * width
+        if stats.num_preempted:
+            queue = [r for r in queue if r.status == _RUNNING]
+        self.running = queue
+        stats.num_decode_tokens += num_decode
 
-        # 2. admissions
-        if not stats.num_preempted:
-            self._admit(now, scheduled, batch, budget, stats)
+        # 2. swapped requests come back, then admissions
+        if stats.num_preempted == rotated:
+            if self.swapped:
+                budget = self._swap_in(now, scheduled, batch, budget, stats)
+            if not self.swapped:
+                self._admit(now, scheduled, batch, budget, stats)
+        if self._multi_seq:
+            plan.blocks_to_copy.extend(manager.take_copies())
         self._batch = batch
         return plan
+
+    def _swap_in(self, now: float, scheduled: list[ScheduledRequest], batch: list[Request], budget: int,
+                 stats: StepStats) -> int:
+        """Bring swapped requests back, earliest arrival (or best priority) first, while they fit."""
+        if self.config.policy == "priority":
+            self.swapped.sort(key=lambda r: (r.priority, r.arrival_s, r.req_id))
+        else:
+            self.swapped.sort(key=lambda r: (r.arrival_s, r.req_id))
+        n = 0
+        for req in self.swapped:
+            num_new = self._resume(req, now, scheduled, batch, budget, stats)
+            if num_new == 0:
+                break
+            budget -= num_new
+            n += 1
+        del self.swapped[:n]
+        return budget
+
+    def _resume(self, req: Request, now: float, scheduled: list[ScheduledRequest], batch: list[Request],
+                budget: int, stats: StepStats) -> int:
+        """Swap ``req`` in and schedule its next tokens; returns how many (0: it does not fit now)."""
+        if len(self.running) >= self.config.max_num_seqs or budget <= 0:
+            return 0
+        num_new = req.num_tokens - req.num_computed_tokens
+        if num_new > budget:
+            if not self.config.chunked_prefill:
+                return 0
+            num_new = budget
+        if not self.manager.can_swap_in(req, num_new):
+            return 0
+        self._plan.blocks_to_swap_in.extend(self.manager.swap_in(req))
+        ok = self.manager.allocate_slots(req, num_new)
+        assert ok, "swap-in checked the blocks it needs"
+        self._num_swapped -= 1
+        stats.num_swapped_in += 1
+        self._start(req, now, Phase.PREFILL if req.num_computed_tokens < req.prompt_len else Phase.DECODE)
+        self._add(scheduled, batch, req, num_new, stats)
+        return num_new
 
     def _admit(self, now: float, scheduled: list[ScheduledRequest], batch: list[Request], budget: int,
                stats: StepStats) -> None:
         waiting = self.waiting
         manager = self.manager
         max_seqs = self.config.max_num_seqs
-        while len(waiting) and len(self.running) < max_seqs and budget > 0:
+        seats = len(self.running)
+        if self._multi_seq:  # a request with n samples or beams takes that many seats
+            seats = sum(max(r.n, r.beam_width) for r in self.running)
+        caching = getattr(manager, "prefix_cache", None) is not None
+        bs = manager.block_size
+        while len(waiting) and seats < max_seqs and budget > 0:
             req = waiting.peek()
-            num_new = req.num_tokens - req.num_computed_tokens
-            if num_new > budget:
-                if not self.config.chunked_prefill:
+            if req.status == _SWAPPED:  # round-robin: a rotated request swapped out, back at its turn
+                if not self._resume(req, now, scheduled, batch, budget, stats):
                     break
-                num_new = budget
-            if not manager.allocate_slots(req, num_new):
+                waiting.pop()
+                budget -= scheduled[-1].num_new_tokens
+                continue
+            width = max(req.n, req.beam_width) if self._multi_seq else 1
+            if seats + width > max_seqs and seats:
+                break
+            cached = manager.match_prefix(req) if caching else None   # reused blocks skip their compute
+            num_new = req.num_tokens - req.num_computed_tokens - (len(cached) * bs if cached else 0)
+            if num_new > budget:
+                # a recomputed prompt + output may exceed the budget: let it run alone rather than never
+                if not self.config.chunked_prefill and scheduled:
+                    break
+                if self.config.chunked_prefill:
+                    num_new = budget
+            if not manager.allocate_slots(req, num_new, cached):
                 break
             waiting.pop()
-            req.status = RequestStatus.RUNNING
+            seats += width
             if req.first_scheduled_s != req.first_scheduled_s:  # NaN: first admission
                 req.first_scheduled_s = now
-            self.running.append(req)
+            self._start(req, now, Phase.PREFILL)
             self._add(scheduled, batch, req, num_new, stats)
             budget -= num_new
 
-    def _add(self, scheduled: list[ScheduledRequest], batch: list[Request], req: Request, num_new: int,
-             stats: StepStats) -> None:
-        scheduled.append(ScheduledRequest(req.req_id, num_new, req.num_computed_tokens,
-                                          self.manager.block_tables[req.req_id]))
-        batch.append(req)
-        if num_new == 1 and req.num_generated > 0 and req.num_computed_tokens + 1 == req.num_tokens:
-            stats.num_decode_tokens += 1
-        else:
-            stats.num_prefill_tokens += num_new
+    def _start(self, req: Request, now: float, phase: Phase) -> None:
+        """``req`` joins the running batch; its round-robin turn starts now."""
+        req.status = _RUNNING
+        req.extra["turn"] = self.step_index
+        self.running.append(req)
+        self.mark(req, phase, now)
