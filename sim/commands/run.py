@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 from sim.commands.summary_table import print_summary
-from sim.output import prepare_out_dir, summary_json, write_atomic, write_text
+from sim.output import prepare_out_dir, summary_json
 from sim.runner import Result, run_scenario
 from sim.scenario import load_scenario
 
@@ -24,24 +27,32 @@ def add_parser(sub) -> None:
 
 
 def write_results(result: Result, out: Path, plots: bool = True) -> list[Path]:
-    """summary.json, requests.csv, steps.csv and the figures, each written atomically."""
-    written = [
-        write_atomic(out / "requests.csv", lambda p: result.requests.to_csv(p, index=False)),
-        write_atomic(out / "steps.csv", lambda p: result.steps.to_csv(p, index=False)),
-    ]
-    if plots:
-        from sim import plots as figs
+    """summary.json, requests.csv, steps.csv and the figures.
 
-        tmp = out / ".plots.tmp"
-        tmp.mkdir(parents=True, exist_ok=True)
-        try:
-            for f in figs.write_run_plots(result.requests, result.steps, result.summary, tmp):
-                written.append(write_atomic(out / f.name, lambda p, f=f: p.write_bytes(f.read_bytes())))
-        finally:
-            for f in tmp.iterdir():
-                f.unlink()
-            tmp.rmdir()
-    written.append(write_text(out / "summary.json", summary_json(result.summary)))
+    Every file is made in a staging folder inside ``out`` first, then renamed into place (summary.json
+    last), so an error or Ctrl-C while writing leaves the previous results as they were, never a mix of
+    old and new files."""
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=".kvsim-staging-", dir=out))
+    written: list[Path] = []
+    try:
+        result.requests.to_csv(stage / "requests.csv", index=False)
+        result.steps.to_csv(stage / "steps.csv", index=False)
+        names = ["requests.csv", "steps.csv"]
+        if plots:
+            from sim import plots as figs
+
+            names += [f.name for f in figs.write_run_plots(result.requests, result.steps, result.summary, stage)]
+        (stage / "summary.json").write_text(summary_json(result.summary))
+        names.append("summary.json")
+        for name in names:
+            os.replace(stage / name, out / name)
+            written.append(out / name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+        if created and not written and not any(out.iterdir()):
+            out.rmdir()
     return written
 
 
