@@ -134,10 +134,17 @@ def to_requests(cols: Columns) -> list[Request]:
         group, plen = [-1] * count, [0] * count
     hashes = cols.hash_ids if cols.hash_ids is not None else [None] * count
     block = cols.hash_block_tokens
-    out = [Request(i, arrival[i], prompt[i], output[i], priority[i], n[i], group[i], plen[i], hashes[i], block)
+    out = [Request(req_id=i, arrival_s=arrival[i], prompt_len=prompt[i], output_len=output[i], priority=priority[i],
+                   n=n[i], prefix_group=group[i], prefix_len=plen[i], hash_ids=hashes[i], hash_block_tokens=block)
            for i in range(count)]
     if beam is not None:
         for r, w in zip(out, beam, strict=True):
             if w > 1:
-                r.extra["beam_width"] = w
+                if _HAS_BEAM:
+                    r.beam_width = w  # type: ignore[attr-defined]
+                else:  # a Request without the field: keep it where policies can see it
+                    r.extra["beam_width"] = w
     return out
+
+
+_HAS_BEAM = "beam_width" in Request.__dataclass_fields__
