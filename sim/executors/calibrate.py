@@ -7,8 +7,9 @@ mean absolute percentage error (MAPE) over the given rows with Nelder-Mead in lo
    compute efficiency per candidate tile shape (tile and wave quantization, roofline.py).
 2. Elementwise operators (norms, rope, activation, add): one memory efficiency each.
    All-reduce rows (Vidur's *_all_reduce.csv): kept as a measured table per TP degree.
-3. Profile rows from ``kvsim profile``: attention efficiencies on ``attention`` rows, then the per-step
-   overhead as the median of (measured - predicted) on ``step`` rows.
+3. Profile rows from ``kvsim profile``: attention efficiencies (compute, new-token traffic, cached-KV
+   reads) and per-sequence latencies (decode, prefill) on ``attention`` rows, then on ``step`` rows the per-step overhead
+   (and the elementwise efficiency, when no elementwise rows were given).
 
 The baseline (``fit_baseline``) is the plain roofline of the brief: one compute efficiency, one memory
 efficiency and one fixed latency, fitted the same way, with no tiles and a hard max.
@@ -218,15 +219,29 @@ def fit_params(df: pd.DataFrame, hardware: HardwareSpec) -> CostParams:
         t = attn.time_s.to_numpy()
 
         def attn_params(v: np.ndarray) -> CostParams | None:
-            ce, me = np.exp(v)
-            return replace(params, attn_compute_eff=ce, attn_memory_eff=me) if ce <= 1.5 and me <= 1.5 else None
-        params = _minimise(lambda p: mape(predict(attn, hardware, p), t), attn_params,
-                           [params.attn_compute_eff, params.attn_memory_eff], rounds=1, iters=80)
+            ce, me, kv, seq, pre = np.exp(v)
+            if ce > 1.5 or me > 1.5 or kv > 1.5:
+                return None
+            return replace(params, attn_compute_eff=ce, attn_memory_eff=me, attn_kv_read_eff=kv,
+                           attn_seq_latency_s=seq, attn_prefill_seq_latency_s=pre)
+
+        def attn_obj(p: CostParams) -> float:
+            return mape(predict(attn, hardware, p), t)
+        starts = [[ce, me, kv, seq, seq] for ce in (0.5, 0.02) for me in (0.7, 0.05) for kv in (0.7, 0.01)
+                  for seq in (1e-6, 1e-4)]
+        best = min(starts, key=lambda x: attn_obj(attn_params(np.log(x))))
+        params = _minimise(attn_obj, attn_params, best, rounds=3, iters=300)
     step = df[df.operator == "step"]
     if not step.empty:
-        zero = replace(params, step_overhead_s=0.0)
-        resid = step.time_s.to_numpy() - predict(step, hardware, zero)
-        params.step_overhead_s = float(max(np.median(resid), 0.0))
+        t = step.time_s.to_numpy()
+        names = ["step_overhead_s"] if not elem.empty else ["step_overhead_s", "elementwise_eff"]
+
+        def step_params(v: np.ndarray) -> CostParams | None:
+            vals = dict(zip(names, np.exp(v).tolist()))
+            return None if vals.get("elementwise_eff", 1.0) > 1.5 else replace(params, **vals)
+        x0 = [max(float(np.median(t - predict(step, hardware, replace(params, step_overhead_s=0.0)))), 1e-5)]
+        params = _minimise(lambda p: mape(predict(step, hardware, p), t), step_params,
+                           x0 + [params.elementwise_eff] * (len(names) - 1), rounds=2, iters=200)
     return params
 
 
@@ -241,7 +256,7 @@ def score(df: pd.DataFrame, hardware: HardwareSpec, params: CostParams) -> dict[
         out["linear"] = mape(pred[lin], t[lin])
     layer_ops = df.operator.isin(LINEAR_OPS + ELEMENTWISE_OPS).to_numpy()
     if layer_ops.any():
-        keys = ["source", "tp", "num_tokens"]
+        keys = ["source", "model", "tp", "kind", "batch_size", "num_tokens", "context_len"]
         g = df[layer_ops].assign(pred=pred[layer_ops]).groupby(keys)[["time_s", "pred"]].sum()
         out["layer"] = mape(g.pred.to_numpy(), g.time_s.to_numpy())
     out["overall"] = mape(pred, t)

@@ -6,11 +6,12 @@ bytes, H = hidden, I = intermediate, hd = head_dim, q = ceil(heads / t) x hd, kv
     linear     = L x sum over (QKV: H -> q + 2kv, out: q -> H, up: H -> I/t (x2 gated), down: I/t -> H)
                  of gemm_time(T, N, K)  +  gemm_time(B, V/t, H) for the LM head on the sampled tokens
     attention  = L x [prefill kernel + decode kernel], each max(flops / (peak x attn_compute_eff),
-                 bytes / (bw x attn_memory_eff)) + latency, where
+                 new bytes / (bw x attn_memory_eff) + cached bytes / (bw x attn_kv_read_eff)) + latency:
                    prefill flops = 4 x hd x heads/t x pairs, pairs = sum n x c + n (n + 1) / 2 (causal:
                                    each new token sees its context and the new tokens up to itself)
                    prefill bytes = b x (sum n x (2q + 2kv) + sum c x 2kv)   (Q, O, new K/V, cached K/V)
                    decode bytes  = b x sum (c + 1) x 2kv  (+ Q and O)       (the KV read dominates)
+                 + decode seqs x attn_seq_latency + prefill seqs x attn_prefill_seq_latency
     elementwise= L x (T x b / bw x [2H / e_norm1 + 2 (q + kv) / e_rope + 2H / e_norm2 + 3 I/t / e_act
                  + 2 x 3H / e_add] + 6 x elementwise_latency)   (read + write of two norms, rope, the gated
                  activation (2 I/t with a plain MLP), two residual adds; e_* per-operator efficiencies)
@@ -103,6 +104,9 @@ class CostModelExecutor:
         self._attn_kv_bytes = b * 2 * kv                # cached K and V, per context token
         self._attn_peak = self._peak * params.attn_compute_eff
         self._attn_bw = self._bw * params.attn_memory_eff
+        self._attn_seq = params.attn_seq_latency_s
+        self._attn_pre_seq = params.attn_prefill_seq_latency_s
+        self._attn_kv_s = self._attn_kv_bytes / (self._bw * params.attn_kv_read_eff)  # seconds per cached token
         # elementwise and communication constants
         e = {op: params.elementwise_effs.get(op, params.elementwise_eff) for op in
              ("input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")}
@@ -168,11 +172,11 @@ class CostModelExecutor:
             per_layer = 0.0
             if pre_new:
                 per_layer += max(self._attn_flops_per_pair * pairs / self._attn_peak,
-                                 (self._attn_new_bytes * pre_new + self._attn_kv_bytes * pre_ctx) / self._attn_bw) + lat
+                                 self._attn_new_bytes * pre_new / self._attn_bw + self._attn_kv_s * pre_ctx) + lat
             if dec_seqs:
                 per_layer += max(self._attn_flops_per_pair * dec_ctx / self._attn_peak,
-                                 (self._attn_kv_bytes * dec_ctx + self._attn_new_bytes * dec_seqs) / self._attn_bw) + lat
-            attention = self._layers * per_layer
+                                 self._attn_kv_s * dec_ctx + self._attn_new_bytes * dec_seqs / self._attn_bw) + lat
+            attention = self._layers * (per_layer + dec_seqs * self._attn_seq + (seqs - dec_seqs) * self._attn_pre_seq)
             elementwise = self._layers * (tokens * self._elem_s_per_token + self._elem_fixed)
         swap = (len(plan.blocks_to_swap_out) + len(plan.blocks_to_swap_in)) * self._swap_s_per_block
         copy = len(plan.blocks_to_copy) * self._copy_s_per_block

@@ -52,6 +52,9 @@ class CostParams:
     num_sms: int = 108                # SMs for wave quantization
     attn_compute_eff: float = 0.5     # FlashAttention-style prefill reaches less than a GEMM
     attn_memory_eff: float = 0.7      # paged decode attention reading KV blocks
+    attn_kv_read_eff: float = 0.7     # reading cached K/V through block tables (decode, and prefill context)
+    attn_seq_latency_s: float = 0.0   # per decode sequence per layer (block-table walk; large on the CPU path)
+    attn_prefill_seq_latency_s: float = 0.0  # per prefill sequence per layer
     elementwise_eff: float = 0.6      # norms, rope, activation, residual add (memory bound)
     elementwise_effs: dict[str, float] = field(default_factory=dict)  # per operator, overrides the above
     elementwise_latency_s: float = 5e-6  # launch + tail of one small elementwise kernel
