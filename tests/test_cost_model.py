@@ -14,7 +14,7 @@ from sim.sched.plan import ScheduledRequest, StepPlan
 from sim.specs import HardwareSpec, ModelSpec
 
 IDEAL = dict(compute_eff=1.0, memory_eff=1.0, kernel_latency_s=0.0, step_overhead_s=0.0, attn_compute_eff=1.0,
-             attn_memory_eff=1.0, elementwise_eff=1.0, swap_block_latency_s=0.0, allreduce_eff=1.0)
+             attn_memory_eff=1.0, attn_kv_read_eff=1.0, elementwise_eff=1.0, swap_block_latency_s=0.0, allreduce_eff=1.0)
 A100 = HardwareSpec.from_name("a100-80gb")
 L13 = ModelSpec.from_name("llama-2-13b")
 
