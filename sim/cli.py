@@ -18,6 +18,7 @@ COMMANDS: dict[str, str] = {
     "schema": "schema",
     "trace-info": "trace_info",
     "sweep": "sweep",
+    "compare": "compare",
     "calibrate": "calibrate", "validate": "validate", "profile": "profile",
 }
 

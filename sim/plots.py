@@ -92,9 +92,15 @@ def memory_breakdown(breakdowns: Mapping[str, Mapping[str, float]], path: Path) 
     return _save(fig, path)
 
 
-def write_run_plots(requests: pd.DataFrame, steps: pd.DataFrame, summary: dict, out_dir: Path) -> list[Path]:
-    """The standard figures of one run."""
+def write_run_plots(requests: pd.DataFrame, steps: pd.DataFrame, summary: dict, out_dir: Path,
+                    timeline: pd.DataFrame | None = None) -> list[Path]:
+    """The standard figures of one run. ``timeline``: the scheduler's state intervals (Result.timeline);
+    without it the timeline is drawn from requests.csv's columns (no preemption intervals)."""
+    from sim import timeline as tl
+
     out = [kv_usage(steps, out_dir / "kv_usage.png"), batch(steps, out_dir / "batch.png"),
            latency_cdf(requests, out_dir / "latency_cdf.png"),
            memory_breakdown({"run": summary["memory_breakdown"]}, out_dir / "memory_breakdown.png")]
+    intervals = timeline if timeline is not None else tl.intervals_from_requests(requests)
+    out.append(tl.timeline(intervals, out_dir / "timeline.png"))
     return out

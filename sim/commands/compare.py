@@ -1,0 +1,163 @@
+"""kvsim compare SCENARIO.yaml --vary key.path=v1,v2[,...] [--vary ...] [--set ...] [--out DIR]
+
+One run per combination of the varied values (their cross product), a table of the main summary keys,
+and, in DIR: compare.csv (every summary key, flattened, one row a run), overlaid latency CDFs and KV
+usage, memory-breakdown bars side by side, and the request timelines one above the other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from sim.errors import KvsimError
+from sim.output import prepare_out_dir, write_atomic
+from sim.runner import Result, run_scenario
+from sim.scenario import load_scenario, parse_override
+
+# (column header, summary key, field of a latency mapping or None)
+TABLE = [
+    ("out tok/s", "output_throughput_tok_s", None), ("req/s", "request_throughput", None),
+    ("TTFT p50", "ttft_s", "p50"), ("TPOT mean", "tpot_s", "mean"), ("E2E p99", "e2e_s", "p99"),
+    ("norm lat", "normalized_latency_s_per_tok", "mean"), ("KV use", "kv_usage_mean", None),
+    ("token st.", "memory_breakdown", "token_states"), ("preempt", "num_preemptions", None),
+    ("swapped", "swapped_blocks", None), ("Jain", "jain_fairness", None), ("wait max", "queue_wait_max_s", None),
+    ("swap s", "swap_time_s", None), ("done", "num_finished", None), ("makespan", "makespan_s", None),
+]
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("compare", help="run a scenario for each combination of varied keys and compare")
+    p.add_argument("scenario", help="scenario YAML file")
+    p.add_argument("--vary", action="append", default=[], metavar="KEY.PATH=V1,V2",
+                   help="a key and the values to try (repeatable: the cross product is run)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
+                   help="override a scenario key in every run (repeatable)")
+    p.add_argument("--out", help="folder for compare.csv and the overlaid plots")
+    p.add_argument("--no-plots", action="store_true", help="skip the figures")
+    p.set_defaults(func=main)
+
+
+def parse_vary(texts: list[str]) -> list[tuple[str, list[str]]]:
+    """``["a.b=1,2", "c=x"]`` -> ``[("a.b", ["1", "2"]), ("c", ["x"])]``; values stay text (parsed by --set)."""
+    if not texts:
+        raise KvsimError("--vary", "give at least one --vary key.path=v1,v2")
+    out: list[tuple[str, list[str]]] = []
+    for text in texts:
+        path, _ = parse_override(text)  # validates key.path=value
+        key = ".".join(path)
+        values = [v.strip() for v in text.split("=", 1)[1].split(",")]
+        if any(v == "" for v in values):
+            raise KvsimError("--vary", f"{text!r}: empty value in the list")
+        if key in [k for k, _ in out]:
+            raise KvsimError("--vary", f"{key} is varied twice")
+        out.append((key, values))
+    return out
+
+
+def combinations(vary: list[tuple[str, list[str]]]) -> list[list[tuple[str, str]]]:
+    keys = [k for k, _ in vary]
+    return [list(zip(keys, combo)) for combo in itertools.product(*(vals for _, vals in vary))]
+
+
+def label_of(combo: list[tuple[str, str]]) -> str:
+    return ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in combo)
+
+
+def flatten(summary: dict, prefix: str = "") -> dict:
+    out: dict = {}
+    for k, v in summary.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def run_all(scenario: str, vary: list[tuple[str, list[str]]], overrides: list[str]) -> dict[str, Result]:
+    """One run per combination, in the order of the cross product; keys are the run labels.
+    Each summary gains ``swap_time_s``: the engine time spent moving blocks to and from CPU memory."""
+    results: dict[str, Result] = {}
+    for combo in combinations(vary):
+        scn = load_scenario(scenario, overrides + [f"{k}={v}" for k, v in combo])
+        res = run_scenario(scn)
+        steps = res.steps
+        res.summary["swap_time_s"] = float(steps["time_swap_s"].sum()) if "time_swap_s" in steps else 0.0
+        results[label_of(combo)] = res
+    return results
+
+
+def compare_frame(results: dict[str, Result], vary: list[tuple[str, list[str]]]) -> pd.DataFrame:
+    rows = []
+    for (label, res), combo in zip(results.items(), combinations(vary)):
+        rows.append({"run": label, **{k: v for k, v in combo}, **flatten(res.summary)})
+    return pd.DataFrame(rows)
+
+
+def _cell(summary: dict, key: str, field: str | None) -> str:
+    v = summary.get(key)
+    if field is not None and isinstance(v, dict):
+        v = v.get(field)
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def print_table(results: dict[str, Result]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="kvsim compare", header_style="bold")
+    t.add_column("run")
+    for head, _, _ in TABLE:
+        t.add_column(head, justify="right")
+    for label, res in results.items():
+        t.add_row(label, *(_cell(res.summary, k, f) for _, k, f in TABLE))
+    Console(width=max(160, 12 * len(TABLE) + 30)).print(t)
+
+
+def intervals_of(res: Result) -> pd.DataFrame:
+    """The run's state intervals (Result.timeline when the runner keeps it, else from requests.csv)."""
+    from sim.timeline import intervals_from_requests
+
+    tl = getattr(res, "timeline", None)
+    return tl if tl is not None else intervals_from_requests(res.requests)
+
+
+def write_plots(results: dict[str, Result], out: Path) -> list[Path]:
+    from sim import plots
+    from sim.timeline import timeline
+
+    stage = out / ".compare.tmp"
+    stage.mkdir(parents=True, exist_ok=True)
+    try:
+        made = [
+            plots.latency_cdf({k: r.requests for k, r in results.items()}, stage / "latency_cdf.png"),
+            plots.kv_usage({k: r.steps for k, r in results.items()}, stage / "kv_usage.png"),
+            plots.memory_breakdown({k: r.summary["memory_breakdown"] for k, r in results.items()},
+                                   stage / "memory_breakdown.png"),
+            timeline({k: intervals_of(r) for k, r in results.items()}, stage / "timeline.png"),
+        ]
+        return [write_atomic(out / f.name, lambda p, f=f: p.write_bytes(f.read_bytes())) for f in made]
+    finally:
+        for f in stage.iterdir():
+            f.unlink()
+        stage.rmdir()
+
+
+def main(args: argparse.Namespace) -> int:
+    vary = parse_vary(args.vary)
+    out = prepare_out_dir(args.out) if args.out else None
+    results = run_all(args.scenario, vary, list(args.overrides))
+    print_table(results)
+    if out is not None:
+        frame = compare_frame(results, vary)
+        files = [write_atomic(out / "compare.csv", lambda p: frame.to_csv(p, index=False))]
+        if not args.no_plots:
+            files += write_plots(results, out)
+        print(f"wrote {len(files)} files to {out}/")
+    return 0

@@ -1,0 +1,33 @@
+"""The timeline: state intervals from the scheduler's transitions or from requests.csv, and the figure."""
+
+import math
+
+import pandas as pd
+from test_sched_util import simulate
+
+from sim.request import Request
+from sim.timeline import intervals_from_requests, timeline
+
+
+def test_intervals_from_requests_by_hand():
+    req = pd.DataFrame({"req_id": [0, 1], "status": ["FINISHED", "REJECTED"], "arrival_s": [0.5, 0.0],
+                        "first_scheduled_s": [1.0, math.nan], "first_token_s": [1.5, math.nan],
+                        "finish_s": [4.0, 0.0]})
+    iv = intervals_from_requests(req)
+    assert iv.values.tolist() == [[0, "waiting", 0.5, 1.0], [0, "prefill", 1.0, 1.5], [0, "decode", 1.5, 4.0]]
+
+
+def test_transitions_cover_each_request_without_gaps(tmp_path):
+    reqs = [Request(i, 0.0, 4, out) for i, out in enumerate([5, 3, 8, 2, 3])]
+    sch, _ = simulate(reqs, 12, 4, batching="static", max_num_seqs=4)
+    tl = sch.timeline_frame()
+    for _, g in tl.groupby("req_id"):
+        assert g["start_s"].iloc[0] == 0.0 and g["phase"].iloc[-1] == "done"
+        assert (g["start_s"].iloc[1:].to_numpy() == g["end_s"].iloc[:-1].to_numpy()).all()
+    path = timeline({"static": tl, "again": tl}, tmp_path / "t.png")
+    assert path.stat().st_size > 1000
+
+
+def test_big_runs_are_cut_to_the_first_requests(tmp_path):
+    iv = pd.DataFrame({"req_id": range(1000), "phase": "decode", "start_s": 0.0, "end_s": 1.0})
+    assert timeline(iv, tmp_path / "big.png", max_requests=200).stat().st_size > 1000
