@@ -83,7 +83,7 @@ class StepRunner:
 
     def __init__(self, shape: ModelShape, device: str = "cuda", block_size: int = 16, num_gpu_blocks: int = 1024,
                  num_cpu_blocks: int = 0, num_layers: int | None = None, seed: int = 0,
-                 dtype: str | None = None, cpu_threads: int | None = 1) -> None:
+                 dtype: str | None = None, cpu_threads: int | None = 1, warmup: bool = True) -> None:
         self.shape = shape
         self.device = torch.device(device)
         if self.device.type == "cpu" and cpu_threads:
@@ -101,6 +101,15 @@ class StepRunner:
                                self.dtype, self.device, num_cpu_blocks)
         self.rng = np.random.default_rng(seed)
         self._seen: set[tuple] = set()
+        if warmup and num_gpu_blocks >= 2:
+            self.warmup()
+
+    def warmup(self) -> None:
+        """An untimed prefill and decode in blocks 0-1 (garbage until the simulator writes them), so
+        one-time costs (allocator, library handles, kernel compiles) stay out of the first steps."""
+        bs = self.block_size
+        self.run([SeqWork(bs + 1, 0, [0, 1])])
+        self.run([SeqWork(1, bs + 1, [0, 1])])
 
     def _prepare(self, seqs: list[SeqWork]) -> tuple[torch.Tensor, torch.Tensor, AttnBatch, tuple]:
         """Token ids, positions and attention metadata; prefill/extend sequences first, then decodes."""
