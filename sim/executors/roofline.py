@@ -14,6 +14,7 @@ tile shape that finishes first. For each candidate tile:
 
     tiles    = ceil(M / tile_m) * ceil(N / tile_n)   tile quantization: partial tiles cost full tiles
     waves    = ceil(tiles / num_sms)                 wave quantization: a partial last wave costs a wave
+               (tiles / num_sms when tiles < num_sms: libraries split K over the idle SMs)
     t_tile   = 2 * waves * num_sms * tile_m * tile_n * K / (peak * eff)
     t_c      = min over tiles of t_tile
 
@@ -100,7 +101,9 @@ def gemm_time(m: Any, n: int | Any, k: int | Any, peak: float, bandwidth: float,
         n_f = np.asarray(n, dtype=float)
         t_c = None
         for tm, tn, eff in params.tiles:
-            waves = np.ceil(np.ceil(m / tm) * np.ceil(n_f / tn) / sms)
+            tiles = np.ceil(m / tm) * np.ceil(n_f / tn)
+            # fewer tiles than SMs: split-K spreads the reduction over the idle SMs (no partial wave)
+            waves = np.where(tiles >= sms, np.ceil(tiles / sms), tiles / sms)
             t_tile = 2.0 * waves * sms * tm * tn * k / (peak * eff)
             t_c = t_tile if t_c is None else np.minimum(t_c, t_tile)
     else:
