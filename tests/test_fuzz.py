@@ -74,3 +74,13 @@ def test_a_crash_is_reported_with_its_scenario():
     data["kv_cache"]["block_size"] = 3  # invalid: the schema rejects it, and the case reports a failure
     case = run_case(data)
     assert case.outcome == "failed" and "block_size" in case.error and case.scenario is data
+
+
+def test_known_issues_are_classified_not_hidden():
+    from sim.fuzz import known_issue
+
+    data = {"scheduler": {"max_num_batched_tokens": 1}, "workload": {"requests": [{"prompt_len": 1, "n": 3}]}}
+    assert known_issue(data, "KvsimError: engine: deadlock at t=0s") == "n-wider-than-token-budget"
+    assert known_issue(data, "AssertionError: block 3 freed twice") == ""
+    data["scheduler"]["max_num_batched_tokens"] = 8
+    assert known_issue(data, "KvsimError: engine: deadlock at t=0s") == ""
