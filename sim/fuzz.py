@@ -15,8 +15,9 @@ End-of-run checks (``check_outcome``), each computed from the run's tables, not 
 - step times are monotone: each step starts at or after the previous one's end;
 - the last step leaves no block referenced and no token state held (cached free blocks count as free);
 - each step's memory slots add up to the capacity;
-- without preemptions or prefix hits, the tokens computed over all steps equal, per finished request,
-  prompt + output - 1 (the last sampled token's KV is never computed), so every output token was made.
+- without preemptions, swaps, prefix hits or beams, the tokens computed over all steps equal, per finished
+  request, prompt + n x (output - 1): the prompt once, then every sampled token but the last in each of
+  the n sequences (the last one's KV is never computed), so every output token was made.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import traceback
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sim.scenario import KVCacheConfig, SchedulerConfig
@@ -83,6 +85,15 @@ KNOBS: list[tuple[str, Callable[[random.Random], Any]]] = [
 ]
 
 
+# Schema fields the fuzzer leaves alone, and why (tests/test_fuzz.py checks that every field of the
+# kv_cache and scheduler sections is either a knob above or listed here: a new option cannot slip by).
+NOT_FUZZED: dict[str, str] = {
+    "kv_cache.gpu_memory_utilization": "capacity comes from num_gpu_blocks, always set (small caches)",
+    "kv_cache.activation_reserve_gb": "as above",
+    "scheduler.max_steps_without_progress": "fixed to STALL_STEPS so a livelock fails fast",
+}
+
+
 def _set(data: dict, path: str, value: Any) -> None:
     node = data
     parts = path.split(".")
@@ -113,9 +124,38 @@ def _arrival(rng: random.Random) -> dict:
     return out
 
 
+TRACES_DIR = Path(__file__).resolve().parent.parent / "scenarios" / "traces"
+# shipped traces (file, workload keys); lengths are clipped to a small max_model_len so requests fit
+TRACES: list[tuple[str, dict]] = [
+    ("azure_llm_2023_conv.csv", {"format": "azure"}),
+    ("azure_llm_2023_code.csv", {"format": "azure"}),
+    ("mooncake_conversation.jsonl", {"format": "mooncake"}),
+    ("mooncake_synthetic.jsonl", {"format": "mooncake"}),
+    ("burstgpt_synthetic_sample.csv", {"format": "burstgpt"}),
+    ("arxiv_summarization_lengths.csv", {"format": "vidur", "arrival": {"process": "poisson", "rate": 50.0}}),
+]
+
+
+def draw_trace(rng: random.Random, cache_tokens: int) -> dict | None:
+    """A few requests of a shipped trace, clipped and sped up; None when the traces are not installed."""
+    name, keys = rng.choice(TRACES)
+    path = TRACES_DIR / name
+    if not path.exists():
+        return None
+    out: dict = {"trace": str(path), **keys, "limit": rng.randint(1, 10),
+                 "max_model_len": rng.randint(2, max(2, int(cache_tokens * 1.2)))}
+    if rng.random() < 0.5:
+        out["time_scale"] = rng.choice([0.001, 0.01, 0.1])
+    return out
+
+
 def draw_workload(rng: random.Random, cache_tokens: int) -> dict:
-    """A synthetic or inline workload whose prompts reach a little past the cache (some get rejected)."""
+    """A synthetic, inline or trace workload whose prompts reach a little past the cache (some get rejected)."""
     hi = max(2, int(cache_tokens * 1.2))
+    if rng.random() < 0.15:
+        trace = draw_trace(rng, cache_tokens)
+        if trace is not None:
+            return trace
     if rng.random() < 0.3:
         reqs = []
         for _ in range(rng.randint(1, 6)):
@@ -125,6 +165,8 @@ def draw_workload(rng: random.Random, cache_tokens: int) -> dict:
                 r["priority"] = rng.randint(0, 3)
             if rng.random() < 0.2:
                 r["n"] = rng.randint(2, 3)
+            elif rng.random() < 0.1:
+                r["beam_width"] = rng.randint(2, 3)
             if rng.random() < 0.3:
                 r["prefix_group"] = rng.randint(0, 1)
                 r["prefix_len"] = rng.randint(0, r["prompt_len"] - 1)
@@ -136,11 +178,15 @@ def draw_workload(rng: random.Random, cache_tokens: int) -> dict:
         syn["shared_prefix"] = {"groups": rng.randint(1, 3), "length": rng.randint(1, max(1, hi // 2))}
     if rng.random() < 0.2:
         syn["n"] = rng.randint(2, 3)
+    elif rng.random() < 0.1:
+        syn["beam_width"] = rng.randint(2, 3)
     if rng.random() < 0.3:
         syn["priority"] = {"dist": "uniform", "min": 0, "max": 3}
     out: dict = {"synthetic": syn}
     if rng.random() < 0.15:
         out["max_model_len"] = rng.randint(2, 4096)
+    if rng.random() < 0.1 and syn["num_requests"] >= 2 and syn["arrival"]["process"] != "burst":
+        out["rate"] = rng.choice([5.0, 100.0])  # rescaling needs two distinct arrival times
     return out
 
 
@@ -161,10 +207,15 @@ def draw_scenario(rng: random.Random, index: int = 0) -> dict:
 # ---------------------------------------------------------------- known issues
 
 def _max_n(data: dict) -> int:
+    """The widest request (parallel samples or beams) of a fuzzed workload."""
     wl = data.get("workload", {})
-    if "requests" in wl:
-        return max((r.get("n", 1) for r in wl["requests"]), default=1)
-    return int(wl.get("synthetic", {}).get("n", 1))
+    rows = wl.get("requests") or [wl.get("synthetic", {})]
+    return max((max(r.get("n", 1), r.get("beam_width", 1)) for r in rows), default=1)
+
+
+def _has_beams(data: dict) -> bool:
+    wl = data.get("workload", {})
+    return any(r.get("beam_width", 1) > 1 for r in (wl.get("requests") or [wl.get("synthetic", {})]))
 
 
 # Open bugs whose fix belongs elsewhere, each with a regression test (tests/test_fuzz_regressions.py).
@@ -173,6 +224,9 @@ def _max_n(data: dict) -> int:
 KNOWN_ISSUES: dict[str, Callable[[dict, str], bool]] = {
     "n-wider-than-token-budget": lambda data, error: "deadlock" in error and _max_n(data) > (
         data.get("scheduler", {}).get("max_num_batched_tokens") or 10**9),
+    "n-not-forked-without-paged-continuous": lambda data, error: "tokens computed" in error and _max_n(data) > 1 and (
+        data.get("scheduler", {}).get("batching") == "static"
+        or data.get("kv_cache", {}).get("allocator", "paged") != "paged"),
 }
 
 
@@ -208,8 +262,9 @@ class FuzzReport:
         return out
 
 
-def check_outcome(requests, steps, summary: dict, capacity_slots: int) -> list[str]:
-    """Conservation checks on a finished run's tables; returns the problems found (empty: all good)."""
+def check_outcome(requests, steps, summary: dict, capacity_slots: int, beams: bool = False) -> list[str]:
+    """Conservation checks on a finished run's tables; returns the problems found (empty: all good).
+    ``beams``: some request searches beams (its token count depends on the draws: that check is skipped)."""
     bad: list[str] = []
     status = requests["status"]
     if not status.isin(["FINISHED", "REJECTED"]).all():
@@ -250,13 +305,14 @@ def check_outcome(requests, steps, summary: dict, capacity_slots: int) -> list[s
             bad.append("a request finished after the last step ended")
     elif len(done):
         bad.append("requests finished without any step")
-    plain = (summary["num_preemptions"] == 0 and (requests["num_cached_tokens"] == 0).all()
-             and (requests["n"] == 1).all() and summary.get("swapped_blocks", 0) == 0)
+    plain = (not beams and summary["num_preemptions"] == 0 and (requests["num_cached_tokens"] == 0).all()
+             and summary.get("swapped_blocks", 0) == 0)
     if plain and len(steps):
+        # the prompt once, then each of the n sequences computes every output token but the last
         computed = int(steps["num_prefill_tokens"].sum() + steps["num_decode_tokens"].sum())
-        expect = int((done["prompt_tokens"] + done["output_tokens"] - 1).sum())
+        expect = int((done["prompt_tokens"] + done["n"] * (done["output_tokens"] - 1)).sum())
         if computed != expect:
-            bad.append(f"tokens computed over all steps {computed} != sum of prompt + output - 1 = {expect}")
+            bad.append(f"tokens computed over all steps {computed} != sum of prompt + n x (output - 1) = {expect}")
     bd = summary["memory_breakdown"]
     if not math.isclose(sum(bd.values()), 1.0, abs_tol=1e-6):
         bad.append(f"memory breakdown sums to {sum(bd.values())}")
@@ -279,9 +335,10 @@ def run_case(data: dict, index: int = 0) -> CaseResult:
         known = known_issue(data, error)
         return CaseResult(index, data, f"known:{known}" if known else "failed", error, time.perf_counter() - t0)
     cap = scn.kv_cache.num_gpu_blocks * scn.kv_cache.block_size
-    problems = check_outcome(result.requests, result.steps, result.summary, cap)
-    return CaseResult(index, data, "failed" if problems else "ok", "; ".join(problems),
-                      time.perf_counter() - t0, int(result.summary["num_steps"]))
+    problems = check_outcome(result.requests, result.steps, result.summary, cap, beams=_has_beams(data))
+    error = "; ".join(problems)
+    outcome = "ok" if not problems else (f"known:{known_issue(data, error)}" if known_issue(data, error) else "failed")
+    return CaseResult(index, data, outcome, error, time.perf_counter() - t0, int(result.summary["num_steps"]))
 
 
 def fuzz(seed: int, count: int, on_case: Callable[[CaseResult], None] | None = None,

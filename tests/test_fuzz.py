@@ -59,6 +59,7 @@ def test_checker_accepts_a_consistent_run():
     (lambda r, s, m: r.__setitem__("first_token_s", [0.5, float("nan")]), "finish_s < first_token_s"),
     (lambda r, s, m: s.__setitem__("kv_blocks_used", [1, 2, 1]), "still held"),
     (lambda r, s, m: s.__setitem__("num_decode_tokens", [0, 1, 0]), "tokens computed"),
+    (lambda r, s, m: r.__setitem__("n", [2, 1]), "tokens computed"),  # 2 sequences: 4 + 2 x 2 = 8 tokens
     (lambda r, s, m: s.__setitem__("start_s", [0.0, 0.05, 0.2]), "overlap"),
     (lambda r, s, m: s.__setitem__("slots_free", [4, 0, 7]), "add up"),
 ])
@@ -84,3 +85,23 @@ def test_known_issues_are_classified_not_hidden():
     assert known_issue(data, "AssertionError: block 3 freed twice") == ""
     data["scheduler"]["max_num_batched_tokens"] = 8
     assert known_issue(data, "KvsimError: engine: deadlock at t=0s") == ""
+
+
+def test_every_cache_and_scheduler_option_is_fuzzed_or_exempt():
+    # a new option in kv_cache or scheduler must get a knob in sim/fuzz.py KNOBS (one line) or a reason
+    from sim.fuzz import KNOBS, NOT_FUZZED
+    from sim.scenario import KVCacheConfig
+
+    knobs = {path for path, _ in KNOBS}
+    fields = {f"kv_cache.{k}" for k in KVCacheConfig.model_fields} | {
+        f"scheduler.{k}" for k in SchedulerConfig.model_fields}
+    missing = sorted(fields - knobs - set(NOT_FUZZED))
+    assert not missing, f"options neither fuzzed nor exempt (add them to sim/fuzz.py KNOBS): {missing}"
+
+
+def test_draws_cover_every_workload_kind():
+    kinds = set()
+    for i in range(300):
+        wl = draw_scenario(random.Random(f"kinds:{i}"), i)["workload"]
+        kinds |= {k for k in ("trace", "synthetic", "requests") if k in wl}
+    assert kinds == {"trace", "synthetic", "requests"}
