@@ -42,6 +42,18 @@ def test_cache_barely_larger_than_one_request_with_many_arrivals(preemption, pol
     assert s["num_steps"] <= 2 * (_serial_steps(reqs) + s["num_preemptions"] * 24)
 
 
+@pytest.mark.parametrize("allocator", ["contiguous-oracle", "contiguous-pow2"])
+@pytest.mark.parametrize("batching", ["static", "continuous"])
+def test_tight_cache_with_other_batching_and_allocators(batching, allocator):
+    # 12 blocks of 4 = 48 slots; each request reserves at most 23 (oracle) or 32 (pow2) tokens
+    reqs = [{"arrival": 0.01 * i, "prompt_len": 10, "output_len": 14} for i in range(12)]
+    data = _scenario(12, reqs, batching=batching)
+    data["kv_cache"]["allocator"] = allocator
+    s = _run(data).summary
+    assert s["num_finished"] == 12
+    assert s["num_steps"] <= 2 * (_serial_steps(reqs) + s["num_preemptions"] * 24)
+
+
 @pytest.mark.parametrize("victim", ["latest_arrival", "most_generated"])
 @pytest.mark.parametrize("preemption", ["recompute", "swap"])
 def test_preemption_ping_pong_between_two_long_requests(victim, preemption):
