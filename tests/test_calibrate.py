@@ -14,7 +14,7 @@ from sim.executors.calibrate import fit_baseline, mape, predict
 from sim.executors.cost_model import load_calibration, make_cost_model_executor
 from sim.executors.fit import nelder_mead
 from sim.executors.measurements import read_measurements
-from sim.executors.roofline import CostParams, allreduce_time, gemm_time
+from sim.executors.roofline import CostParams, allreduce_time, gemm_time, gemm_time_scalar
 from sim.scenario import ExecutorConfig
 from sim.specs import HardwareSpec, ModelSpec
 
@@ -107,3 +107,11 @@ def test_calibration_files_by_path_and_by_name(tmp_path: Path):
                                    config=ExecutorConfig(calibration="sub/c.json", step_overhead_s=0.004),
                                    kv=None, num_gpu_blocks=1, num_cpu_blocks=0, base_dir=tmp_path)
     assert exe.params.step_overhead_s == 0.004  # the scenario's explicit overhead wins
+
+
+def test_scalar_gemm_matches_vectorised():
+    params, _ = load_calibration("h100-80gb")
+    m = np.array([1, 7, 64, 65, 129, 500, 4096])
+    for p in (params, CostParams(), CostParams(smooth_p=2.0)):
+        vec = gemm_time(m, 3072, 4096, 989e12, 3.35e12, 2, p)
+        assert [gemm_time_scalar(int(x), 3072, 4096, 989e12, 3.35e12, 2, p) for x in m] == pytest.approx(vec)

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.errors import KvsimError
-from sim.executors.roofline import DEFAULT_NUM_SMS, CostParams, allreduce_time, gemm_time
+from sim.executors.roofline import DEFAULT_NUM_SMS, CostParams, allreduce_time, gemm_time_scalar
 from sim.sched.plan import StepPlan, StepResult
 from sim.specs import HardwareSpec, ModelSpec
 
@@ -127,7 +127,7 @@ class CostModelExecutor:
     def layer_linear_time(self, tokens: int) -> float:
         """Seconds of one layer's four projections on ``tokens`` tokens."""
         p, b = self.params, self.model.dtype_bytes
-        return float(sum(gemm_time(tokens, n, k, self._peak, self._bw, b, p) for _, k, n in self._shapes))
+        return sum(gemm_time_scalar(tokens, n, k, self._peak, self._bw, b, p) for _, k, n in self._shapes)
 
     def _linear(self, tokens: int) -> tuple[float, float]:
         """(linear seconds over all layers, all-reduce seconds over all layers) for ``tokens`` tokens."""
@@ -144,9 +144,9 @@ class CostModelExecutor:
     def _lm_head(self, seqs: int) -> float:
         hit = self._head_cache.get(seqs)
         if hit is None:
-            hit = self._head_cache[seqs] = float(gemm_time(seqs, self._vocab_shard, self.model.hidden_size,
-                                                           self._peak, self._bw, self.model.dtype_bytes,
-                                                           self.params))
+            hit = self._head_cache[seqs] = gemm_time_scalar(seqs, self._vocab_shard, self.model.hidden_size,
+                                                            self._peak, self._bw, self.model.dtype_bytes,
+                                                            self.params)
         return hit
 
     def execute(self, plan: StepPlan) -> StepResult:

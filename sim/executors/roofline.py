@@ -112,6 +112,26 @@ def gemm_time(m: Any, n: int | Any, k: int | Any, peak: float, bandwidth: float,
     return smooth_max(t_c, t_m, params.smooth_p) + params.kernel_latency_s
 
 
+def gemm_time_scalar(m: int, n: int, k: int, peak: float, bandwidth: float, dtype_bytes: int,
+                     params: CostParams) -> float:
+    """``gemm_time`` for plain Python numbers (about 20x faster than numpy on scalars); same formulas."""
+    if params.tiles:
+        sms = params.num_sms
+        t_c = math.inf
+        for tm, tn, eff in params.tiles:
+            tiles = math.ceil(m / tm) * math.ceil(n / tn)
+            waves = math.ceil(tiles / sms) if tiles >= sms else tiles / sms
+            t_c = min(t_c, 2.0 * waves * sms * tm * tn * k / (peak * eff))
+    else:
+        t_c = 2.0 * m * n * k / (peak * params.compute_eff)
+    t_m = dtype_bytes * (k * n + m * k + m * n) / (bandwidth * params.memory_eff)
+    p = params.smooth_p
+    hi = max(t_c, t_m)
+    if p < 64 and hi > 0:
+        hi *= ((t_c / hi) ** p + (t_m / hi) ** p) ** (1.0 / p)
+    return hi + params.kernel_latency_s
+
+
 def roofline_time(flops: Any, nbytes: Any, peak: float, bandwidth: float, compute_eff: float,
                   memory_eff: float, latency_s: float) -> Any:
     """max(flops / (peak x compute_eff), bytes / (bandwidth x memory_eff)) + latency."""
