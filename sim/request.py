@@ -38,6 +38,7 @@ class Request:
     prefix_len: int = 0
     hash_ids: tuple[int, ...] | None = None  # Mooncake: one id per hash_block_tokens prompt tokens
     hash_block_tokens: int = 512
+    beam_width: int = 1                    # beam search: beams kept per step (memory pattern only)
     # --- state (owned by the scheduler) ---
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0

@@ -1,16 +1,17 @@
-"""KV-cache memory: the block pool, the paged manager, and (later) prefix cache and contiguous baselines."""
+"""KV-cache memory: the block pool, the paged manager, the CPU swap space and the contiguous baselines."""
 
 from __future__ import annotations
 
 from sim.kv.block_pool import BlockPool
+from sim.kv.contiguous import ContiguousKVManager
 from sim.kv.manager import KVCacheManager
 
 
 def make_kv_manager(kv_config, num_gpu_blocks: int, num_cpu_blocks: int, max_model_len: int) -> KVCacheManager:
     """The KV manager a scenario's ``kv_cache`` section asks for."""
     if kv_config.allocator != "paged":
-        raise NotImplementedError(f"allocator {kv_config.allocator!r} is not built yet")
-    return KVCacheManager(num_gpu_blocks, kv_config.block_size)
+        return ContiguousKVManager(num_gpu_blocks, kv_config.block_size, kv_config.allocator, max_model_len)
+    return KVCacheManager(num_gpu_blocks, kv_config.block_size, num_cpu_blocks, kv_config.prefix_caching)
 
 
-__all__ = ["BlockPool", "KVCacheManager", "make_kv_manager"]
+__all__ = ["BlockPool", "ContiguousKVManager", "KVCacheManager", "make_kv_manager"]

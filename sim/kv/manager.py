@@ -12,7 +12,8 @@ A request's block table maps logical blocks to physical ones (block_size = 4 her
     |        KV present       |  written now  |    allocated, not yet filled         |
 
 Invariants (``check_integrity``): every block's ref count equals the number of block tables
-holding it; free + used = total; slot accounting (token_states + reserved + internal + free = capacity).
+(sequences of forked requests included) holding it; free + used = total; slot accounting
+(token_states + reserved + internal + free = capacity); the prefix cache's maps agree.
 """
 
 from __future__ import annotations
@@ -20,29 +21,39 @@ from __future__ import annotations
 from collections import Counter
 
 from sim.kv.block_pool import BlockPool
+from sim.kv.sharing import SharingMixin, seq_width
+from sim.kv.swap import SwapSpace
 from sim.request import Request
 
 
-class KVCacheManager:
-    """Paged KV memory for a set of requests, keyed by ``req_id``."""
+class KVCacheManager(SharingMixin):
+    """Paged KV memory for a set of requests, keyed by ``req_id``. Block sharing (prefix caching,
+    forked sequences, copy-on-write) lives in ``SharingMixin`` (sim/kv/sharing.py)."""
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, num_cpu_blocks: int = 0,
+                 prefix_caching: bool = False) -> None:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.pool = BlockPool(num_blocks)
+        self.swap = SwapSpace(num_cpu_blocks)   # CPU blocks for preemption by swap
         self.block_tables: dict[int, list[int]] = {}
         # slot accounting for the memory breakdown (DESIGN.md); all in token slots
         self._held_tokens = 0      # KV of computed tokens, summed over resident requests
         self._beyond_final = 0     # allocated slots past each request's final length
         self._beyond: dict[int, int] = {}
+        # True while a decode token that lands inside a request's last block needs no manager call:
+        # the block is exclusively the request's (no copy-on-write) and nothing is tracked per token.
+        self.decode_fast_path = True
+        self._init_sharing(prefix_caching)
 
     # ------------------------------------------------------------ sizing
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
     def can_ever_fit(self, req: Request) -> bool:
-        """Whether the request fits in an otherwise empty cache."""
-        return self.blocks_for(req.max_kv_tokens) <= self.num_blocks
+        """Whether the request fits in an otherwise empty cache (k sequences share the prompt's full blocks)."""
+        own = self.blocks_for(req.max_kv_tokens)
+        return own + (seq_width(req) - 1) * (own - req.prompt_len // self.block_size) <= self.num_blocks
 
     def num_free_blocks(self) -> int:
         return self.pool.num_free
@@ -59,42 +70,78 @@ class KVCacheManager:
     def can_allocate(self, req: Request, num_new_tokens: int) -> bool:
         return self.pool.can_allocate(self.blocks_needed(req, num_new_tokens))
 
-    def allocate_slots(self, req: Request, num_new_tokens: int) -> bool:
-        """Grow ``req``'s table to hold its computed plus ``num_new_tokens`` tokens; False if blocks ran out."""
-        table = self.block_tables.get(req.req_id)
+    def allocate_slots(self, req: Request, num_new_tokens: int, cached: list[int] | None = None) -> bool:
+        """Grow ``req``'s table to hold its computed plus ``num_new_tokens`` tokens; False if blocks ran out.
+        ``cached``: prefix-cache blocks (from ``match_prefix``) that start a fresh table; a forked request
+        grows every sequence (copy-on-write pairs collect in ``copies``)."""
+        rid = req.req_id
+        if cached:
+            return self._allocate_cached(req, num_new_tokens, cached)
+        if rid in self.groups:
+            return self._allocate_group(req, num_new_tokens)
+        table = self.block_tables.get(rid)
+        fresh = not table
         if table is None:
-            table = self.block_tables[req.req_id] = []
-        need = -(-(req.num_computed_tokens + num_new_tokens) // self.block_size) - len(table)
-        if need <= 0:
-            return True
+            table = self.block_tables[rid] = []
+        end = req.num_computed_tokens + num_new_tokens
+        need = -(-end // self.block_size) - len(table)
         if need > self.pool.num_free:
             return False
-        table.extend(self.pool.allocate(need))
-        self._note_table(req, table)
+        if need > 0 or fresh:
+            old = len(table)
+            if need > 0:
+                table.extend(self.pool.allocate(need))
+            self._note_table(req, table, old)
+        if self.prefix_cache is not None:
+            if fresh:
+                self._first_lookup(req, 0)
+            self._cache_full_blocks(req, table, end)
         return True
-
-    def _note_table(self, req: Request, table: list[int]) -> None:
-        beyond = max(0, len(table) * self.block_size - req.max_kv_tokens)
-        old = self._beyond.get(req.req_id, 0)
-        if beyond != old:
-            self._beyond_final += beyond - old
-            self._beyond[req.req_id] = beyond
 
     def free(self, req: Request) -> None:
         """Release all of ``req``'s blocks (tail first, so the tail is evicted first when cached)."""
-        table = self.block_tables.pop(req.req_id, None)
+        table = self.block_tables.get(req.req_id)
         if table is None:
             return
-        self.pool.free(reversed(table))
+        self._free_shared(req, table)   # caches full blocks, releases every sequence's table
+        del self.block_tables[req.req_id]
         self._beyond_final -= self._beyond.pop(req.req_id, 0)
-        self._held_tokens -= req.num_computed_tokens
 
     def note_computed(self, num_tokens: int) -> None:
-        """The step computed ``num_tokens`` new tokens of KV for resident requests."""
+        """The step computed ``num_tokens`` new tokens of KV (one per sequence for a forked request)."""
         self._held_tokens += num_tokens
+        self._note_step()
 
     def get_block_table(self, req_id: int) -> list[int]:
         return self.block_tables[req_id]
+
+    # ------------------------------------------------------------ swapping (preemption by swap)
+    def can_swap_out(self, req: Request) -> bool:
+        """Whether the CPU swap space has room for all of ``req``'s blocks."""
+        table = self.block_tables.get(req.req_id)
+        return bool(table) and self.swap.can_hold(len(table))
+
+    def swap_out(self, req: Request) -> list[tuple[int, int]]:
+        """Copy ``req``'s blocks to CPU and free them on the GPU; returns the (gpu, cpu) pairs."""
+        pairs = self.swap.store(req.req_id, self.block_tables[req.req_id])
+        self.free(req)
+        return pairs
+
+    def swap_in_blocks(self, req: Request, num_new_tokens: int) -> int:
+        """GPU blocks a swapped ``req`` needs to come back and compute ``num_new_tokens`` more."""
+        return max(self.swap.num_held(req.req_id), self.blocks_for(req.num_computed_tokens + num_new_tokens))
+
+    def can_swap_in(self, req: Request, num_new_tokens: int) -> bool:
+        return self.pool.can_allocate(self.swap_in_blocks(req, num_new_tokens))
+
+    def swap_in(self, req: Request) -> list[tuple[int, int]]:
+        """Bring ``req``'s blocks back from CPU into fresh GPU blocks; returns the (cpu, gpu) pairs."""
+        table = self.pool.allocate(self.swap.num_held(req.req_id))
+        pairs = self.swap.load(req.req_id, table)
+        self.block_tables[req.req_id] = table
+        self._note_table(req, table)
+        self._held_tokens += req.num_computed_tokens
+        return pairs
 
     # ------------------------------------------------------------ accounting
     def memory_slots(self) -> tuple[int, int, int, int, int]:
@@ -114,7 +161,9 @@ class KVCacheManager:
         holders: Counter[int] = Counter()
         for table in self.block_tables.values():
             holders.update(table)
+        self._check_sharing(holders)   # adds the forked sequences' tables to the holders
         self.pool.check_integrity(holders)
+        self.swap.check_integrity()
         ts, reserved, internal, external, free = self.memory_slots()
         assert min(ts, reserved, internal, external, free) >= 0, f"negative slot count {(ts, reserved, internal)}"
         assert ts + reserved + internal + external + free == self.capacity_slots, "slot accounting does not add up"

@@ -75,7 +75,7 @@ class SharingMixin:
 
     def match_prefix(self, req: Request) -> list[int]:
         """Cached blocks a fresh admission of ``req`` would reuse (at least one token is left to compute)."""
-        if self.prefix_cache is None or req.req_id in self.block_tables:
+        if self.prefix_cache is None or self.block_tables.get(req.req_id):
             return []
         max_blocks = (req.prompt_len + req.num_generated - 1) // self.block_size
         if max_blocks <= 0:
@@ -323,6 +323,8 @@ class SharingMixin:
         bs = self.block_size
         fill: dict[int, int] = {}
         for rid, table in self.block_tables.items():
+            if not table:
+                continue  # a fresh table whose first allocation did not fit
             req = self._owners.get(rid)
             assert req is not None, f"table of request {rid} has no owner"
             group = self.groups.get(rid)

@@ -81,8 +81,57 @@ class PriorityQueue:
         return (e[-1] for e in sorted(self._heap) if e[2] not in self._removed)
 
 
-def make_queue(policy: str) -> FCFSQueue | PriorityQueue:
-    """The waiting queue for a scheduler policy (round-robin rotates through an FCFS queue)."""
+class LongestPrefixQueue(FCFSQueue):
+    """Cache-aware order (SGLang's longest prefix match): the waiting request with the most prompt
+    blocks in the prefix cache goes first, ties in queue order. Only the first ``window`` requests are
+    ranked (each rank is a cache lookup), so a long queue stays cheap and nobody starves forever."""
+
+    def __init__(self, manager, window: int = 128) -> None:
+        super().__init__()
+        self._match = getattr(manager, "match_prefix", None)
+        self.window = window
+        self._head: Request | None = None
+
+    def _best(self) -> int:
+        q = self._q
+        if self._match is None or len(q) < 2:
+            return 0
+        best, best_len = 0, -1
+        for i in range(min(len(q), self.window)):
+            n = len(self._match(q[i]))
+            if n > best_len:
+                best, best_len = i, n
+        return best
+
+    def peek(self) -> Request:
+        self._head = self._q[self._best()]
+        return self._head
+
+    def pop(self) -> Request:
+        """The request the last ``peek`` chose (admission allocates between the two), else the best."""
+        req = self._head if self._head is not None else self._q[self._best()]
+        self._q.remove(req)
+        self._head = None
+        return req
+
+    def push(self, req: Request) -> None:
+        self._head = None
+        self._q.append(req)
+
+    def push_front(self, req: Request) -> None:
+        self._head = None
+        self._q.appendleft(req)
+
+    def remove(self, req: Request) -> None:
+        self._head = None
+        self._q.remove(req)
+
+
+def make_queue(policy: str, manager=None) -> FCFSQueue | PriorityQueue:
+    """The waiting queue for a scheduler policy (round-robin rotates through an FCFS queue;
+    longest_prefix_first asks ``manager.match_prefix`` how much of each prompt is cached)."""
     if policy == "priority":
         return PriorityQueue()
+    if policy == "longest_prefix_first":
+        return LongestPrefixQueue(manager)
     return FCFSQueue()
