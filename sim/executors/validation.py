@@ -108,35 +108,49 @@ def validate_files(calibration: str | Path, paths: list[str | Path]) -> Validati
 
 
 def parity_plot(v: Validation, path: str | Path, title: str = "") -> None:
-    """Predicted vs measured (log-log) and relative residuals against token count, per operator."""
+    """Predicted vs measured (log-log, every operator), then one residual panel per operator against the
+    token count (bytes for all_reduce), model and baseline side by side."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rows = v.rows
     ops = [o for o in (*LINEAR_OPS, *ELEMENTWISE_OPS, "attention", "step", "all_reduce") if (rows.operator == o).any()]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 5))
-    cmap = plt.get_cmap("tab10")
+    ncols = 3
+    nrows = 1 + -(-len(ops) // ncols)
+    fig = plt.figure(figsize=(4.2 * ncols, 3.4 * nrows))
+    ax0 = fig.add_subplot(nrows, 1, 1)
+    tab = plt.get_cmap("tab10")
+    colors = [tab(i) for i in (0, 1, 2, 3, 4, 5, 6, 8, 9)]  # no grey: grey is the baseline's
+
+    def cmap(i: int) -> Any:
+        return colors[i % len(colors)]
     for i, op in enumerate(ops):
         r = rows[rows.operator == op]
-        c = cmap(i % 10)
-        ax1.scatter(r.time_s * 1e3, r.pred_s * 1e3, s=4, alpha=0.5, color=c, label=op)
-        ax2.scatter(r.num_tokens, 100 * (r.pred_s - r.time_s) / r.time_s, s=4, alpha=0.5, color=c, label=op)
+        ax0.scatter(r.time_s * 1e3, r.pred_s * 1e3, s=4, alpha=0.5, color=cmap(i), label=op)
     lo = float(min(rows.time_s.min(), rows.pred_s.min()) * 1e3)
     hi = float(max(rows.time_s.max(), rows.pred_s.max()) * 1e3)
-    ax1.plot([lo, hi], [lo, hi], "k--", lw=1)
-    ax1.set(xscale="log", yscale="log", xlabel="measured (ms)", ylabel="predicted (ms)",
-            title=f"parity: overall MAPE {100 * v.model['overall']:.1f}% "
-                  f"(baseline {100 * v.baseline['overall']:.1f}%)")
-    ax2.axhline(0, color="k", lw=1)
-    ax2.set(xscale="log", xlabel="tokens (bytes for all_reduce)", ylabel="(predicted - measured) / measured (%)",
-            title="residuals", ylim=(-60, 60))
-    ax1.legend(markerscale=3, fontsize=7)
+    ax0.plot([lo, hi], [lo, hi], "k--", lw=1)
+    ax0.set(xscale="log", yscale="log", xlabel="measured (ms)", ylabel="predicted (ms)",
+            title=f"parity: MAPE {100 * v.model['overall']:.1f}% overall "
+                  f"(plain roofline {100 * v.baseline['overall']:.1f}%)")
+    ax0.legend(markerscale=3, fontsize=7, ncol=2)
+    for i, op in enumerate(ops):
+        ax = fig.add_subplot(nrows, ncols, ncols + i + 1)
+        r = rows[rows.operator == op]
+        ax.scatter(r.num_tokens, 100 * (r.baseline_s - r.time_s) / r.time_s, s=3, alpha=0.3, color="0.6",
+                   label=f"roofline {100 * v.baseline.get(op, float('nan')):.1f}%")
+        ax.scatter(r.num_tokens, 100 * (r.pred_s - r.time_s) / r.time_s, s=3, alpha=0.5, color=cmap(i),
+                   label=f"model {100 * v.model[op]:.1f}%")
+        ax.axhline(0, color="k", lw=1)
+        ax.set(xscale="log", ylim=(-60, 60), title=op, xlabel="bytes" if op == "all_reduce" else "tokens",
+               ylabel="error (%)")
+        ax.legend(fontsize=7, markerscale=3, loc="lower right")
     if title:
         fig.suptitle(title)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=90)
     plt.close(fig)
 
 
