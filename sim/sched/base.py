@@ -110,6 +110,10 @@ class SchedulerBase:
         if not self.config.chunked_prefill and req.prompt_len > self.max_num_batched_tokens:
             return (f"prompt of {req.prompt_len} tokens exceeds max_num_batched_tokens "
                     f"{self.max_num_batched_tokens} without chunked prefill")
+        width = max(req.n, req.beam_width)
+        if width > self.max_num_batched_tokens:
+            return (f"{width} parallel sequences need {width} tokens per decode step, above "
+                    f"max_num_batched_tokens {self.max_num_batched_tokens}")
         if not self.manager.can_ever_fit(req):
             need = self.manager.blocks_for(req.max_kv_tokens)
             return f"needs {need} KV blocks, the cache has {self.manager.num_blocks}"
