@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 import sim.sweep as sweep_mod
+from sim.cli import main as kvsim_main
 from sim.runner import run_scenario
 from sim.scenario import load_scenario
 from sim.sweep import check_key_path, load_sweep, run_sweep
@@ -37,6 +38,16 @@ def _files(tmp_path: Path, grid: dict, repeats: int = 1, **extra) -> Path:
 
 def _kvsim(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "sim.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def _cli(capsys, *args: str) -> tuple[int, str, str]:
+    """The CLI in this process (fast); one test below runs it in a real process."""
+    try:
+        code = kvsim_main(list(args))
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
 
 
 def test_grid_is_the_cross_product_with_seeds_per_repeat(tmp_path):
@@ -126,20 +137,20 @@ def test_a_failing_point_is_a_row_not_a_crash(tmp_path):
     ("kv_cache.block_size.x", "unknown key 'x' in kv_cache.block_size"),
     ("nonsense", "unknown key 'nonsense' in the scenario"),
 ])
-def test_unknown_grid_key_exits_2_naming_file_and_key(tmp_path, key, fragment):
+def test_unknown_grid_key_exits_2_naming_file_and_key(tmp_path, key, fragment, capsys):
     path = _files(tmp_path, {"scheduler.max_num_seqs": [1], key: [1, 2]})
-    r = _kvsim("sweep", str(path))
-    assert r.returncode == 2, r.stderr
+    code, _, err = _cli(capsys, "sweep", str(path))
+    assert code == 2, err
     line = 1 + path.read_text().splitlines().index(f"  {key}:")
-    lines = r.stderr.strip().splitlines()
+    lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {path}:{line}: grid.{key}: ") and fragment in lines[0]
     assert not (tmp_path / "res").exists()
 
 
-def test_bad_grid_value_names_key_and_value(tmp_path):
+def test_bad_grid_value_names_key_and_value(tmp_path, capsys):
     path = _files(tmp_path, {"kv_cache.block_size": [4, 6]})
-    r = _kvsim("sweep", str(path))
-    assert r.returncode == 2 and "grid.kv_cache.block_size: value 6" in r.stderr and "power of two" in r.stderr
+    code, _, err = _cli(capsys, "sweep", str(path))
+    assert code == 2 and "grid.kv_cache.block_size: value 6" in err and "power of two" in err
     assert not (tmp_path / "res").exists()
 
 
@@ -151,15 +162,15 @@ def test_key_paths_walk_the_schema():
 
 
 @pytest.mark.skipif(importlib.util.find_spec("ray") is not None, reason="ray is installed")
-def test_ray_missing_is_a_clear_error(tmp_path):
-    r = _kvsim("sweep", str(_files(tmp_path, {"kv_cache.block_size": [4]})), "--ray")
-    assert r.returncode == 2 and r.stderr.strip() == (
+def test_ray_missing_is_a_clear_error(tmp_path, capsys):
+    code, _, err = _cli(capsys, "sweep", str(_files(tmp_path, {"kv_cache.block_size": [4]})), "--ray")
+    assert code == 2 and err.strip() == (
         "error: --ray: Ray is not installed; install it with: pip install 'kvsim[ray]'")
 
 
-def test_cli_runs_and_resumes(tmp_path):
+def test_cli_runs_and_resumes(tmp_path, capsys):
     path = _files(tmp_path, {"kv_cache.block_size": [4, 8]})
     r = _kvsim("sweep", str(path), "--workers", "1", "--no-progress")
     assert r.returncode == 0 and "2 ran (0 failed), 0 already done" in r.stdout
-    r = _kvsim("sweep", str(path), "--no-progress")
-    assert r.returncode == 0 and "0 ran (0 failed), 2 already done" in r.stdout
+    code, out, _ = _cli(capsys, "sweep", str(path), "--no-progress")
+    assert code == 0 and "0 ran (0 failed), 2 already done" in out
