@@ -4,7 +4,7 @@ One step:
 
     0. round-robin only: when requests wait and the batch is full (no seat, or no memory for the head
        of the queue), running requests whose turn has lasted ``rr_quantum_steps`` steps, longest first
-       and at most one per waiting request, are preempted and go to the BACK of the queue (a request
+       and at most as many as the step's token budget can start from the queue, are preempted and go to the BACK of the queue (a request
        still in its prefill is skipped: every turn samples a token, so rotation cannot livelock).
     1. running requests each get their next tokens (1 for a decode; a chunk for a chunked prefill,
        decodes before prefill chunks). If a request's next block does not fit, a victim (latest arrival,
@@ -18,6 +18,8 @@ One step:
 """
 
 from __future__ import annotations
+
+import itertools
 
 from sim.kv.manager import KVCacheManager
 from sim.request import Request, RequestStatus
@@ -90,7 +92,7 @@ class ContinuousScheduler(SchedulerBase):
         if len(self.running) < self.config.max_num_seqs and self._head_fits():
             return  # not full: the waiting head gets in without anyone leaving
         limit = self.step_index - self.config.rr_quantum_steps
-        n = len(self.waiting) + len(self.swapped)
+        n = self._startable()
         out: list[Request] = []
         for req in self.running:  # in turn order
             if len(out) == n or req.extra["turn"] > limit:
@@ -102,6 +104,20 @@ class ContinuousScheduler(SchedulerBase):
             self.running = [r for r in self.running if id(r) not in gone]
             for req in out:
                 self._preempt(req, now, rotate=True)
+
+    def _startable(self) -> int:
+        """How many queued requests this step's token budget could start (at least 1): rotating out more
+        than that would only leave memory idle until later steps."""
+        budget = self.max_num_batched_tokens - len(self.running)   # running decodes take a token each
+        chunked = self.config.chunked_prefill
+        n = 0
+        for req in itertools.chain(self.swapped, self.waiting):
+            need = 1 if req.status == _SWAPPED else req.num_tokens - req.num_computed_tokens
+            if budget <= 0 or (need > budget and not chunked):
+                break
+            budget -= need
+            n += 1
+        return max(n, 1)
 
     def _head_fits(self) -> bool:
         req = self.swapped[0] if self.swapped else self.waiting.peek()
