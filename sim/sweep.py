@@ -138,7 +138,9 @@ def _read_yaml(path: Path, what: str) -> tuple[str, Any]:
 
 
 def task_id(base_text: str, params: tuple[tuple[str, Any], ...], repeat: int) -> str:
-    blob = json.dumps({"base": hashlib.sha256(base_text.encode()).hexdigest(), "params": [list(p) for p in params],
+    """Identity of one run: the base scenario's text, the point (key order does not matter), the repeat."""
+    ordered = sorted(params, key=lambda p: p[0])
+    blob = json.dumps({"base": hashlib.sha256(base_text.encode()).hexdigest(), "params": [list(p) for p in ordered],
                        "repeat": repeat}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

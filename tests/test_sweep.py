@@ -174,3 +174,12 @@ def test_cli_runs_and_resumes(tmp_path, capsys):
     assert r.returncode == 0 and "2 ran (0 failed), 0 already done" in r.stdout
     code, out, _ = _cli(capsys, "sweep", str(path), "--no-progress")
     assert code == 0 and "0 ran (0 failed), 2 already done" in out
+
+
+def test_reordering_grid_keys_keeps_task_ids(tmp_path):
+    a = load_sweep(_files(tmp_path, {"kv_cache.block_size": [4, 8], "scheduler.max_num_seqs": [1, 2]}))
+    b = load_sweep(_files(tmp_path, {"scheduler.max_num_seqs": [1, 2], "kv_cache.block_size": [4, 8]}))
+    assert {t.task_id for t in a.tasks} == {t.task_id for t in b.tasks}
+    (tmp_path / "base.yaml").write_text((tmp_path / "base.yaml").read_text() + "# edited\n")
+    c = load_sweep(tmp_path / "sweep.yaml")
+    assert not {t.task_id for t in c.tasks} & {t.task_id for t in b.tasks}  # a changed base reruns everything
