@@ -129,9 +129,12 @@ def intervals_of(res: Result) -> pd.DataFrame:
 
 
 def write_plots(results: dict[str, Result], out: Path) -> list[Path]:
+    """Overlays and side-by-side panels; with one varied key the legends show just its values."""
     from sim import plots
     from sim.timeline import timeline
 
+    if all(label.count("=") == 1 for label in results):
+        results = {label.split("=", 1)[1]: r for label, r in results.items()}
     stage = out / ".compare.tmp"
     stage.mkdir(parents=True, exist_ok=True)
     try:
