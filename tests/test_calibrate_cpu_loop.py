@@ -50,3 +50,13 @@ def test_profile_calibrate_and_compare_on_cpu(tmp_path: Path):
     assert lo < got["busy_time_s"]["model"] / got["busy_time_s"]["real"] < hi, got
     for key in ("ttft_s_p50", "tpot_s_p50"):
         assert lo < got[key]["model"] / got[key]["real"] < hi, (key, got)
+
+
+def test_profile_cuda_without_a_gpu_is_a_clean_error(tmp_path: Path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    r = subprocess.run([sys.executable, "-m", "sim.cli", "profile", "--device", "cuda", "--model", "tiny-llama",
+                        "--out", str(tmp_path / "p.csv")], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and r.stderr.startswith("error: --device:")

@@ -5,6 +5,7 @@ bytes, H = hidden, I = intermediate, hd = head_dim, q = ceil(heads / t) x hd, kv
 
     linear     = L x sum over (QKV: H -> q + 2kv, out: q -> H, up: H -> I/t (x2 gated), down: I/t -> H)
                  of gemm_time(T, N, K)  +  gemm_time(B, V/t, H) for the LM head on the sampled tokens
+                 (every scheduled sequence counts as sampling one token)
     attention  = L x [prefill kernel + decode kernel], each max(flops / (peak x attn_compute_eff),
                  new bytes / (bw x attn_memory_eff) + cached bytes / (bw x attn_kv_read_eff)) + latency:
                    prefill flops = 4 x hd x heads/t x pairs, pairs = sum n x c + n (n + 1) / 2 (causal:
