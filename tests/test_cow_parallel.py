@@ -96,7 +96,7 @@ def test_scheduler_plans_one_entry_per_sequence_and_the_copies():
 def test_n_sequences_take_n_seats():
     scn = scenario_from_dict({
         "model": "tiny-llama", "hardware": "cpu",
-        "kv_cache": {"block_size": 16, "num_gpu_blocks": 64},
+        "kv_cache": {"block_size": 16, "num_gpu_blocks": 64, "swap_space_gb": 0},
         "scheduler": {"max_num_seqs": 4},
         "workload": {"requests": [{"arrival": 0.0, "prompt_len": 20, "output_len": 3, "n": 3},
                                   {"arrival": 0.0, "prompt_len": 20, "output_len": 3, "n": 2}]},

@@ -103,7 +103,7 @@ def _lpf_scenario(policy: str):
             {"arrival": 0.002, "prompt_len": 40, "output_len": 2, "prefix_group": 0, "prefix_len": 32}]
     return scenario_from_dict({
         "model": "tiny-llama", "hardware": "cpu",
-        "kv_cache": {"block_size": 16, "num_gpu_blocks": 32, "prefix_caching": True},
+        "kv_cache": {"block_size": 16, "num_gpu_blocks": 32, "prefix_caching": True, "swap_space_gb": 0},
         "scheduler": {"policy": policy, "max_num_seqs": 1},
         "workload": {"requests": reqs}, "output": {"plots": False},
     })

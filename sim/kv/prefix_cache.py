@@ -44,14 +44,11 @@ class PrefixCache:
 
     def match(self, hashes: Sequence[int], max_blocks: int) -> list[int]:
         """The blocks of the longest cached run ``hashes[0..k-1]`` (k <= max_blocks). No side effects."""
-        out: list[int] = []
-        block_of = self.block_of
-        for h in hashes[:max_blocks]:
-            b = block_of.get(h)
-            if b is None:
-                break
-            out.append(b)
-        return out
+        found = list(map(self.block_of.get, hashes[:max_blocks]))   # C-speed lookups, then cut at a miss
+        try:
+            return found[:found.index(None)]
+        except ValueError:
+            return found
 
     def insert(self, block_id: int, h: int) -> None:
         """Make a newly filled block findable. A hash already cached keeps its block (the new one stays

@@ -108,13 +108,12 @@ class SharingMixin:
         bs = self.block_size
         pool = self.pool
         refs = pool.ref_counts
-        revive = sum(1 for b in cached if refs[b] == 0)
+        revive = list(map(refs.__getitem__, cached)).count(0)
         need = -(-(len(cached) * bs + num_new_tokens) // bs) - len(cached)
         if need + revive > pool.num_free:
             return False
+        self._held_tokens += revive * bs
         for b in cached:
-            if refs[b] == 0:
-                self._held_tokens += bs
             pool.incref(b)
         table = self.block_tables[req.req_id] = list(cached)
         if need > 0:
