@@ -117,7 +117,10 @@ class KVCacheManager(SharingMixin):
 
     # ------------------------------------------------------------ swapping (preemption by swap)
     def can_swap_out(self, req: Request) -> bool:
-        """Whether the CPU swap space has room for all of ``req``'s blocks."""
+        """Whether the CPU swap space has room for all of ``req``'s blocks (a forked request, whose
+        sequences share blocks, is not swapped: it falls back to recompute)."""
+        if req.req_id in self.groups:
+            return False
         table = self.block_tables.get(req.req_id)
         return bool(table) and self.swap.can_hold(len(table))
 
