@@ -13,7 +13,7 @@ FCFS instead: A runs steps 1-10, B steps 11-12.
 import pytest
 from test_sched_util import simulate, who
 
-from sim.metrics import jain_index
+from sim.metrics import jain_index, requests_frame, summarize
 from sim.request import Request
 
 
@@ -72,3 +72,18 @@ def test_fairness_metrics_by_hand():
     assert jain_index(norm[1]) == pytest.approx(13.69 / 15.38)
     assert jain_index([1.0, 1.0, 1.0]) == pytest.approx(1.0)
     assert jain_index([1.0, 0.0, 0.0, 0.0]) == pytest.approx(0.25)
+
+
+def test_fairness_keys_of_the_summary():
+    # queue wait = first scheduled - arrival: FCFS B waits 10 s, RR B waits 3 s; A never waits.
+    out = {}
+    for policy in ("fcfs", "round_robin"):
+        reqs = two()
+        sch, ex = simulate(reqs, 8, 4, policy=policy, rr_quantum_steps=3, max_num_seqs=1)
+        out[policy] = summarize(requests_frame(reqs), ex.recorder.steps_frame(), sch, capacity_slots=32,
+                                wall_time_s=0.0)
+    fc, rr = out["fcfs"], out["round_robin"]
+    assert fc["queue_wait_max_s"] == 10.0 and rr["queue_wait_max_s"] == 3.0
+    assert fc["queue_wait_p99_s"] == pytest.approx(9.9) and rr["queue_wait_p99_s"] == pytest.approx(2.97)
+    assert fc["jain_fairness"] == pytest.approx(49 / 74) and rr["jain_fairness"] == pytest.approx(13.69 / 15.38)
+    assert fc["output_throughput_tok_s"] == pytest.approx(12 / 12) and rr["num_preemptions"] == 1

@@ -19,6 +19,7 @@ class OneSecond:
         self.tables: list[dict[int, list[int]]] = []
         self.swap_out: list[list[tuple[int, int]]] = []
         self.swap_in: list[list[tuple[int, int]]] = []
+        self.recorder: Recorder | None = None
 
     def execute(self, plan: StepPlan) -> StepResult:
         self.plans.append([(s.req_id, s.num_new_tokens, s.num_context_tokens) for s in plan.scheduled])
@@ -35,7 +36,8 @@ def simulate(reqs: list[Request], num_blocks: int, block_size: int, cpu_blocks: 
     mgr = make_kv_manager(kv, num_blocks, cpu_blocks, max_model_len)
     sch = make_scheduler(SchedulerConfig(**sched), mgr, max_model_len)
     ex = OneSecond()
-    Engine(reqs, sch, ex, Recorder(num_blocks, num_blocks * block_size), check_integrity=True).run()
+    ex.recorder = Recorder(num_blocks, num_blocks * block_size)
+    Engine(reqs, sch, ex, ex.recorder, check_integrity=True).run()
     return sch, ex
 
 
