@@ -28,6 +28,7 @@ class Result:
     requests: pd.DataFrame
     steps: pd.DataFrame
     workload_stats: dict
+    timeline: pd.DataFrame | None = None  # state intervals (req_id, phase, start_s, end_s) for timeline.png
 
 
 def gpu_blocks(scn: Scenario) -> int:
@@ -87,7 +88,8 @@ def run_scenario(scn: Scenario, check_integrity: bool | None = None, progress: b
     summary = summarize(reqs, steps, scheduler, capacity_slots=manager.capacity_slots,
                         wall_time_s=time.perf_counter() - t0, prefix_cache_hit_rate=hit_rate)
     summary["num_gpu_blocks"] = num_gpu
-    return Result(scn, summary, reqs, steps, dict(workload.stats))
+    timeline = scheduler.timeline_frame() if hasattr(scheduler, "timeline_frame") else None
+    return Result(scn, summary, reqs, steps, dict(workload.stats), timeline)
 
 
 class _progress_bar:

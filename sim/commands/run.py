@@ -43,7 +43,8 @@ def write_results(result: Result, out: Path, plots: bool = True) -> list[Path]:
         if plots:
             from sim import plots as figs
 
-            names += [f.name for f in figs.write_run_plots(result.requests, result.steps, result.summary, stage)]
+            names += [f.name for f in figs.write_run_plots(result.requests, result.steps, result.summary, stage,
+                                                        timeline=result.timeline)]
         (stage / "summary.json").write_text(summary_json(result.summary))
         names.append("summary.json")
         for name in names:
