@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import IntEnum
 
+import numpy as np
 import pandas as pd
 
 from sim.kv.manager import KVCacheManager
@@ -99,7 +100,7 @@ class SchedulerBase:
         tr = pd.DataFrame(self.transitions, columns=["req_id", "start_s", "phase"])
         tr = tr.sort_values(["req_id", "start_s"], kind="stable").reset_index(drop=True)
         tr["end_s"] = tr.groupby("req_id")["start_s"].shift(-1).fillna(tr["start_s"])
-        tr["phase"] = [Phase(p).name.lower() for p in tr["phase"]]
+        tr["phase"] = np.array([p.name.lower() for p in Phase])[tr["phase"].to_numpy(dtype=np.int64)]
         return tr[["req_id", "phase", "start_s", "end_s"]]
 
     # ------------------------------------------------------------ arrivals
