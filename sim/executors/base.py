@@ -27,6 +27,8 @@ class Executor(Protocol):
 _REGISTRY: dict[str, str] = {
     "cost_model": "sim.executors.cost_model:make_cost_model_executor",
     "gpu": "backend.executor:make_gpu_executor",
+    # runs the real backend and prices the same plan with the cost model (for cross-checks)
+    "paired": "sim.executors.crosscheck:make_paired_executor",
 }
 
 
