@@ -222,8 +222,6 @@ def _has_beams(data: dict) -> bool:
 # A failing case that matches one is reported as "known:<name>" instead of "failed"; drop the entry
 # when the fix lands, so the fuzzer guards it again.
 KNOWN_ISSUES: dict[str, Callable[[dict, str], bool]] = {
-    "n-wider-than-token-budget": lambda data, error: "deadlock" in error and _max_n(data) > (
-        data.get("scheduler", {}).get("max_num_batched_tokens") or 10**9),
     "n-not-forked-without-paged-continuous": lambda data, error: "tokens computed" in error and _max_n(data) > 1 and (
         data.get("scheduler", {}).get("batching") == "static"
         or data.get("kv_cache", {}).get("allocator", "paged") != "paged"),

@@ -80,11 +80,11 @@ def test_a_crash_is_reported_with_its_scenario():
 def test_known_issues_are_classified_not_hidden():
     from sim.fuzz import known_issue
 
-    data = {"scheduler": {"max_num_batched_tokens": 1}, "workload": {"requests": [{"prompt_len": 1, "n": 3}]}}
-    assert known_issue(data, "KvsimError: engine: deadlock at t=0s") == "n-wider-than-token-budget"
+    data = {"scheduler": {"batching": "static"}, "workload": {"requests": [{"prompt_len": 1, "n": 3}]}}
+    assert known_issue(data, "tokens computed over all steps 12 != ...") == "n-not-forked-without-paged-continuous"
     assert known_issue(data, "AssertionError: block 3 freed twice") == ""
-    data["scheduler"]["max_num_batched_tokens"] = 8
-    assert known_issue(data, "KvsimError: engine: deadlock at t=0s") == ""
+    data["scheduler"]["batching"] = "continuous"
+    assert known_issue(data, "tokens computed over all steps 12 != ...") == ""
 
 
 def test_every_cache_and_scheduler_option_is_fuzzed_or_exempt():

@@ -25,10 +25,8 @@ def _run(scheduler: dict, requests: list[dict], **kv):
     return res
 
 
-@pytest.mark.xfail(reason="sim/sched: a request with n parallel samples needs n tokens per decode step; when "
-                          "n > max_num_batched_tokens it is admitted but can never decode (engine deadlock). "
-                          "It should be rejected at arrival with a reason, or its decode allowed. "
-                          "Found by fuzz seed 2 case 1427.", strict=False)
+# fuzz seed 2 case 1427: n parallel samples need n tokens per decode step; with n > max_num_batched_tokens the
+# request was admitted but could never decode (engine deadlock). Fixed in sim/sched/base.py (rejected at arrival).
 @pytest.mark.parametrize("scheduler, prompt", [({"max_num_batched_tokens": 1}, 1),
                                                ({"max_num_batched_tokens": 2, "chunked_prefill": True}, 6)])
 def test_parallel_samples_wider_than_the_token_budget(scheduler, prompt):
