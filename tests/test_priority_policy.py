@@ -28,3 +28,16 @@ def test_fcfs_victim_is_the_latest_arrival():
     _, ex = simulate(reqs, 4, 2, policy="fcfs")
     assert who(ex)[3] == [0]
     assert reqs[1].num_preemptions == 1
+
+
+def test_a_late_high_priority_request_preempts_an_earlier_low_priority_one():
+    # 3 blocks of 2. L (priority 1, prompt 2) at t=0; H (priority 0, prompt 2) at t=0.5.
+    # step 1: L -> [0]. step 2: L grows into 1, H is admitted into 2: no block left.
+    # step 3: H needs a block for its 3rd token; it is served first (better priority), so the victim is
+    # chosen among H and L: L, whose blocks are freed (1 then 0); H takes block 1. L runs again later.
+    reqs = [Request(0, 0.0, 2, 4, priority=1), Request(1, 0.5, 2, 4, priority=0)]
+    _, ex = simulate(reqs, 3, 2, policy="priority")
+    assert ex.tables[1] == {0: [0, 1], 1: [2]}
+    assert ex.plans[2] == [(1, 1, 2)] and ex.tables[2] == {1: [2, 1]}
+    assert reqs[0].num_preemptions == 1 and reqs[1].num_preemptions == 0
+    assert reqs[1].finish_s < reqs[0].finish_s

@@ -142,10 +142,14 @@ class ContinuousScheduler(SchedulerBase):
             self._rotate(now)
         rotated = stats.num_preempted
 
-        # 1. the running batch (decodes first when prefills are chunked); a victim leaves it
+        # 1. the running batch (decodes first when prefills are chunked; best priority first under the
+        #    priority policy, so that victims, taken from the requests not yet served, are the worst)
         queue = self.running
         order = queue
-        if chunked and self._prefilling:
+        if cfg.policy == "priority":
+            pre = self._prefilling
+            order = sorted(queue, key=lambda r: (r.priority, chunked and r.req_id in pre, r.arrival_s, r.req_id))
+        elif chunked and self._prefilling:
             pre = self._prefilling
             order = [r for r in queue if r.req_id not in pre] + [r for r in queue if r.req_id in pre]
         bs = manager.block_size
