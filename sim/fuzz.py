@@ -10,10 +10,12 @@ touching this file; a new boolean or number is one line in ``KNOBS``. A run that
 NotImplementedError (a setting whose code has not landed yet) counts as *unsupported*, not as a failure.
 
 End-of-run checks (``check_outcome``), each computed from the run's tables, not from its summary code:
-- every request is FINISHED, or REJECTED with a reason; finished + rejected = requests;
+- every request is FINISHED, or REJECTED with a reason (and never scheduled); finished + rejected = requests;
+- the summary's preemption count equals the per-request sum;
 - per finished request: arrival <= first scheduled <= first token <= finish;
 - step times are monotone: each step starts at or after the previous one's end;
-- the last step leaves no block referenced and no token state held (cached free blocks count as free);
+- the last step leaves no block referenced, no token state held (cached free blocks count as free) and
+  nothing swapped out;
 - each step's memory slots add up to the capacity;
 - without preemptions, swaps, prefix hits or beams, the tokens computed over all steps equal, per finished
   request, prompt + n x (output - 1): the prompt once, then every sampled token but the last in each of
@@ -271,7 +273,12 @@ def check_outcome(requests, steps, summary: dict, capacity_slots: int, beams: bo
     rej = requests[status == "REJECTED"]
     if (rej["reject_reason"].fillna("") == "").any():
         bad.append(f"rejected without a reason: {rej.loc[rej['reject_reason'].fillna('') == '', 'req_id'].tolist()}")
+    if rej["first_scheduled_s"].notna().any() or rej["first_token_s"].notna().any():
+        bad.append("a rejected request was scheduled or produced a token")
     done = requests[status == "FINISHED"]
+    if "num_preemptions" in requests.columns and int(requests["num_preemptions"].sum()) != summary["num_preemptions"]:
+        bad.append(f"summary num_preemptions {summary['num_preemptions']} != per-request sum "
+                   f"{int(requests['num_preemptions'].sum())}")
     if summary["num_finished"] + summary["num_rejected"] != len(requests):
         bad.append("num_finished + num_rejected != num_requests")
     eps = 1e-9
@@ -292,6 +299,8 @@ def check_outcome(requests, steps, summary: dict, capacity_slots: int, beams: bo
         if (start[1:] < end[:-1] - eps).any():
             bad.append("steps overlap or go back in time")
         last = steps.iloc[-1]
+        if last.get("num_swapped", 0) != 0:
+            bad.append(f"after the last step {last['num_swapped']} requests are still swapped out")
         if last["kv_blocks_used"] != 0 or last["slots_token_states"] != 0:
             bad.append(f"after the last step {last['kv_blocks_used']} blocks and "
                        f"{last['slots_token_states']} token slots are still held")

@@ -32,6 +32,7 @@ def test_schema_choices_track_the_schema():
 def _tables():
     reqs = pd.DataFrame({
         "req_id": [0, 1], "arrival_s": [0.0, 0.0], "prompt_tokens": [4, 9], "output_tokens": [3, 2], "n": [1, 1],
+        "num_preemptions": [0, 0],
         "status": ["FINISHED", "REJECTED"], "first_scheduled_s": [0.0, float("nan")],
         "first_token_s": [0.1, float("nan")], "finish_s": [0.3, 0.0], "num_cached_tokens": [0, 0],
         "reject_reason": ["", "too long"],
@@ -56,6 +57,9 @@ def test_checker_accepts_a_consistent_run():
 @pytest.mark.parametrize("breakage, fragment", [
     (lambda r, s, m: r.__setitem__("status", ["RUNNING", "REJECTED"]), "neither finished nor rejected"),
     (lambda r, s, m: r.__setitem__("reject_reason", ["", ""]), "without a reason"),
+    (lambda r, s, m: r.__setitem__("first_scheduled_s", [0.0, 0.0]), "rejected request was scheduled"),
+    (lambda r, s, m: r.__setitem__("num_preemptions", [1, 0]), "num_preemptions"),
+    (lambda r, s, m: s.__setitem__("num_swapped", [0, 1, 1]), "still swapped out"),
     (lambda r, s, m: r.__setitem__("first_token_s", [0.5, float("nan")]), "finish_s < first_token_s"),
     (lambda r, s, m: s.__setitem__("kv_blocks_used", [1, 2, 1]), "still held"),
     (lambda r, s, m: s.__setitem__("num_decode_tokens", [0, 1, 0]), "tokens computed"),
