@@ -106,3 +106,24 @@ def test_n_sequences_take_n_seats():
     r = res.requests.set_index("req_id")
     # 3 + 2 seats > 4: the second request waits until the first finishes (3 steps)
     assert r.loc[1, "first_scheduled_s"] == r.loc[0, "finish_s"]
+
+
+def test_preempted_group_forks_again_with_private_generated_blocks():
+    m = KVCacheManager(11, 16)
+    r = Request(0, 0.0, 20, 30, n=2)
+    assert m.allocate_slots(r, 20)
+    step(m, r, 20, 1)                              # fork: [[0, 1], [0, 1]]
+    for _ in range(14):                            # tokens 20..33: seq 0 copies block 1 to 2; token 32
+        assert m.allocate_slots(r, 1)              # opens block 3 (seq 0) and block 4 (seq 1)
+        step(m, r, 1, 2)
+    assert m.seq_tables(0) == [[0, 2, 3], [0, 1, 4]]
+    m.free(r)                                      # preempted by recompute: 3, 2 (0 still held), 4, 1, 0
+    r.num_computed_tokens = 0
+    assert m.pool.free_order() == [5, 6, 7, 8, 9, 10, 3, 2, 4, 1, 0]
+    # back: one sequence recomputes prompt + 15 generated tokens = 35 tokens, then forks
+    assert m.allocate_slots(r, 35)
+    assert m.block_tables[0] == [5, 6, 7]
+    step(m, r, 35, 1)
+    # the sibling shares block 0 (the prompt's only full block) and gets fresh blocks for the rest
+    assert m.seq_tables(0) == [[5, 6, 7], [5, 8, 9]]
+    assert m.pool.ref_counts[5:10] == [2, 1, 1, 1, 1]

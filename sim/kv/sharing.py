@@ -15,7 +15,9 @@ plan has one ScheduledRequest per sequence (same req_id, its own table). ``block
 always sequence 0's table. Beam search (``beam_width`` > 1) adds, after each sampled token, a seeded
 random draw of k parents among the k beams: a parent drawn twice is forked (its table shared again),
 a beam never drawn is freed. A preempted group frees every table and comes back as one sequence (its
-recompute covers sequence 0's tokens) and forks again when it catches up.
+recompute covers sequence 0's tokens); when it catches up it forks again, the siblings sharing the
+prompt's full blocks and getting fresh blocks for their generated tokens (their KV is priced as part
+of sequence 0's recompute: the memory is exact, the compute is underestimated).
 
 Physical accounting: ``_held_tokens`` counts KV slots of distinct blocks (a block shared by m tables
 counts once): a hit on a free cached block adds block_size, a copy adds the copied slots, and freeing a
@@ -192,13 +194,31 @@ class SharingMixin:
             self._beam_step(req, group)
 
     def _fork(self, req: Request, k: int) -> None:
+        """Share sequence 0's table with k-1 siblings. After a recompute or swap (more than one token
+        generated), the siblings' generated-token blocks are their own again: fresh blocks, filled as
+        if recomputed with sequence 0 (so memory matches the group before its preemption), when free."""
         t0 = self.block_tables[req.req_id]
-        incref = self.pool.incref
-        for b in t0:
+        bs = self.block_size
+        pool = self.pool
+        own_from = len(t0)
+        if req.num_generated > 1:
+            own_from = min(len(t0), req.prompt_len // bs)
+            if (k - 1) * (len(t0) - own_from) > pool.num_free:
+                own_from = len(t0)
+        incref = pool.incref
+        for b in t0[:own_from]:
             for _ in range(k - 1):
                 incref(b)
+        tables = [t0]
+        for _ in range(k - 1):
+            t = t0[:own_from]
+            if own_from < len(t0):
+                t.extend(pool.allocate(len(t0) - own_from))
+                for i in range(own_from, len(t0)):
+                    self._held_tokens += max(0, min(bs, req.num_computed_tokens - i * bs))
+            tables.append(t)
         rng = random.Random(req.req_id * 1_000_003 + 17) if req.beam_width > 1 else None
-        self.groups[req.req_id] = SeqGroup([t0] + [list(t0) for _ in range(k - 1)], rng)
+        self.groups[req.req_id] = SeqGroup(tables, rng)
         self._logical_blocks += (k - 1) * len(t0)
         self.decode_fast_path = False
         self._note_beyond(req)
