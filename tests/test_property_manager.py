@@ -1,5 +1,5 @@
 """Property tests (hypothesis stateful) for KVCacheManager, driven the way a scheduler drives it:
-admit (with prefix-cache hits), compute a step (sample, fork n sequences, copy-on-write), preempt by
+admit (with prefix-cache hits), compute a step (sample, fork n sequences or redraw beams, copy-on-write), preempt by
 recompute or by swap, swap back in, finish. Random sequences of these must keep every invariant:
 
 - each block's ref count equals the number of block tables (every sequence's) holding it; the prefix
@@ -69,10 +69,11 @@ class ManagerMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ rules
     @rule(prompt=st.integers(1, 24), output=st.integers(1, 12), n=st.sampled_from([1, 1, 2, 3]),
-          group=st.sampled_from([-1, 0, 0, 1]), prefix=st.integers(2, 23))
-    def arrive(self, prompt: int, output: int, n: int, group: int, prefix: int) -> None:
-        req = Request(self.next_id, 0.0, prompt, output, n=n, prefix_group=group,
+          beams=st.sampled_from([1, 1, 1, 2, 3]), group=st.sampled_from([-1, 0, 0, 1]), prefix=st.integers(2, 23))
+    def arrive(self, prompt: int, output: int, n: int, beams: int, group: int, prefix: int) -> None:
+        req = Request(self.next_id, 0.0, prompt, output, n=n if beams == 1 else 1, prefix_group=group,
                       prefix_len=min(prefix, prompt - 1) if group >= 0 else 0)
+        req.beam_width = beams
         self.next_id += 1
         if self.m.can_ever_fit(req):
             self.waiting[req.req_id] = req
@@ -130,9 +131,9 @@ class ManagerMachine(RuleBasedStateMachine):
             req = self.running[rid]
             if req.num_generated >= req.output_len:
                 m.free(self.running.pop(rid))
-            elif req.n > 1:
+            elif req.n > 1 or req.beam_width > 1:
                 m.on_token(req)
-                event("forked")
+                event("forked" if req.n > 1 else "beam step")
 
     @precondition(lambda self: self.running)
     @rule(data=st.data(), swap=st.booleans())
