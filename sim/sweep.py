@@ -378,6 +378,7 @@ def run_sweep(sweep: Sweep, workers: int = 1, ray_address: str | None = None, us
     rows = [r for r in rows if str(r["task_id"]) in done_ids]  # failed tasks are retried; their old rows go
     todo = [t for t in sweep.tasks if t.task_id not in done_ids]
     skipped = len(sweep.tasks) - len(todo)
+    order = {t.task_id: i for i, t in enumerate(sweep.tasks)}
     state = {"failed": 0, "ran": 0, "flushed": time.monotonic()}
     bar = _Bar(len(sweep.tasks), skipped) if progress and todo else None
 
@@ -402,6 +403,7 @@ def run_sweep(sweep: Sweep, workers: int = 1, ray_address: str | None = None, us
         if bar:
             bar.close()
         if state["ran"]:
+            rows.sort(key=lambda r: order.get(str(r["task_id"]), len(order)))  # grid order, whoever finished first
             files = write_results_table(sweep.out_dir, rows)
     return SweepOutcome(len(sweep.tasks), skipped, state["ran"], state["failed"], files)
 
