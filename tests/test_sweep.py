@@ -186,6 +186,13 @@ def test_reordering_grid_keys_keeps_task_ids(tmp_path):
     assert not {t.task_id for t in c.tasks} & {t.task_id for t in b.tasks}  # a changed base reruns everything
 
 
+class _Ref:
+    """A hashable stand-in for a Ray ObjectRef."""
+
+    def __init__(self, value) -> None:
+        self.value = value
+
+
 class _FakeRay:
     """The slice of Ray's API the sweep uses, run inline: init, remote, wait, get."""
 
@@ -203,14 +210,14 @@ class _FakeRay:
         class _Remote:
             @staticmethod
             def remote(*args):
-                return ("ref", fn(*args))
+                return _Ref(fn(*args))
         return _Remote
 
     def wait(self, refs, num_returns=1):
         return refs[:num_returns], refs[num_returns:]
 
     def get(self, ref):
-        return ref[1]
+        return ref.value
 
 
 def test_ray_path_runs_every_task(tmp_path, monkeypatch, capsys):
