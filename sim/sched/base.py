@@ -116,7 +116,8 @@ class SchedulerBase:
             return (f"{width} parallel sequences need {width} tokens per decode step, above "
                     f"max_num_batched_tokens {self.max_num_batched_tokens}")
         if not self.manager.can_ever_fit(req):
-            need = self.manager.blocks_for(req.max_kv_tokens)
+            region = getattr(self.manager, "region_tokens", None)   # contiguous baselines reserve a region
+            need = self.manager.blocks_for(region(req) if region else req.max_kv_tokens)
             return f"needs {need} KV blocks, the cache has {self.manager.num_blocks}"
         return ""
 
