@@ -14,8 +14,8 @@ So requests of one prefix group share their first ``prefix_len`` token ids, Moon
 the same ids for its own generated tokens (they are a function of position, not of a random draw).
 
 ``block_hashes`` chains full blocks the vLLM v1 way: hash(block i) = H(hash(block i-1), tokens of i),
-with H built from integer mixing and Python's tuple-of-int hash, which (unlike str hashing) is not
-salted per process: the same workload gives the same hashes in every run.
+with H built from integer mixing and Python's hash of tuples of ints, which (unlike str hashing) is
+not salted per process: the same workload gives the same hashes in every run.
 """
 
 from __future__ import annotations
@@ -77,17 +77,43 @@ def token_ids(req, start: int, end: int, seq: int = 0) -> np.ndarray:
 _W = _mix(np.arange(1, 1025, dtype=np.uint64) * _GOLD)  # per-slot weights of the block digest
 
 
+def _mixed_digest(req, start: int, end: int, seq: int) -> int:
+    toks = token_ids(req, start, end, seq).astype(np.uint64)
+    with np.errstate(over="ignore"):
+        return int((_mix(toks) * _W[: end - start]).sum(dtype=np.uint64))
+
+
 def block_hashes(req, first_block: int, end_block: int, block_size: int, parent: int, seq: int = 0) -> list[int]:
     """Chained hashes of full blocks ``first_block .. end_block-1``; ``parent`` is block first_block-1's
-    hash (``ROOT_HASH`` for block 0). One numpy pass digests the blocks; a short Python loop chains them."""
-    if end_block <= first_block:
-        return []
-    toks = token_ids(req, first_block * block_size, end_block * block_size, seq).astype(np.uint64)
-    with np.errstate(over="ignore"):
-        digest = (_mix(toks).reshape(-1, block_size) * _W[:block_size]).sum(axis=1, dtype=np.uint64)
-    out = []
+    hash (``ROOT_HASH`` for block 0).
+
+    A block whose tokens all come from one source (see the table above) is digested as (source,
+    offset): its ids are a function of exactly that, so equal digests mean equal ids, without making
+    the ids. A block that straddles two sources digests its ids (one numpy pass)."""
+    out: list[int] = []
     h = parent
-    for d in digest.tolist():
-        h = hash((h, d))
+    bs = block_size
+    prompt = req.prompt_len
+    group = req.prefix_group
+    plen = req.prefix_len if group >= 0 else 0
+    hashes = req.hash_ids
+    c = req.hash_block_tokens
+    chunked_end = min(prompt, len(hashes) * c) if hashes else 0
+    own_from = max(plen, chunked_end)
+    rid = req.req_id
+    for i in range(first_block, end_block):
+        start = i * bs
+        end = start + bs
+        if start >= prompt:
+            key = (_OUTPUT, rid, seq, start)
+        elif end <= plen:
+            key = (_PREFIX, group, start)
+        elif start >= own_from and end <= prompt:
+            key = (_PROMPT, rid, start)
+        elif start >= plen and end <= chunked_end and start // c == (end - 1) // c:
+            key = (_CHUNK, hashes[start // c], start % c)
+        else:
+            key = _mixed_digest(req, start, end, seq)
+        h = hash((h, key))
         out.append(h)
     return out
