@@ -14,17 +14,19 @@ import resource
 import time
 from pathlib import Path
 
+import yaml
+
 from sim import run_scenario, scenario_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def azure_scenario(limit: int | None) -> dict:
-    return {
-        "name": "azure-conv-hour", "model": "llama-2-13b", "hardware": "a100-80gb",
-        "scheduler": {"max_num_batched_tokens": 4096},
-        "workload": {"trace": "traces/azure_llm_2023_conv.csv", "format": "azure", "limit": limit},
-    }
+    """The quickstart scenario over the whole hour of the Azure conversation trace (or its first ``limit``)."""
+    data = yaml.safe_load((ROOT / "scenarios" / "quickstart.yaml").read_text())
+    data["name"] = "azure-conv-hour"
+    data["workload"]["limit"] = limit
+    return data
 
 
 def synthetic_scenario(n: int, rate: float) -> dict:
