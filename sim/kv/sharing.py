@@ -326,7 +326,17 @@ class SharingMixin:
         self._sum_logical += self._logical_blocks
 
     def sharing_summary(self, block_bytes: int) -> dict[str, float]:
-        """Summary keys of block sharing (bytes at their peaks; saving averaged over steps)."""
+        """Summary keys of block sharing (``block_bytes``: KV bytes of one block):
+
+        kv_bytes_peak                  most KV bytes in use at once (distinct physical blocks)
+        kv_bytes_unshared_peak         most bytes the same tables would use with nothing shared: the sum
+                                       of all table lengths (n independent sequences, one copy per request)
+        kv_sharing_saving              1 - physical / unshared blocks, summed over steps (after each step)
+        prefix_kv_bytes_peak           most bytes of distinct blocks in shared-prefix regions (the full
+                                       blocks of a request's first prefix_len tokens, prefix_group >= 0)
+        prefix_kv_bytes_unshared_peak  the same regions counted once per request
+        prefix_cache_evictions         cached blocks whose hash was forgotten when reallocated
+        """
         p = self.peaks
         return {
             "kv_bytes_peak": p["used"] * block_bytes,
