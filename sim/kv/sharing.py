@@ -77,8 +77,8 @@ class SharingMixin:
 
     def match_prefix(self, req: Request) -> list[int]:
         """Cached blocks a fresh admission of ``req`` would reuse (at least one token is left to compute)."""
-        if self.prefix_cache is None or self.block_tables.get(req.req_id):
-            return []
+        if self.prefix_cache is None or req.num_computed_tokens or self.block_tables.get(req.req_id):
+            return []   # only a request starting from nothing (new, or preempted by recompute) looks up
         max_blocks = (req.prompt_len + req.num_generated - 1) // self.block_size
         if max_blocks <= 0:
             return []
