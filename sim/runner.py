@@ -49,6 +49,18 @@ def cpu_blocks(scn: Scenario) -> int:
     return int(scn.kv_cache.swap_space_gb * GiB // block_bytes)
 
 
+def _check_sequences_supported(scn: Scenario, requests: list) -> None:
+    """Parallel samples and beams fork block tables: only the paged allocator with continuous batching does."""
+    if scn.scheduler.batching == "continuous" and scn.kv_cache.allocator == "paged":
+        return
+    wide = next((r for r in requests if r.n > 1 or getattr(r, "beam_width", 1) > 1), None)
+    if wide is not None:
+        mode = "static batching" if scn.scheduler.batching == "static" else f"the {scn.kv_cache.allocator} allocator"
+        raise KvsimError(f"{scn.source}: workload", f"request {wide.req_id} has n={wide.n}, "
+                         f"beam_width={getattr(wide, 'beam_width', 1)}: parallel samples and beams need "
+                         f"kv_cache.allocator: paged and scheduler.batching: continuous, not {mode}")
+
+
 def _integrity_default() -> bool:
     return os.environ.get("KVSIM_CHECK_INTEGRITY", "") not in ("", "0")
 
@@ -63,6 +75,7 @@ def run_scenario(scn: Scenario, check_integrity: bool | None = None, progress: b
         raise KvsimError(f"{scn.source}: kv_cache", "no room for a single KV block")
     num_cpu = cpu_blocks(scn)
     workload = build_workload(scn.workload, base_dir=scn.base_dir, seed=scn.seed, source=scn.source)
+    _check_sequences_supported(scn, workload.requests)
     manager = make_kv_manager(scn.kv_cache, num_gpu, num_cpu, model.max_model_len)
     scheduler = make_scheduler(scn.scheduler, manager, model.max_model_len)
     try:
@@ -88,6 +101,8 @@ def run_scenario(scn: Scenario, check_integrity: bool | None = None, progress: b
     summary = summarize(reqs, steps, scheduler, capacity_slots=manager.capacity_slots,
                         wall_time_s=time.perf_counter() - t0, prefix_cache_hit_rate=hit_rate)
     summary["num_gpu_blocks"] = num_gpu
+    if hasattr(manager, "sharing_summary"):
+        summary.update(manager.sharing_summary(model.kv_bytes_per_block(scn.kv_cache.block_size)))
     timeline = scheduler.timeline_frame() if hasattr(scheduler, "timeline_frame") else None
     return Result(scn, summary, reqs, steps, dict(workload.stats), timeline)
 

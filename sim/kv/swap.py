@@ -54,8 +54,11 @@ class SwapSpace:
         if self.pool is None:
             assert not self.tables, "swapped tables without a swap space"
             return
-        holders: dict[int, int] = {}
+        # O(blocks held), not O(swap space): the CPU pool can hold millions of blocks
+        held = 0
+        refs = self.pool.ref_counts
         for table in self.tables.values():
             for b in table:
-                holders[b] = holders.get(b, 0) + 1
-        self.pool.check_integrity(holders)
+                assert refs[b] == 1 and not self.pool.is_free(b), f"CPU block {b}: ref count {refs[b]}"
+            held += len(table)
+        assert held == self.pool.num_used, f"{self.pool.num_used} CPU blocks in use, {held} held by tables"
