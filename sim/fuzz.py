@@ -151,7 +151,7 @@ def draw_trace(rng: random.Random, cache_tokens: int) -> dict | None:
     return out
 
 
-def draw_workload(rng: random.Random, cache_tokens: int) -> dict:
+def draw_workload(rng: random.Random, cache_tokens: int, multi_seq: bool = True) -> dict:
     """A synthetic, inline or trace workload whose prompts reach a little past the cache (some get rejected)."""
     hi = max(2, int(cache_tokens * 1.2))
     if rng.random() < 0.15:
@@ -165,9 +165,9 @@ def draw_workload(rng: random.Random, cache_tokens: int) -> dict:
                        "prompt_len": rng.randint(1, hi), "output_len": rng.randint(1, 40)}
             if rng.random() < 0.3:
                 r["priority"] = rng.randint(0, 3)
-            if rng.random() < 0.2:
+            if multi_seq and rng.random() < 0.2:
                 r["n"] = rng.randint(2, 3)
-            elif rng.random() < 0.1:
+            elif multi_seq and rng.random() < 0.1:
                 r["beam_width"] = rng.randint(2, 3)
             if rng.random() < 0.3:
                 r["prefix_group"] = rng.randint(0, 1)
@@ -178,9 +178,9 @@ def draw_workload(rng: random.Random, cache_tokens: int) -> dict:
                  "prompt_len": _length(rng, hi), "output_len": _length(rng, rng.choice([1, 8, 40]))}
     if rng.random() < 0.3:
         syn["shared_prefix"] = {"groups": rng.randint(1, 3), "length": rng.randint(1, max(1, hi // 2))}
-    if rng.random() < 0.2:
+    if multi_seq and rng.random() < 0.2:
         syn["n"] = rng.randint(2, 3)
-    elif rng.random() < 0.1:
+    elif multi_seq and rng.random() < 0.1:
         syn["beam_width"] = rng.randint(2, 3)
     if rng.random() < 0.3:
         syn["priority"] = {"dist": "uniform", "min": 0, "max": 3}
@@ -202,7 +202,10 @@ def draw_scenario(rng: random.Random, index: int = 0) -> dict:
     _set(data, "scheduler.max_steps_without_progress", STALL_STEPS)
     _set(data, "output.plots", False)
     cache_tokens = data["kv_cache"]["num_gpu_blocks"] * data["kv_cache"]["block_size"]
-    data["workload"] = draw_workload(rng, cache_tokens)
+    # parallel samples and beams fork block tables: only paged + continuous batching accepts them
+    multi_seq = (data["kv_cache"].get("allocator", "paged") == "paged"
+                 and data["scheduler"].get("batching", "continuous") == "continuous")
+    data["workload"] = draw_workload(rng, cache_tokens, multi_seq)
     return data
 
 
@@ -223,11 +226,7 @@ def _has_beams(data: dict) -> bool:
 # Open bugs whose fix belongs elsewhere, each with a regression test (tests/test_fuzz_regressions.py).
 # A failing case that matches one is reported as "known:<name>" instead of "failed"; drop the entry
 # when the fix lands, so the fuzzer guards it again.
-KNOWN_ISSUES: dict[str, Callable[[dict, str], bool]] = {
-    "n-not-forked-without-paged-continuous": lambda data, error: "tokens computed" in error and _max_n(data) > 1 and (
-        data.get("scheduler", {}).get("batching") == "static"
-        or data.get("kv_cache", {}).get("allocator", "paged") != "paged"),
-}
+KNOWN_ISSUES: dict[str, Callable[[dict, str], bool]] = {}  # none open
 
 
 def known_issue(data: dict, error: str) -> str:

@@ -7,7 +7,7 @@ import random
 import pandas as pd
 import pytest
 
-from sim.fuzz import check_outcome, draw_scenario, fuzz, literal_choices, run_case
+from sim.fuzz import _max_n, check_outcome, draw_scenario, fuzz, literal_choices, run_case
 from sim.scenario import SchedulerConfig, scenario_from_dict
 
 
@@ -81,14 +81,21 @@ def test_a_crash_is_reported_with_its_scenario():
     assert case.outcome == "failed" and "block_size" in case.error and case.scenario is data
 
 
-def test_known_issues_are_classified_not_hidden():
-    from sim.fuzz import known_issue
+def test_known_issues_are_classified_not_hidden(monkeypatch):
+    import sim.fuzz as fz
 
-    data = {"scheduler": {"batching": "static"}, "workload": {"requests": [{"prompt_len": 1, "n": 3}]}}
-    assert known_issue(data, "tokens computed over all steps 12 != ...") == "n-not-forked-without-paged-continuous"
-    assert known_issue(data, "AssertionError: block 3 freed twice") == ""
-    data["scheduler"]["batching"] = "continuous"
-    assert known_issue(data, "tokens computed over all steps 12 != ...") == ""
+    monkeypatch.setitem(fz.KNOWN_ISSUES, "demo", lambda data, error: "deadlock" in error and _max_n(data) > 2)
+    data = {"workload": {"requests": [{"prompt_len": 1, "n": 3}]}}
+    assert fz.known_issue(data, "KvsimError: engine: deadlock at t=0s") == "demo"
+    assert fz.known_issue(data, "AssertionError: block 3 freed twice") == ""
+    assert fz.known_issue({"workload": {"synthetic": {"n": 2}}}, "deadlock") == ""
+
+
+def test_parallel_samples_are_drawn_only_where_they_fork():
+    for i in range(400):
+        data = draw_scenario(random.Random(f"multi:{i}"), i)
+        if data["kv_cache"]["allocator"] != "paged" or data["scheduler"]["batching"] != "continuous":
+            assert _max_n(data) == 1, data
 
 
 def test_every_cache_and_scheduler_option_is_fuzzed_or_exempt():

@@ -1,13 +1,14 @@
 """Regressions found by the scenario fuzzer (sim/fuzz.py), each reduced to a minimal scenario.
 
-A case whose fix belongs to code owned elsewhere is marked xfail with the reason until it lands;
-every case must end with each request FINISHED, or REJECTED with a reason, and never a deadlock.
+A case whose fix belongs to code owned elsewhere is marked xfail with the reason until it lands (none
+open now); every case must end with each request FINISHED, or REJECTED with a reason, never a deadlock.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from sim.errors import KvsimError
 from sim.fuzz import check_outcome
 from sim.runner import run_scenario
 from sim.scenario import scenario_from_dict
@@ -41,20 +42,15 @@ def test_parallel_samples_within_the_budget_finish():
     assert res.summary["num_finished"] == 1
 
 
-@pytest.mark.xfail(reason="sim/sched + sim/kv: static batching and the contiguous allocators do not fork a request "
-                          "with n > 1 (one sequence is computed) while the summary counts n x output tokens "
-                          "(output_throughput_tok_s). Either fork there too, or reject n > 1 with a reason. "
-                          "Found by the fuzzer's token-count check.", strict=False)
+# The fuzzer's token-count check: static batching and the contiguous allocators ran one sequence of an
+# n > 1 request while the summary counted n x output tokens. Fixed in sim/runner.py: such a scenario is
+# refused with a clear error naming the request and the settings.
 @pytest.mark.parametrize("kv, scheduler", [({}, {"batching": "static"}),
                                            ({"allocator": "contiguous-oracle"}, {})])
-def test_parallel_samples_are_computed_or_rejected_everywhere(kv, scheduler):
-    res = _run(scheduler, [{"arrival": 0.0, "prompt_len": 8, "output_len": 5, "n": 3}], **kv)
-    row = res.requests.iloc[0]
-    if row["status"] == "FINISHED":
-        computed = res.steps["num_prefill_tokens"].sum() + res.steps["num_decode_tokens"].sum()
-        assert computed == 8 + 3 * (5 - 1)  # the prompt once, then 3 sequences x 4 tokens of KV
-    else:
-        assert row["status"] == "REJECTED" and row["reject_reason"]
+def test_parallel_samples_outside_paged_continuous_are_refused(kv, scheduler):
+    with pytest.raises(KvsimError) as err:
+        _run(scheduler, [{"arrival": 0.0, "prompt_len": 8, "output_len": 5, "n": 3}], **kv)
+    assert "n=3" in err.value.what and "paged" in err.value.what and "continuous" in err.value.what
 
 
 def test_parallel_samples_fork_under_paged_continuous_batching():
