@@ -300,8 +300,10 @@ class SharingMixin:
         per = (last + 1) * bs - req.max_kv_tokens
         if per:
             group = self.groups.get(req.req_id)
-            tables = group.tables if group is not None else [self.block_tables[req.req_id]]
-            beyond = per * len({t[last] for t in tables if len(t) > last})
+            if group is None:  # one table: no set needed
+                beyond = per if len(self.block_tables[req.req_id]) > last else 0
+            else:
+                beyond = per * len({t[last] for t in group.tables if len(t) > last})
         else:
             beyond = 0
         old = self._beyond.get(req.req_id, 0)
