@@ -54,6 +54,18 @@ class BlockPool:
     # ------------------------------------------------------------ changes
     def allocate(self, n: int) -> list[int]:
         """Take ``n`` blocks from the head of the free queue, each with ref count 1."""
+        if n == 1:  # the common case: a request's next block
+            if self._fresh < self.num_blocks:
+                b = self._fresh
+                self._fresh = b + 1
+            elif self._free:
+                b = self._free.popitem(last=False)[0]
+            else:
+                raise MemoryError("asked for 1 block, 0 free")
+            self.ref_counts[b] = 1
+            if self.on_evict is not None:
+                self.on_evict(b)
+            return [b]
         if n > self.num_free:
             raise MemoryError(f"asked for {n} blocks, {self.num_free} free")
         refs = self.ref_counts

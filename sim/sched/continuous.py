@@ -156,15 +156,19 @@ class ContinuousScheduler(SchedulerBase):
         tables = manager.block_tables
         fast = manager.decode_fast_path
         num_decode = 0
+        running = _RUNNING
+        make = ScheduledRequest
+        add_scheduled = scheduled.append
+        add_batch = batch.append
         for idx, req in enumerate(order):
-            if req.status != _RUNNING:
+            if req.status != running:
                 continue  # preempted earlier in this step
             computed = req.num_computed_tokens
             num_new = req.prompt_len + req.num_generated - computed
             if num_new == 1 and fast and computed % bs and budget > 0 and req.num_generated:
                 # decode fast path: the next slot is inside the request's last block (no allocation)
-                scheduled.append(ScheduledRequest(req.req_id, 1, computed, tables[req.req_id]))
-                batch.append(req)
+                add_scheduled(make(req.req_id, 1, computed, tables[req.req_id]))
+                add_batch(req)
                 num_decode += 1
                 budget -= 1
                 continue
