@@ -55,6 +55,17 @@ class ProfileGrid:
         return pts + [("decode", b, 1, c) for b in self.decode_batch_sizes for c in self.decode_context_lens]
 
 
+def grid_from_args(args: Any) -> ProfileGrid:
+    """The default grid for ``args.device`` with the command line's --prefill-batch ... --repeats applied."""
+    grid = ProfileGrid.default(args.device)
+    for attr, val in (("prefill_batch_sizes", args.prefill_batch), ("prefill_lens", args.prefill_lens),
+                      ("decode_batch_sizes", args.decode_batch), ("decode_context_lens", args.decode_context),
+                      ("repeats", args.repeats)):
+        if val is not None:
+            setattr(grid, attr, val)
+    return grid
+
+
 def _blocks_needed(grid: ProfileGrid) -> int:
     bs = grid.block_size
     return max(b * -(-(n + c) // bs) for _, b, n, c in grid.points())
@@ -108,12 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--decode-context", type=_ints)
     p.add_argument("--repeats", type=int)
     args = p.parse_args(argv)
-    grid = ProfileGrid.default(args.device)
-    for attr, val in (("prefill_batch_sizes", args.prefill_batch), ("prefill_lens", args.prefill_lens),
-                      ("decode_batch_sizes", args.decode_batch), ("decode_context_lens", args.decode_context),
-                      ("repeats", args.repeats)):
-        if val is not None:
-            setattr(grid, attr, val)
+    grid = grid_from_args(args)
     t0 = time.perf_counter()
     rows = run_profile(model_preset(args.model), args.device, args.out, grid, args.num_layers)
     print(f"wrote {len(rows)} rows ({len(grid.points())} steps) to {args.out} in {time.perf_counter() - t0:.1f} s")

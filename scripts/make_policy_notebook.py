@@ -17,14 +17,13 @@ that explain the difference. Everything runs on the CPU in seconds: kvsim simula
 
 The API is three calls: `load_scenario(path, overrides)`, `run_scenario(scenario)`, and the `Result`'s
 `summary` (a dict), `requests` and `steps` (DataFrames)."""),
-    ("code", """from pathlib import Path
-import pandas as pd
-import matplotlib.pyplot as plt
-from sim import load_scenario, run_scenario
-from sim import plots, timeline
+    ("code", """import tempfile
+from pathlib import Path
 
-import tempfile
+import pandas as pd
 from IPython.display import Image
+
+from sim import load_scenario, plots, run_scenario, timeline
 
 ROOT = next(p for p in [Path.cwd(), *Path.cwd().parents] if (p / "scenarios").is_dir())
 SCN = ROOT / "scenarios"

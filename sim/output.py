@@ -27,6 +27,17 @@ def _clean(x: Any) -> Any:
     return x
 
 
+def flatten(summary: dict, prefix: str = "") -> dict[str, Any]:
+    """{'ttft_s': {'p99': x}} -> {'ttft_s.p99': x}: one flat row of a summary, for tables."""
+    out: dict[str, Any] = {}
+    for k, v in summary.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
 def summary_json(summary: dict) -> str:
     """summary.json text: sorted keys, NaN as null, fixed formatting (byte-stable for the same run)."""
     return json.dumps(_clean(summary), indent=2, sort_keys=True) + "\n"

@@ -30,6 +30,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sim.errors import KvsimError
+from sim.output import flatten
 from sim.scenario import Scenario, apply_override, scenario_from_dict
 
 RESULTS_CSV = "results.csv"
@@ -237,17 +238,6 @@ def _copy(x: Any) -> Any:
 
 
 # ---------------------------------------------------------------- one run (in a worker process)
-
-
-def flatten(summary: dict, prefix: str = "") -> dict[str, Any]:
-    """{'ttft_s': {'p99': x}} -> {'ttft_s.p99': x}."""
-    out: dict[str, Any] = {}
-    for k, v in summary.items():
-        if isinstance(v, dict):
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def run_task(data: dict, base_dir: str, source: str) -> dict[str, Any]:

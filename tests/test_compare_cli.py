@@ -6,8 +6,9 @@ import pandas as pd
 import pytest
 
 from sim.cli import main
-from sim.commands.compare import combinations, flatten, label_of, parse_vary
+from sim.commands.compare import combinations, label_of, parse_vary
 from sim.errors import KvsimError
+from sim.output import flatten
 
 SEED = str(Path(__file__).resolve().parent.parent / "scenarios" / "seed_four_requests.yaml")
 

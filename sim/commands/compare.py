@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from sim.errors import KvsimError
-from sim.output import prepare_out_dir, write_atomic
+from sim.output import flatten, prepare_out_dir, write_atomic
 from sim.runner import Result, run_scenario
 from sim.scenario import load_scenario, parse_override
 
@@ -66,16 +66,6 @@ def combinations(vary: list[tuple[str, list[str]]]) -> list[list[tuple[str, str]
 
 def label_of(combo: list[tuple[str, str]]) -> str:
     return ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in combo)
-
-
-def flatten(summary: dict, prefix: str = "") -> dict:
-    out: dict = {}
-    for k, v in summary.items():
-        if isinstance(v, dict):
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def run_all(scenario: str, vary: list[tuple[str, list[str]]], overrides: list[str]) -> dict[str, Result]:

@@ -45,19 +45,14 @@ def main(args: argparse.Namespace) -> int:
     if args.num_layers is not None and args.num_layers <= 0:
         raise KvsimError("--num-layers", f"must be positive, got {args.num_layers}")
     try:
-        from backend.profile import ProfileGrid, run_profile
+        from backend.profile import grid_from_args, run_profile
     except ImportError as exc:
         raise KvsimError("kvsim profile", f"the backend needs torch (pip install kvsim[gpu]): {exc}") from None
     if args.device == "cuda":
         import torch
         if not torch.cuda.is_available():
             raise KvsimError("--device", "cuda is not available here; use --device cpu")
-    grid = ProfileGrid.default(args.device)
-    for attr, val in (("prefill_batch_sizes", args.prefill_batch), ("prefill_lens", args.prefill_lens),
-                      ("decode_batch_sizes", args.decode_batch), ("decode_context_lens", args.decode_context),
-                      ("repeats", args.repeats)):
-        if val is not None:
-            setattr(grid, attr, val)
+    grid = grid_from_args(args)
     t0 = time.perf_counter()
     rows = run_profile(spec, args.device, args.out, grid=grid, num_layers=args.num_layers)
     print(f"wrote {len(rows)} rows ({len(grid.points())} steps) to {args.out} in {time.perf_counter() - t0:.1f} s")
