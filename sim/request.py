@@ -12,7 +12,7 @@ at most ``prompt_len + output_len - 1`` tokens of KV.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import IntEnum
 
 
@@ -50,7 +50,7 @@ class Request:
     last_token_s: float = math.nan
     finish_s: float = math.nan
     reject_reason: str = ""
-    extra: dict = field(default_factory=dict)  # policy-private state (e.g. round-robin turn start)
+    turn_start_step: int = 0               # round-robin: the step at which the current turn began
 
     @property
     def num_tokens(self) -> int:

@@ -121,7 +121,7 @@ def test_shared_prefix_groups_priorities_n_and_beam() -> None:
     assert min(r.prompt_len for r in reqs) == 201  # at least one token beyond the prefix
     assert {r.priority for r in reqs} == {0, 1, 2, 3}
     assert {r.n for r in reqs} == {2}
-    assert {getattr(r, "beam_width", None) or r.extra["beam_width"] for r in reqs} == {4}
+    assert {r.beam_width for r in reqs} == {4}
 
 
 def test_arrival_override_for_a_trace_is_seeded() -> None:

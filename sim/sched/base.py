@@ -123,8 +123,6 @@ class SchedulerBase:
 
     def add_request(self, req: Request, now: float) -> bool:
         """Queue a new arrival, or reject it with a reason. Returns whether it was queued."""
-        if req.extra.get("beam_width", 1) > req.beam_width:  # the workload builder's spelling
-            req.beam_width = req.extra["beam_width"]
         if req.prompt_len + req.output_len > self.max_model_len and req.prompt_len < self.max_model_len:
             req.output_len = self.max_model_len - req.prompt_len  # generation stops at the context limit
             self.num_truncated += 1

@@ -95,7 +95,7 @@ class ContinuousScheduler(SchedulerBase):
         n = self._startable()
         out: list[Request] = []
         for req in self.running:  # in turn order
-            if len(out) == n or req.extra["turn"] > limit:
+            if len(out) == n or req.turn_start_step > limit:
                 break
             if req.req_id not in self._prefilling:  # a turn ends only after a token: no livelock
                 out.append(req)
@@ -283,6 +283,6 @@ class ContinuousScheduler(SchedulerBase):
     def _start(self, req: Request, now: float, phase: Phase) -> None:
         """``req`` joins the running batch; its round-robin turn starts now."""
         req.status = _RUNNING
-        req.extra["turn"] = self.step_index
+        req.turn_start_step = self.step_index
         self.running.append(req)
         self.mark(req, phase, now)

@@ -139,12 +139,5 @@ def to_requests(cols: Columns) -> list[Request]:
            for i in range(count)]
     if beam is not None:
         for r, w in zip(out, beam, strict=True):
-            if w > 1:
-                if _HAS_BEAM:
-                    r.beam_width = w  # type: ignore[attr-defined]
-                else:  # a Request without the field: keep it where policies can see it
-                    r.extra["beam_width"] = w
+            r.beam_width = int(w)
     return out
-
-
-_HAS_BEAM = "beam_width" in Request.__dataclass_fields__
