@@ -38,6 +38,20 @@ def test_tile_and_wave_quantization_by_hand():
     assert gemm_time(129, 130, 10, 1e6, 1.0, 2, p) == pytest.approx(1.47456)  # the faster tile wins
 
 
+def test_partial_wave_cost():
+    # 4 tiles on 3 SMs: 1 full wave and a partial one (1/3 full). wave_quant q prices the partial wave at
+    # q x a full wave + (1 - q) x its real share: waves = q x 2 + (1 - q) x 4/3
+    p = CostParams(tiles=[[128, 128, 1.0]], num_sms=3, memory_eff=1e9, kernel_latency_s=0.0)
+    one_wave = 3 * 2 * 128 * 128 * 10 / 1e6
+    for q, waves in [(1.0, 2.0), (0.0, 4 / 3), (0.25, 0.25 * 2 + 0.75 * 4 / 3)]:
+        p.wave_quant = q
+        assert gemm_time(129, 130, 10, 1e6, 1.0, 2, p) == pytest.approx(waves * one_wave)
+        assert gemm_time_scalar(129, 130, 10, 1e6, 1.0, 2, p) == pytest.approx(waves * one_wave)
+    # fewer tiles than SMs: split-K, whatever q
+    p.num_sms, p.wave_quant = 8, 1.0
+    assert gemm_time(129, 130, 10, 1e6, 1.0, 2, p) == pytest.approx(4 / 8 * 8 * 2 * 128 * 128 * 10 / 1e6)
+
+
 def test_allreduce_ring_and_table():
     p = CostParams(allreduce_eff=1.0)
     # ring over 4 GPUs: 2 x 3/4 x 1e6 bytes / 1e11 B/s + 6 hops x 1 us

@@ -3,8 +3,9 @@
 Prediction uses the same formulas as the executor (roofline.py, cost_model.py). Fitting minimises the
 mean absolute percentage error (MAPE) over the given rows with Nelder-Mead in log space:
 
-1. GEMMs (the four projections): memory efficiency, kernel latency, the smooth-max exponent and one
-   compute efficiency per candidate tile shape (tile and wave quantization, roofline.py).
+1. GEMMs (the four projections): memory efficiency, kernel latency, the smooth-max exponent, the cost
+   of a partial last wave (``wave_quant``) and one compute efficiency per candidate tile shape (tile and
+   wave quantization, roofline.py).
 2. Elementwise operators (norms, rope, activation, add): one memory efficiency each.
    All-reduce rows (Vidur's *_all_reduce.csv): kept as a measured table per TP degree.
 3. Profile rows from ``kvsim profile``: attention efficiencies (compute, new-token traffic, cached-KV
@@ -167,7 +168,8 @@ def fit_baseline(df: pd.DataFrame, hardware: HardwareSpec) -> CostParams:
 
 
 def fit_gemm(df: pd.DataFrame, hardware: HardwareSpec, base: CostParams) -> CostParams:
-    """The shape-aware GEMM model: memory efficiency, latency, smooth-max exponent, one efficiency per tile."""
+    """The shape-aware GEMM model: memory efficiency, latency, smooth-max exponent, partial-wave cost and
+    one efficiency per tile."""
     rows = df[df.operator.isin(LINEAR_OPS)]
     if rows.empty:
         return base
@@ -175,12 +177,14 @@ def fit_gemm(df: pd.DataFrame, hardware: HardwareSpec, base: CostParams) -> Cost
 
     def to_params(v: np.ndarray) -> CostParams | None:
         e = np.exp(v)
-        if e[0] > 1.5 or e[2] < 1 or (e[3:] > 1.5).any():
+        if e[0] > 1.5 or e[2] < 1 or e[3] > 1 or (e[4:] > 1.5).any():
             return None
         return replace(base, memory_eff=e[0], kernel_latency_s=e[1], smooth_p=e[2],
-                       compute_eff=float(e[3:].max()) if tiles else e[3],
-                       tiles=[[tm, tn, float(x)] for (tm, tn), x in zip(tiles, e[3:])])
-    return _minimise(_gemm_objective(rows, hardware), to_params, [0.85, 5e-6, 3.0] + [0.7] * max(len(tiles), 1))
+                       wave_quant=float(e[3]) if tiles else 1.0,
+                       compute_eff=float(e[4:].max()) if tiles else e[4],
+                       tiles=[[tm, tn, float(x)] for (tm, tn), x in zip(tiles, e[4:])])
+    return _minimise(_gemm_objective(rows, hardware), to_params,
+                     [0.85, 5e-6, 3.0, 0.5] + [0.7] * max(len(tiles), 1))
 
 
 def allreduce_table(df: pd.DataFrame, points: int = 48) -> dict[str, list[list[float]]]:

@@ -13,8 +13,11 @@ way a GEMM library runs it: output tiles spread over the SMs in waves, and the l
 tile shape that finishes first. For each candidate tile:
 
     tiles    = ceil(M / tile_m) * ceil(N / tile_n)   tile quantization: partial tiles cost full tiles
-    waves    = ceil(tiles / num_sms)                 wave quantization: a partial last wave costs a wave
-               (tiles / num_sms when tiles < num_sms: libraries split K over the idle SMs)
+    waves    = q x ceil(tiles / num_sms) + (1 - q) x tiles / num_sms
+               wave quantization: a partial last wave costs a fraction q (``wave_quant``) of a full one;
+               q = 1 is classic data-parallel tiling, q = 0 perfect balancing (stream-K / persistent
+               kernels, which Hopper cuBLAS uses, split the tail's K loop over the idle SMs);
+               tiles / num_sms when tiles < num_sms: libraries split K over the idle SMs
     t_tile   = 2 * waves * num_sms * tile_m * tile_n * K / (peak * eff)
     t_c      = min over tiles of t_tile
 
@@ -40,7 +43,8 @@ DEFAULT_NUM_SMS = {"a100-40gb": 108, "a100-80gb": 108, "h100-80gb": 132, "h200-1
 class CostParams:
     """Fitted (or default) efficiencies and latencies of one piece of hardware.
 
-    Invariants: efficiencies are in (0, 1.5]; latencies and overheads are >= 0; ``smooth_p >= 1``.
+    Invariants: efficiencies are in (0, 1.5]; latencies and overheads are >= 0; ``smooth_p >= 1``;
+    ``0 <= wave_quant <= 1``.
     An empty ``tiles`` switches tile and wave quantization off (``compute_eff`` applies instead).
     """
 
@@ -51,6 +55,7 @@ class CostParams:
     smooth_p: float = math.inf        # exponent of the smooth max of compute and memory time
     tiles: list[list[float]] = field(default_factory=list)  # [tile_m, tile_n, eff]; []: plain roofline
     num_sms: int = 108                # SMs for wave quantization
+    wave_quant: float = 1.0           # fraction of a partial last wave that costs a full wave (0..1)
     attn_compute_eff: float = 0.5     # FlashAttention-style prefill reaches less than a GEMM
     attn_memory_eff: float = 0.7      # paged decode attention reading KV blocks
     attn_kv_read_eff: float = 0.7     # reading cached K/V through block tables (decode, and prefill context)
@@ -97,13 +102,13 @@ def gemm_time(m: Any, n: int | Any, k: int | Any, peak: float, bandwidth: float,
     """Seconds for one ``[m, k] x [k, n]`` GEMM, with the formulas of the module docstring."""
     m = np.asarray(m, dtype=float)
     if params.tiles:
-        sms = params.num_sms
+        sms, q = params.num_sms, params.wave_quant
         n_f = np.asarray(n, dtype=float)
         t_c = None
         for tm, tn, eff in params.tiles:
             tiles = np.ceil(m / tm) * np.ceil(n_f / tn)
             # fewer tiles than SMs: split-K spreads the reduction over the idle SMs (no partial wave)
-            waves = np.where(tiles >= sms, np.ceil(tiles / sms), tiles / sms)
+            waves = np.where(tiles >= sms, q * np.ceil(tiles / sms) + (1.0 - q) * (tiles / sms), tiles / sms)
             t_tile = 2.0 * waves * sms * tm * tn * k / (peak * eff)
             t_c = t_tile if t_c is None else np.minimum(t_c, t_tile)
     else:
@@ -116,11 +121,11 @@ def gemm_time_scalar(m: int, n: int, k: int, peak: float, bandwidth: float, dtyp
                      params: CostParams) -> float:
     """``gemm_time`` for plain Python numbers (about 20x faster than numpy on scalars); same formulas."""
     if params.tiles:
-        sms = params.num_sms
+        sms, q = params.num_sms, params.wave_quant
         t_c = math.inf
         for tm, tn, eff in params.tiles:
             tiles = math.ceil(m / tm) * math.ceil(n / tn)
-            waves = math.ceil(tiles / sms) if tiles >= sms else tiles / sms
+            waves = q * math.ceil(tiles / sms) + (1.0 - q) * (tiles / sms) if tiles >= sms else tiles / sms
             t_c = min(t_c, 2.0 * waves * sms * tm * tn * k / (peak * eff))
     else:
         t_c = 2.0 * m * n * k / (peak * params.compute_eff)
