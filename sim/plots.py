@@ -34,12 +34,21 @@ def _runs(x: pd.DataFrame | Mapping[str, pd.DataFrame]) -> Mapping[str, pd.DataF
 def kv_usage(steps: pd.DataFrame | Mapping[str, pd.DataFrame], path: Path) -> Path:
     """KV-cache usage (fraction of blocks allocated) over simulated time."""
     fig, ax = plt.subplots(figsize=(8, 3.5))
-    for label, df in _runs(steps).items():
+    runs = _runs(steps)
+    for label, df in runs.items():
         ax.step(df["start_s"], df["kv_usage"] * 100, where="post", lw=0.8, label=label or None)
     ax.set_xlabel("simulated time (s)")
     ax.set_ylabel("KV blocks used (%)")
     ax.set_ylim(0, 105)
     ax.set_title("KV-cache usage")
+    first = next(iter(runs.values()))
+    if "kv_bytes_used" in first and len(first) and first["kv_blocks_used"].max() > 0:
+        # the same curve in bytes (runs of one scenario share the capacity); right axis in GB (1e9 bytes)
+        row = first[first["kv_blocks_used"] > 0].iloc[0]
+        capacity_gb = row["kv_bytes_used"] / row["kv_usage"] / 1e9
+        right = ax.twinx()
+        right.set_ylim(0, 1.05 * capacity_gb)
+        right.set_ylabel("KV memory used (GB)")
     if len(_runs(steps)) > 1:
         ax.legend()
     return _save(fig, path)

@@ -97,6 +97,7 @@ def run_scenario(scn: Scenario, check_integrity: bool | None = None, progress: b
             bar.close()
     reqs = requests_frame(workload.requests)
     steps = recorder.steps_frame()
+    steps["kv_bytes_used"] = steps["kv_blocks_used"] * model.kv_bytes_per_block(scn.kv_cache.block_size)
     hit_rate = manager.prefix_cache_hit_rate() if hasattr(manager, "prefix_cache_hit_rate") else 0.0
     summary = summarize(reqs, steps, scheduler, capacity_slots=manager.capacity_slots,
                         wall_time_s=time.perf_counter() - t0, prefix_cache_hit_rate=hit_rate)
