@@ -12,6 +12,12 @@ PY="${PYTHON:-python3}"
 cd "$ROOT"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export KVSIM_IN_GPU_CHECK=1
+# Optional: wheels carried in .whl/ (simpy, pydantic and their needs; see the device tool's README) let
+# the simulator-side tests (GPUExecutor through the registry) run on the GPU machine too.
+if ls "$ROOT"/.whl/*.whl >/dev/null 2>&1; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/kvsim-site \
+    "$ROOT"/.whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/kvsim-site"
+fi
 status=0
 step() {  # step NAME TIMEOUT_S CMD...: run with a time limit, log to OUTDIR/NAME.log, remember failures
   local name="$1" limit="$2"; shift 2
