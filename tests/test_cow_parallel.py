@@ -127,3 +127,41 @@ def test_preempted_group_forks_again_with_private_generated_blocks():
     # the sibling shares block 0 (the prompt's only full block) and gets fresh blocks for the rest
     assert m.seq_tables(0) == [[5, 6, 7], [5, 8, 9]]
     assert m.pool.ref_counts[5:10] == [2, 1, 1, 1, 1]
+
+
+def test_refork_after_recompute_prices_the_siblings_own_tokens():
+    # block size 4, prompt 6 (1 full block + 2 tokens), n = 2, preempted by recompute after 3 tokens.
+    # Back again, the prefill recomputes 6 + 3 = 9 tokens for sequence 0 and samples token 4; the re-fork
+    # shares only the full prompt block (positions 0-3), so the sibling's positions 4..8 are its own:
+    # 9 - 4 = 5 tokens it must recompute, priced on its entry of the next step (1 + 5 new, context 4).
+    from sim.scenario import SchedulerConfig
+    from sim.sched.continuous import ContinuousScheduler
+    from sim.sched.plan import StepResult
+
+    m = KVCacheManager(16, 4)
+    sch = ContinuousScheduler(SchedulerConfig(), m, max_model_len=64)
+    r = Request(0, 0.0, 6, 8, n=2)
+    assert sch.add_request(r, 0.0)
+    now = 0.0
+    for _ in range(3):                       # prefill + 2 decodes: 3 tokens sampled
+        plan = sch.schedule(now)
+        now += 1.0
+        sch.update(plan, StepResult(1.0), now)
+        sch.check_integrity()
+    assert (r.num_generated, r.num_computed_tokens) == (3, 8)
+    sch.running.remove(r)
+    sch._preempt(r, now)                     # recompute preemption: every table freed
+    sch.check_integrity()
+    assert m.pool.num_used == 0
+    plan = sch.schedule(now)                 # back as one sequence: 6 + 3 tokens
+    assert [(s.num_new_tokens, s.num_context_tokens) for s in plan.scheduled] == [(9, 0)]
+    now += 1.0
+    sch.update(plan, StepResult(1.0), now)   # samples token 4 and forks again
+    sch.check_integrity()
+    plan = sch.schedule(now)
+    assert [(s.num_new_tokens, s.num_context_tokens) for s in plan.scheduled] == [(1, 9), (6, 4)]
+    now += 1.0
+    sch.update(plan, StepResult(1.0), now)
+    sch.check_integrity()
+    plan = sch.schedule(now)                 # afterwards both sequences decode one token each
+    assert [(s.num_new_tokens, s.num_context_tokens) for s in plan.scheduled] == [(1, 10), (1, 10)]

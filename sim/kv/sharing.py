@@ -58,6 +58,8 @@ class SharingMixin:
         self._hashes: dict[int, list[int]] = {}   # req_id -> chained hashes of sequence 0's full blocks
         self._cached_upto: dict[int, int] = {}    # req_id -> blocks of its table already offered to the cache
         self._looked_up: set[int] = set()         # requests whose first admission was counted
+        # req_id -> tokens each sibling still has to recompute after a re-fork (priced in the next step)
+        self.sibling_recompute: dict[int, int] = {}
         self._owners: dict[int, Request] = {}     # req_id -> request, while it holds blocks
         self._logical_blocks = 0                  # sum of table lengths: the blocks without any sharing
         self._prefix_refs: Counter[int] = Counter()  # block -> holders among shared-prefix regions
@@ -173,6 +175,7 @@ class SharingMixin:
             self._release(t, req.num_computed_tokens)
         self._cached_upto.pop(rid, None)
         self._owners.pop(rid, None)
+        self.sibling_recompute.pop(rid, None)
         if req.num_generated >= req.output_len:
             self._hashes.pop(rid, None)
 
@@ -205,6 +208,8 @@ class SharingMixin:
             own_from = min(len(t0), req.prompt_len // bs)
             if (k - 1) * (len(t0) - own_from) > pool.num_free:
                 own_from = len(t0)
+        if own_from < len(t0):  # the siblings' own tokens were not recomputed with sequence 0's
+            self.sibling_recompute[req.req_id] = max(0, req.num_computed_tokens - own_from * bs)
         incref = pool.incref
         for b in t0[:own_from]:
             for _ in range(k - 1):

@@ -163,16 +163,20 @@ class SchedulerBase:
                                           self.manager.block_tables[req.req_id]))
         batch.append(req)
         width = 1
+        extra = 0
         if self._multi_seq:  # a forked request: one entry per sequence, the extra ones None in the batch
             tables = self.manager.seq_tables(req.req_id)
             width = len(tables)
+            if width > 1:  # after a re-fork each sibling also recomputes its own generated tokens
+                extra = getattr(self.manager, "sibling_recompute", {}).pop(req.req_id, 0)
             for t in tables[1:]:
-                scheduled.append(ScheduledRequest(req.req_id, num_new, req.num_computed_tokens, t))
+                scheduled.append(ScheduledRequest(req.req_id, num_new + extra, req.num_computed_tokens - extra, t))
                 batch.append(None)
         if num_new == 1 and req.num_generated > 0 and req.num_computed_tokens + 1 == req.num_tokens:
             stats.num_decode_tokens += width
         else:
             stats.num_prefill_tokens += num_new * width
+        stats.num_prefill_tokens += extra * (width - 1)
 
     def update(self, plan: StepPlan, result: StepResult, now: float) -> list[Request]:
         """Advance every scheduled request by its new tokens; sample, finish and free as due."""
@@ -184,11 +188,12 @@ class SchedulerBase:
         other_gaps = self.gaps.other_gaps
         prefilling = self._prefilling
         multi = self._multi_seq
+        n = 0
         for req, s in zip(self._batch, plan.scheduled):
-            n = s.num_new_tokens
-            if req is None:  # another sequence of the forked request before it
-                computed += n
+            if req is None:  # another sequence of the forked request before it: the same new tokens
+                computed += n  # (its recomputed tokens, if any, were counted when it forked)
                 continue
+            n = s.num_new_tokens
             c = req.num_computed_tokens = req.num_computed_tokens + n
             computed += n
             if c < req.prompt_len + req.num_generated:
