@@ -8,6 +8,9 @@ from rich.console import Console
 from rich.table import Table
 
 LATENCIES = ["ttft_s", "tpot_s", "itl_s", "e2e_s", "normalized_latency_s_per_tok"]
+# shown only when something was shared (summary.json always has them)
+SHARING = ["kv_bytes_unshared_peak", "kv_sharing_saving", "prefix_kv_bytes_peak", "prefix_kv_bytes_unshared_peak",
+           "prefix_cache_evictions"]
 
 
 def _fmt(v) -> str:
@@ -23,8 +26,9 @@ def print_summary(summary: dict, title: str = "summary") -> None:
     t = Table(title=title, show_header=True, header_style="bold")
     t.add_column("metric")
     t.add_column("value", justify="right")
+    shared = any(summary.get(k) for k in ("kv_sharing_saving", "prefix_kv_bytes_peak", "prefix_cache_evictions"))
     for k, v in summary.items():
-        if k in LATENCIES or k == "memory_breakdown":
+        if k in LATENCIES or k == "memory_breakdown" or (k in SHARING and not shared):
             continue
         t.add_row(k, _fmt(v))
     console.print(t)
