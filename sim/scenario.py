@@ -6,6 +6,7 @@ Paths inside a scenario are relative to the scenario file (``Scenario.base_dir``
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any, Literal
 
@@ -233,7 +234,7 @@ def scenario_from_dict(
     overrides: list[str] | None = None,
 ) -> Scenario:
     """Validate a scenario given as a dict (notebooks build them this way)."""
-    data = _deep_copy(data)
+    data = copy.deepcopy(data)
     overridden: set[tuple] = set()
     for text in overrides or []:
         path, value = parse_override(text)
@@ -246,14 +247,6 @@ def scenario_from_dict(
     scn._base_dir = Path(base_dir)
     scn._source = source
     return scn
-
-
-def _deep_copy(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {k: _deep_copy(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_deep_copy(v) for v in x]
-    return x
 
 
 def scenario_json_schema() -> dict:

@@ -17,6 +17,7 @@ results.csv are skipped, so an interrupted or extended sweep resumes where it st
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import itertools
 import json
@@ -187,9 +188,9 @@ def load_sweep(path: str | Path) -> Sweep:
     source = str(base_path)
 
     def build(params: tuple[tuple[str, Any], ...]) -> dict:
-        data = _copy(base)
+        data = copy.deepcopy(base)
         for k, v in params:
-            apply_override(data, k.split("."), _copy(v))
+            apply_override(data, k.split("."), copy.deepcopy(v))
         return data
 
     # each value on its own first, so an error names the key and value at fault
@@ -213,7 +214,7 @@ def load_sweep(path: str | Path) -> Sweep:
             point = ", ".join(f"{k}={v!r}" for k, v in params)
             raise KvsimError(str(path), f"grid point ({point}): {e.where}: {e.what}") from None
         for r in range(spec.repeats):
-            run = _copy(data)
+            run = copy.deepcopy(data)
             run["seed"] = scn.seed + r if "seed" in spec.grid else base_seed + r
             tasks.append(Task(task_id(base_text, params, r), params, r, run["seed"], run))
     out = Path(spec.out)
@@ -227,14 +228,6 @@ def _check_capacity(scn: Scenario) -> None:
     from sim.runner import gpu_blocks
 
     gpu_blocks(scn)  # raises KvsimError when the weights leave no room for KV
-
-
-def _copy(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {k: _copy(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_copy(v) for v in x]
-    return x
 
 
 # ---------------------------------------------------------------- one run (in a worker process)
