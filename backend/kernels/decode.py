@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from backend.kernels.softmax import online_softmax_step, qk_scores
+
 LOG2E = 1.4426950408889634
 
 
@@ -65,22 +67,10 @@ def _decode_split_kernel(
         kv_mask = t_mask[:, None] & d_mask[None, :]
         k = tl.load(k_ptr + blk[:, None] * stride_kb + slot[:, None] * stride_kt + kvh * stride_kh + d[None, :],
                     mask=kv_mask, other=0.0)
-        if IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        s = tl.where(t_mask[None, :], s * scale_log2, float("-inf"))          # [BLOCK_G, BLOCK_N]
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        s = tl.where(t_mask[None, :], qk_scores(q, k, IEEE) * scale_log2, float("-inf"))  # [BLOCK_G, BLOCK_N]
         v = tl.load(v_ptr + blk[:, None] * stride_vb + slot[:, None] * stride_vt + kvh * stride_vh + d[None, :],
                     mask=kv_mask, other=0.0)
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, s, v, IEEE)
 
     o_mask = g_mask[:, None] & d_mask[None, :]
     if SINGLE:

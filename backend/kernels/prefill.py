@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from backend.kernels.softmax import online_softmax_step, qk_scores
+
 LOG2E = 1.4426950408889634
 
 
@@ -66,23 +68,12 @@ def _prefill_kernel(
         kv_mask = t_mask[:, None] & d_mask[None, :]
         k = tl.load(k_ptr + blk[:, None] * stride_kb + slot[:, None] * stride_kt + kvh * stride_kh + d[None, :],
                     mask=kv_mask, other=0.0)
-        if IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2
-        else:
-            s = tl.dot(q, tl.trans(k)) * scale_log2
+        s = qk_scores(q, k, IEEE) * scale_log2
         if tile + BLOCK_N > diag:
             s = tl.where(t_mask[None, :] & (tok[None, :] <= q_pos[:, None]), s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_ptr + blk[:, None] * stride_vb + slot[:, None] * stride_vt + kvh * stride_vh + d[None, :],
                     mask=kv_mask, other=0.0)
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, s, v, IEEE)
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(out_ptr + (q_start + r.to(tl.int64))[:, None] * stride_on + head * stride_oh + d[None, :],
