@@ -1,11 +1,23 @@
 """The SimPy model: an arrival process and an engine-loop process.
 
-    arrivals:  for each request: wait until its arrival, hand it to the scheduler, wake the engine
-    engine:    while there is work:  plan = schedule(now)
+    arrivals:  for each request: wait until it reaches the engine (arrival + frontend input latency),
+               hand it to the scheduler (or stage it, below), wake the engine
+    engine:    while there is work:  plan = schedule(now); staged arrivals join the scheduler
                                      result = execute(plan)
                                      yield timeout(result.duration_s)
                                      update(plan, result, now); record the step
                idle:                 wait on the event the next arrival triggers
+
+Async scheduling (vLLM v1's default): the plan of step n+1 is made while step n runs, so a request
+that reaches a busy engine during step n is first seen by the plan of step n+2:
+
+    step:        n-1        |         n          |        n+1         |        n+2
+    arrives:                       ^ (busy engine: staged)
+    plan made:        plan n+1 made at the start of n    plan n+2 (sees it) ... runs during n+2
+
+Here: arrivals during a step are staged and handed to the scheduler just after the next plan is
+made (or before it, when without them there is nothing to plan). A request that finds the engine
+idle is seen at once. With ``async_scheduling=False`` every arrival is handed over immediately.
 
 Time passes only through ``env.timeout``. A watchdog turns a run that makes no progress (no token
 sampled, no request finished) for ``max_steps_without_progress`` steps into a clear error.
@@ -29,7 +41,8 @@ class Engine:
 
     def __init__(self, requests: list[Request], scheduler: SchedulerBase, executor: Executor, recorder: Recorder,
                  check_integrity: bool = False, max_steps_without_progress: int = 100_000,
-                 on_step: Callable[[int], None] | None = None) -> None:
+                 on_step: Callable[[int], None] | None = None, async_scheduling: bool = False,
+                 arrival_delay_s: float = 0.0) -> None:
         self.env = simpy.Environment()
         self.requests = requests
         self.scheduler = scheduler
@@ -38,8 +51,12 @@ class Engine:
         self.check_integrity = check_integrity
         self.max_stall = max_steps_without_progress
         self.on_step = on_step
+        self.async_scheduling = async_scheduling
+        self.arrival_delay_s = arrival_delay_s   # frontend input latency: client send -> engine
         self._wake: simpy.Event | None = None
         self._arrivals_done = False
+        self._busy = False                        # a step is executing
+        self._staged: list[Request] = []          # arrived during a step (async scheduling)
 
     def run(self) -> None:
         self.env.process(self._arrivals())
@@ -49,11 +66,15 @@ class Engine:
     def _arrivals(self):
         env = self.env
         sched = self.scheduler
+        lag = self.arrival_delay_s
+        stage = self.async_scheduling
         for req in self.requests:
-            delay = req.arrival_s - env.now
+            delay = req.arrival_s + lag - env.now
             if delay > 0:
                 yield env.timeout(delay)
-            if sched.add_request(req, env.now) and self._wake is not None and not self._wake.triggered:
+            if stage and self._busy:
+                self._staged.append(req)
+            elif sched.add_request(req, env.now) and self._wake is not None and not self._wake.triggered:
                 self._wake.succeed()
         self._arrivals_done = True
         if self._wake is not None and not self._wake.triggered:
@@ -66,7 +87,10 @@ class Engine:
         record = self.recorder.record_step
         stall = 0
         step = 0
+        staged = self._staged
         while True:
+            if staged and not sched.has_work():
+                self._admit_staged()
             if not sched.has_work():
                 if self._arrivals_done:
                     return
@@ -76,13 +100,17 @@ class Engine:
                 continue
             start = env.now
             plan = sched.schedule(start)
+            if staged:
+                self._admit_staged()
             if plan.is_empty():
                 raise KvsimError("engine", f"deadlock at t={start:.3f}s: {sched.num_waiting()} waiting, "
                                  f"{len(sched.running)} running, nothing can be scheduled")
             result = execute(plan)
             if not result.duration_s > 0:
                 raise KvsimError("executor", f"step {step} returned a non-positive duration {result.duration_s}")
+            self._busy = True
             yield env.timeout(result.duration_s)
+            self._busy = False
             done = sched.update(plan, result, env.now)
             record(start, plan, result, sched)
             if self.check_integrity:
@@ -94,3 +122,10 @@ class Engine:
             if stall >= self.max_stall:
                 raise KvsimError("engine", f"no progress for {stall} steps at t={env.now:.3f}s "
                                  f"({sched.num_waiting()} waiting, {len(sched.running)} running): livelock")
+
+    def _admit_staged(self) -> None:
+        """Hand the requests staged during the last step to the scheduler (at their own arrival time)."""
+        lag = self.arrival_delay_s
+        for req in self._staged:
+            self.scheduler.add_request(req, req.arrival_s + lag)
+        self._staged.clear()

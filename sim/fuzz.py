@@ -81,6 +81,7 @@ KNOBS: list[tuple[str, Callable[[random.Random], Any]]] = [
     ("scheduler.preemption", _schema_choice(SchedulerConfig, "preemption")),
     ("scheduler.victim", _schema_choice(SchedulerConfig, "victim")),
     ("scheduler.chunked_prefill", _choice([False, True])),
+    ("scheduler.async_scheduling", _choice([False, True])),
     ("scheduler.max_num_seqs", _choice([1, 2, 3, 4, 8, 256])),
     ("scheduler.max_num_batched_tokens", _maybe(0.6, lambda rng: rng.choice([1, 2, 8, 16, 64, 256, 2048]))),
     ("scheduler.rr_quantum_steps", _choice([1, 2, 4, 16])),

@@ -64,8 +64,14 @@ class Recorder:
         return df
 
 
-def requests_frame(requests: list[Request]) -> pd.DataFrame:
-    """One row per request, in req_id order."""
+def requests_frame(requests: list[Request], output_latency_s: float = 0.0,
+                   token_latency_s: float = 0.0) -> pd.DataFrame:
+    """One row per request, in req_id order.
+
+    Latencies are as a client sees them: ``output_latency_s`` (the frontend's detokenisation and
+    streaming) is added to the first token and to the finish, and ``token_latency_s`` per output token
+    after the first to the finish. ``first_token_s`` and ``finish_s`` stay engine times. (The frontend's
+    input latency already delays the engine's arrival, so it is inside both.)"""
     cols: dict[str, list[Any]] = {k: [] for k in (
         "req_id", "arrival_s", "prompt_tokens", "output_tokens", "n", "priority", "status", "first_scheduled_s",
         "first_token_s", "finish_s", "num_preemptions", "num_cached_tokens", "reject_reason")}
@@ -85,10 +91,12 @@ def requests_frame(requests: list[Request]) -> pd.DataFrame:
         cols["reject_reason"].append(r.reject_reason)
     df = pd.DataFrame(cols)
     done = df["status"] == "FINISHED"
-    df["ttft_s"] = (df["first_token_s"] - df["arrival_s"]).where(done)
-    df["e2e_s"] = (df["finish_s"] - df["arrival_s"]).where(done)
+    first = df["first_token_s"] + output_latency_s
+    finish = df["finish_s"] + output_latency_s + token_latency_s * (df["output_tokens"] - 1).clip(lower=0)
+    df["ttft_s"] = (first - df["arrival_s"]).where(done)
+    df["e2e_s"] = (finish - df["arrival_s"]).where(done)
     multi = done & (df["output_tokens"] > 1)
-    df["tpot_s"] = ((df["finish_s"] - df["first_token_s"]) / (df["output_tokens"] - 1)).where(multi)
+    df["tpot_s"] = ((finish - first) / (df["output_tokens"] - 1)).where(multi)
     df["queue_wait_s"] = (df["first_scheduled_s"] - df["arrival_s"]).where(done)
     df["normalized_latency_s_per_tok"] = (df["e2e_s"] / df["output_tokens"]).where(done)
     return df

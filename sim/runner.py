@@ -87,15 +87,17 @@ def run_scenario(scn: Scenario, check_integrity: bool | None = None, progress: b
     recorder = Recorder(num_gpu, manager.capacity_slots)
     check = _integrity_default() if check_integrity is None else check_integrity
     bar = _progress_bar(len(workload.requests)) if progress else None
+    fe_in, fe_out, fe_token = scn.frontend.latencies()
     engine = Engine(workload.requests, scheduler, executor, recorder, check_integrity=check,
                     max_steps_without_progress=scn.scheduler.max_steps_without_progress,
+                    async_scheduling=scn.scheduler.async_scheduling, arrival_delay_s=fe_in,
                     on_step=(lambda _s: bar.update(scheduler)) if bar else None)
     try:
         engine.run()
     finally:
         if bar:
             bar.close()
-    reqs = requests_frame(workload.requests)
+    reqs = requests_frame(workload.requests, output_latency_s=fe_out, token_latency_s=fe_token)
     steps = recorder.steps_frame()
     steps["kv_bytes_used"] = steps["kv_blocks_used"] * model.kv_bytes_per_block(scn.kv_cache.block_size)
     hit_rate = manager.prefix_cache_hit_rate() if hasattr(manager, "prefix_cache_hit_rate") else 0.0

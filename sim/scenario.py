@@ -17,6 +17,11 @@ from sim.errors import KvsimError
 from sim.specs import HardwareSpec, ModelSpec
 from sim.workload.config import WorkloadConfig
 
+# Frontend latencies fitted to the calibration runs (docs/fidelity.md, scripts/fit_engine.py)
+FRONTEND_INPUT_S = 0.004
+FRONTEND_OUTPUT_S = 0.004
+FRONTEND_TOKEN_S = 0.0
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -49,6 +54,9 @@ class SchedulerConfig(_Strict):
     victim: Literal["latest_arrival", "most_generated"] = "latest_arrival"
     rr_quantum_steps: int = Field(default=16, ge=1)
     max_steps_without_progress: int = Field(default=100_000, ge=1)  # watchdog
+    # vLLM v1's default: step n+1 is planned while step n runs (CPU work overlaps the GPU), so an arrival
+    # at a busy engine waits one more step to be admitted (sim/engine.py)
+    async_scheduling: bool = True
 
 
 class ExecutorConfig(_Strict):
@@ -57,6 +65,27 @@ class ExecutorConfig(_Strict):
     device: Literal["cuda", "cpu"] = "cuda"  # gpu executor only
     num_layers: int | None = Field(default=None, ge=1)  # gpu executor: run fewer layers, scale the time
     step_overhead_s: float | None = Field(default=None, ge=0)
+
+
+class FrontendConfig(_Strict):
+    """The API server in front of the engine (HTTP, tokenisation, detokenisation, streaming).
+
+    A request reaches the engine ``input_latency_s`` after the client sent it; each token reaches the
+    client ``output_latency_s`` after the engine sampled it, plus ``token_latency_s`` per earlier output
+    token of the request (a streaming backlog). Defaults: fitted to real vLLM 0.15.1 runs on H100 (see
+    docs/fidelity.md); ``enabled: false`` gives engine-only latencies.
+    """
+
+    enabled: bool = True
+    input_latency_s: float = Field(default=FRONTEND_INPUT_S, ge=0, le=60)
+    output_latency_s: float = Field(default=FRONTEND_OUTPUT_S, ge=0, le=60)
+    token_latency_s: float = Field(default=FRONTEND_TOKEN_S, ge=0, le=1)
+
+    def latencies(self) -> tuple[float, float, float]:
+        """(input, output, per-token) seconds; zeros when disabled."""
+        if not self.enabled:
+            return 0.0, 0.0, 0.0
+        return self.input_latency_s, self.output_latency_s, self.token_latency_s
 
 
 class OutputConfig(_Strict):
@@ -73,6 +102,7 @@ class Scenario(_Strict):
     scheduler: SchedulerConfig = SchedulerConfig()
     workload: WorkloadConfig
     executor: ExecutorConfig = ExecutorConfig()
+    frontend: FrontendConfig = FrontendConfig()
     output: OutputConfig = OutputConfig()
 
     _base_dir: Path = PrivateAttr(default=Path("."))

@@ -22,6 +22,7 @@ name: inline
 model: llama-2-7b
 hardware: a100-80gb
 kv_cache: {block_size: 16, num_gpu_blocks: 64}
+frontend: {enabled: false}   # engine-only: the makespan is the sum of the step times
 workload:
   requests:
     - {arrival: 0.0, prompt_len: 10, output_len: 5}
@@ -86,7 +87,7 @@ def test_typo_is_one_line_exit_2(tmp_path, where):
         f = tmp_path / "typo.yaml"
         f.write_text(INLINE + "scheduler:\n  polcy: fcfs\n")
         r = kvsim("run", str(f), "--out", str(tmp_path / "o"))
-        expect_file = f"{f}:11"  # INLINE starts with a blank line; polcy is line 11
+        expect_file = f"{f}:12"  # INLINE starts with a blank line; polcy is line 12
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in r.stderr

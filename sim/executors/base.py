@@ -48,3 +48,24 @@ def make_executor(name: str, **kwargs: Any) -> Executor:
     module_name, attr = _REGISTRY[name].split(":")
     factory = getattr(importlib.import_module(module_name), attr)
     return factory(**kwargs)
+
+
+def execute_decode_run(executor: Executor, plan: StepPlan, k: int) -> list[StepResult]:
+    """Price ``k`` consecutive steps that repeat the all-decode ``plan`` (step j: every context + j).
+
+    Executors may define a method ``execute_decode_run(plan, k)`` that prices them at once (the cost
+    model's is vectorised); this fallback builds each shifted plan and calls ``execute``. Either way,
+    result j must equal ``execute`` of the step-j plan exactly (the multi-step engine path relies on it).
+    Block tables in the shifted plans are those of step 0 (executors that price do not read them).
+    """
+    own = getattr(executor, "execute_decode_run", None)
+    if own is not None:
+        return own(plan, k)
+    from sim.sched.plan import ScheduledRequest
+
+    out = []
+    for j in range(k):
+        shifted = StepPlan(scheduled=[ScheduledRequest(s.req_id, s.num_new_tokens, s.num_context_tokens + j,
+                                                       s.block_ids) for s in plan.scheduled])
+        out.append(executor.execute(shifted))
+    return out

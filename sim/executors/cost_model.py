@@ -190,9 +190,13 @@ class CostModelExecutor:
 def make_cost_model_executor(*, model: ModelSpec, hardware: HardwareSpec, config: Any = None, kv: Any = None,
                              num_gpu_blocks: int = 0, num_cpu_blocks: int = 0, base_dir: Path | None = None,
                              **_: Any) -> CostModelExecutor:
-    """Registry factory: params from ``config.calibration`` (file or shipped name) or the defaults."""
+    """Registry factory: params from ``config.calibration`` (a file or a shipped name); without one, the
+    calibration shipped for the hardware (by its name), else the uncalibrated roofline. ``calibration:
+    roofline`` asks for the uncalibrated roofline explicitly."""
     ref = getattr(config, "calibration", None)
-    params = load_calibration(ref, base_dir)[0] if ref else default_params(hardware)
+    if ref is None and shipped_calibration(hardware.name) is not None:
+        ref = hardware.name
+    params = load_calibration(ref, base_dir)[0] if ref and ref != "roofline" else default_params(hardware)
     overhead = getattr(config, "step_overhead_s", None)
     if overhead is not None:
         params.step_overhead_s = overhead
