@@ -7,7 +7,10 @@ and imported only when a scenario asks for them, so the simulator runs without t
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
 
 from sim.sched.plan import StepPlan, StepResult
 
@@ -50,22 +53,33 @@ def make_executor(name: str, **kwargs: Any) -> Executor:
     return factory(**kwargs)
 
 
-def execute_decode_run(executor: Executor, plan: StepPlan, k: int) -> list[StepResult]:
+
+@dataclass
+class DecodeRun:
+    """The prices of ``k`` consecutive all-decode steps: one array entry per step."""
+
+    durations: np.ndarray                                          # (k,) seconds, each > 0
+    breakdown: dict[str, np.ndarray] = field(default_factory=dict)  # part -> (k,) seconds
+
+
+def execute_decode_run(executor: Executor, plan: StepPlan, k: int) -> DecodeRun:
     """Price ``k`` consecutive steps that repeat the all-decode ``plan`` (step j: every context + j).
 
     Executors may define a method ``execute_decode_run(plan, k)`` that prices them at once (the cost
     model's is vectorised); this fallback builds each shifted plan and calls ``execute``. Either way,
-    result j must equal ``execute`` of the step-j plan exactly (the multi-step engine path relies on it).
-    Block tables in the shifted plans are those of step 0 (executors that price do not read them).
+    entry j must equal ``execute`` of the step-j plan bit for bit (the multi-step engine path relies on
+    it). Block tables in the shifted plans are those of step 0 (executors that price do not read them).
     """
     own = getattr(executor, "execute_decode_run", None)
     if own is not None:
         return own(plan, k)
     from sim.sched.plan import ScheduledRequest
 
-    out = []
+    results = []
     for j in range(k):
         shifted = StepPlan(scheduled=[ScheduledRequest(s.req_id, s.num_new_tokens, s.num_context_tokens + j,
                                                        s.block_ids) for s in plan.scheduled])
-        out.append(executor.execute(shifted))
-    return out
+        results.append(executor.execute(shifted))
+    keys = list(results[0].breakdown) if results else []
+    return DecodeRun(np.array([r.duration_s for r in results], dtype=float),
+                     {key: np.array([r.breakdown.get(key, 0.0) for r in results], dtype=float) for key in keys})
