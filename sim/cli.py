@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "sweep": "sweep",
     "compare": "compare",
     "calibrate": "calibrate", "validate": "validate", "profile": "profile",
+    "fidelity": "fidelity",
 }
 
 

@@ -81,7 +81,7 @@ def run_scenario(scn: Scenario, check_integrity: bool | None = None, progress: b
     try:
         executor = make_executor(scn.executor.kind, model=model, hardware=scn.hardware_spec, config=scn.executor,
                                  kv=scn.kv_cache, num_gpu_blocks=num_gpu, num_cpu_blocks=num_cpu,
-                                 base_dir=scn.base_dir)
+                                 base_dir=scn.base_dir, scheduler=scn.scheduler)
     except KeyError as e:
         raise KvsimError(f"{scn.source}: executor.kind", e.args[0]) from None
     recorder = Recorder(num_gpu, manager.capacity_slots)

@@ -65,6 +65,9 @@ class ExecutorConfig(_Strict):
     device: Literal["cuda", "cpu"] = "cuda"  # gpu executor only
     num_layers: int | None = Field(default=None, ge=1)  # gpu executor: run fewer layers, scale the time
     step_overhead_s: float | None = Field(default=None, ge=0)
+    # cost model: price steps as the engine runs them (the calibration's `engine` section: CUDA graphs,
+    # fused kernels, custom all-reduce, CPU overlap); false: the sum of isolated operators
+    engine: bool = True
 
 
 class FrontendConfig(_Strict):

@@ -22,6 +22,12 @@ bytes, H = hidden, I = intermediate, hd = head_dim, q = ceil(heads / t) x hd, kv
     overhead   = step_overhead_s
 
 ``duration_s`` is the sum of the breakdown. ``gemm_time`` (roofline.py) holds the GEMM formulas.
+
+That is the sum of isolated operators, which the per-operator calibration fits. With ``engine``
+(EngineParams, sim/executors/engine_params.py) the executor prices a step as a real engine runs it
+instead: CUDA graphs with padded batches, fused elementwise kernels, custom all-reduce, the CPU side
+overlapped by async scheduling, and decode attention efficiency by context; ``overhead`` is then
+whatever the GPU's work leaves exposed (CPU beyond the GPU, the per-step gap, the sampler).
 Everything that depends only on the model is computed at construction; ``execute`` runs one loop over
 the batch and looks the linear time up in a per-token-count cache.
 """
@@ -34,6 +40,16 @@ from pathlib import Path
 from typing import Any
 
 from sim.errors import KvsimError
+import numpy as np
+
+from sim.executors.engine_params import (
+    ATTENTION_OPS_PER_LAYER,
+    EAGER_OPS_PER_LAYER,
+    FUSED_ELEMENTWISE_KERNELS,
+    EngineParams,
+    capture_sizes,
+    graph_max_tokens_for,
+)
 from sim.executors.roofline import DEFAULT_NUM_SMS, CostParams, allreduce_time, gemm_time_scalar
 from sim.sched.plan import StepPlan, StepResult
 from sim.specs import HardwareSpec, ModelSpec
@@ -62,6 +78,17 @@ def shipped_calibration(name: str) -> Path | None:
     return path if path.is_file() else None
 
 
+def engine_params_of(doc: dict[str, Any], source: str = "calibration") -> EngineParams | None:
+    """The ``engine`` section of a calibration document (None when it has none)."""
+    section = doc.get("engine")
+    if section is None:
+        return None
+    try:
+        return EngineParams.from_dict(section)
+    except (TypeError, ValueError) as exc:
+        raise KvsimError(source, f"engine: {exc}") from None
+
+
 def load_calibration(ref: str, base_dir: Path | None = None) -> tuple[CostParams, dict[str, Any]]:
     """Read a calibration: a JSON path (relative to ``base_dir``) or a bare shipped hardware name."""
     path = Path(ref)
@@ -86,9 +113,13 @@ def default_params(hardware: HardwareSpec) -> CostParams:
 
 
 class CostModelExecutor:
-    """Prices steps of ``model`` on ``hardware`` with ``params``; deterministic and side-effect free."""
+    """Prices steps of ``model`` on ``hardware`` with ``params`` (and, given, the engine terms ``engine``);
+    deterministic and side-effect free."""
 
-    def __init__(self, model: ModelSpec, hardware: HardwareSpec, params: CostParams, block_size: int = 16) -> None:
+    supports_decode_runs = True   # execute_decode_run prices k decode steps at once, equal to k execute()s
+
+    def __init__(self, model: ModelSpec, hardware: HardwareSpec, params: CostParams, block_size: int = 16,
+                 engine: EngineParams | None = None) -> None:
         self.model, self.hardware, self.params = model, hardware, params
         tp = hardware.tensor_parallel
         b = model.dtype_bytes
@@ -124,6 +155,128 @@ class CostModelExecutor:
         self._overhead = max(params.step_overhead_s, 1e-9)
         self._linear_cache: dict[int, tuple[float, float]] = {}
         self._head_cache: dict[int, float] = {}
+        self.engine = engine
+        if engine is not None:
+            self._init_engine(engine, q, kv, inter)
+
+    # ------------------------------------------------------------ engine-level terms
+    def _init_engine(self, e: EngineParams, q: int, kv: int, inter: int) -> None:
+        """Constants of the engine-level step (sim/executors/engine_params.py)."""
+        b, h = self.model.dtype_bytes, self.model.hidden_size
+        self._graph_max = e.graph_max_tokens if e.cuda_graphs else 0
+        pad = [0] * (self._graph_max + 1)
+        sizes = capture_sizes(self._graph_max) if self._graph_max else []
+        i = 0
+        for n in range(1, self._graph_max + 1):
+            while sizes[i] < n:
+                i += 1
+            pad[n] = sizes[i]
+        self._pad = pad
+        # decode attention: (context + half_ctx) x KV bytes per token / (bw x eff), plus Q and O
+        self._eng_kv_s = self._attn_kv_bytes / (self._bw * e.attn_kv_read_eff)
+        self._eng_half = e.attn_half_ctx
+        self._eng_qo_s = self._attn_new_bytes / self._attn_bw
+        # fused elementwise kernels stream at the bandwidth of a copy (memory_eff); the low efficiencies
+        # fitted to isolated small kernels are their launch latency, which a graph replaces
+        self._fused_s_per_token = b * (8 * h + 2 * (q + kv) + 4 * kv + (3 if self.model.gated_mlp else 2) * inter) \
+            / (self._bw * self.params.memory_eff)
+        self._eng_linear_cache: dict[tuple[int, bool], tuple[float, float]] = {}
+
+    def _engine_linear(self, padded: int, graph: bool) -> tuple[float, float]:
+        """(GEMMs over all layers, all-reduces over all layers) on ``padded`` tokens."""
+        key = (padded, graph)
+        hit = self._eng_linear_cache.get(key)
+        if hit is None:
+            e, p, hw = self.engine, self.params, self.hardware
+            per_layer = self.layer_linear_time(padded)
+            if graph:   # inside a graph each GEMM pays graph_kernel_s instead of its isolated latency
+                per_layer += len(self._shapes) * (e.graph_kernel_s - p.kernel_latency_s)
+            nbytes = padded * self._act_bytes
+            tp = hw.tensor_parallel
+            if tp <= 1:
+                comm = 0.0
+            elif e.custom_allreduce and nbytes <= e.custom_ar_max_bytes and hw.interconnect_bandwidth > 0:
+                comm = e.custom_ar_latency_s + 2.0 * (tp - 1) / tp * nbytes / (hw.interconnect_bandwidth
+                                                                             * e.custom_ar_eff)
+            else:
+                comm = float(allreduce_time(nbytes, tp, hw.interconnect_bandwidth, hw.interconnect_latency_s, p))
+            hit = self._eng_linear_cache[key] = (self._layers * per_layer, 2 * self._layers * comm)
+        return hit
+
+    def _engine_fixed(self, tokens: int, seqs: int, has_prefill: bool) -> tuple[float, float, float, float, float]:
+        """The parts of an engine step that do not depend on decode contexts:
+        (linear, allreduce, elementwise, prefill-free attention kernel cost per layer, cpu)."""
+        e, p = self.engine, self.params
+        if tokens <= self._graph_max:
+            padded = self._pad[tokens]
+            graph, full = True, not has_prefill
+        else:
+            padded, graph, full = tokens, False, False
+        lin, comm = self._engine_linear(padded, graph)
+        linear = lin + self._lm_head(seqs)
+        k_elem = e.graph_kernel_s if graph else p.elementwise_latency_s
+        elementwise = self._layers * (padded * self._fused_s_per_token + FUSED_ELEMENTWISE_KERNELS * k_elem)
+        k_attn = e.graph_kernel_s if full else p.kernel_latency_s
+        eager_ops = 0 if full else self._layers * (ATTENTION_OPS_PER_LAYER if graph else EAGER_OPS_PER_LAYER)
+        cpu = e.cpu_step_s + e.cpu_seq_s * seqs + e.eager_op_s * eager_ops
+        return linear, comm, elementwise, k_attn, cpu
+
+    def _engine_step(self, tokens: int, seqs: int, dec_seqs: int, dec_ctx: int, pre_new: int, pre_ctx: int,
+                     pairs: int, swap: float, copy: float) -> StepResult:
+        e = self.engine
+        linear, comm, elementwise, k_attn, cpu = self._engine_fixed(tokens, seqs, pre_new > 0)
+        per_layer = 0.0
+        if pre_new:
+            per_layer += max(self._attn_flops_per_pair * pairs / self._attn_peak,
+                             self._attn_new_bytes * pre_new / self._attn_bw + self._attn_kv_s * pre_ctx) \
+                + self.params.kernel_latency_s
+        if dec_seqs:
+            per_layer += (dec_ctx + dec_seqs * self._eng_half) * self._eng_kv_s + dec_seqs * self._eng_qo_s + k_attn
+        attention = self._layers * per_layer
+        gpu = linear + attention + elementwise + comm + e.sampler_s
+        busy = max(gpu, cpu) if e.overlap_cpu else gpu + cpu
+        duration = busy + e.step_gap_s + swap + copy
+        overhead = duration - (linear + attention + elementwise + comm + swap + copy)
+        return StepResult(duration_s=duration, breakdown={
+            "linear": linear, "attention": attention, "elementwise": elementwise, "allreduce": comm,
+            "swap": swap, "copy": copy, "overhead": overhead})
+
+    def execute_decode_run(self, plan: StepPlan, k: int):
+        """``k`` consecutive all-decode steps (step j: every context + j) at once, each equal bit for bit
+        to ``execute`` of its plan: the same formulas on an array of decode context sums."""
+        from sim.executors.base import DecodeRun
+
+        seqs = len(plan.scheduled)
+        ctx0 = 0
+        for s in plan.scheduled:
+            if s.num_new_tokens != 1 or s.num_context_tokens <= 0:
+                raise ValueError("execute_decode_run needs an all-decode plan")
+            ctx0 += s.num_context_tokens + 1
+        if plan.blocks_to_copy or plan.blocks_to_swap_in or plan.blocks_to_swap_out:
+            raise ValueError("execute_decode_run needs a plan without block movement")
+        dec_ctx = ctx0 + seqs * np.arange(k, dtype=np.int64)   # exact integers, as the loop sums them
+        zero = np.zeros(k)
+        if self.engine is None:
+            lin, comm = self._linear(seqs)
+            linear = lin + self._lm_head(seqs)
+            per_layer = np.maximum(self._attn_flops_per_pair * dec_ctx / self._attn_peak,
+                                   self._attn_kv_s * dec_ctx + self._attn_new_bytes * seqs / self._attn_bw) \
+                + self.params.kernel_latency_s
+            attention = self._layers * (per_layer + seqs * self._attn_seq + (seqs - seqs) * self._attn_pre_seq)
+            elementwise = self._layers * (seqs * self._elem_s_per_token + self._elem_fixed)
+            duration = linear + attention + elementwise + comm + 0.0 + 0.0 + self._overhead
+            overhead = zero + self._overhead
+        else:
+            e = self.engine
+            linear, comm, elementwise, k_attn, cpu = self._engine_fixed(seqs, seqs, False)
+            per_layer = 0.0 + ((dec_ctx + seqs * self._eng_half) * self._eng_kv_s + seqs * self._eng_qo_s + k_attn)
+            attention = self._layers * per_layer
+            gpu = linear + attention + elementwise + comm + e.sampler_s
+            busy = np.maximum(gpu, cpu) if e.overlap_cpu else gpu + cpu
+            duration = busy + e.step_gap_s + 0.0 + 0.0
+            overhead = duration - (linear + attention + elementwise + comm + 0.0 + 0.0)
+        return DecodeRun(duration, {"linear": zero + linear, "attention": attention, "elementwise": zero + elementwise,
+                                    "allreduce": zero + comm, "swap": zero, "copy": zero, "overhead": overhead})
 
     def layer_linear_time(self, tokens: int) -> float:
         """Seconds of one layer's four projections on ``tokens`` tokens."""
@@ -165,6 +318,10 @@ class CostModelExecutor:
                 pre_new += n
                 pre_ctx += c
                 pairs += n * c + n * (n + 1) // 2
+        if self.engine is not None and tokens:
+            swap = (len(plan.blocks_to_swap_out) + len(plan.blocks_to_swap_in)) * self._swap_s_per_block
+            copy = len(plan.blocks_to_copy) * self._copy_s_per_block
+            return self._engine_step(tokens, seqs, dec_seqs, dec_ctx, pre_new, pre_ctx, pairs, swap, copy)
         linear = attention = elementwise = comm = 0.0
         if tokens:
             lin, comm = self._linear(tokens)
@@ -189,15 +346,25 @@ class CostModelExecutor:
 
 def make_cost_model_executor(*, model: ModelSpec, hardware: HardwareSpec, config: Any = None, kv: Any = None,
                              num_gpu_blocks: int = 0, num_cpu_blocks: int = 0, base_dir: Path | None = None,
-                             **_: Any) -> CostModelExecutor:
+                             scheduler: Any = None, **_: Any) -> CostModelExecutor:
     """Registry factory: params from ``config.calibration`` (a file or a shipped name); without one, the
     calibration shipped for the hardware (by its name), else the uncalibrated roofline. ``calibration:
     roofline`` asks for the uncalibrated roofline explicitly."""
     ref = getattr(config, "calibration", None)
     if ref is None and shipped_calibration(hardware.name) is not None:
         ref = hardware.name
-    params = load_calibration(ref, base_dir)[0] if ref and ref != "roofline" else default_params(hardware)
+    engine = None
+    if ref and ref != "roofline":
+        params, doc = load_calibration(ref, base_dir)
+        engine = engine_params_of(doc, str(ref))
+    else:
+        params = default_params(hardware)
     overhead = getattr(config, "step_overhead_s", None)
     if overhead is not None:
         params.step_overhead_s = overhead
-    return CostModelExecutor(model, hardware, params, block_size=getattr(kv, "block_size", 16))
+    if engine is not None:
+        if getattr(config, "engine", True) is False:
+            engine = None   # executor.engine: false prices isolated operators (the per-operator model)
+        elif scheduler is not None:
+            engine.graph_max_tokens = min(engine.graph_max_tokens, graph_max_tokens_for(scheduler.max_num_seqs))
+    return CostModelExecutor(model, hardware, params, block_size=getattr(kv, "block_size", 16), engine=engine)

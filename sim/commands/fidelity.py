@@ -1,0 +1,79 @@
+"""kvsim fidelity RUNS.csv [--out DIR] [--json] [--seeds N] [--run NAME ...] [--duration S] [--set k=v ...]
+
+Replays measured serving runs (the format of sim/data/ground_truth/vllm_h100_runs.csv, docs/fidelity.md)
+as kvsim scenarios, several seeds each, and prints per run and stage the measured and predicted TTFT and
+E2E (mean, p50, p90, p99), mean decode time per token and completed req/s, with signed errors, the seeds'
+spread and the goals. ``--out DIR`` writes fidelity.csv, fidelity.json and parity.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+from sim.errors import KvsimError
+from sim.fidelity.evaluate import evaluate
+from sim.fidelity.goals import check_goals
+from sim.fidelity.report import parity_figure, results_frame, text_table
+from sim.fidelity.runs import read_runs
+from sim.output import prepare_out_dir, write_atomic, write_text
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("fidelity", help="replay measured serving runs and compare kvsim's predictions")
+    p.add_argument("runs", help="measured runs CSV (e.g. sim/data/ground_truth/vllm_h100_runs.csv)")
+    p.add_argument("--seeds", type=int, default=3, help="seeds per run (default 3): the spread is reported")
+    p.add_argument("--run", action="append", default=[], metavar="NAME", help="only this run (repeatable)")
+    p.add_argument("--duration", type=float, default=None, metavar="S",
+                   help="cut every stage to at most S seconds at the same rate (a quick look, not the study)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
+                   help="override a scenario key in every replay (e.g. frontend.enabled=false)")
+    p.add_argument("--out", help="folder for fidelity.csv, fidelity.json and parity.png")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    if not 1 <= args.seeds <= 100:
+        raise KvsimError("--seeds", f"must be between 1 and 100, got {args.seeds}")
+    if args.duration is not None and not (math.isfinite(args.duration) and args.duration > 0):
+        raise KvsimError("--duration", f"must be a positive number of seconds, got {args.duration}")
+    out = prepare_out_dir(args.out) if args.out else None
+    stages = read_runs(args.runs)
+    unknown = sorted(set(args.run) - {s.run for s in stages})
+    if unknown:
+        raise KvsimError("--run", f"no run named {', '.join(unknown)} in {args.runs}")
+    results = evaluate(stages, list(range(args.seeds)), overrides=args.overrides, max_duration_s=args.duration,
+                       runs=args.run or None)
+    goals = check_goals(results)
+    doc = {"runs_file": str(args.runs), "seeds": args.seeds, "duration_cut_s": args.duration,
+           "overrides": args.overrides, "stages": [r.to_json() for r in results], "goals": goals,
+           "goals_met": sum(g["ok"] for g in goals), "goals_total": len(goals)}
+    if out is not None:
+        frame = results_frame(results)
+        write_atomic(out / "fidelity.csv", lambda p: frame.to_csv(p, index=False))
+        write_text(out / "fidelity.json", json.dumps(_finite(doc), indent=2) + "\n")
+        write_atomic(out / "parity.png", lambda p: parity_figure(results, p, f"kvsim vs {args.runs}"))
+    if args.json:
+        print(json.dumps(_finite(doc), indent=2))
+        return 0
+    print(text_table(results))
+    failed = [g for g in goals if not g["ok"]]
+    print(f"\ngoals met: {doc['goals_met']} of {doc['goals_total']}")
+    for g in failed:
+        print(f"  missed: {g['run']} stage {g['stage']}: {g['goal']} ({g['value']:+.1%})"
+              if "within" in g["goal"] else f"  missed: {g['run']} stage {g['stage']}: {g['goal']}")
+    if out is not None:
+        print(f"wrote {out / 'fidelity.csv'}, fidelity.json, parity.png")
+    return 0
+
+
+def _finite(x):
+    if isinstance(x, float):
+        return None if math.isnan(x) or math.isinf(x) else x
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    return x

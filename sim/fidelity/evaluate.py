@@ -1,0 +1,107 @@
+"""Replay measured runs with several seeds and compare the predicted figures with the measured ones.
+
+Per stage (requests that arrived inside the stage's window), as the client measured them:
+
+    ttft_*, e2e_*     mean, p50, p90, p99 of the client-side latencies (frontend included)
+    decode_per_token  (mean E2E - mean TTFT) / (output_len - 1)
+    req_per_s         completed requests / (last completion - stage start)
+
+Error = (predicted - measured) / measured, with the prediction averaged over the seeds; the spread is
+the seeds' min and max. A stage is *falsely saturated* when the predicted mean TTFT exceeds 3x the
+measured one plus 50 ms.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sim.fidelity.rebuild import run_scenario_for
+from sim.fidelity.runs import METRIC_COLUMNS, MeasuredStage, group_runs
+from sim.runner import run_scenario
+
+METRICS = list(METRIC_COLUMNS)
+
+
+@dataclass
+class StageResult:
+    """One stage: measured figures, each seed's predictions, and the derived errors."""
+
+    stage: MeasuredStage
+    predictions: list[dict[str, float]] = field(default_factory=list)   # one per seed
+
+    def predicted(self, metric: str) -> float:
+        return float(np.mean([p[metric] for p in self.predictions]))
+
+    def spread(self, metric: str) -> tuple[float, float]:
+        values = [p[metric] for p in self.predictions]
+        return float(min(values)), float(max(values))
+
+    def error(self, metric: str) -> float:
+        measured = self.stage.measured[metric]
+        return (self.predicted(metric) - measured) / measured if measured else math.nan
+
+    @property
+    def falsely_saturated(self) -> bool:
+        return self.predicted("ttft_mean") > 3 * self.stage.measured["ttft_mean"] + 0.05
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run": self.stage.run, "stage": self.stage.stage, "rate_req_s": self.stage.rate_req_s,
+                "measured": dict(self.stage.measured),
+                "predicted": {m: self.predicted(m) for m in METRICS},
+                "spread": {m: list(self.spread(m)) for m in METRICS},
+                "error": {m: self.error(m) for m in METRICS},
+                "falsely_saturated": self.falsely_saturated,
+                "seeds": self.predictions}
+
+
+def stage_figures(requests: pd.DataFrame, window: tuple[float, float], output_len: int) -> dict[str, float]:
+    """The client-side figures of the requests that arrived in ``window`` (see the module docstring)."""
+    start, end = window
+    last = math.isinf(end)
+    inside = requests[(requests["arrival_s"] >= start) & ((requests["arrival_s"] <= end) | last)]
+    done = inside[inside["status"] == "FINISHED"]
+    if done.empty:
+        return {m: math.nan for m in METRICS}
+    ttft = done["ttft_s"].to_numpy(dtype=float)
+    e2e = done["e2e_s"].to_numpy(dtype=float)
+    out = {"ttft_mean": float(ttft.mean()), "e2e_mean": float(e2e.mean())}
+    for name, x in (("ttft", ttft), ("e2e", e2e)):
+        p50, p90, p99 = np.percentile(x, [50, 90, 99])
+        out |= {f"{name}_p50": float(p50), f"{name}_p90": float(p90), f"{name}_p99": float(p99)}
+    out["decode_per_token"] = (out["e2e_mean"] - out["ttft_mean"]) / max(output_len - 1, 1)
+    span = float((done["arrival_s"] + done["e2e_s"]).max()) - start
+    out["req_per_s"] = len(done) / span if span > 0 else math.nan
+    return out
+
+
+def evaluate(stages: list[MeasuredStage], seeds: list[int], overrides: list[str] | None = None,
+             max_duration_s: float | None = None, runs: list[str] | None = None) -> list[StageResult]:
+    """Replay every run (all stages back to back) once per seed; one StageResult per stage.
+
+    ``max_duration_s`` cuts each stage to at most that long (same rate): a quick check, not the study.
+    """
+    results: list[StageResult] = []
+    for name, run_stages in group_runs(stages).items():
+        if runs and name not in runs:
+            continue
+        if max_duration_s is not None:
+            run_stages = [_cut(s, max_duration_s) for s in run_stages]
+        stage_results = [StageResult(s) for s in run_stages]
+        for seed in seeds:
+            scn, windows = run_scenario_for(run_stages, seed, overrides, source=f"<fidelity {name}>")
+            res = run_scenario(scn, check_integrity=False)
+            for sr, window in zip(stage_results, windows):
+                sr.predictions.append(stage_figures(res.requests, window, sr.stage.output_len))
+        results.extend(stage_results)
+    return results
+
+
+def _cut(stage: MeasuredStage, max_duration_s: float) -> MeasuredStage:
+    from dataclasses import replace
+
+    return replace(stage, duration_s=min(stage.duration_s, max_duration_s))

@@ -1,0 +1,101 @@
+"""A measured run rebuilt as a kvsim scenario: the server's settings and the client's load.
+
+The load, as the client (inference-perf) generated it (docs/fidelity.md):
+
+    stage s:   N = rate x duration requests; gaps g_1..g_N ~ Exp(1), scaled so that they fill the stage:
+               arrival_i = start_s + duration x (g_1 + ... + g_i) / (g_1 + ... + g_N)
+               (a Poisson process conditioned on its count); stages run back to back
+    prompts:   P = num_groups x num_prompts_per_group fixed prompts; request i sends prompt i mod P, so
+               identical prompts repeat and the prefix cache serves their full blocks after the first
+               time (each prompt is its own prefix group over its whole length; the system prompt shared
+               by a group's prompts only matters for the first P requests and is not modelled)
+    lengths:   the P prompt lengths follow the measured server-side quantiles: the piecewise-linear
+               quantile function through (0.1, p10), (0.5, median), (0.9, p90), (0.99, p99), extended
+               linearly to 0 and 1, taken at (k + 0.5) / P, rounded, then nudged one token at a time
+               (nearest the median first) until their mean is the measured mean; a seeded shuffle
+               assigns them to prompts
+    outputs:   exactly output_len tokens (ignore_eos)
+
+The server: the model preset with the run's max_model_len, the hardware preset with its
+tensor_parallel, block size 16, prefix caching and chunked prefill on, the run's max_num_seqs and
+max_num_batched_tokens, the logged GPU block count when known (else kvsim's estimate at 0.9
+utilisation). Nothing else: the step model and the frontend are the hardware's defaults.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from sim.fidelity.runs import MeasuredStage
+from sim.scenario import Scenario, scenario_from_dict
+from sim.specs import HardwareSpec, ModelSpec
+
+
+def prompt_lengths(q: dict[str, float], count: int) -> np.ndarray:
+    """``count`` integer prompt lengths whose quantiles follow ``q`` and whose mean is ``q['mean']``."""
+    p10, p50, p90, p99 = q["p10"], q["p50"], q["p90"], q["p99"]
+    lo = max(1.0, p10 - (p50 - p10) / 4)            # the 0.1-0.5 slope carried down to 0
+    hi = p99 + (p99 - p90) / 9                       # the 0.9-0.99 slope carried up to 1
+    u = (np.arange(count) + 0.5) / count
+    lengths = np.rint(np.interp(u, [0.0, 0.1, 0.5, 0.9, 0.99, 1.0], [lo, p10, p50, p90, p99, hi])).astype(np.int64)
+    lengths = np.maximum(lengths, 1)
+    diff = int(round(q["mean"] * count)) - int(lengths.sum())
+    order = np.argsort(np.abs(u - 0.5), kind="stable")   # nearest the median first
+    step = 1 if diff > 0 else -1
+    i = 0
+    while diff:
+        k = order[i % count]
+        if lengths[k] + step >= 1:
+            lengths[k] += step
+            diff -= step
+        i += 1
+    return lengths
+
+
+def arrivals(rng: np.random.Generator, start_s: float, duration_s: float, count: int) -> np.ndarray:
+    """``count`` Poisson arrivals conditioned to fill [start_s, start_s + duration_s] (the last at the end)."""
+    gaps = rng.exponential(size=count)
+    return start_s + duration_s * np.cumsum(gaps) / gaps.sum()
+
+
+def build_requests(stages: list[MeasuredStage], seed: int) -> tuple[list[dict[str, Any]], list[tuple[float, float]]]:
+    """Inline requests for a run's stages back to back, and each stage's (start_s, end_s) window."""
+    first = stages[0]
+    rng = np.random.default_rng(seed)
+    lengths = rng.permutation(prompt_lengths(first.prompt_quantiles, first.num_prompts))
+    requests: list[dict[str, Any]] = []
+    windows = []
+    start = 0.0
+    for s in stages:
+        times = arrivals(rng, start, s.duration_s, s.num_requests)
+        for t in times:
+            p = len(requests) % s.num_prompts
+            plen = int(lengths[p])
+            requests.append({"arrival": float(t), "prompt_len": plen, "output_len": s.output_len,
+                             "prefix_group": p, "prefix_len": plen - 1})
+        windows.append((start, start + s.duration_s))
+        start += s.duration_s
+    return requests, windows
+
+
+def server_settings(stage: MeasuredStage) -> dict[str, Any]:
+    """The scenario keys of the measured server (everything but the workload)."""
+    model = ModelSpec.from_name(stage.model).model_dump() | {"max_model_len": stage.max_model_len}
+    hardware = HardwareSpec.from_name(stage.hardware).model_dump() | {"tensor_parallel": stage.tensor_parallel}
+    kv: dict[str, Any] = {"block_size": 16, "prefix_caching": True}
+    if stage.num_gpu_blocks:
+        kv["num_gpu_blocks"] = stage.num_gpu_blocks
+    return {"model": model, "hardware": hardware, "kv_cache": kv,
+            "scheduler": {"max_num_seqs": stage.max_num_seqs, "chunked_prefill": True,
+                          "max_num_batched_tokens": stage.max_num_batched_tokens}}
+
+
+def run_scenario_for(stages: list[MeasuredStage], seed: int, overrides: list[str] | None = None,
+                     source: str = "<fidelity>") -> tuple[Scenario, list[tuple[float, float]]]:
+    """The scenario replaying a measured run (all its stages), and each stage's window."""
+    requests, windows = build_requests(stages, seed)
+    data = {"name": f"fidelity-{stages[0].run}", "seed": seed, **server_settings(stages[0]),
+            "workload": {"requests": requests}, "output": {"plots": False}}
+    return scenario_from_dict(data, source=source, overrides=overrides), windows

@@ -1,0 +1,84 @@
+"""Tables and the parity figure of a fidelity evaluation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from sim.fidelity.evaluate import METRICS, StageResult
+
+LABELS = {"ttft_mean": "TTFT mean", "ttft_p50": "TTFT p50", "ttft_p90": "TTFT p90", "ttft_p99": "TTFT p99",
+          "e2e_mean": "E2E mean", "e2e_p50": "E2E p50", "e2e_p90": "E2E p90", "e2e_p99": "E2E p99",
+          "decode_per_token": "decode/token", "req_per_s": "req/s"}
+
+
+def results_frame(results: list[StageResult]) -> pd.DataFrame:
+    """One row per (run, stage, metric): measured, predicted (seed mean), min, max, signed error."""
+    rows = []
+    for r in results:
+        for m in METRICS:
+            lo, hi = r.spread(m)
+            rows.append({"run": r.stage.run, "stage": r.stage.stage, "rate_req_s": r.stage.rate_req_s,
+                         "metric": m, "measured": r.stage.measured[m], "predicted": r.predicted(m),
+                         "predicted_min": lo, "predicted_max": hi, "error": r.error(m),
+                         "seeds": len(r.predictions)})
+    return pd.DataFrame(rows)
+
+
+def text_table(results: list[StageResult]) -> str:
+    """A plain-text table: a block per stage, a line per metric."""
+    lines = []
+    for r in results:
+        lines.append(f"{r.stage.run}  stage {r.stage.stage}  ({r.stage.rate_req_s:g} req/s, "
+                     f"{len(r.predictions)} seed(s))")
+        lines.append(f"  {'metric':<14}{'measured':>12}{'predicted':>12}{'seed spread':>24}{'error':>9}")
+        for m in METRICS:
+            lo, hi = r.spread(m)
+            scale, unit = (1.0, "") if m == "req_per_s" else (1e3, " ms")
+            lines.append(f"  {LABELS[m]:<14}{r.stage.measured[m] * scale:>9.4g}{unit:3}{r.predicted(m) * scale:>9.4g}"
+                         f"{unit:3}{f'{lo * scale:.4g} .. {hi * scale:.4g}':>21}{unit:3}{r.error(m):>+9.1%}")
+        if r.falsely_saturated:
+            lines.append("  ! falsely saturated: predicted mean TTFT above 3x measured + 50 ms")
+    return "\n".join(lines)
+
+
+def parity_figure(results: list[StageResult], path: Path, title: str = "kvsim vs measured") -> None:
+    """Predicted against measured (log-log), one panel per metric family, seed spread as error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("TTFT (s)", ["ttft_mean", "ttft_p90"]), ("E2E (s)", ["e2e_mean", "e2e_p90"]),
+              ("decode time per token (s)", ["decode_per_token"])]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.6))
+    runs = sorted({r.stage.run for r in results})
+    markers = dict(zip(runs, "osD^v<>"))
+    for ax, (label, metrics) in zip(axes, panels):
+        values = []
+        for r in results:
+            for m, fill in zip(metrics, ("full", "none")):
+                meas, pred = r.stage.measured[m], r.predicted(m)
+                lo, hi = r.spread(m)
+                values += [meas, pred, lo, hi]
+                ax.errorbar([meas], [pred], yerr=[[pred - lo], [hi - pred]], fmt=markers[r.stage.run],
+                            fillstyle=fill, color=f"C{runs.index(r.stage.run)}", capsize=3,
+                            label=f"{r.stage.run} s{r.stage.stage} {LABELS[m]}")
+        lo_v, hi_v = min(v for v in values if v > 0) * 0.7, max(values) * 1.4
+        ax.plot([lo_v, hi_v], [lo_v, hi_v], "k-", lw=0.8)
+        for f, style in ((1.1, "--"), (1 / 1.1, "--")):
+            ax.plot([lo_v, hi_v], [lo_v * f, hi_v * f], "k", ls=style, lw=0.5)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(lo_v, hi_v)
+        ax.set_ylim(lo_v, hi_v)
+        ax.set_xlabel(f"measured {label}")
+        ax.set_ylabel(f"predicted {label}")
+        ax.set_title(label + " (dashed: +-10%)")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=6, loc="upper left")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, format="png")
+    plt.close(fig)

@@ -1,0 +1,151 @@
+"""Measured serving runs: the CSV format of sim/data/ground_truth/vllm_h100_runs.csv, read and checked.
+
+One row per (run, stage). Stages of a run ran back to back on one server; each row carries the server
+settings, the client's load (rate x duration requests, 100 fixed prompts cycled) and the measured
+client-side figures. Every problem is a KvsimError naming the file, the line and the column.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from sim.errors import KvsimError
+from sim.specs import HARDWARE_PRESETS, MODEL_PRESETS
+
+# measured metric name -> CSV column (seconds, except req_per_s)
+METRIC_COLUMNS = {
+    "ttft_mean": "ttft_s_mean", "ttft_p50": "ttft_s_median", "ttft_p90": "ttft_s_p90", "ttft_p99": "ttft_s_p99",
+    "e2e_mean": "e2e_s_mean", "e2e_p50": "e2e_s_median", "e2e_p90": "e2e_s_p90", "e2e_p99": "e2e_s_p99",
+    "decode_per_token": "decode_s_per_token_mean", "req_per_s": "achieved_req_s",
+}
+INT_COLUMNS = ["stage", "tensor_parallel", "max_model_len", "max_num_batched_tokens", "max_num_seqs",
+               "num_groups", "num_prompts_per_group", "system_prompt_len", "question_len", "output_len"]
+FLOAT_COLUMNS = ["rate_req_s", "duration_s", "prompt_len_mean", "prompt_len_median", "prompt_len_p10",
+                 "prompt_len_p90", "prompt_len_p99", *METRIC_COLUMNS.values()]
+TEXT_COLUMNS = ["run", "model", "gpu"]
+OPTIONAL = ["num_gpu_kv_blocks_vllm_log"]
+
+
+@dataclass(frozen=True)
+class MeasuredStage:
+    """One load stage of one measured run: its settings and the measured figures."""
+
+    run: str
+    stage: int
+    model: str                 # kvsim preset name
+    hardware: str              # kvsim preset name
+    tensor_parallel: int
+    max_model_len: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    num_gpu_blocks: int | None   # from the server log, when known
+    rate_req_s: float
+    duration_s: float
+    num_prompts: int             # num_groups x num_prompts_per_group
+    system_prompt_len: int
+    output_len: int
+    prompt_quantiles: dict[str, float]   # mean, p10, p50, p90, p99 (server-side tokens)
+    measured: dict[str, float]           # METRIC_COLUMNS keys
+
+    @property
+    def num_requests(self) -> int:
+        return round(self.rate_req_s * self.duration_s)
+
+
+def model_preset(name: str) -> str | None:
+    """'meta-llama/Llama-2-7b-hf' -> 'llama-2-7b'; 'codellama/CodeLlama-34b-Instruct-hf' -> 'codellama-34b'."""
+    key = name.split("/")[-1].lower()
+    for suffix in ("-hf", "-instruct", "-chat"):
+        key = key.removesuffix(suffix)
+    key = key.removesuffix("-hf").removesuffix("-instruct")
+    return key if key in MODEL_PRESETS else None
+
+
+def hardware_preset(name: str) -> str | None:
+    """'H100-80GB-SXM' -> 'h100-80gb'."""
+    key = name.lower()
+    for suffix in ("-sxm", "-pcie", "-sxm5", "-sxm4"):
+        key = key.removesuffix(suffix)
+    return key if key in HARDWARE_PRESETS else None
+
+
+def read_runs(path: str | Path) -> list[MeasuredStage]:
+    """Every (run, stage) row of a runs CSV, in file order."""
+    path = Path(path)
+    if not path.is_file():
+        raise KvsimError(str(path), "no such file" if not path.exists() else "not a regular file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise KvsimError(str(path), f"cannot read: {e}") from None
+    rows = list(csv.DictReader(text.splitlines()))
+    header = set(rows[0]) if rows else set(text.splitlines()[0].split(",") if text.strip() else [])
+    missing = [c for c in TEXT_COLUMNS + INT_COLUMNS + FLOAT_COLUMNS if c not in header]
+    if missing:
+        raise KvsimError(f"{path}:1", f"missing column(s): {', '.join(missing)} (the format of "
+                                      "sim/data/ground_truth/vllm_h100_runs.csv)")
+    if not rows:
+        raise KvsimError(str(path), "no runs (only a header)")
+    return [_stage(row, f"{path}:{i + 2}") for i, row in enumerate(rows)]
+
+
+def _num(row: dict, col: str, where: str, kind: type) -> float:
+    raw = (row.get(col) or "").strip()
+    try:
+        value = kind(float(raw)) if kind is int else float(raw)
+    except ValueError:
+        raise KvsimError(where, f"{col}: not a number: {raw!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise KvsimError(where, f"{col}: must be a finite number >= 0, got {raw!r}")
+    return value
+
+
+def _stage(row: dict, where: str) -> MeasuredStage:
+    ints = {c: int(_num(row, c, where, int)) for c in INT_COLUMNS}
+    floats = {c: _num(row, c, where, float) for c in FLOAT_COLUMNS}
+    model = model_preset(row["model"])
+    if model is None:
+        raise KvsimError(where, f"model: no kvsim preset for {row['model']!r}; known: {', '.join(sorted(MODEL_PRESETS))}")
+    hardware = hardware_preset(row["gpu"])
+    if hardware is None:
+        raise KvsimError(where, f"gpu: no kvsim preset for {row['gpu']!r}; known: {', '.join(sorted(HARDWARE_PRESETS))}")
+    for col in ("rate_req_s", "duration_s", "output_len", "max_num_seqs", "max_num_batched_tokens",
+                "tensor_parallel", "num_groups", "num_prompts_per_group"):
+        if (floats | ints)[col] <= 0:
+            raise KvsimError(where, f"{col}: must be positive")
+    if floats["rate_req_s"] * floats["duration_s"] > 1_000_000:
+        raise KvsimError(where, "rate_req_s x duration_s: more than 1,000,000 requests in one stage")
+    blocks_raw = (row.get("num_gpu_kv_blocks_vllm_log") or "").strip()
+    blocks = int(_num(row, "num_gpu_kv_blocks_vllm_log", where, int)) if blocks_raw else None
+    q = {"mean": floats["prompt_len_mean"], "p10": floats["prompt_len_p10"], "p50": floats["prompt_len_median"],
+         "p90": floats["prompt_len_p90"], "p99": floats["prompt_len_p99"]}
+    if not (q["p10"] <= q["p50"] <= q["p90"] <= q["p99"]) or q["p10"] < 1:
+        raise KvsimError(where, "prompt_len_p10 <= median <= p90 <= p99 (and >= 1) must hold")
+    if q["p99"] + ints["output_len"] > ints["max_model_len"]:
+        raise KvsimError(where, "prompt_len_p99 + output_len exceeds max_model_len")
+    return MeasuredStage(
+        run=row["run"].strip(), stage=ints["stage"], model=model, hardware=hardware,
+        tensor_parallel=ints["tensor_parallel"], max_model_len=ints["max_model_len"],
+        max_num_batched_tokens=ints["max_num_batched_tokens"], max_num_seqs=ints["max_num_seqs"],
+        num_gpu_blocks=blocks, rate_req_s=floats["rate_req_s"], duration_s=floats["duration_s"],
+        num_prompts=ints["num_groups"] * ints["num_prompts_per_group"],
+        system_prompt_len=ints["system_prompt_len"], output_len=ints["output_len"], prompt_quantiles=q,
+        measured={m: floats[c] for m, c in METRIC_COLUMNS.items()})
+
+
+def group_runs(stages: list[MeasuredStage]) -> dict[str, list[MeasuredStage]]:
+    """Stages by run name, each run's stages in stage order (they ran back to back)."""
+    runs: dict[str, list[MeasuredStage]] = {}
+    for s in stages:
+        runs.setdefault(s.run, []).append(s)
+    for name, ss in runs.items():
+        ss.sort(key=lambda s: s.stage)
+        first = ss[0]
+        for s in ss[1:]:
+            if (s.model, s.hardware, s.tensor_parallel, s.max_num_seqs) != (first.model, first.hardware,
+                                                                            first.tensor_parallel, first.max_num_seqs):
+                raise KvsimError(name, f"stage {s.stage} has other server settings than stage {first.stage}")
+    return runs
