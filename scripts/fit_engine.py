@@ -1,20 +1,22 @@
 """Fit the engine-level step terms and the frontend latency to measured serving runs.
 
     python scripts/fit_engine.py [--runs sim/data/ground_truth/vllm_h100_runs.csv] [--hardware h100-80gb]
-                                 [--duration 120] [--write]
+                                 [--write]
 
-Fitted (everything else keeps its documented prior, sim/executors/engine_params.py):
-    graph_kernel_s       one kernel inside a replayed CUDA graph
-    step_gap_s           the per-step cost that nothing hides
-    attn_kv_read_eff     the paged decode kernel's share of HBM bandwidth at long context
-    custom_ar_latency_s  one custom all-reduce (TP > 1)
-    frontend latency     input + output, split half and half (the client's figures cannot tell them apart)
+1. Step terms, at each stage's steady state (sim/fidelity/steady.py: Little's law batch, contexts spread
+   over the decode, the share of mixed steps): least squares on log(predicted / measured) mean decode
+   time per token over every stage, plus a weak pull towards the documented priors (a prior's relative
+   width in PRIORS), so that terms the runs cannot tell apart stay where physics puts them. Free:
+       graph_kernel_s       one kernel inside a replayed CUDA graph
+       step_gap_s           the per-step cost that nothing hides
+       attn_kv_read_eff     the paged decode kernel's share of HBM bandwidth at long context
+       custom_ar_latency_s  one custom all-reduce (TP > 1)
+2. Frontend latency: every run replayed once (seed 0, --duration seconds a stage) with the frontend
+   off; the latency is the median over stages of measured minus predicted mean TTFT (a frontend delay
+   adds to TTFT one for one), split half input, half output (client figures cannot tell them apart).
 
-Loss: the sum over stages of squared log errors of mean decode time per token, mean E2E and (half
-weight) mean TTFT, each stage replayed for ``--duration`` seconds (same rate) with seed 0 by
-``kvsim fidelity``'s own replay (sim/fidelity). Nelder-Mead (scipy) from the priors. ``--write`` stores
-the result in the hardware's shipped calibration (section ``engine``) and prints the frontend default
-to put in sim/scenario.py.
+Nelder-Mead (scipy). ``--write`` stores the terms in the hardware's shipped calibration (section
+``engine``) and the frontend latency in sim/data/frontend.json (the scenario defaults).
 """
 
 from __future__ import annotations
@@ -22,91 +24,105 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 from scipy.optimize import minimize
 
-from sim.executors.cost_model import shipped_calibration
-from sim.executors.engine_params import EngineParams
+from sim.executors.cost_model import CostModelExecutor, load_calibration, shipped_calibration
+from sim.executors.engine_params import EngineParams, graph_max_tokens_for
 from sim.fidelity.evaluate import evaluate
-from sim.fidelity.runs import read_runs
+from sim.fidelity.runs import MeasuredStage, read_runs
+from sim.fidelity.steady import steady_step
+from sim.specs import HardwareSpec, ModelSpec
 
 ROOT = Path(__file__).resolve().parents[1]
-# name, scale (x = value / scale), lower bound, upper bound
-FREE = [("graph_kernel_s", 1e-6, 0.0, 8e-6), ("step_gap_s", 1e-4, 0.0, 3e-3),
-        ("attn_kv_read_eff", 1.0, 0.4, 1.0), ("custom_ar_latency_s", 1e-5, 2e-6, 6e-5),
-        ("frontend_s", 1e-2, 0.0, 0.05)]
+# name: (prior, relative width of the prior, lower, upper)
+PRIORS = {"graph_kernel_s": (1.5e-6, 1.0, 0.0, 8e-6), "step_gap_s": (1e-4, 3.0, 0.0, 3e-3),
+          "attn_kv_read_eff": (0.85, 0.15, 0.4, 1.0), "custom_ar_latency_s": (8e-6, 1.0, 2e-6, 6e-5)}
+NAMES = list(PRIORS)
 
 
-def _values(x: np.ndarray) -> dict[str, float]:
-    return {name: float(np.clip(v * scale, lo, hi)) for (name, scale, lo, hi), v in zip(FREE, x)}
+def executor_for(stage: MeasuredStage, hardware: str, engine: EngineParams) -> CostModelExecutor:
+    params, _ = load_calibration(hardware)
+    hw = HardwareSpec.from_name(stage.hardware).model_copy(update={"tensor_parallel": stage.tensor_parallel})
+    model = ModelSpec.from_name(stage.model).model_copy(update={"max_model_len": stage.max_model_len})
+    eng = EngineParams.from_dict(engine.to_dict())
+    eng.graph_max_tokens = min(eng.graph_max_tokens, graph_max_tokens_for(stage.max_num_seqs))
+    return CostModelExecutor(model, hw, params, 16, eng)
 
 
-def loss_of(stages, doc: dict, values: dict[str, float], duration: float, tmp: Path) -> tuple[float, list]:
-    engine = EngineParams.from_dict(doc["engine"])
-    for name, v in values.items():
-        if name != "frontend_s":
-            setattr(engine, name, v)
-    calib = dict(doc, engine=engine.to_dict())
-    path = tmp / "calib.json"
-    path.write_text(json.dumps(calib))
-    half = values["frontend_s"] / 2
-    overrides = [f"executor.calibration={path}", f"frontend.input_latency_s={half}",
-                 f"frontend.output_latency_s={half}"]
-    results = evaluate(stages, [0], overrides=overrides, max_duration_s=duration)
-    total = 0.0
-    for r in results:
-        for metric, w in (("decode_per_token", 1.0), ("e2e_mean", 1.0), ("ttft_mean", 0.5)):
-            pred, meas = r.predicted(metric), r.stage.measured[metric]
-            total += w * (math.log(pred / meas) ** 2 if pred > 0 and math.isfinite(pred) else 100.0)
-    return total, results
+def with_values(base: EngineParams, values: dict[str, float]) -> EngineParams:
+    eng = EngineParams.from_dict(base.to_dict())
+    for k, v in values.items():
+        setattr(eng, k, v)
+    return eng
+
+
+def decode_errors(stages, hardware: str, engine: EngineParams) -> list[float]:
+    """log(predicted / measured) mean decode time per token, per stage, at the steady state."""
+    return [math.log(steady_step(executor_for(s, hardware, engine), s)[0] / s.measured["decode_per_token"])
+            for s in stages]
+
+
+def fit_step_terms(stages, hardware: str, base: EngineParams) -> dict[str, float]:
+    def unpack(x):
+        return {n: float(np.clip(v * PRIORS[n][0], PRIORS[n][2], PRIORS[n][3])) for n, v in zip(NAMES, x)}
+
+    def loss(x):
+        values = unpack(x)
+        err = decode_errors(stages, hardware, with_values(base, values))
+        pull = sum(((values[n] - PRIORS[n][0]) / (PRIORS[n][0] * PRIORS[n][1])) ** 2 for n in NAMES)
+        return sum(e * e for e in err) + 1e-3 * pull
+
+    x0 = np.ones(len(NAMES))
+    best = minimize(loss, x0, method="Nelder-Mead",
+                    options={"maxfev": 4000, "xatol": 1e-4, "fatol": 1e-9, "initial_simplex":
+                             np.vstack([x0, x0 + 0.5 * np.eye(len(NAMES))])})
+    return unpack(best.x)
+
+
+def fit_frontend(stages, overrides_calib: Path, duration: float) -> float:
+    results = evaluate(stages, [0], overrides=[f"executor.calibration={overrides_calib}", "frontend.enabled=false"],
+                       max_duration_s=duration)
+    gaps = [r.stage.measured["ttft_mean"] - r.predicted("ttft_mean") for r in results]
+    print("measured - engine-only TTFT per stage (ms):", " ".join(f"{g * 1e3:.1f}" for g in gaps))
+    return max(0.0, float(np.median(gaps)))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", default=str(ROOT / "sim/data/ground_truth/vllm_h100_runs.csv"))
     ap.add_argument("--hardware", default="h100-80gb")
-    ap.add_argument("--duration", type=float, default=120.0)
-    ap.add_argument("--maxiter", type=int, default=120)
+    ap.add_argument("--duration", type=float, default=600.0, help="seconds a stage for the frontend fit")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
     stages = read_runs(args.runs)
     calib_path = shipped_calibration(args.hardware)
     doc = json.loads(calib_path.read_text())
-    doc.setdefault("engine", EngineParams().to_dict())
-    from sim.scenario import FrontendConfig
-
-    fe = FrontendConfig()
-    prior = {**doc["engine"], "frontend_s": fe.input_latency_s + fe.output_latency_s}
-    x0 = np.array([prior[name] / scale for name, scale, _, _ in FREE])
-    t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        calls = [0]
-
-        def f(x: np.ndarray) -> float:
-            calls[0] += 1
-            value, _ = loss_of(stages, doc, _values(x), args.duration, Path(tmp))
-            print(f"{calls[0]:4d} {time.perf_counter() - t0:7.1f}s loss {value:.5f} "
-                  + " ".join(f"{k}={v:.4g}" for k, v in _values(x).items()), flush=True)
-            return value
-
-        best = minimize(f, x0, method="Nelder-Mead", options={"maxfev": args.maxiter, "xatol": 1e-3, "fatol": 1e-5})
-        values = _values(best.x)
-        _, results = loss_of(stages, doc, values, args.duration, Path(tmp))
-    print("fitted:", json.dumps(values, indent=1))
-    for r in results:
-        print(f"{r.stage.run} stage {r.stage.stage}: " + ", ".join(
-            f"{m} {r.error(m):+.1%}" for m in ("decode_per_token", "e2e_mean", "ttft_mean", "e2e_p90")))
+    base = EngineParams.from_dict({**EngineParams().to_dict(), **doc.get("engine", {})})
+    for n, (prior, *_rest) in PRIORS.items():
+        setattr(base, n, prior)
+    print("priors:     ", " ".join(f"{e:+.1%}" for e in decode_errors(stages, args.hardware, base)))
+    values = fit_step_terms(stages, args.hardware, base)
+    engine = with_values(base, values)
+    print("fitted:     ", json.dumps(values))
+    print("steady-state decode/token errors:", " ".join(f"{e:+.1%}" for e in decode_errors(stages, args.hardware, engine)))
+    tmp = Path(calib_path.parent / f".{args.hardware}.fit.json")
+    tmp.write_text(json.dumps(dict(doc, engine=engine.to_dict())))
+    try:
+        frontend = fit_frontend(stages, tmp, args.duration)
+    finally:
+        tmp.unlink()
+    print(f"frontend latency: {frontend * 1e3:.2f} ms (input {frontend / 2 * 1e3:.2f} + output {frontend / 2 * 1e3:.2f})")
     if args.write:
-        for name, v in values.items():
-            if name != "frontend_s":
-                doc["engine"][name] = v
+        doc["engine"] = engine.to_dict()
         calib_path.write_text(json.dumps(doc, indent=1) + "\n")
-        print(f"wrote {calib_path}; frontend latency {values['frontend_s']:.6f} s: set FRONTEND_INPUT_S and "
-              f"FRONTEND_OUTPUT_S in sim/scenario.py to {values['frontend_s'] / 2:.6f}")
+        fe_path = ROOT / "sim" / "data" / "frontend.json"
+        fe_path.write_text(json.dumps({"input_latency_s": round(frontend / 2, 6), "output_latency_s":
+                                       round(frontend / 2, 6), "token_latency_s": 0.0,
+                                       "fitted_to": str(Path(args.runs).name)}, indent=1) + "\n")
+        print(f"wrote {calib_path} (engine) and {fe_path}")
 
 
 if __name__ == "__main__":

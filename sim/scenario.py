@@ -7,6 +7,7 @@ Paths inside a scenario are relative to the scenario file (``Scenario.base_dir``
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,10 +18,12 @@ from sim.errors import KvsimError
 from sim.specs import HardwareSpec, ModelSpec
 from sim.workload.config import WorkloadConfig
 
-# Frontend latencies fitted to the calibration runs (docs/fidelity.md, scripts/fit_engine.py)
-FRONTEND_INPUT_S = 0.004
-FRONTEND_OUTPUT_S = 0.004
-FRONTEND_TOKEN_S = 0.0
+# Frontend latencies fitted to the calibration runs (sim/data/frontend.json, written by
+# scripts/fit_engine.py; docs/fidelity.md)
+_FRONTEND = json.loads((Path(__file__).resolve().parent / "data" / "frontend.json").read_text())
+FRONTEND_INPUT_S = float(_FRONTEND["input_latency_s"])
+FRONTEND_OUTPUT_S = float(_FRONTEND["output_latency_s"])
+FRONTEND_TOKEN_S = float(_FRONTEND["token_latency_s"])
 
 
 class _Strict(BaseModel):

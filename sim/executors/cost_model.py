@@ -39,9 +39,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from sim.errors import KvsimError
 import numpy as np
 
+from sim.errors import KvsimError
 from sim.executors.engine_params import (
     ATTENTION_OPS_PER_LAYER,
     EAGER_OPS_PER_LAYER,

@@ -57,7 +57,9 @@ def prompt_lengths(q: dict[str, float], count: int) -> np.ndarray:
 def arrivals(rng: np.random.Generator, start_s: float, duration_s: float, count: int) -> np.ndarray:
     """``count`` Poisson arrivals conditioned to fill [start_s, start_s + duration_s] (the last at the end)."""
     gaps = rng.exponential(size=count)
-    return start_s + duration_s * np.cumsum(gaps) / gaps.sum()
+    times = start_s + duration_s * np.cumsum(gaps) / gaps.sum()
+    times[-1] = start_s + duration_s   # exactly, whatever the rounding of the cumulative sum
+    return times
 
 
 def build_requests(stages: list[MeasuredStage], seed: int) -> tuple[list[dict[str, Any]], list[tuple[float, float]]]:

@@ -1,0 +1,169 @@
+"""kvsim fidelity: the measured-runs format, the rebuilt load, the per-stage figures, the CLI.
+
+Expected values come from the ground-truth README's description of the client (rate x duration
+requests, 100 prompts cycled, exactly output_len tokens) and from hand arithmetic.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sim.errors import KvsimError
+from sim.fidelity.evaluate import StageResult, stage_figures
+from sim.fidelity.goals import check_goals
+from sim.fidelity.rebuild import arrivals, build_requests, prompt_lengths, run_scenario_for
+from sim.fidelity.runs import group_runs, model_preset, read_runs
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNS = ROOT / "sim" / "data" / "ground_truth" / "vllm_h100_runs.csv"
+
+
+def kvsim(*args):
+    return subprocess.run([sys.executable, "-m", "sim.cli", *args], cwd=ROOT, capture_output=True, text=True)
+
+
+def test_shipped_runs_are_read_with_their_settings():
+    stages = read_runs(RUNS)
+    assert [(s.run, s.stage) for s in stages][:2] == [("llama-2-7b-tp1-codegen", 0), ("llama-2-7b-tp1-codegen", 1)]
+    s = stages[0]
+    assert (s.model, s.hardware, s.tensor_parallel, s.num_gpu_blocks) == ("llama-2-7b", "h100-80gb", 1, 7463)
+    assert s.num_requests == 3000 and s.num_prompts == 100 and s.output_len == 247
+    assert stages[2].model == "llama-2-70b" and stages[2].num_gpu_blocks is None
+    assert stages[4].model == "codellama-34b" and stages[4].tensor_parallel == 2
+    assert len(group_runs(stages)) == 3
+    assert model_preset("codellama/CodeLlama-34b-Instruct-hf") == "codellama-34b"
+
+
+def test_prompt_lengths_follow_the_measured_quantiles():
+    q = {"mean": 591.63, "p10": 584.9, "p50": 591.0, "p90": 600.0, "p99": 603.01}
+    lengths = prompt_lengths(q, 100)
+    assert lengths.sum() == 59163                       # mean x 100, exactly
+    assert abs(np.percentile(lengths, 10) - 584.9) <= 1.5
+    assert abs(np.percentile(lengths, 50) - 591.0) <= 1.5
+    assert abs(np.percentile(lengths, 90) - 600.0) <= 1.5
+
+
+def test_arrivals_fill_the_stage_exactly():
+    t = arrivals(np.random.default_rng(1), 600.0, 600.0, 6000)
+    assert len(t) == 6000 and np.all(np.diff(t) >= 0)
+    assert t[0] > 600.0 and t[-1] == pytest.approx(1200.0)
+    # Poisson: the gaps' coefficient of variation is about 1
+    gaps = np.diff(t)
+    assert 0.9 < gaps.std() / gaps.mean() < 1.1
+
+
+def test_requests_cycle_the_prompts_and_stages_run_back_to_back():
+    stages = group_runs(read_runs(RUNS))["llama-2-7b-tp1-codegen"]
+    reqs, windows = build_requests(stages, seed=3)
+    assert len(reqs) == 3000 + 6000
+    assert windows == [(0.0, 600.0), (600.0, 1200.0)]
+    assert all(r["output_len"] == 247 for r in reqs)
+    # request i sends prompt i mod 100: same group, same length, the whole prompt shareable
+    assert reqs[0]["prefix_group"] == reqs[100]["prefix_group"] == reqs[4200]["prefix_group"] == 0
+    assert reqs[7]["prompt_len"] == reqs[107]["prompt_len"] and reqs[7]["prefix_len"] == reqs[7]["prompt_len"] - 1
+    assert sum(r["prompt_len"] for r in reqs[:100]) == 59163
+    assert sum(1 for r in reqs if r["arrival"] <= 600.0) == 3000
+
+
+def test_rebuilt_scenario_names_only_the_server_settings():
+    stages = group_runs(read_runs(RUNS))["llama-2-70b-tp4-general"]
+    scn, _ = run_scenario_for(stages, seed=0)
+    assert scn.hardware_spec.tensor_parallel == 4 and scn.hardware_spec.name == "h100-80gb"
+    assert scn.kv_cache.prefix_caching and scn.scheduler.chunked_prefill
+    assert scn.scheduler.max_num_seqs == 128 and scn.scheduler.max_num_batched_tokens == 2048
+    assert scn.kv_cache.num_gpu_blocks is None   # not logged: kvsim's own estimate
+    assert scn.executor.calibration is None      # the hardware's shipped calibration, by default
+    assert scn.model_spec.max_model_len == 4096
+
+
+def test_stage_figures_by_hand():
+    # two requests in the stage, one after it; output_len 5
+    df = pd.DataFrame({"arrival_s": [1.0, 2.0, 11.0], "status": ["FINISHED"] * 3,
+                       "ttft_s": [0.1, 0.3, 9.0], "e2e_s": [1.0, 2.0, 9.0]})
+    f = stage_figures(df, (0.0, 10.0), output_len=5)
+    assert f["ttft_mean"] == pytest.approx(0.2) and f["e2e_mean"] == pytest.approx(1.5)
+    assert f["decode_per_token"] == pytest.approx((1.5 - 0.2) / 4)
+    assert f["req_per_s"] == pytest.approx(2 / 4.0)      # last completion at 2.0 + 2.0 = 4.0 s
+    assert f["e2e_p50"] == pytest.approx(1.5)
+
+
+def test_goals_flag_false_saturation():
+    stage = read_runs(RUNS)[3]                     # 70B at 20 req/s: measured mean TTFT 0.121 s
+    r = StageResult(stage, [dict(stage.measured) | {"ttft_mean": 3 * 0.12127 + 0.06}])
+    rows = check_goals([r])
+    assert not next(g for g in rows if g["goal"] == "no false saturation")["ok"]
+    ok = StageResult(stage, [dict(stage.measured)])
+    assert all(g["ok"] for g in check_goals([ok]))   # a perfect prediction meets every goal
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda t: t.replace("ttft_s_mean,", "ttft_mean,", 1), "missing column(s): ttft_s_mean"),
+    (lambda t: t.replace(",5.0,600,", ",five,600,", 1), "rate_req_s: not a number"),
+    (lambda t: t.replace("meta-llama/Llama-2-7b-hf", "acme/Giant-9000", 1), "model: no kvsim preset"),
+    (lambda t: t.splitlines()[0] + "\n", "no runs (only a header)"),
+])
+def test_bad_runs_files_exit_2_with_one_line(tmp_path, edit, message):
+    f = tmp_path / "runs.csv"
+    f.write_text(edit(RUNS.read_text()))
+    r = kvsim("fidelity", str(f), "--seeds", "1", "--duration", "5")
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and str(f) in lines[0]
+
+
+def test_read_runs_names_the_line_and_column(tmp_path):
+    lines = RUNS.read_text().splitlines()
+    lines[3] = lines[3].replace(",constant,8.0,", ",constant,-8.0,", 1)   # the 4th line: 70B stage 0
+    f = tmp_path / "r.csv"
+    f.write_text("\n".join(lines) + "\n")
+    with pytest.raises(KvsimError) as e:
+        read_runs(f)
+    assert e.value.where == f"{f}:4" and "rate_req_s" in e.value.what
+
+
+def test_cli_quick_subset_meets_the_decode_goal(tmp_path):
+    """The 7B run, cut to 60 s a stage, 2 seeds: mean decode time per token within the goal's +-10%."""
+    out = tmp_path / "fid"
+    r = kvsim("fidelity", str(RUNS), "--run", "llama-2-7b-tp1-codegen", "--duration", "60", "--seeds", "2",
+              "--json", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert [s["stage"] for s in doc["stages"]] == [0, 1]
+    for s in doc["stages"]:
+        assert len(s["seeds"]) == 2
+        lo, hi = s["spread"]["decode_per_token"]
+        assert lo <= s["predicted"]["decode_per_token"] <= hi
+        assert abs(s["error"]["decode_per_token"]) <= 0.10
+        assert not s["falsely_saturated"]
+    assert {p.name for p in out.iterdir()} == {"fidelity.csv", "fidelity.json", "parity.png"}
+    table = pd.read_csv(out / "fidelity.csv")
+    assert len(table) == 2 * 10 and set(table["metric"]) >= {"ttft_mean", "decode_per_token", "req_per_s"}
+
+
+def test_frontend_off_gives_engine_only_latencies(tmp_path):
+    on = kvsim("fidelity", str(RUNS), "--run", "llama-2-7b-tp1-codegen", "--duration", "20", "--seeds", "1", "--json")
+    off = kvsim("fidelity", str(RUNS), "--run", "llama-2-7b-tp1-codegen", "--duration", "20", "--seeds", "1", "--json",
+                "--set", "frontend.enabled=false")
+    assert on.returncode == off.returncode == 0
+    from sim.scenario import FrontendConfig
+
+    fe = FrontendConfig()
+    a, b = json.loads(on.stdout)["stages"][0]["predicted"], json.loads(off.stdout)["stages"][0]["predicted"]
+    # the frontend adds its input + output latency to TTFT (the engine sees the same load a few ms later)
+    assert a["ttft_mean"] - b["ttft_mean"] == pytest.approx(fe.input_latency_s + fe.output_latency_s, abs=1.5e-3)
+
+
+def test_fidelity_leaves_nothing_behind_on_bad_out(tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    r = kvsim("fidelity", str(RUNS), "--out", str(f), "--seeds", "1", "--duration", "5")
+    assert r.returncode == 2 and "--out must be a folder" in r.stderr
+    shutil.rmtree(tmp_path, ignore_errors=True)
