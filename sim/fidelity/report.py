@@ -45,14 +45,12 @@ def text_table(results: list[StageResult]) -> str:
 
 def parity_figure(results: list[StageResult], path: Path, title: str = "kvsim vs measured") -> None:
     """Predicted against measured (log-log), one panel per metric family, seed spread as error bars."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure   # no pyplot: leaves the caller's backend alone
 
     panels = [("TTFT (s)", ["ttft_mean", "ttft_p90"]), ("E2E (s)", ["e2e_mean", "e2e_p90"]),
               ("decode time per token (s)", ["decode_per_token"])]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.6))
+    fig = Figure(figsize=(5 * len(panels), 4.6))
+    axes = fig.subplots(1, len(panels))
     runs = sorted({r.stage.run for r in results})
     markers = dict(zip(runs, "osD^v<>"))
     for ax, (label, metrics) in zip(axes, panels):
@@ -81,4 +79,3 @@ def parity_figure(results: list[StageResult], path: Path, title: str = "kvsim vs
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110, format="png")
-    plt.close(fig)
