@@ -26,7 +26,8 @@ load is rebuilt and how each part of the step model was fitted: `docs/fidelity.m
 Goals, per stage at light load (measured mean TTFT under 1 s): mean E2E and decode time per token within
 ±10%, mean TTFT within ±25%, completed req/s within ±2%, p90 E2E within ±15%; every stage: no false
 saturation (predicted mean TTFT at most 3x measured + 50 ms)."""),
-    ("code", """import os
+    ("code", """%matplotlib inline
+import os
 from pathlib import Path
 
 import matplotlib.pyplot as plt
