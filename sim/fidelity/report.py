@@ -45,7 +45,7 @@ def text_table(results: list[StageResult]) -> str:
 
 def parity_figure(results: list[StageResult], path: Path, title: str = "kvsim vs measured") -> None:
     """Predicted against measured (log-log), one panel per metric family, seed spread as error bars."""
-    from matplotlib.figure import Figure   # no pyplot: leaves the caller's backend alone
+    from matplotlib.figure import Figure  # no pyplot: leaves the caller's backend alone
 
     panels = [("TTFT (s)", ["ttft_mean", "ttft_p90"]), ("E2E (s)", ["e2e_mean", "e2e_p90"]),
               ("decode time per token (s)", ["decode_per_token"])]
