@@ -2,7 +2,9 @@
 
 One run per combination of the varied values (their cross product), a table of the main summary keys,
 and, in DIR: compare.csv (every summary key, flattened, one row a run), overlaid latency CDFs and KV
-usage, memory-breakdown bars side by side, and the request timelines one above the other.
+usage, memory-breakdown bars side by side, the memory breakdown over time side by side
+(memory_over_time.png), the request timelines one above the other, and report.html. With
+--trace-events FILE, one Chrome trace per run (FILE's name plus the run's label).
 """
 
 from __future__ import annotations
@@ -121,6 +123,7 @@ def intervals_of(res: Result) -> pd.DataFrame:
 def write_plots(results: dict[str, Result], out: Path) -> list[Path]:
     """Overlays and side-by-side panels; with one varied key the legends show just its values."""
     from sim import plots
+    from sim.memory_plot import memory_over_time
     from sim.timeline import timeline
 
     if all(label.count("=") == 1 for label in results):
@@ -134,6 +137,7 @@ def write_plots(results: dict[str, Result], out: Path) -> list[Path]:
             plots.memory_breakdown({k: r.summary["memory_breakdown"] for k, r in results.items()},
                                    stage / "memory_breakdown.png"),
             timeline({k: intervals_of(r) for k, r in results.items()}, stage / "timeline.png"),
+            memory_over_time({k: r.steps for k, r in results.items()}, stage / "memory_over_time.png"),
         ]
         return [write_atomic(out / f.name, lambda p, f=f: p.write_bytes(f.read_bytes())) for f in made]
     finally:
