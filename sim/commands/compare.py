@@ -3,7 +3,7 @@
 One run per combination of the varied values (their cross product), a table of the main summary keys,
 and, in DIR: compare.csv (every summary key, flattened, one row a run), overlaid latency CDFs and KV
 usage, memory-breakdown bars side by side, the memory breakdown over time side by side
-(memory_over_time.png), the request timelines one above the other, and report.html. With
+(memory_over_time.png), and the request timelines one above the other. With
 --trace-events FILE, one Chrome trace per run (FILE's name plus the run's label).
 """
 
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from sim.commands.trace_args import add_trace_args, check_trace_args, per_run_path
 from sim.errors import KvsimError
 from sim.output import flatten, prepare_out_dir, write_atomic
 from sim.runner import Result, run_scenario
@@ -41,6 +42,7 @@ def add_parser(sub) -> None:
                    help="override a scenario key in every run (repeatable)")
     p.add_argument("--out", help="folder for compare.csv and the overlaid plots")
     p.add_argument("--no-plots", action="store_true", help="skip the figures")
+    add_trace_args(p, per_run=True)
     p.set_defaults(func=main)
 
 
@@ -149,8 +151,16 @@ def write_plots(results: dict[str, Result], out: Path) -> list[Path]:
 def main(args: argparse.Namespace) -> int:
     vary = parse_vary(args.vary)
     out = prepare_out_dir(args.out) if args.out else None
+    trace = check_trace_args(args)
     results = run_all(args.scenario, vary, list(args.overrides))
     print_table(results)
+    if trace is not None:
+        from sim.trace_events import write_trace_events
+
+        for label, res in results.items():
+            path = write_trace_events(per_run_path(trace, label), res.steps, intervals_of(res),
+                                      request_limit=args.trace_events_limit, name=label)
+            print(f"wrote {path}")
     if out is not None:
         frame = compare_frame(results, vary)
         files = [write_atomic(out / "compare.csv", lambda p: frame.to_csv(p, index=False))]
