@@ -115,9 +115,10 @@ class _progress_bar:
     once the run has lasted ``after_s`` seconds of wall time."""
 
     def __init__(self, total: int, after_s: float = 0.0) -> None:
+        from rich.console import Console
         from rich.progress import Progress
 
-        self._p = Progress(transient=True)
+        self._p = Progress(console=Console(stderr=True), transient=True)  # stderr: stdout stays the results
         self._task = self._p.add_task("simulating", total=total)
         self._start_at = time.perf_counter() + after_s
         self._started = False
