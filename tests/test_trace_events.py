@@ -124,3 +124,24 @@ def test_bad_trace_arguments_exit_2_and_write_nothing(tmp_path, capsys, args):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: --trace-events")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]
+
+
+def test_sweep_writes_one_trace_per_run(tmp_path):
+    base = {"name": "tiny", "model": "tiny-llama", "hardware": "a100-80gb",
+            "kv_cache": {"block_size": 4, "num_gpu_blocks": 40}, "output": {"plots": False},
+            "workload": {"requests": [{"arrival": 0.0, "prompt_len": 8, "output_len": 3},
+                                      {"arrival": 0.0, "prompt_len": 12, "output_len": 2}]}}
+    (tmp_path / "base.yaml").write_text(json.dumps(base))
+    (tmp_path / "sweep.yaml").write_text(json.dumps({"base": "base.yaml", "out": "res",
+                                                     "grid": {"kv_cache.block_size": [4, 8]}}))
+    rc = main(["sweep", str(tmp_path / "sweep.yaml"), "--workers", "1", "--quiet",
+               "--trace-events", str(tmp_path / "traces")])
+    assert rc == 0
+    ids = pd.read_csv(tmp_path / "res" / "results.csv")["task_id"].astype(str).tolist()
+    assert sorted(p.stem for p in (tmp_path / "traces").glob("*.json")) == sorted(ids)
+    for task in ids:
+        trace = json.loads((tmp_path / "traces" / f"{task}.json").read_text())
+        assert check_trace(trace) == []
+        # 8 + 12 prompt tokens, 3 + 2 outputs: every request's first token comes with its prefill
+        assert sum(e["args"]["prefill_tokens"] for e in _of(trace, "X", cat="step")) == 20
+        assert sum(e["args"]["decode_tokens"] for e in _of(trace, "X", cat="step")) == 3
