@@ -15,8 +15,9 @@ Bounds, so the file of a 100k-step run stays a few MB:
 - requests: the first ``request_limit`` requests by id (``--trace-events-limit``, default
   ``DEFAULT_REQUEST_LIMIT``; 0 drops the request tracks);
 - steps: at most ``max_step_slices`` slices per engine (default ``DEFAULT_STEP_SLICES``). Longer runs merge
-  runs of consecutive steps into one slice named "steps A-B" (args: the number of steps, the mean batch
-  size, the summed tokens and duration parts) and one counter sample (the duration-weighted mean).
+  runs of consecutive steps into one slice named "steps A-B" (args: ``steps``, their number,
+  ``batch_size_mean``, and the summed tokens and duration parts) and one counter sample (the
+  duration-weighted mean).
 The metadata event ``kvsim`` (process "engine", args) records what was cut.
 """
 
@@ -91,14 +92,15 @@ def _engine_events(steps: pd.DataFrame, pid: int, name: str, max_slices: int) ->
         {"ph": "M", "name": "thread_name", "pid": pid, "tid": 1, "args": {"name": "steps"}},
     ]
     parts = [c for c in m if c.startswith("time_") and c.endswith("_s")]
-    arg_cols = {"batch_size": "batch_size", "prefill_tokens": "num_prefill_tokens",
+    merged = bool((m["num_steps"] > 1).any())
+    arg_cols = {"batch_size_mean" if merged else "batch_size": "batch_size", "prefill_tokens": "num_prefill_tokens",
                 "decode_tokens": "num_decode_tokens", **{f"{c[5:-2]}_ms": c for c in parts}}
     arg_cols = {k: c for k, c in arg_cols.items() if c in m}
     vals = {k: m[c].to_numpy(dtype=float) * (1e3 if k.endswith("_ms") else 1.0) for k, c in arg_cols.items()}
-    merged = bool((m["num_steps"] > 1).any())
     first, last, count = (m[c].to_numpy() for c in ("first_step", "last_step", "num_steps"))
+    counts = {"batch_size", "prefill_tokens", "decode_tokens"}  # integers; batch_size_mean (merged steps) is not
     for i in range(len(m)):
-        args = {k: (round(float(v[i]), 6)) for k, v in vals.items()}
+        args = {k: (int(round(v[i])) if k in counts else round(float(v[i]), 6)) for k, v in vals.items()}
         if merged:
             args["steps"] = int(count[i])
             label = f"steps {int(first[i])}-{int(last[i])}" if count[i] > 1 else f"step {int(first[i])}"

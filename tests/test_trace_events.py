@@ -64,6 +64,7 @@ def test_long_runs_merge_consecutive_steps_and_limit_requests():
     assert [(e["ts"], e["dur"]) for e in slices] == [(0.0, 2e6), (2e6, 4e6)]
     assert [e["args"]["prefill_tokens"] for e in slices] == [30, 70]
     assert [e["args"]["steps"] for e in slices] == [2, 2]
+    assert [e["args"]["batch_size_mean"] for e in slices] == [2.0, 2.0]
     # duration-weighted means: (0*1 + 0.5*1)/2 and (0.5*1 + 1.0*3)/4
     assert [e["args"]["used"] for e in _of(trace, "C", name="KV usage (%)")] == pytest.approx([25.0, 87.5])
     assert sorted(e["tid"] for e in _of(trace, "X", cat="request")) == [4, 6]  # req 3 and 5, not 9
