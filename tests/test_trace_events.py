@@ -71,6 +71,19 @@ def test_long_runs_merge_consecutive_steps_and_limit_requests():
     assert _of(trace, "M", name="kvsim")[0]["args"]["requests_shown"] == 2
 
 
+def test_one_engine_track_per_replica_and_any_phase_name():
+    steps = pd.concat([_steps([0.0, 1.0], [1.0, 1.0], [4, 0], [0, 1], [0.1, 0.1]).assign(replica=0),
+                       _steps([0.5], [2.0], [8], [0], [0.2]).assign(replica=1)], ignore_index=True)
+    intervals = pd.DataFrame({"req_id": [0, 0], "phase": ["prefill", "transferring"], "start_s": [0.0, 1.0],
+                              "end_s": [1.0, 1.5]})
+    trace = trace_events(steps, intervals)
+    assert check_trace(trace) == []  # replica 1's step overlaps replica 0's in time, on its own track
+    names = {e["pid"]: e["args"]["name"] for e in _of(trace, "M", name="process_name")}
+    assert [names[p] for p in (1, 2)] == ["engine (replica 0)", "engine (replica 1)"]
+    assert [len(_of(trace, "X", cat="step", pid=p)) for p in (1, 2)] == [2, 1]
+    assert [e["name"] for e in _of(trace, "X", cat="request")] == ["prefill", "transferring"]
+
+
 def test_checker_catches_overlaps_and_missing_fields():
     bad = {"traceEvents": [
         {"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 0, "dur": 10},
