@@ -66,9 +66,8 @@ for name, path in TRACES.items():
     distinct_blocks = int(facts.loc[name, "distinct chunks"]) * CHUNK // BLOCK
     for share in (0.1, 0.25, 0.5, 1.0):
         blocks = int(distinct_blocks * share)
-        # check_integrity=False: the tests set KVSIM_CHECK_INTEGRITY, which a demo needn't pay for
         r = run_scenario(load_scenario(SCN, [f"workload.trace={path}", f"workload.limit={LIMIT}",
-                                             f"kv_cache.num_gpu_blocks={blocks}"]), check_integrity=False)
+                                             f"kv_cache.num_gpu_blocks={blocks}"]))
         results.append({"trace": name, "share of distinct KV": share, "cache blocks": blocks,
                         "hit rate": r.summary["prefix_cache_hit_rate"],
                         "ideal": facts.loc[name, "ideal prefix hit rate"],

@@ -12,6 +12,7 @@ or when a fresh execution raises; tests/test_*_notebook.py make the same check.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -32,10 +33,16 @@ def output_counts(nb) -> dict[str, int]:
 
 
 def execute(path: Path, timeout: int = 300):
-    """A freshly executed copy of the notebook at ``path`` (the file is not changed)."""
+    """A freshly executed copy of the notebook at ``path`` (the file is not changed). The kernel runs without
+    KVSIM_CHECK_INTEGRITY (the test suite sets it; the notebooks are demonstrations, checked elsewhere)."""
     nb = nbformat.read(path, as_version=4)
-    nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
-                            resources={"metadata": {"path": str(path.parent)}}).execute()
+    saved = os.environ.pop("KVSIM_CHECK_INTEGRITY", None)  # the kernel inherits this process's environment
+    try:
+        nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
+                                resources={"metadata": {"path": str(path.parent)}}).execute()
+    finally:
+        if saved is not None:
+            os.environ["KVSIM_CHECK_INTEGRITY"] = saved
     for cell in nb.cells:  # no volatile ids or execution metadata: a re-run changes only what changed
         cell.get("metadata", {}).pop("execution", None)
     return nb
