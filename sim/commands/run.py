@@ -19,7 +19,7 @@ from sim.scenario import load_scenario
 def add_parser(sub) -> None:
     p = sub.add_parser("run", help="run a scenario file and print its summary")
     p.add_argument("scenario", help="scenario YAML file")
-    p.add_argument("--out", help="folder for summary.json, requests.csv, steps.csv and plots")
+    p.add_argument("--out", help="folder for summary.json, requests.csv, steps.csv, the figures and report.html")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
                    help="override a scenario key (repeatable)")
     p.add_argument("--no-plots", action="store_true", help="skip the figures")
