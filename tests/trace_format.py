@@ -1,7 +1,7 @@
 """An independent checker of the Chrome trace-event format (the subset kvsim writes).
 
 Written from the Trace Event Format document (Google, "JSON Object Format"), not from sim/trace_events.py:
-the object form {"traceEvents": [...], "displayTimeUnit": "ms"|"ns"}; every event has a one-letter ph,
+the object form {"traceEvents": [...], "displayTimeUnit": "ms"|"ns", "otherData": {...}}; every event has a one-letter ph,
 a name, and integer pid (and tid except counters); "X" complete events need numeric ts >= 0 and dur >= 0;
 "C" counters need ts and args of numbers; "M" metadata events are process_name / thread_name /
 process_sort_index / thread_sort_index with their args, or any other name with an args object. Slices on one
@@ -28,6 +28,8 @@ def check_trace(obj) -> list[str]:
     errs: list[str] = []
     if not isinstance(obj, dict) or not isinstance(obj.get("traceEvents"), list):
         return ["top level must be an object with a traceEvents list"]
+    if not isinstance(obj.get("otherData", {}), dict):
+        errs.append("otherData must be an object")
     if obj.get("displayTimeUnit", "ms") not in ("ms", "ns"):
         errs.append(f"displayTimeUnit {obj.get('displayTimeUnit')!r}")
     tracks: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
