@@ -1,6 +1,6 @@
 """Writes notebooks/policy_comparison.ipynb (the source of truth for its cells is this script).
 
-    python scripts/make_policy_notebook.py && jupyter nbconvert --execute --inplace notebooks/policy_comparison.ipynb
+    python scripts/make_policy_notebook.py && python scripts/refresh_notebooks.py notebooks/policy_comparison.ipynb
 """
 
 from pathlib import Path

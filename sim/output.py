@@ -50,11 +50,18 @@ def write_atomic(path: Path, writer: Callable[[Path], None]) -> Path:
     os.close(fd)
     try:
         writer(Path(tmp))
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the mode open() would
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write_text(path: Path, text: str) -> Path:

@@ -112,4 +112,7 @@ def write_run_plots(requests: pd.DataFrame, steps: pd.DataFrame, summary: dict, 
            memory_breakdown({"run": summary["memory_breakdown"]}, out_dir / "memory_breakdown.png")]
     intervals = timeline if timeline is not None else tl.intervals_from_requests(requests)
     out.append(tl.timeline(intervals, out_dir / "timeline.png"))
+    from sim.memory_plot import memory_over_time
+
+    out.append(memory_over_time(steps, out_dir / "memory_over_time.png"))
     return out

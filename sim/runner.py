@@ -65,9 +65,11 @@ def _integrity_default() -> bool:
     return os.environ.get("KVSIM_CHECK_INTEGRITY", "") not in ("", "0")
 
 
-def run_scenario(scn: Scenario, check_integrity: bool | None = None, progress: bool = False) -> Result:
+def run_scenario(scn: Scenario, check_integrity: bool | None = None, progress: bool = False,
+                 progress_after_s: float = 0.0) -> Result:
     """Run one scenario to completion. ``check_integrity`` (default: env KVSIM_CHECK_INTEGRITY) checks
-    every KV invariant after every step."""
+    every KV invariant after every step. ``progress``: a progress bar on stderr, shown once the run has
+    taken ``progress_after_s`` seconds of wall time (so short runs show none)."""
     t0 = time.perf_counter()
     model = scn.model_spec
     num_gpu = gpu_blocks(scn)
@@ -86,7 +88,7 @@ def run_scenario(scn: Scenario, check_integrity: bool | None = None, progress: b
         raise KvsimError(f"{scn.source}: executor.kind", e.args[0]) from None
     recorder = Recorder(num_gpu, manager.capacity_slots)
     check = _integrity_default() if check_integrity is None else check_integrity
-    bar = _progress_bar(len(workload.requests)) if progress else None
+    bar = _progress_bar(len(workload.requests), progress_after_s) if progress else None
     fe_in, fe_out, fe_token = scn.frontend.latencies()
     engine = Engine(workload.requests, scheduler, executor, recorder, check_integrity=check,
                     max_steps_without_progress=scn.scheduler.max_steps_without_progress,
@@ -111,20 +113,33 @@ def run_scenario(scn: Scenario, check_integrity: bool | None = None, progress: b
 
 
 class _progress_bar:
-    """A rich progress bar over finished requests, refreshed every few hundred steps."""
+    """A rich progress bar over finished requests, refreshed every few hundred steps; it appears only
+    once the run has lasted ``after_s`` seconds of wall time."""
 
-    def __init__(self, total: int) -> None:
+    def __init__(self, total: int, after_s: float = 0.0) -> None:
+        from rich.console import Console
         from rich.progress import Progress
 
-        self._p = Progress(transient=True)
+        self._p = Progress(console=Console(stderr=True), transient=True)  # stderr: stdout stays the results
         self._task = self._p.add_task("simulating", total=total)
-        self._p.start()
+        self._start_at = time.perf_counter() + after_s
+        self._started = False
         self._n = 0
+        if after_s <= 0:
+            self._show()
+
+    def _show(self) -> None:
+        self._p.start()
+        self._started = True
 
     def update(self, sched) -> None:
         self._n += 1
         if self._n % 500 == 0:
-            self._p.update(self._task, completed=len(sched.finished) + len(sched.rejected))
+            if not self._started and time.perf_counter() >= self._start_at:
+                self._show()
+            if self._started:
+                self._p.update(self._task, completed=len(sched.finished) + len(sched.rejected))
 
     def close(self) -> None:
-        self._p.stop()
+        if self._started:
+            self._p.stop()

@@ -233,13 +233,21 @@ def _check_capacity(scn: Scenario) -> None:
 # ---------------------------------------------------------------- one run (in a worker process)
 
 
-def run_task(data: dict, base_dir: str, source: str) -> dict[str, Any]:
-    """Run one task's scenario; a flat row of its summary, with ``status`` ok, or error and the message."""
+def run_task(data: dict, base_dir: str, source: str, trace: tuple[str, int] | None = None) -> dict[str, Any]:
+    """Run one task's scenario; a flat row of its summary, with ``status`` ok, or error and the message.
+    ``trace``: (file, request limit) of a Chrome trace-event JSON to write for this run."""
     from sim.runner import run_scenario
 
     try:
         scn = scenario_from_dict(data, base_dir=base_dir, source=source)
-        summary = run_scenario(scn).summary
+        result = run_scenario(scn)
+        summary = result.summary
+        if trace is not None:
+            from sim.timeline import intervals_from_requests
+            from sim.trace_events import write_trace_events
+
+            tl = result.timeline if result.timeline is not None else intervals_from_requests(result.requests)
+            write_trace_events(Path(trace[0]), result.steps, tl, request_limit=trace[1], name=scn.name)
     except KvsimError as e:
         return {"status": "error", "error": e.one_line()}
     except Exception as e:  # noqa: BLE001 - one failed point must not stop the sweep; the row says why
@@ -315,16 +323,16 @@ class SweepOutcome:
     files: list[Path]
 
 
-def _run_local(sweep: Sweep, todo: list[Task], workers: int, on_done) -> None:
+def _run_local(sweep: Sweep, todo: list[Task], workers: int, on_done, trace=lambda t: None) -> None:
     args = (str(sweep.base_path.parent), str(sweep.base_path))
     if workers <= 1:
         for t in todo:
-            on_done(t, run_task(t.data, *args))
+            on_done(t, run_task(t.data, *args, trace(t)))
         return
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(run_task, t.data, *args): t for t in todo}
+        futures = {pool.submit(run_task, t.data, *args, trace(t)): t for t in todo}
         try:
             for fut in as_completed(futures):
                 on_done(futures[fut], fut.result())
@@ -334,7 +342,7 @@ def _run_local(sweep: Sweep, todo: list[Task], workers: int, on_done) -> None:
             raise
 
 
-def _run_ray(sweep: Sweep, todo: list[Task], address: str | None, on_done) -> None:
+def _run_ray(sweep: Sweep, todo: list[Task], address: str | None, on_done, trace=lambda t: None) -> None:
     try:
         import ray
     except ImportError:
@@ -343,7 +351,7 @@ def _run_ray(sweep: Sweep, todo: list[Task], address: str | None, on_done) -> No
         ray.init(address=address or None)
     remote = ray.remote(run_task)
     args = (str(sweep.base_path.parent), str(sweep.base_path))
-    pending = {remote.remote(t.data, *args): t for t in todo}
+    pending = {remote.remote(t.data, *args, trace(t)): t for t in todo}
     while pending:
         done, _ = ray.wait(list(pending), num_returns=1)
         for ref in done:
@@ -351,9 +359,11 @@ def _run_ray(sweep: Sweep, todo: list[Task], address: str | None, on_done) -> No
 
 
 def run_sweep(sweep: Sweep, workers: int = 1, ray_address: str | None = None, use_ray: bool = False,
-              progress: bool = True, flush_every_s: float = 2.0) -> SweepOutcome:
+              progress: bool = True, flush_every_s: float = 2.0, trace_dir: Path | None = None,
+              trace_limit: int = 1000) -> SweepOutcome:
     """Run the tasks that have no ``ok`` row yet; results are rewritten (atomically) as they come in,
-    and once more at the end, also on Ctrl-C, so a resumed sweep loses at most the last few seconds."""
+    and once more at the end, also on Ctrl-C, so a resumed sweep loses at most the last few seconds.
+    ``trace_dir``: each run that runs writes its Chrome trace-event JSON there as ``TASK_ID.json``."""
     import time
 
     rows = read_results(sweep.out_dir)
@@ -378,10 +388,13 @@ def run_sweep(sweep: Sweep, workers: int = 1, ray_address: str | None = None, us
 
     files: list[Path] = []
     try:
+        def trace(t: Task) -> tuple[str, int] | None:
+            return None if trace_dir is None else (str(Path(trace_dir).resolve() / f"{t.task_id}.json"), trace_limit)
+
         if use_ray:
-            _run_ray(sweep, todo, ray_address, on_done)
+            _run_ray(sweep, todo, ray_address, on_done, trace)
         else:
-            _run_local(sweep, todo, workers, on_done)
+            _run_local(sweep, todo, workers, on_done, trace)
     finally:
         if bar:
             bar.close()
@@ -395,9 +408,11 @@ class _Bar:
     """A rich progress bar over tasks (skipped ones count as done from the start)."""
 
     def __init__(self, total: int, done: int) -> None:
+        from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self._p = Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        self._p = Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                           console=Console(stderr=True))
         self._task = self._p.add_task("sweep", total=total, completed=done)
         self._p.start()
 

@@ -1,24 +1,17 @@
-"""notebooks/policy_comparison.ipynb executes top to bottom and shows its figures."""
+"""notebooks/policy_comparison.ipynb executes top to bottom, shows its figures, and is stored with fresh outputs."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
+pytest.importorskip("nbformat")
+pytest.importorskip("nbclient")
 
-NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "policy_comparison.ipynb"
+from notebook_util import execute_fresh, stream_text  # noqa: E402
 
 
 def test_policy_notebook_executes():
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    nbclient.NotebookClient(nb, timeout=180, kernel_name="python3",
-                            resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
-    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
-    assert not [o for o in outputs if o.get("output_type") == "error"]
-    assert sum("image/png" in o.get("data", {}) for o in outputs) >= 3
-    text = "".join(o.get("text", "") for o in outputs)
+    nb = execute_fresh("policy_comparison.ipynb", min_figures=3)
+    text = stream_text(nb)
     ratio = float(text.split("continuous / static output throughput:")[1].split()[0])
     assert ratio >= 2.0

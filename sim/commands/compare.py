@@ -2,7 +2,9 @@
 
 One run per combination of the varied values (their cross product), a table of the main summary keys,
 and, in DIR: compare.csv (every summary key, flattened, one row a run), overlaid latency CDFs and KV
-usage, memory-breakdown bars side by side, and the request timelines one above the other.
+usage, memory-breakdown bars side by side, the memory breakdown over time side by side
+(memory_over_time.png), and the request timelines one above the other. With
+--trace-events FILE, one Chrome trace per run (FILE's name plus the run's label).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from sim.commands.trace_args import add_trace_args, check_trace_args, per_run_path
 from sim.errors import KvsimError
 from sim.output import flatten, prepare_out_dir, write_atomic
 from sim.runner import Result, run_scenario
@@ -39,6 +42,7 @@ def add_parser(sub) -> None:
                    help="override a scenario key in every run (repeatable)")
     p.add_argument("--out", help="folder for compare.csv and the overlaid plots")
     p.add_argument("--no-plots", action="store_true", help="skip the figures")
+    add_trace_args(p, per_run=True)
     p.set_defaults(func=main)
 
 
@@ -121,6 +125,7 @@ def intervals_of(res: Result) -> pd.DataFrame:
 def write_plots(results: dict[str, Result], out: Path) -> list[Path]:
     """Overlays and side-by-side panels; with one varied key the legends show just its values."""
     from sim import plots
+    from sim.memory_plot import memory_over_time
     from sim.timeline import timeline
 
     if all(label.count("=") == 1 for label in results):
@@ -134,6 +139,7 @@ def write_plots(results: dict[str, Result], out: Path) -> list[Path]:
             plots.memory_breakdown({k: r.summary["memory_breakdown"] for k, r in results.items()},
                                    stage / "memory_breakdown.png"),
             timeline({k: intervals_of(r) for k, r in results.items()}, stage / "timeline.png"),
+            memory_over_time({k: r.steps for k, r in results.items()}, stage / "memory_over_time.png"),
         ]
         return [write_atomic(out / f.name, lambda p, f=f: p.write_bytes(f.read_bytes())) for f in made]
     finally:
@@ -145,8 +151,16 @@ def write_plots(results: dict[str, Result], out: Path) -> list[Path]:
 def main(args: argparse.Namespace) -> int:
     vary = parse_vary(args.vary)
     out = prepare_out_dir(args.out) if args.out else None
+    trace = check_trace_args(args)
     results = run_all(args.scenario, vary, list(args.overrides))
     print_table(results)
+    if trace is not None:
+        from sim.trace_events import write_trace_events
+
+        for label, res in results.items():
+            path = write_trace_events(per_run_path(trace, label), res.steps, intervals_of(res),
+                                      request_limit=args.trace_events_limit, name=label)
+            print(f"wrote {path}")
     if out is not None:
         frame = compare_frame(results, vary)
         files = [write_atomic(out / "compare.csv", lambda p: frame.to_csv(p, index=False))]

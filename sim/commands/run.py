@@ -8,7 +8,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from sim.commands.progress import add_progress_args, progress_mode
 from sim.commands.summary_table import print_summary
+from sim.commands.trace_args import add_trace_args, check_trace_args
 from sim.output import prepare_out_dir, summary_json
 from sim.runner import Result, run_scenario
 from sim.scenario import load_scenario
@@ -17,17 +19,18 @@ from sim.scenario import load_scenario
 def add_parser(sub) -> None:
     p = sub.add_parser("run", help="run a scenario file and print its summary")
     p.add_argument("scenario", help="scenario YAML file")
-    p.add_argument("--out", help="folder for summary.json, requests.csv, steps.csv and plots")
+    p.add_argument("--out", help="folder for summary.json, requests.csv, steps.csv, the figures and report.html")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
                    help="override a scenario key (repeatable)")
     p.add_argument("--no-plots", action="store_true", help="skip the figures")
     p.add_argument("--check", action="store_true", help="check every KV invariant after every step (slow)")
-    p.add_argument("--progress", action="store_true", help="show a progress bar")
+    add_progress_args(p)
+    add_trace_args(p)
     p.set_defaults(func=main)
 
 
 def write_results(result: Result, out: Path, plots: bool = True) -> list[Path]:
-    """summary.json, requests.csv, steps.csv and the figures.
+    """summary.json, requests.csv, steps.csv, the figures and report.html.
 
     Every file is made in a staging folder inside ``out`` first, then renamed into place (summary.json
     last), so an error or Ctrl-C while writing leaves the previous results as they were, never a mix of
@@ -45,6 +48,9 @@ def write_results(result: Result, out: Path, plots: bool = True) -> list[Path]:
 
             names += [f.name for f in figs.write_run_plots(result.requests, result.steps, result.summary, stage,
                                                         timeline=result.timeline)]
+        from sim.report import write_report
+
+        names.append(write_report(result, stage, [stage / n for n in names if n.endswith(".png")]).name)
         (stage / "summary.json").write_text(summary_json(result.summary))
         names.append("summary.json")
         for name in names:
@@ -60,9 +66,19 @@ def write_results(result: Result, out: Path, plots: bool = True) -> list[Path]:
 def main(args: argparse.Namespace) -> int:
     scn = load_scenario(args.scenario, args.overrides)
     out = prepare_out_dir(args.out) if args.out else None
-    result = run_scenario(scn, check_integrity=True if args.check else None, progress=args.progress)
+    trace = check_trace_args(args)
+    show, after_s = progress_mode(args)
+    result = run_scenario(scn, check_integrity=True if args.check else None, progress=show,
+                          progress_after_s=after_s)
     print_summary(result.summary, title=f"{scn.name}  ({args.scenario})")
     if out is not None:
         files = write_results(result, out, plots=scn.output.plots and not args.no_plots)
         print(f"wrote {len(files)} files to {out}/")
+    if trace is not None:
+        from sim.timeline import intervals_from_requests
+        from sim.trace_events import write_trace_events
+
+        intervals = result.timeline if result.timeline is not None else intervals_from_requests(result.requests)
+        write_trace_events(trace, result.steps, intervals, request_limit=args.trace_events_limit, name=scn.name)
+        print(f"wrote {trace} (open it in https://ui.perfetto.dev or chrome://tracing)")
     return 0

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+from pathlib import Path
 
 from sim.errors import KvsimError
+from sim.trace_events import DEFAULT_REQUEST_LIMIT
 
 
 def add_parser(sub) -> None:
@@ -16,7 +19,12 @@ def add_parser(sub) -> None:
     p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                    help="run on Ray (a local cluster, or the one at ADDRESS)")
     p.add_argument("--dry-run", action="store_true", help="validate and list the runs; run nothing")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", "--quiet", dest="no_progress", action="store_true",
+                   help="no progress bar (there is none anyway when stderr is not a terminal)")
+    p.add_argument("--trace-events", metavar="DIR",
+                   help="write each run's Chrome trace-event JSON (Perfetto) to DIR/TASK_ID.json")
+    p.add_argument("--trace-events-limit", type=int, default=DEFAULT_REQUEST_LIMIT, metavar="N",
+                   help=f"request tracks per trace: the first N requests (default {DEFAULT_REQUEST_LIMIT})")
     p.set_defaults(func=main)
 
 
@@ -25,6 +33,11 @@ def main(args: argparse.Namespace) -> int:
 
     if args.workers is not None and args.workers < 1:
         raise KvsimError("--workers", f"must be at least 1, got {args.workers}")
+    if args.trace_events_limit < 0:
+        raise KvsimError("--trace-events-limit", f"must be 0 or more, got {args.trace_events_limit}")
+    trace_dir = Path(args.trace_events) if args.trace_events else None
+    if trace_dir is not None and trace_dir.exists() and not trace_dir.is_dir():
+        raise KvsimError("--trace-events", f"{trace_dir} is a file; sweep takes a folder for one trace per run")
     sweep = load_sweep(args.sweep)
     if args.dry_run:
         for t in sweep.tasks:
@@ -34,7 +47,8 @@ def main(args: argparse.Namespace) -> int:
         return 0
     workers = args.workers or max(1, min(os.cpu_count() or 1, len(sweep.tasks)))
     outcome = run_sweep(sweep, workers=workers, use_ray=args.ray is not None, ray_address=args.ray or None,
-                        progress=not args.no_progress)
+                        progress=not args.no_progress and sys.stderr.isatty(), trace_dir=trace_dir,
+                        trace_limit=args.trace_events_limit)
     print(f"{outcome.total} runs: {outcome.ran} ran ({outcome.failed} failed), {outcome.skipped} already done; "
           f"results in {os.path.normpath(sweep.out_dir)}/")
     return 1 if outcome.failed else 0
