@@ -39,6 +39,10 @@ def test_capture_sizes_are_vllms():
     assert capture_sizes(256)[:5] == [1, 2, 4, 8, 16] and capture_sizes(256)[-2:] == [248, 256]
     assert capture_sizes(512)[-3:] == [480, 496, 512]
     assert len(capture_sizes(512)) == 3 + 31 + 17
+    assert capture_sizes(6) == [1, 2, 4, 6] and capture_sizes(300)[-2:] == [288, 300]
+    # 3 seats: the largest graph holds 6 tokens; a decode batch of 5 pads to 6
+    exe = _exe(graph_max_tokens=6)
+    assert exe.execute(_decode(*[10] * 5)).breakdown["linear"] > exe.execute(_decode(*[10] * 4)).breakdown["linear"]
 
 
 def test_decode_batch_is_padded_to_a_captured_size():

@@ -82,10 +82,13 @@ class EngineParams:
 
 
 def capture_sizes(max_tokens: int) -> list[int]:
-    """vLLM's CUDA-graph capture sizes: 1, 2, 4, then multiples of 8 below 256, of 16 from 256 on."""
+    """vLLM's CUDA-graph capture sizes: 1, 2, 4, then multiples of 8 below 256, of 16 from 256 on, up to
+    ``max_tokens``, which is always captured (the largest size is the limit itself)."""
     sizes = [s for s in (1, 2, 4) if s <= max_tokens]
     sizes += list(range(8, min(256, max_tokens + 1), 8)) + list(range(256, max_tokens + 1, 16))
-    return sizes or [max_tokens]
+    if not sizes or sizes[-1] < max_tokens:
+        sizes.append(max_tokens)
+    return sizes
 
 
 def graph_max_tokens_for(max_num_seqs: int) -> int:
