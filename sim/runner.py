@@ -109,6 +109,11 @@ def run_scenario(scn: Scenario, check_integrity: bool | None = None, progress: b
     if hasattr(manager, "sharing_summary"):
         summary.update(manager.sharing_summary(model.kv_bytes_per_block(scn.kv_cache.block_size)))
     timeline = scheduler.timeline_frame() if hasattr(scheduler, "timeline_frame") else None
+    if timeline is not None and fe_in > 0:   # the frontend's input latency: client send -> engine
+        arrive = reqs["arrival_s"].to_numpy(dtype=float)
+        front = pd.DataFrame({"req_id": reqs["req_id"], "phase": "frontend", "start_s": arrive, "end_s": arrive + fe_in})
+        timeline = pd.concat([front, timeline], ignore_index=True).sort_values(["req_id", "start_s"], kind="stable")
+        timeline = timeline.reset_index(drop=True)
     return Result(scn, summary, reqs, steps, dict(workload.stats), timeline)
 
 

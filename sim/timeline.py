@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-PHASE_COLORS = {"waiting": "#ced4da", "prefill": "#1c7ed6", "decode": "#2b8a3e", "preempted": "#f76707",
+PHASE_COLORS = {"frontend": "#e9ecef", "waiting": "#ced4da", "prefill": "#1c7ed6", "decode": "#2b8a3e", "preempted": "#f76707",
                 "swapped": "#ae3ec9", "idle": "#ffd43b"}
 INTERVAL_COLUMNS = ["req_id", "phase", "start_s", "end_s"]
 
