@@ -106,6 +106,7 @@ class LooResult:
     roofline: float   # tile/wave roofline fitted on the training rows
     corrected: float  # the same plus the learned correction
     few: float        # plus a local correction from ``points`` token counts per shape (scored on the rest)
+    few_rows: int     # rows ``few`` is scored on (the held-out rows minus the measured sample)
 
 
 def loo(df: pd.DataFrame, hardware: HardwareSpec, points: int = 16) -> list[LooResult]:
@@ -122,5 +123,5 @@ def loo(df: pd.DataFrame, hardware: HardwareSpec, points: int = 16) -> list[LooR
         few = replace(corr, gemm_correction={**corr.gemm_correction, "local": fit_local(sample, hardware, corr)})
         out.append(LooResult(held, len(test), len(train), mape(predict_gemm(test, hardware, plain), t),
                              mape(predict_gemm(test, hardware, roof), t), mape(predict_gemm(test, hardware, corr), t),
-                             mape(predict_gemm(rest, hardware, few), rest.time_s.to_numpy())))
+                             mape(predict_gemm(rest, hardware, few), rest.time_s.to_numpy()), len(rest)))
     return out
