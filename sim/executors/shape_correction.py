@@ -14,7 +14,8 @@ For a shape (N, K) the correction curve is a kernel-weighted mean of the trainin
     w_i  = exp(-((ln N - ln N_i) / w_n)^2 / 2 - ((ln K - ln K_i) / w_k)^2 / 2)
     r(M) = sum_i w_i r_i(M) / (sum_i w_i + w_0)          r_i linear in M between grid points, flat beyond
 
-plus, when ``local`` holds the exact shape, its deltas interpolated linearly in ln M (flat beyond the
+A shape measured in training (N = N_i and K = K_i) takes its own curve r_i instead: the correction
+reproduces what was measured and generalises only to shapes it has not seen. Plus, when ``local`` holds the exact shape, its deltas interpolated linearly in ln M (flat beyond the
 measured range). The GEMM time is ``roofline x exp(r(M))``.
 
 Invariants: a shape's curve is computed once (numpy, about 50 us) and cached; afterwards one lookup costs
@@ -44,6 +45,7 @@ class ShapeCorrection:
         self.width_n = float(data.get("width_n", 0.2))
         self.width_k = float(data.get("width_k", 0.4))
         self.prior_weight = float(data.get("prior_weight", 0.3))
+        self.exact = {(int(n), int(k)): i for i, (n, k) in enumerate(shapes.tolist())}
         self.local = {tuple(int(x) for x in key.split(",")): sorted((float(m), float(d)) for m, d in pts)
                       for key, pts in data.get("local", {}).items()}
         self._cache: dict[tuple[int, int], list[float]] = {}
@@ -53,7 +55,9 @@ class ShapeCorrection:
         key = (int(n), int(k))
         hit = self._cache.get(key)
         if hit is None:
-            if len(self.curves) and self.grid:
+            if key in self.exact:
+                hit = self.curves[self.exact[key]].tolist()
+            elif len(self.curves) and self.grid:
                 d2 = ((math.log(n) - self.ln_n) / self.width_n) ** 2 + ((math.log(k) - self.ln_k) / self.width_k) ** 2
                 w = np.exp(-d2 / 2)
                 hit = (w @ self.curves / (w.sum() + self.prior_weight)).tolist()

@@ -98,8 +98,8 @@ def calibration_json(doc: dict[str, Any]) -> str:
 
 
 def write_calibration(doc: dict[str, Any], out: str | Path) -> None:
-    """Write ``doc`` atomically (a temporary file renamed into place: nothing half-written)."""
-    write_text(check_out_path(out), calibration_json(doc))
+    """Write ``doc`` atomically (a temporary file renamed into place: nothing half-written), mode 0644."""
+    write_text(check_out_path(out), calibration_json(doc)).chmod(0o644)
 
 
 @dataclass
