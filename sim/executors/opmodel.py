@@ -109,19 +109,36 @@ class LooResult:
     few_rows: int     # rows ``few`` is scored on (the held-out rows minus the measured sample)
 
 
+def loo_fold(df: pd.DataFrame, hardware: HardwareSpec, held: str
+             ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, CostParams]]:
+    """One fold: (training rows, held-out rows, {"plain", "roofline", "corrected"} parameters fitted on the
+    training rows)."""
+    train, test = loo_split(df, held)
+    base = CostParams(num_sms=DEFAULT_NUM_SMS.get(hardware.name, 108))
+    roof = fit_gemm(train, hardware, base)
+    corr = replace(roof, gemm_correction=fit_correction(train, hardware, roof))
+    return train, test, {"plain": fit_baseline(train, hardware), "roofline": roof, "corrected": corr}
+
+
+def loo_rows(df: pd.DataFrame, hardware: HardwareSpec) -> pd.DataFrame:
+    """Every held-out projection row with its predictions (columns pred_plain, pred_roofline, pred_corrected)."""
+    parts = []
+    for held in sorted(with_shapes(df).model.unique()):
+        _, test, fits = loo_fold(df, hardware, held)
+        parts.append(test.assign(**{f"pred_{k}": predict_gemm(test, hardware, p) for k, p in fits.items()}))
+    return pd.concat(parts)
+
+
 def loo(df: pd.DataFrame, hardware: HardwareSpec, points: int = 16) -> list[LooResult]:
     """Leave-one-model-out over every model with projection rows in ``df``."""
     out = []
-    base = CostParams(num_sms=DEFAULT_NUM_SMS.get(hardware.name, 108))
     for held in sorted(with_shapes(df).model.unique()):
-        train, test = loo_split(df, held)
+        train, test, fits = loo_fold(df, hardware, held)
         t = test.time_s.to_numpy()
-        plain = fit_baseline(train, hardware)
-        roof = fit_gemm(train, hardware, base)
-        corr = replace(roof, gemm_correction=fit_correction(train, hardware, roof))
+        corr = fits["corrected"]
         sample, rest = few_points(test, points)
         few = replace(corr, gemm_correction={**corr.gemm_correction, "local": fit_local(sample, hardware, corr)})
-        out.append(LooResult(held, len(test), len(train), mape(predict_gemm(test, hardware, plain), t),
-                             mape(predict_gemm(test, hardware, roof), t), mape(predict_gemm(test, hardware, corr), t),
+        out.append(LooResult(held, len(test), len(train), *(mape(predict_gemm(test, hardware, fits[k]), t)
+                                                            for k in ("plain", "roofline", "corrected")),
                              mape(predict_gemm(rest, hardware, few), rest.time_s.to_numpy()), len(rest)))
     return out

@@ -192,8 +192,3 @@ def parity_plot(v: Validation, path: str | Path, title: str = "") -> None:
     fig.savefig(path, dpi=90)
     plt.close(fig)
 
-
-def heldout_mask(df: pd.DataFrame, train_model: str = "Llama-2-7b-hf", train_tp: int = 1) -> np.ndarray:
-    """Rows of models or TP degrees the shipped calibrations never saw (all-reduce rows excluded)."""
-    seen = (df.model == train_model) & (df.tp == train_tp)
-    return (~seen & (df.operator != "all_reduce")).to_numpy()
