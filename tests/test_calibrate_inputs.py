@@ -110,3 +110,8 @@ def test_loo_without_hardware_and_calibrate_without_hardware(tmp_path: Path):
     _one_line(_run(["calibrate", "--measurements", str(VIDUR), "--out", str(tmp_path / "c.json")]),
               ["error: --hardware: required"])
     assert list(tmp_path.iterdir()) == []
+
+
+def test_loo_needs_two_models():
+    r = _run(["validate", "--loo", "--hardware", "a100-80gb", "--measurements", str(VIDUR)])
+    _one_line(r, ["error: --measurements: leave-one-model-out needs projection rows of at least two models, found 1"])

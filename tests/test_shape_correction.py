@@ -81,3 +81,14 @@ def test_pricing_a_gemm_stays_microseconds():
             calls += 1
     per_call = (time.perf_counter() - start) / calls
     assert per_call < 20e-6, f"{per_call * 1e6:.1f} us per call"
+
+
+def test_evaluator_cache_is_bounded_and_rebuilds_what_it_dropped():
+    from sim.executors import shape_correction as sc
+
+    dicts = [{**CORR, "prior_weight": float(i)} for i in range(sc._MAX_EVALUATORS + 8)]
+    for d in dicts:
+        factor_scalar(d, 51, 2000, 1000)
+    assert len(sc._EVALUATORS) <= sc._MAX_EVALUATORS
+    # the first dict was dropped; evaluating it again rebuilds it (prior weight 0: the hand value above)
+    assert factor_scalar(dicts[0], 51, 2000, 1000) == pytest.approx(math.exp(0.15))

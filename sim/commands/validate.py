@@ -13,7 +13,7 @@ import json
 from dataclasses import asdict
 
 from sim.errors import KvsimError
-from sim.executors.measurements import read_measurements
+from sim.executors.measurements import LINEAR_OPS, read_measurements
 from sim.executors.opmodel import LooResult, loo
 from sim.executors.validation import check_out_path, hardware_of, parity_plot, shipped_vidur, validate_files
 
@@ -54,7 +54,7 @@ def pooled(results: list[LooResult]) -> dict[str, float]:
     out: dict[str, float] = {"rows": rows}
     for key in ("plain", "roofline", "corrected"):
         out[key] = sum(getattr(r, key) * r.rows for r in results) / rows
-    out["few"] = sum(r.few * r.few_rows for r in results) / few_rows
+    out["few"] = sum(r.few * r.few_rows for r in results if r.few_rows) / few_rows if few_rows else float("nan")
     return out
 
 
@@ -67,9 +67,12 @@ def _loo(args: argparse.Namespace) -> int:
     paths = args.measurements or shipped_vidur(hw.name.split("-")[0])
     if not paths:
         raise KvsimError("--measurements", f"no shipped Vidur tables for {hw.name}; give some")
-    results = loo(read_measurements(paths), hw, points=args.points)
-    if len(results) < 2:
-        raise KvsimError("--measurements", "leave-one-model-out needs projection rows of at least two models")
+    df = read_measurements(paths)
+    models = df[df.operator.isin(LINEAR_OPS)].model.nunique()
+    if models < 2:
+        raise KvsimError("--measurements", f"leave-one-model-out needs projection rows of at least two models, "
+                                           f"found {models}")
+    results = loo(df, hw, points=args.points)
     if args.json:
         print(json.dumps({"hardware": hw.name, "points": args.points, "models": [asdict(r) for r in results],
                           "all": pooled(results)}, indent=2))

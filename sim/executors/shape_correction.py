@@ -26,12 +26,15 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
 
-# id(stored dict) -> (the dict, its evaluator); keeping the dict alive keeps its id unique
-_EVALUATORS: dict[int, tuple[dict[str, Any], ShapeCorrection]] = {}
+# id(stored dict) -> (the dict, its evaluator), the most recently used last; holding the dict keeps its id
+# unique while cached, and at most _MAX_EVALUATORS are kept (a sweep loads one calibration per run)
+_EVALUATORS: OrderedDict[int, tuple[dict[str, Any], ShapeCorrection]] = OrderedDict()
+_MAX_EVALUATORS = 32
 
 
 class ShapeCorrection:
@@ -93,6 +96,10 @@ def evaluator(data: dict[str, Any]) -> ShapeCorrection:
     hit = _EVALUATORS.get(id(data))
     if hit is None or hit[0] is not data:
         hit = _EVALUATORS[id(data)] = (data, ShapeCorrection(data))
+        while len(_EVALUATORS) > _MAX_EVALUATORS:
+            _EVALUATORS.popitem(last=False)
+    else:
+        _EVALUATORS.move_to_end(id(data))
     return hit[1]
 
 
