@@ -208,7 +208,7 @@ def fit_params(df: pd.DataFrame, hardware: HardwareSpec) -> CostParams:
     if not elem.empty:
         grid = np.linspace(0.05, 1.2, 116)
         best: tuple[float, float, dict[str, float]] = (np.inf, 0.0, {})
-        for lat in np.linspace(0.0, 2e-5, 41):
+        for lat in np.linspace(0.0, 2e-5, 81):  # 0.25 us steps
             total, effs = 0.0, {}
             for op, rows in elem.groupby("operator"):
                 nbytes, t = elementwise_bytes(rows), rows.time_s.to_numpy()
