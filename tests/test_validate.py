@@ -1,52 +1,103 @@
-"""The shipped calibrations (fitted on Llama-2-7B TP1) predict held-out models and TP degrees.
+"""The cost model against Vidur's measured operators (sim/data/vidur), scored where it has not looked.
 
-Measured numbers are Vidur's (sim/data/vidur). Bounds: what the model reaches on the held-out rows
-(A100: 70B and CodeLlama-34B; H100: those and Qwen-72B; TP 1 to 8), with a little room, and a clear
-margin below the plain roofline fitted the same way (about 8% on A100 and 12% on H100 for the four
-projections, as the brief expects).
+Leave-one-model-out (opmodel.py): each model is held out in turn, and training drops it and every row of
+another model whose GEMM shape (N, K) it shares. The goal (issue 11) is at most 5% MAPE on the four
+projections of unseen models, and about 3% for a new model from a minute of its own shapes. Bounds are
+those goals, or the plain and tile/wave rooflines fitted on the same rows (independent references).
+Goals the model does not reach yet are strict xfails: they fail the day the model reaches them, so the
+README and these tests get updated together.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from sim.cli import main as cli_main
+from sim.commands.validate import pooled
 from sim.executors.cost_model import load_calibration
-from sim.executors.measurements import read_measurements
-from sim.executors.validation import heldout_mask, shipped_vidur, validate
+from sim.executors.measurements import LINEAR_OPS, read_measurements
+from sim.executors.opmodel import loo, loo_split
+from sim.executors.validation import shipped_vidur, validate
+from sim.specs import HardwareSpec
 
-# gpu -> (linear MAPE bound, one-layer MAPE bound)
-BOUNDS = {"a100": (0.068, 0.039), "h100": (0.092, 0.058)}
-
-
-@pytest.fixture(scope="module", params=["a100", "h100"])
-def heldout(request):
-    gpu = request.param
-    df = read_measurements(shipped_vidur(gpu))
-    df = df[heldout_mask(df)]
-    # every other token count keeps the test fast and still covers the whole range
-    tokens = sorted(df.num_tokens.unique())[::2]
-    return gpu, df[df.num_tokens.isin(tokens)]
+GOAL_UNSEEN = 0.05     # issue 11: at most 5% on unseen models
+GOAL_FEW = 0.03 * 1.15  # "about 3%" from a minute of the model's own shapes: 3% with 15% slack
+FEW_POINTS = 64        # token counts per shape: a 4-operator x 4-TP table is 1,024 GEMMs, seconds on a GPU
 
 
-def test_heldout_models_and_tp_degrees(heldout):
-    gpu, df = heldout
+@pytest.fixture(scope="module")
+def tables():
+    return {gpu: read_measurements(shipped_vidur(gpu)) for gpu in ("a100", "h100")}
+
+
+@pytest.fixture(scope="module")
+def loo_results(tables):
+    return {gpu: loo(df, HardwareSpec.from_name(f"{gpu}-80gb"), points=FEW_POINTS) for gpu, df in tables.items()}
+
+
+def test_loo_split_removes_the_heldout_shapes(tables):
+    df = tables["a100"]
+    train, test = loo_split(df, "Llama-2-70b-hf")
+    assert set(test.model) == {"Llama-2-70b-hf"} and "Llama-2-70b-hf" not in set(train.model)
+    assert len(test) == len(df[(df.model == "Llama-2-70b-hf") & df.operator.isin(LINEAR_OPS)])
+    assert not set(zip(train.N, train.K)) & set(zip(test.N, test.K))
+    # by hand: Llama-2-70B (hidden 8192, 64 heads of 128, 8 KV heads, intermediate 28672) at TP 2 has a fused
+    # QKV of K = 8192 -> N = (32 + 2 x 4) x 128 = 5120 and a down projection of K = 14336 -> N = 8192
+    for shape in [(5120, 8192), (8192, 14336)]:
+        assert shape in set(zip(test.N, test.K)) and shape not in set(zip(train.N, train.K))
+    # CodeLlama-34B has the same hidden size and heads: its attention projections leave training too
+    code = train[train.model == "CodeLlama-34b-Instruct-hf"]
+    assert not code.operator.isin(["attn_pre_proj", "attn_post_proj"]).any()
+    assert code.operator.isin(["mlp_up_proj", "mlp_down_proj"]).any()
+
+
+@pytest.mark.parametrize("gpu", ["a100", "h100"])
+def test_loo_correction_beats_the_rooflines_on_every_unseen_model(loo_results, gpu):
+    results = loo_results[gpu]
+    assert len(results) == {"a100": 3, "h100": 4}[gpu]
+    for r in results:
+        assert r.corrected < r.roofline < r.plain, r
+        assert r.few < r.corrected, r
+
+
+@pytest.mark.parametrize("gpu", [pytest.param("a100", marks=pytest.mark.xfail(strict=True, reason="5.97%: goal not met")),
+                                 pytest.param("h100", marks=pytest.mark.xfail(strict=True, reason="6.73%: goal not met"))])
+def test_loo_goal_five_percent_on_unseen_models(loo_results, gpu):
+    assert pooled(loo_results[gpu])["corrected"] <= GOAL_UNSEEN
+
+
+@pytest.mark.parametrize("gpu", ["a100", pytest.param("h100", marks=pytest.mark.xfail(strict=True,
+                                                                                     reason="4.0%: goal not met"))])
+def test_few_own_points_reach_about_three_percent(loo_results, gpu):
+    assert pooled(loo_results[gpu])["few"] <= GOAL_FEW
+
+
+@pytest.mark.parametrize("gpu", ["a100", "h100"])
+def test_shipped_calibration_fits_every_table(tables, gpu):
     _, doc = load_calibration(f"{gpu}-80gb")
-    assert doc["fitted_on"] == [f"{gpu}_Llama-2-7b-hf_mlp.csv", f"{gpu}_dgx_all_reduce.csv"]
-    assert set(df.tp) == {1, 2, 4, 8}
-    v = validate(doc, df)
-    lin_bound, layer_bound = BOUNDS[gpu]
-    assert v.model["linear"] < lin_bound
-    assert v.model["layer"] < layer_bound
-    assert v.model["linear"] < 0.85 * v.baseline["linear"]
-    assert v.model["layer"] < 0.80 * v.baseline["layer"]
-    for op in ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj"):
-        assert v.model[op] < 0.11
+    assert doc["fitted_on"] == [p.name for p in shipped_vidur(gpu, "mlp") + shipped_vidur(gpu, "all_reduce")]
+    df = tables[gpu]
+    tokens = sorted(df.num_tokens.unique())[::3]  # a third of the token counts keeps this fast
+    v = validate(doc, df[df.num_tokens.isin(tokens) | (df.operator == "all_reduce")])
+    # seen shapes use their own measured curve: well inside the goal for unseen ones
+    assert v.model["linear"] < GOAL_UNSEEN
+    for op in v.model:
+        if op in v.baseline and op != "all_reduce":
+            assert v.model[op] < v.baseline[op], op
+
+
+def test_cli_loo_prints_every_model(capsys):
+    assert cli_main(["validate", "--loo", "--hardware", "a100-80gb", "--points", "8", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [m["model"] for m in out["models"]] == ["CodeLlama-34b-Instruct-hf", "Llama-2-70b-hf", "Llama-2-7b-hf"]
+    rows = sum(m["rows"] for m in out["models"])
+    # every raw CSV row is one (token count, TP) point with four projections
+    assert out["all"]["rows"] == rows == sum(4 * len(pd.read_csv(p)) for p in shipped_vidur("a100", "mlp"))
 
 
 def test_cli_calibrate_then_validate_json_and_plot(tmp_path: Path, capsys):
@@ -55,19 +106,37 @@ def test_cli_calibrate_then_validate_json_and_plot(tmp_path: Path, capsys):
     assert cli_main(["calibrate", "--hardware", "a100-80gb", "--tp", "1", "--out", str(calib),
                      "--measurements", *train]) == 0
     doc = json.loads(calib.read_text())
-    assert doc["hardware"] == "a100-80gb" and doc["train_mape"]["linear"] < 0.07
+    assert doc["hardware"] == "a100-80gb" and doc["train_mape"]["linear"] < GOAL_UNSEEN
     capsys.readouterr()
     plot = tmp_path / "parity.png"
     held = [str(p) for p in shipped_vidur("a100") if "70b" in p.name]
     assert cli_main(["validate", "--calibration", str(calib), "--measurements", *held, "--json",
                      "--plot", str(plot)]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert 0 < out["overall_mape"] < 0.2 and out["baseline"]["linear_mape"] > out["linear_mape"]
+    assert 0 < out["overall_mape"] < out["baseline"]["overall_mape"]
+    assert out["baseline"]["linear_mape"] > out["linear_mape"]
     assert plot.stat().st_size > 10_000
 
 
-def test_cli_bad_input_is_one_line_exit_2(tmp_path: Path):
-    r = subprocess.run([sys.executable, "-m", "sim.cli", "validate", "--calibration", str(tmp_path / "x.json"),
-                        "--measurements", str(tmp_path / "m.csv")], capture_output=True, text=True)
-    assert r.returncode == 2
-    assert r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1
+def test_cli_calibrate_from_base_with_a_few_points_of_a_new_model(tmp_path: Path, capsys):
+    """Base: fitted without Llama-2-70B; then 16 token counts of 70B adapt it; scored on all 70B rows."""
+    base = tmp_path / "base.json"
+    train = [str(p) for p in shipped_vidur("a100") if "70b" not in p.name]
+    assert cli_main(["calibrate", "--hardware", "a100-80gb", "--out", str(base), "--measurements", *train]) == 0
+    full = next(p for p in shipped_vidur("a100") if "70b" in p.name)
+    raw = pd.read_csv(full)
+    tokens = sorted(raw.num_tokens.unique())
+    few = tmp_path / "a100_Llama-2-70b-hf_mlp.csv"
+    raw[raw.num_tokens.isin(tokens[:: len(tokens) // 16])].to_csv(few, index=False)
+    new = tmp_path / "new.json"
+    assert cli_main(["calibrate", "--base", str(base), "--measurements", str(few), "--out", str(new)]) == 0
+    doc, base_doc = json.loads(new.read_text()), json.loads(base.read_text())
+    assert doc["base"] == str(base) and doc["fitted_on"] == base_doc["fitted_on"] + [few.name]
+    assert doc["baseline"] == base_doc["baseline"]
+    # by hand: 4 projections x TP 1, 2, 4, 8 of 70B are 16 distinct (N, K) shapes
+    assert len(doc["params"]["gemm_correction"]["local"]) == 16
+    df = read_measurements([full])
+    df = df[df.operator.isin(LINEAR_OPS)]
+    before, after = validate(base_doc, df).model["linear"], validate(doc, df).model["linear"]
+    assert after < before
+    assert np.isfinite(after)

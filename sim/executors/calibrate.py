@@ -5,7 +5,7 @@ mean absolute percentage error (MAPE) over the given rows with Nelder-Mead in lo
 
 1. GEMMs (the four projections): memory efficiency, kernel latency, the smooth-max exponent, the cost
    of a partial last wave (``wave_quant``) and one compute efficiency per candidate tile shape (tile and
-   wave quantization, roofline.py).
+   wave quantization, roofline.py); then the learned per-shape correction over it (opmodel.py).
 2. Elementwise operators (norms, rope, activation, add): one memory efficiency each.
    All-reduce rows (Vidur's *_all_reduce.csv): kept as a measured table per TP degree.
 3. Profile rows from ``kvsim profile``: attention efficiencies (compute, new-token traffic, cached-KV
@@ -200,12 +200,15 @@ def allreduce_table(df: pd.DataFrame, points: int = 48) -> dict[str, list[list[f
 
 def fit_params(df: pd.DataFrame, hardware: HardwareSpec) -> CostParams:
     """Fit every parameter the given rows inform; the others keep their defaults."""
+    from sim.executors.opmodel import fit_correction  # opmodel builds on this module's fitters
+
     params = fit_gemm(df, hardware, CostParams(num_sms=DEFAULT_NUM_SMS.get(hardware.name, 108)))
+    params.gemm_correction = fit_correction(df, hardware, params)
     elem = df[df.operator.isin(ELEMENTWISE_OPS)]
     if not elem.empty:
         grid = np.linspace(0.05, 1.2, 116)
         best: tuple[float, float, dict[str, float]] = (np.inf, 0.0, {})
-        for lat in np.linspace(0.0, 2e-5, 41):
+        for lat in np.linspace(0.0, 2e-5, 81):  # 0.25 us steps
             total, effs = 0.0, {}
             for op, rows in elem.groupby("operator"):
                 nbytes, t = elementwise_bytes(rows), rows.time_s.to_numpy()

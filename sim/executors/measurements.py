@@ -18,6 +18,8 @@ gated, dtype_bytes``.
 
 from __future__ import annotations
 
+import io
+import math
 from pathlib import Path
 
 import numpy as np
@@ -37,10 +39,51 @@ COLUMNS = ["source", "model", "tp", "kind", "batch_size", "num_tokens", "context
            "hidden", "heads", "kv_heads", "head_dim", "inter", "vocab", "gated", "dtype_bytes"]
 
 
+def read_csv_checked(path: Path) -> pd.DataFrame:
+    """A CSV as a DataFrame, or a KvsimError naming the file and line: missing, a directory, not UTF-8,
+    empty, header only, or unparsable. Blank lines are kept (as rows of NaN) so row i is line i + 2."""
+    if path.is_dir():
+        raise KvsimError(str(path), "is a directory, not a CSV file")
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise KvsimError(str(path), f"cannot read ({exc.strerror or exc})") from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        col = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise KvsimError(f"{path}:{line}", f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {col})") from exc
+    try:
+        df = pd.read_csv(io.StringIO(text), skip_blank_lines=False)
+    except pd.errors.EmptyDataError as exc:
+        raise KvsimError(f"{path}:1", "empty file: no header and no rows") from exc
+    except pd.errors.ParserError as exc:
+        raise KvsimError(str(path), f"cannot parse CSV ({' '.join(str(exc).split())})") from exc
+    if df.empty:
+        raise KvsimError(f"{path}:2", "header only: no data rows")
+    return df
+
+
+def require_numbers(df: pd.DataFrame, columns: list[str], path: Path) -> None:
+    """Raise a KvsimError at the first cell of ``columns`` that is empty, NaN, infinite or not a number."""
+    for col in columns:
+        values = pd.to_numeric(df[col], errors="coerce").astype(float)
+        bad = ~np.isfinite(values.to_numpy())
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raw = df[col].iloc[i]
+            missing = raw is None or (isinstance(raw, float) and math.isnan(raw)) or str(raw).strip().lower() == "nan"
+            what = "missing value (empty or NaN)" if missing else f"{str(raw)!r} is not a finite number"
+            raise KvsimError(f"{path}:{i + 2}", f"column {col}: {what}")
+
+
 def _vidur(df: pd.DataFrame, path: Path) -> pd.DataFrame:
     missing = [c for c in VIDUR_SHAPE if c not in df.columns]
     if missing:
         raise KvsimError(str(path), f"Vidur CSV lacks columns {', '.join(missing)}")
+    require_numbers(df, [c for c in VIDUR_SHAPE if c != "use_gated_mlp"]
+                    + [f"time_stats.{op}.median" for op in VIDUR_OPS if f"time_stats.{op}.median" in df.columns], path)
     name = path.stem.removesuffix("_mlp")
     name = name.split("_", 1)[1] if "_" in name else name  # "a100_Llama-2-7b-hf" -> "Llama-2-7b-hf"
     parts = []
@@ -66,6 +109,7 @@ def _allreduce(df: pd.DataFrame, path: Path) -> pd.DataFrame:
     missing = [c for c in need if c not in df.columns]
     if missing:
         raise KvsimError(str(path), f"all-reduce CSV lacks columns {', '.join(missing)}")
+    require_numbers(df, need + [c for c in ("devices_per_node",) if c in df.columns], path)
     if "devices_per_node" in df.columns:
         df = df[df.devices_per_node == df.num_workers]  # one node: NVLink, no network
     g = df.groupby(["num_workers", "size"])["time_stats.all_reduce.median"].median().reset_index()
@@ -77,6 +121,7 @@ def _allreduce(df: pd.DataFrame, path: Path) -> pd.DataFrame:
 
 
 def _profile(df: pd.DataFrame, path: Path) -> pd.DataFrame:
+    require_numbers(df, ["batch_size", "num_tokens", "context_len", "time_ms"], path)
     bad = sorted(set(df.operator) - set(PROFILE_OPS))
     if bad:
         raise KvsimError(str(path), f"unknown operators {', '.join(bad)}; known: {', '.join(PROFILE_OPS)}")
@@ -99,16 +144,16 @@ def _profile(df: pd.DataFrame, path: Path) -> pd.DataFrame:
 
 
 def read_measurements(paths: list[str | Path]) -> pd.DataFrame:
-    """Read and concatenate measurement files; rows with a non-positive or missing time are dropped."""
+    """Read and concatenate measurement files; rows with a non-positive time are dropped.
+
+    Every number the tables need must be present and finite: an empty, NaN or non-numeric cell is a
+    KvsimError naming the file and line (so are unreadable, non-UTF-8 and header-only files)."""
     if not paths:
         raise KvsimError("--measurements", "no measurement files given")
     frames = []
     for p in paths:
         path = Path(p)
-        try:
-            df = pd.read_csv(path)
-        except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
-            raise KvsimError(str(path), f"cannot read CSV ({exc})") from exc
+        df = read_csv_checked(path)
         if list(df.columns[: len(PROFILE_COLUMNS)]) == PROFILE_COLUMNS:
             frames.append(_profile(df, path))
         elif "time_stats.all_reduce.median" in df.columns:

@@ -22,7 +22,8 @@ tile shape that finishes first. For each candidate tile:
     t_c      = min over tiles of t_tile
 
 Small tiles waste less on small or ragged shapes but reach a lower efficiency (fitted per tile), so
-small GEMMs do not reach peak. The plain roofline of the brief is ``tiles = [], smooth_p = inf``. Every function
+small GEMMs do not reach peak. On top of that, ``CostParams.gemm_correction`` (shape_correction.py) multiplies
+the time by exp(r(M, N, K)), a correction learned from measured shapes; empty, it changes nothing. The plain roofline of the brief is ``tiles = [], smooth_p = inf``. Every function
 here accepts numpy arrays as well as scalars (the calibrator prices thousands of rows at once).
 """
 
@@ -33,6 +34,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
+
+from sim.executors.shape_correction import factor, factor_scalar
 
 # Streaming multiprocessors per GPU, from the NVIDIA datasheets (A100: 108, H100 SXM: 132, H200: 132,
 # L40S: 142); a CPU has no waves to quantize, so 1.
@@ -69,6 +72,8 @@ class CostParams:
     allreduce_eff: float = 0.8        # fraction of interconnect bandwidth a ring all-reduce reaches
     # measured all-reduce times: {"tp": [[bytes, seconds], ...]} sorted by bytes; replaces the ring formula
     allreduce_table: dict[str, list[list[float]]] = field(default_factory=dict)
+    # learned log(measured / roofline) of GEMMs per shape (shape_correction.py); {}: none
+    gemm_correction: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CostParams:
@@ -114,7 +119,8 @@ def gemm_time(m: Any, n: int | Any, k: int | Any, peak: float, bandwidth: float,
     else:
         t_c = 2.0 * m * n * k / (peak * params.compute_eff)
     t_m = dtype_bytes * (k * n + m * k + m * n) / (bandwidth * params.memory_eff)
-    return smooth_max(t_c, t_m, params.smooth_p) + params.kernel_latency_s
+    t = smooth_max(t_c, t_m, params.smooth_p) + params.kernel_latency_s
+    return t * factor(params.gemm_correction, m, n, k) if params.gemm_correction else t
 
 
 def gemm_time_scalar(m: int, n: int, k: int, peak: float, bandwidth: float, dtype_bytes: int,
@@ -134,7 +140,8 @@ def gemm_time_scalar(m: int, n: int, k: int, peak: float, bandwidth: float, dtyp
     hi = max(t_c, t_m)
     if p < 64 and hi > 0:
         hi *= ((t_c / hi) ** p + (t_m / hi) ** p) ** (1.0 / p)
-    return hi + params.kernel_latency_s
+    t = hi + params.kernel_latency_s
+    return t * factor_scalar(params.gemm_correction, m, n, k) if params.gemm_correction else t
 
 
 def roofline_time(flops: Any, nbytes: Any, peak: float, bandwidth: float, compute_eff: float,

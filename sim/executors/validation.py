@@ -3,23 +3,27 @@
 A calibration file is JSON: ``{"format": "kvsim-calibration/1", "hardware": NAME, "params": {...},
 "baseline": {...}, "fitted_on": [...], "train_mape": {...}}``. ``params`` are CostParams (roofline.py);
 ``baseline`` is the plain roofline fitted on the same rows, kept so validation can show both errors.
+``params.gemm_correction`` is the learned per-shape GEMM correction (shape_correction.py); a calibration
+adapted to a new model (``calibrate_from_base``) also records ``"base"``, the calibration it started from.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from sim.errors import KvsimError
 from sim.executors.calibrate import fit_baseline, fit_params, predict, score
 from sim.executors.cost_model import DATA_DIR, load_calibration
 from sim.executors.measurements import ELEMENTWISE_OPS, LINEAR_OPS, read_measurements
+from sim.executors.opmodel import fit_local
 from sim.executors.roofline import CostParams
+from sim.output import write_text
 from sim.specs import HardwareSpec
 
 FORMAT = "kvsim-calibration/1"
@@ -57,10 +61,44 @@ def calibrate_files(hardware_name: str, paths: list[str | Path], tp: int | None 
     return calibrate(hardware_of(hardware_name), df, [Path(p).name for p in paths])
 
 
-def write_calibration(doc: dict[str, Any], out: str | Path) -> None:
+def calibrate_from_base(base_ref: str, paths: list[str | Path]) -> dict[str, Any]:
+    """A new model's calibration: the base calibration plus local points for every projection shape the
+    measurements hold (interpolated in ln M per shape, shape_correction.py); nothing else is refitted."""
+    params, base = load_calibration(base_ref)
+    df = read_measurements(paths)
+    hw = hardware_of(base.get("hardware", ""))
+    local = fit_local(df, hw, params)
+    if not local:
+        raise KvsimError("--measurements", "no projection rows (attn_pre_proj, attn_post_proj, mlp_up_proj, "
+                                           "mlp_down_proj) to adapt the base calibration to")
+    gc = params.gemm_correction
+    params.gemm_correction = {**gc, "local": {**gc.get("local", {}), **local}}
+    rows = df[df.operator.isin(LINEAR_OPS)]
+    train = score(rows, hw, params)
+    doc = {k: v for k, v in base.items() if k not in ("params", "train_mape", "rows", "fitted_on", "base")}
+    return {**doc, "params": params.to_dict(), "base": base_ref,
+            "fitted_on": list(base.get("fitted_on", [])) + [Path(p).name for p in paths], "rows": int(len(rows)),
+            "train_mape": {k: round(v, 5) for k, v in train.items()}}
+
+
+def check_out_path(out: str | Path, flag: str = "--out") -> Path:
+    """``out`` as a Path, or a KvsimError when it names a directory (checked before any work is done)."""
     path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=1) + "\n")
+    if path.is_dir():
+        raise KvsimError(str(path), f"{flag} is a directory; give a file path")
+    return path
+
+
+def calibration_json(doc: dict[str, Any]) -> str:
+    """JSON text with one key a line and every list of plain numbers on one line (compact curves)."""
+    text = json.dumps(doc, indent=1)
+    return re.sub(r"\[\s*(-?[0-9][-+0-9.eE]*(?:,\s*-?[0-9][-+0-9.eE]*)*)\s*\]",
+                  lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]", text) + "\n"
+
+
+def write_calibration(doc: dict[str, Any], out: str | Path) -> None:
+    """Write ``doc`` atomically (a temporary file renamed into place: nothing half-written), mode 0644."""
+    write_text(check_out_path(out), calibration_json(doc)).chmod(0o644)
 
 
 @dataclass
@@ -153,8 +191,3 @@ def parity_plot(v: Validation, path: str | Path, title: str = "") -> None:
     fig.savefig(path, dpi=90)
     plt.close(fig)
 
-
-def heldout_mask(df: pd.DataFrame, train_model: str = "Llama-2-7b-hf", train_tp: int = 1) -> np.ndarray:
-    """Rows of models or TP degrees the shipped calibrations never saw (all-reduce rows excluded)."""
-    seen = (df.model == train_model) & (df.tp == train_tp)
-    return (~seen & (df.operator != "all_reduce")).to_numpy()

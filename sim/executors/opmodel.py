@@ -1,0 +1,144 @@
+"""Fit the learned GEMM correction (shape_correction.py), score it leave-one-model-out, and adapt it to a
+new model from a few of its own measured points.
+
+- ``fit_correction``: per training shape (N, K), the median of log(measured / roofline) at each token
+  count M, sampled on the union of the measured token counts (linear in M between them).
+- ``loo_split``: train on every other model with the held-out model's (N, K) shapes removed (two models
+  with the same hidden size share their attention shapes: those leave training too), test on the
+  held-out model. Nothing is judged on a shape it has seen.
+- ``fit_local``: a new model's measured points, as deltas over the generalised model per exact shape;
+  interpolated in ln M between them (shape_correction.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sim.executors.calibrate import fit_baseline, fit_gemm, gemm_shapes, mape
+from sim.executors.measurements import LINEAR_OPS
+from sim.executors.roofline import DEFAULT_NUM_SMS, CostParams, gemm_time
+from sim.specs import HardwareSpec
+
+# kernel widths (ln units) and prior weight of the correction; chosen once for both GPUs (README)
+WIDTH_N, WIDTH_K, PRIOR_WEIGHT = 0.2, 0.4, 0.3
+
+
+def with_shapes(df: pd.DataFrame) -> pd.DataFrame:
+    """The projection rows of ``df`` with integer columns N and K (per TP shard) and M (tokens)."""
+    rows = df[df.operator.isin(LINEAR_OPS)]
+    k, n = gemm_shapes(rows)
+    return rows.assign(N=n.astype(np.int64), K=k.astype(np.int64), M=rows.num_tokens.astype(np.int64))
+
+
+def predict_gemm(rows: pd.DataFrame, hardware: HardwareSpec, params: CostParams) -> np.ndarray:
+    """Seconds for rows carrying N, K, M (see ``with_shapes``)."""
+    return gemm_time(rows.M.to_numpy(), rows.N.to_numpy(), rows.K.to_numpy(), hardware.peak_flops,
+                     hardware.hbm_bandwidth, rows.dtype_bytes.to_numpy(), params)
+
+
+def fit_correction(df: pd.DataFrame, hardware: HardwareSpec, params: CostParams) -> dict[str, Any]:
+    """The stored correction over ``params`` (its own correction ignored) from the projection rows of ``df``."""
+    rows = with_shapes(df)
+    if rows.empty:
+        return {}
+    plain = replace(params, gemm_correction={})
+    r = np.log(rows.time_s.to_numpy() / predict_gemm(rows, hardware, plain))
+    table = rows.assign(r=r).groupby(["N", "K", "M"]).r.median().unstack("M")
+    grid = table.columns.to_numpy()
+    curves = []
+    for _, row in table.iterrows():
+        ok = row.notna().to_numpy()
+        curves.append([round(float(x), 4) for x in np.interp(grid, grid[ok], row.to_numpy()[ok])])
+    return {"grid_m": [int(m) for m in grid], "shapes": [[int(n), int(k)] for n, k in table.index],
+            "curves": curves, "width_n": WIDTH_N, "width_k": WIDTH_K, "prior_weight": PRIOR_WEIGHT}
+
+
+def fit_local(df: pd.DataFrame, hardware: HardwareSpec, params: CostParams) -> dict[str, list[list[float]]]:
+    """Per exact (N, K) of ``df``: [[M, median log(measured / params' prediction)], ...] ascending in M."""
+    rows = with_shapes(df)
+    if rows.empty:
+        return {}
+    base = replace(params, gemm_correction={**params.gemm_correction, "local": {}})
+    d = np.log(rows.time_s.to_numpy() / predict_gemm(rows, hardware, base))
+    out: dict[str, list[list[float]]] = {}
+    for (n, k), g in rows.assign(d=d).groupby(["N", "K"]):
+        med = g.groupby("M").d.median()
+        out[f"{n},{k}"] = [[int(m), round(float(x), 4)] for m, x in med.items()]
+    return out
+
+
+def loo_split(df: pd.DataFrame, held: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(training projection rows, held-out projection rows): training excludes the model ``held`` and
+    every row whose (N, K) is one of its shapes."""
+    rows = with_shapes(df)
+    test = rows[rows.model == held]
+    shapes = pd.MultiIndex.from_frame(test[["N", "K"]].drop_duplicates())
+    seen = pd.MultiIndex.from_frame(rows[["N", "K"]]).isin(shapes)
+    return rows[(rows.model != held) & ~seen], test
+
+
+def few_points(test: pd.DataFrame, points: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(measured sample, rest): per (N, K), about ``points`` token counts, half log-spaced and half evenly
+    spaced over the shape's range; the rest are the other rows."""
+    picked = []
+    for _, g in test.groupby(["N", "K"]):
+        ms = np.sort(g.M.unique())
+        targets = np.concatenate([np.geomspace(ms[0], ms[-1], points - points // 2),
+                                  np.linspace(ms[0], ms[-1], points // 2 + 2)[1:-1]])
+        chosen = np.unique(ms[np.abs(ms[None, :] - targets[:, None]).argmin(1)])
+        picked.append(g[g.M.isin(chosen)])
+    sample = pd.concat(picked) if picked else test.iloc[:0]
+    return sample, test.drop(sample.index)
+
+
+@dataclass
+class LooResult:
+    """Held-out four-projection MAPE (fractions) of one model."""
+
+    model: str
+    rows: int
+    train_rows: int
+    plain: float      # plain roofline (one efficiency each, no tiles), fitted on the training rows
+    roofline: float   # tile/wave roofline fitted on the training rows
+    corrected: float  # the same plus the learned correction
+    few: float        # plus a local correction from ``points`` token counts per shape (scored on the rest)
+    few_rows: int     # rows ``few`` is scored on (the held-out rows minus the measured sample)
+
+
+def loo_fold(df: pd.DataFrame, hardware: HardwareSpec, held: str
+             ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, CostParams]]:
+    """One fold: (training rows, held-out rows, {"plain", "roofline", "corrected"} parameters fitted on the
+    training rows)."""
+    train, test = loo_split(df, held)
+    base = CostParams(num_sms=DEFAULT_NUM_SMS.get(hardware.name, 108))
+    roof = fit_gemm(train, hardware, base)
+    corr = replace(roof, gemm_correction=fit_correction(train, hardware, roof))
+    return train, test, {"plain": fit_baseline(train, hardware), "roofline": roof, "corrected": corr}
+
+
+def loo_rows(df: pd.DataFrame, hardware: HardwareSpec) -> pd.DataFrame:
+    """Every held-out projection row with its predictions (columns pred_plain, pred_roofline, pred_corrected)."""
+    parts = []
+    for held in sorted(with_shapes(df).model.unique()):
+        _, test, fits = loo_fold(df, hardware, held)
+        parts.append(test.assign(**{f"pred_{k}": predict_gemm(test, hardware, p) for k, p in fits.items()}))
+    return pd.concat(parts)
+
+
+def loo(df: pd.DataFrame, hardware: HardwareSpec, points: int = 16) -> list[LooResult]:
+    """Leave-one-model-out over every model with projection rows in ``df``."""
+    out = []
+    for held in sorted(with_shapes(df).model.unique()):
+        train, test, fits = loo_fold(df, hardware, held)
+        t = test.time_s.to_numpy()
+        corr = fits["corrected"]
+        sample, rest = few_points(test, points)
+        few = replace(corr, gemm_correction={**corr.gemm_correction, "local": fit_local(sample, hardware, corr)})
+        out.append(LooResult(held, len(test), len(train), *(mape(predict_gemm(test, hardware, fits[k]), t)
+                                                            for k in ("plain", "roofline", "corrected")),
+                             mape(predict_gemm(rest, hardware, few), rest.time_s.to_numpy()), len(rest)))
+    return out
