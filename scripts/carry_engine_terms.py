@@ -14,6 +14,7 @@ import argparse
 import json
 
 from sim.executors.cost_model import shipped_calibration
+from sim.executors.validation import calibration_json
 
 
 def main() -> None:
@@ -27,7 +28,7 @@ def main() -> None:
     doc["engine"] = dict(src["engine"])
     doc["engine_source"] = (f"carried from {args.source} (fitted to real vLLM runs there); no measured "
                             f"{args.hardware} engine runs exist to fit it")
-    path.write_text(json.dumps(doc, indent=1) + "\n")
+    path.write_text(calibration_json(doc))
     print(f"wrote {path}")
 
 

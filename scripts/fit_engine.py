@@ -10,7 +10,12 @@
        graph_kernel_s       one kernel inside a replayed CUDA graph
        step_gap_s           the per-step cost that nothing hides
        attn_kv_read_eff     the paged decode kernel's share of HBM bandwidth at long context
-       custom_ar_latency_s  one custom all-reduce (TP > 1)
+       custom_ar_latency_s  one custom all-reduce between 2 GPUs
+       custom_ar_peer_s     its growth per GPU beyond 2 (the TP 2 and TP 4 runs identify the two)
+       custom_ar_eff        its share of NVLink bandwidth
+   Then ``--refine`` times: every run is replayed (seed 0, frontend off) and each stage's ratio of
+   replayed to steady-state decode time (batch fluctuations, mixed steps, async admission) multiplies
+   its steady-state estimate in a refit.
 2. Frontend latency: every run replayed once (seed 0, --duration seconds a stage) with the frontend
    off; the latency is the median over stages of measured minus predicted mean TTFT (a frontend delay
    adds to TTFT one for one), split half input, half output (client figures cannot tell them apart).
@@ -31,6 +36,7 @@ from scipy.optimize import minimize
 
 from sim.executors.cost_model import CostModelExecutor, load_calibration, shipped_calibration
 from sim.executors.engine_params import EngineParams, graph_max_tokens_for
+from sim.executors.validation import calibration_json
 from sim.fidelity.evaluate import evaluate
 from sim.fidelity.runs import MeasuredStage, read_runs
 from sim.fidelity.steady import steady_step
@@ -39,7 +45,8 @@ from sim.specs import HardwareSpec, ModelSpec
 ROOT = Path(__file__).resolve().parents[1]
 # name: (prior, relative width of the prior, lower, upper)
 PRIORS = {"graph_kernel_s": (1.5e-6, 1.0, 0.0, 8e-6), "step_gap_s": (1e-4, 3.0, 0.0, 3e-3),
-          "attn_kv_read_eff": (0.85, 0.15, 0.4, 1.0), "custom_ar_latency_s": (8e-6, 1.0, 2e-6, 6e-5)}
+          "attn_kv_read_eff": (0.85, 0.15, 0.4, 1.0), "custom_ar_latency_s": (8e-6, 1.0, 2e-6, 6e-5),
+          "custom_ar_peer_s": (2e-6, 2.0, 0.0, 3e-5), "custom_ar_eff": (0.5, 0.5, 0.2, 1.0)}
 NAMES = list(PRIORS)
 
 
@@ -59,19 +66,30 @@ def with_values(base: EngineParams, values: dict[str, float]) -> EngineParams:
     return eng
 
 
-def decode_errors(stages, hardware: str, engine: EngineParams) -> list[float]:
-    """log(predicted / measured) mean decode time per token, per stage, at the steady state."""
-    return [math.log(steady_step(executor_for(s, hardware, engine), s)[0] / s.measured["decode_per_token"])
-            for s in stages]
+def decode_errors(stages, hardware: str, engine: EngineParams, bias: list[float] | None = None) -> list[float]:
+    """log(predicted / measured) mean decode time per token, per stage, at the steady state (times the
+    stage's simulation/steady-state ratio ``bias`` when given)."""
+    bias = bias or [1.0] * len(stages)
+    return [math.log(steady_step(executor_for(s, hardware, engine), s)[0] * b / s.measured["decode_per_token"])
+            for s, b in zip(stages, bias)]
 
 
-def fit_step_terms(stages, hardware: str, base: EngineParams) -> dict[str, float]:
+def simulated_bias(stages, doc: dict, engine: EngineParams, hardware: str, duration: float, tmp: Path) -> list[float]:
+    """Per stage: the replayed decode time per token over the steady-state estimate, with ``engine``."""
+    tmp.write_text(json.dumps(dict(doc, engine=engine.to_dict())))
+    results = evaluate(stages, [0], overrides=[f"executor.calibration={tmp}", "frontend.enabled=false"],
+                       max_duration_s=duration)
+    steady = [steady_step(executor_for(s, hardware, engine), s)[0] for s in stages]
+    return [r.predicted("decode_per_token") / st for r, st in zip(results, steady)]
+
+
+def fit_step_terms(stages, hardware: str, base: EngineParams, bias: list[float] | None = None) -> dict[str, float]:
     def unpack(x):
         return {n: float(np.clip(v * PRIORS[n][0], PRIORS[n][2], PRIORS[n][3])) for n, v in zip(NAMES, x)}
 
     def loss(x):
         values = unpack(x)
-        err = decode_errors(stages, hardware, with_values(base, values))
+        err = decode_errors(stages, hardware, with_values(base, values), bias)
         pull = sum(((values[n] - PRIORS[n][0]) / (PRIORS[n][0] * PRIORS[n][1])) ** 2 for n in NAMES)
         return sum(e * e for e in err) + 1e-3 * pull
 
@@ -95,6 +113,7 @@ def main() -> None:
     ap.add_argument("--runs", default=str(ROOT / "sim/data/ground_truth/vllm_h100_runs.csv"))
     ap.add_argument("--hardware", default="h100-80gb")
     ap.add_argument("--duration", type=float, default=600.0, help="seconds a stage for the frontend fit")
+    ap.add_argument("--refine", type=int, default=2, help="replay-corrected refits after the steady-state fit")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
     stages = read_runs(args.runs)
@@ -109,6 +128,13 @@ def main() -> None:
     print("fitted:     ", json.dumps(values))
     print("steady-state decode/token errors:", " ".join(f"{e:+.1%}" for e in decode_errors(stages, args.hardware, engine)))
     tmp = Path(calib_path.parent / f".{args.hardware}.fit.json")
+    for i in range(args.refine):   # the steady state misses batch fluctuations: correct by replays
+        bias = simulated_bias(stages, doc, engine, args.hardware, args.duration, tmp)
+        values = fit_step_terms(stages, args.hardware, base, bias)
+        engine = with_values(base, values)
+        print(f"refined {i + 1}: replay/steady {' '.join(f'{b:.3f}' for b in bias)}; "
+              f"errors {' '.join(f'{e:+.1%}' for e in decode_errors(stages, args.hardware, engine, bias))}")
+    print("fitted:     ", json.dumps(values))
     tmp.write_text(json.dumps(dict(doc, engine=engine.to_dict())))
     try:
         frontend = fit_frontend(stages, tmp, args.duration)
@@ -117,7 +143,7 @@ def main() -> None:
     print(f"frontend latency: {frontend * 1e3:.2f} ms (input {frontend / 2 * 1e3:.2f} + output {frontend / 2 * 1e3:.2f})")
     if args.write:
         doc["engine"] = engine.to_dict()
-        calib_path.write_text(json.dumps(doc, indent=1) + "\n")
+        calib_path.write_text(calibration_json(doc))
         fe_path = ROOT / "sim" / "data" / "frontend.json"
         fe_path.write_text(json.dumps({"input_latency_s": round(frontend / 2, 6), "output_latency_s":
                                        round(frontend / 2, 6), "token_latency_s": 0.0,

@@ -196,8 +196,8 @@ class CostModelExecutor:
             if tp <= 1:
                 comm = 0.0
             elif e.custom_allreduce and nbytes <= e.custom_ar_max_bytes and hw.interconnect_bandwidth > 0:
-                comm = e.custom_ar_latency_s + 2.0 * (tp - 1) / tp * nbytes / (hw.interconnect_bandwidth
-                                                                             * e.custom_ar_eff)
+                comm = e.custom_ar_latency_s + e.custom_ar_peer_s * (tp - 2) \
+                    + 2.0 * (tp - 1) / tp * nbytes / (hw.interconnect_bandwidth * e.custom_ar_eff)
             else:
                 comm = float(allreduce_time(nbytes, tp, hw.interconnect_bandwidth, hw.interconnect_latency_s, p))
             hit = self._eng_linear_cache[key] = (self._layers * per_layer, 2 * self._layers * comm)

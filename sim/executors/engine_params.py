@@ -24,8 +24,8 @@ so its time is (c + attn_half_ctx) x KV bytes per token / (bandwidth x attn_kv_r
 context, with a per-sequence cost that a batch sum can carry in closed form.
 
 All-reduces of at most custom_ar_max_bytes use vLLM's custom all-reduce over NVLink (one or two shots,
-latency-bound): custom_ar_latency_s + 2 (t-1)/t x bytes / (NVLink bandwidth x custom_ar_eff). Larger
-ones use the NCCL table of the per-operator calibration.
+latency-bound): custom_ar_latency_s + custom_ar_peer_s x (t - 2) + 2 (t-1)/t x bytes / (NVLink bandwidth
+x custom_ar_eff). Larger ones use the NCCL table of the per-operator calibration.
 
 Fused elementwise kernels (vLLM's fused residual-add + RMSNorm twice, rotary embedding, KV-cache write,
 SiLU-and-mul): 5 kernels a layer moving b x (8 H + 2 (q + kv) + 4 kv + 3 I/t) bytes a token.
@@ -61,7 +61,8 @@ class EngineParams:
     attn_half_ctx: float = 128.0       # context (tokens) at which decode attention reaches half of that
     custom_allreduce: bool = True
     custom_ar_max_bytes: float = 8 * 1024**2
-    custom_ar_latency_s: float = 8e-6
+    custom_ar_latency_s: float = 8e-6   # one custom all-reduce between 2 GPUs
+    custom_ar_peer_s: float = 2e-6      # added per GPU beyond 2 (every rank signals and reads each peer)
     custom_ar_eff: float = 0.5
 
     @classmethod
