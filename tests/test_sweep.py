@@ -181,9 +181,12 @@ def test_reordering_grid_keys_keeps_task_ids(tmp_path):
     a = load_sweep(_files(tmp_path, {"kv_cache.block_size": [4, 8], "scheduler.max_num_seqs": [1, 2]}))
     b = load_sweep(_files(tmp_path, {"scheduler.max_num_seqs": [1, 2], "kv_cache.block_size": [4, 8]}))
     assert {t.task_id for t in a.tasks} == {t.task_id for t in b.tasks}
-    (tmp_path / "base.yaml").write_text((tmp_path / "base.yaml").read_text() + "# edited\n")
+    (tmp_path / "base.yaml").write_text((tmp_path / "base.yaml").read_text() + "# a comment\n")
     c = load_sweep(tmp_path / "sweep.yaml")
-    assert not {t.task_id for t in c.tasks} & {t.task_id for t in b.tasks}  # a changed base reruns everything
+    assert {t.task_id for t in c.tasks} == {t.task_id for t in b.tasks}  # the content hash ignores comments
+    (tmp_path / "base.yaml").write_text((tmp_path / "base.yaml").read_text().replace("rate: 50.0", "rate: 51.0"))
+    d = load_sweep(tmp_path / "sweep.yaml")
+    assert not {t.task_id for t in d.tasks} & {t.task_id for t in b.tasks}  # a changed value reruns everything
 
 
 class _Ref:
