@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
+from sim.atomic_dir import replace_dir
 from sim.commands.summary_table import print_summary
-from sim.output import prepare_out_dir, summary_json
+from sim.output import prepare_results_dir, summary_json
 from sim.runner import Result, run_scenario
 from sim.scenario import load_scenario
 
@@ -27,16 +25,11 @@ def add_parser(sub) -> None:
 
 
 def write_results(result: Result, out: Path, plots: bool = True) -> list[Path]:
-    """summary.json, requests.csv, steps.csv and the figures.
+    """summary.json, requests.csv, steps.csv and the figures, as a new folder that replaces ``out`` whole
+    (sim.atomic_dir): an error, Ctrl-C, SIGTERM or a kill at any moment leaves the previous results or
+    the new ones, never a mix, and no staging debris after the next run."""
 
-    Every file is made in a staging folder inside ``out`` first, then renamed into place (summary.json
-    last), so an error or Ctrl-C while writing leaves the previous results as they were, never a mix of
-    old and new files."""
-    created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=".kvsim-staging-", dir=out))
-    written: list[Path] = []
-    try:
+    def fill(stage: Path) -> list[str]:
         result.requests.to_csv(stage / "requests.csv", index=False)
         result.steps.to_csv(stage / "steps.csv", index=False)
         names = ["requests.csv", "steps.csv"]
@@ -46,20 +39,14 @@ def write_results(result: Result, out: Path, plots: bool = True) -> list[Path]:
             names += [f.name for f in figs.write_run_plots(result.requests, result.steps, result.summary, stage,
                                                         timeline=result.timeline)]
         (stage / "summary.json").write_text(summary_json(result.summary))
-        names.append("summary.json")
-        for name in names:
-            os.replace(stage / name, out / name)
-            written.append(out / name)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
-        if created and not written and not any(out.iterdir()):
-            out.rmdir()
-    return written
+        return names + ["summary.json"]
+
+    return replace_dir(out, fill)
 
 
 def main(args: argparse.Namespace) -> int:
     scn = load_scenario(args.scenario, args.overrides)
-    out = prepare_out_dir(args.out) if args.out else None
+    out = prepare_results_dir(args.out) if args.out else None
     result = run_scenario(scn, check_integrity=True if args.check else None, progress=args.progress)
     print_summary(result.summary, title=f"{scn.name}  ({args.scenario})")
     if out is not None:
