@@ -63,7 +63,7 @@ class ExecutorConfig(_Strict):
 
 class OutputConfig(_Strict):
     plots: bool = True
-    dir: str | None = None
+    dir: str | None = None  # kvsim run: the results folder when --out is not given (relative to the file)
 
 
 class Scenario(_Strict):
@@ -248,9 +248,36 @@ def scenario_from_dict(
         scn = Scenario.model_validate(data)
     except ValidationError as e:
         raise _explain(e, source, lines or {}, overridden) from None
+    problem = unsupported_combination(scn)
+    if problem:
+        key, what = problem
+        path = tuple(key.split("."))
+        line = next(((lines or {}).get(path[:n]) for n in range(len(path), 0, -1) if (lines or {}).get(path[:n])),
+                    None)
+        via = " (from --set)" if path in overridden else ""
+        raise KvsimError(f"{source}:{line}" if line and not via else source, f"{key}: {what}{via}")
     scn._base_dir = Path(base_dir)
     scn._source = source
     return scn
+
+
+def unsupported_combination(scn: Scenario) -> tuple[str, str] | None:
+    """(key, why) for settings that cannot take effect together, rather than silently ignoring one."""
+    sch, kv = scn.scheduler, scn.kv_cache
+    if sch.batching == "static":
+        if sch.policy in ("round_robin", "longest_prefix_first"):
+            return "scheduler.policy", (f"{sch.policy} needs scheduler.batching: continuous (static batching "
+                                        "orders a batch by fcfs or priority only)")
+        if sch.chunked_prefill:
+            return "scheduler.chunked_prefill", ("static batching prefills each batch's prompts whole; use "
+                                                 "scheduler.batching: continuous or chunked_prefill: false")
+        if kv.prefix_caching:
+            return "kv_cache.prefix_caching", "needs scheduler.batching: continuous (static batching reserves " \
+                                              "each request's memory whole)"
+    if kv.prefix_caching and kv.allocator != "paged":
+        return "kv_cache.prefix_caching", f"needs kv_cache.allocator: paged (the {kv.allocator} allocator " \
+                                          "reserves one region per request and shares nothing)"
+    return None
 
 
 def scenario_json_schema() -> dict:

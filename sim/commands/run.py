@@ -15,7 +15,8 @@ from sim.scenario import load_scenario
 def add_parser(sub) -> None:
     p = sub.add_parser("run", help="run a scenario file and print its summary")
     p.add_argument("scenario", help="scenario YAML file")
-    p.add_argument("--out", help="folder for summary.json, requests.csv, steps.csv and plots")
+    p.add_argument("--out", help="folder for summary.json, requests.csv, steps.csv and plots (default: the "
+                   "scenario's output.dir, relative to the scenario file)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
                    help="override a scenario key (repeatable)")
     p.add_argument("--no-plots", action="store_true", help="skip the figures")
@@ -46,7 +47,8 @@ def write_results(result: Result, out: Path, plots: bool = True) -> list[Path]:
 
 def main(args: argparse.Namespace) -> int:
     scn = load_scenario(args.scenario, args.overrides)
-    out = prepare_results_dir(args.out) if args.out else None
+    out_arg = args.out or (str(scn.resolve_path(scn.output.dir)) if scn.output.dir else None)  # output.dir: default
+    out = prepare_results_dir(out_arg) if out_arg else None
     result = run_scenario(scn, check_integrity=True if args.check else None, progress=args.progress)
     print_summary(result.summary, title=f"{scn.name}  ({args.scenario})")
     if out is not None:
