@@ -123,14 +123,13 @@ def test_process_workers_give_the_same_rows(tmp_path):
 
 
 def test_a_failing_point_is_a_row_not_a_crash(tmp_path):
-    # one point starves the engine (a watchdog of 1 step with max_num_batched_tokens too small to sample)
+    # one point fails only when it runs: its time window holds no request
     path = _files(tmp_path, {"scheduler.max_num_seqs": [2]})
-    data = dict(BASE, scheduler={"max_num_seqs": 2, "max_steps_without_progress": 1, "chunked_prefill": True,
-                                 "max_num_batched_tokens": 1})
+    data = dict(BASE, workload={**BASE["workload"], "start_s": 1000.0})
     (tmp_path / "base.yaml").write_text(yaml.safe_dump(data))
     outcome = run_sweep(load_sweep(path), workers=1, progress=False)
     df = pd.read_csv(tmp_path / "res" / "results.csv")
-    assert outcome.failed == 1 and df.loc[0, "status"] == "error" and "no progress" in df.loc[0, "error"]
+    assert outcome.failed == 1 and df.loc[0, "status"] == "error" and "no requests" in df.loc[0, "error"]
 
 
 @pytest.mark.parametrize("key, fragment", [
