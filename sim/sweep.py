@@ -449,15 +449,24 @@ def _run_ray(sweep: Sweep, todo: list[Task], address: str | None, on_done) -> No
         import ray
     except ImportError:
         raise KvsimError("--ray", "Ray is not installed; install it with: pip install 'kvsim[ray]'") from None
-    if not ray.is_initialized():
-        ray.init(address=address or None)
+    started = not ray.is_initialized()
+    if started:  # a local cluster (no address) is started here and shut down when the sweep ends
+        ray.init(address=address or None, include_dashboard=False, log_to_driver=False)
     remote = ray.remote(run_task)
     args = (str(sweep.base_path.parent), str(sweep.base_path))
     pending = {remote.remote(t.data, *args): t for t in todo}
-    while pending:
-        done, _ = ray.wait(list(pending), num_returns=1)
-        for ref in done:
-            on_done(pending.pop(ref), ray.get(ref))
+    try:
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for ref in done:
+                on_done(pending.pop(ref), ray.get(ref))
+    except BaseException:
+        for ref in pending:  # Ctrl-C, SIGTERM: stop the runs still queued or running on the cluster
+            ray.cancel(ref, force=True)
+        raise
+    finally:
+        if started:
+            ray.shutdown()
 
 
 def _check_foreign_rows(sweep: Sweep, rows: list[dict[str, Any]]) -> None:
