@@ -493,6 +493,8 @@ def _run_locked(sweep: Sweep, workers: int, ray_address: str | None, use_ray: bo
                 flush_every_s: float) -> SweepOutcome:
     import time
 
+    for stale in sweep.out_dir.glob(".results.*.tmp"):  # a killed writer's temp files (we hold the lock)
+        stale.unlink(missing_ok=True)
     rows = read_results(sweep.out_dir)
     _check_foreign_rows(sweep, rows)
     done_ids = {str(r["task_id"]) for r in rows if r.get("status") == "ok"}

@@ -196,3 +196,12 @@ def test_fifo_is_not_read(tmp_path, capsys):
     os.mkfifo(fifo)
     code, err = _run(capsys, "run", str(fifo))
     assert code == 2 and "not a regular file" in _one_line(err)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--seq-len", "1" + "0" * 30], "--seq-len: must be 1 .. 10,000,000"),
+    (["--seq-len", "100", "--block-size", "4096"], "--block-size: must be a power of two from 1 to 1024"),
+])
+def test_kv_size_bounds(capsys, args, fragment):
+    code, err = _run(capsys, "kv-size", "--model", "llama-2-7b", *args)
+    assert code == 2 and _one_line(err) == f"error: {fragment}, got {args[-1]}"

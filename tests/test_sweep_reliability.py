@@ -234,3 +234,11 @@ def test_killed_parent_takes_its_workers_with_it(tmp_path):
     proc.kill()
     proc.wait(timeout=10)
     assert _all_gone(kids, 10), "workers outlived a SIGKILLed sweep"
+
+
+def test_temp_files_of_a_killed_sweep_are_cleaned(tmp_path, capsys):
+    path = _files(tmp_path, {"kv_cache.block_size": [4]})
+    (tmp_path / "res").mkdir()
+    (tmp_path / "res" / ".results.csv.k1ll3d.tmp").write_text("task_id,status\nhalf")
+    code, out, _ = _cli(capsys, "sweep", str(path), "--no-progress")
+    assert code == 0 and sorted(p.name for p in (tmp_path / "res").iterdir() if p.name.startswith(".")) == []
