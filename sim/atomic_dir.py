@@ -61,14 +61,22 @@ def recover(out: Path) -> None:
                 shutil.rmtree(entry, ignore_errors=True)
 
 
+_LEGACY_SUFFIXES = (".json", ".csv", ".png")  # what kvsim run wrote before the marker existed
+
+
 def is_replaceable(out: Path) -> tuple[bool, str]:
-    """(True, "") for a missing, empty or kvsim-made folder; else (False, a name found in it)."""
+    """(True, "") for a missing, empty or kvsim-made folder (the marker, or an older kvsim's results: a
+    summary.json beside only .json/.csv/.png files); else (False, a name found in it)."""
     if not out.exists():
         return True, ""
-    names = [e.name for e in out.iterdir() if not e.name.startswith(_LEGACY_STAGING)]
+    entries = [e for e in out.iterdir() if not e.name.startswith(_LEGACY_STAGING)]
+    names = [e.name for e in entries]
     if not names or MARKER in names:
         return True, ""
-    return False, sorted(names)[0]
+    if "summary.json" in names and all(e.is_file() and e.suffix in _LEGACY_SUFFIXES for e in entries):
+        return True, ""
+    foreign = [e.name for e in entries if not (e.is_file() and e.suffix in _LEGACY_SUFFIXES)]
+    return False, sorted(foreign or names)[0]
 
 
 def _exchange(a: Path, b: Path) -> bool:

@@ -177,3 +177,19 @@ def test_unwritable_out_is_refused_before_simulating(tmp_path, capsys):
         locked.chmod(0o755)
     captured = capsys.readouterr()
     assert code == 2 and captured.out == "" and "no permission to write" in captured.err
+
+
+def test_results_of_an_older_kvsim_without_the_marker_are_replaced(previous, tmp_path):
+    path, out, old = previous
+    (out / atomic_dir.MARKER).unlink()  # as an older kvsim left it: summary.json, requests.csv, steps.csv
+    assert kvsim_main(["run", str(path), "--out", str(out), "--set", "seed=2"]) == 0
+    assert (out / atomic_dir.MARKER).exists() and _snapshot(out) != old
+
+
+def test_a_folder_with_other_files_is_never_replaced(previous, tmp_path, capsys):
+    path, out, old = previous
+    (out / atomic_dir.MARKER).unlink()
+    (out / "notes.md").write_text("mine")
+    assert kvsim_main(["run", str(path), "--out", str(out)]) == 2
+    assert "holds files kvsim did not write ('notes.md')" in capsys.readouterr().err
+    assert (out / "notes.md").read_text() == "mine"
