@@ -242,3 +242,9 @@ def test_temp_files_of_a_killed_sweep_are_cleaned(tmp_path, capsys):
     (tmp_path / "res" / ".results.csv.k1ll3d.tmp").write_text("task_id,status\nhalf")
     code, out, _ = _cli(capsys, "sweep", str(path), "--no-progress")
     assert code == 0 and sorted(p.name for p in (tmp_path / "res").iterdir() if p.name.startswith(".")) == []
+
+
+def test_absurd_worker_counts_are_refused(tmp_path, capsys):
+    path = _files(tmp_path, {"kv_cache.block_size": [4]})
+    code, _, err = _cli(capsys, "sweep", str(path), "--workers", "1000000")
+    assert code == 2 and err.strip() == "error: --workers: must be 1 .. 1024, got 1000000"

@@ -7,6 +7,8 @@ import os
 
 from sim.errors import KvsimError
 
+MAX_WORKERS = 1024
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("sweep", help="run a grid of scenarios (resumable) into one results table")
@@ -23,8 +25,8 @@ def add_parser(sub) -> None:
 def main(args: argparse.Namespace) -> int:
     from sim.sweep import load_sweep, run_sweep
 
-    if args.workers is not None and args.workers < 1:
-        raise KvsimError("--workers", f"must be at least 1, got {args.workers}")
+    if args.workers is not None and not 1 <= args.workers <= MAX_WORKERS:
+        raise KvsimError("--workers", f"must be 1 .. {MAX_WORKERS}, got {args.workers}")
     sweep = load_sweep(args.sweep)
     if args.dry_run:
         for t in sweep.tasks:
@@ -32,7 +34,8 @@ def main(args: argparse.Namespace) -> int:
             print(f"{t.task_id}  {point}  repeat={t.repeat} seed={t.seed}")
         print(f"{len(sweep.tasks)} runs -> {os.path.normpath(sweep.out_dir)}/")
         return 0
-    workers = args.workers or max(1, min(os.cpu_count() or 1, len(sweep.tasks)))
+    # never more processes than runs (a pool forks all its workers up front)
+    workers = max(1, min(args.workers or os.cpu_count() or 1, len(sweep.tasks)))
     outcome = run_sweep(sweep, workers=workers, use_ray=args.ray is not None, ray_address=args.ray or None,
                         progress=not args.no_progress)
     print(f"{outcome.total} runs: {outcome.ran} ran ({outcome.failed} failed), {outcome.skipped} already done; "
