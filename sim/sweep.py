@@ -359,12 +359,15 @@ def read_results(out_dir: Path) -> list[dict[str, Any]]:
 
 
 def write_results_table(out_dir: Path, rows: list[dict[str, Any]], parquet: bool = True) -> list[Path]:
-    """results.csv (and results.parquet when pyarrow is importable), each written atomically."""
+    """results.csv (and results.parquet when pyarrow is importable), each written atomically. The old
+    parquet goes first, so when present it always holds the same rows as the csv (a flush mid-sweep, or a
+    kill between the two files, leaves the csv alone)."""
     import pandas as pd
 
     from sim.output import write_atomic
 
     df = pd.DataFrame(rows)
+    (out_dir / RESULTS_PARQUET).unlink(missing_ok=True)
     written = [write_atomic(out_dir / RESULTS_CSV, lambda p: df.to_csv(p, index=False))]
     if parquet:
         try:

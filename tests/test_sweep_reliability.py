@@ -248,3 +248,25 @@ def test_absurd_worker_counts_are_refused(tmp_path, capsys):
     path = _files(tmp_path, {"kv_cache.block_size": [4]})
     code, _, err = _cli(capsys, "sweep", str(path), "--workers", "1000000")
     assert code == 2 and err.strip() == "error: --workers: must be 1 .. 1024, got 1000000"
+
+
+def test_parquet_never_disagrees_with_the_csv(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("pyarrow")
+    path = _files(tmp_path, {"scheduler.max_num_seqs": [1, 2, 3]})
+    assert _cli(capsys, "sweep", str(path), "--no-progress")[0] == 0
+    assert len(pd.read_parquet(tmp_path / "res" / "results.parquet")) == 3
+    grown = _files(tmp_path, {"scheduler.max_num_seqs": [1, 2, 3, 4, 5]})
+    real, calls = sweep_mod.run_task, {"n": 0}
+
+    def flaky(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(sweep_mod, "run_task", flaky)
+    assert _cli(capsys, "sweep", str(grown), "--workers", "1", "--no-progress")[0] == 130
+    csv = pd.read_csv(tmp_path / "res" / "results.csv")
+    assert len(csv) == 4
+    pq = tmp_path / "res" / "results.parquet"
+    assert not pq.exists() or list(pd.read_parquet(pq)["task_id"]) == list(csv["task_id"].astype(str))
