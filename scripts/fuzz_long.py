@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Long fuzzing runs: thousands of random scenarios with every invariant checked after every step.
 
-    .venv/bin/python scripts/fuzz_long.py --seed 1 --count 5000 --failures /tmp/fuzz-failures
+    .venv/bin/python scripts/fuzz_long.py --seed 14 --count 20000 --failures /tmp/fuzz-failures
 
 Each failing scenario is written as a YAML file that ``kvsim run FILE --check`` replays. Case i of a seed is
 reproducible on its own: ``--seed S --start i --count 1``.
@@ -26,7 +26,7 @@ from sim.fuzz import CaseResult, fuzz  # noqa: E402
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--count", type=int, default=5000)
+    ap.add_argument("--count", type=int, default=20000)
     ap.add_argument("--start", type=int, default=0, help="index of the first case")
     ap.add_argument("--failures", type=Path, default=Path("fuzz-failures"), help="folder for failing scenarios")
     args = ap.parse_args(argv)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+import threading
 
 from sim.errors import KvsimError
 
@@ -45,17 +47,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so it unwinds (and cleans up) exactly like Ctrl-C."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    previous = signal.getsignal(signal.SIGTERM)
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    if in_main_thread:
+        signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         return int(args.func(args) or 0)
     except KvsimError as e:
         print(e.one_line(), file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("error: interrupted; no results were written", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        # a command that saved partial results says so in the exception; otherwise nothing was written
+        what = e.args[0] if e.args and isinstance(e.args[0], str) else "no results were written"
+        if isinstance(e, Terminated):
+            print(f"error: terminated (SIGTERM); {what}", file=sys.stderr)
+            return 143
+        print(f"error: interrupted; {what}", file=sys.stderr)
         return 130
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -19,8 +19,10 @@ Here: arrivals during a step are staged and handed to the scheduler just after t
 made (or before it, when without them there is nothing to plan). A request that finds the engine
 idle is seen at once. With ``async_scheduling=False`` every arrival is handed over immediately.
 
-Time passes only through ``env.timeout``. A watchdog turns a run that makes no progress (no token
-sampled, no request finished) for ``max_steps_without_progress`` steps into a clear error.
+Time passes only through ``env.timeout``. A watchdog turns a run that makes no progress for
+``max_steps_without_progress`` steps into a clear error. Progress is a sampled token, a finished request,
+or a request computing past the furthest token it had computed before (a long prompt prefilled one
+chunk a step advances; recomputing what a preemption threw away does not).
 """
 
 from __future__ import annotations
@@ -57,11 +59,24 @@ class Engine:
         self._arrivals_done = False
         self._busy = False                        # a step is executing
         self._staged: list[Request] = []          # arrived during a step (async scheduling)
+        self._furthest: dict[int, int] = {}  # req_id -> furthest token computed (watchdog; see _advanced)
 
     def run(self) -> None:
         self.env.process(self._arrivals())
         self.env.process(self._loop())
         self.env.run()
+
+    def _advanced(self, plan) -> bool:
+        """Whether a request of ``plan`` computed past its furthest computed token so far (called only on
+        steps that sampled nothing, so the bookkeeping costs nothing on ordinary steps)."""
+        furthest = self._furthest
+        moved = False
+        for s in plan.scheduled:
+            reached = s.num_context_tokens + s.num_new_tokens
+            if reached > furthest.get(s.req_id, 0):
+                furthest[s.req_id] = reached
+                moved = True
+        return moved
 
     def _arrivals(self):
         env = self.env
@@ -118,7 +133,7 @@ class Engine:
             step += 1
             if self.on_step is not None:
                 self.on_step(step)
-            stall = 0 if (sched.stats.num_sampled or done) else stall + 1
+            stall = 0 if (sched.stats.num_sampled or done or self._advanced(plan)) else stall + 1
             if stall >= self.max_stall:
                 raise KvsimError("engine", f"no progress for {stall} steps at t={env.now:.3f}s "
                                  f"({sched.num_waiting()} waiting, {len(sched.running)} running): livelock")

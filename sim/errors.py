@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+MAX_LINE = 1000  # an error line never echoes a whole file (a value read from a huge or binary input)
+
 
 class KvsimError(Exception):
     """Bad input or an impossible configuration.
@@ -22,4 +24,5 @@ class KvsimError(Exception):
 
     def one_line(self) -> str:
         text = f"error: {self.where}: {self.what}" if self.where else f"error: {self.what}"
-        return " ".join(text.split())
+        text = " ".join(text.split())
+        return text if len(text) <= MAX_LINE else text[: MAX_LINE - 3] + "..."

@@ -89,12 +89,15 @@ KNOBS: list[tuple[str, Callable[[random.Random], Any]]] = [
 
 
 # Schema fields the fuzzer leaves alone, and why (tests/test_fuzz.py checks that every field of the
-# kv_cache and scheduler sections is either a knob above or listed here: a new option cannot slip by).
+# kv_cache and scheduler sections is either a knob above, drawn in draw_scenario, or listed here).
 NOT_FUZZED: dict[str, str] = {
-    "kv_cache.gpu_memory_utilization": "capacity comes from num_gpu_blocks, always set (small caches)",
-    "kv_cache.activation_reserve_gb": "as above",
     "scheduler.max_steps_without_progress": "fixed to STALL_STEPS so a livelock fails fast",
 }
+# drawn by draw_scenario itself (they depend on each other): capacity from HBM instead of num_gpu_blocks
+DRAWN_IN_SCENARIO = ("kv_cache.gpu_memory_utilization", "kv_cache.activation_reserve_gb", "hardware.tensor_parallel")
+HBM_CAPACITY_P = 0.1   # share of cases sized from HBM (gpu_memory_utilization, activation reserve)
+TP_P = 0.15            # share of cases with tensor parallelism (2 or 4 GPUs)
+REFUSED_P = 0.05       # share of drawn unsupported combinations kept (they must be refused cleanly)
 
 
 def _set(data: dict, path: str, value: Any) -> None:
@@ -193,8 +196,49 @@ def draw_workload(rng: random.Random, cache_tokens: int, multi_seq: bool = True)
     return out
 
 
+def _combination_problem(data: dict) -> tuple[str, str] | None:
+    from sim.scenario import Scenario, unsupported_combination
+
+    probe = {k: v for k, v in data.items() if k != "workload"}
+    probe["workload"] = {"requests": [{"prompt_len": 1, "output_len": 1}]}
+    return unsupported_combination(Scenario.model_validate(probe))
+
+
+def _capacity_and_parallelism(rng: random.Random, data: dict) -> None:
+    """Sometimes a tensor-parallel group, sometimes a cache sized from HBM instead of num_gpu_blocks."""
+    if rng.random() < TP_P:
+        from sim.specs import HardwareSpec
+
+        hw = HardwareSpec.from_name(data["hardware"]).model_dump()
+        hw["tensor_parallel"] = rng.choice([2, 4])
+        data["hardware"] = hw
+    if rng.random() < HBM_CAPACITY_P:
+        # a utilization that leaves room for about ``blocks`` KV blocks after the weights and the reserve
+        from sim.specs import GiB, HardwareSpec, ModelSpec
+
+        kv = data["kv_cache"]
+        model = ModelSpec.from_name(data["model"])
+        hw = data["hardware"] if isinstance(data["hardware"], dict) else HardwareSpec.from_name(
+            data["hardware"]).model_dump()
+        blocks = kv.pop("num_gpu_blocks")
+        need = model.weight_bytes() + (blocks + 0.5) * model.kv_bytes_per_block(kv.get("block_size", 16))
+        reserve = rng.choice([None, 0.0, 0.001])
+        if reserve is None:
+            usable = need / 0.95  # the default reserve is 5% of the usable memory
+        else:
+            kv["activation_reserve_gb"] = reserve
+            usable = need + reserve * GiB
+        util = usable / (hw["hbm_bytes"] * hw.get("tensor_parallel", 1))
+        if util <= 1.0:
+            kv["gpu_memory_utilization"] = util
+        else:  # the weights do not fit this hardware: keep the explicit block count
+            kv["num_gpu_blocks"] = blocks
+            kv.pop("activation_reserve_gb", None)
+
+
 def draw_scenario(rng: random.Random, index: int = 0) -> dict:
-    """One random valid scenario (as the dict a YAML file would hold)."""
+    """One random scenario (as the dict a YAML file would hold). A few (``REFUSED_P``) keep a combination
+    of settings the schema refuses; ``run_case`` then expects that refusal."""
     data: dict = {"name": f"fuzz-{index}", "seed": rng.randint(0, 2**31 - 1)}
     for path, draw in KNOBS:
         value = draw(rng)
@@ -202,7 +246,17 @@ def draw_scenario(rng: random.Random, index: int = 0) -> dict:
             _set(data, path, value)
     _set(data, "scheduler.max_steps_without_progress", STALL_STEPS)
     _set(data, "output.plots", False)
-    cache_tokens = data["kv_cache"]["num_gpu_blocks"] * data["kv_cache"]["block_size"]
+    _capacity_and_parallelism(rng, data)
+    if rng.random() >= REFUSED_P:
+        problem = _combination_problem(data)
+        while problem is not None:  # drop the offending setting (back to its default) until none is left
+            section, key = problem[0].split(".")
+            data[section].pop(key, None)
+            problem = _combination_problem(data)
+    if "num_gpu_blocks" in data["kv_cache"]:
+        cache_tokens = data["kv_cache"]["num_gpu_blocks"] * data["kv_cache"]["block_size"]
+    else:
+        cache_tokens = 64 * data["kv_cache"]["block_size"]  # lengths on the scale of the small caches
     # parallel samples and beams fork block tables: only paged + continuous batching accepts them
     multi_seq = (data["kv_cache"].get("allocator", "paged") == "paged"
                  and data["scheduler"].get("batching", "continuous") == "continuous")
@@ -241,7 +295,7 @@ def known_issue(data: dict, error: str) -> str:
 class CaseResult:
     index: int
     scenario: dict
-    outcome: str                 # "ok" | "unsupported" | "known:<issue>" | "failed"
+    outcome: str                 # "ok" | "refused" | "unsupported" | "known:<issue>" | "failed"
     error: str = ""
     seconds: float = 0.0
     num_steps: int = 0
@@ -328,20 +382,34 @@ def check_outcome(requests, steps, summary: dict, capacity_slots: int, beams: bo
 
 def run_case(data: dict, index: int = 0) -> CaseResult:
     """Validate and run one scenario dict with integrity checks on; classify the outcome."""
+    from sim.errors import KvsimError
     from sim.runner import run_scenario
     from sim.scenario import scenario_from_dict
 
     t0 = time.perf_counter()
     try:
+        expected = _combination_problem(data)
+    except Exception:  # noqa: BLE001 - an invalid draw: scenario_from_dict below reports it
+        expected = None
+    try:
         scn = scenario_from_dict(data, source=f"<fuzz {index}>")
+        if expected is not None:
+            return CaseResult(index, data, "failed", f"{expected[0]}: accepted, should be refused",
+                              time.perf_counter() - t0)
         result = run_scenario(scn, check_integrity=True)
+    except KvsimError as e:
+        if expected is not None and e.what.startswith(f"{expected[0]}: "):
+            return CaseResult(index, data, "refused", e.one_line(), time.perf_counter() - t0)
+        error = f"KvsimError: {e}"
+        known = known_issue(data, error)
+        return CaseResult(index, data, f"known:{known}" if known else "failed", error, time.perf_counter() - t0)
     except NotImplementedError as e:
         return CaseResult(index, data, "unsupported", str(e), time.perf_counter() - t0)
     except Exception as e:  # noqa: BLE001 - the fuzzer reports every crash with its scenario
         error = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}"
         known = known_issue(data, error)
         return CaseResult(index, data, f"known:{known}" if known else "failed", error, time.perf_counter() - t0)
-    cap = scn.kv_cache.num_gpu_blocks * scn.kv_cache.block_size
+    cap = int(result.summary["num_gpu_blocks"]) * scn.kv_cache.block_size
     problems = check_outcome(result.requests, result.steps, result.summary, cap, beams=_has_beams(data))
     error = "; ".join(problems)
     outcome = "ok" if not problems else (f"known:{known_issue(data, error)}" if known_issue(data, error) else "failed")

@@ -69,7 +69,33 @@ def write_text(path: Path, text: str) -> Path:
 
 
 def prepare_out_dir(out: str | Path) -> Path:
+    """Check, before anything runs, that ``out`` is (or can be made) a folder this process may write."""
     path = Path(out)
     if path.exists() and not path.is_dir():
         raise KvsimError(str(path), "--out must be a folder, and this is a file")
+    probe = path
+    while not probe.exists():  # the nearest existing ancestor must be a writable folder
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise KvsimError(str(path), f"--out: {probe} is a file, so no folder can be made under it")
+    if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
+        raise KvsimError(str(path), f"--out: no permission to write in {probe}")
+    if path.exists() and not os.access(path.parent if path.parent.exists() else path, os.W_OK | os.X_OK):
+        raise KvsimError(str(path), f"--out: no permission to write in {path.parent}")
+    return path
+
+
+def prepare_results_dir(out: str | Path) -> Path:
+    """``prepare_out_dir`` for a folder replaced as a whole (sim.atomic_dir): also cleans what a killed
+    earlier run left, and refuses a folder holding files kvsim did not write."""
+    from sim.atomic_dir import is_replaceable, recover
+
+    path = prepare_out_dir(out)
+    recover(path)
+    ok, other = is_replaceable(path)
+    if not ok:
+        raise KvsimError(str(path), f"--out holds files kvsim did not write ({other!r}); the folder is replaced "
+                         "as a whole, so give a new or empty folder")
     return path

@@ -12,6 +12,7 @@ from sim.engine import Engine
 from sim.errors import KvsimError
 from sim.executors.base import make_executor
 from sim.kv import make_kv_manager
+from sim.limits import MAX_BLOCKS
 from sim.metrics import Recorder, requests_frame, summarize
 from sim.scenario import Scenario
 from sim.sched import make_scheduler
@@ -45,8 +46,21 @@ def gpu_blocks(scn: Scenario) -> int:
 
 
 def cpu_blocks(scn: Scenario) -> int:
+    """Swap blocks: ``swap_space_gb`` is per GPU (as in vLLM), so a tensor-parallel group of t GPUs has
+    t times the swap space; a block holds the K and V of all heads, split over the t GPUs."""
     block_bytes = scn.model_spec.kv_bytes_per_block(scn.kv_cache.block_size)
-    return int(scn.kv_cache.swap_space_gb * GiB // block_bytes)
+    total = scn.kv_cache.swap_space_gb * GiB * scn.hardware_spec.tensor_parallel
+    return int(total // block_bytes)
+
+
+def check_block_counts(scn: Scenario, num_gpu: int, num_cpu: int) -> None:
+    """Refuse block counts beyond ``MAX_BLOCKS`` (memory for per-block state grows with them)."""
+    if num_gpu > MAX_BLOCKS:
+        raise KvsimError(f"{scn.source}: kv_cache", f"{num_gpu:,} GPU blocks exceed the limit of {MAX_BLOCKS:,}; "
+                         "set kv_cache.num_gpu_blocks or a larger kv_cache.block_size")
+    if num_cpu > MAX_BLOCKS:
+        raise KvsimError(f"{scn.source}: kv_cache.swap_space_gb", f"{num_cpu:,} CPU blocks exceed the limit of "
+                         f"{MAX_BLOCKS:,}; use less swap space")
 
 
 def _check_sequences_supported(scn: Scenario, requests: list) -> None:
@@ -76,6 +90,7 @@ def run_scenario(scn: Scenario, check_integrity: bool | None = None, progress: b
     if num_gpu < 1:
         raise KvsimError(f"{scn.source}: kv_cache", "no room for a single KV block")
     num_cpu = cpu_blocks(scn)
+    check_block_counts(scn, num_gpu, num_cpu)
     workload = build_workload(scn.workload, base_dir=scn.base_dir, seed=scn.seed, source=scn.source)
     _check_sequences_supported(scn, workload.requests)
     manager = make_kv_manager(scn.kv_cache, num_gpu, num_cpu, model.max_model_len)

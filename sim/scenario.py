@@ -14,9 +14,11 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
+from sim import limits as L
 from sim.errors import KvsimError
 from sim.specs import HardwareSpec, ModelSpec
 from sim.workload.config import WorkloadConfig
+from sim.yamlfile import parse_yaml, read_text_bounded
 
 # Frontend latencies fitted to the calibration runs (sim/data/frontend.json, written by
 # scripts/fit_engine.py; docs/fidelity.md)
@@ -27,15 +29,15 @@ FRONTEND_TOKEN_S = float(_FRONTEND["token_latency_s"])
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class KVCacheConfig(_Strict):
     block_size: int = Field(default=16, ge=1, le=1024)
-    num_gpu_blocks: int | None = Field(default=None, ge=1)     # overrides the capacity computed from HBM
+    num_gpu_blocks: int | None = Field(default=None, ge=1, le=L.MAX_BLOCKS)     # overrides the capacity computed from HBM
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
-    activation_reserve_gb: float | None = Field(default=None, ge=0)
-    swap_space_gb: float = Field(default=4.0, ge=0)
+    activation_reserve_gb: float | None = Field(default=None, ge=0, le=L.MAX_GB)
+    swap_space_gb: float = Field(default=4.0, ge=0, le=L.MAX_SWAP_GB)  # per GPU, as in vLLM
     allocator: Literal["paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle"] = "paged"
     prefix_caching: bool = False
 
@@ -50,13 +52,13 @@ class KVCacheConfig(_Strict):
 class SchedulerConfig(_Strict):
     batching: Literal["static", "continuous"] = "continuous"
     policy: Literal["fcfs", "round_robin", "priority", "longest_prefix_first"] = "fcfs"
-    max_num_seqs: int = Field(default=256, ge=1)
-    max_num_batched_tokens: int | None = Field(default=None, ge=1)  # default: max(max_model_len, 2048)
+    max_num_seqs: int = Field(default=256, ge=1, le=L.MAX_SEQS)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1, le=L.MAX_TOKENS)  # default: max(max_model_len, 2048)
     chunked_prefill: bool = False
     preemption: Literal["recompute", "swap"] = "recompute"
     victim: Literal["latest_arrival", "most_generated"] = "latest_arrival"
-    rr_quantum_steps: int = Field(default=16, ge=1)
-    max_steps_without_progress: int = Field(default=100_000, ge=1)  # watchdog
+    rr_quantum_steps: int = Field(default=16, ge=1, le=L.MAX_WATCHDOG_STEPS)
+    max_steps_without_progress: int = Field(default=100_000, ge=1, le=L.MAX_WATCHDOG_STEPS)  # watchdog
     # vLLM v1's default: step n+1 is planned while step n runs (CPU work overlaps the GPU), so an arrival
     # at a busy engine waits one more step to be admitted (sim/engine.py)
     async_scheduling: bool = True
@@ -66,8 +68,8 @@ class ExecutorConfig(_Strict):
     kind: str = "cost_model"
     calibration: str | None = None          # a calibration JSON (relative to the scenario file)
     device: Literal["cuda", "cpu"] = "cuda"  # gpu executor only
-    num_layers: int | None = Field(default=None, ge=1)  # gpu executor: run fewer layers, scale the time
-    step_overhead_s: float | None = Field(default=None, ge=0)
+    num_layers: int | None = Field(default=None, ge=1, le=10_000)  # gpu executor: run fewer layers, scale the time
+    step_overhead_s: float | None = Field(default=None, ge=0, le=3600)
     # cost model: price steps as the engine runs them (the calibration's `engine` section: CUDA graphs,
     # fused kernels, custom all-reduce, CPU overlap); false: the sum of isolated operators
     engine: bool = True
@@ -96,12 +98,12 @@ class FrontendConfig(_Strict):
 
 class OutputConfig(_Strict):
     plots: bool = True
-    dir: str | None = None
+    dir: str | None = None  # kvsim run: the results folder when --out is not given (relative to the file)
 
 
 class Scenario(_Strict):
     name: str = "scenario"
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=L.MAX_SEED)
     model: str | ModelSpec = "llama-2-13b"
     hardware: str | HardwareSpec = "a100-80gb"
     kv_cache: KVCacheConfig = KVCacheConfig()
@@ -174,14 +176,7 @@ def _key_lines(node: yaml.Node, prefix: tuple = ()) -> dict[tuple, int]:
 
 
 def _parse_yaml(text: str, source: str) -> tuple[dict, dict[tuple, int]]:
-    try:
-        node = yaml.compose(text)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark else source
-        problem = getattr(e, "problem", None) or str(e)
-        raise KvsimError(where, f"invalid YAML: {problem}") from None
+    data, node = parse_yaml(text, source)
     if data is None:
         raise KvsimError(source, "the file is empty")
     if not isinstance(data, dict):
@@ -203,8 +198,24 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.split("."), value
 
 
+def _preset_mapping(section: str, name: Any) -> Any:
+    """A preset name (model or hardware) as its mapping, so one field of it can be overridden."""
+    if section not in ("model", "hardware") or not isinstance(name, str | None):
+        return name
+    name = name if name is not None else Scenario.model_fields[section].default
+    try:
+        spec = ModelSpec.from_name(name) if section == "model" else HardwareSpec.from_name(name)
+    except KeyError as e:
+        raise KvsimError("--set", f"{section}: {e.args[0]}") from None
+    return spec.model_dump()
+
+
 def apply_override(data: dict, path: list[str], value: Any) -> None:
+    """Set ``data[path...] = value``; a model or hardware preset name becomes its mapping first, so
+    ``hardware.tensor_parallel=2`` works on a scenario that names a preset."""
     node = data
+    if len(path) > 1:
+        node[path[0]] = _preset_mapping(path[0], node.get(path[0]))
     for part in path[:-1]:
         child = node.get(part)
         if not isinstance(child, dict):
@@ -250,14 +261,7 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
     """Read, override and validate a scenario file. Raises KvsimError on any problem."""
     path = Path(path)
     source = str(path)
-    if not path.exists():
-        raise KvsimError(source, "no such file")
-    if path.is_dir():
-        raise KvsimError(source, "is a directory, not a scenario file")
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise KvsimError(source, f"cannot read: {e}") from None
+    text = read_text_bounded(path, "scenario file")
     data, lines = _parse_yaml(text, source)
     return scenario_from_dict(data, base_dir=path.parent, source=source, lines=lines, overrides=overrides)
 
@@ -280,9 +284,36 @@ def scenario_from_dict(
         scn = Scenario.model_validate(data)
     except ValidationError as e:
         raise _explain(e, source, lines or {}, overridden) from None
+    problem = unsupported_combination(scn)
+    if problem:
+        key, what = problem
+        path = tuple(key.split("."))
+        line = next(((lines or {}).get(path[:n]) for n in range(len(path), 0, -1) if (lines or {}).get(path[:n])),
+                    None)
+        via = " (from --set)" if path in overridden else ""
+        raise KvsimError(f"{source}:{line}" if line and not via else source, f"{key}: {what}{via}")
     scn._base_dir = Path(base_dir)
     scn._source = source
     return scn
+
+
+def unsupported_combination(scn: Scenario) -> tuple[str, str] | None:
+    """(key, why) for settings that cannot take effect together, rather than silently ignoring one."""
+    sch, kv = scn.scheduler, scn.kv_cache
+    if sch.batching == "static":
+        if sch.policy in ("round_robin", "longest_prefix_first"):
+            return "scheduler.policy", (f"{sch.policy} needs scheduler.batching: continuous (static batching "
+                                        "orders a batch by fcfs or priority only)")
+        if sch.chunked_prefill:
+            return "scheduler.chunked_prefill", ("static batching prefills each batch's prompts whole; use "
+                                                 "scheduler.batching: continuous or chunked_prefill: false")
+        if kv.prefix_caching:
+            return "kv_cache.prefix_caching", "needs scheduler.batching: continuous (static batching reserves " \
+                                              "each request's memory whole)"
+    if kv.prefix_caching and kv.allocator != "paged":
+        return "kv_cache.prefix_caching", f"needs kv_cache.allocator: paged (the {kv.allocator} allocator " \
+                                          "reserves one region per request and shares nothing)"
+    return None
 
 
 def scenario_json_schema() -> dict:

@@ -19,17 +19,17 @@ DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
 class ModelSpec(BaseModel):
     """The shape of a decoder-only transformer: all the simulator needs to price it and size its KV."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = "custom"
-    num_layers: int = Field(gt=0)
-    hidden_size: int = Field(gt=0)
-    num_heads: int = Field(gt=0)
-    num_kv_heads: int = Field(gt=0)
-    head_dim: int = Field(gt=0)
-    intermediate_size: int = Field(gt=0)
-    vocab_size: int = Field(gt=0)
-    max_model_len: int = Field(gt=0)
+    num_layers: int = Field(gt=0, le=10_000)
+    hidden_size: int = Field(gt=0, le=1 << 20)
+    num_heads: int = Field(gt=0, le=1 << 16)
+    num_kv_heads: int = Field(gt=0, le=1 << 16)
+    head_dim: int = Field(gt=0, le=1 << 16)
+    intermediate_size: int = Field(gt=0, le=1 << 22)
+    vocab_size: int = Field(gt=0, le=1 << 24)
+    max_model_len: int = Field(gt=0, le=10_000_000)
     gated_mlp: bool = True  # SwiGLU (gate, up, down) vs a plain two-matrix MLP (OPT)
     tied_embeddings: bool = False
     dtype: str = "fp16"
@@ -94,16 +94,16 @@ class HardwareSpec(BaseModel):
     all-reduces over the interconnect.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = "custom"
-    hbm_bytes: int = Field(gt=0)
-    hbm_bandwidth: float = Field(gt=0)
-    peak_flops: float = Field(gt=0)
-    host_link_bandwidth: float = Field(gt=0)
-    interconnect_bandwidth: float = Field(default=0.0, ge=0)  # per-GPU NVLink bytes/s; 0: PCIe only
-    interconnect_latency_s: float = Field(default=5e-6, ge=0)
-    tensor_parallel: int = Field(default=1, ge=1)
+    hbm_bytes: int = Field(gt=0, le=1 << 50)
+    hbm_bandwidth: float = Field(gt=0, le=1e18)
+    peak_flops: float = Field(gt=0, le=1e21)
+    host_link_bandwidth: float = Field(gt=0, le=1e18)
+    interconnect_bandwidth: float = Field(default=0.0, ge=0, le=1e18)  # per-GPU NVLink bytes/s; 0: PCIe only
+    interconnect_latency_s: float = Field(default=5e-6, ge=0, le=1.0)
+    tensor_parallel: int = Field(default=1, ge=1, le=64)
 
     @classmethod
     def from_name(cls, name: str) -> HardwareSpec:

@@ -10,9 +10,20 @@ A sweep file (paths relative to it):
     out: results/sweep1                   # results.csv (+ results.parquet when pyarrow is importable)
 
 Every grid key and value is validated before anything runs (an unknown key is a KvsimError naming the
-sweep file, its line and the key). Each run is a *task* (grid point x repeat) identified by ``task_id``, a
-hash of the base scenario's text, the point and the repeat; tasks whose id already has an ``ok`` row in
-results.csv are skipped, so an interrupted or extended sweep resumes where it stopped.
+sweep file, its line and the key); a value given twice for one key, a key together with its parent
+(``kv_cache`` and ``kv_cache.block_size``) and more than ``MAX_GRID_RUNS`` runs are refused up front.
+
+Each run is a *task* (grid point x repeat). Its ``scenario_hash`` hashes the resolved scenario of that run
+(every key after the grid values are applied, the seed included, and the content of the trace and
+calibration files it reads), and its ``task_id`` hashes that, the point and the repeat. results.csv holds
+exactly one row per task, with both columns. Tasks whose id already has an ``ok`` row are skipped, so an
+interrupted or extended sweep resumes where it stopped. Rows whose id is not a task of this sweep (the
+base scenario, a trace or the grid changed since) make the sweep refuse, naming the folder: their
+numbers would otherwise sit beside new ones with the same grid values.
+
+One sweep at a time writes a folder: a second one refuses (a lock file, released when the first ends
+or dies). Worker processes stop when the sweep stops (Ctrl-C, SIGTERM) and exit on their own when
+their parent dies.
 """
 
 from __future__ import annotations
@@ -21,6 +32,7 @@ import copy
 import hashlib
 import itertools
 import json
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -31,8 +43,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sim.errors import KvsimError
+from sim.limits import MAX_GRID_RUNS
 from sim.output import flatten
 from sim.scenario import Scenario, apply_override, scenario_from_dict
+from sim.sweep_lock import SweepLock
+from sim.yamlfile import read_yaml_file
 
 RESULTS_CSV = "results.csv"
 RESULTS_PARQUET = "results.parquet"
@@ -43,7 +58,7 @@ class SweepSpec(BaseModel):
 
     base: str
     grid: dict[str, list[Any]] = Field(default_factory=dict)
-    repeats: int = Field(default=1, ge=1)
+    repeats: int = Field(default=1, ge=1, le=MAX_GRID_RUNS)
     out: str = "sweep-results"
     name: str = "sweep"
 
@@ -57,6 +72,7 @@ class Task:
     repeat: int
     seed: int
     data: dict = field(compare=False, hash=False, repr=False)  # the full scenario dict of this run
+    scenario_hash: str = ""  # the resolved scenario of this run (see the module docstring)
 
 
 @dataclass
@@ -124,27 +140,86 @@ def _grid_lines(text: str) -> dict[str, int]:
 
 
 def _read_yaml(path: Path, what: str) -> tuple[str, Any]:
-    if not path.exists():
-        raise KvsimError(str(path), "no such file")
-    if path.is_dir():
-        raise KvsimError(str(path), f"is a directory, not a {what}")
-    try:
-        text = path.read_text()
-        return text, yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise KvsimError(where, f"invalid YAML: {getattr(e, 'problem', None) or e}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise KvsimError(str(path), f"cannot read: {e}") from None
+    text, data, _ = read_yaml_file(path, what)
+    return text, data
 
 
-def task_id(base_text: str, params: tuple[tuple[str, Any], ...], repeat: int) -> str:
-    """Identity of one run: the base scenario's text, the point (key order does not matter), the repeat."""
+def task_id(scenario_hash: str, params: tuple[tuple[str, Any], ...], repeat: int) -> str:
+    """Identity of one run: its resolved scenario, the point (key order does not matter), the repeat."""
     ordered = sorted(params, key=lambda p: p[0])
-    blob = json.dumps({"base": hashlib.sha256(base_text.encode()).hexdigest(), "params": [list(p) for p in ordered],
-                       "repeat": repeat}, sort_keys=True, default=str)
+    blob = json.dumps({"scenario": scenario_hash, "params": [list(p) for p in ordered], "repeat": repeat},
+                      sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _file_digest(path: Path, cache: dict[Path, str]) -> str:
+    if path not in cache:
+        h = hashlib.sha256()
+        try:
+            with path.open("rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+            cache[path] = h.hexdigest()
+        except OSError:
+            cache[path] = "unreadable"
+    return cache[path]
+
+
+def scenario_hash(scn: Scenario, cache: dict[Path, str] | None = None) -> str:
+    """A content hash of a validated scenario: every key (defaults filled in) and the bytes of the files
+    it names (``trace`` and ``calibration`` keys, wherever they are)."""
+    cache = {} if cache is None else cache
+    dump = scn.model_dump(mode="json")
+    files: dict[str, str] = {}
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if k in ("trace", "calibration") and isinstance(v, str):
+                    p = scn.resolve_path(v)
+                    if p.is_file():
+                        files[v] = _file_digest(p, cache)
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(dump)
+    blob = json.dumps({"scenario": dump, "files": files}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _value_key(v: Any) -> str:
+    return json.dumps(v, sort_keys=True, default=str)
+
+
+def _check_grid_shape(spec: SweepSpec, where) -> None:  # noqa: ANN001 - where: key -> "file:line"
+    """Duplicate values, a key with its parent, and too many runs: refused before anything is built."""
+    for key, values in spec.grid.items():
+        seen: set[str] = set()
+        for v in values:
+            k = _value_key(v)
+            if k in seen:
+                raise KvsimError(where(key), f"grid.{key}: value {v!r} is given twice (each point runs once; "
+                                 "use repeats for more runs)")
+            seen.add(k)
+    keys = list(spec.grid)
+    for a in keys:
+        for b in keys:
+            if a != b and b.startswith(a + "."):
+                raise KvsimError(where(b), f"grid.{b}: overlaps grid.{a} (the value of one would overwrite the "
+                                 "other); give one of them")
+    runs = spec.repeats
+    for values in spec.grid.values():
+        runs *= max(1, len(values))
+        if runs > MAX_GRID_RUNS:
+            break
+    if runs > MAX_GRID_RUNS:
+        total = spec.repeats
+        for values in spec.grid.values():
+            total *= max(1, len(values))
+        raise KvsimError(where("") if not spec.grid else where(keys[0]),
+                         f"grid: {total:,} runs (points x repeats) exceed the limit of {MAX_GRID_RUNS:,}")
 
 
 def load_sweep(path: str | Path) -> Sweep:
@@ -164,7 +239,7 @@ def load_sweep(path: str | Path) -> Sweep:
         raise KvsimError(f"{path}:{line}" if line else str(path), f"{key}: {msg}") from None
 
     def where(key: str) -> str:
-        line = lines.get(f"grid.{key}")
+        line = lines.get(f"grid.{key}") or lines.get("grid")
         return f"{path}:{line}" if line else str(path)
 
     for key, values in spec.grid.items():
@@ -176,13 +251,14 @@ def load_sweep(path: str | Path) -> Sweep:
             raise KvsimError(where(key), f"grid.{key}: {problem}")
         if not values:
             raise KvsimError(where(key), f"grid.{key}: needs at least one value")
+    _check_grid_shape(spec, where)
 
     base_path = Path(spec.base)
     base_path = base_path if base_path.is_absolute() else path.parent / base_path
     if not base_path.is_file():
         line = lines.get("base")
         raise KvsimError(f"{path}:{line}" if line else str(path), f"base: no such scenario file {base_path}")
-    base_text, base = _read_yaml(base_path, "scenario file")
+    _, base = _read_yaml(base_path, "scenario file")
     if not isinstance(base, dict):
         raise KvsimError(str(base_path), "a scenario must be a mapping of keys (name, model, workload, ...)")
     source = str(base_path)
@@ -202,6 +278,7 @@ def load_sweep(path: str | Path) -> Sweep:
                 raise KvsimError(where(key), f"grid.{key}: value {v!r}: {e.what}") from None
 
     base_seed = int(base.get("seed", 0)) if isinstance(base.get("seed", 0), int) else 0
+    digests: dict[Path, str] = {}
     tasks: list[Task] = []
     keys = list(spec.grid)
     for combo in itertools.product(*(spec.grid[k] for k in keys)):
@@ -216,7 +293,8 @@ def load_sweep(path: str | Path) -> Sweep:
         for r in range(spec.repeats):
             run = copy.deepcopy(data)
             run["seed"] = scn.seed + r if "seed" in spec.grid else base_seed + r
-            tasks.append(Task(task_id(base_text, params, r), params, r, run["seed"], run))
+            digest = scenario_hash(scn.model_copy(update={"seed": run["seed"]}), digests)
+            tasks.append(Task(task_id(digest, params, r), params, r, run["seed"], run, digest))
     out = Path(spec.out)
     out = out if out.is_absolute() else path.parent / out
     if out.exists() and not out.is_dir():
@@ -259,7 +337,7 @@ def run_task(data: dict, base_dir: str, source: str, trace: tuple[str, int] | No
 
 
 def task_row(task: Task, result: dict[str, Any]) -> dict[str, Any]:
-    row: dict[str, Any] = {"task_id": task.task_id}
+    row: dict[str, Any] = {"task_id": task.task_id, "scenario_hash": task.scenario_hash}
     for k, v in task.params:
         row[k] = v if isinstance(v, (int, float, str, bool)) or v is None else json.dumps(v, sort_keys=True)
     row["repeat"] = task.repeat
@@ -289,12 +367,15 @@ def read_results(out_dir: Path) -> list[dict[str, Any]]:
 
 
 def write_results_table(out_dir: Path, rows: list[dict[str, Any]], parquet: bool = True) -> list[Path]:
-    """results.csv (and results.parquet when pyarrow is importable), each written atomically."""
+    """results.csv (and results.parquet when pyarrow is importable), each written atomically. The old
+    parquet goes first, so when present it always holds the same rows as the csv (a flush mid-sweep, or a
+    kill between the two files, leaves the csv alone)."""
     import pandas as pd
 
     from sim.output import write_atomic
 
     df = pd.DataFrame(rows)
+    (out_dir / RESULTS_PARQUET).unlink(missing_ok=True)
     written = [write_atomic(out_dir / RESULTS_CSV, lambda p: df.to_csv(p, index=False))]
     if parquet:
         try:
@@ -323,6 +404,38 @@ class SweepOutcome:
     files: list[Path]
 
 
+def _worker_init(parent: int) -> None:
+    """In each worker: leave Ctrl-C to the parent (it stops the pool), and exit if the parent dies."""
+    import signal
+    import threading
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's handler (forked): terminate() must kill
+
+    def watch() -> None:
+        import time
+
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def _stop_pool(pool: Any) -> None:
+    """Cancel what has not started and terminate the workers now (not after their current run)."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())  # shutdown() forgets them
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in procs:
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=5)
+
+
 def _run_local(sweep: Sweep, todo: list[Task], workers: int, on_done, trace=lambda t: None) -> None:
     args = (str(sweep.base_path.parent), str(sweep.base_path))
     if workers <= 1:
@@ -331,15 +444,15 @@ def _run_local(sweep: Sweep, todo: list[Task], workers: int, on_done, trace=lamb
         return
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    with ProcessPoolExecutor(max_workers=workers) as pool:
+    pool = ProcessPoolExecutor(max_workers=workers, initializer=_worker_init, initargs=(os.getpid(),))
+    try:
         futures = {pool.submit(run_task, t.data, *args, trace(t)): t for t in todo}
-        try:
-            for fut in as_completed(futures):
-                on_done(futures[fut], fut.result())
-        except BaseException:
-            for fut in futures:
-                fut.cancel()
-            raise
+        for fut in as_completed(futures):
+            on_done(futures[fut], fut.result())
+    except BaseException:
+        _stop_pool(pool)
+        raise
+    pool.shutdown(wait=True)
 
 
 def _run_ray(sweep: Sweep, todo: list[Task], address: str | None, on_done, trace=lambda t: None) -> None:
@@ -347,15 +460,35 @@ def _run_ray(sweep: Sweep, todo: list[Task], address: str | None, on_done, trace
         import ray
     except ImportError:
         raise KvsimError("--ray", "Ray is not installed; install it with: pip install 'kvsim[ray]'") from None
-    if not ray.is_initialized():
-        ray.init(address=address or None)
+    started = not ray.is_initialized()
+    if started:  # a local cluster (no address) is started here and shut down when the sweep ends
+        ray.init(address=address or None, include_dashboard=False, log_to_driver=False)
     remote = ray.remote(run_task)
     args = (str(sweep.base_path.parent), str(sweep.base_path))
     pending = {remote.remote(t.data, *args, trace(t)): t for t in todo}
-    while pending:
-        done, _ = ray.wait(list(pending), num_returns=1)
-        for ref in done:
-            on_done(pending.pop(ref), ray.get(ref))
+    try:
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for ref in done:
+                on_done(pending.pop(ref), ray.get(ref))
+    except BaseException:
+        for ref in pending:  # Ctrl-C, SIGTERM: stop the runs still queued or running on the cluster
+            ray.cancel(ref, force=True)
+        raise
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _check_foreign_rows(sweep: Sweep, rows: list[dict[str, Any]]) -> None:
+    """Refuse results of tasks this sweep does not have (an edited base or trace, a changed grid)."""
+    ids = {t.task_id for t in sweep.tasks}
+    foreign = [r for r in rows if str(r["task_id"]) not in ids]
+    if foreign:
+        path = sweep.out_dir / RESULTS_CSV
+        raise KvsimError(str(path), f"{len(foreign)} of its {len(rows)} rows are not runs of this sweep (the base "
+                         "scenario, a file it reads, or the grid changed since); use another out folder, or "
+                         "delete this table to start over")
 
 
 def run_sweep(sweep: Sweep, workers: int = 1, ray_address: str | None = None, use_ray: bool = False,
@@ -363,10 +496,20 @@ def run_sweep(sweep: Sweep, workers: int = 1, ray_address: str | None = None, us
               trace_limit: int = 1000) -> SweepOutcome:
     """Run the tasks that have no ``ok`` row yet; results are rewritten (atomically) as they come in,
     and once more at the end, also on Ctrl-C, so a resumed sweep loses at most the last few seconds.
+    Holds the folder's lock throughout (a second sweep on the folder refuses).
     ``trace_dir``: each run that runs writes its Chrome trace-event JSON there as ``TASK_ID.json``."""
+    with SweepLock(sweep.out_dir):
+        return _run_locked(sweep, workers, ray_address, use_ray, progress, flush_every_s, trace_dir, trace_limit)
+
+
+def _run_locked(sweep: Sweep, workers: int, ray_address: str | None, use_ray: bool, progress: bool,
+                flush_every_s: float, trace_dir: Path | None = None, trace_limit: int = 1000) -> SweepOutcome:
     import time
 
+    for stale in sweep.out_dir.glob(".results.*.tmp"):  # a killed writer's temp files (we hold the lock)
+        stale.unlink(missing_ok=True)
     rows = read_results(sweep.out_dir)
+    _check_foreign_rows(sweep, rows)
     done_ids = {str(r["task_id"]) for r in rows if r.get("status") == "ok"}
     rows = [r for r in rows if str(r["task_id"]) in done_ids]  # failed tasks are retried; their old rows go
     todo = [t for t in sweep.tasks if t.task_id not in done_ids]
@@ -395,12 +538,25 @@ def run_sweep(sweep: Sweep, workers: int = 1, ray_address: str | None = None, us
             _run_ray(sweep, todo, ray_address, on_done, trace)
         else:
             _run_local(sweep, todo, workers, on_done, trace)
+    except BaseException as e:  # Ctrl-C, SIGTERM (sim.cli raises Terminated, a KeyboardInterrupt), a crash
+        if bar:
+            bar.close()
+            bar = None
+        table = sweep.out_dir / RESULTS_CSV
+        if state["ran"]:
+            rows.sort(key=lambda r: order.get(str(r["task_id"]), len(order)))
+            write_results_table(sweep.out_dir, rows)
+        if isinstance(e, KeyboardInterrupt):
+            e.args = (f"{state['ran']} of {len(todo)} runs finished; {len(rows)} rows are in {table}; run the "
+                      "sweep again to resume" if state["ran"] else
+                      f"no run had finished; {table} is as it was",)
+        raise
     finally:
         if bar:
             bar.close()
-        if state["ran"]:
-            rows.sort(key=lambda r: order.get(str(r["task_id"]), len(order)))  # grid order, whoever finished first
-            files = write_results_table(sweep.out_dir, rows)
+    if state["ran"]:
+        rows.sort(key=lambda r: order.get(str(r["task_id"]), len(order)))  # grid order, whoever finished first
+        files = write_results_table(sweep.out_dir, rows)
     return SweepOutcome(len(sweep.tasks), skipped, state["ran"], state["failed"], files)
 
 

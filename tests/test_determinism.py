@@ -59,7 +59,7 @@ def _run_all(tmp_path: Path, tag: str, hash_seed: str) -> dict[str, Path]:
         scn.write_text(yaml.safe_dump(data))
         outs[name] = tmp_path / f"{name}-{tag}"
         args += [str(scn), str(outs[name])]
-    env = dict(os.environ, PYTHONHASHSEED=hash_seed, KVSIM_CHECK_INTEGRITY="0")
+    env = dict(os.environ, PYTHONHASHSEED=hash_seed, KVSIM_CHECK_INTEGRITY="1")
     r = subprocess.run([sys.executable, "-c", DRIVER, *args], capture_output=True, text=True, env=env, timeout=300,
                        cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -88,6 +88,6 @@ def test_a_different_seed_changes_a_synthetic_run():
     from sim.scenario import scenario_from_dict
 
     data = SCENARIOS["poisson_prefix"]
-    one = run_scenario(scenario_from_dict(data), check_integrity=False).summary
-    two = run_scenario(scenario_from_dict({**data, "seed": 99}), check_integrity=False).summary
+    one = run_scenario(scenario_from_dict(data), check_integrity=True).summary
+    two = run_scenario(scenario_from_dict({**data, "seed": 99}), check_integrity=True).summary
     assert one["makespan_s"] != two["makespan_s"]

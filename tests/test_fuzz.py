@@ -18,10 +18,30 @@ def test_seeded_fuzz_batch_passes():
 
 
 def test_draws_are_valid_and_reproducible():
-    for i in range(50):
+    from sim.errors import KvsimError
+    from sim.fuzz import _combination_problem
+
+    refused = 0
+    for i in range(300):
         a = draw_scenario(random.Random(f"7:{i}"), i)
         assert a == draw_scenario(random.Random(f"7:{i}"), i)
-        scenario_from_dict(a)  # the schema accepts every draw
+        problem = _combination_problem(a)
+        if problem is None:
+            scenario_from_dict(a)  # the schema accepts every draw but the deliberately refused ones
+        else:
+            refused += 1
+            with pytest.raises(KvsimError, match=problem[0]):
+                scenario_from_dict(a)
+    assert 0 < refused < 30  # about REFUSED_P of the unsupported draws are kept
+
+
+def test_draws_cover_tensor_parallelism_and_hbm_capacity():
+    tp = hbm = 0
+    for i in range(300):
+        a = draw_scenario(random.Random(f"cov:{i}"), i)
+        tp += isinstance(a["hardware"], dict) and a["hardware"]["tensor_parallel"] > 1
+        hbm += "gpu_memory_utilization" in a["kv_cache"]
+    assert tp > 10 and hbm > 5
 
 
 def test_schema_choices_track_the_schema():
@@ -100,10 +120,10 @@ def test_parallel_samples_are_drawn_only_where_they_fork():
 
 def test_every_cache_and_scheduler_option_is_fuzzed_or_exempt():
     # a new option in kv_cache or scheduler must get a knob in sim/fuzz.py KNOBS (one line) or a reason
-    from sim.fuzz import KNOBS, NOT_FUZZED
+    from sim.fuzz import DRAWN_IN_SCENARIO, KNOBS, NOT_FUZZED
     from sim.scenario import KVCacheConfig
 
-    knobs = {path for path, _ in KNOBS}
+    knobs = {path for path, _ in KNOBS} | set(DRAWN_IN_SCENARIO)
     fields = {f"kv_cache.{k}" for k in KVCacheConfig.model_fields} | {
         f"scheduler.{k}" for k in SchedulerConfig.model_fields}
     missing = sorted(fields - knobs - set(NOT_FUZZED))

@@ -80,7 +80,9 @@ def test_mooncake_hit_rate_tracks_the_trace_repeats(run):
     path = SCENARIOS / "mooncake_prefix.yaml"
     by_refs, by_tokens = _repeat_fractions(SCENARIOS / "traces" / "mooncake_conversation.jsonl", limit)
     lim = f"workload.limit={limit}"
-    # big caches make the invariant check slow (it is O(blocks) a step); the tiny tests cover it
+    # the one place the suite turns the invariant check off: it is O(blocks) a step, and with 400,000 and
+    # HBM-sized caches it makes this test take 10 minutes instead of seconds (README says so); the small
+    # prefix-cache tests run with it on
     off, _, _ = run(load_scenario(path, [lim, "kv_cache.prefix_caching=false"]), check_integrity=False)
     big, _, _ = run(load_scenario(path, [lim, "kv_cache.num_gpu_blocks=400000"]), check_integrity=False)
     hbm, _, _ = run(load_scenario(path, [lim]), check_integrity=False)

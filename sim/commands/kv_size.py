@@ -6,6 +6,7 @@ import argparse
 import json
 
 from sim.errors import KvsimError
+from sim.limits import MAX_TOKENS
 from sim.specs import DTYPE_BYTES, GiB, ModelSpec
 
 
@@ -41,10 +42,10 @@ def main(args: argparse.Namespace) -> int:
         raise KvsimError("--model", e.args[0]) from None
     if args.dtype not in DTYPE_BYTES:
         raise KvsimError("--dtype", f"unknown dtype {args.dtype!r}; known: {', '.join(DTYPE_BYTES)}")
-    if args.seq_len <= 0:
-        raise KvsimError("--seq-len", f"must be positive, got {args.seq_len}")
-    if args.block_size <= 0 or args.block_size & (args.block_size - 1):
-        raise KvsimError("--block-size", f"must be a positive power of two, got {args.block_size}")
+    if not 0 < args.seq_len <= MAX_TOKENS:
+        raise KvsimError("--seq-len", f"must be 1 .. {MAX_TOKENS:,}, got {args.seq_len}")
+    if args.block_size <= 0 or args.block_size > 1024 or args.block_size & (args.block_size - 1):
+        raise KvsimError("--block-size", f"must be a power of two from 1 to 1024, got {args.block_size}")
     info = kv_size(model, args.seq_len, args.dtype, args.block_size)
     if args.json:
         print(json.dumps(info, indent=2))

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
+from sim.atomic_dir import replace_dir
 from sim.commands.progress import add_progress_args, progress_mode
 from sim.commands.summary_table import print_summary
 from sim.commands.trace_args import add_trace_args, check_trace_args
-from sim.output import prepare_out_dir, summary_json
+from sim.output import prepare_results_dir, summary_json
 from sim.runner import Result, run_scenario
 from sim.scenario import load_scenario
 
@@ -19,7 +17,8 @@ from sim.scenario import load_scenario
 def add_parser(sub) -> None:
     p = sub.add_parser("run", help="run a scenario file and print its summary")
     p.add_argument("scenario", help="scenario YAML file")
-    p.add_argument("--out", help="folder for summary.json, requests.csv, steps.csv, the figures and report.html")
+    p.add_argument("--out", help="folder for summary.json, requests.csv, steps.csv, the figures and report.html "
+                   "(default: the scenario's output.dir, relative to the scenario file)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
                    help="override a scenario key (repeatable)")
     p.add_argument("--no-plots", action="store_true", help="skip the figures")
@@ -30,16 +29,11 @@ def add_parser(sub) -> None:
 
 
 def write_results(result: Result, out: Path, plots: bool = True) -> list[Path]:
-    """summary.json, requests.csv, steps.csv, the figures and report.html.
+    """summary.json, requests.csv, steps.csv, the figures and report.html, as a new folder that replaces
+    ``out`` whole (sim.atomic_dir): an error, Ctrl-C, SIGTERM or a kill at any moment leaves the previous
+    results or the new ones, never a mix, and no staging debris after the next run."""
 
-    Every file is made in a staging folder inside ``out`` first, then renamed into place (summary.json
-    last), so an error or Ctrl-C while writing leaves the previous results as they were, never a mix of
-    old and new files."""
-    created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=".kvsim-staging-", dir=out))
-    written: list[Path] = []
-    try:
+    def fill(stage: Path) -> list[str]:
         result.requests.to_csv(stage / "requests.csv", index=False)
         result.steps.to_csv(stage / "steps.csv", index=False)
         names = ["requests.csv", "steps.csv"]
@@ -52,20 +46,15 @@ def write_results(result: Result, out: Path, plots: bool = True) -> list[Path]:
 
         names.append(write_report(result, stage, [stage / n for n in names if n.endswith(".png")]).name)
         (stage / "summary.json").write_text(summary_json(result.summary))
-        names.append("summary.json")
-        for name in names:
-            os.replace(stage / name, out / name)
-            written.append(out / name)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
-        if created and not written and not any(out.iterdir()):
-            out.rmdir()
-    return written
+        return names + ["summary.json"]
+
+    return replace_dir(out, fill)
 
 
 def main(args: argparse.Namespace) -> int:
     scn = load_scenario(args.scenario, args.overrides)
-    out = prepare_out_dir(args.out) if args.out else None
+    out_arg = args.out or (str(scn.resolve_path(scn.output.dir)) if scn.output.dir else None)  # output.dir: default
+    out = prepare_results_dir(out_arg) if out_arg else None
     trace = check_trace_args(args)
     show, after_s = progress_mode(args)
     result = run_scenario(scn, check_integrity=True if args.check else None, progress=show,

@@ -10,6 +10,8 @@ from pathlib import Path
 from sim.errors import KvsimError
 from sim.trace_events import DEFAULT_REQUEST_LIMIT
 
+MAX_WORKERS = 1024
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("sweep", help="run a grid of scenarios (resumable) into one results table")
@@ -31,8 +33,8 @@ def add_parser(sub) -> None:
 def main(args: argparse.Namespace) -> int:
     from sim.sweep import load_sweep, run_sweep
 
-    if args.workers is not None and args.workers < 1:
-        raise KvsimError("--workers", f"must be at least 1, got {args.workers}")
+    if args.workers is not None and not 1 <= args.workers <= MAX_WORKERS:
+        raise KvsimError("--workers", f"must be 1 .. {MAX_WORKERS}, got {args.workers}")
     if args.trace_events_limit < 0:
         raise KvsimError("--trace-events-limit", f"must be 0 or more, got {args.trace_events_limit}")
     trace_dir = Path(args.trace_events) if args.trace_events else None
@@ -45,7 +47,8 @@ def main(args: argparse.Namespace) -> int:
             print(f"{t.task_id}  {point}  repeat={t.repeat} seed={t.seed}")
         print(f"{len(sweep.tasks)} runs -> {os.path.normpath(sweep.out_dir)}/")
         return 0
-    workers = args.workers or max(1, min(os.cpu_count() or 1, len(sweep.tasks)))
+    # never more processes than runs (a pool forks all its workers up front)
+    workers = max(1, min(args.workers or os.cpu_count() or 1, len(sweep.tasks)))
     outcome = run_sweep(sweep, workers=workers, use_ray=args.ray is not None, ray_address=args.ray or None,
                         progress=not args.no_progress and sys.stderr.isatty(), trace_dir=trace_dir,
                         trace_limit=args.trace_events_limit)

@@ -84,17 +84,23 @@ class PriorityQueue:
 class LongestPrefixQueue(FCFSQueue):
     """Cache-aware order (SGLang's longest prefix match): the waiting request with the most prompt
     blocks in the prefix cache goes first, ties in queue order. Only the first ``window`` requests are
-    ranked (each rank is a cache lookup), so a long queue stays cheap and nobody starves forever."""
+    ranked (each rank is a cache lookup), so a long queue stays cheap.
 
-    def __init__(self, manager, window: int = 128) -> None:
+    Aging bounds starvation: the request at the front of the queue is overtaken at most ``max_bypass``
+    times, then it goes next whatever the cache holds. A request with p requests ahead of it is
+    therefore admitted within (p + 1) x (max_bypass + 1) admissions, even under an endless stream of hits."""
+
+    def __init__(self, manager, window: int = 128, max_bypass: int = 32) -> None:
         super().__init__()
         self._match = getattr(manager, "match_prefix", None)
         self.window = window
+        self.max_bypass = max_bypass
+        self._bypassed = 0   # times the current front request was overtaken
         self._head: Request | None = None
 
     def _best(self) -> int:
         q = self._q
-        if self._match is None or len(q) < 2:
+        if self._match is None or len(q) < 2 or self._bypassed >= self.max_bypass:
             return 0
         best, best_len = 0, -1
         for i in range(min(len(q), self.window)):
@@ -110,7 +116,12 @@ class LongestPrefixQueue(FCFSQueue):
     def pop(self) -> Request:
         """The request the last ``peek`` chose (admission allocates between the two), else the best."""
         req = self._head if self._head is not None else self._q[self._best()]
-        self._q.remove(req)
+        if req is self._q[0]:
+            self._q.popleft()
+            self._bypassed = 0   # a new request is at the front
+        else:
+            self._q.remove(req)
+            self._bypassed += 1
         self._head = None
         return req
 
@@ -121,9 +132,12 @@ class LongestPrefixQueue(FCFSQueue):
     def push_front(self, req: Request) -> None:
         self._head = None
         self._q.appendleft(req)
+        self._bypassed = 0
 
     def remove(self, req: Request) -> None:
         self._head = None
+        if self._q and req is self._q[0]:
+            self._bypassed = 0
         self._q.remove(req)
 
 

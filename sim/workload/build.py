@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.errors import KvsimError
+from sim.limits import MAX_REQUESTS, MAX_TIME_S
 from sim.request import Request
 from sim.workload import reshape
 from sim.workload.config import InlineRequest, WorkloadConfig
@@ -54,6 +55,11 @@ def build_workload(cfg: WorkloadConfig, base_dir: Path, seed: int, source: str =
     cols = reshape.clip_to_model_len(cols, cfg.max_model_len, stats)
     if len(cols) == 0:
         raise KvsimError(where, "the workload has no requests (after limit and time window)")
+    if len(cols) > MAX_REQUESTS:
+        raise KvsimError(where, f"{len(cols):,} requests exceed the limit of {MAX_REQUESTS:,} for one run; "
+                         "set workload.limit or workload.duration_s")
+    if not np.isfinite(cols.arrival).all() or float(cols.arrival.max()) > MAX_TIME_S:
+        raise KvsimError(where, f"arrival times beyond {MAX_TIME_S:g} s; check workload.rate and time_scale")
     requests = to_requests(cols)
     out = stats.as_dict()
     out.update(info)

@@ -11,15 +11,17 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from sim import limits as L
+
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class ArrivalConfig(_Strict):
     process: Literal["poisson", "gamma", "constant", "burst"] = "poisson"
-    rate: float | None = Field(default=None, gt=0)  # requests per second (not for burst)
-    cv: float = Field(default=1.0, gt=0)            # gamma: coefficient of variation of inter-arrival times
+    rate: float | None = Field(default=None, ge=L.MIN_RATE, le=L.MAX_RATE)  # requests per second (not burst)
+    cv: float = Field(default=1.0, ge=1e-3, le=1e3)            # gamma: coefficient of variation of inter-arrival times
 
     @model_validator(mode="after")
     def _need_rate(self) -> ArrivalConfig:
@@ -30,12 +32,12 @@ class ArrivalConfig(_Strict):
 
 class LengthConfig(_Strict):
     dist: Literal["fixed", "uniform", "lognormal", "zipf", "empirical"] = "fixed"
-    value: int | None = Field(default=None, ge=1)   # fixed
-    min: int = Field(default=1, ge=1)
-    max: int | None = Field(default=None, ge=1)
-    mean: float | None = Field(default=None, gt=0)  # lognormal: mean and std of the lengths themselves
-    std: float | None = Field(default=None, gt=0)
-    a: float | None = Field(default=None, gt=1)     # zipf exponent
+    value: int | None = Field(default=None, ge=1, le=L.MAX_TOKENS)   # fixed
+    min: int = Field(default=1, ge=1, le=L.MAX_TOKENS)
+    max: int | None = Field(default=None, ge=1, le=L.MAX_TOKENS)
+    mean: float | None = Field(default=None, gt=0, le=L.MAX_TOKENS)  # lognormal: mean and std of the lengths themselves
+    std: float | None = Field(default=None, gt=0, le=L.MAX_TOKENS)
+    a: float | None = Field(default=None, gt=1, le=100)     # zipf exponent
     trace: str | None = None                        # empirical: resample from this trace's lengths
     format: str | None = None
 
@@ -52,37 +54,37 @@ class LengthConfig(_Strict):
 
 
 class SharedPrefixConfig(_Strict):
-    groups: int = Field(default=1, ge=1)
-    length: int = Field(ge=1)
+    groups: int = Field(default=1, ge=1, le=L.MAX_REQUESTS)
+    length: int = Field(ge=1, le=L.MAX_TOKENS)
 
 
 class PriorityConfig(_Strict):
     dist: Literal["uniform", "fixed"] = "uniform"
-    min: int = 0
-    max: int = 0
-    value: int = 0
+    min: int = Field(default=0, ge=-L.MAX_PRIORITY, le=L.MAX_PRIORITY)
+    max: int = Field(default=0, ge=-L.MAX_PRIORITY, le=L.MAX_PRIORITY)
+    value: int = Field(default=0, ge=-L.MAX_PRIORITY, le=L.MAX_PRIORITY)
 
 
 class SyntheticConfig(_Strict):
-    num_requests: int = Field(ge=1)
+    num_requests: int = Field(ge=1, le=L.MAX_REQUESTS)
     arrival: ArrivalConfig = ArrivalConfig(process="burst")
     prompt_len: LengthConfig
     output_len: LengthConfig
     shared_prefix: SharedPrefixConfig | None = None
-    n: int = Field(default=1, ge=1)
-    beam_width: int = Field(default=1, ge=1)
+    n: int = Field(default=1, ge=1, le=L.MAX_SAMPLES)
+    beam_width: int = Field(default=1, ge=1, le=L.MAX_SAMPLES)
     priority: PriorityConfig | None = None
 
 
 class InlineRequest(_Strict):
-    arrival: float = Field(default=0.0, ge=0)
-    prompt_len: int = Field(ge=1)
-    output_len: int = Field(ge=1)
-    priority: int = 0
-    n: int = Field(default=1, ge=1)
-    beam_width: int = Field(default=1, ge=1)
-    prefix_group: int = -1
-    prefix_len: int = Field(default=0, ge=0)
+    arrival: float = Field(default=0.0, ge=0, le=L.MAX_TIME_S)
+    prompt_len: int = Field(ge=1, le=L.MAX_TOKENS)
+    output_len: int = Field(ge=1, le=L.MAX_TOKENS)
+    priority: int = Field(default=0, ge=-L.MAX_PRIORITY, le=L.MAX_PRIORITY)
+    n: int = Field(default=1, ge=1, le=L.MAX_SAMPLES)
+    beam_width: int = Field(default=1, ge=1, le=L.MAX_SAMPLES)
+    prefix_group: int = Field(default=-1, ge=-1, le=L.MAX_REQUESTS)
+    prefix_len: int = Field(default=0, ge=0, le=L.MAX_TOKENS)
 
 
 class WorkloadConfig(_Strict):
@@ -93,13 +95,13 @@ class WorkloadConfig(_Strict):
     model_filter: str | None = None               # burstgpt: keep rows of this Model only
     arrival: ArrivalConfig | None = None          # trace: replaces (or supplies, for length-only files) arrival times
     synthetic: SyntheticConfig | None = None
-    requests: list[InlineRequest] | None = None
-    limit: int | None = Field(default=None, ge=1)
-    start_s: float | None = Field(default=None, ge=0)
-    duration_s: float | None = Field(default=None, gt=0)
-    time_scale: float = Field(default=1.0, gt=0)
-    rate: float | None = Field(default=None, gt=0)
-    max_model_len: int | None = Field(default=None, ge=2)
+    requests: list[InlineRequest] | None = Field(default=None, max_length=L.MAX_REQUESTS)
+    limit: int | None = Field(default=None, ge=1, le=L.MAX_REQUESTS)
+    start_s: float | None = Field(default=None, ge=0, le=L.MAX_TIME_S)
+    duration_s: float | None = Field(default=None, gt=0, le=L.MAX_TIME_S)
+    time_scale: float = Field(default=1.0, ge=L.MIN_TIME_SCALE, le=L.MAX_TIME_SCALE)
+    rate: float | None = Field(default=None, ge=L.MIN_RATE, le=L.MAX_RATE)
+    max_model_len: int | None = Field(default=None, ge=2, le=L.MAX_TOKENS)
 
     @model_validator(mode="after")
     def _exactly_one(self) -> WorkloadConfig:

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from sim.errors import KvsimError
+from sim.limits import MAX_TOKENS
 
 
 @dataclass(slots=True)
@@ -133,6 +134,11 @@ def to_counts(values: pd.Series, column: str, source: str, lines: np.ndarray, mi
         i = int(np.flatnonzero(low)[0])
         kind = "negative" if arr[i] < 0 else f"below {minimum}"
         raise KvsimError(where(source, int(lines[i])), f"column {column}: {kind} token count {values.iloc[i]!r}")
+    high = arr > MAX_TOKENS
+    if high.any():
+        i = int(np.flatnonzero(high)[0])
+        raise KvsimError(where(source, int(lines[i])),
+                         f"column {column}: token count {values.iloc[i]!r} is above the limit of {MAX_TOKENS:,}")
     return arr.astype(np.int64)
 
 

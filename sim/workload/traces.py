@@ -16,12 +16,14 @@ skipped and counted; negative, fractional or non-numeric counts are errors namin
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from sim.errors import KvsimError
+from sim.limits import MAX_TRACE_BYTES
 from sim.workload.csvread import header_of, read_columns
 from sim.workload.table import Columns, LoadStats, datetimes_ns, to_counts, to_seconds
 
@@ -36,7 +38,10 @@ def load_trace(
     model_filter: str | None = None, time_unit: str = "s", max_rows: int | None = None,
     chunk_rows: int | None = None,
 ) -> Columns:
-    """Read one trace file in the given format. ``max_rows`` stops after that many file rows."""
+    """Read one trace file in the given format. ``max_rows`` stops after that many file rows.
+
+    Only a regular file of at most ``MAX_TRACE_BYTES`` is read (checked before reading)."""
+    check_trace_file(path, source)
     if fmt == "azure":
         return load_azure(path, source, stats, max_rows=max_rows, chunk_rows=chunk_rows)
     if fmt == "mooncake":
@@ -56,11 +61,26 @@ def load_trace(
     raise KvsimError(source, f"unknown trace format {fmt!r} (known: {', '.join(FORMATS)})")
 
 
+def check_trace_file(path: Path, source: str) -> None:
+    """Refuse a missing, non-regular (a device, a pipe) or oversized trace before reading a byte."""
+    try:
+        st = path.stat()
+    except OSError as e:
+        raise KvsimError(source, f"cannot read the trace: {e.strerror or e}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise KvsimError(source, "is a directory, not a trace file")
+    if not stat.S_ISREG(st.st_mode):
+        raise KvsimError(source, "not a regular file (a device, pipe or socket), not a trace file")
+    if st.st_size > MAX_TRACE_BYTES:
+        raise KvsimError(source, f"the trace is {st.st_size:,} bytes; at most {MAX_TRACE_BYTES:,} bytes are read")
+
+
 def guess_format(path: Path, source: str) -> str:
     """The format from the extension and, for CSV files, the header."""
+    check_trace_file(path, source)
     if path.suffix in (".jsonl", ".json"):
-        with path.open() as f:
-            first = f.readline()
+        with path.open(errors="replace") as f:
+            first = f.readline(1 << 20)
         return "mooncake" if '"hash_ids"' in first or '"input_length"' in first else "jsonl"
     header = set(header_of(path, source))
     if {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} <= header:

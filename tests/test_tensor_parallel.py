@@ -1,0 +1,52 @@
+"""Tensor parallelism end to end: the shipped TP=4 scenario, capacity and swap space derived by hand, and
+``--set hardware.tensor_parallel=N`` on a scenario that names a hardware preset."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sim.runner import cpu_blocks, gpu_blocks, run_scenario
+from sim.scenario import load_scenario
+
+SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
+
+# Llama-2-70B from its config.json: hidden 8192, 80 layers, 64 heads of 128, 8 KV heads, MLP 28672, vocab 32000
+LAYER = 8192 * (8192 + 2 * 8 * 128) + 8192 * 8192 + 3 * 8192 * 28672 + 2 * 8192
+PARAMS_70B = 80 * LAYER + 2 * 32000 * 8192 + 8192           # untied embedding and LM head, final norm
+KV_BYTES_PER_TOKEN_70B = 2 * 80 * 8 * 128 * 2                # K and V, layers, KV heads, head dim, fp16
+
+
+def test_hand_derived_70b_numbers():
+    assert PARAMS_70B == 68_976_648_192  # "70B"
+    assert KV_BYTES_PER_TOKEN_70B == 327_680
+
+
+def test_tp4_capacity_and_swap_space():
+    scn = load_scenario(SCENARIOS / "tensor_parallel_70b.yaml")
+    usable = 80 * 2**30 * 0.9 * 4                     # four GPUs at gpu_memory_utilization 0.9
+    free = usable - 0.05 * usable - 2 * PARAMS_70B    # default activation reserve: 5% of usable
+    assert gpu_blocks(scn) == int(free // (16 * KV_BYTES_PER_TOKEN_70B)) == 29_720
+    # swap_space_gb is per GPU (vLLM): 4 GB on each of 4 GPUs
+    assert cpu_blocks(scn) == (4 * 2**30 * 4) // (16 * KV_BYTES_PER_TOKEN_70B) == 3_276
+
+
+def test_tp4_scenario_runs_end_to_end():
+    # a smaller cache than HBM gives (capacity is checked above): the per-step invariant check is O(blocks)
+    scn = load_scenario(SCENARIOS / "tensor_parallel_70b.yaml", ["workload.limit=30", "kv_cache.num_gpu_blocks=600"])
+    s = run_scenario(scn, check_integrity=True).summary
+    assert s["num_finished"] + s["num_rejected"] == 30 and s["num_finished"] >= 28
+
+
+def test_set_tensor_parallel_on_a_preset():
+    one = load_scenario(SCENARIOS / "quickstart.yaml", ["workload.limit=20"])
+    two = load_scenario(SCENARIOS / "quickstart.yaml", ["workload.limit=20", "hardware.tensor_parallel=2"])
+    assert two.hardware_spec.tensor_parallel == 2 and two.hardware_spec.hbm_bytes == one.hardware_spec.hbm_bytes
+    # Llama-2-13B: 2 x 13,015,864,320 bytes of weights; KV 2 x 40 x 40 x 128 x 2 = 819,200 bytes a token
+    weights = 2 * (40 * (5120 * 3 * 5120 + 5120 * 5120 + 3 * 5120 * 13824 + 2 * 5120) + 2 * 32000 * 5120 + 5120)
+    for scn, tp in ((one, 1), (two, 2)):
+        usable = 80 * 2**30 * 0.9 * tp
+        assert gpu_blocks(scn) == int((0.95 * usable - weights) // (16 * 819_200))
+        assert cpu_blocks(scn) == (4 * 2**30 * tp) // (16 * 819_200)
+    small = load_scenario(SCENARIOS / "quickstart.yaml", ["workload.limit=20", "hardware.tensor_parallel=2",
+                                                          "kv_cache.num_gpu_blocks=600"])
+    assert run_scenario(small, check_integrity=True).summary["num_finished"] == 20
