@@ -4,8 +4,8 @@ leaves the old or the new results whole, SIGTERM exits 143 with one line, and de
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import signal
 import subprocess
 import sys
