@@ -94,6 +94,7 @@ NOT_FUZZED: dict[str, str] = {
     "kv_cache.gpu_memory_utilization": "capacity comes from num_gpu_blocks, always set (small caches)",
     "kv_cache.activation_reserve_gb": "as above",
     "scheduler.max_steps_without_progress": "fixed to STALL_STEPS so a livelock fails fast",
+    "scheduler.multi_step": "results equal single stepping: tests/test_multi_step.py runs fuzz cases both ways",
 }
 
 

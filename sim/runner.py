@@ -91,6 +91,7 @@ def run_scenario(scn: Scenario, check_integrity: bool | None = None, progress: b
     engine = Engine(workload.requests, scheduler, executor, recorder, check_integrity=check,
                     max_steps_without_progress=scn.scheduler.max_steps_without_progress,
                     async_scheduling=scn.scheduler.async_scheduling, arrival_delay_s=fe_in,
+                    multi_step=scn.scheduler.multi_step,
                     on_step=(lambda _s: bar.update(scheduler)) if bar else None)
     try:
         engine.run()

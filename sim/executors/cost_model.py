@@ -88,6 +88,8 @@ def default_params(hardware: HardwareSpec) -> CostParams:
 class CostModelExecutor:
     """Prices steps of ``model`` on ``hardware`` with ``params``; deterministic and side-effect free."""
 
+    supports_decode_runs = True   # a pure pricer: the engine may price runs of decode steps at once
+
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, params: CostParams, block_size: int = 16) -> None:
         self.model, self.hardware, self.params = model, hardware, params
         tp = hardware.tensor_parallel

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
+
 from sim.kv.block_pool import BlockPool
 from sim.kv.sharing import SharingMixin, seq_width
 from sim.kv.swap import SwapSpace
@@ -111,6 +113,18 @@ class KVCacheManager(SharingMixin):
         """The step computed ``num_tokens`` new tokens of KV (one per sequence for a forked request)."""
         self._held_tokens += num_tokens
         self._note_step()
+
+    def note_decode_run(self, tokens_per_step: int, used: np.ndarray, logical: np.ndarray) -> None:
+        """``len(used)`` decode steps computed ``tokens_per_step`` tokens each (sim/sched/decode_run.py);
+        ``used``/``logical``: the pool's used and logical block counts at each step's end, as
+        ``note_computed`` would have seen them one step at a time."""
+        self._held_tokens += tokens_per_step * len(used)
+        self._sum_used += int(used.sum())
+        self._sum_logical += int(logical.sum())
+
+    def decode_run_counters(self) -> tuple[int, int, int]:
+        """(used blocks, slots beyond final lengths, logical blocks): what a decode run snapshots per step."""
+        return self.pool.num_used, self._beyond_final, self._logical_blocks
 
     def get_block_table(self, req_id: int) -> list[int]:
         return self.block_tables[req_id]
