@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 from sim.commands.summary_table import print_summary
-from sim.output import prepare_out_dir, summary_json
+from sim.output import prepare_out_dir, summary_json, write_table
 from sim.runner import Result, run_scenario
 from sim.scenario import load_scenario
 
@@ -17,17 +17,18 @@ from sim.scenario import load_scenario
 def add_parser(sub) -> None:
     p = sub.add_parser("run", help="run a scenario file and print its summary")
     p.add_argument("scenario", help="scenario YAML file")
-    p.add_argument("--out", help="folder for summary.json, requests.csv, steps.csv and plots")
+    p.add_argument("--out", help="folder for summary.json, requests.csv, steps.parquet and plots")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
                    help="override a scenario key (repeatable)")
     p.add_argument("--no-plots", action="store_true", help="skip the figures")
+    p.add_argument("--csv", action="store_true", help="also write the steps table as steps.csv")
     p.add_argument("--check", action="store_true", help="check every KV invariant after every step (slow)")
     p.add_argument("--progress", action="store_true", help="show a progress bar")
     p.set_defaults(func=main)
 
 
-def write_results(result: Result, out: Path, plots: bool = True) -> list[Path]:
-    """summary.json, requests.csv, steps.csv and the figures.
+def write_results(result: Result, out: Path, plots: bool = True, steps_csv: bool = False) -> list[Path]:
+    """summary.json, requests.csv, steps.parquet (and steps.csv with ``steps_csv``) and the figures.
 
     Every file is made in a staging folder inside ``out`` first, then renamed into place (summary.json
     last), so an error or Ctrl-C while writing leaves the previous results as they were, never a mix of
@@ -37,9 +38,11 @@ def write_results(result: Result, out: Path, plots: bool = True) -> list[Path]:
     stage = Path(tempfile.mkdtemp(prefix=".kvsim-staging-", dir=out))
     written: list[Path] = []
     try:
-        result.requests.to_csv(stage / "requests.csv", index=False)
-        result.steps.to_csv(stage / "steps.csv", index=False)
-        names = ["requests.csv", "steps.csv"]
+        names = ["requests.csv", "steps.parquet"] + (["steps.csv"] if steps_csv else [])
+        write_table(result.requests, stage / "requests.csv")
+        write_table(result.steps, stage / "steps.parquet")
+        if steps_csv:
+            write_table(result.steps, stage / "steps.csv")
         if plots:
             from sim import plots as figs
 
@@ -63,6 +66,6 @@ def main(args: argparse.Namespace) -> int:
     result = run_scenario(scn, check_integrity=True if args.check else None, progress=args.progress)
     print_summary(result.summary, title=f"{scn.name}  ({args.scenario})")
     if out is not None:
-        files = write_results(result, out, plots=scn.output.plots and not args.no_plots)
+        files = write_results(result, out, plots=scn.output.plots and not args.no_plots, steps_csv=args.csv)
         print(f"wrote {len(files)} files to {out}/")
     return 0
