@@ -85,6 +85,7 @@ class Engine:
                            and isinstance(scheduler, ContinuousScheduler)
                            and isinstance(scheduler.manager, KVCacheManager))
         self.num_runs = 0                         # decode runs taken (multi-step)
+        self.num_waits = 0                        # SimPy timeouts the engine waited on (its events)
 
     def run(self) -> None:
         self.env.process(self._arrivals())
@@ -157,6 +158,7 @@ class Engine:
             if not result.duration_s > 0:
                 raise KvsimError("executor", f"step {step} returned a non-positive duration {result.duration_s}")
             self._busy = True
+            self.num_waits += 1
             yield env.timeout(result.duration_s)
             self._busy = False
             prev = result.duration_s
@@ -183,6 +185,7 @@ class Engine:
             j -= 1
             d = delay_to(start, float(ends[j])) if j > 1 else float(durations[0])   # ends[1] = start + d0
         yield env.timeout(d)
+        self.num_waits += 1 + k - j
         for i in range(j, k):
             yield env.timeout(float(durations[i]))
 

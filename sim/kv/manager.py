@@ -122,6 +122,39 @@ class KVCacheManager(SharingMixin):
         self._sum_used += int(used.sum())
         self._sum_logical += int(logical.sum())
 
+    def allocate_decode_run(self, reqs: list[Request], pos: np.ndarray, steps: np.ndarray, new_len: np.ndarray,
+                            k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Grow tables as ``allocate_slots(req, 1)`` would at each decode-run boundary, without a prefix
+        cache (nothing to insert or evict): event e gives ``reqs[pos[e]]`` a table of ``new_len[e]``
+        blocks at step ``steps[e]``; events come sorted by (step, position), which is the order blocks
+        leave the pool. Returns per step (used, beyond-final, logical) counters after its allocations."""
+        used0, beyond0, logical0 = self.decode_run_counters()
+        per_step = np.bincount(steps, minlength=k)
+        total = len(steps)
+        d_beyond = np.zeros(k, dtype=np.int64)
+        if total:
+            blocks = np.asarray(self.pool.allocate(total), dtype=np.int64)
+            order = np.argsort(pos, kind="stable")   # group by request, keeping step order
+            by_req = pos[order]
+            cut = (np.flatnonzero(by_req[1:] != by_req[:-1]) + 1).tolist()
+            grown = blocks[order].tolist()
+            owners = by_req.tolist()
+            tables = self.block_tables
+            for a, b in zip([0, *cut], [*cut, total]):
+                tables[reqs[owners[a]].req_id].extend(grown[a:b])
+            self._logical_blocks += total
+            bs = self.block_size
+            max_kv = np.fromiter((reqs[i].max_kv_tokens for i in pos.tolist()), np.int64, total)
+            last = (max_kv - 1) // bs
+            per = (last + 1) * bs - max_kv
+            final = (new_len == last + 1) & (per > 0)   # the table reaches its final block
+            for e in np.flatnonzero(final).tolist():
+                self._note_beyond(reqs[int(pos[e])])
+            d_beyond = np.bincount(steps[final], weights=per[final], minlength=k).astype(np.int64)
+            self._note_peaks()
+        used = used0 + np.cumsum(per_step)
+        return used, beyond0 + np.cumsum(d_beyond), logical0 + np.cumsum(per_step)
+
     def decode_run_counters(self) -> tuple[int, int, int]:
         """(used blocks, slots beyond final lengths, logical blocks): what a decode run snapshots per step."""
         return self.pool.num_used, self._beyond_final, self._logical_blocks

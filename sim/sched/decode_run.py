@@ -58,6 +58,7 @@ class PendingRun:
     durations: np.ndarray      # (>= k,) step prices; only the first k are used
     ends: np.ndarray           # (k + 1,) ends[0] = start, ends[j + 1] = ends[j] + durations[j]
     breakdown: dict[str, np.ndarray] = field(default_factory=dict)
+    l0: np.ndarray | None = None   # table lengths at the start
     waiting: int = 0           # queue lengths at the start (arrivals inside a run come in its last step)
     swapped: int = 0
 
@@ -148,7 +149,7 @@ class DecodeRunner:
         if math.isfinite(next_arrival):
             first = int(np.searchsorted(ends[1:], next_arrival, side="left"))
             k = min(k, first + 1)
-        return PendingRun(k, batch, plan, c0l, g0l, rem, d, ends[: k + 1], run.breakdown,
+        return PendingRun(k, batch, plan, c0l, g0l, rem, d, ends[: k + 1], run.breakdown, l0,
                           sched.num_waiting(), sched.num_swapped())
 
     # ------------------------------------------------------------ applying
@@ -198,19 +199,26 @@ class DecodeRunner:
         c0 = np.array(run.c0, dtype=np.int64)
         first = (-c0) % bs                                   # first step whose computed count % bs == 0
         count = np.where(first < k, (k - 1 - first) // bs + 1, 0)
-        start = mgr.decode_run_counters()
-        snap = np.empty((k, 3), dtype=np.int64)
-        have = np.zeros(k, dtype=bool)
+        pos = steps = np.zeros(0, dtype=np.int64)
         total = int(count.sum())
         if total:
             pos = np.repeat(np.arange(len(batch)), count)
             offset = np.arange(total) - np.repeat(np.cumsum(count) - count, count)
             steps = np.repeat(first, count) + offset * bs
             order = np.lexsort((pos, steps))
+            pos, steps = pos[order], steps[order]
+        if mgr.prefix_cache is None:   # only the blocks matter: allocate them in one call
+            new_len = (c0[pos] + steps) // bs + 1
+            grow = new_len > run.l0[pos]
+            return mgr.allocate_decode_run(batch, pos[grow], steps[grow], new_len[grow], k)
+        start = mgr.decode_run_counters()
+        snap = np.empty((k, 3), dtype=np.int64)
+        have = np.zeros(k, dtype=bool)
+        if total:
             allocate = mgr.allocate_slots
             counters = mgr.decode_run_counters
             c0l, g0l = run.c0, run.g0
-            for j, p in zip(steps[order].tolist(), pos[order].tolist()):
+            for j, p in zip(steps.tolist(), pos.tolist()):
                 req = batch[p]
                 req.num_computed_tokens = c0l[p] + j
                 req.num_generated = g0l[p] + j
