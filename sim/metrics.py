@@ -52,7 +52,7 @@ class Columns:
         self.n += 1
 
     def extend(self, cols: list) -> None:
-        """Append ``m`` rows given column by column (arrays of length m, or scalars)."""
+        """Append ``m`` rows given column by column (arrays of length m, the first one an array; or scalars)."""
         m = len(cols[0])
         buf = self._reserve(m)
         for i, c in enumerate(cols):
@@ -101,15 +101,13 @@ class Recorder:
                    slots: tuple, breakdown: dict[str, np.ndarray]) -> None:
         """Rows of ``len(starts)`` all-decode steps (no prefill, preemption, swap or copy)."""
         m = len(starts)
-        zero = np.zeros(m)
-        self.cols.extend([starts, durations, np.full(m, batch_size), zero, np.full(m, num_decode_tokens),
-                          np.full(m, num_running), np.full(m, num_waiting), np.full(m, num_swapped),
-                          kv_blocks_used, zero, zero, zero, zero, *slots])
+        self.cols.extend([starts, durations, batch_size, 0, num_decode_tokens, num_running, num_waiting,
+                          num_swapped, kv_blocks_used, 0, 0, 0, 0, *slots])
         if breakdown:
             if self.breakdown is None:
                 self.breakdown_keys = list(breakdown)
                 self.breakdown = Columns(len(self.breakdown_keys))
-            self.breakdown.extend([breakdown.get(k, zero) for k in self.breakdown_keys])
+            self.breakdown.extend([breakdown.get(k, np.zeros(m)) for k in self.breakdown_keys])
 
     def steps_frame(self) -> pd.DataFrame:
         cols = self.cols

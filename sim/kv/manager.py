@@ -129,8 +129,10 @@ class KVCacheManager(SharingMixin):
         blocks at step ``steps[e]``; events come sorted by (step, position), which is the order blocks
         leave the pool. Returns per step (used, beyond-final, logical) counters after its allocations."""
         used0, beyond0, logical0 = self.decode_run_counters()
-        per_step = np.bincount(steps, minlength=k)
         total = len(steps)
+        if total == 0:
+            return np.full(k, used0), np.full(k, beyond0), np.full(k, logical0)
+        per_step = np.bincount(steps, minlength=k)
         d_beyond = np.zeros(k, dtype=np.int64)
         if total:
             blocks = np.asarray(self.pool.allocate(total), dtype=np.int64)

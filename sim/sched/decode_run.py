@@ -33,7 +33,7 @@ import numpy as np
 
 from sim.errors import KvsimError
 from sim.executors.base import execute_decode_run
-from sim.request import Request, RequestStatus
+from sim.request import Request
 from sim.sched.base import StepStats
 from sim.sched.plan import ScheduledRequest, StepPlan, StepResult
 
@@ -109,20 +109,15 @@ class DecodeRunner:
             return None
         sched = self.sched
         mgr = sched.manager
-        n = len(batch)
-        c0l = [r.num_computed_tokens for r in batch]
-        g0l = [r.num_generated for r in batch]
-        c0 = np.array(c0l, dtype=np.int64)
-        g0 = np.array(g0l, dtype=np.int64)
-        prompt = np.fromiter((r.prompt_len for r in batch), np.int64, n)
-        if g0.min() <= 0 or not np.array_equal(prompt + g0 - c0, np.ones(n, dtype=np.int64)):
-            return None
-        if any(r.status != RequestStatus.RUNNING for r in batch):
-            return None
-        rem = np.fromiter((r.output_len for r in batch), np.int64, n) - g0
-        k = min(int(rem.min()), self.max_steps)
         tables = mgr.block_tables
-        l0 = np.fromiter((len(tables[r.req_id]) for r in batch), np.int64, n)
+        cols = np.array([(r.num_computed_tokens, r.num_generated, r.prompt_len, r.output_len, len(tables[r.req_id]))
+                         for r in batch], dtype=np.int64)
+        c0, g0, prompt, out, l0 = cols.T
+        if g0.min() <= 0 or (prompt + g0 - c0 != 1).any():
+            return None
+        c0l, g0l = c0.tolist(), g0.tolist()
+        rem = out - g0
+        k = min(int(rem.min()), self.max_steps)
         free = mgr.pool.num_free
         bs = mgr.block_size
         if _blocks_needed(c0, l0, bs, k - 1) > free:
@@ -197,9 +192,10 @@ class DecodeRunner:
         k, batch = run.k, run.batch
         bs = mgr.block_size
         c0 = np.array(run.c0, dtype=np.int64)
+        if mgr.prefix_cache is None:   # only the blocks matter: allocate them in one call
+            return self._allocate_blocks(run, c0)
         first = (-c0) % bs                                   # first step whose computed count % bs == 0
         count = np.where(first < k, (k - 1 - first) // bs + 1, 0)
-        pos = steps = np.zeros(0, dtype=np.int64)
         total = int(count.sum())
         if total:
             pos = np.repeat(np.arange(len(batch)), count)
@@ -207,10 +203,6 @@ class DecodeRunner:
             steps = np.repeat(first, count) + offset * bs
             order = np.lexsort((pos, steps))
             pos, steps = pos[order], steps[order]
-        if mgr.prefix_cache is None:   # only the blocks matter: allocate them in one call
-            new_len = (c0[pos] + steps) // bs + 1
-            grow = new_len > run.l0[pos]
-            return mgr.allocate_decode_run(batch, pos[grow], steps[grow], new_len[grow], k)
         start = mgr.decode_run_counters()
         snap = np.empty((k, 3), dtype=np.int64)
         have = np.zeros(k, dtype=bool)
@@ -229,6 +221,26 @@ class DecodeRunner:
         idx = np.maximum.accumulate(np.where(have, np.arange(k), -1))
         vals = np.where((idx >= 0)[:, None], snap[np.maximum(idx, 0)], np.array(start, dtype=np.int64)[None, :])
         return vals[:, 0], vals[:, 1], vals[:, 2]
+
+    def _allocate_blocks(self, run: PendingRun, c0: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Without a prefix cache: request i takes a block at steps L0_i * bs - c0_i + m * bs (its computed
+        count reaches its table's capacity), one per boundary; all of them leave the pool in one call."""
+        k, bs = run.k, self.sched.manager.block_size
+        first = run.l0 * bs - c0
+        count = np.where(first < k, (k - 1 - first) // bs + 1, 0)
+        total = int(count.sum())
+        if total == 0:
+            pos = steps = np.zeros(0, dtype=np.int64)
+        elif int(count.max()) == 1:
+            pos = np.flatnonzero(count)
+            steps = first[pos]
+        else:
+            pos = np.repeat(np.arange(len(c0)), count)
+            steps = np.repeat(first, count) + (np.arange(total) - np.repeat(np.cumsum(count) - count, count)) * bs
+        if total > 1:
+            order = np.lexsort((pos, steps))
+            pos, steps = pos[order], steps[order]
+        return self.sched.manager.allocate_decode_run(run.batch, pos, steps, (c0[pos] + steps) // bs + 1, k)
 
     def _gaps(self, run: PendingRun) -> None:
         """Inter-token gaps as ``update`` records them: regular when last_token == now - duration (float)."""
