@@ -31,7 +31,9 @@ NOT_COMPARABLE = {"quickstart_gpu_cpu.yaml": "times real kernels: two runs diffe
 
 @pytest.fixture
 def run_count(monkeypatch) -> dict[str, int]:
-    """Counts decode runs (and the steps inside them) taken by the multi-step path."""
+    """Counts decode runs (and the steps inside them) taken by the multi-step path; runs of any length
+    are taken (MIN_RUN_STEPS = 1) so that short runs are compared too."""
+    monkeypatch.setattr(decode_run, "MIN_RUN_STEPS", 1)
     counts = {"runs": 0, "steps": 0}
     apply = decode_run.DecodeRunner.apply
 
@@ -134,7 +136,9 @@ STRESS = {
 
 @pytest.mark.parametrize("name", sorted(STRESS))
 @pytest.mark.parametrize("async_scheduling", [True, False])
-def test_stress_scenarios_equal(name, async_scheduling, run_count):
+@pytest.mark.parametrize("min_steps", [1, 4])
+def test_stress_scenarios_equal(name, async_scheduling, min_steps, run_count, monkeypatch):
+    monkeypatch.setattr(decode_run, "MIN_RUN_STEPS", min_steps)
     data = copy.deepcopy(STRESS[name])
     data["scheduler"]["async_scheduling"] = async_scheduling
     data["output"] = {"plots": False}

@@ -38,6 +38,7 @@ from sim.sched.base import StepStats
 from sim.sched.plan import ScheduledRequest, StepPlan, StepResult
 
 MAX_RUN_STEPS = 4096   # longest run priced in one call
+MIN_RUN_STEPS = 4      # shorter runs cost more than single steps: step one at a time instead
 
 
 def supports_decode_runs(executor: object) -> bool:
@@ -75,11 +76,14 @@ def _blocks_needed(c0: np.ndarray, l0: np.ndarray, bs: int, j: int) -> int:
 class DecodeRunner:
     """Plans, prices and applies decode runs for one continuous scheduler and its paged manager."""
 
-    def __init__(self, sched, executor, recorder, max_steps: int = MAX_RUN_STEPS) -> None:
+    def __init__(self, sched, executor, recorder, max_steps: int = MAX_RUN_STEPS,
+                 min_steps: int | None = None) -> None:
         self.sched = sched
         self.executor = executor
         self.recorder = recorder
         self.max_steps = max_steps
+        # a run is taken only if its bounds allow this many steps
+        self.min_steps = MIN_RUN_STEPS if min_steps is None else min_steps
 
     # ------------------------------------------------------------ eligibility
     def _batch(self) -> list[Request] | None:
@@ -103,7 +107,13 @@ class DecodeRunner:
         return list(running)
 
     def plan(self, now: float, next_arrival: float, prev_duration: float, step: int) -> PendingRun | None:
-        """Price the longest run allowed from ``now``; None when the next step is not a plain decode step."""
+        """Price the longest run allowed from ``now``; None when the next step is not a plain decode step
+        or the run would be shorter than ``min_steps`` (then single stepping is cheaper; same results)."""
+        limit = self.max_steps
+        if math.isfinite(next_arrival) and prev_duration > 0:
+            limit = max(1, min(limit, int((next_arrival - now) / prev_duration) + 2))
+            if limit < self.min_steps:
+                return None
         batch = self._batch()
         if batch is None:
             return None
@@ -117,7 +127,9 @@ class DecodeRunner:
             return None
         c0l, g0l = c0.tolist(), g0.tolist()
         rem = out - g0
-        k = min(int(rem.min()), self.max_steps)
+        k = min(int(rem.min()), limit)
+        if k < self.min_steps:
+            return None
         free = mgr.pool.num_free
         bs = mgr.block_size
         if _blocks_needed(c0, l0, bs, k - 1) > free:
@@ -129,10 +141,8 @@ class DecodeRunner:
                 else:
                     lo = mid + 1
             k = lo
-            if k == 0:
+            if k < self.min_steps:
                 return None
-        if math.isfinite(next_arrival) and prev_duration > 0:
-            k = max(1, min(k, int((next_arrival - now) / prev_duration) + 2))
         plan = StepPlan(scheduled=[ScheduledRequest(r.req_id, 1, c, tables[r.req_id]) for r, c in zip(batch, c0l)])
         run = execute_decode_run(self.executor, plan, k)
         d = np.asarray(run.durations, dtype=np.float64)
