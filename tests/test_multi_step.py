@@ -123,6 +123,23 @@ STRESS = {
                                 "prompt_len": {"dist": "uniform", "min": 4, "max": 30},
                                 "output_len": {"dist": "uniform", "min": 1, "max": 90},
                                 "priority": {"dist": "uniform", "min": 0, "max": 3}}}},
+    # a memory-bound queue: seats free, the head of the queue does not fit (FCFS, chunked and not)
+    "blocked_head": {"model": "tiny-llama", "hardware": "a100-80gb", "seed": 8,
+                     "kv_cache": {"block_size": 4, "num_gpu_blocks": 40},
+                     "scheduler": {"max_num_seqs": 64, "max_num_batched_tokens": 48},
+                     "workload": {"synthetic": {
+                         "num_requests": 80, "arrival": {"process": "poisson", "rate": 300.0},
+                         "prompt_len": {"dist": "uniform", "min": 4, "max": 40},
+                         "output_len": {"dist": "uniform", "min": 1, "max": 80}}}},
+    "blocked_head_chunked": {"model": "tiny-llama", "hardware": "a100-80gb", "seed": 10,
+                             "kv_cache": {"block_size": 8, "num_gpu_blocks": 24},
+                             "scheduler": {"max_num_seqs": 64, "chunked_prefill": True,
+                                           "max_num_batched_tokens": 16, "policy": "priority"},
+                             "workload": {"synthetic": {
+                                 "num_requests": 80, "arrival": {"process": "poisson", "rate": 300.0},
+                                 "prompt_len": {"dist": "uniform", "min": 4, "max": 60},
+                                 "output_len": {"dist": "uniform", "min": 1, "max": 80},
+                                 "priority": {"dist": "uniform", "min": 0, "max": 2}}}},
     # round robin with a frontend delay
     "round_robin": {"model": "tiny-llama", "hardware": "a100-80gb", "seed": 4,
                     "kv_cache": {"block_size": 4, "num_gpu_blocks": 50},

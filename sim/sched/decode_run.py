@@ -11,6 +11,8 @@ every running request one token from its next sample), the next k steps are dete
 k is bounded by the nearest event that single stepping would react to:
 - the fewest remaining output tokens (a request finishes at the run's last step, never inside it);
 - the next arrival: the run ends with the step during which it reaches the engine (e_k >= T_arrival);
+- admissions: nobody waits, or no seat or token budget is left, or (FCFS or priority, no prefix cache)
+  the head of the queue cannot get its blocks even after step 0 (free blocks only shrink in a run);
 - the pool: cumulative block needs A(j) = sum_i max(0, (c0_i + j) // bs + 1 - L0_i) must fit the free
   blocks at the start (no block is freed inside a run, so the first A(j) > free is where single
   stepping would preempt);
@@ -33,7 +35,7 @@ import numpy as np
 
 from sim.errors import KvsimError
 from sim.executors.base import execute_decode_run
-from sim.request import Request
+from sim.request import Request, RequestStatus
 from sim.sched.base import StepStats
 from sim.sched.plan import ScheduledRequest, StepPlan, StepResult
 
@@ -62,6 +64,7 @@ class PendingRun:
     l0: np.ndarray | None = None   # table lengths at the start
     waiting: int = 0           # queue lengths at the start (arrivals inside a run come in its last step)
     swapped: int = 0
+    blocked_head: Request | None = None   # the queue's head, whose failed allocation creates its empty table
 
     @property
     def end(self) -> float:
@@ -82,6 +85,7 @@ class DecodeRunner:
         self.executor = executor
         self.recorder = recorder
         self.max_steps = max_steps
+        self._head: tuple[Request, int] | None = None   # a waiting head that cannot be admitted (see _batch)
         # a run is taken only if its bounds allow this many steps
         self.min_steps = MIN_RUN_STEPS if min_steps is None else min_steps
 
@@ -99,9 +103,23 @@ class DecodeRunner:
         if n == 0 or n > budget:
             return None
         cfg = sched.config
+        self._head = None
         if len(sched.waiting):   # admissions must be impossible for the whole run
-            if cfg.policy == "round_robin" or (n < cfg.max_num_seqs and budget - n > 0):
+            if cfg.policy == "round_robin":
                 return None
+            if n < cfg.max_num_seqs and budget - n > 0:
+                # a seat and budget are free: only a head of the queue that cannot get its blocks blocks
+                # (FCFS/priority: nobody overtakes it); plan() checks its blocks against the pool
+                if cfg.policy not in ("fcfs", "priority") or mgr.prefix_cache is not None:
+                    return None
+                head = sched.waiting.peek()
+                if head.status == RequestStatus.SWAPPED:
+                    return None
+                num_new = head.num_tokens - head.num_computed_tokens
+                if num_new > budget - n and cfg.chunked_prefill:
+                    num_new = budget - n
+                if num_new <= budget - n or cfg.chunked_prefill:   # else: too long for the step, no attempt
+                    self._head = (head, num_new)
         if cfg.policy == "priority":
             return sorted(running, key=lambda r: (r.priority, r.arrival_s, r.req_id))
         return list(running)
@@ -143,6 +161,11 @@ class DecodeRunner:
             k = lo
             if k < self.min_steps:
                 return None
+        if self._head is not None:   # the head must not fit after step 0's allocations (free only shrinks)
+            head, num_new = self._head
+            need = -(-(head.num_computed_tokens + num_new) // bs) - len(tables.get(head.req_id) or ())
+            if need <= free - _blocks_needed(c0, l0, bs, 0):
+                return None
         plan = StepPlan(scheduled=[ScheduledRequest(r.req_id, 1, c, tables[r.req_id]) for r, c in zip(batch, c0l)])
         run = execute_decode_run(self.executor, plan, k)
         d = np.asarray(run.durations, dtype=np.float64)
@@ -155,7 +178,7 @@ class DecodeRunner:
             first = int(np.searchsorted(ends[1:], next_arrival, side="left"))
             k = min(k, first + 1)
         return PendingRun(k, batch, plan, c0l, g0l, rem, d, ends[: k + 1], run.breakdown, l0,
-                          sched.num_waiting(), sched.num_swapped())
+                          sched.num_waiting(), sched.num_swapped(), self._head[0] if self._head else None)
 
     # ------------------------------------------------------------ applying
     def apply(self, run: PendingRun) -> list[Request]:
@@ -167,6 +190,8 @@ class DecodeRunner:
         waiting, swapped = run.waiting, run.swapped
         held0 = mgr._held_tokens
         used, beyond, logical = self._allocate(run)
+        if run.blocked_head is not None:   # allocate_slots' failed attempt leaves an empty table behind
+            mgr.block_tables.setdefault(run.blocked_head.req_id, [])
         mgr.note_decode_run(n, used, logical)
         self._gaps(run)
         end = run.end
