@@ -40,7 +40,7 @@ from sim.sched.base import StepStats
 from sim.sched.plan import ScheduledRequest, StepPlan, StepResult
 
 MAX_RUN_STEPS = 4096   # longest run priced in one call
-MIN_RUN_STEPS = 4      # shorter runs cost more than single steps: step one at a time instead
+MIN_RUN_STEPS = 8      # shorter runs cost more than single steps: step one at a time instead
 
 
 def supports_decode_runs(executor: object) -> bool:
