@@ -132,6 +132,8 @@ class KVCacheManager(SharingMixin):
         total = len(steps)
         if total == 0:
             return np.full(k, used0), np.full(k, beyond0), np.full(k, logical0)
+        if total <= 8:   # the usual case: a few boundaries, cheaper without numpy
+            return self._allocate_few(reqs, pos.tolist(), steps.tolist(), new_len.tolist(), k)
         per_step = np.bincount(steps, minlength=k)
         d_beyond = np.zeros(k, dtype=np.int64)
         if total:
@@ -156,6 +158,30 @@ class KVCacheManager(SharingMixin):
             self._note_peaks()
         used = used0 + np.cumsum(per_step)
         return used, beyond0 + np.cumsum(d_beyond), logical0 + np.cumsum(per_step)
+
+    def _allocate_few(self, reqs: list[Request], pos: list[int], steps: list[int], new_len: list[int],
+                      k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``allocate_decode_run`` for a handful of events, in plain Python (same blocks, same counters)."""
+        used0, beyond0, _ = self.decode_run_counters()
+        blocks = self.pool.allocate(len(steps))
+        tables = self.block_tables
+        bs = self.block_size
+        grow = [0] * k
+        extra = [0] * k
+        for p, j, n, b in zip(pos, steps, new_len, blocks):
+            req = reqs[p]
+            tables[req.req_id].append(b)
+            grow[j] += 1
+            last = (req.max_kv_tokens - 1) // bs
+            if n == last + 1 and (last + 1) * bs - req.max_kv_tokens > 0:
+                before = self._beyond_final
+                self._note_beyond(req)
+                extra[j] += self._beyond_final - before
+        self._logical_blocks += len(steps)
+        self._note_peaks()
+        grown = np.cumsum(grow)
+        logical = self._logical_blocks - len(steps) + grown
+        return used0 + grown, beyond0 + np.cumsum(extra), logical
 
     def decode_run_counters(self) -> tuple[int, int, int]:
         """(used blocks, slots beyond final lengths, logical blocks): what a decode run snapshots per step."""

@@ -133,8 +133,8 @@ class DecodeRunner:
             if limit < self.min_steps:
                 return None
         batch = self._batch()
-        if batch is None:
-            return None
+        if batch is None or min([r.output_len - r.num_generated for r in batch]) < self.min_steps:
+            return None   # (the second test is rem.min() below, done early because it is the usual stop)
         sched = self.sched
         mgr = sched.manager
         tables = mgr.block_tables
