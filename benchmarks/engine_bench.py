@@ -1,16 +1,24 @@
-"""Engine speed and memory: replay the full Azure conversation trace and large synthetic workloads.
+"""Engine speed and memory, phase by phase: load, simulate, summarise, write, plot.
 
-    python benchmarks/engine_bench.py                 # the hour of Azure conversation traffic (19,366 requests)
-    python benchmarks/engine_bench.py --synthetic 1000000 --rate 40
+    python benchmarks/engine_bench.py                       # the Azure conversation hour, Llama-3.1-8B on H100
+    python benchmarks/engine_bench.py --workload quickstart # the quickstart settings (Llama-2-13B, A100) over the hour
+    python benchmarks/engine_bench.py --double-output       # every output length doubled
+    python benchmarks/engine_bench.py --synthetic 1000000 --rate 30
+    python benchmarks/engine_bench.py --compare             # multi-step on and off, in this one process
+    python benchmarks/engine_bench.py --compare --repeat 3  # alternating, the fastest of each mode
+    python benchmarks/engine_bench.py --compare --vector-pricing   # with vectorised decode-run pricing
 
-Reports wall time, simulated steps, steps/s, requests/s and peak RSS. Timings on a shared machine are
-noisy: compare ratios from one run, not absolute numbers across runs.
+Prints, per run: requests, steps, decode runs (multi-step), engine waits (SimPy timeouts the engine
+yielded: its events), arrivals, wall seconds per phase, steps per wall second and peak RSS. Timings on a
+shared machine are noisy: compare ratios measured in one process (``--compare``), not numbers across runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import resource
+import tempfile
 import time
 from pathlib import Path
 
@@ -19,13 +27,25 @@ import yaml
 from sim import run_scenario, scenario_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
+TRACE = str(ROOT / "scenarios" / "traces" / "azure_llm_2023_conv.csv")
 
 
 def azure_scenario(limit: int | None) -> dict:
-    """The quickstart scenario over the whole hour of the Azure conversation trace (or its first ``limit``)."""
+    """The issue's reference: the Azure conversation hour, Llama-3.1-8B on one H100, 16-token blocks, FCFS,
+    chunked prefill, max_num_seqs 256, max_num_batched_tokens 2048."""
+    return {"name": "azure-conv-hour", "seed": 0, "model": "llama-3.1-8b", "hardware": "h100-80gb",
+            "kv_cache": {"block_size": 16},
+            "scheduler": {"policy": "fcfs", "chunked_prefill": True, "max_num_seqs": 256,
+                          "max_num_batched_tokens": 2048},
+            "workload": {"trace": TRACE, "format": "azure", "limit": limit}}
+
+
+def quickstart_scenario(limit: int | None) -> dict:
+    """scenarios/quickstart.yaml (Llama-2-13B on A100) over the whole hour (or its first ``limit``)."""
     data = yaml.safe_load((ROOT / "scenarios" / "quickstart.yaml").read_text())
-    data["name"] = "azure-conv-hour"
+    data["name"] = "quickstart-hour"
     data["workload"]["limit"] = limit
+    data["workload"]["trace"] = TRACE
     return data
 
 
@@ -40,31 +60,91 @@ def synthetic_scenario(n: int, rate: float) -> dict:
     }
 
 
-def measure(data: dict) -> dict:
+def measure(data: dict, multi_step: bool, write: bool, plot: bool, double_output: bool) -> dict:
+    data = copy.deepcopy(data)
+    data.setdefault("scheduler", {})["multi_step"] = multi_step
     scn = scenario_from_dict(data, base_dir=ROOT / "scenarios")
+    if double_output:
+        from sim import workload as wl
+
+        build = wl.build_workload
+
+        def doubled(*a, **kw):
+            out = build(*a, **kw)
+            for r in out.requests:
+                r.output_len *= 2
+            return out
+
+        import sim.runner as runner
+
+        runner.build_workload = doubled
     t0 = time.perf_counter()
-    res = run_scenario(scn, check_integrity=False)
-    wall = time.perf_counter() - t0
-    s = res.summary
-    return {"name": data["name"], "requests": s["num_requests"], "steps": s["num_steps"], "wall_s": wall,
-            "steps_per_s": s["num_steps"] / wall, "requests_per_s": s["num_requests"] / wall,
-            "sim_makespan_s": s["makespan_s"],
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    try:
+        res = run_scenario(scn, check_integrity=False)
+    finally:
+        if double_output:
+            runner.build_workload = build
+    total = time.perf_counter() - t0
+    p = res.profile
+    row = {"name": data["name"] + (" x2out" if double_output else ""), "multi_step": multi_step,
+           "requests": res.summary["num_requests"], "steps": p["steps"], "decode_runs": p["decode_runs"],
+           "engine_waits": p["engine_waits"], "arrivals": p["arrivals"],
+           "load_s": p["load_s"], "simulate_s": p["simulate_s"], "summarise_s": p["summarise_s"]}
+    with tempfile.TemporaryDirectory() as tmp:
+        from sim.commands.run import write_results
+
+        t = time.perf_counter()
+        if write:
+            write_results(res, Path(tmp) / "w", plots=False)
+        row["write_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        if plot:
+            from sim import plots
+
+            plots.write_run_plots(res.requests, res.steps, res.summary, Path(tmp), timeline=res.timeline)
+        row["plot_s"] = time.perf_counter() - t
+    row["run_s"] = total
+    row["steps_per_s"] = p["steps"] / total
+    row["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return row
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--limit", type=int, default=None, help="first N requests of the Azure trace (default all)")
-    ap.add_argument("--synthetic", type=int, default=0, help="also run N synthetic requests")
+    ap.add_argument("--workload", choices=["azure", "quickstart"], default="azure")
+    ap.add_argument("--limit", type=int, default=None, help="first N requests of the trace (default all)")
+    ap.add_argument("--synthetic", type=int, default=0, help="run N synthetic requests instead of the trace")
     ap.add_argument("--rate", type=float, default=30.0, help="synthetic arrival rate (req/s)")
+    ap.add_argument("--double-output", action="store_true", help="double every output length")
+    ap.add_argument("--single-step", action="store_true", help="multi-step off")
+    ap.add_argument("--compare", action="store_true", help="multi-step off then on, in this process")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="with --compare: alternate off/on this many times; the ratio uses each mode's fastest")
+    ap.add_argument("--no-write", action="store_true", help="skip writing the tables")
+    ap.add_argument("--plots", action="store_true", help="also draw the figures")
+    ap.add_argument("--vector-pricing", action="store_true",
+                    help="price decode runs with benchmarks/vector_pricing.py (a checked stand-in for the cost "
+                         "model's vectorised execute_decode_run) instead of the k-call fallback")
     args = ap.parse_args()
-    rows = [measure(azure_scenario(args.limit))]
+    if args.vector_pricing:
+        import vector_pricing
+
+        vector_pricing.install()
     if args.synthetic:
-        rows.append(measure(synthetic_scenario(args.synthetic, args.rate)))
+        data = synthetic_scenario(args.synthetic, args.rate)
+    elif args.workload == "quickstart":
+        data = quickstart_scenario(args.limit)
+    else:
+        data = azure_scenario(args.limit)
+    modes = [False, True] * args.repeat if args.compare else [not args.single_step]
+    rows = [measure(data, m, not args.no_write, args.plots, args.double_output) for m in modes]
     cols = list(rows[0])
-    print(" | ".join(f"{c:>14}" for c in cols))
+    print(" | ".join(f"{c:>12}" for c in cols))
     for r in rows:
-        print(" | ".join(f"{r[c]:>14.1f}" if isinstance(r[c], float) else f"{r[c]:>14}" for c in cols))
+        print(" | ".join(f"{r[c]:>12.3f}" if isinstance(r[c], float) else f"{r[c]!s:>12}" for c in cols))
+    if args.compare:
+        best = {m: min(r["simulate_s"] for r in rows if r["multi_step"] == m) for m in (False, True)}
+        print(f"simulate time, multi-step on / off (fastest of {args.repeat}): {best[True] / best[False]:.3f}")
 
 
 if __name__ == "__main__":

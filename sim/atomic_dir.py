@@ -61,7 +61,7 @@ def recover(out: Path) -> None:
                 shutil.rmtree(entry, ignore_errors=True)
 
 
-_LEGACY_SUFFIXES = (".json", ".csv", ".png", ".html")  # what kvsim run wrote before the marker existed
+_LEGACY_SUFFIXES = (".json", ".csv", ".png", ".html", ".parquet")  # what kvsim run wrote before the marker existed
 
 
 def is_replaceable(out: Path) -> tuple[bool, str]:

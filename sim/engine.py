@@ -19,6 +19,11 @@ Here: arrivals during a step are staged and handed to the scheduler just after t
 made (or before it, when without them there is nothing to plan). A request that finds the engine
 idle is seen at once. With ``async_scheduling=False`` every arrival is handed over immediately.
 
+Multi-step decode (``multi_step=True``, with an executor that sets ``supports_decode_runs``): when the
+next steps are all-decode and determined, ``sim/sched/decode_run.py`` prices k of them in one call and
+the engine waits once, until exactly the time k single steps would have reached (the delay is nudged
+by ulps until ``now + delay`` equals that float sum); results are identical to single stepping.
+
 Time passes only through ``env.timeout``. A watchdog turns a run that makes no progress for
 ``max_steps_without_progress`` steps into a clear error. Progress is a sampled token, a finished request,
 or a request computing past the furthest token it had computed before (a long prompt prefilled one
@@ -27,15 +32,33 @@ chunk a step advances; recomputing what a preemption threw away does not).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import simpy
 
 from sim.errors import KvsimError
 from sim.executors.base import Executor
+from sim.kv.manager import KVCacheManager
 from sim.metrics import Recorder
 from sim.request import Request
 from sim.sched.base import SchedulerBase
+from sim.sched.continuous import ContinuousScheduler
+from sim.sched.decode_run import DecodeRunner, supports_decode_runs
+
+
+def delay_to(now: float, target: float) -> float | None:
+    """A delay d with ``now + d == target`` in float64 (SimPy schedules at ``now + delay``); None when
+    no float does it (a sum that must round to even cannot reach an odd target)."""
+    d = target - now
+    for _ in range(4):
+        if now + d < target:
+            d = math.nextafter(d, math.inf)
+        elif now + d > target:
+            d = math.nextafter(d, -math.inf)
+        else:
+            return d
+    return None
 
 
 class Engine:
@@ -44,7 +67,7 @@ class Engine:
     def __init__(self, requests: list[Request], scheduler: SchedulerBase, executor: Executor, recorder: Recorder,
                  check_integrity: bool = False, max_steps_without_progress: int = 100_000,
                  on_step: Callable[[int], None] | None = None, async_scheduling: bool = False,
-                 arrival_delay_s: float = 0.0) -> None:
+                 arrival_delay_s: float = 0.0, multi_step: bool = False) -> None:
         self.env = simpy.Environment()
         self.requests = requests
         self.scheduler = scheduler
@@ -60,6 +83,12 @@ class Engine:
         self._busy = False                        # a step is executing
         self._staged: list[Request] = []          # arrived during a step (async scheduling)
         self._furthest: dict[int, int] = {}  # req_id -> furthest token computed (watchdog; see _advanced)
+        self._next_arrival = 0.0                  # when the arrival process wakes next (inf: no more)
+        self.multi_step = (multi_step and supports_decode_runs(executor)
+                           and isinstance(scheduler, ContinuousScheduler)
+                           and isinstance(scheduler.manager, KVCacheManager))
+        self.num_runs = 0                         # decode runs taken (multi-step)
+        self.num_waits = 0                        # SimPy timeouts the engine waited on (its events)
 
     def run(self) -> None:
         self.env.process(self._arrivals())
@@ -86,12 +115,14 @@ class Engine:
         for req in self.requests:
             delay = req.arrival_s + lag - env.now
             if delay > 0:
+                self._next_arrival = env.now + delay   # the time SimPy schedules the timeout at
                 yield env.timeout(delay)
             if stage and self._busy:
                 self._staged.append(req)
             elif sched.add_request(req, env.now) and self._wake is not None and not self._wake.triggered:
                 self._wake.succeed()
         self._arrivals_done = True
+        self._next_arrival = math.inf
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
 
@@ -103,6 +134,8 @@ class Engine:
         stall = 0
         step = 0
         staged = self._staged
+        runner = DecodeRunner(sched, self.executor, self.recorder) if self.multi_step else None
+        prev = 0.0   # the last step's duration (sizes a run's pricing call)
         while True:
             if staged and not sched.has_work():
                 self._admit_staged()
@@ -114,6 +147,22 @@ class Engine:
                 self._wake = None
                 continue
             start = env.now
+            run = runner.plan(start, self._next_arrival, prev, step) if runner is not None and not staged else None
+            if run is not None:
+                self._busy = True
+                yield from self._wait_run(run.ends, run.durations, run.k)
+                self._busy = False
+                runner.apply(run)
+                self.num_runs += 1
+                if self.check_integrity:
+                    sched.check_integrity()
+                prev = float(run.durations[run.k - 1])
+                for _ in range(run.k):
+                    step += 1
+                    if self.on_step is not None:
+                        self.on_step(step)
+                stall = 0
+                continue
             plan = sched.schedule(start)
             if staged:
                 self._admit_staged()
@@ -124,8 +173,10 @@ class Engine:
             if not result.duration_s > 0:
                 raise KvsimError("executor", f"step {step} returned a non-positive duration {result.duration_s}")
             self._busy = True
+            self.num_waits += 1
             yield env.timeout(result.duration_s)
             self._busy = False
+            prev = result.duration_s
             done = sched.update(plan, result, env.now)
             record(start, plan, result, sched)
             if self.check_integrity:
@@ -137,6 +188,21 @@ class Engine:
             if stall >= self.max_stall:
                 raise KvsimError("engine", f"no progress for {stall} steps at t={env.now:.3f}s "
                                  f"({sched.num_waiting()} waiting, {len(sched.running)} running): livelock")
+
+    def _wait_run(self, ends, durations, k: int):
+        """Wait from ``ends[0]`` until exactly ``ends[k]``: in one timeout when a float delay lands there,
+        else to the latest ``ends[j]`` one lands on, then step by step (``ends[j] + durations[j]``)."""
+        env = self.env
+        start = float(ends[0])
+        j = k
+        d = delay_to(start, float(ends[k]))
+        while d is None:
+            j -= 1
+            d = delay_to(start, float(ends[j])) if j > 1 else float(durations[0])   # ends[1] = start + d0
+        yield env.timeout(d)
+        self.num_waits += 1 + k - j
+        for i in range(j, k):
+            yield env.timeout(float(durations[i]))
 
     def _admit_staged(self) -> None:
         """Hand the requests staged during the last step to the scheduler (at their own arrival time)."""

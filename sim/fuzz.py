@@ -92,6 +92,7 @@ KNOBS: list[tuple[str, Callable[[random.Random], Any]]] = [
 # kv_cache and scheduler sections is either a knob above, drawn in draw_scenario, or listed here).
 NOT_FUZZED: dict[str, str] = {
     "scheduler.max_steps_without_progress": "fixed to STALL_STEPS so a livelock fails fast",
+    "scheduler.multi_step": "results equal single stepping: tests/test_multi_step.py runs fuzz cases both ways",
 }
 # drawn by draw_scenario itself (they depend on each other): capacity from HBM instead of num_gpu_blocks
 DRAWN_IN_SCENARIO = ("kv_cache.gpu_memory_utilization", "kv_cache.activation_reserve_gb", "hardware.tensor_parallel")

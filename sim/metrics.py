@@ -1,4 +1,4 @@
-"""Recorder: one tuple per step while running; DataFrames and the summary at the end.
+"""Recorder: one array per column while running; DataFrames and the summary at the end.
 
 Summary definitions (vLLM benchmark names):
 - TTFT = first token time - arrival; TPOT = (finish - first token) / (output tokens - 1), requests with
@@ -29,39 +29,99 @@ STEP_COLUMNS = [
 BREAKDOWN_KEYS = ["token_states", "reserved", "internal_fragmentation", "external_fragmentation", "free"]
 
 
+INT_COLUMNS = [c for c in STEP_COLUMNS if c not in ("start_s", "duration_s")]
+
+
+class Columns:
+    """Growable float64 columns (one array each, capacity doubling); integers up to 2**53 are exact."""
+
+    def __init__(self, width: int, capacity: int = 1024) -> None:
+        self._buf = np.empty((capacity, width), dtype=np.float64, order="F")
+        self.n = 0
+
+    def _reserve(self, m: int) -> np.ndarray:
+        buf = self._buf
+        if self.n + m > buf.shape[0]:
+            grown = np.empty((max(2 * buf.shape[0], self.n + m), buf.shape[1]), dtype=np.float64, order="F")
+            grown[: self.n] = buf[: self.n]
+            self._buf = buf = grown
+        return buf
+
+    def append(self, row: tuple) -> None:
+        self._reserve(1)[self.n] = row
+        self.n += 1
+
+    def extend(self, cols: list) -> None:
+        """Append ``m`` rows given column by column (arrays of length m, the first one an array; or scalars)."""
+        m = len(cols[0])
+        buf = self._reserve(m)
+        for i, c in enumerate(cols):
+            buf[self.n: self.n + m, i] = c
+        self.n += m
+
+    def column(self, i: int) -> np.ndarray:
+        return self._buf[: self.n, i]
+
+
 class Recorder:
-    """Collects step rows as tuples (cheap in the hot loop); builds DataFrames once at the end."""
+    """Collects step rows into columns (cheap in the hot loop); builds DataFrames once at the end.
+
+    ``record_step`` adds one step; ``record_run`` adds the rows of a multi-step decode run at once
+    (sim/sched/decode_run.py): the table is per step either way."""
 
     def __init__(self, num_gpu_blocks: int, capacity_slots: int) -> None:
         self.num_gpu_blocks = num_gpu_blocks
         self.capacity_slots = capacity_slots
-        self.rows: list[tuple] = []
+        self.cols = Columns(len(STEP_COLUMNS))
         self.breakdown_keys: list[str] = []
-        self.breakdown_rows: list[tuple] = []
+        self.breakdown: Columns | None = None
+
+    @property
+    def num_steps(self) -> int:
+        return self.cols.n
 
     def record_step(self, start: float, plan: StepPlan, result: StepResult, sched) -> None:
         st = sched.stats
         mgr = sched.manager
-        self.rows.append((
+        self.cols.append((
             start, result.duration_s, len(plan.scheduled), st.num_prefill_tokens, st.num_decode_tokens,
             len(sched.running), sched.num_waiting(), sched.num_swapped(), mgr.num_blocks - mgr.num_free_blocks(),
             st.num_preempted, len(plan.blocks_to_swap_out), len(plan.blocks_to_swap_in), len(plan.blocks_to_copy),
             *mgr.memory_slots(),
         ))
         if result.breakdown:
-            if not self.breakdown_keys:
-                self.breakdown_keys = list(result.breakdown)
-            self.breakdown_rows.append(tuple(result.breakdown.get(k, 0.0) for k in self.breakdown_keys))
+            bd = result.breakdown
+            if self.breakdown is None:
+                self.breakdown_keys = list(bd)
+                self.breakdown = Columns(len(self.breakdown_keys))
+            self.breakdown.append(tuple(bd.get(k, 0.0) for k in self.breakdown_keys))
+
+    def record_run(self, starts: np.ndarray, durations: np.ndarray, *, batch_size: int, num_decode_tokens: int,
+                   num_running: int, num_waiting: int, num_swapped: int, kv_blocks_used: np.ndarray,
+                   slots: tuple, breakdown: dict[str, np.ndarray]) -> None:
+        """Rows of ``len(starts)`` all-decode steps (no prefill, preemption, swap or copy)."""
+        m = len(starts)
+        self.cols.extend([starts, durations, batch_size, 0, num_decode_tokens, num_running, num_waiting,
+                          num_swapped, kv_blocks_used, 0, 0, 0, 0, *slots])
+        if breakdown:
+            if self.breakdown is None:
+                self.breakdown_keys = list(breakdown)
+                self.breakdown = Columns(len(self.breakdown_keys))
+            self.breakdown.extend([breakdown.get(k, np.zeros(m)) for k in self.breakdown_keys])
 
     def steps_frame(self) -> pd.DataFrame:
-        df = pd.DataFrame(self.rows, columns=STEP_COLUMNS)
-        df.insert(0, "step", np.arange(len(df), dtype=np.int64))
-        df["end_s"] = df["start_s"] + df["duration_s"]
-        df["kv_usage"] = df["kv_blocks_used"] / self.num_gpu_blocks
-        if self.breakdown_rows and len(self.breakdown_rows) == len(df):
-            bd = pd.DataFrame(self.breakdown_rows, columns=[f"time_{k}_s" for k in self.breakdown_keys])
-            df = pd.concat([df, bd], axis=1)
-        return df
+        cols = self.cols
+        data: dict[str, np.ndarray] = {"step": np.arange(cols.n, dtype=np.int64)}
+        for i, name in enumerate(STEP_COLUMNS):
+            c = cols.column(i)
+            data[name] = c.astype(np.int64) if name in INT_COLUMNS else c.copy()
+        data["end_s"] = data["start_s"] + data["duration_s"]
+        data["kv_usage"] = data["kv_blocks_used"] / self.num_gpu_blocks
+        bd = self.breakdown
+        if bd is not None and bd.n == cols.n:
+            for i, k in enumerate(self.breakdown_keys):
+                data[f"time_{k}_s"] = bd.column(i).copy()
+        return pd.DataFrame(data, copy=False)
 
 
 def requests_frame(requests: list[Request], output_latency_s: float = 0.0,

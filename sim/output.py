@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from sim.errors import KvsimError
 
 
@@ -41,6 +43,24 @@ def flatten(summary: dict, prefix: str = "") -> dict[str, Any]:
 def summary_json(summary: dict) -> str:
     """summary.json text: sorted keys, NaN as null, fixed formatting (byte-stable for the same run)."""
     return json.dumps(_clean(summary), indent=2, sort_keys=True) + "\n"
+
+
+def write_table(df: pd.DataFrame, path: Path) -> Path:
+    """Write a DataFrame with pyarrow: Parquet for ``.parquet`` (typed, compressed, fast), else CSV
+    (pyarrow's writer: a header row, NaN as an empty field, strings quoted only when needed).
+    Read back with ``pandas.read_parquet`` / ``pandas.read_csv``."""
+    import pyarrow as pa
+
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        pq.write_table(table, path)
+    else:
+        import pyarrow.csv as pacsv
+
+        pacsv.write_csv(table, path)
+    return path
 
 
 def write_atomic(path: Path, writer: Callable[[Path], None]) -> Path:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 
@@ -30,6 +30,7 @@ class Result:
     steps: pd.DataFrame
     workload_stats: dict
     timeline: pd.DataFrame | None = None  # state intervals (req_id, phase, start_s, end_s) for timeline.png
+    profile: dict = field(default_factory=dict)  # wall seconds per phase (load, simulate, summarise) and counts
 
 
 def gpu_blocks(scn: Scenario) -> int:
@@ -108,12 +109,15 @@ def run_scenario(scn: Scenario, check_integrity: bool | None = None, progress: b
     engine = Engine(workload.requests, scheduler, executor, recorder, check_integrity=check,
                     max_steps_without_progress=scn.scheduler.max_steps_without_progress,
                     async_scheduling=scn.scheduler.async_scheduling, arrival_delay_s=fe_in,
+                    multi_step=scn.scheduler.multi_step,
                     on_step=(lambda _s: bar.update(scheduler)) if bar else None)
+    t_load = time.perf_counter()
     try:
         engine.run()
     finally:
         if bar:
             bar.close()
+    t_sim = time.perf_counter()
     reqs = requests_frame(workload.requests, output_latency_s=fe_out, token_latency_s=fe_token)
     steps = recorder.steps_frame()
     steps["kv_bytes_used"] = steps["kv_blocks_used"] * model.kv_bytes_per_block(scn.kv_cache.block_size)
@@ -129,7 +133,10 @@ def run_scenario(scn: Scenario, check_integrity: bool | None = None, progress: b
         front = pd.DataFrame({"req_id": reqs["req_id"], "phase": "frontend", "start_s": arrive, "end_s": arrive + fe_in})
         timeline = pd.concat([front, timeline], ignore_index=True).sort_values(["req_id", "start_s"], kind="stable")
         timeline = timeline.reset_index(drop=True)
-    return Result(scn, summary, reqs, steps, dict(workload.stats), timeline)
+    profile = {"load_s": t_load - t0, "simulate_s": t_sim - t_load, "summarise_s": time.perf_counter() - t_sim,
+               "steps": recorder.num_steps, "decode_runs": engine.num_runs, "engine_waits": engine.num_waits,
+               "arrivals": len(workload.requests)}
+    return Result(scn, summary, reqs, steps, dict(workload.stats), timeline, profile)
 
 
 class _progress_bar:

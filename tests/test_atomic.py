@@ -34,7 +34,7 @@ def previous(tmp_path):
     out = tmp_path / "out"
     assert kvsim_main(["run", str(path), "--out", str(out)]) == 0
     snap = _snapshot(out)
-    assert {"summary.json", "requests.csv", "steps.csv"} <= set(snap)
+    assert {"summary.json", "requests.csv", "steps.parquet"} <= set(snap)
     return path, out, snap
 
 

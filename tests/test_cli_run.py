@@ -68,7 +68,7 @@ def test_quickstart_writes_every_output(tmp_path):
     for col in ("req_id", "arrival_s", "prompt_tokens", "output_tokens", "first_token_s", "finish_s", "ttft_s",
                 "tpot_s", "e2e_s", "num_preemptions", "status"):
         assert col in reqs.columns
-    steps = pd.read_csv(out / "steps.csv")
+    steps = pd.read_parquet(out / "steps.parquet")
     assert len(steps) == s["num_steps"]
     for col in ("start_s", "duration_s", "batch_size", "num_prefill_tokens", "num_decode_tokens", "num_running",
                 "num_waiting", "kv_blocks_used"):
@@ -128,3 +128,18 @@ def test_schema_is_json():
     r = kvsim("schema")
     schema = json.loads(r.stdout)
     assert {"model", "hardware", "kv_cache", "scheduler", "workload", "executor"} <= set(schema["properties"])
+
+
+def test_steps_csv_equals_the_parquet_table(tmp_path):
+    # steps.csv and steps.parquet (both by pyarrow) read back to the in-memory table
+    from sim.cli import main
+    from sim.runner import run_scenario
+    from sim.scenario import load_scenario
+
+    scn = Path(__file__).resolve().parents[1] / "scenarios" / "seed_four_requests.yaml"
+    out = tmp_path / "o"
+    assert main(["run", str(scn), "--out", str(out), "--no-plots"]) == 0
+    ref = run_scenario(load_scenario(str(scn)), check_integrity=False).steps
+    pd.testing.assert_frame_equal(pd.read_parquet(out / "steps.parquet"), ref, check_exact=True)
+    pd.testing.assert_frame_equal(pd.read_csv(out / "steps.csv"), ref, check_exact=False, rtol=1e-15,
+                                  check_dtype=False)   # a column of zeros reads back as integers

@@ -1,5 +1,5 @@
 """Determinism: the same scenario and seed give byte-identical summary.json (apart from wall_time_s),
-and the same requests.csv and steps.csv, in separate processes with different hash seeds."""
+and the same requests.csv and steps.parquet, in separate processes with different hash seeds."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def test_same_seed_gives_byte_identical_results_across_processes(tmp_path):
     for name in SCENARIOS:
         sa, sb = (a[name] / "summary.json").read_text(), (b[name] / "summary.json").read_text()
         assert _without_wall_time(sa) == _without_wall_time(sb), name
-        for table in ("requests.csv", "steps.csv"):
+        for table in ("requests.csv", "steps.parquet"):
             assert (a[name] / table).read_bytes() == (b[name] / table).read_bytes(), f"{name}: {table}"
 
 

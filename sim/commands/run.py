@@ -9,7 +9,7 @@ from sim.atomic_dir import replace_dir
 from sim.commands.progress import add_progress_args, progress_mode
 from sim.commands.summary_table import print_summary
 from sim.commands.trace_args import add_trace_args, check_trace_args
-from sim.output import prepare_results_dir, summary_json
+from sim.output import prepare_results_dir, summary_json, write_table
 from sim.runner import Result, run_scenario
 from sim.scenario import load_scenario
 
@@ -17,8 +17,8 @@ from sim.scenario import load_scenario
 def add_parser(sub) -> None:
     p = sub.add_parser("run", help="run a scenario file and print its summary")
     p.add_argument("scenario", help="scenario YAML file")
-    p.add_argument("--out", help="folder for summary.json, requests.csv, steps.csv, the figures and report.html "
-                   "(default: the scenario's output.dir, relative to the scenario file)")
+    p.add_argument("--out", help="folder for summary.json, requests.csv, steps.csv, steps.parquet, the figures "
+                   "and report.html (default: the scenario's output.dir, relative to the scenario file)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
                    help="override a scenario key (repeatable)")
     p.add_argument("--no-plots", action="store_true", help="skip the figures")
@@ -29,14 +29,16 @@ def add_parser(sub) -> None:
 
 
 def write_results(result: Result, out: Path, plots: bool = True) -> list[Path]:
-    """summary.json, requests.csv, steps.csv, the figures and report.html, as a new folder that replaces
-    ``out`` whole (sim.atomic_dir): an error, Ctrl-C, SIGTERM or a kill at any moment leaves the previous
-    results or the new ones, never a mix, and no staging debris after the next run."""
+    """summary.json, requests.csv, steps.csv and steps.parquet (the same table; pyarrow writes both), the
+    figures and report.html, as a new folder that replaces ``out`` whole (sim.atomic_dir): an error,
+    Ctrl-C, SIGTERM or a kill at any moment leaves the previous results or the new ones, never a mix,
+    and no staging debris after the next run."""
 
     def fill(stage: Path) -> list[str]:
-        result.requests.to_csv(stage / "requests.csv", index=False)
-        result.steps.to_csv(stage / "steps.csv", index=False)
-        names = ["requests.csv", "steps.csv"]
+        write_table(result.requests, stage / "requests.csv")
+        write_table(result.steps, stage / "steps.csv")
+        write_table(result.steps, stage / "steps.parquet")
+        names = ["requests.csv", "steps.csv", "steps.parquet"]
         if plots:
             from sim import plots as figs
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
+
 from sim.kv.block_pool import BlockPool
 from sim.kv.sharing import SharingMixin, seq_width
 from sim.kv.swap import SwapSpace
@@ -111,6 +113,79 @@ class KVCacheManager(SharingMixin):
         """The step computed ``num_tokens`` new tokens of KV (one per sequence for a forked request)."""
         self._held_tokens += num_tokens
         self._note_step()
+
+    def note_decode_run(self, tokens_per_step: int, used: np.ndarray, logical: np.ndarray) -> None:
+        """``len(used)`` decode steps computed ``tokens_per_step`` tokens each (sim/sched/decode_run.py);
+        ``used``/``logical``: the pool's used and logical block counts at each step's end, as
+        ``note_computed`` would have seen them one step at a time."""
+        self._held_tokens += tokens_per_step * len(used)
+        self._sum_used += int(used.sum())
+        self._sum_logical += int(logical.sum())
+
+    def allocate_decode_run(self, reqs: list[Request], pos: np.ndarray, steps: np.ndarray, new_len: np.ndarray,
+                            k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Grow tables as ``allocate_slots(req, 1)`` would at each decode-run boundary, without a prefix
+        cache (nothing to insert or evict): event e gives ``reqs[pos[e]]`` a table of ``new_len[e]``
+        blocks at step ``steps[e]``; events come sorted by (step, position), which is the order blocks
+        leave the pool. Returns per step (used, beyond-final, logical) counters after its allocations."""
+        used0, beyond0, logical0 = self.decode_run_counters()
+        total = len(steps)
+        if total == 0:
+            return np.full(k, used0), np.full(k, beyond0), np.full(k, logical0)
+        if total <= 8:   # the usual case: a few boundaries, cheaper without numpy
+            return self._allocate_few(reqs, pos.tolist(), steps.tolist(), new_len.tolist(), k)
+        per_step = np.bincount(steps, minlength=k)
+        d_beyond = np.zeros(k, dtype=np.int64)
+        if total:
+            blocks = np.asarray(self.pool.allocate(total), dtype=np.int64)
+            order = np.argsort(pos, kind="stable")   # group by request, keeping step order
+            by_req = pos[order]
+            cut = (np.flatnonzero(by_req[1:] != by_req[:-1]) + 1).tolist()
+            grown = blocks[order].tolist()
+            owners = by_req.tolist()
+            tables = self.block_tables
+            for a, b in zip([0, *cut], [*cut, total]):
+                tables[reqs[owners[a]].req_id].extend(grown[a:b])
+            self._logical_blocks += total
+            bs = self.block_size
+            max_kv = np.fromiter((reqs[i].max_kv_tokens for i in pos.tolist()), np.int64, total)
+            last = (max_kv - 1) // bs
+            per = (last + 1) * bs - max_kv
+            final = (new_len == last + 1) & (per > 0)   # the table reaches its final block
+            for e in np.flatnonzero(final).tolist():
+                self._note_beyond(reqs[int(pos[e])])
+            d_beyond = np.bincount(steps[final], weights=per[final], minlength=k).astype(np.int64)
+            self._note_peaks()
+        used = used0 + np.cumsum(per_step)
+        return used, beyond0 + np.cumsum(d_beyond), logical0 + np.cumsum(per_step)
+
+    def _allocate_few(self, reqs: list[Request], pos: list[int], steps: list[int], new_len: list[int],
+                      k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``allocate_decode_run`` for a handful of events, in plain Python (same blocks, same counters)."""
+        used0, beyond0, _ = self.decode_run_counters()
+        blocks = self.pool.allocate(len(steps))
+        tables = self.block_tables
+        bs = self.block_size
+        grow = [0] * k
+        extra = [0] * k
+        for p, j, n, b in zip(pos, steps, new_len, blocks):
+            req = reqs[p]
+            tables[req.req_id].append(b)
+            grow[j] += 1
+            last = (req.max_kv_tokens - 1) // bs
+            if n == last + 1 and (last + 1) * bs - req.max_kv_tokens > 0:
+                before = self._beyond_final
+                self._note_beyond(req)
+                extra[j] += self._beyond_final - before
+        self._logical_blocks += len(steps)
+        self._note_peaks()
+        grown = np.cumsum(grow)
+        logical = self._logical_blocks - len(steps) + grown
+        return used0 + grown, beyond0 + np.cumsum(extra), logical
+
+    def decode_run_counters(self) -> tuple[int, int, int]:
+        """(used blocks, slots beyond final lengths, logical blocks): what a decode run snapshots per step."""
+        return self.pool.num_used, self._beyond_final, self._logical_blocks
 
     def get_block_table(self, req_id: int) -> list[int]:
         return self.block_tables[req_id]

@@ -1,0 +1,307 @@
+"""Multi-step decode: advance k all-decode engine steps at once, exactly as k single steps would.
+
+When nothing can change the batch for a while (nobody waiting who could be admitted, nothing swapped,
+every running request one token from its next sample), the next k steps are determined:
+
+    step j (0 <= j < k):   every request i computes token c0_i + j and samples token g0_i + j + 1
+                           a request whose c0_i + j is a block boundary calls allocate_slots (as the
+                           scheduler would), in batch order within the step
+                           time: e_{j+1} = e_j + d_j (float64, left to right, as SimPy would add)
+
+k is bounded by the nearest event that single stepping would react to:
+- the fewest remaining output tokens (a request finishes at the run's last step, never inside it);
+- the next arrival: the run ends with the step during which it reaches the engine (e_k >= T_arrival);
+- admissions: nobody waits, or no seat or token budget is left, or (FCFS or priority, no prefix cache)
+  the head of the queue cannot get its blocks even after step 0 (free blocks only shrink in a run);
+- the pool: cumulative block needs A(j) = sum_i max(0, (c0_i + j) // bs + 1 - L0_i) must fit the free
+  blocks at the start (no block is freed inside a run, so the first A(j) > free is where single
+  stepping would preempt);
+- a step cap (the pricing call's array length).
+
+Only the paged manager without forked sequences, and executors with ``supports_decode_runs = True``
+(pure pricers whose ``execute_decode_run`` equals ``execute`` bit for bit), take this path. Everything
+single stepping observes is reproduced: request counters and token times, inter-token gaps (including
+the float test ``last_token == now - duration``), block ids and their allocation order, prefix-cache
+inserts, slot accounting per step, step_index (round-robin turns), the step rows, finish order.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from itertools import repeat
+
+import numpy as np
+
+from sim.errors import KvsimError
+from sim.executors.base import execute_decode_run
+from sim.request import Request, RequestStatus
+from sim.sched.base import StepStats
+from sim.sched.plan import ScheduledRequest, StepPlan, StepResult
+
+MAX_RUN_STEPS = 4096   # longest run priced in one call
+MIN_RUN_STEPS = 8      # shorter runs cost more than single steps: step one at a time instead
+
+
+def supports_decode_runs(executor: object) -> bool:
+    """Whether ``executor`` may price k decode steps at once (a missing flag means single steps only)."""
+    return bool(getattr(executor, "supports_decode_runs", False))
+
+
+@dataclass
+class PendingRun:
+    """A run priced at its start ``ends[0]``, applied once time has reached ``ends[k]``."""
+
+    k: int
+    batch: list[Request]
+    plan: StepPlan
+    c0: list[int]
+    g0: list[int]
+    rem: np.ndarray            # remaining output tokens per request at the start
+    durations: np.ndarray      # (>= k,) step prices; only the first k are used
+    ends: np.ndarray           # (k + 1,) ends[0] = start, ends[j + 1] = ends[j] + durations[j]
+    breakdown: dict[str, np.ndarray] = field(default_factory=dict)
+    l0: np.ndarray | None = None   # table lengths at the start
+    waiting: int = 0           # queue lengths at the start (arrivals inside a run come in its last step)
+    swapped: int = 0
+    blocked_head: Request | None = None   # the queue's head, whose failed allocation creates its empty table
+
+    @property
+    def end(self) -> float:
+        return float(self.ends[self.k])
+
+
+def _blocks_needed(c0: np.ndarray, l0: np.ndarray, bs: int, j: int) -> int:
+    """Blocks allocated over steps 0..j of a run (sum over requests of max(0, (c0 + j) // bs + 1 - L0))."""
+    return int(np.maximum((c0 + j) // bs + 1 - l0, 0).sum())
+
+
+class DecodeRunner:
+    """Plans, prices and applies decode runs for one continuous scheduler and its paged manager."""
+
+    def __init__(self, sched, executor, recorder, max_steps: int = MAX_RUN_STEPS,
+                 min_steps: int | None = None) -> None:
+        self.sched = sched
+        self.executor = executor
+        self.recorder = recorder
+        self.max_steps = max_steps
+        self._head: tuple[Request, int] | None = None   # a waiting head that cannot be admitted (see _batch)
+        # a run is taken only if its bounds allow this many steps
+        self.min_steps = MIN_RUN_STEPS if min_steps is None else min_steps
+
+    # ------------------------------------------------------------ eligibility
+    def _batch(self) -> list[Request] | None:
+        """The running batch in plan order, if the next step is surely all-decode; else None."""
+        sched = self.sched
+        mgr = sched.manager
+        if (sched._multi_seq or not mgr.decode_fast_path or sched._prefilling or sched.swapped
+                or getattr(mgr, "groups", None)):
+            return None
+        running = sched.running
+        n = len(running)
+        budget = sched.max_num_batched_tokens
+        if n == 0 or n > budget:
+            return None
+        cfg = sched.config
+        self._head = None
+        if len(sched.waiting):   # admissions must be impossible for the whole run
+            if cfg.policy == "round_robin":
+                return None
+            if n < cfg.max_num_seqs and budget - n > 0:
+                # a seat and budget are free: only a head of the queue that cannot get its blocks blocks
+                # (FCFS/priority: nobody overtakes it); plan() checks its blocks against the pool
+                if cfg.policy not in ("fcfs", "priority") or mgr.prefix_cache is not None:
+                    return None
+                head = sched.waiting.peek()
+                if head.status == RequestStatus.SWAPPED:
+                    return None
+                num_new = head.num_tokens - head.num_computed_tokens
+                if num_new > budget - n and cfg.chunked_prefill:
+                    num_new = budget - n
+                if num_new <= budget - n or cfg.chunked_prefill:   # else: too long for the step, no attempt
+                    self._head = (head, num_new)
+        if cfg.policy == "priority":
+            return sorted(running, key=lambda r: (r.priority, r.arrival_s, r.req_id))
+        return list(running)
+
+    def plan(self, now: float, next_arrival: float, prev_duration: float, step: int) -> PendingRun | None:
+        """Price the longest run allowed from ``now``; None when the next step is not a plain decode step
+        or the run would be shorter than ``min_steps`` (then single stepping is cheaper; same results)."""
+        limit = self.max_steps
+        if math.isfinite(next_arrival) and prev_duration > 0:
+            limit = max(1, min(limit, int((next_arrival - now) / prev_duration) + 2))
+            if limit < self.min_steps:
+                return None
+        batch = self._batch()
+        if batch is None or min([r.output_len - r.num_generated for r in batch]) < self.min_steps:
+            return None   # (the second test is rem.min() below, done early because it is the usual stop)
+        sched = self.sched
+        mgr = sched.manager
+        tables = mgr.block_tables
+        cols = np.array([(r.num_computed_tokens, r.num_generated, r.prompt_len, r.output_len, len(tables[r.req_id]))
+                         for r in batch], dtype=np.int64)
+        c0, g0, prompt, out, l0 = cols.T
+        if g0.min() <= 0 or (prompt + g0 - c0 != 1).any():
+            return None
+        c0l, g0l = c0.tolist(), g0.tolist()
+        rem = out - g0
+        k = min(int(rem.min()), limit)
+        if k < self.min_steps:
+            return None
+        free = mgr.pool.num_free
+        bs = mgr.block_size
+        if _blocks_needed(c0, l0, bs, k - 1) > free:
+            lo, hi = 0, k - 1   # invariant: A(lo - 1) <= free < A(hi); find the first j with A(j) > free
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if _blocks_needed(c0, l0, bs, mid) > free:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            k = lo
+            if k < self.min_steps:
+                return None
+        if self._head is not None:   # the head must not fit after step 0's allocations (free only shrinks)
+            head, num_new = self._head
+            need = -(-(head.num_computed_tokens + num_new) // bs) - len(tables.get(head.req_id) or ())
+            if need <= free - _blocks_needed(c0, l0, bs, 0):
+                return None
+        plan = StepPlan(scheduled=[ScheduledRequest(r.req_id, 1, c, tables[r.req_id]) for r, c in zip(batch, c0l)])
+        run = execute_decode_run(self.executor, plan, k)
+        d = np.asarray(run.durations, dtype=np.float64)
+        bad = np.flatnonzero(~(d > 0))
+        if bad.size:
+            j = int(bad[0])
+            raise KvsimError("executor", f"step {step + j} returned a non-positive duration {d[j]}")
+        ends = np.cumsum(np.concatenate(([now], d)))   # sequential, left to right: SimPy's sums
+        if math.isfinite(next_arrival):
+            first = int(np.searchsorted(ends[1:], next_arrival, side="left"))
+            k = min(k, first + 1)
+        return PendingRun(k, batch, plan, c0l, g0l, rem, d, ends[: k + 1], run.breakdown, l0,
+                          sched.num_waiting(), sched.num_swapped(), self._head[0] if self._head else None)
+
+    # ------------------------------------------------------------ applying
+    def apply(self, run: PendingRun) -> list[Request]:
+        """Do what single stepping does over the run's k steps (time is now ``run.end``); returns the
+        requests finished at the last step."""
+        sched = self.sched
+        mgr = sched.manager
+        k, batch, n = run.k, run.batch, len(run.batch)
+        waiting, swapped = run.waiting, run.swapped
+        held0 = mgr._held_tokens
+        used, beyond, logical = self._allocate(run)
+        if run.blocked_head is not None:   # allocate_slots' failed attempt leaves an empty table behind
+            mgr.block_tables.setdefault(run.blocked_head.req_id, [])
+        mgr.note_decode_run(n, used, logical)
+        self._gaps(run)
+        end = run.end
+        for req, c, g in zip(batch, run.c0, run.g0):
+            req.num_computed_tokens = c + k
+            req.num_generated = g + k
+            req.last_token_s = end
+        sched.step_index += k
+        sched.stats = StepStats(num_decode_tokens=n, num_sampled=n)
+        if k > 1:
+            m = k - 1
+            bs = mgr.block_size
+            ts = held0 + n * np.arange(1, k, dtype=np.int64)
+            u = used[:m]
+            self.recorder.record_run(
+                run.ends[:m], run.durations[:m], batch_size=n, num_decode_tokens=n, num_running=n,
+                num_waiting=waiting, num_swapped=swapped, kv_blocks_used=u,
+                slots=(ts, u * bs - ts - beyond[:m], beyond[:m], np.zeros(m, dtype=np.int64),
+                       (mgr.num_blocks - u) * bs),
+                breakdown={key: v[:m] for key, v in run.breakdown.items()})
+        done = [batch[i] for i in np.flatnonzero(run.rem == k).tolist()]
+        if done:
+            sched._finish(done, end)
+        last = StepResult(float(run.durations[k - 1]), {key: float(v[k - 1]) for key, v in run.breakdown.items()})
+        self.recorder.record_step(float(run.ends[k - 1]), run.plan, last, sched)
+        return done
+
+    def _allocate(self, run: PendingRun) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Call allocate_slots where single stepping would (a request at a block boundary), in step then
+        batch order; returns per step the (used, beyond-final, logical) block counters after it."""
+        sched = self.sched
+        mgr = sched.manager
+        k, batch = run.k, run.batch
+        bs = mgr.block_size
+        c0 = np.array(run.c0, dtype=np.int64)
+        if mgr.prefix_cache is None:   # only the blocks matter: allocate them in one call
+            return self._allocate_blocks(run, c0)
+        first = (-c0) % bs                                   # first step whose computed count % bs == 0
+        count = np.where(first < k, (k - 1 - first) // bs + 1, 0)
+        total = int(count.sum())
+        if total:
+            pos = np.repeat(np.arange(len(batch)), count)
+            offset = np.arange(total) - np.repeat(np.cumsum(count) - count, count)
+            steps = np.repeat(first, count) + offset * bs
+            order = np.lexsort((pos, steps))
+            pos, steps = pos[order], steps[order]
+        start = mgr.decode_run_counters()
+        snap = np.empty((k, 3), dtype=np.int64)
+        have = np.zeros(k, dtype=bool)
+        if total:
+            allocate = mgr.allocate_slots
+            counters = mgr.decode_run_counters
+            c0l, g0l = run.c0, run.g0
+            for j, p in zip(steps.tolist(), pos.tolist()):
+                req = batch[p]
+                req.num_computed_tokens = c0l[p] + j
+                req.num_generated = g0l[p] + j
+                if not allocate(req, 1):
+                    raise AssertionError("decode run: the pool bound promised this block")
+                snap[j] = counters()
+                have[j] = True
+        idx = np.maximum.accumulate(np.where(have, np.arange(k), -1))
+        vals = np.where((idx >= 0)[:, None], snap[np.maximum(idx, 0)], np.array(start, dtype=np.int64)[None, :])
+        return vals[:, 0], vals[:, 1], vals[:, 2]
+
+    def _allocate_blocks(self, run: PendingRun, c0: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Without a prefix cache: request i takes a block at steps L0_i * bs - c0_i + m * bs (its computed
+        count reaches its table's capacity), one per boundary; all of them leave the pool in one call."""
+        k, bs = run.k, self.sched.manager.block_size
+        first = run.l0 * bs - c0
+        count = np.where(first < k, (k - 1 - first) // bs + 1, 0)
+        total = int(count.sum())
+        if total == 0:
+            pos = steps = np.zeros(0, dtype=np.int64)
+        elif int(count.max()) == 1:
+            pos = np.flatnonzero(count)
+            steps = first[pos]
+        else:
+            pos = np.repeat(np.arange(len(c0)), count)
+            steps = np.repeat(first, count) + (np.arange(total) - np.repeat(np.cumsum(count) - count, count)) * bs
+        if total > 1:
+            order = np.lexsort((pos, steps))
+            pos, steps = pos[order], steps[order]
+        return self.sched.manager.allocate_decode_run(run.batch, pos, steps, (c0[pos] + steps) // bs + 1, k)
+
+    def _gaps(self, run: PendingRun) -> None:
+        """Inter-token gaps as ``update`` records them: regular when last_token == now - duration (float)."""
+        gaps = self.sched.gaps
+        k, n = run.k, len(run.batch)
+        ends = run.ends
+        d = run.durations[:k]
+        back = ends[1:] - d                       # update's step_start = now - duration
+        regular = back == ends[:k]
+        dl = d.tolist()
+        # step 0: each request's last token time decides
+        lt = np.fromiter((r.last_token_s for r in run.batch), np.float64, n)
+        reg0 = lt == back[0]
+        num0 = int(reg0.sum())
+        if num0 < n:
+            now = ends[1]
+            gaps.other_gaps.extend((now - lt[~reg0]).tolist())
+        if num0:
+            gaps.step_gaps.append((dl[0], num0))
+        if k == 1:
+            return
+        if regular[1:].all():
+            gaps.step_gaps.extend(zip(dl[1:], repeat(n)))
+            return
+        for j in range(1, k):
+            if regular[j]:
+                gaps.step_gaps.append((dl[j], n))
+            else:
+                gaps.other_gaps.extend([float(ends[j + 1] - ends[j])] * n)

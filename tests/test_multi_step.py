@@ -1,0 +1,211 @@
+"""Multi-step decode equals single stepping: the single-step path is the reference.
+
+For every shipped scenario (trimmed), a few hand-made stress scenarios and a few hundred fuzzer cases,
+the run with ``scheduler.multi_step: true`` and the run with ``false`` give the same summary.json (apart
+from wall_time_s), the same per-step table, per-request table and timeline, bit for bit.
+"""
+
+from __future__ import annotations
+
+import copy
+import glob
+import math
+import random
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import sim.sched.decode_run as decode_run
+from sim.engine import delay_to
+from sim.fuzz import draw_scenario
+from sim.output import summary_json
+from sim.runner import Result, run_scenario
+from sim.scenario import load_scenario, scenario_from_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+NOT_COMPARABLE = {"quickstart_gpu_cpu.yaml": "times real kernels: two runs differ anyway",
+                  "sweep_example.yaml": "a sweep file, not a scenario"}
+
+
+@pytest.fixture
+def run_count(monkeypatch) -> dict[str, int]:
+    """Counts decode runs (and the steps inside them) taken by the multi-step path; runs of any length
+    are taken (MIN_RUN_STEPS = 1) so that short runs are compared too."""
+    monkeypatch.setattr(decode_run, "MIN_RUN_STEPS", 1)
+    counts = {"runs": 0, "steps": 0}
+    apply = decode_run.DecodeRunner.apply
+
+    def counting(self, run):
+        counts["runs"] += 1
+        counts["steps"] += run.k
+        return apply(self, run)
+
+    monkeypatch.setattr(decode_run.DecodeRunner, "apply", counting)
+    return counts
+
+
+def assert_same(single: Result, multi: Result) -> None:
+    a, b = dict(single.summary), dict(multi.summary)
+    a.pop("wall_time_s")
+    b.pop("wall_time_s")
+    assert summary_json(a) == summary_json(b)
+    pd.testing.assert_frame_equal(single.steps, multi.steps, check_exact=True)
+    pd.testing.assert_frame_equal(single.requests, multi.requests, check_exact=True)
+    if single.timeline is not None:
+        pd.testing.assert_frame_equal(single.timeline, multi.timeline, check_exact=True)
+
+
+def both_ways(data: dict, check: bool = False) -> tuple[Result, Result]:
+    out = []
+    for multi in (False, True):
+        d = copy.deepcopy(data)
+        d.setdefault("scheduler", {})["multi_step"] = multi
+        out.append(run_scenario(scenario_from_dict(d, source="<test>"), check_integrity=check))
+    return out[0], out[1]
+
+
+def test_cumsum_adds_left_to_right():
+    rng = np.random.default_rng(0)
+    d = rng.uniform(1e-4, 0.1, 5000)
+    ends = np.cumsum(np.concatenate(([1234.5678], d)))
+    t = 1234.5678
+    for j, x in enumerate(d.tolist()):
+        t += x
+        assert ends[j + 1] == t
+
+
+def test_delay_to_lands_exactly_or_says_none():
+    rng = random.Random(1)
+    for _ in range(2000):
+        now = rng.uniform(0, 5000)
+        target = now + rng.uniform(1e-3, 50)
+        d = delay_to(now, target)
+        assert d is None or now + d == target
+    assert delay_to(1.1247835230440482, 3.1886921078366988) is None   # ties to even miss an odd target
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(str(ROOT / "scenarios" / "*.yaml"))), ids=lambda p: Path(p).name)
+def test_shipped_scenarios_equal(path, run_count):
+    if Path(path).name in NOT_COMPARABLE:
+        pytest.skip(NOT_COMPARABLE[Path(path).name])
+    results = []
+    for multi in ("false", "true"):
+        scn = load_scenario(path, [f"scheduler.multi_step={multi}", "workload.limit=250"])
+        results.append(run_scenario(scn, check_integrity=False))   # big caches: the check is slow
+    assert_same(*results)
+
+
+STRESS = {
+    # long decodes with poisson arrivals: runs cut by arrivals, finishes, block boundaries
+    "long_decodes": {"model": "llama-3-8b", "hardware": "h100-80gb", "seed": 5,
+                     "scheduler": {"chunked_prefill": True, "max_num_batched_tokens": 2048},
+                     "workload": {"synthetic": {
+                         "num_requests": 300, "arrival": {"process": "poisson", "rate": 20.0},
+                         "prompt_len": {"dist": "lognormal", "mean": 300, "std": 200, "min": 4, "max": 2000},
+                         "output_len": {"dist": "lognormal", "mean": 200, "std": 150, "min": 1, "max": 1500}}}},
+    # a cache that runs full inside decode runs (pool bound, then preemption), prefix caching on
+    "tight_pool": {"model": "tiny-llama", "hardware": "a100-80gb", "seed": 7,
+                   "kv_cache": {"block_size": 4, "num_gpu_blocks": 60, "prefix_caching": True},
+                   "scheduler": {"max_num_seqs": 8, "async_scheduling": False},
+                   "workload": {"synthetic": {
+                       "num_requests": 80, "arrival": {"process": "poisson", "rate": 200.0},
+                       "prompt_len": {"dist": "uniform", "min": 4, "max": 40},
+                       "output_len": {"dist": "uniform", "min": 1, "max": 120},
+                       "shared_prefix": {"groups": 2, "length": 8}}}},
+    # a full batch with a queue (admissions impossible), priorities, swap preemption
+    "full_batch_priority": {"model": "tiny-llama", "hardware": "h100-80gb", "seed": 9,
+                            "kv_cache": {"block_size": 8, "num_gpu_blocks": 80, "swap_space_gb": 0.01},
+                            "scheduler": {"policy": "priority", "max_num_seqs": 4, "preemption": "swap"},
+                            "workload": {"synthetic": {
+                                "num_requests": 60, "arrival": {"process": "poisson", "rate": 500.0},
+                                "prompt_len": {"dist": "uniform", "min": 4, "max": 30},
+                                "output_len": {"dist": "uniform", "min": 1, "max": 90},
+                                "priority": {"dist": "uniform", "min": 0, "max": 3}}}},
+    # a memory-bound queue: seats free, the head of the queue does not fit (FCFS, chunked and not)
+    "blocked_head": {"model": "tiny-llama", "hardware": "a100-80gb", "seed": 8,
+                     "kv_cache": {"block_size": 4, "num_gpu_blocks": 40},
+                     "scheduler": {"max_num_seqs": 64, "max_num_batched_tokens": 48},
+                     "workload": {"synthetic": {
+                         "num_requests": 80, "arrival": {"process": "poisson", "rate": 300.0},
+                         "prompt_len": {"dist": "uniform", "min": 4, "max": 40},
+                         "output_len": {"dist": "uniform", "min": 1, "max": 80}}}},
+    "blocked_head_chunked": {"model": "tiny-llama", "hardware": "a100-80gb", "seed": 10,
+                             "kv_cache": {"block_size": 8, "num_gpu_blocks": 24},
+                             "scheduler": {"max_num_seqs": 64, "chunked_prefill": True,
+                                           "max_num_batched_tokens": 16, "policy": "priority"},
+                             "workload": {"synthetic": {
+                                 "num_requests": 80, "arrival": {"process": "poisson", "rate": 300.0},
+                                 "prompt_len": {"dist": "uniform", "min": 4, "max": 60},
+                                 "output_len": {"dist": "uniform", "min": 1, "max": 80},
+                                 "priority": {"dist": "uniform", "min": 0, "max": 2}}}},
+    # round robin with a frontend delay
+    "round_robin": {"model": "tiny-llama", "hardware": "a100-80gb", "seed": 4,
+                    "kv_cache": {"block_size": 4, "num_gpu_blocks": 50},
+                    "scheduler": {"policy": "round_robin", "rr_quantum_steps": 3, "max_num_seqs": 4},
+                    "workload": {"synthetic": {
+                        "num_requests": 50, "arrival": {"process": "poisson", "rate": 100.0},
+                        "prompt_len": {"dist": "uniform", "min": 4, "max": 30},
+                        "output_len": {"dist": "uniform", "min": 1, "max": 60}}}},
+}
+
+
+@pytest.mark.parametrize("name", sorted(STRESS))
+@pytest.mark.parametrize("async_scheduling", [True, False])
+@pytest.mark.parametrize("min_steps", [1, 4])
+def test_stress_scenarios_equal(name, async_scheduling, min_steps, run_count, monkeypatch):
+    monkeypatch.setattr(decode_run, "MIN_RUN_STEPS", min_steps)
+    data = copy.deepcopy(STRESS[name])
+    data["scheduler"]["async_scheduling"] = async_scheduling
+    data["output"] = {"plots": False}
+    single, multi = both_ways(data, check=name != "long_decodes")
+    assert_same(single, multi)
+    assert run_count["runs"] > 0 and run_count["steps"] > run_count["runs"], "no multi-step run was taken"
+
+
+def _outcome(data: dict, multi: bool) -> Result | str:
+    d = copy.deepcopy(data)
+    d.setdefault("scheduler", {})["multi_step"] = multi
+    try:
+        return run_scenario(scenario_from_dict(d, source="<fuzz>"), check_integrity=True)
+    except Exception as e:  # noqa: BLE001 - a case that fails must fail the same way both ways
+        return f"{type(e).__name__}: {e}"
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_fuzz_cases_equal(seed, run_count):
+    for i in range(100):
+        data = draw_scenario(random.Random(f"multi-step-{seed}:{i}"), i)
+        single, multi = _outcome(data, False), _outcome(data, True)
+        if isinstance(single, str) or isinstance(multi, str):
+            assert single == multi, f"case {i}"
+        else:
+            assert_same(single, multi)
+    assert run_count["runs"] > 0
+
+
+def test_executors_without_the_flag_step_one_at_a_time(run_count):
+    from sim.engine import Engine
+    from sim.kv.manager import KVCacheManager
+    from sim.metrics import Recorder
+    from sim.request import Request
+    from sim.scenario import SchedulerConfig
+    from sim.sched.continuous import ContinuousScheduler
+    from sim.sched.plan import StepResult
+
+    class Fixed:  # no supports_decode_runs: a real executor must see every step
+        def __init__(self):
+            self.calls = 0
+
+        def execute(self, plan):
+            self.calls += 1
+            return StepResult(1.0, {})
+
+    mgr = KVCacheManager(64, 4)
+    sched = ContinuousScheduler(SchedulerConfig(), mgr, 4096)
+    ex = Fixed()
+    engine = Engine([Request(0, 0.0, 5, 20)], sched, ex, Recorder(64, 256), multi_step=True)
+    engine.run()
+    assert ex.calls == 20 and run_count["runs"] == 0 and not engine.multi_step
+    assert math.isclose(sched.finished[0].finish_s, 20.0)
