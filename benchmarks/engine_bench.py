@@ -6,7 +6,6 @@
     python benchmarks/engine_bench.py --synthetic 1000000 --rate 30
     python benchmarks/engine_bench.py --compare             # multi-step on and off, in this one process
     python benchmarks/engine_bench.py --compare --repeat 3  # alternating, the fastest of each mode
-    python benchmarks/engine_bench.py --compare --vector-pricing   # with vectorised decode-run pricing
 
 Prints, per run: requests, steps, decode runs (multi-step), engine waits (SimPy timeouts the engine
 yielded: its events), arrivals, wall seconds per phase, steps per wall second and peak RSS. Timings on a
@@ -122,14 +121,7 @@ def main() -> None:
                     help="with --compare: alternate off/on this many times; the ratio uses each mode's fastest")
     ap.add_argument("--no-write", action="store_true", help="skip writing the tables")
     ap.add_argument("--plots", action="store_true", help="also draw the figures")
-    ap.add_argument("--vector-pricing", action="store_true",
-                    help="price decode runs with benchmarks/vector_pricing.py (a checked stand-in for the cost "
-                         "model's vectorised execute_decode_run) instead of the k-call fallback")
     args = ap.parse_args()
-    if args.vector_pricing:
-        import vector_pricing
-
-        vector_pricing.install()
     if args.synthetic:
         data = synthetic_scenario(args.synthetic, args.rate)
     elif args.workload == "quickstart":
