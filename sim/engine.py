@@ -39,12 +39,16 @@ from sim.sched.base import SchedulerBase
 class Engine:
     """One replica: a scheduler, an executor and a recorder driven by a SimPy environment."""
 
-    def __init__(self, requests: list[Request], scheduler: SchedulerBase, executor: Executor, recorder: Recorder,
-                 check_integrity: bool = False, max_steps_without_progress: int = 100_000,
+    def __init__(self, requests: list[Request] | None, scheduler: SchedulerBase, executor: Executor,
+                 recorder: Recorder, check_integrity: bool = False, max_steps_without_progress: int = 100_000,
                  on_step: Callable[[int], None] | None = None, async_scheduling: bool = False,
-                 arrival_delay_s: float = 0.0) -> None:
-        self.env = simpy.Environment()
-        self.requests = requests
+                 arrival_delay_s: float = 0.0, env: simpy.Environment | None = None, replica_id: int = 0) -> None:
+        # cluster seam (sim/cluster/): several engines share one ``env``; an engine without ``requests``
+        # is fed by ``submit`` and stops only once ``end_arrivals`` says no more will come
+        self.env = env if env is not None else simpy.Environment()
+        self.replica_id = replica_id
+        self.requests = requests if requests is not None else []
+        self.fed = requests is None               # fed by submit(), not by its own arrival process
         self.scheduler = scheduler
         self.executor = executor
         self.recorder = recorder
@@ -59,9 +63,29 @@ class Engine:
         self._staged: list[Request] = []          # arrived during a step (async scheduling)
 
     def run(self) -> None:
-        self.env.process(self._arrivals())
-        self.env.process(self._loop())
+        self.start()
         self.env.run()
+
+    def start(self) -> simpy.Process:
+        """Start this engine's processes in its environment (without running it); returns the engine loop's
+        process, which ends when the engine stops."""
+        if not self.fed:
+            self.env.process(self._arrivals())
+        return self.env.process(self._loop())
+
+    # ------------------------------------------------------------ cluster seam
+    def submit(self, req: Request) -> None:
+        """``req`` reaches this engine now (what the arrival process does for each request)."""
+        if self.async_scheduling and self._busy:
+            self._staged.append(req)
+        elif self.scheduler.add_request(req, self.env.now) and self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def end_arrivals(self) -> None:
+        """No more requests will be submitted: the engine stops once its work is done."""
+        self._arrivals_done = True
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
 
     def _arrivals(self):
         env = self.env

@@ -14,6 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
+from sim.cluster.config import ClusterConfig
 from sim.errors import KvsimError
 from sim.specs import HardwareSpec, ModelSpec
 from sim.workload.config import WorkloadConfig
@@ -110,6 +111,7 @@ class Scenario(_Strict):
     executor: ExecutorConfig = ExecutorConfig()
     frontend: FrontendConfig = FrontendConfig()
     output: OutputConfig = OutputConfig()
+    cluster: ClusterConfig | None = None   # several replicas behind a router (sim/cluster/)
 
     _base_dir: Path = PrivateAttr(default=Path("."))
     _source: str = PrivateAttr(default="<scenario>")
