@@ -125,7 +125,10 @@ class PrefixAffinity(Router):
 
 @register("session")
 class Session(Router):
-    """Conversation stickiness: the chained hash of each routed request's hash ids -> its replica."""
+    """Conversation stickiness. Each routed request leaves its hash ids but the last (its full chunks: a
+    next turn's prompt repeats them, then goes on) under the chained hash of those ids; a request goes
+    where the longest such earlier prefix of its own ids went. A match of one id alone does not count:
+    in the Mooncake trace the first chunk is a system prompt that every conversation shares."""
 
     def __init__(self, config, seed: int) -> None:
         super().__init__(config, seed)
@@ -137,11 +140,15 @@ class Session(Router):
             return least_loaded(replicas)
         h = ROOT_HASH
         found = -1
-        for x in ids:   # prefixes of this request, shortest first; the longest one routed before wins
+        chain = []
+        for k, x in enumerate(ids):   # prefixes of this request, shortest first; the longest routed wins
             h = hash((h, x))
-            found = self.home.get(h, found)
+            chain.append(h)
+            if k >= 1:
+                found = self.home.get(h, found)
         i = found if 0 <= found < len(replicas) else least_loaded(replicas)
-        self.home[h] = i
+        if len(ids) >= 3:
+            self.home[chain[-2]] = i
         return i
 
 

@@ -8,6 +8,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from sim.cluster.output import write_cluster_files
 from sim.commands.summary_table import print_summary
 from sim.output import prepare_out_dir, summary_json
 from sim.runner import Result, run_scenario
@@ -64,5 +65,6 @@ def main(args: argparse.Namespace) -> int:
     print_summary(result.summary, title=f"{scn.name}  ({args.scenario})")
     if out is not None:
         files = write_results(result, out, plots=scn.output.plots and not args.no_plots)
+        files += write_cluster_files(result, out, plots=scn.output.plots and not args.no_plots)  # clusters
         print(f"wrote {len(files)} files to {out}/")
     return 0
