@@ -61,6 +61,9 @@ class Engine:
         self._arrivals_done = False
         self._busy = False                        # a step is executing
         self._staged: list[Request] = []          # arrived during a step (async scheduling)
+        # cluster: nothing schedulable may be a wait for memory held outside the scheduler (a prefill
+        # replica's blocks in transfer): wait for wake() instead of declaring a deadlock
+        self.may_block = False
 
     def run(self) -> None:
         self.start()
@@ -79,6 +82,11 @@ class Engine:
         if self.async_scheduling and self._busy:
             self._staged.append(req)
         elif self.scheduler.add_request(req, self.env.now) and self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def wake(self) -> None:
+        """Something outside the scheduler changed (memory was freed): plan again if idle."""
+        if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
 
     def end_arrivals(self) -> None:
@@ -127,6 +135,11 @@ class Engine:
             if staged:
                 self._admit_staged()
             if plan.is_empty():
+                if self.may_block:   # cluster: blocks held by KV transfers; wake() when they are freed
+                    self._wake = env.event()
+                    yield self._wake
+                    self._wake = None
+                    continue
                 raise KvsimError("engine", f"deadlock at t={start:.3f}s: {sched.num_waiting()} waiting, "
                                  f"{len(sched.running)} running, nothing can be scheduled")
             result = execute(plan)

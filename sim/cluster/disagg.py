@@ -54,6 +54,7 @@ class Handoff:
     def attach_prefill(self, rep: Replica) -> None:
         manager = rep.manager
         free = manager.free
+        rep.engine.may_block = True
 
         def deferred_free(req: Request, _free: Callable[[Request], None] = free) -> None:
             rid = req.req_id
@@ -64,7 +65,7 @@ class Handoff:
                     _free(req)
                     return
                 self.in_flight += 1
-                self.env.process(self._transfer(req, _free))
+                self.env.process(self._transfer(req, _free, rep))
                 return
             _free(req)
 
@@ -75,10 +76,11 @@ class Handoff:
         req.output_len = 1
         rep.submit(req)
 
-    def _transfer(self, req: Request, free: Callable[[Request], None]):
+    def _transfer(self, req: Request, free: Callable[[Request], None], src: Replica):
         start = self.env.now
         yield from self.link.send(req.prompt_len * self.kv_bytes_per_token)
         free(req)                                  # the prefill side lets go of the blocks now
+        src.engine.wake()                          # a prefill waiting for memory may go on
         req.output_len = self.output_len[req.req_id]
         self.transfer_s[req.req_id] = self.env.now - start
         i = self.router.choose(req, self.decode)

@@ -28,7 +28,7 @@ from sim.cluster.replica import Replica, build_replica, pool_scenario
 from sim.cluster.results import ClusterResult, cluster_result
 from sim.cluster.routers import Router, make_router
 from sim.errors import KvsimError
-from sim.request import Request
+from sim.request import Request, RequestStatus
 from sim.scenario import Scenario
 from sim.workload import build_workload
 
@@ -103,5 +103,8 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
         rep.engine.start()
     env.process(handoff.close_after(loops))
     env.run()
+    stuck = [r.req_id for r in requests if r.status not in (RequestStatus.FINISHED, RequestStatus.REJECTED)]
+    if stuck:   # a prefill replica waited for memory that no transfer was going to free
+        raise KvsimError("engine", f"deadlock: {len(stuck)} requests never finished (first: {stuck[0]})")
     return cluster_result(scn, workload, prefill + decode, served, handoff, link, fe_out, fe_token,
                           time.perf_counter() - t0)
