@@ -29,8 +29,8 @@ def _summary(name: str, extra: list[str]) -> str:
 
 @pytest.mark.parametrize("name", SCENARIOS)
 def test_one_replica_is_the_single_engine(name: str) -> None:
-    single = _summary(name, [])
-    one = _summary(name, ["cluster.replicas=1"])
+    single = _summary(name, ["cluster=null"])             # the shipped cluster scenarios too, as one engine
+    one = _summary(name, ["cluster={replicas: 1}"])
     assert one == single
     assert "cluster" not in json.loads(one)
 

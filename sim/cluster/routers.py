@@ -35,6 +35,8 @@ from sim.workload.tokens import ROOT_HASH, block_hashes
 class ReplicaView(Protocol):
     """What a router may read of a replica (sim/cluster/replica.py)."""
 
+    submitted: int   # requests routed here so far: the tie-break after load (then the lowest index)
+
     def load(self) -> int: ...
     def kv_usage(self) -> float: ...
     def cached_prefix_blocks(self, req: Request, hashes: list[int]) -> int: ...
@@ -66,7 +68,7 @@ class Router:
 
 def least_loaded(replicas: Sequence[ReplicaView], among: Sequence[int] | None = None) -> int:
     idx = range(len(replicas)) if among is None else among
-    return min(idx, key=lambda i: (replicas[i].load(), i))
+    return min(idx, key=lambda i: (replicas[i].load(), replicas[i].submitted, i))
 
 
 @register("round_robin")
