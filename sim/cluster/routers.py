@@ -4,7 +4,8 @@ scheduler decides when the request runs).
 A router is called once per request, at the moment the request reaches the replicas (after the
 frontend's input latency and the router's ``overhead_s``), and sees every replica's state as of that
 moment: its load (requests submitted and not yet finished or rejected: queued, staged or running), its
-KV usage, its prefix cache. It returns a replica index (within its pool). Ties go to the lowest index.
+KV usage, its prefix cache. It returns a replica index (within its pool). Ties in load go to the replica
+sent the fewest requests so far, then to the lowest index.
 
     round_robin      i-th request -> replica i mod N
     random           uniform, from a numpy Generator seeded by the scenario's seed
