@@ -70,17 +70,21 @@ def main(args: argparse.Namespace) -> int:
     slos = [parse_slo(t) for t in args.slo]
     if args.max < 1:
         raise KvsimError("--max", f"must be at least 1, got {args.max}")
-    scn = load_scenario(args.scenario, args.overrides)   # validates the file and the overrides
-    out = prepare_out_dir(args.out) if args.out else None
+    load_scenario(args.scenario)                          # the file itself: errors with its line numbers
     data = yaml.safe_load(Path(args.scenario).read_text())
-    for text in args.overrides:
+    overrides = list(args.overrides)
+    for text in overrides:
         path, value = parse_override(text)
         apply_override(data, path, value)
+    cl = data.get("cluster")
+    if args.search == "replicas" and (not isinstance(cl, dict) or not {"replicas", "prefill", "decode"} & set(cl)):
+        overrides.append("cluster.replicas=1")            # e.g. only --set cluster.router.policy=...: a fleet
+        apply_override(data, ["cluster", "replicas"], 1)
+    scn = load_scenario(args.scenario, overrides)         # validates the overrides
+    out = prepare_out_dir(args.out) if args.out else None
     run = parallel_runner(str(Path(args.scenario).parent), args.scenario, slos, workers=args.workers,
                           use_ray=args.ray is not None, ray_address=args.ray or None)
     if args.search == "replicas":
-        if not data.get("cluster"):
-            data["cluster"] = {"replicas": 1}
         answer = search_replicas(data, run, args.max, args.workers)
         x = "replicas"
     else:
