@@ -93,8 +93,8 @@ rt = pd.DataFrame({k: {"prefix_hit_rate": s["prefix_cache_hit_rate"], "ttft_mean
                    for k, s in routers.items()}).T
 display(rt.round(3))
 fig, ax = plt.subplots(1, 2, figsize=(11, 3.4))
-rt["prefix_hit_rate"].plot.barh(ax=ax[0], color="#1c7ed6"); ax[0].set_xlabel("prefix-cache hit rate")
-rt["ttft_mean_s"].plot.barh(ax=ax[1], color="#f59f00", logx=True); ax[1].set_xlabel("mean TTFT (s, log)")
+rt["prefix_hit_rate"].plot.barh(ax=ax[0], color="#1c7ed6").set_xlabel("prefix-cache hit rate")
+rt["ttft_mean_s"].plot.barh(ax=ax[1], color="#f59f00", logx=True).set_xlabel("mean TTFT (s, log)")
 fig.tight_layout()"""),
     ("md", """`prefix_affinity` sends a request to the replica holding the longest cached prefix of its prompt, among
 replicas whose load is within `router.load_slack` (8) requests of the least loaded one: its hit rate is well
