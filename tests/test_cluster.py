@@ -104,3 +104,33 @@ def test_cluster_runs_are_deterministic() -> None:
     b.summary.pop("wall_time_s")
     assert a.summary == b.summary
     assert a.requests.equals(b.requests) and a.steps.equals(b.steps)
+
+
+def test_cluster_runs_match_across_processes(tmp_path: Path) -> None:
+    """The seeded and hashing routers give the same requests.csv in processes with different hash seeds."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    rows = [(i * 50, 600 + 500 * (i % 3), 5, list(range(i % 4 * 10, i % 4 * 10 + 2 + i % 3))) for i in range(24)]
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": t, "input_length": n, "output_length": o, "hash_ids": h}) + "\n"
+                             for t, n, o, h in rows))
+    outs = []
+    for policy in ("session", "power_of_two", "prefix_affinity"):
+        for seed in ("1", "2"):
+            data = {**TINY, "kv_cache": {"num_gpu_blocks": 600, "prefix_caching": True},
+                    "workload": {"trace": str(trace), "format": "mooncake"},
+                    "cluster": {"replicas": 3, "router": {"policy": policy}}}
+            scn = tmp_path / f"{policy}.yaml"
+            scn.write_text(yaml.safe_dump(data))
+            out = tmp_path / f"{policy}-{seed}"
+            env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(ROOT)}
+            subprocess.run([sys.executable, "-m", "sim.cli", "run", str(scn), "--out", str(out), "--no-plots"],
+                           check=True, env=env, capture_output=True)
+            outs.append(out)
+    for a, b in zip(outs[::2], outs[1::2]):
+        assert (a / "requests.csv").read_bytes() == (b / "requests.csv").read_bytes()
+        assert (a / "replicas.csv").read_bytes() == (b / "replicas.csv").read_bytes()

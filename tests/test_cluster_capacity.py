@@ -68,3 +68,17 @@ def test_bad_slo_exits_2(scenario: Path, slo: str, capsys) -> None:
     assert main(["capacity", str(scenario), "--slo", slo]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: --slo:")
+
+
+def test_prefill_decode_split(scenario: Path, capsys) -> None:
+    """With pools, a total N meets when some split does: the answer's split meets, and no split of N - 1
+    does (each checked by a plain run)."""
+    pools = "cluster={prefill: {replicas: 1}, decode: {replicas: 1}}"
+    answer = _capacity(scenario, capsys, "--max", "8", "--workers", "2", "--set", pools,
+                       "--set", "workload.synthetic.num_requests=120")
+    n, p, d = answer["replicas"], answer["prefill"], answer["decode"]
+    assert p + d == n and n > 2
+    cut = "workload.synthetic.num_requests=120"
+    assert _meets(scenario, cut, f"cluster={{prefill: {{replicas: {p}}}, decode: {{replicas: {d}}}}}")
+    for q in range(1, n - 1):
+        assert not _meets(scenario, cut, f"cluster={{prefill: {{replicas: {q}}}, decode: {{replicas: {n - 1 - q}}}}}")
