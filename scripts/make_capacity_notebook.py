@@ -35,7 +35,6 @@ from sim.cli import main as kvsim
 from sim.cluster.output import kv_usage_per_replica, requests_per_replica
 from sim.runner import gpu_blocks
 
-%matplotlib inline
 ROOT = next(p for p in [Path.cwd(), *Path.cwd().parents] if (p / "scenarios").is_dir())
 SCN = ROOT / "scenarios"
 FIG = Path(tempfile.mkdtemp(prefix="kvsim-cap-"))   # figures go to a scratch folder, not the repo
@@ -46,6 +45,13 @@ def capacity(*args):
     with contextlib.redirect_stdout(out):
         assert kvsim(["capacity", *map(str, args), "--json"]) == 0
     return json.loads(out.getvalue())
+
+def show(fig, name):
+    # save the figure and show the PNG (inline whatever backend sim.plots selected)
+    fig.tight_layout()
+    fig.savefig(FIG / name, dpi=110)
+    plt.close(fig)
+    return Image(FIG / name)
 
 def figures(answer, key):
     cols = [key] + [c for c in ("prefill", "decode") if c in answer["candidates"][0]]
@@ -95,7 +101,7 @@ display(rt.round(3))
 fig, ax = plt.subplots(1, 2, figsize=(11, 3.4))
 rt["prefix_hit_rate"].plot.barh(ax=ax[0], color="#1c7ed6").set_xlabel("prefix-cache hit rate")
 rt["ttft_mean_s"].plot.barh(ax=ax[1], color="#f59f00", logx=True).set_xlabel("mean TTFT (s, log)")
-fig.tight_layout()"""),
+show(fig, "routers.png")"""),
     ("md", """`prefix_affinity` sends a request to the replica holding the longest cached prefix of its prompt, among
 replicas whose load is within `router.load_slack` (8) requests of the least loaded one: its hit rate is well
 above `round_robin`'s and close to the pooled 4x cache, while the pooled single replica, with a quarter of the
@@ -117,8 +123,9 @@ for name, sets in layouts.items():
     goodput[name] = a["rate"]
 gp = pd.Series(goodput, name="goodput (req/s)")
 display(gp.round(2).to_frame())
-gp.plot.barh(color="#2b8a3e", figsize=(6, 2.6)).set_xlabel("highest rate meeting TTFT p90 < 5 s, TPOT p90 < 50 ms")
-plt.tight_layout()"""),
+ax = gp.plot.barh(color="#2b8a3e", figsize=(6, 2.6))
+ax.set_xlabel("highest rate meeting TTFT p90 < 5 s, TPOT p90 < 50 ms")
+show(ax.figure, "goodput.png")"""),
     ("md", """At one rate, the figures behind that answer (TTFT, TPOT, the KV sent over the link):"""),
     ("code", """RATE = ["workload.rate=12"]
 rows = {}
