@@ -85,11 +85,15 @@ Image(FIG / "kv.png")"""),
 
 Four Llama-3.1-8B replicas (one H200 each) with prefix caching, 500 requests of the Mooncake FAST'25 conversation
 trace (long multi-turn prompts). A next turn repeats its conversation's earlier prompt: only the replica that
-served the earlier turn has it cached. Reference points: one replica (one cache), and one replica with four times
-the cache (all four caches pooled, but one GPU's compute)."""),
+served the earlier turn has it cached. Reference points: one replica (one cache), one replica with four times
+the cache (all four caches pooled, but one GPU's compute, so it queues), and one replica with four times the cache
+and four times the compute and batch limits (the four replicas merged into one)."""),
     ("code", """MC = SCN / "mooncake_conversation.yaml"
 blocks = gpu_blocks(load_scenario(MC))
-cases = {"1 replica": [], "1 replica, 4x cache": [f"kv_cache.num_gpu_blocks={4 * blocks}"]}
+H200 = "{name: h200-141gb, hbm_bytes: 141000000000, hbm_bandwidth: 19.2e12, peak_flops: 3956e12, host_link_bandwidth: 64e9}"
+cases = {"1 replica": [], "1 replica, 4x cache": [f"kv_cache.num_gpu_blocks={4 * blocks}"],
+         "1 replica, 4x cache and compute": [f"kv_cache.num_gpu_blocks={4 * blocks}", f"hardware={H200}",
+                                             "scheduler.max_num_seqs=1024", "scheduler.max_num_batched_tokens=32768"]}
 for policy in ("round_robin", "random", "least_requests", "least_kv", "power_of_two", "session", "prefix_affinity"):
     cases[policy] = ["cluster.replicas=4", f"cluster.router.policy={policy}"]
 routers = {k: run_scenario(load_scenario(MC, v)).summary for k, v in cases.items()}
@@ -104,8 +108,8 @@ rt["ttft_mean_s"].plot.barh(ax=ax[1], color="#f59f00", logx=True).set_xlabel("me
 show(fig, "routers.png")"""),
     ("md", """`prefix_affinity` sends a request to the replica holding the longest cached prefix of its prompt, among
 replicas whose load is within `router.load_slack` (8) requests of the least loaded one: its hit rate is well
-above `round_robin`'s and close to the pooled 4x cache, while the pooled single replica, with a quarter of the
-compute, queues for minutes. `session` gets most of the way by remembering where each conversation went."""),
+above `round_robin`'s and close to the merged replica's (four caches and four GPUs' compute in one), while the
+pooled cache on one GPU's compute queues for minutes (and, admitting later, finds more cached). `session` gets most of the way by remembering where each conversation went."""),
     ("md", """## 3. Colocated vs disaggregated at 8 GPUs under a tight TPOT SLO
 
 The quickstart's engine on 4,000 Azure conversation requests. SLOs: TTFT p90 under 5 s and TPOT p90 under 50 ms.
