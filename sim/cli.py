@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "compare": "compare",
     "calibrate": "calibrate", "validate": "validate", "profile": "profile",
     "fidelity": "fidelity",
+    "capacity": "capacity",
 }
 
 

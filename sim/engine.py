@@ -64,12 +64,17 @@ def delay_to(now: float, target: float) -> float | None:
 class Engine:
     """One replica: a scheduler, an executor and a recorder driven by a SimPy environment."""
 
-    def __init__(self, requests: list[Request], scheduler: SchedulerBase, executor: Executor, recorder: Recorder,
-                 check_integrity: bool = False, max_steps_without_progress: int = 100_000,
+    def __init__(self, requests: list[Request] | None, scheduler: SchedulerBase, executor: Executor,
+                 recorder: Recorder, check_integrity: bool = False, max_steps_without_progress: int = 100_000,
                  on_step: Callable[[int], None] | None = None, async_scheduling: bool = False,
-                 arrival_delay_s: float = 0.0, multi_step: bool = False) -> None:
-        self.env = simpy.Environment()
-        self.requests = requests
+                 arrival_delay_s: float = 0.0, multi_step: bool = False, env: simpy.Environment | None = None,
+                 replica_id: int = 0) -> None:
+        # cluster seam (sim/cluster/): several engines share one ``env``; an engine without ``requests``
+        # is fed by ``submit`` and stops only once ``end_arrivals`` says no more will come
+        self.env = env if env is not None else simpy.Environment()
+        self.replica_id = replica_id
+        self.requests = requests if requests is not None else []
+        self.fed = requests is None               # fed by submit(), not by its own arrival process
         self.scheduler = scheduler
         self.executor = executor
         self.recorder = recorder
@@ -89,10 +94,12 @@ class Engine:
                            and isinstance(scheduler.manager, KVCacheManager))
         self.num_runs = 0                         # decode runs taken (multi-step)
         self.num_waits = 0                        # SimPy timeouts the engine waited on (its events)
+        # cluster: nothing schedulable may be a wait for memory held outside the scheduler (a prefill
+        # replica's blocks in transfer): wait for wake() instead of declaring a deadlock
+        self.may_block = False
 
     def run(self) -> None:
-        self.env.process(self._arrivals())
-        self.env.process(self._loop())
+        self.start()
         self.env.run()
 
     def _advanced(self, plan) -> bool:
@@ -106,6 +113,32 @@ class Engine:
                 furthest[s.req_id] = reached
                 moved = True
         return moved
+
+    def start(self) -> simpy.Process:
+        """Start this engine's processes in its environment (without running it); returns the engine loop's
+        process, which ends when the engine stops."""
+        if not self.fed:
+            self.env.process(self._arrivals())
+        return self.env.process(self._loop())
+
+    # ------------------------------------------------------------ cluster seam
+    def submit(self, req: Request) -> None:
+        """``req`` reaches this engine now (what the arrival process does for each request)."""
+        if self.async_scheduling and self._busy:
+            self._staged.append(req)
+        elif self.scheduler.add_request(req, self.env.now) and self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def wake(self) -> None:
+        """Something outside the scheduler changed (memory was freed): plan again if idle."""
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def end_arrivals(self) -> None:
+        """No more requests will be submitted: the engine stops once its work is done."""
+        self._arrivals_done = True
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
 
     def _arrivals(self):
         env = self.env
@@ -167,6 +200,11 @@ class Engine:
             if staged:
                 self._admit_staged()
             if plan.is_empty():
+                if self.may_block:   # cluster: blocks held by KV transfers; wake() when they are freed
+                    self._wake = env.event()
+                    yield self._wake
+                    self._wake = None
+                    continue
                 raise KvsimError("engine", f"deadlock at t={start:.3f}s: {sched.num_waiting()} waiting, "
                                  f"{len(sched.running)} running, nothing can be scheduled")
             result = execute(plan)

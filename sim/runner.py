@@ -85,6 +85,10 @@ def run_scenario(scn: Scenario, check_integrity: bool | None = None, progress: b
     """Run one scenario to completion. ``check_integrity`` (default: env KVSIM_CHECK_INTEGRITY) checks
     every KV invariant after every step. ``progress``: a progress bar on stderr, shown once the run has
     taken ``progress_after_s`` seconds of wall time (so short runs show none)."""
+    if scn.cluster is not None:   # replicas behind a router (sim/cluster/)
+        from sim.cluster.runner import run_cluster
+
+        return run_cluster(scn, check_integrity=check_integrity, progress=progress)
     t0 = time.perf_counter()
     model = scn.model_spec
     num_gpu = gpu_blocks(scn)

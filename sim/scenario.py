@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from sim import limits as L
+from sim.cluster.config import ClusterConfig
 from sim.errors import KvsimError
 from sim.specs import HardwareSpec, ModelSpec
 from sim.workload.config import WorkloadConfig
@@ -113,6 +114,7 @@ class Scenario(_Strict):
     executor: ExecutorConfig = ExecutorConfig()
     frontend: FrontendConfig = FrontendConfig()
     output: OutputConfig = OutputConfig()
+    cluster: ClusterConfig | None = None   # several replicas behind a router (sim/cluster/)
 
     _base_dir: Path = PrivateAttr(default=Path("."))
     _source: str = PrivateAttr(default="<scenario>")

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from sim.atomic_dir import replace_dir
+from sim.cluster.output import write_cluster_files
 from sim.commands.progress import add_progress_args, progress_mode
 from sim.commands.summary_table import print_summary
 from sim.commands.trace_args import add_trace_args, check_trace_args
@@ -39,6 +40,7 @@ def write_results(result: Result, out: Path, plots: bool = True) -> list[Path]:
         write_table(result.steps, stage / "steps.csv")
         write_table(result.steps, stage / "steps.parquet")
         names = ["requests.csv", "steps.csv", "steps.parquet"]
+        names += [f.name for f in write_cluster_files(result, stage, plots)]   # clusters: replicas.csv, figures
         if plots:
             from sim import plots as figs
 

@@ -1,0 +1,159 @@
+"""Writes notebooks/capacity_planning.ipynb (the source of truth for its cells is this script).
+
+    python scripts/make_capacity_notebook.py && jupyter nbconvert --execute --inplace notebooks/capacity_planning.ipynb
+"""
+
+from pathlib import Path
+
+import nbformat as nbf
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CELLS = [
+    ("md", """# Capacity planning with kvsim clusters
+
+Three questions a serving team asks before buying GPUs, answered on the CPU in a few minutes:
+
+1. How many replicas does the Azure conversation hour need to meet a TTFT and a TPOT SLO? (`kvsim capacity`)
+2. Which router makes the most of prefix caching on multi-turn conversations? (Mooncake trace)
+3. At equal GPU count, colocated or disaggregated prefill/decode under a tight TPOT SLO?
+
+Every run is `run_scenario(load_scenario(path, overrides))` with a `cluster:` section set through
+overrides; `kvsim capacity` is the same search from the shell."""),
+    ("code", """import contextlib
+import io
+import json
+import tempfile
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+from IPython.display import Image, display
+
+from sim import load_scenario, run_scenario
+from sim.cli import main as kvsim
+from sim.cluster.output import kv_usage_per_replica, requests_per_replica
+from sim.runner import gpu_blocks
+
+ROOT = next(p for p in [Path.cwd(), *Path.cwd().parents] if (p / "scenarios").is_dir())
+SCN = ROOT / "scenarios"
+FIG = Path(tempfile.mkdtemp(prefix="kvsim-cap-"))   # figures go to a scratch folder, not the repo
+
+def capacity(*args):
+    \"\"\"`kvsim capacity ... --json`, returning the parsed answer.\"\"\"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert kvsim(["capacity", *map(str, args), "--json"]) == 0
+    return json.loads(out.getvalue())
+
+def show(fig, name):
+    # save the figure and show the PNG (inline whatever backend sim.plots selected)
+    fig.tight_layout()
+    fig.savefig(FIG / name, dpi=110)
+    plt.close(fig)
+    return Image(FIG / name)
+
+def figures(answer, key):
+    cols = [key] + [c for c in ("prefill", "decode") if c in answer["candidates"][0]]
+    t = pd.DataFrame(answer["candidates"])
+    return t[cols + [c for c in t if c.endswith(("_p90", "_p99", "_mean")) or c == "meets"]]"""),
+    ("md", """## 1. Sizing a fleet for the Azure conversation hour
+
+The quickstart's engine (Llama-2-13B on one A100-80GB per replica, chunked prefill, FCFS) on the whole hour of
+the Azure LLM conversation trace: 19,366 requests. SLOs: TTFT p90 under 2 s and TPOT p90 under 100 ms.
+`kvsim capacity` grows the fleet 1, 2, 4, 8 (two candidates at a time) until the SLOs hold, then bisects."""),
+    ("code", """HOUR = ["workload.limit=100000", "cluster.router.policy=least_requests"]
+answer = capacity(SCN / "quickstart.yaml", "--slo", "ttft_p90=2", "--slo", "tpot_p90=0.1",
+                  *[a for s in HOUR for a in ("--set", s)], "--workers", "2", "--max", "32")
+N = answer["replicas"]
+print("fewest replicas:", N)
+figures(answer, "replicas")"""),
+    ("md", """The answer checked by plain runs: N replicas meet both SLOs, N - 1 do not. The per-replica table is
+`replicas.csv` of `kvsim run --set cluster.replicas=N`."""),
+    ("code", """fleet = {n: run_scenario(load_scenario(SCN / "quickstart.yaml", HOUR + [f"cluster.replicas={n}"]))
+         for n in (N - 1, N)}
+for n, r in fleet.items():
+    s = r.summary
+    print(f"{n} replicas: TTFT p90 {s['ttft_s']['p90']:.2f} s, TPOT p90 {s['tpot_s']['p90'] * 1000:.1f} ms, "
+          f"load imbalance {s['cluster']['load_imbalance']:.3f}")
+display(fleet[N].replicas)
+kv_usage_per_replica(fleet[N].steps, FIG / "kv.png")
+requests_per_replica(fleet[N].replicas, FIG / "req.png")
+display(Image(FIG / "req.png"))
+Image(FIG / "kv.png")"""),
+    ("md", """## 2. Routers on the Mooncake conversation trace
+
+Four Llama-3.1-8B replicas (one H200 each) with prefix caching, 500 requests of the Mooncake FAST'25 conversation
+trace (long multi-turn prompts). A next turn repeats its conversation's earlier prompt: only the replica that
+served the earlier turn has it cached. Reference points: one replica (one cache), one replica with four times
+the cache (all four caches pooled, but one GPU's compute, so it queues), and one replica with four times the cache
+and four times the compute and batch limits (the four replicas merged into one)."""),
+    ("code", """MC = SCN / "mooncake_conversation.yaml"
+blocks = gpu_blocks(load_scenario(MC))
+H200 = "{name: h200-141gb, hbm_bytes: 141000000000, hbm_bandwidth: 19.2e12, peak_flops: 3956e12, host_link_bandwidth: 64e9}"
+cases = {"1 replica": [], "1 replica, 4x cache": [f"kv_cache.num_gpu_blocks={4 * blocks}"],
+         "1 replica, 4x cache and compute": [f"kv_cache.num_gpu_blocks={4 * blocks}", f"hardware={H200}",
+                                             "scheduler.max_num_seqs=1024", "scheduler.max_num_batched_tokens=32768"]}
+for policy in ("round_robin", "random", "least_requests", "least_kv", "power_of_two", "session", "prefix_affinity"):
+    cases[policy] = ["cluster.replicas=4", f"cluster.router.policy={policy}"]
+routers = {k: run_scenario(load_scenario(MC, v)).summary for k, v in cases.items()}
+rt = pd.DataFrame({k: {"prefix_hit_rate": s["prefix_cache_hit_rate"], "ttft_mean_s": s["ttft_s"]["mean"],
+                       "ttft_p90_s": s["ttft_s"]["p90"],
+                       "load_imbalance": s.get("cluster", {}).get("load_imbalance", 1.0)}
+                   for k, s in routers.items()}).T
+display(rt.round(3))
+fig, ax = plt.subplots(1, 2, figsize=(11, 3.4))
+rt["prefix_hit_rate"].plot.barh(ax=ax[0], color="#1c7ed6").set_xlabel("prefix-cache hit rate")
+rt["ttft_mean_s"].plot.barh(ax=ax[1], color="#f59f00", logx=True).set_xlabel("mean TTFT (s, log)")
+show(fig, "routers.png")"""),
+    ("md", """`prefix_affinity` sends a request to the replica holding the longest cached prefix of its prompt, among
+replicas whose load is within `router.load_slack` (8) requests of the least loaded one: its hit rate is well
+above `round_robin`'s and close to the merged replica's (four caches and four GPUs' compute in one), while the
+pooled cache on one GPU's compute queues for minutes (and, admitting later, finds more cached). `session` gets most of the way by remembering where each conversation went."""),
+    ("md", """## 3. Colocated vs disaggregated at 8 GPUs under a tight TPOT SLO
+
+The quickstart's engine on 4,000 Azure conversation requests. SLOs: TTFT p90 under 5 s and TPOT p90 under 50 ms.
+With chunked prefill, a colocated replica mixes prompt chunks into its decode steps, which stretches every
+running request's next token; a decode-only replica never does. For each layout, `kvsim capacity --search rate`
+finds the highest request rate (the goodput) at which both SLOs hold."""),
+    ("code", """AZ = ["workload.limit=4000", "cluster.router.policy=least_requests"]
+PD = "cluster={{prefill: {{replicas: {p}}}, decode: {{replicas: {d}}}, kv_transfer: {{link: infiniband-400g}}, router: {{policy: least_requests}}}}"
+layouts = {"colocated 8": AZ + ["cluster.replicas=8"],
+           **{f"prefill {p} + decode {8 - p}": ["workload.limit=4000", PD.format(p=p, d=8 - p)] for p in (1, 2, 3)}}
+goodput = {}
+for name, sets in layouts.items():
+    a = capacity(SCN / "quickstart.yaml", "--search", "rate", "--slo", "ttft_p90=5", "--slo", "tpot_p90=0.05",
+                 *[x for s in sets for x in ("--set", s)], "--workers", "2")
+    goodput[name] = a["rate"]
+gp = pd.Series(goodput, name="goodput (req/s)")
+display(gp.round(2).to_frame())
+ax = gp.plot.barh(color="#2b8a3e", figsize=(6, 2.6))
+ax.set_xlabel("highest rate meeting TTFT p90 < 5 s, TPOT p90 < 50 ms")
+show(ax.figure, "goodput.png")"""),
+    ("md", """At one rate, the figures behind that answer (TTFT, TPOT, the KV sent over the link):"""),
+    ("code", """RATE = ["workload.rate=12"]
+rows = {}
+for name, sets in layouts.items():
+    s = run_scenario(load_scenario(SCN / "quickstart.yaml", sets + RATE)).summary
+    c = s["cluster"]
+    rows[name] = {"ttft_p90_s": s["ttft_s"]["p90"], "tpot_p90_ms": s["tpot_s"]["p90"] * 1000,
+                  "kv_sent_GB": c["transferred_kv_bytes"] / 1e9, "transfer_mean_ms": c["transfer_s_mean"] * 1000,
+                  "link_busy": c["link_busy_fraction"]}
+pd.DataFrame(rows).T.round(3)"""),
+    ("md", """Disaggregation buys TPOT (decode steps carry no prompt chunks) at the price of fewer GPUs for prompts: the
+split decides which SLO binds first, which is why `kvsim capacity` searches the split too
+(`--search replicas` with `prefill`/`decode` pools tries every split of each candidate total)."""),
+]
+
+
+def main() -> None:
+    nb = nbf.v4.new_notebook()
+    nb.cells = [nbf.v4.new_markdown_cell(src) if kind == "md" else nbf.v4.new_code_cell(src) for kind, src in CELLS]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    out = ROOT / "notebooks" / "capacity_planning.ipynb"
+    nbf.write(nb, out)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,230 @@
+"""Capacity planning: the fewest replicas (or, for a fixed fleet, the highest request rate) meeting every SLO.
+
+An SLO is ``METRIC_STAT=VALUE``: METRIC one of ttft, tpot, itl, e2e (seconds), STAT one of mean, p50, p90,
+p99; it holds when the summary's ``METRIC_s.STAT`` is at most VALUE (a missing figure, NaN, fails).
+
+Search (each candidate an independent run of the scenario with ``cluster.replicas`` or ``workload.rate``
+set; ``workers`` candidates at a time, in processes or on Ray):
+
+    replicas:  grow 1, 2, 4, ... (up to --max) until one meets the SLOs, then bisect between the last
+               failure and the first success: the answer N meets, N - 1 was run and fails.
+               Prefill/decode pools: a total of N replicas meets when some split p + (N - p) does; every
+               split of a candidate total is run, and the answer carries the best split (lowest worst
+               SLO ratio).
+    rate:      from the workload's own mean rate, double (or halve) until the SLOs fail (or hold), then
+               bisect to 1% of the rate: the answer R meets, and a rate 1% above it failed.
+
+Assumes the SLO figures get no worse with more replicas and no better with more load (monotone);
+``candidates`` lists every run so a violation can be seen.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sim.errors import KvsimError
+from sim.scenario import apply_override
+
+METRICS = {"ttft": "ttft_s", "tpot": "tpot_s", "itl": "itl_s", "e2e": "e2e_s"}
+STATS = ("mean", "p50", "p90", "p99")
+
+
+@dataclass(frozen=True)
+class SLO:
+    metric: str     # summary key, e.g. ttft_s
+    stat: str       # mean | p50 | p90 | p99
+    value: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.metric.removesuffix('_s')}_{self.stat}"
+
+
+def parse_slo(text: str) -> SLO:
+    """``ttft_p90=2`` -> SLO("ttft_s", "p90", 2.0)."""
+    key, sep, raw = text.partition("=")
+    metric, _, stat = key.strip().rpartition("_")
+    if not sep or metric not in METRICS or stat not in STATS:
+        raise KvsimError("--slo", f"expected METRIC_STAT=SECONDS with METRIC in {', '.join(METRICS)} and STAT in "
+                         f"{', '.join(STATS)} (e.g. ttft_p90=2), got {text!r}")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise KvsimError("--slo", f"{key}: {raw!r} is not a number of seconds") from None
+    if not value > 0:
+        raise KvsimError("--slo", f"{key}: the bound must be positive, got {raw}")
+    return SLO(METRICS[metric], stat, value)
+
+
+def slo_figures(summary: dict, slos: list[SLO]) -> dict[str, float]:
+    out = {}
+    for s in slos:
+        v = summary.get(s.metric, {}).get(s.stat)
+        out[s.name] = math.nan if v is None else float(v)
+    return out
+
+
+def meets(figures: dict[str, float], slos: list[SLO]) -> bool:
+    return all(figures[s.name] <= s.value for s in slos)   # NaN compares False: fails
+
+
+def evaluate(data: dict, base_dir: str, source: str, slos: list[SLO]) -> dict[str, Any]:
+    """Run one candidate (in a worker): its SLO figures, whether it meets them, a few summary figures and
+    each SLO's attainment (share of finished requests within the bound; NaN for itl)."""
+    from sim.runner import run_scenario
+    from sim.scenario import scenario_from_dict
+
+    scn = scenario_from_dict(data, base_dir=base_dir, source=source)
+    res = run_scenario(scn)
+    fig = slo_figures(res.summary, slos)
+    done = res.requests[res.requests["status"] == "FINISHED"]
+    attain = {}
+    for s in slos:
+        col = s.metric if s.metric in done else None
+        attain[f"attain_{s.name}"] = float((done[col] <= s.value).mean()) if col and len(done) else math.nan
+    return {**fig, **attain, "meets": meets(fig, slos), "num_finished": res.summary["num_finished"],
+            "output_throughput_tok_s": res.summary["output_throughput_tok_s"],
+            "worst_ratio": max((fig[s.name] / s.value if fig[s.name] == fig[s.name] else math.inf) for s in slos)}
+
+
+Runner = Callable[[list[dict]], list[dict[str, Any]]]
+
+
+def parallel_runner(base_dir: str, source: str, slos: list[SLO], workers: int = 1, use_ray: bool = False,
+                    ray_address: str | None = None) -> Runner:
+    """Evaluate scenario dicts in order: inline, in a process pool, or on Ray (as ``kvsim sweep`` does)."""
+    def run(datas: list[dict]) -> list[dict[str, Any]]:
+        if use_ray:
+            try:
+                import ray
+            except ImportError:
+                raise KvsimError("--ray", "Ray is not installed; install it with: pip install 'kvsim[ray]'") from None
+            if not ray.is_initialized():
+                ray.init(address=ray_address or None)
+            remote = ray.remote(evaluate)
+            return ray.get([remote.remote(d, base_dir, source, slos) for d in datas])
+        if workers <= 1 or len(datas) == 1:
+            return [evaluate(d, base_dir, source, slos) for d in datas]
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=min(workers, len(datas))) as pool:
+            return list(pool.map(evaluate, datas, [base_dir] * len(datas), [source] * len(datas),
+                                 [slos] * len(datas)))
+    return run
+
+
+def _with(data: dict, **keys: Any) -> dict:
+    out = copy.deepcopy(data)
+    for path, value in keys.items():
+        apply_override(out, path.split("__"), value)
+    return out
+
+
+def _spread(lo: float, hi: float, k: int, integer: bool) -> list[float]:
+    """k points strictly between lo and hi, evenly spaced (integers: distinct, possibly fewer)."""
+    pts = [lo + (hi - lo) * (i + 1) / (k + 1) for i in range(k)]
+    if integer:
+        return sorted({int(round(p)) for p in pts if lo < round(p) < hi}) or [int(lo + (hi - lo) // 2)]
+    return pts
+
+
+def search_replicas(data: dict, run: Runner, max_replicas: int, workers: int) -> dict[str, Any]:
+    """The fewest replicas meeting the SLOs; every candidate's figures in ``candidates``."""
+    disagg = "prefill" in (data.get("cluster") or {})
+    seen: dict[int, dict[str, Any]] = {}
+
+    def try_totals(totals: list[int]) -> None:
+        todo = [n for n in totals if n not in seen]
+        if not todo:
+            return
+        if not disagg:
+            rows = run([_with(data, cluster__replicas=n) for n in todo])
+            for n, row in zip(todo, rows):
+                seen[n] = {"replicas": n, **row}
+            return
+        jobs = [(n, p) for n in todo for p in range(1, n)]
+        rows = run([_with(data, cluster__prefill__replicas=p, cluster__decode__replicas=n - p) for n, p in jobs])
+        for n in todo:
+            splits = [{"replicas": n, "prefill": p, "decode": n - p, **r} for (m, p), r in zip(jobs, rows) if m == n]
+            best = min(splits, key=lambda r: (not r["meets"], r["worst_ratio"], r["prefill"]))
+            seen[n] = {**best, "splits": splits}
+
+    lo, hi = (1 if disagg else 0), None   # lo: largest known failure (a P/D cluster needs 2)
+    n = lo + 1
+    while hi is None:                    # grow geometrically, `workers` candidates a round
+        batch = []
+        while len(batch) < max(1, workers) and n <= max_replicas:
+            batch.append(n)
+            n = n * 2 if n > 1 else 2
+        if not batch:
+            break
+        if batch[-1] < max_replicas and n > max_replicas and len(batch) < max(1, workers):
+            batch.append(max_replicas)
+        try_totals(batch)
+        for m in sorted(batch):
+            if seen[m]["meets"]:
+                hi = m
+                break
+            lo = max(lo, m)
+    if hi is None:
+        if max_replicas not in seen:
+            try_totals([max_replicas])
+            if seen[max_replicas]["meets"]:
+                hi = max_replicas
+        if hi is None:
+            raise KvsimError("capacity", f"no fleet of up to {max_replicas} replicas meets the SLOs "
+                             "(raise --max, or relax the SLOs)")
+    while hi - lo > 1:                    # bisect: every known failure below every known success
+        try_totals(_spread(lo, hi, max(1, workers), integer=True))
+        for m in sorted(k for k in seen if lo < k < hi):
+            if seen[m]["meets"]:
+                hi = m
+                break
+            lo = m
+    answer: dict[str, Any] = {"replicas": hi}
+    if disagg:
+        answer.update(prefill=seen[hi]["prefill"], decode=seen[hi]["decode"])
+    answer["candidates"] = [seen[k] for k in sorted(seen)]
+    return answer
+
+
+def search_rate(data: dict, run: Runner, base_rate: float, workers: int, tolerance: float = 0.01,
+                max_rounds: int = 30) -> dict[str, Any]:
+    """The highest ``workload.rate`` meeting the SLOs (within ``tolerance``, relative)."""
+    seen: dict[float, dict[str, Any]] = {}
+
+    def try_rates(rates: list[float]) -> None:
+        todo = [r for r in rates if r not in seen]
+        for r, row in zip(todo, run([_with(data, workload__rate=r) for r in todo])):
+            seen[r] = {"rate": r, **row}
+
+    w = max(1, workers)
+
+    def bracket() -> tuple[float, float]:   # smallest failing rate; largest meeting rate below it
+        bad = min((r for r in seen if not seen[r]["meets"]), default=math.inf)
+        return max((r for r in seen if seen[r]["meets"] and r < bad), default=0.0), bad
+
+    rates = [base_rate * 2.0 ** (i - w // 2) for i in range(w)]
+    for _ in range(max_rounds):           # bracket: double up or halve down, w candidates a round
+        try_rates(rates)
+        good, bad = bracket()
+        if good > 0 and bad < math.inf:
+            break
+        if good == 0:
+            rates = [min(seen) / 2.0 ** (i + 1) for i in range(w)]
+        else:
+            rates = [max(seen) * 2.0 ** (i + 1) for i in range(w)]
+    if good == 0:
+        raise KvsimError("capacity", f"the SLOs fail even at {min(seen):.4g} requests/s")
+    if bad == math.inf:
+        raise KvsimError("capacity", f"the SLOs still hold at {max(seen):.4g} requests/s (no bound found)")
+    for _ in range(max_rounds):
+        if bad - good <= tolerance * good:
+            break
+        try_rates(_spread(good, bad, w, integer=False))
+        good, bad = bracket()
+    return {"rate": good, "candidates": [seen[k] for k in sorted(seen)]}

@@ -1,0 +1,153 @@
+"""The scenario's ``cluster:`` section (pydantic, extra="forbid").
+
+Two shapes, exclusive:
+
+    cluster: {replicas: 4, router: {policy: round_robin, overhead_s: 0.0}}            # colocated
+    cluster: {prefill: {replicas: 2}, decode: {replicas: 6},                          # disaggregated
+              kv_transfer: {link: infiniband-400g}, router: {policy: least_requests}}
+
+A pool may override ``hardware``, ``tensor_parallel``, ``kv_cache`` and ``scheduler`` (the last two key
+by key over the scenario's own). A link is a preset name or ``{bandwidth_gb_s, latency_s}``.
+Invariants: at least one replica per pool; a prefill pool always has a decode pool and back;
+``kv_transfer`` only with pools.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from sim.specs import HardwareSpec
+
+ROUTER_POLICIES = ("round_robin", "random", "least_requests", "least_kv", "power_of_two", "prefix_affinity",
+                   "session")
+
+# (bandwidth in GB/s per direction, latency in seconds) of one transfer path
+LINK_PRESETS: dict[str, tuple[float, float]] = {
+    "nvlink": (450.0, 2e-6),            # NVLink 4 (H100): 900 GB/s bidirectional per GPU
+    "infiniband-400g": (50.0, 5e-6),    # NDR 400 Gb/s
+    "ethernet-100g": (12.5, 20e-6),     # 100 GbE (RoCE)
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RouterConfig(_Strict):
+    """The global scheduler in front of the replicas (sim/cluster/routers.py)."""
+
+    policy: Literal["round_robin", "random", "least_requests", "least_kv", "power_of_two", "prefix_affinity",
+                    "session"] = "round_robin"
+    overhead_s: float = Field(default=0.0, ge=0, le=60)   # the router's decision time, before the replica
+    # prefix_affinity: a replica whose load (queued + running requests) exceeds the least loaded one's by
+    # more than this is not considered, however much of the prompt it has cached
+    load_slack: int = Field(default=8, ge=0)
+
+
+class LinkConfig(_Strict):
+    bandwidth_gb_s: float = Field(gt=0)
+    latency_s: float = Field(default=0.0, ge=0)
+
+
+class KVTransferConfig(_Strict):
+    link: str | LinkConfig = "infiniband-400g"
+
+    @field_validator("link")
+    @classmethod
+    def _preset(cls, v: str | LinkConfig) -> str | LinkConfig:
+        if isinstance(v, str) and v not in LINK_PRESETS:
+            raise ValueError(f"unknown link {v!r}; known: {', '.join(LINK_PRESETS)} or {{bandwidth_gb_s, latency_s}}")
+        return v
+
+    def bandwidth_latency(self) -> tuple[float, float]:
+        """(bytes per second, seconds)."""
+        if isinstance(self.link, str):
+            bw, lat = LINK_PRESETS[self.link]
+        else:
+            bw, lat = self.link.bandwidth_gb_s, self.link.latency_s
+        return bw * 1e9, lat
+
+
+def _check_partial(section: str, v: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Validate a pool's partial ``kv_cache`` or ``scheduler`` against the scenario's own schema."""
+    if v is None:
+        return v
+    from sim.scenario import KVCacheConfig, SchedulerConfig  # lazy: sim.scenario imports this module
+
+    model = {"kv_cache": KVCacheConfig, "scheduler": SchedulerConfig}[section]
+    try:
+        model.model_validate(v)
+    except ValidationError as e:
+        err = e.errors()[0]
+        key = ".".join(str(p) for p in err["loc"])
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+        raise ValueError(f"{key}: {msg}") from None
+    return v
+
+
+class PoolConfig(_Strict):
+    """One pool of identical replicas (prefill or decode)."""
+
+    replicas: int = Field(ge=1)
+    hardware: str | HardwareSpec | None = None
+    tensor_parallel: int | None = Field(default=None, ge=1)
+    kv_cache: dict[str, Any] | None = None
+    scheduler: dict[str, Any] | None = None
+
+    @field_validator("hardware")
+    @classmethod
+    def _hardware_preset(cls, v: str | HardwareSpec | None) -> str | HardwareSpec | None:
+        if isinstance(v, str):
+            try:
+                HardwareSpec.from_name(v)
+            except KeyError as e:
+                raise ValueError(e.args[0]) from None
+        return v
+
+    @field_validator("kv_cache")
+    @classmethod
+    def _kv(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        return _check_partial("kv_cache", v)
+
+    @field_validator("scheduler")
+    @classmethod
+    def _sched(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        return _check_partial("scheduler", v)
+
+
+class ClusterConfig(_Strict):
+    replicas: int | None = Field(default=None, ge=1)
+    router: RouterConfig = RouterConfig()
+    prefill: PoolConfig | None = None
+    decode: PoolConfig | None = None
+    kv_transfer: KVTransferConfig | None = None
+
+    @model_validator(mode="after")
+    def _shape(self) -> ClusterConfig:
+        pools = (self.prefill is not None, self.decode is not None)
+        if pools[0] != pools[1]:
+            have, lack = ("prefill", "decode") if pools[0] else ("decode", "prefill")
+            raise ValueError(f"a {have} pool needs a {lack} pool")
+        if pools[0] and self.replicas is not None:
+            raise ValueError("give either replicas (colocated) or prefill and decode pools, not both")
+        if not pools[0] and self.replicas is None:
+            raise ValueError("give replicas (colocated) or prefill and decode pools")
+        if self.kv_transfer is not None and not pools[0]:
+            raise ValueError("kv_transfer applies to prefill and decode pools")
+        return self
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.prefill is not None
+
+    @property
+    def num_replicas(self) -> int:
+        if self.prefill is not None and self.decode is not None:
+            return self.prefill.replicas + self.decode.replicas
+        return int(self.replicas or 1)
+
+    @property
+    def link(self) -> KVTransferConfig:
+        return self.kv_transfer or KVTransferConfig()

@@ -1,0 +1,57 @@
+"""A cluster run's extra files: replicas.csv and two figures (KV usage per replica over time, requests
+per replica). Written atomically, each file renamed into place, after ``write_results``' own files."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from sim.output import write_atomic
+
+
+def kv_usage_per_replica(steps: pd.DataFrame, path: Path) -> Path:
+    """One line per replica: its KV usage (blocks allocated / its blocks) over simulated time."""
+    from sim.plots import _save, plt
+
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    groups = steps.groupby("replica", sort=True) if "replica" in steps else [(0, steps)]
+    for rid, df in groups:
+        ax.step(df["start_s"], df["kv_usage"] * 100, where="post", lw=0.7, label=f"replica {rid}")
+    ax.set_xlabel("simulated time (s)")
+    ax.set_ylabel("KV usage (%)")
+    ax.set_ylim(0, 105)
+    ax.legend(fontsize=7, ncol=4, loc="upper right")
+    return _save(fig, path)
+
+
+def requests_per_replica(replicas: pd.DataFrame, path: Path) -> Path:
+    """Requests each replica served (prefill and decode replicas coloured by role)."""
+    from sim.plots import _save, plt
+
+    colors = {"colocated": "#1c7ed6", "prefill": "#f59f00", "decode": "#2b8a3e"}
+    fig, ax = plt.subplots(figsize=(max(4, 0.5 * len(replicas) + 2), 3.2))
+    ax.bar(replicas["replica"].astype(str), replicas["requests"], color=[colors[r] for r in replicas["role"]])
+    ax.set_xlabel("replica")
+    ax.set_ylabel("requests")
+    return _save(fig, path)
+
+
+def write_cluster_files(result, out: Path, plots: bool = True) -> list[Path]:
+    """replicas.csv (and the figures) for a cluster result; nothing for a single-engine result."""
+    table = getattr(result, "replicas", None)
+    if table is None:
+        return []
+    files = [write_atomic(out / "replicas.csv", lambda p: table.to_csv(p, index=False))]
+    if plots:
+        for name, draw in (("kv_usage_per_replica.png", lambda q: kv_usage_per_replica(result.steps, q)),
+                           ("requests_per_replica.png", lambda q: requests_per_replica(table, q))):
+            tmp = out / f".{name}.partial.png"
+            try:
+                draw(tmp)
+                os.replace(tmp, out / name)
+            finally:
+                tmp.unlink(missing_ok=True)
+            files.append(out / name)
+    return files

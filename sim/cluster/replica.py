@@ -1,0 +1,114 @@
+"""One replica of a cluster: the scenario's engine parts (KV manager, scheduler, executor, recorder, engine)
+built in a shared SimPy environment, with a pool's overrides applied.
+
+Invariant: a replica's parts are exactly what ``run_scenario`` builds for the (overridden) scenario, so
+a one-replica cluster is the single engine; the engine is fed by ``submit`` (never by its own arrival
+process) and stops when the cluster calls ``end_arrivals``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import simpy
+
+from sim.cluster.config import PoolConfig
+from sim.engine import Engine
+from sim.errors import KvsimError
+from sim.executors.base import make_executor
+from sim.kv import make_kv_manager
+from sim.metrics import Recorder
+from sim.request import Request
+from sim.scenario import KVCacheConfig, Scenario, SchedulerConfig
+
+
+def pool_scenario(scn: Scenario, pool: PoolConfig | None) -> Scenario:
+    """The scenario a pool's replicas run: the pool's hardware, tensor_parallel, kv_cache and scheduler
+    keys over the scenario's own."""
+    if pool is None:
+        return scn
+    update: dict = {}
+    hw = pool.hardware if pool.hardware is not None else scn.hardware
+    if pool.tensor_parallel is not None:
+        from sim.specs import HardwareSpec
+
+        spec = HardwareSpec.from_name(hw) if isinstance(hw, str) else hw
+        hw = spec.model_copy(update={"tensor_parallel": pool.tensor_parallel})
+    update["hardware"] = hw
+    if pool.kv_cache:
+        update["kv_cache"] = KVCacheConfig.model_validate({**scn.kv_cache.model_dump(), **pool.kv_cache})
+    if pool.scheduler:
+        update["scheduler"] = SchedulerConfig.model_validate({**scn.scheduler.model_dump(), **pool.scheduler})
+    sub = scn.model_copy(update=update)
+    sub._base_dir = scn.base_dir
+    sub._source = scn.source
+    return sub
+
+
+@dataclass
+class Replica:
+    """A replica and its counters; the router reads ``load``, ``kv_usage`` and ``cached_prefix_blocks``."""
+
+    replica_id: int
+    role: str            # colocated | prefill | decode
+    scn: Scenario
+    engine: Engine
+    num_gpu_blocks: int
+    submitted: int = 0
+
+    @property
+    def scheduler(self):
+        return self.engine.scheduler
+
+    @property
+    def manager(self):
+        return self.engine.scheduler.manager
+
+    @property
+    def block_size(self) -> int:
+        return self.manager.block_size
+
+    def submit(self, req: Request) -> None:
+        self.submitted += 1
+        self.engine.submit(req)
+
+    def load(self) -> int:
+        """Requests submitted here and not yet finished or rejected (queued, staged or running)."""
+        s = self.engine.scheduler
+        return self.submitted - len(s.finished) - len(s.rejected)
+
+    def kv_usage(self) -> float:
+        m = self.manager
+        return (m.num_blocks - m.num_free_blocks()) / m.num_blocks
+
+    def cached_prefix_blocks(self, req: Request, hashes: list[int]) -> int:
+        """How many leading full blocks of the prompt this replica's prefix cache holds (read-only)."""
+        cache = getattr(self.manager, "prefix_cache", None)
+        return len(cache.match(hashes, len(hashes))) if cache is not None else 0
+
+
+def build_replica(scn: Scenario, replica_id: int, role: str, env: simpy.Environment, check_integrity: bool,
+                  arrival_delay_s: float) -> Replica:
+    """Build a replica's parts the way ``run_scenario`` builds the single engine's."""
+    from sim.runner import cpu_blocks, gpu_blocks
+    from sim.sched import make_scheduler
+
+    model = scn.model_spec
+    num_gpu = gpu_blocks(scn)
+    if num_gpu < 1:
+        raise KvsimError(f"{scn.source}: kv_cache", f"no room for a single KV block on a {role} replica")
+    num_cpu = cpu_blocks(scn)
+    manager = make_kv_manager(scn.kv_cache, num_gpu, num_cpu, model.max_model_len)
+    scheduler = make_scheduler(scn.scheduler, manager, model.max_model_len)
+    try:
+        executor = make_executor(scn.executor.kind, model=model, hardware=scn.hardware_spec, config=scn.executor,
+                                 kv=scn.kv_cache, num_gpu_blocks=num_gpu, num_cpu_blocks=num_cpu,
+                                 base_dir=scn.base_dir, scheduler=scn.scheduler)
+    except KeyError as e:
+        raise KvsimError(f"{scn.source}: executor.kind", e.args[0]) from None
+    recorder = Recorder(num_gpu, manager.capacity_slots)
+    engine = Engine(None, scheduler, executor, recorder, check_integrity=check_integrity,
+                    max_steps_without_progress=scn.scheduler.max_steps_without_progress,
+                    async_scheduling=scn.scheduler.async_scheduling, arrival_delay_s=arrival_delay_s,
+                    env=env, replica_id=replica_id)
+    return Replica(replica_id, role, scn, engine, num_gpu)

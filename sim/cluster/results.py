@@ -1,0 +1,181 @@
+"""A cluster run's results: requests.csv with the replica(s) of each request, steps.csv of every replica,
+replicas.csv (one row per replica), and summary.json with a ``cluster`` block.
+
+Definitions:
+- requests: ``replica`` (where it finished: its decode replica under prefill/decode), ``prefill_replica``
+  (where its prompt ran; the same replica when colocated), ``transfer_s`` (KV transfer, from the end of
+  its prefill to the last byte's arrival; 0 colocated, empty when nothing was sent).
+- per replica: ``busy_fraction`` = time executing steps / the cluster's makespan; ``kv_usage_mean``
+  weighted by step duration; ``prefix_hit_rate`` its own cache's hit rate (0 on decode replicas, which
+  receive prompts rather than look them up).
+- cluster: ``load_imbalance`` = max / mean requests per replica (per pool under prefill/decode, the worse
+  of the two); the cluster's ``prefix_cache_hit_rate`` pools the hit and looked-up tokens of the
+  replicas that run prompts (colocated or prefill); KV usage and the memory breakdown are averaged over
+  every replica's steps, weighted by step duration, each step as a share of its own replica's capacity.
+Invariant: one colocated replica gives exactly the single engine's summary (no ``cluster`` block).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from sim.cluster.disagg import Handoff
+from sim.cluster.link import KVLink
+from sim.cluster.replica import Replica
+from sim.metrics import requests_frame, summarize
+from sim.runner import Result
+from sim.sched.base import TokenGaps
+
+SLOT_COLS = ["slots_token_states", "slots_reserved", "slots_internal_frag", "slots_external_frag", "slots_free"]
+
+
+@dataclass
+class ClusterResult(Result):
+    replicas: pd.DataFrame | None = None   # replicas.csv
+
+
+@dataclass
+class _Merged:
+    """The scheduler counters ``summarize`` reads, summed over replicas."""
+
+    num_truncated: int
+    num_preemptions: int
+    swapped_blocks: int
+    gaps: TokenGaps
+
+
+def _steps(rep: Replica) -> pd.DataFrame:
+    steps = rep.engine.recorder.steps_frame()
+    steps["kv_bytes_used"] = steps["kv_blocks_used"] * rep.scn.model_spec.kv_bytes_per_block(rep.block_size)
+    return steps
+
+
+def _hit_rate(reps: list[Replica]) -> float:
+    caches = [r.manager.prefix_cache for r in reps if getattr(r.manager, "prefix_cache", None) is not None]
+    query = sum(c.query_tokens for c in caches)
+    return sum(c.hit_tokens for c in caches) / query if query else 0.0
+
+
+def _imbalance(counts: list[int]) -> float:
+    mean = float(np.mean(counts)) if counts else 0.0
+    return max(counts) / mean if mean else math.nan
+
+
+def replicas_frame(reps: list[Replica], frames: list[pd.DataFrame], makespan: float) -> pd.DataFrame:
+    rows = []
+    for rep, st in zip(reps, frames):
+        w = st["duration_s"].to_numpy()
+        busy = float(w.sum())
+        hw = rep.scn.hardware_spec
+        rows.append({
+            "replica": rep.replica_id, "role": rep.role, "hardware": hw.name, "tensor_parallel": hw.tensor_parallel,
+            "num_gpu_blocks": rep.num_gpu_blocks, "requests": rep.submitted,
+            "finished": len(rep.scheduler.finished), "rejected": len(rep.scheduler.rejected),
+            "busy_s": busy, "busy_fraction": busy / makespan if makespan else 0.0,
+            "kv_usage_mean": float((st["kv_usage"] * w).sum() / busy) if busy else 0.0,
+            "kv_usage_max": float(st["kv_usage"].max()) if len(st) else 0.0,
+            "prefix_hit_rate": _hit_rate([rep]) if rep.role != "decode" else 0.0,
+            "preemptions": int(rep.scheduler.num_preemptions), "num_steps": len(st),
+        })
+    return pd.DataFrame(rows)
+
+
+def cluster_result(scn, workload, reps: list[Replica], served: dict[int, int], handoff: Handoff | None,
+                   link: KVLink | None, fe_out: float, fe_token: float, wall_time_s: float) -> ClusterResult:
+    requests = workload.requests
+    if handoff is not None:   # the prefix-cache hit of a request is its prefill's
+        for r in requests:
+            r.num_cached_tokens = handoff.cached_tokens.get(r.req_id, r.num_cached_tokens)
+    reqs = requests_frame(requests, output_latency_s=fe_out, token_latency_s=fe_token)
+    frames = [_steps(rep) for rep in reps]
+    if len(reps) == 1:   # the single engine's summary, built exactly as sim/runner.py builds it
+        rep = reps[0]
+        manager, sched = rep.manager, rep.scheduler
+        steps = frames[0]
+        hit = manager.prefix_cache_hit_rate() if hasattr(manager, "prefix_cache_hit_rate") else 0.0
+        summary = summarize(reqs, steps, sched, capacity_slots=manager.capacity_slots, wall_time_s=wall_time_s,
+                            prefix_cache_hit_rate=hit)
+        summary["num_gpu_blocks"] = rep.num_gpu_blocks
+        if hasattr(manager, "sharing_summary"):
+            summary.update(manager.sharing_summary(scn.model_spec.kv_bytes_per_block(rep.block_size)))
+        timeline = sched.timeline_frame() if hasattr(sched, "timeline_frame") else None
+    else:
+        summary, steps, timeline = _merged_summary(scn, reqs, reps, frames, handoff is not None, wall_time_s)
+    ids = reqs["req_id"].to_numpy()
+    pre = np.array([served.get(int(i), -1) for i in ids], dtype=np.int64)
+    if handoff is not None:
+        reqs["replica"] = [handoff.decode_of.get(int(i), p) for i, p in zip(ids, pre)]
+        reqs["prefill_replica"] = pre
+        reqs["transfer_s"] = [handoff.transfer_s.get(int(i), math.nan) for i in ids]
+    else:
+        reqs["replica"] = pre
+        reqs["prefill_replica"] = pre
+        reqs["transfer_s"] = 0.0
+    table = replicas_frame(reps, frames, summary["makespan_s"])
+    if len(reps) > 1:
+        summary["cluster"] = _cluster_block(scn, reps, reqs, handoff, link)
+    return ClusterResult(scn, summary, reqs, steps, dict(workload.stats), timeline, replicas=table)
+
+
+def _merged_summary(scn, reqs, reps, frames, disaggregated: bool, wall_time_s: float):
+    gaps = TokenGaps()
+    for rep in reps:
+        gaps.step_gaps.extend(rep.scheduler.gaps.step_gaps)
+        gaps.other_gaps.extend(rep.scheduler.gaps.other_gaps)
+    merged = _Merged(sum(r.scheduler.num_truncated for r in reps), sum(r.scheduler.num_preemptions for r in reps),
+                     sum(r.scheduler.swapped_blocks for r in reps), gaps)
+    tagged = []
+    for rep, st in zip(reps, frames):
+        st = st.copy()
+        st.insert(1, "replica", rep.replica_id)
+        tagged.append(st)
+    steps = pd.concat(tagged, ignore_index=True)
+    share = steps.copy()   # each step's slots as a share of its own replica's capacity
+    cap = np.concatenate([np.full(len(st), r.manager.capacity_slots, dtype=float) for r, st in zip(reps, frames)])
+    share[SLOT_COLS] = share[SLOT_COLS].to_numpy(dtype=float) / cap[:, None]
+    serving = [r for r in reps if r.role != "decode"]
+    summary = summarize(reqs, share, merged, capacity_slots=1, wall_time_s=wall_time_s,
+                        prefix_cache_hit_rate=_hit_rate(serving))
+    summary["num_gpu_blocks"] = int(sum(r.num_gpu_blocks for r in reps))
+    parts = [r.manager.sharing_summary(scn.model_spec.kv_bytes_per_block(r.block_size))
+             for r in reps if hasattr(r.manager, "sharing_summary")]
+    if parts:
+        for k in parts[0]:
+            vals = [p[k] for p in parts]
+            summary[k] = float(np.mean(vals)) if k == "kv_sharing_saving" else sum(vals)
+    timeline = None
+    if not disaggregated:
+        tls = [r.scheduler.timeline_frame() for r in reps if hasattr(r.scheduler, "timeline_frame")]
+        if tls:
+            timeline = pd.concat(tls).sort_values(["req_id", "start_s"], kind="stable").reset_index(drop=True)
+    return summary, steps, timeline
+
+
+def _cluster_block(scn, reps: list[Replica], reqs: pd.DataFrame, handoff: Handoff | None,
+                   link: KVLink | None) -> dict:
+    cfg = scn.cluster
+    counts = [r.submitted for r in reps]
+    block = {"replicas": len(reps), "router": cfg.router.policy, "requests_per_replica": counts}
+    if handoff is None:
+        block["load_imbalance"] = _imbalance(counts)
+        block.update(prefill_replicas=0, decode_replicas=0, transferred_kv_bytes=0, transfer_s_mean=0.0,
+                     transfer_s_p90=0.0, link_busy_fraction=0.0)
+        return block
+    pre = [r.submitted for r in reps if r.role == "prefill"]
+    dec = [r.submitted for r in reps if r.role == "decode"]
+    t = reqs["transfer_s"].dropna().to_numpy(dtype=float)
+    makespan = float(np.nanmax(reqs["finish_s"].to_numpy(dtype=float)) - reqs["arrival_s"].min()) if len(reqs) else 0.0
+    block.update(
+        prefill_replicas=len(pre), decode_replicas=len(dec),
+        load_imbalance=max(_imbalance(pre), _imbalance(dec)),
+        transferred_kv_bytes=int(link.bytes_sent),
+        transfer_s_mean=float(t.mean()) if t.size else 0.0,
+        transfer_s_p90=float(np.percentile(t, 90)) if t.size else 0.0,
+        link_busy_fraction=link.busy_s / makespan if makespan > 0 else 0.0,
+        link=cfg.link.link if isinstance(cfg.link.link, str) else cfg.link.link.model_dump(),
+    )
+    return block

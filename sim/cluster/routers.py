@@ -1,0 +1,159 @@
+"""Routers: the cluster's global scheduler (Vidur's split: a router picks the replica, each replica's own
+scheduler decides when the request runs).
+
+A router is called once per request, at the moment the request reaches the replicas (after the
+frontend's input latency and the router's ``overhead_s``), and sees every replica's state as of that
+moment: its load (requests submitted and not yet finished or rejected: queued, staged or running), its
+KV usage, its prefix cache. It returns a replica index (within its pool). Ties in load go to the replica
+sent the fewest requests so far, then to the lowest index.
+
+    round_robin      i-th request -> replica i mod N
+    random           uniform, from a numpy Generator seeded by the scenario's seed
+    least_requests   fewest queued + running requests
+    least_kv         lowest KV usage (used blocks / blocks), then fewest requests
+    power_of_two     two distinct replicas drawn (seeded), the less loaded of the two
+    prefix_affinity  among replicas whose load is within ``load_slack`` of the least loaded one, the one
+                     holding the longest cached prefix of the prompt (its full blocks, looked up read-only
+                     in each replica's prefix cache); then the least loaded. ``load_slack`` trades cache
+                     hits against balance, as SGLang's cache-aware router (balance threshold) and llm-d's
+                     prefix scorer weighed against a load scorer do: 0 is least_requests, a large value
+                     chases hits regardless of queues.
+    session          a request whose hash ids extend an earlier request's (a conversation's next turn,
+                     Mooncake traces) goes where that request went; any other request, least_requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from sim.request import Request
+from sim.workload.tokens import ROOT_HASH, block_hashes
+
+
+class ReplicaView(Protocol):
+    """What a router may read of a replica (sim/cluster/replica.py)."""
+
+    submitted: int   # requests routed here so far: the tie-break after load (then the lowest index)
+
+    def load(self) -> int: ...
+    def kv_usage(self) -> float: ...
+    def cached_prefix_blocks(self, req: Request, hashes: list[int]) -> int: ...
+    @property
+    def block_size(self) -> int: ...
+
+
+ROUTERS: dict[str, type[Router]] = {}
+
+
+def register(name: str) -> Callable[[type[Router]], type[Router]]:
+    def deco(cls: type[Router]) -> type[Router]:
+        ROUTERS[name] = cls
+        cls.name = name
+        return cls
+    return deco
+
+
+class Router:
+    name = "router"
+
+    def __init__(self, config, seed: int) -> None:
+        self.config = config
+        self.rng = np.random.default_rng(seed)
+
+    def choose(self, req: Request, replicas: Sequence[ReplicaView]) -> int:
+        raise NotImplementedError
+
+
+def least_loaded(replicas: Sequence[ReplicaView], among: Sequence[int] | None = None) -> int:
+    idx = range(len(replicas)) if among is None else among
+    return min(idx, key=lambda i: (replicas[i].load(), replicas[i].submitted, i))
+
+
+@register("round_robin")
+class RoundRobin(Router):
+    def __init__(self, config, seed: int) -> None:
+        super().__init__(config, seed)
+        self.next = 0
+
+    def choose(self, req: Request, replicas: Sequence[ReplicaView]) -> int:
+        i = self.next % len(replicas)
+        self.next += 1
+        return i
+
+
+@register("random")
+class Random(Router):
+    def choose(self, req: Request, replicas: Sequence[ReplicaView]) -> int:
+        return int(self.rng.integers(len(replicas)))
+
+
+@register("least_requests")
+class LeastRequests(Router):
+    def choose(self, req: Request, replicas: Sequence[ReplicaView]) -> int:
+        return least_loaded(replicas)
+
+
+@register("least_kv")
+class LeastKV(Router):
+    def choose(self, req: Request, replicas: Sequence[ReplicaView]) -> int:
+        return min(range(len(replicas)), key=lambda i: (replicas[i].kv_usage(), replicas[i].load(), i))
+
+
+@register("power_of_two")
+class PowerOfTwo(Router):
+    def choose(self, req: Request, replicas: Sequence[ReplicaView]) -> int:
+        if len(replicas) == 1:
+            return 0
+        a, b = (int(x) for x in self.rng.choice(len(replicas), size=2, replace=False))
+        return least_loaded(replicas, sorted((a, b)))
+
+
+@register("prefix_affinity")
+class PrefixAffinity(Router):
+    def choose(self, req: Request, replicas: Sequence[ReplicaView]) -> int:
+        loads = [r.load() for r in replicas]
+        floor = min(loads) + self.config.load_slack
+        among = [i for i, x in enumerate(loads) if x <= floor]
+        bs = replicas[0].block_size
+        max_blocks = (req.prompt_len - 1) // bs
+        if max_blocks <= 0 or len(among) == 1:
+            return least_loaded(replicas, among)
+        hashes = block_hashes(req, 0, max_blocks, bs, ROOT_HASH)
+        hits = {i: replicas[i].cached_prefix_blocks(req, hashes) for i in among}
+        return min(among, key=lambda i: (-hits[i], loads[i], i))
+
+
+@register("session")
+class Session(Router):
+    """Conversation stickiness. Each routed request leaves its hash ids but the last (its full chunks: a
+    next turn's prompt repeats them, then goes on) under the chained hash of those ids; a request goes
+    where the longest such earlier prefix of its own ids went. A match of one id alone does not count:
+    in the Mooncake trace the first chunk is a system prompt that every conversation shares."""
+
+    def __init__(self, config, seed: int) -> None:
+        super().__init__(config, seed)
+        self.home: dict[int, int] = {}
+
+    def choose(self, req: Request, replicas: Sequence[ReplicaView]) -> int:
+        ids = req.hash_ids
+        if not ids:
+            return least_loaded(replicas)
+        h = ROOT_HASH
+        found = -1
+        chain = []
+        for k, x in enumerate(ids):   # prefixes of this request, shortest first; the longest routed wins
+            h = hash((h, x))
+            chain.append(h)
+            if k >= 1:
+                found = self.home.get(h, found)
+        i = found if 0 <= found < len(replicas) else least_loaded(replicas)
+        if len(ids) >= 3:
+            self.home[chain[-2]] = i
+        return i
+
+
+def make_router(config, seed: int) -> Router:
+    return ROUTERS[config.policy](config, seed)

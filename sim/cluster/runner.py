@@ -1,0 +1,110 @@
+"""run_cluster: many replicas in one SimPy environment behind a router.
+
+    arrivals (one process):  for each request, in arrival order:
+                                 wait until arrival_s + frontend input latency + router overhead_s
+                                 i = router.choose(req, pool)      # replica state as of this moment
+                                 pool[i].submit(req)
+                             then every replica of the pool is told that arrivals are over
+    replicas:                each its own engine loop (sim/engine.py), idle on an event when it has no work
+
+Disaggregated (sim/cluster/disagg.py): the arrivals feed the prefill pool; finished prefills cross the
+link and enter the decode pool; the decode engines stop once the prefill engines have stopped and the
+last transfer has landed.
+
+Invariant: with ``cluster.replicas: 1`` the events happen in the single engine's order (the arrival
+process is created before the engine loop, delays are computed the same way), so the run is the single
+engine's, and the summary is built by the same code from the same objects.
+"""
+
+from __future__ import annotations
+
+import time
+
+import simpy
+
+from sim.cluster.disagg import Handoff
+from sim.cluster.link import KVLink
+from sim.cluster.replica import Replica, build_replica, pool_scenario
+from sim.cluster.results import ClusterResult, cluster_result
+from sim.cluster.routers import Router, make_router
+from sim.errors import KvsimError
+from sim.request import Request, RequestStatus
+from sim.scenario import Scenario
+from sim.workload import build_workload
+
+
+def _arrivals(env: simpy.Environment, requests: list[Request], lag: float, router: Router,
+              pool: list[Replica], submit, served: dict[int, int]):
+    for req in requests:
+        delay = req.arrival_s + lag - env.now
+        if delay > 0:
+            yield env.timeout(delay)
+        rep = pool[router.choose(req, pool)]
+        served[req.req_id] = rep.replica_id
+        submit(rep, req)
+    for rep in pool:
+        rep.engine.end_arrivals()
+
+
+def _check_disaggregated(scn: Scenario, pools: list[Scenario], requests: list[Request]) -> None:
+    where = f"{scn.source}: cluster"
+    for sub in pools:
+        if sub.kv_cache.allocator != "paged" or sub.scheduler.batching != "continuous":
+            raise KvsimError(where, "prefill/decode pools need kv_cache.allocator: paged and "
+                             "scheduler.batching: continuous")
+    wide = next((r for r in requests if r.n > 1 or r.beam_width > 1), None)
+    if wide is not None:
+        raise KvsimError(where, f"request {wide.req_id} has n={wide.n}, beam_width={wide.beam_width}: "
+                         "parallel samples and beams are not modelled across prefill/decode pools")
+    if pools[0].model_spec.kv_bytes_per_token() != pools[1].model_spec.kv_bytes_per_token():
+        raise KvsimError(where, "the prefill and decode pools must serve the same model")
+
+
+def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bool = False) -> ClusterResult:
+    """Run a scenario with a ``cluster`` section to completion."""
+    from sim.runner import _check_sequences_supported, _integrity_default
+
+    t0 = time.perf_counter()
+    cfg = scn.cluster
+    assert cfg is not None
+    workload = build_workload(scn.workload, base_dir=scn.base_dir, seed=scn.seed, source=scn.source)
+    requests = workload.requests
+    check = _integrity_default() if check_integrity is None else check_integrity
+    fe_in, fe_out, fe_token = scn.frontend.latencies()
+    lag = fe_in + cfg.router.overhead_s
+    env = simpy.Environment()
+    served: dict[int, int] = {}
+    if not cfg.disaggregated:
+        _check_sequences_supported(scn, requests)
+        pool = [build_replica(scn, i, "colocated", env, check, lag) for i in range(cfg.num_replicas)]
+        router = make_router(cfg.router, scn.seed)
+        env.process(_arrivals(env, requests, lag, router, pool, Replica.submit, served))
+        for rep in pool:
+            rep.engine.start()
+        env.run()
+        return cluster_result(scn, workload, pool, served, None, None, fe_out, fe_token, time.perf_counter() - t0)
+
+    p_scn, d_scn = pool_scenario(scn, cfg.prefill), pool_scenario(scn, cfg.decode)
+    _check_disaggregated(scn, [p_scn, d_scn], requests)
+    n_p = cfg.prefill.replicas
+    prefill = [build_replica(p_scn, i, "prefill", env, check, lag) for i in range(n_p)]
+    decode = [build_replica(d_scn, n_p + i, "decode", env, check, 0.0) for i in range(cfg.decode.replicas)]
+    bw, lat = cfg.link.bandwidth_latency()
+    link = KVLink(env, bw, lat)
+    handoff = Handoff(env, decode, make_router(cfg.router, scn.seed + 1), link, scn.model_spec.kv_bytes_per_token())
+    for rep in prefill:
+        handoff.attach_prefill(rep)
+    for rep in decode:
+        handoff.attach_decode(rep)
+    env.process(_arrivals(env, requests, lag, make_router(cfg.router, scn.seed), prefill,
+                          handoff.submit_prefill, served))
+    loops = [rep.engine.start() for rep in prefill]
+    for rep in decode:
+        rep.engine.start()
+    env.process(handoff.close_after(loops))
+    env.run()
+    stuck = [r.req_id for r in requests if r.status not in (RequestStatus.FINISHED, RequestStatus.REJECTED)]
+    if stuck:   # a prefill replica waited for memory that no transfer was going to free
+        raise KvsimError("engine", f"deadlock: {len(stuck)} requests never finished (first: {stuck[0]})")
+    return cluster_result(scn, workload, prefill + decode, served, handoff, link, fe_out, fe_token,
+                          time.perf_counter() - t0)

@@ -1,0 +1,121 @@
+"""kvsim capacity SCENARIO.yaml --slo ttft_p90=2 [--slo ...] [--search replicas|rate] [--max N]
+[--workers N | --ray [ADDRESS]] [--set key.path=value ...] [--out DIR] [--json]
+
+The fewest replicas (or, for the scenario's fleet, the highest request rate: its goodput) meeting every
+SLO, by bisection over independent runs (sim/cluster/capacity.py). Prints the SLO attainment curve (each
+candidate's figures) and, with --out, writes capacity.json, capacity.csv and capacity.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from sim.cluster.capacity import SLO, parallel_runner, parse_slo, search_rate, search_replicas
+from sim.errors import KvsimError
+from sim.output import prepare_out_dir, summary_json, write_atomic, write_text
+from sim.scenario import apply_override, load_scenario, parse_override
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("capacity", help="the fewest replicas (or the highest rate) that meet SLOs")
+    p.add_argument("scenario", help="scenario YAML file")
+    p.add_argument("--slo", action="append", default=[], metavar="METRIC_STAT=SECONDS", required=True,
+                   help="an SLO, e.g. ttft_p90=2 or tpot_p90=0.1 (repeatable; all must hold)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
+                   help="override a scenario key (repeatable)")
+    p.add_argument("--search", choices=["replicas", "rate"], default="replicas",
+                   help="replicas: the fewest replicas; rate: the highest workload.rate for the scenario's fleet")
+    p.add_argument("--max", type=int, default=64, help="most replicas to consider (default 64)")
+    p.add_argument("--workers", type=int, default=1, help="candidates run in parallel processes")
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS", help="run candidates on Ray")
+    p.add_argument("--out", help="folder for capacity.json, capacity.csv and capacity.png")
+    p.add_argument("--json", action="store_true", help="print the answer and every candidate as JSON")
+    p.set_defaults(func=main)
+
+
+def _base_rate(scn) -> float:
+    """The workload's mean arrival rate (requests / span of arrivals)."""
+    if scn.workload.rate is not None:
+        return float(scn.workload.rate)
+    from sim.workload import build_workload
+
+    reqs = build_workload(scn.workload, base_dir=scn.base_dir, seed=scn.seed, source=scn.source).requests
+    span = max(r.arrival_s for r in reqs) - min(r.arrival_s for r in reqs)
+    return len(reqs) / span if span > 0 else float(len(reqs))
+
+
+def plot(table: pd.DataFrame, x: str, slos: list[SLO], path: Path) -> Path:
+    """Each SLO's figure per candidate (green: all SLOs met), with its bound."""
+    from sim.plots import _save, plt
+
+    fig, axes = plt.subplots(1, len(slos), figsize=(4.2 * len(slos), 3.3), squeeze=False)
+    t = table.sort_values(x)
+    for ax, s in zip(axes[0], slos):
+        ax.plot(t[x], t[s.name], color="#868e96", lw=1)
+        ax.scatter(t[x], t[s.name], c=["#2b8a3e" if m else "#e03131" for m in t["meets"]], zorder=3)
+        ax.axhline(s.value, color="#1c7ed6", ls="--", lw=1, label=f"SLO {s.value:g} s")
+        ax.set_xlabel("replicas" if x == "replicas" else "request rate (req/s)")
+        ax.set_ylabel(f"{s.name} (s)")
+        ax.set_yscale("log")
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def main(args: argparse.Namespace) -> int:
+    slos = [parse_slo(t) for t in args.slo]
+    if args.max < 1:
+        raise KvsimError("--max", f"must be at least 1, got {args.max}")
+    load_scenario(args.scenario)                          # the file itself: errors with its line numbers
+    data = yaml.safe_load(Path(args.scenario).read_text())
+    overrides = list(args.overrides)
+    for text in overrides:
+        path, value = parse_override(text)
+        apply_override(data, path, value)
+    cl = data.get("cluster")
+    if args.search == "replicas" and (not isinstance(cl, dict) or not {"replicas", "prefill", "decode"} & set(cl)):
+        overrides.append("cluster.replicas=1")            # e.g. only --set cluster.router.policy=...: a fleet
+        apply_override(data, ["cluster", "replicas"], 1)
+    scn = load_scenario(args.scenario, overrides)         # validates the overrides
+    out = prepare_out_dir(args.out) if args.out else None
+    run = parallel_runner(str(Path(args.scenario).parent), args.scenario, slos, workers=args.workers,
+                          use_ray=args.ray is not None, ray_address=args.ray or None)
+    if args.search == "replicas":
+        answer = search_replicas(data, run, args.max, args.workers)
+        x = "replicas"
+    else:
+        answer = search_rate(data, run, _base_rate(scn), args.workers)
+        x = "rate"
+    rows = [{k: v for k, v in c.items() if k != "splits"} for c in answer["candidates"]]
+    table = pd.DataFrame(rows)
+    if args.json:
+        print(summary_json(answer), end="")
+    else:
+        cols = [x] + [c for c in ("prefill", "decode") if c in table] + [s.name for s in slos] + \
+            [f"attain_{s.name}" for s in slos] + ["meets"]
+        print(table[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        slo_text = ", ".join(f"{s.name} <= {s.value:g} s" for s in slos)
+        if x == "replicas":
+            split = f" ({answer['prefill']} prefill + {answer['decode']} decode)" if "prefill" in answer else ""
+            print(f"fewest replicas meeting {slo_text}: {answer['replicas']}{split}")
+        else:
+            print(f"highest rate meeting {slo_text}: {answer['rate']:.4g} requests/s")
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        write_text(out / "capacity.json", summary_json(answer))
+        write_atomic(out / "capacity.csv", lambda p: table.to_csv(p, index=False))
+        tmp = out / ".capacity.partial.png"
+        try:
+            plot(table, x, slos, tmp)
+            tmp.replace(out / "capacity.png")
+        finally:
+            tmp.unlink(missing_ok=True)
+        if not args.json:
+            print(f"wrote capacity.json, capacity.csv, capacity.png to {out}/")
+    return 0 if not math.isnan(float(answer.get(x, math.nan))) else 1
+
+

@@ -1,0 +1,84 @@
+"""kvsim capacity: the answer N meets the SLOs and N - 1 does not, each checked by a plain run; the rate
+search's answer meets and a rate within 1% above it does not; bad SLOs exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sim.cli import main
+from sim.runner import run_scenario
+from sim.scenario import load_scenario
+
+SCENARIO = {
+    "name": "capacity", "seed": 0, "model": "tiny-llama", "hardware": "a100-80gb",
+    "frontend": {"enabled": False}, "output": {"plots": False},
+    "kv_cache": {"block_size": 16, "num_gpu_blocks": 300}, "scheduler": {"max_num_seqs": 16},
+    "workload": {"synthetic": {"num_requests": 300, "arrival": {"process": "poisson", "rate": 4000},
+                               "prompt_len": {"dist": "uniform", "min": 50, "max": 300},
+                               "output_len": {"dist": "uniform", "min": 10, "max": 60}}},
+}
+SLOS = {"ttft_s": 0.02, "tpot_s": 0.002}   # p90 bounds
+
+
+def _meets(path: Path, *overrides: str) -> bool:
+    s = run_scenario(load_scenario(path, list(overrides)), check_integrity=False).summary
+    return all(s[k]["p90"] <= v for k, v in SLOS.items())
+
+
+def _capacity(path: Path, capsys, *extra: str) -> dict:
+    assert main(["capacity", str(path), "--slo", "ttft_p90=0.02", "--slo", "tpot_p90=0.002", "--json",
+                 *extra]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.fixture
+def scenario(tmp_path: Path) -> Path:
+    path = tmp_path / "capacity.yaml"
+    path.write_text(yaml.safe_dump(SCENARIO))
+    return path
+
+
+def test_fewest_replicas(scenario: Path, capsys) -> None:
+    answer = _capacity(scenario, capsys, "--max", "16", "--workers", "2")
+    n = answer["replicas"]
+    assert n > 1
+    assert _meets(scenario, f"cluster.replicas={n}")
+    assert not _meets(scenario, f"cluster.replicas={n - 1}")
+    ran = {c["replicas"]: c["meets"] for c in answer["candidates"]}
+    assert ran[n] and not ran[n - 1]
+
+
+def test_highest_rate_for_a_fleet(scenario: Path, capsys, tmp_path: Path) -> None:
+    answer = _capacity(scenario, capsys, "--search", "rate", "--set", "cluster.replicas=2",
+                       "--out", str(tmp_path / "out"))
+    rate = answer["rate"]
+    above = min(c["rate"] for c in answer["candidates"] if not c["meets"])
+    assert rate < above <= rate * 1.01
+    assert _meets(scenario, "cluster.replicas=2", f"workload.rate={rate}")
+    assert not _meets(scenario, "cluster.replicas=2", f"workload.rate={above}")
+    assert {p.name for p in (tmp_path / "out").iterdir()} >= {"capacity.json", "capacity.csv", "capacity.png"}
+
+
+@pytest.mark.parametrize("slo", ["ttft=2", "ttft_p95=2", "speed_p90=1", "ttft_p90=fast", "ttft_p90=0"])
+def test_bad_slo_exits_2(scenario: Path, slo: str, capsys) -> None:
+    assert main(["capacity", str(scenario), "--slo", slo]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --slo:")
+
+
+def test_prefill_decode_split(scenario: Path, capsys) -> None:
+    """With pools, a total N meets when some split does: the answer's split meets, and no split of N - 1
+    does (each checked by a plain run)."""
+    pools = "cluster={prefill: {replicas: 1}, decode: {replicas: 1}}"
+    answer = _capacity(scenario, capsys, "--max", "8", "--workers", "2", "--set", pools,
+                       "--set", "workload.synthetic.num_requests=120")
+    n, p, d = answer["replicas"], answer["prefill"], answer["decode"]
+    assert p + d == n and n > 2
+    cut = "workload.synthetic.num_requests=120"
+    assert _meets(scenario, cut, f"cluster={{prefill: {{replicas: {p}}}, decode: {{replicas: {d}}}}}")
+    for q in range(1, n - 1):
+        assert not _meets(scenario, cut, f"cluster={{prefill: {{replicas: {q}}}, decode: {{replicas: {n - 1 - q}}}}}")

@@ -1,0 +1,44 @@
+"""``cluster.replicas: 1`` is the single engine: the same summary.json, byte for byte (wall_time_s aside),
+on every shipped scenario (each cut to its first requests to stay fast)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sim.output import summary_json
+from sim.runner import run_scenario
+from sim.scenario import load_scenario
+
+ROOT = Path(__file__).resolve().parents[1]
+# not compared: a sweep file (no workload of its own) and the GPU executor on CPU, timed by the wall
+# clock (two runs of it differ whatever the path)
+NOT_SCENARIOS = {"sweep_example.yaml", "quickstart_gpu_cpu.yaml"}
+SCENARIOS = sorted(p.name for p in (ROOT / "scenarios").glob("*.yaml") if p.name not in NOT_SCENARIOS)
+CUT = ["workload.limit=60"]
+
+
+def _summary(name: str, extra: list[str]) -> str:
+    scn = load_scenario(ROOT / "scenarios" / name, CUT + extra)
+    summary = dict(run_scenario(scn, check_integrity=False).summary)   # speed: no per-step checks
+    summary.pop("wall_time_s")
+    return summary_json(summary)
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_one_replica_is_the_single_engine(name: str) -> None:
+    single = _summary(name, ["cluster=null"])             # the shipped cluster scenarios too, as one engine
+    one = _summary(name, ["cluster={replicas: 1}"])
+    assert one == single
+    assert "cluster" not in json.loads(one)
+
+
+def test_one_replica_with_router_overhead_delays_arrivals() -> None:
+    """A router overhead only shifts when the engine sees each request: TTFT grows, never shrinks."""
+    base = load_scenario(ROOT / "scenarios/quickstart.yaml", ["workload.limit=40", "cluster.replicas=1"])
+    slow = load_scenario(ROOT / "scenarios/quickstart.yaml", ["workload.limit=40", "cluster.replicas=1",
+                                                               "cluster.router.overhead_s=0.5"])
+    a, b = run_scenario(base).requests, run_scenario(slow).requests
+    assert (b["ttft_s"] >= a["ttft_s"] + 0.5 - 1e-9).all()
