@@ -16,11 +16,14 @@ from pathlib import Path
 
 import pandas as pd
 
+from sim.atomic_dir import replace_dir
 from sim.commands.trace_args import add_trace_args, check_trace_args, per_run_path
 from sim.errors import KvsimError
-from sim.output import flatten, prepare_out_dir, write_atomic
+from sim.output import flatten, prepare_results_dir
 from sim.runner import Result, run_scenario
 from sim.scenario import load_scenario, parse_override
+
+MAX_COMPARE_RUNS = 1_000   # every run's tables stay in memory until the end; larger grids: kvsim sweep
 
 # (column header, summary key, field of a latency mapping or None)
 TABLE = [
@@ -122,35 +125,33 @@ def intervals_of(res: Result) -> pd.DataFrame:
     return tl if tl is not None else intervals_from_requests(res.requests)
 
 
-def write_plots(results: dict[str, Result], out: Path) -> list[Path]:
-    """Overlays and side-by-side panels; with one varied key the legends show just its values."""
+def write_plots(results: dict[str, Result], out: Path) -> list[str]:
+    """Overlays and side-by-side panels into ``out`` (the staging folder); with one varied key the legends
+    show just its values. Returns the file names."""
     from sim import plots
     from sim.memory_plot import memory_over_time
     from sim.timeline import timeline
 
     if all(label.count("=") == 1 for label in results):
         results = {label.split("=", 1)[1]: r for label, r in results.items()}
-    stage = out / ".compare.tmp"
-    stage.mkdir(parents=True, exist_ok=True)
-    try:
-        made = [
-            plots.latency_cdf({k: r.requests for k, r in results.items()}, stage / "latency_cdf.png"),
-            plots.kv_usage({k: r.steps for k, r in results.items()}, stage / "kv_usage.png"),
-            plots.memory_breakdown({k: r.summary["memory_breakdown"] for k, r in results.items()},
-                                   stage / "memory_breakdown.png"),
-            timeline({k: intervals_of(r) for k, r in results.items()}, stage / "timeline.png"),
-            memory_over_time({k: r.steps for k, r in results.items()}, stage / "memory_over_time.png"),
-        ]
-        return [write_atomic(out / f.name, lambda p, f=f: p.write_bytes(f.read_bytes())) for f in made]
-    finally:
-        for f in stage.iterdir():
-            f.unlink()
-        stage.rmdir()
+    made = [
+        plots.latency_cdf({k: r.requests for k, r in results.items()}, out / "latency_cdf.png"),
+        plots.kv_usage({k: r.steps for k, r in results.items()}, out / "kv_usage.png"),
+        plots.memory_breakdown({k: r.summary["memory_breakdown"] for k, r in results.items()},
+                               out / "memory_breakdown.png"),
+        timeline({k: intervals_of(r) for k, r in results.items()}, out / "timeline.png"),
+        memory_over_time({k: r.steps for k, r in results.items()}, out / "memory_over_time.png"),
+    ]
+    return [f.name for f in made]
 
 
 def main(args: argparse.Namespace) -> int:
     vary = parse_vary(args.vary)
-    out = prepare_out_dir(args.out) if args.out else None
+    runs = math.prod(len(values) for _, values in vary)
+    if runs > MAX_COMPARE_RUNS:
+        raise KvsimError("--vary", f"{runs:,} combinations; kvsim compare runs at most {MAX_COMPARE_RUNS:,} "
+                         "(use kvsim sweep for larger grids)")
+    out = prepare_results_dir(args.out) if args.out else None
     trace = check_trace_args(args)
     results = run_all(args.scenario, vary, list(args.overrides))
     print_table(results)
@@ -163,8 +164,11 @@ def main(args: argparse.Namespace) -> int:
             print(f"wrote {path}")
     if out is not None:
         frame = compare_frame(results, vary)
-        files = [write_atomic(out / "compare.csv", lambda p: frame.to_csv(p, index=False))]
-        if not args.no_plots:
-            files += write_plots(results, out)
+
+        def fill(stage: Path) -> list[str]:   # the folder is replaced whole (sim.atomic_dir), as kvsim run's
+            frame.to_csv(stage / "compare.csv", index=False)
+            return ["compare.csv"] + ([] if args.no_plots else write_plots(results, stage))
+
+        files = replace_dir(out, fill)
         print(f"wrote {len(files)} files to {out}/")
     return 0
