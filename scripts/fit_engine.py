@@ -1,5 +1,6 @@
 """Fit the engine-level step terms and the frontend latency to measured serving runs.
 
+    pip install -e ".[fit]"   # scipy
     python scripts/fit_engine.py [--runs sim/data/ground_truth/vllm_h100_runs.csv] [--hardware h100-80gb]
                                  [--write]
 
