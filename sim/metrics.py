@@ -200,7 +200,7 @@ def jain_index(x: np.ndarray) -> float:
 
 def summarize(reqs: pd.DataFrame, steps: pd.DataFrame, sched, *, capacity_slots: int, wall_time_s: float,
               prefix_cache_hit_rate: float = 0.0) -> dict[str, Any]:
-    """The summary.json mapping (DESIGN.md's keys, plus fairness and a few counters)."""
+    """The summary.json mapping (the public summary keys listed in the README, plus fairness and a few counters)."""
     done = reqs[reqs["status"] == "FINISHED"]
     num_finished = len(done)
     start = float(reqs["arrival_s"].min()) if len(reqs) else 0.0

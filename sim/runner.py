@@ -22,7 +22,7 @@ from sim.workload import build_workload
 
 @dataclass
 class Result:
-    """What a run produced: ``summary`` (DESIGN.md's keys), per-request and per-step DataFrames."""
+    """What a run produced: ``summary`` (the public summary keys), per-request and per-step DataFrames."""
 
     scenario: Scenario
     summary: dict

@@ -15,7 +15,7 @@ import sim.runner as runner
 from sim.scenario import load_scenario, scenario_from_dict
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
-LLAMA2_13B_TOKEN_BYTES = 2 * 40 * 40 * 128 * 2          # 819,200 bytes of KV a token (DESIGN.md)
+LLAMA2_13B_TOKEN_BYTES = 2 * 40 * 40 * 128 * 2          # 819,200 bytes of KV a token (the seed)
 
 
 @pytest.fixture

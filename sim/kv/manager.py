@@ -39,7 +39,7 @@ class KVCacheManager(SharingMixin):
         self.pool = BlockPool(num_blocks)
         self.swap = SwapSpace(num_cpu_blocks)   # CPU blocks for preemption by swap
         self.block_tables: dict[int, list[int]] = {}
-        # slot accounting for the memory breakdown (DESIGN.md); all in token slots
+        # slot accounting for the five-way memory breakdown (docs/architecture.md); all in token slots
         self._held_tokens = 0      # KV of computed tokens, summed over resident requests
         self._beyond_final = 0     # allocated slots past each request's final length
         self._beyond: dict[int, int] = {}
