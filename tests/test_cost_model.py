@@ -81,11 +81,20 @@ def test_tensor_parallel_splits_weights_and_adds_allreduce():
     assert one.breakdown["allreduce"] == 0.0
 
 
-def test_registry_factory_and_determinism(tmp_path: Path):
+def test_registry_factory_uses_the_shipped_calibration(tmp_path: Path):
+    # the factory, given no calibration, prices as an executor built by hand from the hardware's shipped
+    # calibration (both layers), and unlike the uncalibrated roofline; a second instance agrees exactly
+    from sim.executors.cost_model import engine_params_of, load_calibration
+    from sim.scenario import ExecutorConfig
+
     exe = make_executor("cost_model", model=L13, hardware=A100, config=None, kv=None, num_gpu_blocks=10,
                         num_cpu_blocks=0, base_dir=tmp_path)
+    params, doc = load_calibration("a100-80gb")
+    by_hand = CostModelExecutor(L13, A100, params, 16, engine_params_of(doc))
+    plain = make_executor("cost_model", model=L13, hardware=A100, config=ExecutorConfig(calibration="roofline"))
     plan = _plan((1, 100), (5, 0))
-    assert exe.execute(plan).duration_s == exe.execute(plan).duration_s > 0
+    assert exe.execute(plan).duration_s == by_hand.execute(plan).duration_s > 0
+    assert exe.execute(plan).duration_s != plain.execute(plan).duration_s
 
 
 def test_execute_is_fast_for_a_decode_batch():
