@@ -42,6 +42,11 @@ class GPUExecutor:
 def make_gpu_executor(*, model: Any, hardware: Any, config: Any, kv: Any, num_gpu_blocks: int,
                       num_cpu_blocks: int, base_dir: Path | None = None, **_: Any) -> GPUExecutor:
     """The registry factory: builds the model (config.num_layers layers, seeded) and its KV pools."""
+    if getattr(model, "num_experts", 0):
+        from sim.errors import KvsimError
+
+        raise KvsimError("executor.kind", f"the GPU backend runs dense models only; {model.name} is a mixture "
+                         "of experts: price it with executor.kind: cost_model")
     shape = ModelShape.of(model)
     device = getattr(config, "device", "cuda")
     num_layers = getattr(config, "num_layers", None)

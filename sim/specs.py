@@ -33,6 +33,10 @@ class ModelSpec(BaseModel):
     gated_mlp: bool = True  # SwiGLU (gate, up, down) vs a plain two-matrix MLP (OPT)
     tied_embeddings: bool = False
     dtype: str = "fp16"
+    # mixture of experts (Mixtral): each layer's MLP is num_experts experts of intermediate_size, a router
+    # sends every token to experts_per_token of them; 0 = a dense MLP
+    num_experts: int = Field(default=0, ge=0, le=1024)
+    experts_per_token: int = Field(default=0, ge=0, le=1024)
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
@@ -40,6 +44,11 @@ class ModelSpec(BaseModel):
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
         if self.dtype not in DTYPE_BYTES:
             raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}")
+        if self.num_experts and not 1 <= self.experts_per_token <= self.num_experts:
+            raise ValueError(f"experts_per_token must be 1 .. num_experts ({self.num_experts}), "
+                             f"got {self.experts_per_token}")
+        if self.experts_per_token and not self.num_experts:
+            raise ValueError("experts_per_token needs num_experts")
         return self
 
     @property
@@ -63,10 +72,12 @@ class ModelSpec(BaseModel):
         return self.num_kv_heads * self.head_dim
 
     def layer_params(self) -> int:
-        """Parameters of one layer: fused QKV, output projection, MLP, two norms."""
+        """Parameters of one layer: fused QKV, output projection, MLP (every expert, and the router), two norms."""
         qkv = self.hidden_size * (self.q_size + 2 * self.kv_size)
         out = self.q_size * self.hidden_size
         mlp = (3 if self.gated_mlp else 2) * self.hidden_size * self.intermediate_size
+        if self.num_experts:
+            mlp = mlp * self.num_experts + self.hidden_size * self.num_experts
         return qkv + out + mlp + 2 * self.hidden_size
 
     def num_params(self) -> int:
@@ -171,6 +182,9 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     # Qwen/Qwen-72B config.json: 80 layers, hidden 8192, 64 heads (no GQA), intermediate_size 49152
     # counts gate+up together, so each projection is 24576 wide; vocab 152064; seq_length 32768
     "qwen-72b": _llama("qwen-72b", 80, 8192, 64, 64, 24576, 152064, 32768),
+    # mistralai/Mixtral-8x7B-v0.1 config.json: 8 experts of 14336, 2 a token (num_local_experts,
+    # num_experts_per_tok), 32k context
+    "mixtral-8x7b": _llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 32768, num_experts=8, experts_per_token=2),
     # A toy shape for running the real backend on a CPU: 2 layers, hidden 256, 4 heads, 2 KV heads
     "tiny-llama": _llama("tiny-llama", 2, 256, 4, 2, 512, 1024, 4096),
 }

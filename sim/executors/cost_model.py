@@ -145,7 +145,8 @@ class CostModelExecutor:
         h = model.hidden_size
         self._elem_s_per_token = b / self._bw * (
             2 * h / e["input_layernorm"] + 2 * (q + kv) / e["attn_rope"] + 2 * h / e["post_attention_layernorm"]
-            + (3 if model.gated_mlp else 2) * inter / e["mlp_act"] + 2 * 3 * h / e["add"])
+            + (3 if model.gated_mlp else 2) * inter * max(1, model.experts_per_token) / e["mlp_act"]
+            + 2 * 3 * h / e["add"])
         self._elem_fixed = ELEMENTWISE_KERNELS * params.elementwise_latency_s
         self._act_bytes = b * model.hidden_size
         # block movement
@@ -178,7 +179,8 @@ class CostModelExecutor:
         self._eng_qo_s = self._attn_new_bytes / self._attn_bw
         # fused elementwise kernels stream at the bandwidth of a copy (memory_eff); the low efficiencies
         # fitted to isolated small kernels are their launch latency, which a graph replaces
-        self._fused_s_per_token = b * (8 * h + 2 * (q + kv) + 4 * kv + (3 if self.model.gated_mlp else 2) * inter) \
+        act = (3 if self.model.gated_mlp else 2) * inter * max(1, self.model.experts_per_token)  # k experts a token
+        self._fused_s_per_token = b * (8 * h + 2 * (q + kv) + 4 * kv + act) \
             / (self._bw * self.params.memory_eff)
         self._eng_linear_cache: dict[tuple[int, bool], tuple[float, float]] = {}
 
@@ -190,7 +192,8 @@ class CostModelExecutor:
             e, p, hw = self.engine, self.params, self.hardware
             per_layer = self.layer_linear_time(padded)
             if graph:   # inside a graph each GEMM pays graph_kernel_s instead of its isolated latency
-                per_layer += len(self._shapes) * (e.graph_kernel_s - p.kernel_latency_s)
+                kernels = len(self._shapes) + (1 if self.model.num_experts else 0)   # + the MoE router
+                per_layer += kernels * (e.graph_kernel_s - p.kernel_latency_s)
             nbytes = padded * self._act_bytes
             tp = hw.tensor_parallel
             if tp <= 1:
@@ -279,9 +282,33 @@ class CostModelExecutor:
                                     "allreduce": zero + comm, "swap": zero, "copy": zero, "overhead": overhead})
 
     def layer_linear_time(self, tokens: int) -> float:
-        """Seconds of one layer's four projections on ``tokens`` tokens."""
+        """Seconds of one layer's four projections on ``tokens`` tokens (a mixture of experts: see
+        ``_moe_mlp_time``)."""
         p, b = self.params, self.model.dtype_bytes
-        return sum(gemm_time_scalar(tokens, n, k, self._peak, self._bw, b, p) for _, k, n in self._shapes)
+        if not self.model.num_experts:
+            return sum(gemm_time_scalar(tokens, n, k, self._peak, self._bw, b, p) for _, k, n in self._shapes)
+        attn = sum(gemm_time_scalar(tokens, n, k, self._peak, self._bw, b, p) for _, k, n in self._shapes[:2])
+        return attn + self._moe_mlp_time(tokens)
+
+    def _moe_mlp_time(self, tokens: int) -> float:
+        """A mixture-of-experts MLP on ``tokens`` tokens, as vLLM's fused MoE kernel runs it:
+
+            router   gemm(tokens, E, H)
+            active   A = E x (1 - (1 - k/E)^tokens)   experts hit by tokens x k random choices (expected)
+            per      tokens x k / A                   rows each active expert computes (balanced, on average)
+            experts  A x (gemm(per, up) + gemm(per, down)), one launch each for up and down
+
+        so a decode batch of a few dozen tokens reads every expert's weights (all of E x the dense MLP)
+        while computing only k of them a token."""
+        p, b, m = self.params, self.model.dtype_bytes, self.model
+        e, k_top = m.num_experts, m.experts_per_token
+        active = e * (1.0 - (1.0 - k_top / e) ** tokens)
+        per = tokens * k_top / active
+        (_, k_up, n_up), (_, k_down, n_down) = self._shapes[2], self._shapes[3]
+        one = (gemm_time_scalar(per, n_up, k_up, self._peak, self._bw, b, p)
+               + gemm_time_scalar(per, n_down, k_down, self._peak, self._bw, b, p))
+        router = gemm_time_scalar(tokens, e, m.hidden_size, self._peak, self._bw, b, p)
+        return router + active * one - (active - 1.0) * 2 * p.kernel_latency_s
 
     def _linear(self, tokens: int) -> tuple[float, float]:
         """(linear seconds over all layers, all-reduce seconds over all layers) for ``tokens`` tokens."""

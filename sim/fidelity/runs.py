@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,11 +57,13 @@ class MeasuredStage:
 
 
 def model_preset(name: str) -> str | None:
-    """'meta-llama/Llama-2-7b-hf' -> 'llama-2-7b'; 'codellama/CodeLlama-34b-Instruct-hf' -> 'codellama-34b'."""
+    """'meta-llama/Llama-2-7b-hf' -> 'llama-2-7b'; 'codellama/CodeLlama-34b-Instruct-hf' -> 'codellama-34b';
+    'mistralai/Mixtral-8x7B-v0.1' -> 'mixtral-8x7b'."""
     key = name.split("/")[-1].lower()
-    for suffix in ("-hf", "-instruct", "-chat"):
-        key = key.removesuffix(suffix)
-    key = key.removesuffix("-hf").removesuffix("-instruct")
+    for _ in range(3):   # e.g. CodeLlama-34b-Instruct-hf, Mixtral-8x7B-Instruct-v0.1
+        for suffix in ("-hf", "-instruct", "-chat"):
+            key = key.removesuffix(suffix)
+        key = re.sub(r"-v\d+(\.\d+)*$", "", key)   # a release suffix: -v0.1
     return key if key in MODEL_PRESETS else None
 
 

@@ -1,0 +1,68 @@
+"""Mixture-of-experts models (Mixtral-8x7B): the preset's arithmetic and the cost model's expert MLP, by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.errors import KvsimError
+from sim.executors.cost_model import CostModelExecutor
+from sim.executors.roofline import CostParams
+from sim.fidelity.runs import model_preset
+from sim.scenario import scenario_from_dict
+from sim.sched.plan import ScheduledRequest, StepPlan
+from sim.specs import HardwareSpec, ModelSpec
+
+MIX = ModelSpec.from_name("mixtral-8x7b")
+H100 = HardwareSpec.from_name("h100-80gb")
+IDEAL = dict(compute_eff=1.0, memory_eff=1.0, kernel_latency_s=0.0, step_overhead_s=0.0, attn_compute_eff=1.0,
+             attn_memory_eff=1.0, attn_kv_read_eff=1.0, elementwise_eff=1.0, swap_block_latency_s=0.0)
+
+
+def test_mixtral_parameters_and_kv_by_hand():
+    # per layer: QKV 4096 x (4096 + 2 x 1024), out 4096 x 4096, 8 experts x 3 x 4096 x 14336, router
+    # 4096 x 8, two norms; plus embedding and LM head 32000 x 4096 each and the final norm
+    layer = 4096 * 6144 + 4096 * 4096 + 8 * 3 * 4096 * 14336 + 4096 * 8 + 2 * 4096
+    assert MIX.num_params() == 32 * layer + 2 * 32000 * 4096 + 4096 == 46_702_792_704   # "46.7B"
+    assert MIX.kv_bytes_per_token() == 2 * 32 * 8 * 128 * 2                             # GQA: 8 KV heads
+    assert model_preset("mistralai/Mixtral-8x7B-v0.1") == "mixtral-8x7b"
+
+
+def _linear(tokens: int) -> float:
+    exe = CostModelExecutor(MIX, H100, CostParams(**IDEAL))
+    plan = StepPlan(scheduled=[ScheduledRequest(i, 1, 100, []) for i in range(tokens)])
+    return exe.execute(plan).breakdown["linear"] - exe._lm_head(tokens)
+
+
+def _gemm_bytes(m: int, n: int, k: int) -> float:
+    return 2.0 * (k * n + m * k + m * n)   # memory bound at these sizes: weights + activations in and out
+
+
+def test_one_token_reads_two_experts():
+    # one token picks 2 of 8 experts: 8 x (1 - (6/8)^1) = 2 active experts, 1 row each
+    attn = _gemm_bytes(1, 6144, 4096) + _gemm_bytes(1, 4096, 4096)
+    experts = 2 * (_gemm_bytes(1, 2 * 14336, 4096) + _gemm_bytes(1, 4096, 14336))
+    router = _gemm_bytes(1, 8, 4096)
+    assert _linear(1) == pytest.approx(32 * (attn + experts + router) / 3.35e12, rel=1e-9)
+
+
+def test_a_decode_batch_reads_every_expert():
+    # 64 tokens x 2 choices: 8 x (1 - 0.75^64) = 7.99999... experts active, 128 / 7.99999 = 16.00001 rows each
+    active = 8 * (1 - 0.75 ** 64)
+    rows = 128 / active
+    attn = _gemm_bytes(64, 6144, 4096) + _gemm_bytes(64, 4096, 4096)
+    experts = active * (_gemm_bytes(rows, 2 * 14336, 4096) + _gemm_bytes(rows, 4096, 14336))
+    router = _gemm_bytes(64, 8, 4096)
+    assert _linear(64) == pytest.approx(32 * (attn + experts + router) / 3.35e12, rel=1e-9)
+    # so the step costs about the whole model's weights, 4x a single token's expert traffic
+    assert _linear(64) > 3.5 * _linear(1)
+
+
+def test_bad_expert_settings_and_the_gpu_backend():
+    base = {"workload": {"requests": [{"prompt_len": 5, "output_len": 2}]}}
+    bad = dict(MIX.model_dump(), experts_per_token=9)
+    with pytest.raises(KvsimError, match="experts_per_token must be 1 .. num_experts"):
+        scenario_from_dict({**base, "model": bad})
+    from backend.executor import make_gpu_executor
+
+    with pytest.raises(KvsimError, match="dense models only"):
+        make_gpu_executor(model=MIX, hardware=H100, config=None, kv=None, num_gpu_blocks=1, num_cpu_blocks=0)
