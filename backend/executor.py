@@ -14,7 +14,6 @@ from typing import Any
 
 from backend.runner import SeqWork, StepRunner
 from backend.shapes import ModelShape
-from sim.errors import KvsimError
 from sim.sched.plan import StepPlan, StepResult
 
 # A CPU device pool is allocated lazily by the OS, but refuse pools that could never be touched.
