@@ -14,6 +14,7 @@ from typing import Any
 
 from backend.runner import SeqWork, StepRunner
 from backend.shapes import ModelShape
+from sim.errors import KvsimError
 from sim.sched.plan import StepPlan, StepResult
 
 # A CPU device pool is allocated lazily by the OS, but refuse pools that could never be touched.
@@ -42,8 +43,6 @@ def make_gpu_executor(*, model: Any, hardware: Any, config: Any, kv: Any, num_gp
                       num_cpu_blocks: int, base_dir: Path | None = None, **_: Any) -> GPUExecutor:
     """The registry factory: builds the model (config.num_layers layers, seeded) and its KV pools."""
     if getattr(model, "num_experts", 0):
-        from sim.errors import KvsimError
-
         raise KvsimError("executor.kind", f"the GPU backend runs dense models only; {model.name} is a mixture "
                          "of experts: price it with executor.kind: cost_model")
     shape = ModelShape.of(model)
