@@ -127,8 +127,6 @@ def _stage(row: dict, where: str) -> MeasuredStage:
          "p90": floats["prompt_len_p90"], "p99": floats["prompt_len_p99"]}
     if not (q["p10"] <= q["p50"] <= q["p90"] <= q["p99"]) or q["p10"] < 1:
         raise KvsimError(where, "prompt_len_p10 <= median <= p90 <= p99 (and >= 1) must hold")
-    if q["p99"] + ints["output_len"] > ints["max_model_len"]:
-        raise KvsimError(where, "prompt_len_p99 + output_len exceeds max_model_len")
     return MeasuredStage(
         run=row["run"].strip(), stage=ints["stage"], model=model, hardware=hardware,
         tensor_parallel=ints["tensor_parallel"], max_model_len=ints["max_model_len"],
