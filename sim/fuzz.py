@@ -85,6 +85,9 @@ KNOBS: list[tuple[str, Callable[[random.Random], Any]]] = [
     ("scheduler.max_num_seqs", _choice([1, 2, 3, 4, 8, 256])),
     ("scheduler.max_num_batched_tokens", _maybe(0.6, lambda rng: rng.choice([1, 2, 8, 16, 64, 256, 2048]))),
     ("scheduler.rr_quantum_steps", _choice([1, 2, 4, 16])),
+    ("scheduler.multi_step", _choice([False, True])),      # decode runs: must change nothing (test_multi_step)
+    ("executor.engine", _choice([True, False])),           # engine-level step terms or isolated operators
+    ("frontend.enabled", _choice([True, False])),          # frontend latencies before and after the engine
 ]
 
 
@@ -92,7 +95,6 @@ KNOBS: list[tuple[str, Callable[[random.Random], Any]]] = [
 # kv_cache and scheduler sections is either a knob above, drawn in draw_scenario, or listed here).
 NOT_FUZZED: dict[str, str] = {
     "scheduler.max_steps_without_progress": "fixed to STALL_STEPS so a livelock fails fast",
-    "scheduler.multi_step": "results equal single stepping: tests/test_multi_step.py runs fuzz cases both ways",
 }
 # drawn by draw_scenario itself (they depend on each other): capacity from HBM instead of num_gpu_blocks
 DRAWN_IN_SCENARIO = ("kv_cache.gpu_memory_utilization", "kv_cache.activation_reserve_gb", "hardware.tensor_parallel")
