@@ -86,7 +86,7 @@ class Engine:
         self._wake: simpy.Event | None = None
         self._arrivals_done = False
         self._busy = False                        # a step is executing
-        self._staged: list[Request] = []          # arrived during a step (async scheduling)
+        self._staged: list[tuple[Request, float]] = []   # (request, when it reached the engine) during a step
         self._furthest: dict[int, int] = {}  # req_id -> furthest token computed (watchdog; see _advanced)
         self._next_arrival = 0.0                  # when the arrival process wakes next (inf: no more)
         self.multi_step = (multi_step and supports_decode_runs(executor)
@@ -125,7 +125,7 @@ class Engine:
     def submit(self, req: Request) -> None:
         """``req`` reaches this engine now (what the arrival process does for each request)."""
         if self.async_scheduling and self._busy:
-            self._staged.append(req)
+            self._staged.append((req, self.env.now))
         elif self.scheduler.add_request(req, self.env.now) and self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
 
@@ -151,7 +151,7 @@ class Engine:
                 self._next_arrival = env.now + delay   # the time SimPy schedules the timeout at
                 yield env.timeout(delay)
             if stage and self._busy:
-                self._staged.append(req)
+                self._staged.append((req, self.env.now))
             elif sched.add_request(req, env.now) and self._wake is not None and not self._wake.triggered:
                 self._wake.succeed()
         self._arrivals_done = True
@@ -243,8 +243,7 @@ class Engine:
             yield env.timeout(float(durations[i]))
 
     def _admit_staged(self) -> None:
-        """Hand the requests staged during the last step to the scheduler (at their own arrival time)."""
-        lag = self.arrival_delay_s
-        for req in self._staged:
-            self.scheduler.add_request(req, req.arrival_s + lag)
+        """Hand the requests staged during the last step to the scheduler (at the time each reached the engine)."""
+        for req, when in self._staged:
+            self.scheduler.add_request(req, when)
         self._staged.clear()

@@ -86,3 +86,21 @@ def test_link_presets_and_bad_pools() -> None:
     with pytest.raises(KvsimError, match="parallel samples"):
         run_scenario(scenario_from_dict(wide))
     assert not math.isnan(run_scenario(scenario_from_dict(ok)).summary["cluster"]["transfer_s_mean"])
+
+
+def test_timeline_shows_each_transfer_between_prefill_and_decode() -> None:
+    res = run_scenario(scenario_from_dict(_pd(REQS, {"replicas": 2}, {"replicas": 3})))
+    tl, reqs = res.timeline, res.requests.set_index("req_id")
+    moving = tl[tl["phase"] == "transferring"].set_index("req_id")
+    # one transfer per request that decodes (output > 1), lasting its transfer_s from requests.csv
+    assert sorted(moving.index) == [i for i, (_, _, o) in enumerate(REQS) if o > 1]
+    np.testing.assert_allclose((moving["end_s"] - moving["start_s"]).to_numpy(),
+                               reqs.loc[moving.index, "transfer_s"].to_numpy(), rtol=1e-12)
+    for rid in moving.index[:10]:
+        phases = tl[tl["req_id"] == rid].sort_values("start_s", kind="stable")
+        names = list(phases.loc[(phases["end_s"] > phases["start_s"]) | (phases["phase"] == "done"), "phase"])
+        # prefill on the prefill replica (its first token there), then the link, then decoding on the
+        # decode replica; done once, at the end
+        assert names.index("prefill") < names.index("transferring") < len(names) - 1 - names[::-1].index("decode")
+        assert names.count("done") == 1 and names[-1] == "done"
+        assert moving.loc[rid, "start_s"] >= reqs.loc[rid, "first_token_s"] - 1e-12

@@ -46,6 +46,7 @@ class Handoff:
         self.prefill_of: dict[int, int] = {}      # req_id -> prefill replica id
         self.decode_of: dict[int, int] = {}       # req_id -> decode replica id
         self.transfer_s: dict[int, float] = {}
+        self.transfer_start: dict[int, float] = {}   # req_id -> when its KV started over the link
         self.in_flight = 0
         self._drained: simpy.Event | None = None
         self._incoming: set[int] = set()          # handed to a decode replica, not yet admitted there
@@ -77,7 +78,7 @@ class Handoff:
         rep.submit(req)
 
     def _transfer(self, req: Request, free: Callable[[Request], None], src: Replica):
-        start = self.env.now
+        start = self.transfer_start[req.req_id] = self.env.now
         yield from self.link.send(req.prompt_len * self.kv_bytes_per_token)
         free(req)                                  # the prefill side lets go of the blocks now
         src.engine.wake()                          # a prefill waiting for memory may go on

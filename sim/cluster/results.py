@@ -104,7 +104,7 @@ def cluster_result(scn, workload, reps: list[Replica], served: dict[int, int], h
             summary.update(manager.sharing_summary(scn.model_spec.kv_bytes_per_block(rep.block_size)))
         timeline = sched.timeline_frame() if hasattr(sched, "timeline_frame") else None
     else:
-        summary, steps, timeline = _merged_summary(scn, reqs, reps, frames, handoff is not None, wall_time_s)
+        summary, steps, timeline = _merged_summary(scn, reqs, reps, frames, handoff, wall_time_s)
     ids = reqs["req_id"].to_numpy()
     pre = np.array([served.get(int(i), -1) for i in ids], dtype=np.int64)
     if handoff is not None:
@@ -121,7 +121,7 @@ def cluster_result(scn, workload, reps: list[Replica], served: dict[int, int], h
     return ClusterResult(scn, summary, reqs, steps, dict(workload.stats), timeline, replicas=table)
 
 
-def _merged_summary(scn, reqs, reps, frames, disaggregated: bool, wall_time_s: float):
+def _merged_summary(scn, reqs, reps, frames, handoff: Handoff | None, wall_time_s: float):
     gaps = TokenGaps()
     for rep in reps:
         gaps.step_gaps.extend(rep.scheduler.gaps.step_gaps)
@@ -148,11 +148,24 @@ def _merged_summary(scn, reqs, reps, frames, disaggregated: bool, wall_time_s: f
             vals = [p[k] for p in parts]
             summary[k] = float(np.mean(vals)) if k == "kv_sharing_saving" else sum(vals)
     timeline = None
-    if not disaggregated:
-        tls = [r.scheduler.timeline_frame() for r in reps if hasattr(r.scheduler, "timeline_frame")]
-        if tls:
-            timeline = pd.concat(tls).sort_values(["req_id", "start_s"], kind="stable").reset_index(drop=True)
+    tls = [r.scheduler.timeline_frame() for r in reps if hasattr(r.scheduler, "timeline_frame")]
+    if tls:
+        if handoff is not None:   # between its prefill and its decode replica, a request's KV is on the link
+            ids = [i for i in handoff.transfer_start if i in handoff.transfer_s]
+            start = np.array([handoff.transfer_start[i] for i in ids], dtype=float)
+            end = start + np.array([handoff.transfer_s[i] for i in ids], dtype=float)
+            moving = pd.DataFrame({"req_id": ids, "phase": "transferring", "start_s": start, "end_s": end})
+            tls = [_without_handed_done(tl, handoff.transfer_start) for tl in tls] + [moving]
+        timeline = pd.concat(tls).sort_values(["req_id", "start_s"], kind="stable").reset_index(drop=True)
     return summary, steps, timeline
+
+
+def _without_handed_done(tl: pd.DataFrame, transfer_start: dict[int, float]) -> pd.DataFrame:
+    """Drop the DONE point a prefill replica marks for a request it hands on (at or before its transfer
+    starts): the request finishes on its decode replica."""
+    t0 = tl["req_id"].map(transfer_start)
+    handed = (tl["phase"] == "done") & t0.notna() & (tl["start_s"] <= t0)
+    return tl[~handed]
 
 
 def _cluster_block(scn, reps: list[Replica], reqs: pd.DataFrame, handoff: Handoff | None,
