@@ -38,7 +38,8 @@ def test_compare_writes_table_csv_and_plots(tmp_path, capsys):
     assert {"ttft_s.p50", "memory_breakdown.token_states", "swap_time_s"} <= set(df.columns)
     for name in ("latency_cdf.png", "kv_usage.png", "memory_breakdown.png", "timeline.png"):
         assert (out / name).stat().st_size > 1000
-    assert not list(out.glob(".*"))   # no staging leftovers
+    assert [p.name for p in out.glob(".*")] == [".kvsim-results"]   # the folder's marker, no staging leftovers
+    assert [p.name for p in tmp_path.iterdir()] == ["cmp"]
 
 
 def test_compare_bad_key_is_one_line_exit_2(tmp_path, capsys):
