@@ -76,6 +76,21 @@ def _check_sequences_supported(scn: Scenario, requests: list) -> None:
                          f"kv_cache.allocator: paged and scheduler.batching: continuous, not {mode}")
 
 
+def build_parts(scn: Scenario, num_gpu: int, num_cpu: int):
+    """(KV manager, scheduler, executor, recorder) of one engine of ``scn`` with these block counts (the
+    single engine's, and each cluster replica's)."""
+    model = scn.model_spec
+    manager = make_kv_manager(scn.kv_cache, num_gpu, num_cpu, model.max_model_len)
+    scheduler = make_scheduler(scn.scheduler, manager, model.max_model_len)
+    try:
+        executor = make_executor(scn.executor.kind, model=model, hardware=scn.hardware_spec, config=scn.executor,
+                                 kv=scn.kv_cache, num_gpu_blocks=num_gpu, num_cpu_blocks=num_cpu,
+                                 base_dir=scn.base_dir, scheduler=scn.scheduler)
+    except KeyError as e:
+        raise KvsimError(f"{scn.source}: executor.kind", e.args[0]) from None
+    return manager, scheduler, executor, Recorder(num_gpu, manager.capacity_slots)
+
+
 def _integrity_default() -> bool:
     return os.environ.get("KVSIM_CHECK_INTEGRITY", "") not in ("", "0")
 
@@ -98,15 +113,7 @@ def run_scenario(scn: Scenario, check_integrity: bool | None = None, progress: b
     check_block_counts(scn, num_gpu, num_cpu)
     workload = build_workload(scn.workload, base_dir=scn.base_dir, seed=scn.seed, source=scn.source)
     _check_sequences_supported(scn, workload.requests)
-    manager = make_kv_manager(scn.kv_cache, num_gpu, num_cpu, model.max_model_len)
-    scheduler = make_scheduler(scn.scheduler, manager, model.max_model_len)
-    try:
-        executor = make_executor(scn.executor.kind, model=model, hardware=scn.hardware_spec, config=scn.executor,
-                                 kv=scn.kv_cache, num_gpu_blocks=num_gpu, num_cpu_blocks=num_cpu,
-                                 base_dir=scn.base_dir, scheduler=scn.scheduler)
-    except KeyError as e:
-        raise KvsimError(f"{scn.source}: executor.kind", e.args[0]) from None
-    recorder = Recorder(num_gpu, manager.capacity_slots)
+    manager, scheduler, executor, recorder = build_parts(scn, num_gpu, num_cpu)
     check = _integrity_default() if check_integrity is None else check_integrity
     bar = _progress_bar(len(workload.requests), progress_after_s) if progress else None
     fe_in, fe_out, fe_token = scn.frontend.latencies()

@@ -15,9 +15,6 @@ import simpy
 from sim.cluster.config import PoolConfig
 from sim.engine import Engine
 from sim.errors import KvsimError
-from sim.executors.base import make_executor
-from sim.kv import make_kv_manager
-from sim.metrics import Recorder
 from sim.request import Request
 from sim.scenario import KVCacheConfig, Scenario, SchedulerConfig
 
@@ -90,23 +87,13 @@ class Replica:
 def build_replica(scn: Scenario, replica_id: int, role: str, env: simpy.Environment, check_integrity: bool,
                   arrival_delay_s: float) -> Replica:
     """Build a replica's parts the way ``run_scenario`` builds the single engine's."""
-    from sim.runner import cpu_blocks, gpu_blocks
-    from sim.sched import make_scheduler
+    from sim.runner import build_parts, cpu_blocks, gpu_blocks
 
-    model = scn.model_spec
     num_gpu = gpu_blocks(scn)
     if num_gpu < 1:
         raise KvsimError(f"{scn.source}: kv_cache", f"no room for a single KV block on a {role} replica")
     num_cpu = cpu_blocks(scn)
-    manager = make_kv_manager(scn.kv_cache, num_gpu, num_cpu, model.max_model_len)
-    scheduler = make_scheduler(scn.scheduler, manager, model.max_model_len)
-    try:
-        executor = make_executor(scn.executor.kind, model=model, hardware=scn.hardware_spec, config=scn.executor,
-                                 kv=scn.kv_cache, num_gpu_blocks=num_gpu, num_cpu_blocks=num_cpu,
-                                 base_dir=scn.base_dir, scheduler=scn.scheduler)
-    except KeyError as e:
-        raise KvsimError(f"{scn.source}: executor.kind", e.args[0]) from None
-    recorder = Recorder(num_gpu, manager.capacity_slots)
+    manager, scheduler, executor, recorder = build_parts(scn, num_gpu, num_cpu)
     engine = Engine(None, scheduler, executor, recorder, check_integrity=check_integrity,
                     max_steps_without_progress=scn.scheduler.max_steps_without_progress,
                     async_scheduling=scn.scheduler.async_scheduling, arrival_delay_s=arrival_delay_s,
