@@ -28,6 +28,7 @@ Nelder-Mead (scipy). ``--write`` stores the terms in the hardware's shipped cali
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 from pathlib import Path
@@ -51,8 +52,13 @@ PRIORS = {"graph_kernel_s": (1.5e-6, 1.0, 0.0, 8e-6), "step_gap_s": (1e-4, 3.0, 
 NAMES = list(PRIORS)
 
 
+@functools.cache
+def _params(hardware: str):
+    return load_calibration(hardware)[0]   # read once: the fit prices thousands of parameter sets
+
+
 def executor_for(stage: MeasuredStage, hardware: str, engine: EngineParams) -> CostModelExecutor:
-    params, _ = load_calibration(hardware)
+    params = _params(hardware)
     hw = HardwareSpec.from_name(stage.hardware).model_copy(update={"tensor_parallel": stage.tensor_parallel})
     model = ModelSpec.from_name(stage.model).model_copy(update={"max_model_len": stage.max_model_len})
     eng = EngineParams.from_dict(engine.to_dict())

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from sim import limits as L
 from sim.cluster.config import ClusterConfig
 from sim.errors import KvsimError
-from sim.specs import HardwareSpec, ModelSpec
+from sim.specs import HardwareSpec, ModelSpec, check_preset
 from sim.workload.config import WorkloadConfig
 from sim.yamlfile import parse_yaml, read_text_bounded
 
@@ -122,22 +122,12 @@ class Scenario(_Strict):
     @field_validator("model")
     @classmethod
     def _model_preset(cls, v: str | ModelSpec) -> str | ModelSpec:
-        if isinstance(v, str):
-            try:
-                ModelSpec.from_name(v)
-            except KeyError as e:
-                raise ValueError(e.args[0]) from None
-        return v
+        return check_preset(v, ModelSpec)
 
     @field_validator("hardware")
     @classmethod
     def _hardware_preset(cls, v: str | HardwareSpec) -> str | HardwareSpec:
-        if isinstance(v, str):
-            try:
-                HardwareSpec.from_name(v)
-            except KeyError as e:
-                raise ValueError(e.args[0]) from None
-        return v
+        return check_preset(v, HardwareSpec)
 
     @property
     def model_spec(self) -> ModelSpec:

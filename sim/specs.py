@@ -124,6 +124,17 @@ class HardwareSpec(BaseModel):
         return HARDWARE_PRESETS[key]
 
 
+def check_preset(value, spec: type[ModelSpec] | type[HardwareSpec]):
+    """A preset name must name a preset of ``spec`` (else ValueError listing the known ones); a mapping or
+    a spec passes through (pydantic validators of scenario keys that take either)."""
+    if isinstance(value, str):
+        try:
+            spec.from_name(value)
+        except KeyError as e:
+            raise ValueError(e.args[0]) from None
+    return value
+
+
 def kv_capacity_blocks(
     model: ModelSpec,
     hardware: HardwareSpec,

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from sim.specs import HardwareSpec
+from sim.specs import HardwareSpec, check_preset
 
 ROUTER_POLICIES = ("round_robin", "random", "least_requests", "least_kv", "power_of_two", "prefix_affinity",
                    "session")
@@ -99,12 +99,7 @@ class PoolConfig(_Strict):
     @field_validator("hardware")
     @classmethod
     def _hardware_preset(cls, v: str | HardwareSpec | None) -> str | HardwareSpec | None:
-        if isinstance(v, str):
-            try:
-                HardwareSpec.from_name(v)
-            except KeyError as e:
-                raise ValueError(e.args[0]) from None
-        return v
+        return check_preset(v, HardwareSpec)
 
     @field_validator("kv_cache")
     @classmethod
