@@ -1,6 +1,6 @@
 """Cluster speed: N replicas against one replica with N times the capacity, on the same requests.
 
-    python benchmarks/cluster_bench.py [--replicas 8] [--limit 100000] [--router round_robin]
+    python benchmarks/cluster_bench.py [--replicas 8] [--limit 100000] [--router round_robin] [--single-step]
 
 Both replay the quickstart's engine (Llama-2-13B, A100-80GB, chunked prefill) on the first ``--limit``
 requests of the Azure conversation hour (all 19,366 by default). The large replica has N times the HBM
@@ -35,9 +35,11 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=8)
     ap.add_argument("--limit", type=int, default=100_000)
     ap.add_argument("--router", default="round_robin")
+    ap.add_argument("--single-step", action="store_true", help="scheduler.multi_step: false in both runs")
     args = ap.parse_args()
     n = args.replicas
-    base = [f"workload.limit={args.limit}", "output.plots=false"]
+    base = [f"workload.limit={args.limit}", "output.plots=false",
+            f"scheduler.multi_step={'false' if args.single_step else 'true'}"]
     one = load_scenario(QUICKSTART, base)
     hw = HardwareSpec.from_name("a100-80gb")
     big = [*base, f"hardware.hbm_bytes={hw.hbm_bytes * n}", f"hardware.hbm_bandwidth={hw.hbm_bandwidth * n}",

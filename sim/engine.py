@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
 import simpy
 
 from sim.errors import KvsimError
@@ -182,18 +183,34 @@ class Engine:
             start = env.now
             run = runner.plan(start, self._next_arrival, prev, step) if runner is not None and not staged else None
             if run is not None:
+                # a chain of runs: each one that ends before the next arrival can reach the engine is
+                # applied now (nothing else acts before then) and the next is planned from its arrays;
+                # the engine waits once, until the end of the last; a last run that the arrival reaches
+                # inside is applied after the wait, as single stepping would see it
+                ends, durations = [run.ends], [run.durations[: run.k]]
+                total = run.k
+                last = run
+                while run is not None and run.end < self._next_arrival:
+                    run.eager = True
+                    step = self._applied(runner, run, step)
+                    last = run
+                    run = runner.plan_next(run, self._next_arrival, step)
+                    if run is not None:
+                        ends.append(run.ends[1:])
+                        durations.append(run.durations[: run.k])
+                        total += run.k
                 self._busy = True
-                yield from self._wait_run(run.ends, run.durations, run.k)
+                if len(ends) == 1:
+                    yield from self._wait_run(ends[0], durations[0], total)
+                else:
+                    yield from self._wait_run(np.concatenate(ends), np.concatenate(durations), total)
                 self._busy = False
-                runner.apply(run)
-                self.num_runs += 1
-                if self.check_integrity:
-                    sched.check_integrity()
-                prev = float(run.durations[run.k - 1])
-                for _ in range(run.k):
-                    step += 1
-                    if self.on_step is not None:
-                        self.on_step(step)
+                if run is None:
+                    runner.write_back(last)
+                else:
+                    step = self._applied(runner, run, step)
+                    last = run
+                prev = float(last.durations[last.k - 1])
                 stall = 0
                 continue
             plan = sched.schedule(start)
@@ -226,6 +243,21 @@ class Engine:
             if stall >= self.max_stall:
                 raise KvsimError("engine", f"no progress for {stall} steps at t={env.now:.3f}s "
                                  f"({sched.num_waiting()} waiting, {len(sched.running)} running): livelock")
+
+    def _applied(self, runner: DecodeRunner, run, step: int) -> int:
+        """Apply a decode run and count its steps; returns the step count after it."""
+        runner.apply(run)
+        self.num_runs += 1
+        if self.check_integrity:
+            if run.eager:
+                runner.write_back(run)   # the checks recompute slots from the requests' counters
+            self.scheduler.check_integrity()
+        if self.on_step is not None:
+            for _ in range(run.k):
+                step += 1
+                self.on_step(step)
+            return step
+        return step + run.k
 
     def _wait_run(self, ends, durations, k: int):
         """Wait from ``ends[0]`` until exactly ``ends[k]``: in one timeout when a float delay lands there,

@@ -209,3 +209,21 @@ def test_executors_without_the_flag_step_one_at_a_time(run_count):
     engine.run()
     assert ex.calls == 20 and run_count["runs"] == 0 and not engine.multi_step
     assert math.isclose(sched.finished[0].finish_s, 20.0)
+
+
+@pytest.mark.parametrize("policy", ["round_robin", "random", "least_requests"])
+def test_cluster_replicas_equal(policy, run_count):
+    """Replicas behind a router that reads no state know when their next request comes, so they take
+    decode runs (and chains of them); a router that reads state keeps them single stepping. Either way
+    the cluster's results equal single stepping's."""
+    data = copy.deepcopy(STRESS["long_decodes"])
+    data["workload"]["synthetic"]["arrival"]["rate"] = 60.0
+    data["output"] = {"plots": False}
+    data["cluster"] = {"replicas": 3, "router": {"policy": policy}}
+    single, multi = both_ways(data, check=True)
+    assert_same(single, multi)
+    pd.testing.assert_frame_equal(single.replicas, multi.replicas, check_exact=True)
+    if policy == "least_requests":
+        assert run_count["runs"] == 0
+    else:
+        assert run_count["runs"] > 0 and run_count["steps"] > 2 * run_count["runs"]

@@ -97,5 +97,5 @@ def build_replica(scn: Scenario, replica_id: int, role: str, env: simpy.Environm
     engine = Engine(None, scheduler, executor, recorder, check_integrity=check_integrity,
                     max_steps_without_progress=scn.scheduler.max_steps_without_progress,
                     async_scheduling=scn.scheduler.async_scheduling, arrival_delay_s=arrival_delay_s,
-                    env=env, replica_id=replica_id)
+                    multi_step=scn.scheduler.multi_step, env=env, replica_id=replica_id)
     return Replica(replica_id, role, scn, engine, num_gpu)

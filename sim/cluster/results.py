@@ -128,15 +128,17 @@ def _merged_summary(scn, reqs, reps, frames, handoff: Handoff | None, wall_time_
         gaps.other_gaps.extend(rep.scheduler.gaps.other_gaps)
     merged = _Merged(sum(r.scheduler.num_truncated for r in reps), sum(r.scheduler.num_preemptions for r in reps),
                      sum(r.scheduler.swapped_blocks for r in reps), gaps)
-    tagged = []
-    for rep, st in zip(reps, frames):
-        st = st.copy()
-        st.insert(1, "replica", rep.replica_id)
-        tagged.append(st)
-    steps = pd.concat(tagged, ignore_index=True)
-    share = steps.copy()   # each step's slots as a share of its own replica's capacity
-    cap = np.concatenate([np.full(len(st), r.manager.capacity_slots, dtype=float) for r, st in zip(reps, frames)])
-    share[SLOT_COLS] = share[SLOT_COLS].to_numpy(dtype=float) / cap[:, None]
+    # every replica's steps, tagged with the replica (after ``step``), column by column (no frame copies)
+    lengths = [len(st) for st in frames]
+    names = list(dict.fromkeys(name for st in frames for name in st.columns))   # pd.concat's outer join
+    cols = {name: np.concatenate([st[name].to_numpy() if name in st.columns else np.full(len(st), np.nan)
+                                  for st in frames]) for name in names}
+    cols = {"step": cols.pop("step"),
+            "replica": np.repeat(np.array([r.replica_id for r in reps], dtype=np.int64), lengths), **cols}
+    steps = pd.DataFrame(cols, copy=False)
+    # each step's slots as a share of its own replica's capacity
+    cap = np.repeat(np.array([r.manager.capacity_slots for r in reps], dtype=float), lengths)
+    share = pd.DataFrame({**cols, **{c: cols[c].astype(float) / cap for c in SLOT_COLS}}, copy=False)
     serving = [r for r in reps if r.role != "decode"]
     summary = summarize(reqs, share, merged, capacity_slots=1, wall_time_s=wall_time_s,
                         prefix_cache_hit_rate=_hit_rate(serving))

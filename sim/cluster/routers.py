@@ -58,6 +58,9 @@ def register(name: str) -> Callable[[type[Router]], type[Router]]:
 
 class Router:
     name = "router"
+    # False when ``choose`` reads no replica state (round_robin, random): the choices can then be made
+    # ahead of time, so each replica knows when its next request comes (its decode runs stop there)
+    reads_state = True
 
     def __init__(self, config, seed: int) -> None:
         self.config = config
@@ -74,6 +77,8 @@ def least_loaded(replicas: Sequence[ReplicaView], among: Sequence[int] | None = 
 
 @register("round_robin")
 class RoundRobin(Router):
+    reads_state = False
+
     def __init__(self, config, seed: int) -> None:
         super().__init__(config, seed)
         self.next = 0
@@ -86,6 +91,8 @@ class RoundRobin(Router):
 
 @register("random")
 class Random(Router):
+    reads_state = False
+
     def choose(self, req: Request, replicas: Sequence[ReplicaView]) -> int:
         return int(self.rng.integers(len(replicas)))
 

@@ -18,6 +18,7 @@ engine's, and the summary is built by the same code from the same objects.
 
 from __future__ import annotations
 
+import math
 import time
 
 import simpy
@@ -35,6 +36,9 @@ from sim.workload import build_workload
 
 def _arrivals(env: simpy.Environment, requests: list[Request], lag: float, router: Router,
               pool: list[Replica], submit, served: dict[int, int]):
+    if not router.reads_state and submit is Replica.submit:
+        yield from _arrivals_ahead(env, requests, lag, router, pool, served)
+        return
     for req in requests:
         delay = req.arrival_s + lag - env.now
         if delay > 0:
@@ -42,6 +46,38 @@ def _arrivals(env: simpy.Environment, requests: list[Request], lag: float, route
         rep = pool[router.choose(req, pool)]
         served[req.req_id] = rep.replica_id
         submit(rep, req)
+    for rep in pool:
+        rep.engine.end_arrivals()
+
+
+def _arrivals_ahead(env: simpy.Environment, requests: list[Request], lag: float, router: Router,
+                    pool: list[Replica], served: dict[int, int]):
+    """``_arrivals`` for a router that reads no replica state: every choice is made first (the same
+    choices, in the same order), so each engine is told when its next request will be submitted (the
+    float time the timeout below fires at) and may advance decode runs up to it (sim/sched/decode_run.py)."""
+    dest = [router.choose(req, pool) for req in requests]
+    times = []
+    now = env.now
+    for req in requests:   # the times this process wakes at, summed as SimPy sums them
+        delay = req.arrival_s + lag - now
+        if delay > 0:
+            now = now + delay
+        times.append(now)
+    queues: list[list[float]] = [[] for _ in pool]
+    for i, t in zip(dest, times):
+        queues[i].append(t)
+    nxt = [0] * len(pool)
+    for rep, q in zip(pool, queues):
+        rep.engine._next_arrival = q[0] if q else math.inf
+    for req, i in zip(requests, dest):
+        delay = req.arrival_s + lag - env.now
+        if delay > 0:
+            yield env.timeout(delay)
+        rep = pool[i]
+        served[req.req_id] = rep.replica_id
+        nxt[i] += 1
+        rep.engine._next_arrival = queues[i][nxt[i]] if nxt[i] < len(queues[i]) else math.inf
+        rep.submit(req)
     for rep in pool:
         rep.engine.end_arrivals()
 

@@ -247,8 +247,6 @@ class CostModelExecutor:
     def execute_decode_run(self, plan: StepPlan, k: int):
         """``k`` consecutive all-decode steps (step j: every context + j) at once, each equal bit for bit
         to ``execute`` of its plan: the same formulas on an array of decode context sums."""
-        from sim.executors.base import DecodeRun
-
         seqs = len(plan.scheduled)
         ctx0 = 0
         for s in plan.scheduled:
@@ -257,6 +255,13 @@ class CostModelExecutor:
             ctx0 += s.num_context_tokens + 1
         if plan.blocks_to_copy or plan.blocks_to_swap_in or plan.blocks_to_swap_out:
             raise ValueError("execute_decode_run needs a plan without block movement")
+        return self.execute_decode_sums(seqs, ctx0, k)
+
+    def execute_decode_sums(self, seqs: int, ctx0: int, k: int):
+        """``execute_decode_run`` from what it reads of the plan: ``seqs`` decode sequences whose
+        contexts (each counting the token computed) sum to ``ctx0`` at step 0."""
+        from sim.executors.base import DecodeRun
+
         dec_ctx = ctx0 + seqs * np.arange(k, dtype=np.int64)   # exact integers, as the loop sums them
         zero = np.zeros(k)
         if self.engine is None:

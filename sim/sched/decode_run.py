@@ -54,7 +54,7 @@ class PendingRun:
 
     k: int
     batch: list[Request]
-    plan: StepPlan
+    plan: StepPlan | None      # unused (the run is priced from its arrays)
     c0: list[int]
     g0: list[int]
     rem: np.ndarray            # remaining output tokens per request at the start
@@ -65,10 +65,25 @@ class PendingRun:
     waiting: int = 0           # queue lengths at the start (arrivals inside a run come in its last step)
     swapped: int = 0
     blocked_head: Request | None = None   # the queue's head, whose failed allocation creates its empty table
+    last_token: float | None = None   # every request's last token time (a chained run), else read them
+    eager: bool = False        # applied at plan time inside a chain: counters of survivors not written
+    c0a: np.ndarray | None = None     # c0 and g0 as arrays (carried to the next run of a chain)
+    g0a: np.ndarray | None = None
 
     @property
     def end(self) -> float:
         return float(self.ends[self.k])
+
+
+class DecodeStepView:
+    """What the recorder reads of an all-decode step's plan: its size and no block movement (a run
+    builds no per-request plan)."""
+
+    __slots__ = ("scheduled",)
+    blocks_to_copy = blocks_to_swap_out = blocks_to_swap_in = ()
+
+    def __init__(self, n: int) -> None:
+        self.scheduled = range(n)
 
 
 def _blocks_needed(c0: np.ndarray, l0: np.ndarray, bs: int, j: int) -> int:
@@ -124,29 +139,67 @@ class DecodeRunner:
             return sorted(running, key=lambda r: (r.priority, r.arrival_s, r.req_id))
         return list(running)
 
+    def _arrival_limit(self, now: float, next_arrival: float, prev_duration: float) -> int:
+        """Steps a run may price before the next arrival (an estimate from the last step's duration; the
+        exact cut is made on the priced ends)."""
+        if math.isfinite(next_arrival) and prev_duration > 0:
+            return max(1, min(self.max_steps, int((next_arrival - now) / prev_duration) + 2))
+        return self.max_steps
+
     def plan(self, now: float, next_arrival: float, prev_duration: float, step: int) -> PendingRun | None:
         """Price the longest run allowed from ``now``; None when the next step is not a plain decode step
-        or the run would be shorter than ``min_steps`` (then single stepping is cheaper; same results)."""
-        limit = self.max_steps
-        if math.isfinite(next_arrival) and prev_duration > 0:
-            limit = max(1, min(limit, int((next_arrival - now) / prev_duration) + 2))
-            if limit < self.min_steps:
-                return None
+        or the runs from here would be shorter than ``min_steps`` (then single stepping is cheaper; same
+        results). With nobody waiting, a run may stop at a request's last token and be chained
+        (``plan_next``), so only the time to the next arrival has to reach ``min_steps``."""
+        limit = self._arrival_limit(now, next_arrival, prev_duration)
+        if limit < self.min_steps or next_arrival <= now:   # (a fed engine not told of its next request)
+            return None
         batch = self._batch()
-        if batch is None or min([r.output_len - r.num_generated for r in batch]) < self.min_steps:
-            return None   # (the second test is rem.min() below, done early because it is the usual stop)
-        sched = self.sched
-        mgr = sched.manager
-        tables = mgr.block_tables
+        if batch is None:
+            return None
+        chained = not len(self.sched.waiting)
+        if not chained and min([r.output_len - r.num_generated for r in batch]) < self.min_steps:
+            return None   # (the usual stop when runs cannot be chained, tested early)
+        tables = self.sched.manager.block_tables
         cols = np.array([(r.num_computed_tokens, r.num_generated, r.prompt_len, r.output_len, len(tables[r.req_id]))
                          for r in batch], dtype=np.int64)
         c0, g0, prompt, out, l0 = cols.T
         if g0.min() <= 0 or (prompt + g0 - c0 != 1).any():
             return None
-        c0l, g0l = c0.tolist(), g0.tolist()
-        rem = out - g0
+        return self._price(now, next_arrival, limit, step, batch, c0, g0, l0, out - g0,
+                           1 if chained else self.min_steps, None)
+
+    def plan_next(self, run: PendingRun, next_arrival: float, step: int) -> PendingRun | None:
+        """The run that follows ``run`` (applied, at its end), from the arrays it carried: the same batch
+        less the requests it finished, every counter k further, no per-request work. None when single
+        stepping must take over (somebody waits, or nobody is left)."""
+        sched = self.sched
+        if len(sched.waiting) or sched.swapped or sched._prefilling:
+            return None
+        k = run.k
+        keep = run.rem > k
+        if keep.all():
+            batch = run.batch
+        else:
+            if not keep.any():
+                return None
+            batch = [r for r, f in zip(run.batch, keep.tolist()) if f]
+        c0 = run.c0a[keep] + k
+        bs = sched.manager.block_size
+        end = run.end
+        limit = self._arrival_limit(end, next_arrival, float(run.durations[k - 1]))
+        return self._price(end, next_arrival, limit, step, batch, c0, run.g0a[keep] + k, -(-c0 // bs),
+                           run.rem[keep] - k, 1, end)
+
+    def _price(self, now: float, next_arrival: float, limit: int, step: int, batch: list[Request],
+               c0: np.ndarray, g0: np.ndarray, l0: np.ndarray, rem: np.ndarray, min_steps: int,
+               last_token: float | None) -> PendingRun | None:
+        """Bound, price and cut the run of ``batch`` (computed ``c0``, generated ``g0``, table lengths ``l0``,
+        remaining ``rem``) starting at ``now``."""
+        sched = self.sched
+        mgr = sched.manager
         k = min(int(rem.min()), limit)
-        if k < self.min_steps:
+        if k < min_steps:
             return None
         free = mgr.pool.num_free
         bs = mgr.block_size
@@ -159,15 +212,14 @@ class DecodeRunner:
                 else:
                     lo = mid + 1
             k = lo
-            if k < self.min_steps:
+            if k < min_steps:
                 return None
-        if self._head is not None:   # the head must not fit after step 0's allocations (free only shrinks)
-            head, num_new = self._head
-            need = -(-(head.num_computed_tokens + num_new) // bs) - len(tables.get(head.req_id) or ())
+        if self._head is not None and last_token is None:   # the head must not fit after step 0's allocations
+            head, num_new = self._head                      # (free only shrinks)
+            need = -(-(head.num_computed_tokens + num_new) // bs) - len(mgr.block_tables.get(head.req_id) or ())
             if need <= free - _blocks_needed(c0, l0, bs, 0):
                 return None
-        plan = StepPlan(scheduled=[ScheduledRequest(r.req_id, 1, c, tables[r.req_id]) for r, c in zip(batch, c0l)])
-        run = execute_decode_run(self.executor, plan, k)
+        run = self._price_steps(batch, c0, k)
         d = np.asarray(run.durations, dtype=np.float64)
         bad = np.flatnonzero(~(d > 0))
         if bad.size:
@@ -177,8 +229,21 @@ class DecodeRunner:
         if math.isfinite(next_arrival):
             first = int(np.searchsorted(ends[1:], next_arrival, side="left"))
             k = min(k, first + 1)
-        return PendingRun(k, batch, plan, c0l, g0l, rem, d, ends[: k + 1], run.breakdown, l0,
-                          sched.num_waiting(), sched.num_swapped(), self._head[0] if self._head else None)
+        head = self._head[0] if self._head is not None and last_token is None else None
+        return PendingRun(k, batch, None, c0.tolist(), g0.tolist(), rem, d, ends[: k + 1], run.breakdown, l0,
+                          sched.num_waiting(), sched.num_swapped(), head, last_token, c0a=c0, g0a=g0)
+
+    def _price_steps(self, batch: list[Request], c0: np.ndarray, k: int):
+        """Prices of k decode steps of ``batch`` (step j: every context c0 + j); from the batch's size and
+        context sum where the executor takes them, else through a plan."""
+        sums = getattr(self.executor, "execute_decode_sums", None)
+        if sums is not None:
+            n = len(batch)
+            return sums(n, int(c0.sum()) + n, k)
+        tables = self.sched.manager.block_tables
+        plan = StepPlan(scheduled=[ScheduledRequest(r.req_id, 1, c, tables[r.req_id])
+                                   for r, c in zip(batch, c0.tolist())])
+        return execute_decode_run(self.executor, plan, k)
 
     # ------------------------------------------------------------ applying
     def apply(self, run: PendingRun) -> list[Request]:
@@ -195,10 +260,19 @@ class DecodeRunner:
         mgr.note_decode_run(n, used, logical)
         self._gaps(run)
         end = run.end
-        for req, c, g in zip(batch, run.c0, run.g0):
-            req.num_computed_tokens = c + k
-            req.num_generated = g + k
-            req.last_token_s = end
+        finished = np.flatnonzero(run.rem == k).tolist()
+        if run.eager:   # chained: the survivors' counters are written once the chain ends (write_back)
+            c0, g0 = run.c0, run.g0
+            for i in finished:
+                req = batch[i]
+                req.num_computed_tokens = c0[i] + k
+                req.num_generated = g0[i] + k
+                req.last_token_s = end
+        else:
+            for req, c, g in zip(batch, run.c0, run.g0):
+                req.num_computed_tokens = c + k
+                req.num_generated = g + k
+                req.last_token_s = end
         sched.step_index += k
         sched.stats = StepStats(num_decode_tokens=n, num_sampled=n)
         if k > 1:
@@ -212,12 +286,21 @@ class DecodeRunner:
                 slots=(ts, u * bs - ts - beyond[:m], beyond[:m], np.zeros(m, dtype=np.int64),
                        (mgr.num_blocks - u) * bs),
                 breakdown={key: v[:m] for key, v in run.breakdown.items()})
-        done = [batch[i] for i in np.flatnonzero(run.rem == k).tolist()]
+        done = [batch[i] for i in finished]
         if done:
             sched._finish(done, end)
         last = StepResult(float(run.durations[k - 1]), {key: float(v[k - 1]) for key, v in run.breakdown.items()})
-        self.recorder.record_step(float(run.ends[k - 1]), run.plan, last, sched)
+        self.recorder.record_step(float(run.ends[k - 1]), DecodeStepView(n), last, sched)
         return done
+
+    def write_back(self, run: PendingRun) -> None:
+        """End of a chain whose last run was applied eagerly: write the survivors' counters."""
+        k, end = run.k, run.end
+        for req, c, g, r in zip(run.batch, run.c0, run.g0, run.rem.tolist()):
+            if r > k:
+                req.num_computed_tokens = c + k
+                req.num_generated = g + k
+                req.last_token_s = end
 
     def _allocate(self, run: PendingRun) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Call allocate_slots where single stepping would (a request at a block boundary), in step then
@@ -287,7 +370,10 @@ class DecodeRunner:
         regular = back == ends[:k]
         dl = d.tolist()
         # step 0: each request's last token time decides
-        lt = np.fromiter((r.last_token_s for r in run.batch), np.float64, n)
+        if run.last_token is None:
+            lt = np.fromiter((r.last_token_s for r in run.batch), np.float64, n)
+        else:   # chained: every request sampled at the previous run's end
+            lt = np.full(n, run.last_token)
         reg0 = lt == back[0]
         num0 = int(reg0.sum())
         if num0 < n:
