@@ -37,11 +37,27 @@ def test_a_measured_shape_keeps_its_own_curve():
 
 def test_local_points_interpolate_in_log_tokens():
     c = {**CORR, "local": {"1000,1000": [[10, 0.1], [1000, 0.3]]}}
-    # M = 100 is halfway between 10 and 1000 in ln M; the shape's own curve gives 0.2 x 99/100 there
-    assert factor_scalar(c, 100, 1000, 1000) == pytest.approx(math.exp(0.198 + 0.2))
+    # no block of 64, 128 or 256 around M = 500 holds a point: all of them, and 500 is ln 50 / ln 100 of the
+    # way from 10 to 1000 in ln M; the shape's own curve is flat at 0.2 beyond its grid
+    assert factor_scalar(c, 500, 1000, 1000) == pytest.approx(math.exp(0.1 + 0.2 * math.log(50) / math.log(100) + 0.2))
     assert factor_scalar(c, 1, 1000, 1000) == pytest.approx(math.exp(0.0 + 0.1))   # flat below
     assert factor_scalar(c, 101, 2000, 1000) == pytest.approx(math.exp(0.25))      # other shapes unchanged
     assert factor_scalar({}, 7, 1, 1) == 1.0
+
+
+def test_local_points_stay_within_their_token_block():
+    c = {**CORR, "local": {"1000,1000": [[10, 0.1], [40, 0.2], [100, 0.4], [1000, 0.3]]}}
+
+    def local(m: int) -> float:  # the local delta alone: minus the shape's own curve (0.2 (M - 1) / 100, flat)
+        return math.log(factor_scalar(c, m, 1000, 1000)) - 0.2 * (min(m, 101) - 1) / 100
+    # M = 20 shares the block 1..64 with 10 and 40: halfway between them in ln M
+    assert local(20) == pytest.approx(0.15)
+    # M = 120 shares 65..128 with 100 alone: flat at its delta, not pulled towards 1000
+    assert local(120) == pytest.approx(0.4)
+    # M = 200: nothing in 193..256 or 129..256; 1..256 holds 10, 40, 100: flat beyond 100
+    assert local(200) == pytest.approx(0.4)
+    # M = 600: no block holds a point (1000 is in 961..1024, 897..1024, 769..1024): all points, ln M
+    assert local(600) == pytest.approx(0.4 - 0.1 * math.log(6) / math.log(10))
 
 
 def test_vectorised_matches_scalar_and_gemm_time_multiplies():

@@ -7,7 +7,8 @@ new model from a few of its own measured points.
   with the same hidden size share their attention shapes: those leave training too), test on the
   held-out model. Nothing is judged on a shape it has seen.
 - ``fit_local``: a new model's measured points, as deltas over the generalised model per exact shape;
-  interpolated in ln M between them (shape_correction.py).
+  interpolated in ln M among those in M's block of 64, else 128, else 256 token counts, else all
+  (shape_correction.py).
 """
 
 from __future__ import annotations

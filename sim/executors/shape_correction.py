@@ -15,8 +15,11 @@ For a shape (N, K) the correction curve is a kernel-weighted mean of the trainin
     r(M) = sum_i w_i r_i(M) / (sum_i w_i + w_0)          r_i linear in M between grid points, flat beyond
 
 A shape measured in training (N = N_i and K = K_i) takes its own curve r_i instead: the correction
-reproduces what was measured and generalises only to shapes it has not seen. Plus, when ``local`` holds the exact shape, its deltas interpolated linearly in ln M (flat beyond the
-measured range). The GEMM time is ``roofline x exp(r(M))``.
+reproduces what was measured and generalises only to shapes it has not seen. Plus, when ``local`` holds the
+exact shape, its deltas at M: interpolated linearly in ln M among the local points in the same block of 64
+token counts as M (ceil(M / 64) equal), or else of 128, or else of 256 (the tile heights: a GEMM's time
+steps where M crosses a tile boundary, so a point across one says little about M), or else among all of
+them; flat beyond the points used. The GEMM time is ``roofline x exp(r(M))``.
 
 Invariants: a shape's curve is computed once (numpy, about 50 us) and cached; afterwards one lookup costs
 a bisection and a linear interpolation (about 1 us). An empty dict is no correction (factor 1).
@@ -35,6 +38,8 @@ import numpy as np
 # unique while cached, and at most _MAX_EVALUATORS are kept (a sweep loads one calibration per run)
 _EVALUATORS: OrderedDict[int, tuple[dict[str, Any], ShapeCorrection]] = OrderedDict()
 _MAX_EVALUATORS = 32
+# block sizes (token counts) the local points are grouped by, smallest first: the GEMM tile heights
+LOCAL_BLOCKS = (64, 128, 256)
 
 
 class ShapeCorrection:
@@ -49,7 +54,7 @@ class ShapeCorrection:
         self.width_k = float(data.get("width_k", 0.4))
         self.prior_weight = float(data.get("prior_weight", 0.3))
         self.exact = {(int(n), int(k)): i for i, (n, k) in enumerate(shapes.tolist())}
-        self.local = {tuple(int(x) for x in key.split(",")): sorted((float(m), float(d)) for m, d in pts)
+        self.local = {tuple(int(x) for x in key.split(",")): LocalPoints(pts)
                       for key, pts in data.get("local", {}).items()}
         self._cache: dict[tuple[int, int], list[float]] = {}
 
@@ -75,9 +80,34 @@ class ShapeCorrection:
         if self.grid:
             r = _lerp(self.grid, self.curve(n, k), float(m))
         pts = self.local.get((int(n), int(k)))
-        if pts:
-            r += _lerp([math.log(p[0]) for p in pts], [p[1] for p in pts], math.log(max(float(m), 1.0)))
+        if pts is not None:
+            r += pts.delta(float(m))
         return r
+
+
+class LocalPoints:
+    """A new model's measured deltas of one shape, grouped by token-count block (the module docstring)."""
+
+    def __init__(self, pts: list[list[float]]) -> None:
+        pts = sorted((max(float(m), 1.0), float(d)) for m, d in pts)
+        self.all = ([math.log(m) for m, _ in pts], [d for _, d in pts])
+        self.blocks: list[dict[int, tuple[list[float], list[float]]]] = []
+        for b in LOCAL_BLOCKS:
+            groups: dict[int, tuple[list[float], list[float]]] = {}
+            for m, d in pts:
+                xs, ys = groups.setdefault(math.ceil(m / b), ([], []))
+                xs.append(math.log(m))
+                ys.append(d)
+            self.blocks.append(groups)
+
+    def delta(self, m: float) -> float:
+        """The delta at token count ``m``: within the smallest block of ``m`` holding points, else all."""
+        m = max(m, 1.0)
+        for b, groups in zip(LOCAL_BLOCKS, self.blocks):
+            hit = groups.get(math.ceil(m / b))
+            if hit is not None:
+                return _lerp(hit[0], hit[1], math.log(m))
+        return _lerp(self.all[0], self.all[1], math.log(m)) if self.all[0] else 0.0
 
 
 def _lerp(xs: list[float], ys: list[float], x: float) -> float:
@@ -124,7 +154,8 @@ def factor(data: dict[str, Any], m: Any, n: Any, k: Any) -> Any:
         sel = inv == j
         r = np.interp(mf[sel], ev.grid, ev.curve(n_j, k_j)) if ev.grid else np.zeros(int(sel.sum()))
         pts = ev.local.get((n_j, k_j))
-        if pts:
-            r = r + np.interp(np.log(np.maximum(mf[sel], 1.0)), [math.log(p[0]) for p in pts], [p[1] for p in pts])
+        if pts is not None:
+            ms, back = np.unique(mf[sel], return_inverse=True)
+            r = r + np.array([pts.delta(x) for x in ms.tolist()])[back.reshape(-1)]
         flat[sel] = r
     return np.exp(out) if out.ndim else float(np.exp(out))

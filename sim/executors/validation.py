@@ -63,7 +63,7 @@ def calibrate_files(hardware_name: str, paths: list[str | Path], tp: int | None 
 
 def calibrate_from_base(base_ref: str, paths: list[str | Path]) -> dict[str, Any]:
     """A new model's calibration: the base calibration plus local points for every projection shape the
-    measurements hold (interpolated in ln M per shape, shape_correction.py); nothing else is refitted."""
+    measurements hold (interpolated in ln M within M's token block per shape, shape_correction.py); nothing else is refitted."""
     params, base = load_calibration(base_ref)
     df = read_measurements(paths)
     hw = hardware_of(base.get("hardware", ""))
