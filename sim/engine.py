@@ -98,6 +98,9 @@ class Engine:
         # cluster: nothing schedulable may be a wait for memory held outside the scheduler (a prefill
         # replica's blocks in transfer): wait for wake() instead of declaring a deadlock
         self.may_block = False
+        # cluster: a router reads this engine's state when a request arrives anywhere (decode runs then
+        # stop before the step an arrival falls in; sim/sched/decode_run.py)
+        self.observed_at_arrivals = False
 
     def run(self) -> None:
         self.start()
@@ -168,7 +171,8 @@ class Engine:
         stall = 0
         step = 0
         staged = self._staged
-        runner = DecodeRunner(sched, self.executor, self.recorder) if self.multi_step else None
+        runner = DecodeRunner(sched, self.executor, self.recorder, stop_before_arrival=self.observed_at_arrivals) \
+            if self.multi_step else None
         prev = 0.0   # the last step's duration (sizes a run's pricing call)
         while True:
             if staged and not sched.has_work():

@@ -211,19 +211,19 @@ def test_executors_without_the_flag_step_one_at_a_time(run_count):
     assert math.isclose(sched.finished[0].finish_s, 20.0)
 
 
-@pytest.mark.parametrize("policy", ["round_robin", "random", "least_requests"])
+@pytest.mark.parametrize("policy", ["round_robin", "random", "least_requests", "least_kv", "prefix_affinity"])
 def test_cluster_replicas_equal(policy, run_count):
-    """Replicas behind a router that reads no state know when their next request comes, so they take
-    decode runs (and chains of them); a router that reads state keeps them single stepping. Either way
-    the cluster's results equal single stepping's."""
+    """Replicas take decode runs (and chains of them) up to their next request (a router that reads no
+    state: known ahead) or up to the next request of the cluster (the router reads every replica then).
+    Either way the cluster's results equal single stepping's."""
     data = copy.deepcopy(STRESS["long_decodes"])
     data["workload"]["synthetic"]["arrival"]["rate"] = 60.0
+    if policy == "prefix_affinity":
+        data["kv_cache"] = {"prefix_caching": True}
+        data["workload"]["synthetic"]["shared_prefix"] = {"groups": 3, "length": 64}
     data["output"] = {"plots": False}
     data["cluster"] = {"replicas": 3, "router": {"policy": policy}}
     single, multi = both_ways(data, check=True)
     assert_same(single, multi)
     pd.testing.assert_frame_equal(single.replicas, multi.replicas, check_exact=True)
-    if policy == "least_requests":
-        assert run_count["runs"] == 0
-    else:
-        assert run_count["runs"] > 0 and run_count["steps"] > 2 * run_count["runs"]
+    assert run_count["runs"] > 0 and run_count["steps"] > 2 * run_count["runs"]

@@ -39,15 +39,22 @@ def _arrivals(env: simpy.Environment, requests: list[Request], lag: float, route
     if not router.reads_state and submit is Replica.submit:
         yield from _arrivals_ahead(env, requests, lag, router, pool, served)
         return
+    engines = [rep.engine for rep in pool]   # (each with observed_at_arrivals set: see _observed)
     for req in requests:
         delay = req.arrival_s + lag - env.now
         if delay > 0:
+            # the router will read every replica's state then: decode runs stop before it (runs that
+            # end before it are applied as they are planned; the step it falls in is a single step)
+            t = env.now + delay
+            for engine in engines:
+                engine._next_arrival = t
             yield env.timeout(delay)
         rep = pool[router.choose(req, pool)]
         served[req.req_id] = rep.replica_id
         submit(rep, req)
-    for rep in pool:
-        rep.engine.end_arrivals()
+    for engine in engines:
+        engine._next_arrival = math.inf
+        engine.end_arrivals()
 
 
 def _arrivals_ahead(env: simpy.Environment, requests: list[Request], lag: float, router: Router,
@@ -79,7 +86,15 @@ def _arrivals_ahead(env: simpy.Environment, requests: list[Request], lag: float,
         rep.engine._next_arrival = queues[i][nxt[i]] if nxt[i] < len(queues[i]) else math.inf
         rep.submit(req)
     for rep in pool:
+        rep.engine._next_arrival = math.inf
         rep.engine.end_arrivals()
+
+
+def _observed(router: Router, pool: list[Replica]) -> Router:
+    """Mark the replicas whose state ``router`` reads at each arrival (before their loops start)."""
+    for rep in pool:
+        rep.engine.observed_at_arrivals = router.reads_state
+    return router
 
 
 def _check_disaggregated(scn: Scenario, pools: list[Scenario], requests: list[Request]) -> None:
@@ -113,7 +128,7 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
     if not cfg.disaggregated:
         _check_sequences_supported(scn, requests)
         pool = [build_replica(scn, i, "colocated", env, check, lag) for i in range(cfg.num_replicas)]
-        router = make_router(cfg.router, scn.seed)
+        router = _observed(make_router(cfg.router, scn.seed), pool)
         env.process(_arrivals(env, requests, lag, router, pool, Replica.submit, served))
         for rep in pool:
             rep.engine.start()
@@ -132,7 +147,7 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
         handoff.attach_prefill(rep)
     for rep in decode:
         handoff.attach_decode(rep)
-    env.process(_arrivals(env, requests, lag, make_router(cfg.router, scn.seed), prefill,
+    env.process(_arrivals(env, requests, lag, _observed(make_router(cfg.router, scn.seed), prefill), prefill,
                           handoff.submit_prefill, served))
     loops = [rep.engine.start() for rep in prefill]
     for rep in decode:

@@ -95,7 +95,7 @@ class DecodeRunner:
     """Plans, prices and applies decode runs for one continuous scheduler and its paged manager."""
 
     def __init__(self, sched, executor, recorder, max_steps: int = MAX_RUN_STEPS,
-                 min_steps: int | None = None) -> None:
+                 min_steps: int | None = None, stop_before_arrival: bool = False) -> None:
         self.sched = sched
         self.executor = executor
         self.recorder = recorder
@@ -103,6 +103,9 @@ class DecodeRunner:
         self._head: tuple[Request, int] | None = None   # a waiting head that cannot be admitted (see _batch)
         # a run is taken only if its bounds allow this many steps
         self.min_steps = MIN_RUN_STEPS if min_steps is None else min_steps
+        # runs end before the step the next arrival reaches (not with it): somebody reads this engine's
+        # state at that moment (a cluster's router), and the step in progress then must have allocated
+        self.stop_before_arrival = stop_before_arrival
 
     # ------------------------------------------------------------ eligibility
     def _batch(self) -> list[Request] | None:
@@ -227,8 +230,10 @@ class DecodeRunner:
             raise KvsimError("executor", f"step {step + j} returned a non-positive duration {d[j]}")
         ends = np.cumsum(np.concatenate(([now], d)))   # sequential, left to right: SimPy's sums
         if math.isfinite(next_arrival):
-            first = int(np.searchsorted(ends[1:], next_arrival, side="left"))
-            k = min(k, first + 1)
+            first = int(np.searchsorted(ends[1:], next_arrival, side="left"))   # the step it reaches
+            k = min(k, first if self.stop_before_arrival else first + 1)
+            if k < 1:
+                return None
         head = self._head[0] if self._head is not None and last_token is None else None
         return PendingRun(k, batch, None, c0.tolist(), g0.tolist(), rem, d, ends[: k + 1], run.breakdown, l0,
                           sched.num_waiting(), sched.num_swapped(), head, last_token, c0a=c0, g0a=g0)
