@@ -112,7 +112,8 @@ class KVCacheManager(SharingMixin):
     def note_computed(self, num_tokens: int) -> None:
         """The step computed ``num_tokens`` new tokens of KV (one per sequence for a forked request)."""
         self._held_tokens += num_tokens
-        self._note_step()
+        self._sum_used += self.pool.num_used   # per-step sums for kv_sharing_saving (sharing.py)
+        self._sum_logical += self._logical_blocks
 
     def note_decode_run(self, tokens_per_step: int, used: np.ndarray, logical: np.ndarray) -> None:
         """``len(used)`` decode steps computed ``tokens_per_step`` tokens each (sim/sched/decode_run.py);
