@@ -226,11 +226,12 @@ class KVCacheManager(SharingMixin):
     def memory_slots(self) -> tuple[int, int, int, int, int]:
         """(token_states, reserved, internal_fragmentation, external_fragmentation, free), in token slots."""
         bs = self.block_size
-        allocated = self.pool.num_used * bs
+        free = self.pool.num_free
+        allocated = (self.num_blocks - free) * bs   # used = total - free
         token_states = self._held_tokens
         internal = self._beyond_final
         reserved = allocated - token_states - internal
-        return token_states, reserved, internal, 0, self.pool.num_free * bs
+        return token_states, reserved, internal, 0, free * bs
 
     @property
     def capacity_slots(self) -> int:
