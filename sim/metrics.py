@@ -11,7 +11,9 @@ Summary definitions (vLLM benchmark names):
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from typing import Any
 
 import numpy as np
@@ -33,34 +35,60 @@ INT_COLUMNS = [c for c in STEP_COLUMNS if c not in ("start_s", "duration_s")]
 
 
 class Columns:
-    """Growable float64 columns (one array each, capacity doubling); integers up to 2**53 are exact."""
+    """Growable float64 columns (one array each, capacity doubling); integers up to 2**53 are exact.
+
+    ``append`` only queues its row in a Python list (a tuple append is far cheaper than writing one numpy
+    row); queued rows are copied into the arrays ``FLUSH_ROWS`` at a time, and before any other access,
+    so rows stay in append order and ``n`` counts queued rows too."""
+
+    FLUSH_ROWS = 2048
 
     def __init__(self, width: int, capacity: int = 1024) -> None:
         self._buf = np.empty((capacity, width), dtype=np.float64, order="F")
-        self.n = 0
+        self._stored = 0                    # rows already in ``_buf``
+        self._rows: list[tuple] = []        # appended rows not yet in ``_buf``, oldest first
+
+    @property
+    def n(self) -> int:
+        return self._stored + len(self._rows)
 
     def _reserve(self, m: int) -> np.ndarray:
         buf = self._buf
-        if self.n + m > buf.shape[0]:
-            grown = np.empty((max(2 * buf.shape[0], self.n + m), buf.shape[1]), dtype=np.float64, order="F")
-            grown[: self.n] = buf[: self.n]
+        if self._stored + m > buf.shape[0]:
+            grown = np.empty((max(2 * buf.shape[0], self._stored + m), buf.shape[1]), dtype=np.float64, order="F")
+            grown[: self._stored] = buf[: self._stored]
             self._buf = buf = grown
         return buf
 
+    def _flush(self) -> None:
+        """Copy the queued rows into the arrays (as float64, exactly as one numpy row write each)."""
+        rows = self._rows
+        if rows:
+            m = len(rows)
+            width = self._buf.shape[1]
+            flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.float64, count=m * width)
+            self._reserve(m)[self._stored: self._stored + m] = flat.reshape(m, width)
+            self._stored += m
+            rows.clear()
+
     def append(self, row: tuple) -> None:
-        self._reserve(1)[self.n] = row
-        self.n += 1
+        rows = self._rows
+        rows.append(row)
+        if len(rows) >= self.FLUSH_ROWS:
+            self._flush()
 
     def extend(self, cols: list) -> None:
         """Append ``m`` rows given column by column (arrays of length m, the first one an array; or scalars)."""
+        self._flush()
         m = len(cols[0])
         buf = self._reserve(m)
         for i, c in enumerate(cols):
-            buf[self.n: self.n + m, i] = c
-        self.n += m
+            buf[self._stored: self._stored + m, i] = c
+        self._stored += m
 
     def column(self, i: int) -> np.ndarray:
-        return self._buf[: self.n, i]
+        self._flush()
+        return self._buf[: self._stored, i]
 
 
 class Recorder:
@@ -89,12 +117,22 @@ class Recorder:
             st.num_preempted, len(plan.blocks_to_swap_out), len(plan.blocks_to_swap_in), len(plan.blocks_to_copy),
             *mgr.memory_slots(),
         ))
-        if result.breakdown:
-            bd = result.breakdown
+        bd = result.breakdown
+        if bd:
             if self.breakdown is None:
-                self.breakdown_keys = list(bd)
-                self.breakdown = Columns(len(self.breakdown_keys))
-            self.breakdown.append(tuple(bd.get(k, 0.0) for k in self.breakdown_keys))
+                self._start_breakdown(list(bd))
+            try:
+                row = self._breakdown_row(bd)
+            except KeyError:   # a step without some key of the first one: 0.0 there
+                row = tuple(bd.get(k, 0.0) for k in self.breakdown_keys)
+            self.breakdown.append(row)
+
+    def _start_breakdown(self, keys: list[str]) -> None:
+        """The breakdown columns are the keys of the first step that has a breakdown, in its order."""
+        self.breakdown_keys = keys
+        self.breakdown = Columns(len(keys))
+        # a tuple of the values in ``keys`` order (itemgetter of one key returns the bare value)
+        self._breakdown_row = operator.itemgetter(*keys) if len(keys) > 1 else lambda bd: (bd[keys[0]],)
 
     def record_run(self, starts: np.ndarray, durations: np.ndarray, *, batch_size: int, num_decode_tokens: int,
                    num_running: int, num_waiting: int, num_swapped: int, kv_blocks_used: np.ndarray,
@@ -105,8 +143,7 @@ class Recorder:
                           num_swapped, kv_blocks_used, 0, 0, 0, 0, *slots])
         if breakdown:
             if self.breakdown is None:
-                self.breakdown_keys = list(breakdown)
-                self.breakdown = Columns(len(self.breakdown_keys))
+                self._start_breakdown(list(breakdown))
             self.breakdown.extend([breakdown.get(k, np.zeros(m)) for k in self.breakdown_keys])
 
     def steps_frame(self) -> pd.DataFrame:

@@ -183,6 +183,7 @@ class CostModelExecutor:
         self._fused_s_per_token = b * (8 * h + 2 * (q + kv) + 4 * kv + act) \
             / (self._bw * self.params.memory_eff)
         self._eng_linear_cache: dict[tuple[int, bool], tuple[float, float]] = {}
+        self._eng_fixed_cache: dict[tuple[int, int, bool], tuple[float, float, float, float, float]] = {}
 
     def _engine_linear(self, padded: int, graph: bool) -> tuple[float, float]:
         """(GEMMs over all layers, all-reduces over all layers) on ``padded`` tokens."""
@@ -208,7 +209,16 @@ class CostModelExecutor:
 
     def _engine_fixed(self, tokens: int, seqs: int, has_prefill: bool) -> tuple[float, float, float, float, float]:
         """The parts of an engine step that do not depend on decode contexts:
-        (linear, allreduce, elementwise, prefill-free attention kernel cost per layer, cpu)."""
+        (linear, allreduce, elementwise, prefill-free attention kernel cost per layer, cpu).
+        A function of its arguments only: cached per (tokens, seqs, has_prefill)."""
+        key = (tokens, seqs, has_prefill)
+        hit = self._eng_fixed_cache.get(key)
+        if hit is None:
+            hit = self._eng_fixed_cache[key] = self._engine_fixed_terms(tokens, seqs, has_prefill)
+        return hit
+
+    def _engine_fixed_terms(self, tokens: int, seqs: int, has_prefill: bool) -> tuple[float, float, float, float, float]:
+        """``_engine_fixed``, computed."""
         e, p = self.engine, self.params
         if tokens <= self._graph_max:
             padded = self._pad[tokens]

@@ -99,6 +99,14 @@ class BlockPool:
     def free(self, blocks: Iterable[int]) -> None:
         """Drop one reference to each block; blocks reaching 0 go to the tail of the free queue, in order."""
         refs = self.ref_counts
+        blocks = blocks if isinstance(blocks, (list, tuple)) else list(blocks)
+        if len(blocks) > 1 and list(map(refs.__getitem__, blocks)).count(1) == len(blocks):
+            gone = dict.fromkeys(blocks)
+            if len(gone) == len(blocks):   # distinct blocks, each losing its last reference: in bulk
+                for b in blocks:
+                    refs[b] = 0
+                self._free.update(gone)
+                return
         for b in blocks:
             r = refs[b] - 1
             if r < 0:

@@ -112,7 +112,8 @@ class KVCacheManager(SharingMixin):
     def note_computed(self, num_tokens: int) -> None:
         """The step computed ``num_tokens`` new tokens of KV (one per sequence for a forked request)."""
         self._held_tokens += num_tokens
-        self._note_step()
+        self._sum_used += self.pool.num_used   # per-step sums for kv_sharing_saving (sharing.py)
+        self._sum_logical += self._logical_blocks
 
     def note_decode_run(self, tokens_per_step: int, used: np.ndarray, logical: np.ndarray) -> None:
         """``len(used)`` decode steps computed ``tokens_per_step`` tokens each (sim/sched/decode_run.py);
@@ -225,11 +226,12 @@ class KVCacheManager(SharingMixin):
     def memory_slots(self) -> tuple[int, int, int, int, int]:
         """(token_states, reserved, internal_fragmentation, external_fragmentation, free), in token slots."""
         bs = self.block_size
-        allocated = self.pool.num_used * bs
+        free = self.pool.num_free
+        allocated = (self.num_blocks - free) * bs   # used = total - free
         token_states = self._held_tokens
         internal = self._beyond_final
         reserved = allocated - token_states - internal
-        return token_states, reserved, internal, 0, self.pool.num_free * bs
+        return token_states, reserved, internal, 0, free * bs
 
     @property
     def capacity_slots(self) -> int:

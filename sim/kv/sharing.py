@@ -133,26 +133,31 @@ class SharingMixin:
         """After sequence 0's table grew from ``old`` blocks (0: a fresh table): counters and peaks."""
         self._logical_blocks += len(table) - old
         self._owners[req.req_id] = req
-        if req.prefix_group >= 0:
+        prefix = req.prefix_group >= 0
+        if prefix:
             refs = self._prefix_refs
             for i in range(old, min(len(table), req.prefix_len // self.block_size)):
                 refs[table[i]] += 1
                 self._prefix_logical += 1
         self._note_beyond(req)
-        self._note_peaks()
+        self._note_peaks(prefix)
 
     def _release(self, table: list[int], num_computed: int) -> None:
         """Drop one table: blocks losing their last reference give back the slots the table filled."""
         bs = self.block_size
         refs = self.pool.ref_counts
-        held = 0
-        for i, b in enumerate(table):
-            if refs[b] == 1:
-                fill = num_computed - i * bs
-                held += bs if fill >= bs else (fill if fill > 0 else 0)
+        if list(map(refs.__getitem__, table)).count(1) == len(table):
+            # nothing shared (the usual case): the table's filled slots, min(computed, capacity)
+            held = min(max(num_computed, 0), len(table) * bs)
+        else:
+            held = 0
+            for i, b in enumerate(table):
+                if refs[b] == 1:
+                    fill = num_computed - i * bs
+                    held += bs if fill >= bs else (fill if fill > 0 else 0)
         self._held_tokens -= held
         self._logical_blocks -= len(table)
-        self.pool.free(reversed(table))
+        self.pool.free(table[::-1])
 
     def _free_shared(self, req: Request, table: list[int]) -> None:
         """Everything ``free`` does beyond the pool: cache, groups, prefix-region counters."""
@@ -316,21 +321,22 @@ class SharingMixin:
             self._beyond_final += beyond - old
             self._beyond[req.req_id] = beyond
 
-    def _note_peaks(self) -> None:
+    def _note_peaks(self, prefix: bool = True) -> None:
+        """Raise the peaks to the current counters. The shared-prefix counters grow only in ``_note_table``
+        for a request with a prefix group, which asks for them (``prefix``), so skipping them otherwise
+        keeps every peak exact."""
         p = self.peaks
         used = self.pool.num_used
         if used > p["used"]:
             p["used"] = used
         if self._logical_blocks > p["logical"]:
             p["logical"] = self._logical_blocks
+        if not prefix:
+            return
         if len(self._prefix_refs) > p["prefix"]:
             p["prefix"] = len(self._prefix_refs)
         if self._prefix_logical > p["prefix_logical"]:
             p["prefix_logical"] = self._prefix_logical
-
-    def _note_step(self) -> None:
-        self._sum_used += self.pool.num_used
-        self._sum_logical += self._logical_blocks
 
     def sharing_summary(self, block_bytes: int) -> dict[str, float]:
         """Summary keys of block sharing (``block_bytes``: KV bytes of one block):

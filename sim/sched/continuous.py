@@ -160,13 +160,16 @@ class ContinuousScheduler(SchedulerBase):
         make = ScheduledRequest
         add_scheduled = scheduled.append
         add_batch = batch.append
+        allocate = manager.allocate_slots
         for idx, req in enumerate(order):
             if req.status != running:
                 continue  # preempted earlier in this step
             computed = req.num_computed_tokens
             num_new = req.prompt_len + req.num_generated - computed
-            if num_new == 1 and fast and computed % bs and budget > 0 and req.num_generated:
-                # decode fast path: the next slot is inside the request's last block (no allocation)
+            if (num_new == 1 and fast and budget > 0 and req.num_generated
+                    and (computed % bs or allocate(req, 1))):
+                # decode fast path: the next slot is inside the request's last block, or its next block
+                # was allocated (a failed allocation changes nothing: the general path below preempts)
                 add_scheduled(make(req.req_id, 1, computed, tables[req.req_id]))
                 add_batch(req)
                 num_decode += 1
@@ -196,7 +199,7 @@ class ContinuousScheduler(SchedulerBase):
         if stats.num_preempted == rotated:
             if self.swapped:
                 budget = self._swap_in(now, scheduled, batch, budget, stats)
-            if not self.swapped:
+            if not self.swapped and len(self.waiting):
                 self._admit(now, scheduled, batch, budget, stats)
         if self._multi_seq:
             plan.blocks_to_copy.extend(manager.take_copies())
