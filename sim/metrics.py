@@ -37,20 +37,24 @@ INT_COLUMNS = [c for c in STEP_COLUMNS if c not in ("start_s", "duration_s")]
 class Columns:
     """Growable float64 columns (one array each, capacity doubling); integers up to 2**53 are exact.
 
-    ``append`` only queues its row in a Python list (a tuple append is far cheaper than writing one numpy
-    row); queued rows are copied into the arrays ``FLUSH_ROWS`` at a time, and before any other access,
-    so rows stay in append order and ``n`` counts queued rows too."""
+    Rows are queued, not written: ``append`` queues one row as a tuple (far cheaper than writing one numpy
+    row), ``extend`` the rows of a decode run given column by column (arrays of its length, or scalars).
+    Once ``FLUSH_ROWS`` rows are queued, and before any read, the queue is laid into the arrays in
+    append order: the tuples in one ``fromiter``, the runs one concatenation (or repeat, for a column of
+    scalars) per column, scattered to their rows."""
 
-    FLUSH_ROWS = 2048
+    FLUSH_ROWS = 8192
 
     def __init__(self, width: int, capacity: int = 1024) -> None:
         self._buf = np.empty((capacity, width), dtype=np.float64, order="F")
         self._stored = 0                    # rows already in ``_buf``
-        self._rows: list[tuple] = []        # appended rows not yet in ``_buf``, oldest first
+        self._rows: list[tuple] = []        # queued single rows, oldest first
+        self._runs: list[tuple[int, int, list]] = []   # queued runs: (queued rows before it, rows, columns)
+        self._queued = 0                    # rows queued (single and in runs)
 
     @property
     def n(self) -> int:
-        return self._stored + len(self._rows)
+        return self._stored + self._queued
 
     def _reserve(self, m: int) -> np.ndarray:
         buf = self._buf
@@ -60,31 +64,56 @@ class Columns:
             self._buf = buf = grown
         return buf
 
-    def _flush(self) -> None:
-        """Copy the queued rows into the arrays (as float64, exactly as one numpy row write each)."""
-        rows = self._rows
-        if rows:
-            m = len(rows)
-            width = self._buf.shape[1]
-            flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.float64, count=m * width)
-            self._reserve(m)[self._stored: self._stored + m] = flat.reshape(m, width)
-            self._stored += m
-            rows.clear()
-
     def append(self, row: tuple) -> None:
-        rows = self._rows
-        rows.append(row)
-        if len(rows) >= self.FLUSH_ROWS:
+        self._rows.append(row)
+        self._queued += 1
+        if self._queued >= self.FLUSH_ROWS:
             self._flush()
 
     def extend(self, cols: list) -> None:
-        """Append ``m`` rows given column by column (arrays of length m, the first one an array; or scalars)."""
-        self._flush()
+        """Queue ``m`` rows given column by column (arrays of length m, the first one an array; or scalars)."""
         m = len(cols[0])
-        buf = self._reserve(m)
-        for i, c in enumerate(cols):
-            buf[self._stored: self._stored + m, i] = c
+        self._runs.append((self._queued, m, cols))
+        self._queued += m
+        if self._queued >= self.FLUSH_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Write the queued rows into the arrays, in the order they were queued (values as float64)."""
+        m = self._queued
+        if not m:
+            return
+        width = self._buf.shape[1]
+        block = self._reserve(m)[self._stored: self._stored + m]
+        rows, runs = self._rows, self._runs
+        flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.float64, count=len(rows) * width)
+        flat = flat.reshape(len(rows), width)
+        if not runs:
+            block[:] = flat
+        else:
+            lens = np.array([r[1] for r in runs], dtype=np.int64)
+            starts = np.array([r[0] for r in runs], dtype=np.int64)
+            total = int(lens.sum())
+            at = np.repeat(starts - (np.cumsum(lens) - lens), lens) + np.arange(total, dtype=np.int64)
+            single = np.ones(m, dtype=bool)
+            single[at] = False
+            rest = np.flatnonzero(single)
+            for i, parts in enumerate(zip(*[r[2] for r in runs])):
+                kinds = set(map(type, parts))
+                if np.ndarray not in kinds:   # scalars (ints, floats) only
+                    vals = np.repeat(np.array(parts, dtype=np.float64), lens)
+                elif len(kinds) == 1:
+                    vals = np.concatenate(parts).astype(np.float64, copy=False)
+                else:
+                    vals = np.concatenate([np.broadcast_to(np.asarray(p, dtype=np.float64), (k,))
+                                           for p, k in zip(parts, lens.tolist())])
+                col = block[:, i]
+                col[at] = vals
+                col[rest] = flat[:, i]
         self._stored += m
+        rows.clear()
+        runs.clear()
+        self._queued = 0
 
     def column(self, i: int) -> np.ndarray:
         self._flush()

@@ -63,7 +63,7 @@ class SchedulerConfig(_Strict):
     # vLLM v1's default: step n+1 is planned while step n runs (CPU work overlaps the GPU), so an arrival
     # at a busy engine waits one more step to be admitted (sim/engine.py)
     async_scheduling: bool = True
-    multi_step: bool = False  # price runs of identical decode steps at once (same results; sim/sched/decode_run.py)
+    multi_step: bool = True  # price runs of identical decode steps at once (same results; sim/sched/decode_run.py)
 
 
 class ExecutorConfig(_Strict):

@@ -41,6 +41,7 @@ from sim.sched.plan import ScheduledRequest, StepPlan, StepResult
 
 MAX_RUN_STEPS = 4096   # longest run priced in one call
 MIN_RUN_STEPS = 8      # shorter runs cost more than single steps: step one at a time instead
+MAX_BACKOFF_STEPS = 16  # the most steps single stepped without trying a run after failed attempts
 
 
 def supports_decode_runs(executor: object) -> bool:
@@ -106,6 +107,10 @@ class DecodeRunner:
         # runs end before the step the next arrival reaches (not with it): somebody reads this engine's
         # state at that moment (a cluster's router), and the step in progress then must have allocated
         self.stop_before_arrival = stop_before_arrival
+        # after f failed attempts in a row that cost per-request work, the next 2**f - 1 steps (at most
+        # MAX_BACKOFF_STEPS - 1) do not try: a saturated engine rarely has a run, and trying costs O(batch)
+        self._fails = 0
+        self._skip = 0
 
     # ------------------------------------------------------------ eligibility
     def _batch(self) -> list[Request] | None:
@@ -160,6 +165,19 @@ class DecodeRunner:
         batch = self._batch()
         if batch is None:
             return None
+        if self._skip:   # the last attempts failed after their per-request work: back off
+            self._skip -= 1
+            return None
+        run = self._plan_batch(now, next_arrival, limit, step, batch)
+        if run is None:
+            self._fails += 1
+            self._skip = min(2 ** self._fails, MAX_BACKOFF_STEPS) - 1
+        else:
+            self._fails = 0
+        return run
+
+    def _plan_batch(self, now: float, next_arrival: float, limit: int, step: int,
+                    batch: list[Request]) -> PendingRun | None:
         chained = not len(self.sched.waiting)
         if not chained and min([r.output_len - r.num_generated for r in batch]) < self.min_steps:
             return None   # (the usual stop when runs cannot be chained, tested early)
