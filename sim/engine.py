@@ -174,6 +174,7 @@ class Engine:
         runner = DecodeRunner(sched, self.executor, self.recorder, stop_before_arrival=self.observed_at_arrivals) \
             if self.multi_step else None
         prev = 0.0   # the last step's duration (sizes a run's pricing call)
+        chain_from = None   # the last run, applied after its wait, if nothing has happened since
         while True:
             if staged and not sched.has_work():
                 self._admit_staged()
@@ -185,7 +186,13 @@ class Engine:
                 self._wake = None
                 continue
             start = env.now
-            run = runner.plan(start, self._next_arrival, prev, step) if runner is not None and not staged else None
+            run = None
+            if runner is not None and not staged:
+                if chain_from is not None:   # the last run ended at an arrival routed elsewhere: go on
+                    run = runner.plan_next(chain_from, self._next_arrival, step)   # from its arrays
+                if run is None:
+                    run = runner.plan(start, self._next_arrival, prev, step)
+            chain_from = None
             if run is not None:
                 # a chain of runs: each one that ends before the next arrival can reach the engine is
                 # applied now (nothing else acts before then) and the next is planned from its arrays;
@@ -213,7 +220,7 @@ class Engine:
                     runner.write_back(last)
                 else:
                     step = self._applied(runner, run, step)
-                    last = run
+                    last = chain_from = run
                 prev = float(last.durations[last.k - 1])
                 stall = 0
                 continue

@@ -58,8 +58,11 @@ def register(name: str) -> Callable[[type[Router]], type[Router]]:
 
 class Router:
     name = "router"
-    # False when ``choose`` reads no replica state (round_robin, random): the choices can then be made
-    # ahead of time, so each replica knows when its next request comes (its decode runs stop there)
+    # what ``choose`` reads of the replicas, which decides how far their decode runs may go
+    # (sim/cluster/runner.py): nothing (round_robin, random: the choices are made ahead of time, each
+    # replica knows when its next request comes); only their loads (queued + running requests, which a
+    # run changes only at its last step); or their KV memory and prefix caches (any step changes them)
+    reads_load = True
     reads_state = True
 
     def __init__(self, config, seed: int) -> None:
@@ -77,7 +80,7 @@ def least_loaded(replicas: Sequence[ReplicaView], among: Sequence[int] | None = 
 
 @register("round_robin")
 class RoundRobin(Router):
-    reads_state = False
+    reads_load = reads_state = False
 
     def __init__(self, config, seed: int) -> None:
         super().__init__(config, seed)
@@ -91,7 +94,7 @@ class RoundRobin(Router):
 
 @register("random")
 class Random(Router):
-    reads_state = False
+    reads_load = reads_state = False
 
     def choose(self, req: Request, replicas: Sequence[ReplicaView]) -> int:
         return int(self.rng.integers(len(replicas)))
@@ -99,6 +102,8 @@ class Random(Router):
 
 @register("least_requests")
 class LeastRequests(Router):
+    reads_state = False
+
     def choose(self, req: Request, replicas: Sequence[ReplicaView]) -> int:
         return least_loaded(replicas)
 
@@ -111,6 +116,8 @@ class LeastKV(Router):
 
 @register("power_of_two")
 class PowerOfTwo(Router):
+    reads_state = False
+
     def choose(self, req: Request, replicas: Sequence[ReplicaView]) -> int:
         if len(replicas) == 1:
             return 0
@@ -139,6 +146,8 @@ class Session(Router):
     next turn's prompt repeats them, then goes on) under the chained hash of those ids; a request goes
     where the longest such earlier prefix of its own ids went. A match of one id alone does not count:
     in the Mooncake trace the first chunk is a system prompt that every conversation shares."""
+
+    reads_state = False
 
     def __init__(self, config, seed: int) -> None:
         super().__init__(config, seed)

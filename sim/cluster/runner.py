@@ -36,15 +36,16 @@ from sim.workload import build_workload
 
 def _arrivals(env: simpy.Environment, requests: list[Request], lag: float, router: Router,
               pool: list[Replica], submit, served: dict[int, int]):
-    if not router.reads_state and submit is Replica.submit:
+    if not (router.reads_load or router.reads_state) and submit is Replica.submit:
         yield from _arrivals_ahead(env, requests, lag, router, pool, served)
         return
     engines = [rep.engine for rep in pool]   # (each with observed_at_arrivals set: see _observed)
     for req in requests:
         delay = req.arrival_s + lag - env.now
         if delay > 0:
-            # the router will read every replica's state then: decode runs stop before it (runs that
-            # end before it are applied as they are planned; the step it falls in is a single step)
+            # the router will read every replica then: decode runs are applied as they are planned only
+            # if they end before it, and stop with the step it falls in (before it, if the router
+            # reads KV memory or prefix caches: that step's allocations must be made when it starts)
             t = env.now + delay
             for engine in engines:
                 engine._next_arrival = t
@@ -91,7 +92,7 @@ def _arrivals_ahead(env: simpy.Environment, requests: list[Request], lag: float,
 
 
 def _observed(router: Router, pool: list[Replica]) -> Router:
-    """Mark the replicas whose state ``router`` reads at each arrival (before their loops start)."""
+    """Mark the replicas whose memory ``router`` reads at each arrival (before their loops start)."""
     for rep in pool:
         rep.engine.observed_at_arrivals = router.reads_state
     return router

@@ -195,7 +195,7 @@ class DecodeRunner:
         less the requests it finished, every counter k further, no per-request work. None when single
         stepping must take over (somebody waits, or nobody is left)."""
         sched = self.sched
-        if len(sched.waiting) or sched.swapped or sched._prefilling:
+        if len(sched.waiting) or sched.swapped or sched._prefilling or next_arrival <= run.end:
             return None
         k = run.k
         keep = run.rem > k
@@ -249,7 +249,9 @@ class DecodeRunner:
         ends = np.cumsum(np.concatenate(([now], d)))   # sequential, left to right: SimPy's sums
         if math.isfinite(next_arrival):
             first = int(np.searchsorted(ends[1:], next_arrival, side="left"))   # the step it reaches
-            k = min(k, first if self.stop_before_arrival else first + 1)
+            # (a step that ends exactly then is left to single stepping, whose event order decides)
+            tie = first < len(ends) - 1 and ends[first + 1] == next_arrival
+            k = min(k, first if self.stop_before_arrival or tie else first + 1)
             if k < 1:
                 return None
         head = self._head[0] if self._head is not None and last_token is None else None
