@@ -211,10 +211,7 @@ class Engine:
                         durations.append(run.durations[: run.k])
                         total += run.k
                 self._busy = True
-                if len(ends) == 1:
-                    yield from self._wait_run(ends[0], durations[0], total)
-                else:
-                    yield from self._wait_run(np.concatenate(ends), np.concatenate(durations), total)
+                yield from self._wait_run(np.concatenate(ends), np.concatenate(durations), total)
                 self._busy = False
                 if run is None:
                     runner.write_back(last)

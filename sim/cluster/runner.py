@@ -71,20 +71,20 @@ def _arrivals_ahead(env: simpy.Environment, requests: list[Request], lag: float,
         if delay > 0:
             now = now + delay
         times.append(now)
-    queues: list[list[float]] = [[] for _ in pool]
-    for i, t in zip(dest, times):
-        queues[i].append(t)
-    nxt = [0] * len(pool)
-    for rep, q in zip(pool, queues):
-        rep.engine._next_arrival = q[0] if q else math.inf
-    for req, i in zip(requests, dest):
+    following = [math.inf] * len(requests)   # when the next request for the same replica comes
+    upcoming = [math.inf] * len(pool)
+    for i in range(len(requests) - 1, -1, -1):
+        following[i] = upcoming[dest[i]]
+        upcoming[dest[i]] = times[i]
+    for rep, t in zip(pool, upcoming):
+        rep.engine._next_arrival = t
+    for req, i, t_next in zip(requests, dest, following):
         delay = req.arrival_s + lag - env.now
         if delay > 0:
             yield env.timeout(delay)
         rep = pool[i]
         served[req.req_id] = rep.replica_id
-        nxt[i] += 1
-        rep.engine._next_arrival = queues[i][nxt[i]] if nxt[i] < len(queues[i]) else math.inf
+        rep.engine._next_arrival = t_next
         rep.submit(req)
     for rep in pool:
         rep.engine._next_arrival = math.inf

@@ -55,7 +55,6 @@ class PendingRun:
 
     k: int
     batch: list[Request]
-    plan: StepPlan | None      # unused (the run is priced from its arrays)
     c0: list[int]
     g0: list[int]
     rem: np.ndarray            # remaining output tokens per request at the start
@@ -255,7 +254,7 @@ class DecodeRunner:
             if k < 1:
                 return None
         head = self._head[0] if self._head is not None and last_token is None else None
-        return PendingRun(k, batch, None, c0.tolist(), g0.tolist(), rem, d, ends[: k + 1], run.breakdown, l0,
+        return PendingRun(k, batch, c0.tolist(), g0.tolist(), rem, d, ends[: k + 1], run.breakdown, l0,
                           sched.num_waiting(), sched.num_swapped(), head, last_token, c0a=c0, g0a=g0)
 
     def _price_steps(self, batch: list[Request], c0: np.ndarray, k: int):
@@ -286,18 +285,14 @@ class DecodeRunner:
         self._gaps(run)
         end = run.end
         finished = np.flatnonzero(run.rem == k).tolist()
-        if run.eager:   # chained: the survivors' counters are written once the chain ends (write_back)
-            c0, g0 = run.c0, run.g0
-            for i in finished:
-                req = batch[i]
-                req.num_computed_tokens = c0[i] + k
-                req.num_generated = g0[i] + k
-                req.last_token_s = end
-        else:
-            for req, c, g in zip(batch, run.c0, run.g0):
-                req.num_computed_tokens = c + k
-                req.num_generated = g + k
-                req.last_token_s = end
+        c0, g0 = run.c0, run.g0
+        for i in finished:
+            req = batch[i]
+            req.num_computed_tokens = c0[i] + k
+            req.num_generated = g0[i] + k
+            req.last_token_s = end
+        if not run.eager:   # chained: the survivors' counters are written once the chain ends
+            self.write_back(run)
         sched.step_index += k
         sched.stats = StepStats(num_decode_tokens=n, num_sampled=n)
         if k > 1:
@@ -319,7 +314,8 @@ class DecodeRunner:
         return done
 
     def write_back(self, run: PendingRun) -> None:
-        """End of a chain whose last run was applied eagerly: write the survivors' counters."""
+        """Write the counters of the requests ``run`` did not finish (at once for a run applied after its
+        wait; at the end of a chain for runs applied eagerly)."""
         k, end = run.k, run.end
         for req, c, g, r in zip(run.batch, run.c0, run.g0, run.rem.tolist()):
             if r > k:
