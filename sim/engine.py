@@ -101,6 +101,13 @@ class Engine:
         # cluster: a router reads this engine's state when a request arrives anywhere (decode runs then
         # stop before the step an arrival falls in; sim/sched/decode_run.py)
         self.observed_at_arrivals = False
+        # cluster, a router that reads only loads: every time the arrival process wakes at; decode runs
+        # then go past arrivals and are cut (``cut_run``) only by one routed here (sim/sched/decode_run.py)
+        self.arrival_times: np.ndarray | None = None
+        self.horizon = 16                         # arrivals a lazily cut run is priced for
+        self._pending = None                      # the run being waited on, while it may be cut
+        self._runner: DecodeRunner | None = None
+        self._process: simpy.Process | None = None
 
     def run(self) -> None:
         self.start()
@@ -123,7 +130,8 @@ class Engine:
         process, which ends when the engine stops."""
         if not self.fed:
             self.env.process(self._arrivals())
-        return self.env.process(self._loop())
+        self._process = self.env.process(self._loop())
+        return self._process
 
     # ------------------------------------------------------------ cluster seam
     def submit(self, req: Request) -> None:
@@ -132,6 +140,13 @@ class Engine:
             self._staged.append((req, self.env.now))
         elif self.scheduler.add_request(req, self.env.now) and self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
+
+    def cut_run(self) -> None:
+        """A request is about to be submitted here now: a decode run in progress that may be cut (see
+        ``arrival_times``) ends with the step now falls in, as single stepping would see the arrival."""
+        if self._pending is not None:
+            self._pending = None
+            self._process.interrupt()
 
     def wake(self) -> None:
         """Something outside the scheduler changed (memory was freed): plan again if idle."""
@@ -171,8 +186,10 @@ class Engine:
         stall = 0
         step = 0
         staged = self._staged
-        runner = DecodeRunner(sched, self.executor, self.recorder, stop_before_arrival=self.observed_at_arrivals) \
-            if self.multi_step else None
+        runner = DecodeRunner(sched, self.executor, self.recorder, stop_before_arrival=self.observed_at_arrivals,
+                              arrival_times=self.arrival_times, horizon=self.horizon) if self.multi_step else None
+        self._runner = runner
+        lazy = self.arrival_times is not None
         prev = 0.0   # the last step's duration (sizes a run's pricing call)
         chain_from = None   # the last run, applied after its wait, if nothing has happened since
         while True:
@@ -211,7 +228,10 @@ class Engine:
                         durations.append(run.durations[: run.k])
                         total += run.k
                 self._busy = True
-                yield from self._wait_run(np.concatenate(ends), np.concatenate(durations), total)
+                if lazy and run is not None:
+                    self._pending = run
+                yield from self._wait_run(np.concatenate(ends), np.concatenate(durations), total, run)
+                self._pending = None
                 self._busy = False
                 if run is None:
                     runner.write_back(last)
@@ -267,9 +287,10 @@ class Engine:
             return step
         return step + run.k
 
-    def _wait_run(self, ends, durations, k: int):
+    def _wait_run(self, ends, durations, k: int, last=None):
         """Wait from ``ends[0]`` until exactly ``ends[k]``: in one timeout when a float delay lands there,
-        else to the latest ``ends[j]`` one lands on, then step by step (``ends[j] + durations[j]``)."""
+        else to the latest ``ends[j]`` one lands on, then step by step (``ends[j] + durations[j]``).
+        Interrupted by ``cut_run``: ``last`` (the run waited on) is cut, and the wait ends with it."""
         env = self.env
         start = float(ends[0])
         j = k
@@ -277,10 +298,35 @@ class Engine:
         while d is None:
             j -= 1
             d = delay_to(start, float(ends[j])) if j > 1 else float(durations[0])   # ends[1] = start + d0
-        yield env.timeout(d)
-        self.num_waits += 1 + k - j
-        for i in range(j, k):
-            yield env.timeout(float(durations[i]))
+        try:
+            yield env.timeout(d)
+            self.num_waits += 1 + k - j
+            for i in range(j, k):
+                yield env.timeout(float(durations[i]))
+        except simpy.Interrupt:
+            self._runner.cut(last, env.now)
+            yield from self._wait_until(last.end)
+
+    def _wait_until(self, target: float):
+        """Wait from now (off the step grid: an arrival's time) until exactly ``target``: in one timeout,
+        or through a point between when no float delay lands there."""
+        env = self.env
+        d = delay_to(env.now, target)
+        if d is not None:
+            self.num_waits += 1
+            yield env.timeout(d)
+            return
+        now = env.now
+        for frac in (0.5, 0.25, 0.75, 0.125, 0.875):
+            mid = now + (target - now) * frac
+            d1 = delay_to(now, mid)
+            d2 = delay_to(mid, target) if d1 is not None else None
+            if d2 is not None and now < mid < target:
+                self.num_waits += 2
+                yield env.timeout(d1)
+                yield env.timeout(d2)
+                return
+        raise AssertionError(f"no float delays reach {target!r} from {now!r}")
 
     def _admit_staged(self) -> None:
         """Hand the requests staged during the last step to the scheduler (at the time each reached the engine)."""

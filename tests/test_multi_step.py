@@ -227,3 +227,73 @@ def test_cluster_replicas_equal(policy, run_count):
     assert_same(single, multi)
     pd.testing.assert_frame_equal(single.replicas, multi.replicas, check_exact=True)
     assert run_count["runs"] > 0 and run_count["steps"] > 2 * run_count["runs"]
+
+
+@pytest.fixture
+def cut_count(monkeypatch) -> dict[str, int]:
+    """Counts decode runs cut by a request routed to their replica (lazily cut runs)."""
+    counts = {"cuts": 0}
+    cut = decode_run.DecodeRunner.cut
+
+    def counting(self, run, now):
+        counts["cuts"] += 1
+        return cut(self, run, now)
+
+    monkeypatch.setattr(decode_run.DecodeRunner, "cut", counting)
+    return counts
+
+
+@pytest.mark.parametrize("policy", ["least_requests", "power_of_two", "session"])
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_load_routers_cut_runs_lazily(policy, async_scheduling, run_count, cut_count):
+    """Behind a router that reads only loads, a replica's decode runs go past arrivals routed elsewhere
+    and are cut when one is routed to it: results still equal single stepping's, and cuts happen."""
+    data = copy.deepcopy(STRESS["long_decodes"])
+    data["workload"]["synthetic"]["arrival"]["rate"] = 40.0
+    data["scheduler"]["async_scheduling"] = async_scheduling
+    data["output"] = {"plots": False}
+    data["cluster"] = {"replicas": 4, "router": {"policy": policy}}
+    single, multi = both_ways(data, check=True)
+    assert_same(single, multi)
+    pd.testing.assert_frame_equal(single.replicas, multi.replicas, check_exact=True)
+    assert run_count["runs"] > 0 and cut_count["cuts"] > 0
+
+
+def test_disaggregated_prefill_pool_behind_least_requests_equal(run_count):
+    data = copy.deepcopy(STRESS["long_decodes"])
+    data["workload"]["synthetic"]["num_requests"] = 150
+    data["output"] = {"plots": False}
+    data["cluster"] = {"prefill": {"replicas": 2}, "decode": {"replicas": 2},
+                       "kv_transfer": {"link": "infiniband-400g"}, "router": {"policy": "least_requests"}}
+    single, multi = both_ways(data, check=True)
+    assert_same(single, multi)
+    pd.testing.assert_frame_equal(single.replicas, multi.replicas, check_exact=True)
+
+
+def _run(ends: list[float], k: int) -> decode_run.PendingRun:
+    e = np.array(ends)
+    return decode_run.PendingRun(k, [], [], [], np.full(1, 100), np.diff(e), e)
+
+
+def test_lazy_runs_never_end_a_step_at_an_arrival():
+    """Steps end at 1, 2, 3, 4: an arrival process waking at 2.0 (exactly a step's end) leaves the run
+    one step (the step ending then is single stepped); one waking at 2.5 cuts nothing when planning."""
+    ends = np.array([0.0, 1.0, 2.0, 3.0, 4.0])
+    runner = decode_run.DecodeRunner(None, None, None, arrival_times=np.array([2.0, 9.0]))
+    assert runner._before_tie(ends, 4) == 1
+    runner.arrival_times = np.array([0.0, 2.5, 4.5])
+    assert runner._before_tie(ends, 4) == 4
+    runner.arrival_times = np.array([4.0])
+    assert runner._before_tie(ends, 4) == 3 and runner._before_tie(ends, 2) == 2
+
+
+def test_a_cut_run_ends_with_the_step_the_arrival_falls_in():
+    runner = decode_run.DecodeRunner(None, None, None, arrival_times=np.array([]))
+    run = _run([0.0, 1.0, 2.0, 3.0, 4.0], 4)
+    runner.cut(run, 2.5)                      # inside step 2 (2.0 .. 3.0): steps 0, 1, 2 remain
+    assert run.k == 3 and run.end == 3.0 and list(run.ends) == [0.0, 1.0, 2.0, 3.0]
+    run = _run([0.0, 1.0, 2.0, 3.0, 4.0], 4)
+    runner.cut(run, 0.5)
+    assert run.k == 1 and run.end == 1.0
+    with pytest.raises(AssertionError):
+        runner.cut(_run([0.0, 1.0, 2.0], 2), 1.0)   # exactly at a step's end: planning excludes it

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import time
 
+import numpy as np
 import simpy
 
 from sim.cluster.disagg import Handoff
@@ -32,6 +33,17 @@ from sim.errors import KvsimError
 from sim.request import Request, RequestStatus
 from sim.scenario import Scenario
 from sim.workload import build_workload
+
+
+def wake_times(requests: list[Request], lag: float, now: float = 0.0) -> list[float]:
+    """The times the arrival process wakes at to submit each request, summed as SimPy sums them."""
+    times = []
+    for req in requests:
+        delay = req.arrival_s + lag - now
+        if delay > 0:
+            now = now + delay
+        times.append(now)
+    return times
 
 
 def _arrivals(env: simpy.Environment, requests: list[Request], lag: float, router: Router,
@@ -52,6 +64,7 @@ def _arrivals(env: simpy.Environment, requests: list[Request], lag: float, route
             yield env.timeout(delay)
         rep = pool[router.choose(req, pool)]
         served[req.req_id] = rep.replica_id
+        rep.engine.cut_run()
         submit(rep, req)
     for engine in engines:
         engine._next_arrival = math.inf
@@ -64,13 +77,7 @@ def _arrivals_ahead(env: simpy.Environment, requests: list[Request], lag: float,
     choices, in the same order), so each engine is told when its next request will be submitted (the
     float time the timeout below fires at) and may advance decode runs up to it (sim/sched/decode_run.py)."""
     dest = [router.choose(req, pool) for req in requests]
-    times = []
-    now = env.now
-    for req in requests:   # the times this process wakes at, summed as SimPy sums them
-        delay = req.arrival_s + lag - now
-        if delay > 0:
-            now = now + delay
-        times.append(now)
+    times = wake_times(requests, lag, env.now)
     following = [math.inf] * len(requests)   # when the next request for the same replica comes
     upcoming = [math.inf] * len(pool)
     for i in range(len(requests) - 1, -1, -1):
@@ -91,10 +98,15 @@ def _arrivals_ahead(env: simpy.Environment, requests: list[Request], lag: float,
         rep.engine.end_arrivals()
 
 
-def _observed(router: Router, pool: list[Replica]) -> Router:
-    """Mark the replicas whose memory ``router`` reads at each arrival (before their loops start)."""
+def _observed(router: Router, pool: list[Replica], requests: list[Request], lag: float) -> Router:
+    """Tell the replicas what ``router`` reads of them at each arrival (before their loops start): their
+    memory (decode runs stop before the step an arrival falls in), or only their loads, which change
+    only where a decode run ends (runs go past arrivals, and the one routed a request is cut)."""
+    times = np.array(wake_times(requests, lag)) if router.reads_load and not router.reads_state else None
     for rep in pool:
         rep.engine.observed_at_arrivals = router.reads_state
+        rep.engine.arrival_times = times
+        rep.engine.horizon = 2 * len(pool)
     return router
 
 
@@ -129,7 +141,7 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
     if not cfg.disaggregated:
         _check_sequences_supported(scn, requests)
         pool = [build_replica(scn, i, "colocated", env, check, lag) for i in range(cfg.num_replicas)]
-        router = _observed(make_router(cfg.router, scn.seed), pool)
+        router = _observed(make_router(cfg.router, scn.seed), pool, requests, lag)
         env.process(_arrivals(env, requests, lag, router, pool, Replica.submit, served))
         for rep in pool:
             rep.engine.start()
@@ -148,8 +160,8 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
         handoff.attach_prefill(rep)
     for rep in decode:
         handoff.attach_decode(rep)
-    env.process(_arrivals(env, requests, lag, _observed(make_router(cfg.router, scn.seed), prefill), prefill,
-                          handoff.submit_prefill, served))
+    router = _observed(make_router(cfg.router, scn.seed), prefill, requests, lag)
+    env.process(_arrivals(env, requests, lag, router, prefill, handoff.submit_prefill, served))
     loops = [rep.engine.start() for rep in prefill]
     for rep in decode:
         rep.engine.start()

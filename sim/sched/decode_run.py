@@ -95,7 +95,8 @@ class DecodeRunner:
     """Plans, prices and applies decode runs for one continuous scheduler and its paged manager."""
 
     def __init__(self, sched, executor, recorder, max_steps: int = MAX_RUN_STEPS,
-                 min_steps: int | None = None, stop_before_arrival: bool = False) -> None:
+                 min_steps: int | None = None, stop_before_arrival: bool = False,
+                 arrival_times: np.ndarray | None = None, horizon: int = 16) -> None:
         self.sched = sched
         self.executor = executor
         self.recorder = recorder
@@ -106,6 +107,12 @@ class DecodeRunner:
         # runs end before the step the next arrival reaches (not with it): somebody reads this engine's
         # state at that moment (a cluster's router), and the step in progress then must have allocated
         self.stop_before_arrival = stop_before_arrival
+        # cut lazily (a cluster whose router reads only replica loads): runs are not bounded by the next
+        # arrival; the engine cuts one (``cut``) when an arrival is routed to it. ``arrival_times`` are
+        # every time the cluster's arrival process wakes at: no step of a run may end exactly at one
+        # (event order decides there); a run is priced for about ``horizon`` arrivals ahead
+        self.arrival_times = arrival_times
+        self.horizon = horizon
         # after f failed attempts in a row that cost per-request work, the next 2**f - 1 steps (at most
         # MAX_BACKOFF_STEPS - 1) do not try: a saturated engine rarely has a run, and trying costs O(batch)
         self._fails = 0
@@ -153,12 +160,21 @@ class DecodeRunner:
             return max(1, min(self.max_steps, int((next_arrival - now) / prev_duration) + 2))
         return self.max_steps
 
+    def _bound(self, now: float, next_arrival: float) -> float:
+        """The time a run from ``now`` is priced up to: the next arrival, or when cut lazily the arrival
+        ``horizon`` arrivals ahead."""
+        times = self.arrival_times
+        if times is None:
+            return next_arrival
+        i = int(np.searchsorted(times, now, side="right")) + self.horizon
+        return float(times[i]) if i < len(times) else math.inf
+
     def plan(self, now: float, next_arrival: float, prev_duration: float, step: int) -> PendingRun | None:
         """Price the longest run allowed from ``now``; None when the next step is not a plain decode step
         or the runs from here would be shorter than ``min_steps`` (then single stepping is cheaper; same
         results). With nobody waiting, a run may stop at a request's last token and be chained
         (``plan_next``), so only the time to the next arrival has to reach ``min_steps``."""
-        limit = self._arrival_limit(now, next_arrival, prev_duration)
+        limit = self._arrival_limit(now, self._bound(now, next_arrival), prev_duration)
         if limit < self.min_steps or next_arrival <= now:   # (a fed engine not told of its next request)
             return None
         batch = self._batch()
@@ -207,7 +223,7 @@ class DecodeRunner:
         c0 = run.c0a[keep] + k
         bs = sched.manager.block_size
         end = run.end
-        limit = self._arrival_limit(end, next_arrival, float(run.durations[k - 1]))
+        limit = self._arrival_limit(end, self._bound(end, next_arrival), float(run.durations[k - 1]))
         return self._price(end, next_arrival, limit, step, batch, c0, run.g0a[keep] + k, -(-c0 // bs),
                            run.rem[keep] - k, 1, end)
 
@@ -246,7 +262,11 @@ class DecodeRunner:
             j = int(bad[0])
             raise KvsimError("executor", f"step {step + j} returned a non-positive duration {d[j]}")
         ends = np.cumsum(np.concatenate(([now], d)))   # sequential, left to right: SimPy's sums
-        if math.isfinite(next_arrival):
+        if self.arrival_times is not None:
+            k = self._before_tie(ends, k)
+            if k < 1:
+                return None
+        elif math.isfinite(next_arrival):
             first = int(np.searchsorted(ends[1:], next_arrival, side="left"))   # the step it reaches
             # (a step that ends exactly then is left to single stepping, whose event order decides)
             tie = first < len(ends) - 1 and ends[first + 1] == next_arrival
@@ -256,6 +276,26 @@ class DecodeRunner:
         head = self._head[0] if self._head is not None and last_token is None else None
         return PendingRun(k, batch, c0.tolist(), g0.tolist(), rem, d, ends[: k + 1], run.breakdown, l0,
                           sched.num_waiting(), sched.num_swapped(), head, last_token, c0a=c0, g0a=g0)
+
+    def _before_tie(self, ends: np.ndarray, k: int) -> int:
+        """``k`` cut so that no step of the run ends exactly when the arrival process wakes."""
+        times = self.arrival_times
+        lo, hi = np.searchsorted(times, (ends[0], ends[k]), side="right")
+        if lo == hi:
+            return k
+        at = times[lo:hi]
+        pos = np.searchsorted(ends[: k + 1], at, side="left")   # ends[pos] >= at, pos <= k
+        tied = pos[ends[pos] == at]
+        return min(k, int(tied.min()) - 1) if tied.size else k
+
+    def cut(self, run: PendingRun, now: float) -> None:
+        """A request is routed to this engine at ``now``, inside ``run`` (cut lazily): the run ends with
+        the step that ``now`` falls in, as if it had been planned knowing the arrival."""
+        k = int(np.searchsorted(run.ends[1: run.k + 1], now, side="left")) + 1
+        if not (k <= run.k and run.ends[k - 1] < now < run.ends[k]):
+            raise AssertionError(f"decode run: cut at {now!r} outside its steps or at a step's end")
+        run.k = k
+        run.ends = run.ends[: k + 1]
 
     def _price_steps(self, batch: list[Request], c0: np.ndarray, k: int):
         """Prices of k decode steps of ``batch`` (step j: every context c0 + j); from the batch's size and
