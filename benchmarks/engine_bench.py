@@ -3,6 +3,7 @@
     python benchmarks/engine_bench.py                       # the Azure conversation hour, Llama-3.1-8B on H100
     python benchmarks/engine_bench.py --workload quickstart # the quickstart settings (Llama-2-13B, A100) over the hour
     python benchmarks/engine_bench.py --double-output       # every output length doubled
+    python benchmarks/engine_bench.py --output-scaling      # as given, then doubled, in this process
     python benchmarks/engine_bench.py --synthetic 1000000 --rate 30
     python benchmarks/engine_bench.py --compare             # multi-step on and off, in this one process
     python benchmarks/engine_bench.py --compare --repeat 3  # alternating, the fastest of each mode
@@ -115,6 +116,8 @@ def main() -> None:
     ap.add_argument("--synthetic", type=int, default=0, help="run N synthetic requests instead of the trace")
     ap.add_argument("--rate", type=float, default=30.0, help="synthetic arrival rate (req/s)")
     ap.add_argument("--double-output", action="store_true", help="double every output length")
+    ap.add_argument("--output-scaling", action="store_true",
+                    help="the outputs as given, then doubled, alternating (--repeat times); prints the ratio")
     ap.add_argument("--single-step", action="store_true", help="multi-step off")
     ap.add_argument("--compare", action="store_true", help="multi-step off then on, in this process")
     ap.add_argument("--repeat", type=int, default=1,
@@ -128,8 +131,12 @@ def main() -> None:
         data = quickstart_scenario(args.limit)
     else:
         data = azure_scenario(args.limit)
-    modes = [False, True] * args.repeat if args.compare else [not args.single_step]
-    rows = [measure(data, m, not args.no_write, args.plots, args.double_output) for m in modes]
+    if args.output_scaling:
+        runs = [(not args.single_step, doubled) for doubled in (False, True)] * args.repeat
+    else:
+        modes = [False, True] * args.repeat if args.compare else [not args.single_step]
+        runs = [(m, args.double_output) for m in modes]
+    rows = [measure(data, m, not args.no_write, args.plots, doubled) for m, doubled in runs]
     cols = list(rows[0])
     print(" | ".join(f"{c:>12}" for c in cols))
     for r in rows:
@@ -137,6 +144,10 @@ def main() -> None:
     if args.compare:
         best = {m: min(r["simulate_s"] for r in rows if r["multi_step"] == m) for m in (False, True)}
         print(f"simulate time, multi-step on / off (fastest of {args.repeat}): {best[True] / best[False]:.3f}")
+    if args.output_scaling:   # whole runs (load to written tables), each kind's fastest
+        best = {d: min(r["run_s"] + r["write_s"] for r in rows if r["name"].endswith("x2out") == d)
+                for d in (False, True)}
+        print(f"wall time, outputs doubled / as given (fastest of {args.repeat}): {best[True] / best[False]:.3f}")
 
 
 if __name__ == "__main__":

@@ -48,6 +48,18 @@ from sim.sched.continuous import ContinuousScheduler
 from sim.sched.decode_run import DecodeRunner, supports_decode_runs
 
 
+def wake_times(requests: list[Request], lag: float, now: float = 0.0) -> list[float]:
+    """The times an arrival process started at ``now`` wakes at to hand over each request (arrival +
+    ``lag``), summed as SimPy sums them (a request already due is handed over without waiting)."""
+    times = []
+    for req in requests:
+        delay = req.arrival_s + lag - now
+        if delay > 0:
+            now = now + delay
+        times.append(now)
+    return times
+
+
 def delay_to(now: float, target: float) -> float | None:
     """A delay d with ``now + d == target`` in float64 (SimPy schedules at ``now + delay``); None when
     no float does it (a sum that must round to even cannot reach an odd target)."""
@@ -101,9 +113,13 @@ class Engine:
         # cluster: a router reads this engine's state when a request arrives anywhere (decode runs then
         # stop before the step an arrival falls in; sim/sched/decode_run.py)
         self.observed_at_arrivals = False
-        # cluster, a router that reads only loads: every time the arrival process wakes at; decode runs
-        # then go past arrivals and are cut (``cut_run``) only by one routed here (sim/sched/decode_run.py)
+        # the times requests may be handed to this engine (its own arrival process's wake times, a
+        # cluster's), when known: no decode run step ends at one (event order decides there), so a run
+        # may go on through the step after an arrival (async scheduling plans it without the arrival)
         self.arrival_times: np.ndarray | None = None
+        # cluster, a router that reads only loads: decode runs go past arrivals (``arrival_times``: all
+        # of the cluster's) and are cut (``cut_run``) only by one routed here (sim/sched/decode_run.py)
+        self.cut_lazily = False
         self.horizon = 16                         # arrivals a lazily cut run is priced for
         self._pending = None                      # the run being waited on, while it may be cut
         self._runner: DecodeRunner | None = None
@@ -186,10 +202,13 @@ class Engine:
         stall = 0
         step = 0
         staged = self._staged
+        if self.multi_step and not self.fed and self.arrival_times is None:
+            self.arrival_times = np.array(wake_times(self.requests, self.arrival_delay_s, env.now))
+        lazy = self.cut_lazily
         runner = DecodeRunner(sched, self.executor, self.recorder, stop_before_arrival=self.observed_at_arrivals,
-                              arrival_times=self.arrival_times, horizon=self.horizon) if self.multi_step else None
+                              arrival_times=self.arrival_times, horizon=self.horizon, cut_lazily=lazy,
+                              staging=self.async_scheduling) if self.multi_step else None
         self._runner = runner
-        lazy = self.arrival_times is not None
         prev = 0.0   # the last step's duration (sizes a run's pricing call)
         chain_from = None   # the last run, applied after its wait, if nothing has happened since
         while True:
@@ -273,7 +292,10 @@ class Engine:
                                  f"({sched.num_waiting()} waiting, {len(sched.running)} running): livelock")
 
     def _applied(self, runner: DecodeRunner, run, step: int) -> int:
-        """Apply a decode run and count its steps; returns the step count after it."""
+        """Apply a decode run and count its steps; returns the step count after it. Requests staged
+        during the step before its last (async scheduling) are handed over as its last step starts."""
+        if self._staged and not run.eager:
+            self._admit_staged(before=float(run.ends[run.k - 1]))
         runner.apply(run)
         self.num_runs += 1
         if self.check_integrity:
@@ -328,8 +350,11 @@ class Engine:
                 return
         raise AssertionError(f"no float delays reach {target!r} from {now!r}")
 
-    def _admit_staged(self) -> None:
-        """Hand the requests staged during the last step to the scheduler (at the time each reached the engine)."""
-        for req, when in self._staged:
+    def _admit_staged(self, before: float = math.inf) -> None:
+        """Hand the requests staged during the last step (those staged before ``before``) to the
+        scheduler, at the time each reached the engine."""
+        staged = self._staged
+        n = len(staged) if before == math.inf else sum(1 for _, when in staged if when < before)
+        for req, when in staged[:n]:
             self.scheduler.add_request(req, when)
-        self._staged.clear()
+        del staged[:n]

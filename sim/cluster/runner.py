@@ -29,27 +29,17 @@ from sim.cluster.link import KVLink
 from sim.cluster.replica import Replica, build_replica, pool_scenario
 from sim.cluster.results import ClusterResult, cluster_result
 from sim.cluster.routers import Router, make_router
+from sim.engine import wake_times
 from sim.errors import KvsimError
 from sim.request import Request, RequestStatus
 from sim.scenario import Scenario
 from sim.workload import build_workload
 
 
-def wake_times(requests: list[Request], lag: float, now: float = 0.0) -> list[float]:
-    """The times the arrival process wakes at to submit each request, summed as SimPy sums them."""
-    times = []
-    for req in requests:
-        delay = req.arrival_s + lag - now
-        if delay > 0:
-            now = now + delay
-        times.append(now)
-    return times
-
-
 def _arrivals(env: simpy.Environment, requests: list[Request], lag: float, router: Router,
-              pool: list[Replica], submit, served: dict[int, int]):
-    if not (router.reads_load or router.reads_state) and submit is Replica.submit:
-        yield from _arrivals_ahead(env, requests, lag, router, pool, served)
+              pool: list[Replica], submit, served: dict[int, int], ahead: list[int] | None = None):
+    if ahead is not None:
+        yield from _arrivals_ahead(env, requests, lag, ahead, pool, served)
         return
     engines = [rep.engine for rep in pool]   # (each with observed_at_arrivals set: see _observed)
     for req in requests:
@@ -71,12 +61,22 @@ def _arrivals(env: simpy.Environment, requests: list[Request], lag: float, route
         engine.end_arrivals()
 
 
-def _arrivals_ahead(env: simpy.Environment, requests: list[Request], lag: float, router: Router,
-                    pool: list[Replica], served: dict[int, int]):
-    """``_arrivals`` for a router that reads no replica state: every choice is made first (the same
-    choices, in the same order), so each engine is told when its next request will be submitted (the
-    float time the timeout below fires at) and may advance decode runs up to it (sim/sched/decode_run.py)."""
+def _route_ahead(router: Router, requests: list[Request], pool: list[Replica], lag: float) -> list[int]:
+    """Every choice of a router that reads no replica state, made first (the same choices, in the same
+    order); each engine is given the times its own requests will be submitted at."""
     dest = [router.choose(req, pool) for req in requests]
+    times = np.array(wake_times(requests, lag))
+    where = np.array(dest, dtype=np.int64)
+    for i, rep in enumerate(pool):
+        rep.engine.arrival_times = times[where == i]
+    return dest
+
+
+def _arrivals_ahead(env: simpy.Environment, requests: list[Request], lag: float, dest: list[int],
+                    pool: list[Replica], served: dict[int, int]):
+    """``_arrivals`` for a router that reads no replica state (``_route_ahead``): each engine is told
+    when its next request will be submitted (the float time the timeout below fires at) and may advance
+    decode runs up to it (sim/sched/decode_run.py)."""
     times = wake_times(requests, lag, env.now)
     following = [math.inf] * len(requests)   # when the next request for the same replica comes
     upcoming = [math.inf] * len(pool)
@@ -102,10 +102,13 @@ def _observed(router: Router, pool: list[Replica], requests: list[Request], lag:
     """Tell the replicas what ``router`` reads of them at each arrival (before their loops start): their
     memory (decode runs stop before the step an arrival falls in), or only their loads, which change
     only where a decode run ends (runs go past arrivals, and the one routed a request is cut)."""
-    times = np.array(wake_times(requests, lag)) if router.reads_load and not router.reads_state else None
+    if not (router.reads_load or router.reads_state):
+        return router   # (its choices may be made ahead: _route_ahead)
+    times = np.array(wake_times(requests, lag))
     for rep in pool:
         rep.engine.observed_at_arrivals = router.reads_state
         rep.engine.arrival_times = times
+        rep.engine.cut_lazily = not router.reads_state
         rep.engine.horizon = 2 * len(pool)
     return router
 
@@ -142,7 +145,8 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
         _check_sequences_supported(scn, requests)
         pool = [build_replica(scn, i, "colocated", env, check, lag) for i in range(cfg.num_replicas)]
         router = _observed(make_router(cfg.router, scn.seed), pool, requests, lag)
-        env.process(_arrivals(env, requests, lag, router, pool, Replica.submit, served))
+        ahead = None if router.reads_load or router.reads_state else _route_ahead(router, requests, pool, lag)
+        env.process(_arrivals(env, requests, lag, router, pool, Replica.submit, served, ahead))
         for rep in pool:
             rep.engine.start()
         env.run()

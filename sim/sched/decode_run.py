@@ -96,7 +96,8 @@ class DecodeRunner:
 
     def __init__(self, sched, executor, recorder, max_steps: int = MAX_RUN_STEPS,
                  min_steps: int | None = None, stop_before_arrival: bool = False,
-                 arrival_times: np.ndarray | None = None, horizon: int = 16) -> None:
+                 arrival_times: np.ndarray | None = None, horizon: int = 16, cut_lazily: bool = False,
+                 staging: bool = False) -> None:
         self.sched = sched
         self.executor = executor
         self.recorder = recorder
@@ -107,11 +108,15 @@ class DecodeRunner:
         # runs end before the step the next arrival reaches (not with it): somebody reads this engine's
         # state at that moment (a cluster's router), and the step in progress then must have allocated
         self.stop_before_arrival = stop_before_arrival
-        # cut lazily (a cluster whose router reads only replica loads): runs are not bounded by the next
-        # arrival; the engine cuts one (``cut``) when an arrival is routed to it. ``arrival_times`` are
-        # every time the cluster's arrival process wakes at: no step of a run may end exactly at one
-        # (event order decides there); a run is priced for about ``horizon`` arrivals ahead
+        # ``arrival_times``: when requests may be handed to the engine, if known; no step of a run may end
+        # exactly at one (event order decides there). Then, with async scheduling (``staging``), a run
+        # goes on through the step after the one an arrival falls in: that step is planned without it
         self.arrival_times = arrival_times
+        self.staging = staging and arrival_times is not None and not stop_before_arrival
+        # cut lazily (a cluster whose router reads only replica loads): runs are not bounded by the next
+        # arrival; the engine cuts one (``cut``) when an arrival is routed to it. A run is priced for
+        # about ``horizon`` arrivals ahead
+        self.cut_lazily = cut_lazily
         self.horizon = horizon
         # after f failed attempts in a row that cost per-request work, the next 2**f - 1 steps (at most
         # MAX_BACKOFF_STEPS - 1) do not try: a saturated engine rarely has a run, and trying costs O(batch)
@@ -157,14 +162,14 @@ class DecodeRunner:
         """Steps a run may price before the next arrival (an estimate from the last step's duration; the
         exact cut is made on the priced ends)."""
         if math.isfinite(next_arrival) and prev_duration > 0:
-            return max(1, min(self.max_steps, int((next_arrival - now) / prev_duration) + 2))
+            return max(1, min(self.max_steps, int((next_arrival - now) / prev_duration) + 3))
         return self.max_steps
 
     def _bound(self, now: float, next_arrival: float) -> float:
         """The time a run from ``now`` is priced up to: the next arrival, or when cut lazily the arrival
         ``horizon`` arrivals ahead."""
         times = self.arrival_times
-        if times is None:
+        if not self.cut_lazily:
             return next_arrival
         i = int(np.searchsorted(times, now, side="right")) + self.horizon
         return float(times[i]) if i < len(times) else math.inf
@@ -262,7 +267,7 @@ class DecodeRunner:
             j = int(bad[0])
             raise KvsimError("executor", f"step {step + j} returned a non-positive duration {d[j]}")
         ends = np.cumsum(np.concatenate(([now], d)))   # sequential, left to right: SimPy's sums
-        if self.arrival_times is not None:
+        if self.cut_lazily:
             k = self._before_tie(ends, k)
             if k < 1:
                 return None
@@ -270,7 +275,9 @@ class DecodeRunner:
             first = int(np.searchsorted(ends[1:], next_arrival, side="left"))   # the step it reaches
             # (a step that ends exactly then is left to single stepping, whose event order decides)
             tie = first < len(ends) - 1 and ends[first + 1] == next_arrival
-            k = min(k, first if self.stop_before_arrival or tie else first + 1)
+            k = min(k, first if self.stop_before_arrival or tie else first + 1 + self.staging)
+            if self.arrival_times is not None:
+                k = self._before_tie(ends, k)
             if k < 1:
                 return None
         head = self._head[0] if self._head is not None and last_token is None else None
