@@ -108,3 +108,54 @@ def test_evaluator_cache_is_bounded_and_rebuilds_what_it_dropped():
     assert len(sc._EVALUATORS) <= sc._MAX_EVALUATORS
     # the first dict was dropped; evaluating it again rebuilds it (prior weight 0: the hand value above)
     assert factor_scalar(dicts[0], 51, 2000, 1000) == pytest.approx(math.exp(0.15))
+
+
+# the same two curves labelled with the operators they were measured as, and an operator-aware kernel
+OPS = {**CORR, "ops": ["a", "b"], "op_width_n": 1.0, "op_width_k": 1.0, "op_weight": 0.5, "op_prior_weight": 0.0}
+
+
+def test_a_curve_of_another_operator_counts_op_weight():
+    # N = 2000 is ln 2 from both shapes (equal kernel weights w); priced as "a", the curve of "b" counts 0.5 w:
+    # at M = 51 the curves are 0.1 and 0.2, so r = (0.1 + 0.5 x 0.2) / 1.5
+    assert factor_scalar(OPS, 51, 2000, 1000, "a") == pytest.approx(math.exp(0.2 / 1.5))
+    assert factor_scalar(OPS, 51, 2000, 1000, "b") == pytest.approx(math.exp((0.5 * 0.1 + 0.2) / 1.5))
+    # no operator, or one the correction never saw (an LM head): the operator-blind mean, as without "ops"
+    for op in (None, "lm_head"):
+        assert factor_scalar(OPS, 51, 2000, 1000, op) == pytest.approx(math.exp(0.15))
+
+
+def test_a_measured_shape_keeps_its_own_curve_for_its_own_operator_only():
+    assert factor_scalar(OPS, 101, 1000, 1000, "a") == pytest.approx(math.exp(0.2))
+    # (1000, 1000) was measured as "a": priced as "b" it is a neighbour at distance 0 with weight 0.5, and
+    # (4000, 1000), measured as "b", weighs exp(-(ln 4)^2 / 2); at M = 1 the curves are 0.0 and 0.1
+    w = math.exp(-math.log(4) ** 2 / 2)
+    assert factor_scalar(OPS, 1, 1000, 1000, "b") == pytest.approx(math.exp(w * 0.1 / (0.5 + w)))
+    assert factor_scalar(OPS, 1, 1000, 1000) == pytest.approx(1.0)  # operator-blind: its own curve
+
+
+def test_a_shape_measured_as_two_operators_keeps_both_curves():
+    c = {**OPS, "ops": ["", "b"], "op_curves": {"a,1000,1000": [0.5, 0.5], "b,1000,1000": [-0.5, -0.5]}}
+    assert factor_scalar(c, 51, 1000, 1000, "a") == pytest.approx(math.exp(0.5))
+    assert factor_scalar(c, 51, 1000, 1000, "b") == pytest.approx(math.exp(-0.5))
+    assert factor_scalar(c, 51, 1000, 1000) == pytest.approx(math.exp(0.1))  # the pooled curve
+
+
+def test_local_points_of_one_operator_and_of_any():
+    c = {**OPS, "local": {"a,1000,1000": [[1, 0.3]], "4000,1000": [[1, -0.3]]}}
+    assert factor_scalar(c, 1, 1000, 1000, "a") == pytest.approx(math.exp(0.0 + 0.3))
+    assert factor_scalar(c, 1, 1000, 1000) == pytest.approx(math.exp(0.0))        # not for other operators
+    assert factor_scalar(c, 1, 4000, 1000, "b") == pytest.approx(math.exp(0.1 - 0.3))  # "N,K": any operator
+    assert factor_scalar(c, 1, 4000, 1000) == pytest.approx(math.exp(0.1 - 0.3))
+
+
+def test_vectorised_operators_match_scalar():
+    c = {**OPS, "local": {"a,1000,1000": [[1, 0.3]]}}
+    m = np.array([1, 51, 51, 51, 101, 1])
+    n = np.array([1000, 2000, 2000, 2000, 3000, 1000])
+    ops = np.array(["a", "a", "b", "lm_head", "b", "b"], dtype=object)
+    vec = factor(c, m, n, 1000, ops)
+    assert vec == pytest.approx([factor_scalar(c, int(a), int(b), 1000, o) for a, b, o in zip(m, n, ops)])
+    assert factor(c, m, n, 1000) == pytest.approx([factor_scalar(c, int(a), int(b), 1000) for a, b in zip(m, n)])
+    plain = CostParams(tiles=[[128, 128, 0.7]], num_sms=108)
+    assert gemm_time(m, n, 1000, 312e12, 2e12, 2, replace(plain, gemm_correction=c), ops) == pytest.approx(
+        gemm_time(m, n, 1000, 312e12, 2e12, 2, plain) * vec)

@@ -21,7 +21,7 @@ from sim.cli import main as cli_main
 from sim.commands.validate import pooled
 from sim.executors.cost_model import load_calibration
 from sim.executors.measurements import LINEAR_OPS, read_measurements
-from sim.executors.opmodel import loo, loo_split
+from sim.executors.opmodel import loo, loo_split, with_shapes
 from sim.executors.validation import shipped_vidur, validate
 from sim.specs import HardwareSpec
 
@@ -56,6 +56,26 @@ def test_loo_split_removes_the_heldout_shapes(tables):
     assert code.operator.isin(["mlp_up_proj", "mlp_down_proj"]).any()
 
 
+def test_one_shape_timed_as_two_operators_keeps_a_curve_per_operator(tables):
+    """Qwen-72B (hidden 8192, 64 heads and 64 KV heads of 128, intermediate 24576, gated): its QKV projection at
+    TP t (N = 3 x 8192 / t) has the shape of its MLP up projection at TP 2t (N = 2 x 24576 / 2t), K = 8192."""
+    from sim.executors.opmodel import fit_correction
+    from sim.executors.roofline import CostParams
+
+    df = tables["h100"]
+    corr = fit_correction(df, HardwareSpec.from_name("h100-80gb"), CostParams(num_sms=132))
+    shared = {(24576, 8192), (12288, 8192), (6144, 8192)}
+    assert set(corr["op_curves"]) == {f"{op},{n},{k}" for op in ("attn_pre_proj", "mlp_up_proj") for n, k in shared}
+    pooled_ops = {tuple(s): o for s, o in zip(corr["shapes"], corr["ops"])}
+    assert all(pooled_ops[s] == "" for s in shared)
+    assert sum(o == "" for o in corr["ops"]) == 3
+    # the two operators' times of one shape differ by more than the 5% goal (mean |log ratio| over token counts)
+    q = with_shapes(df[df.model == "Qwen-72B"])
+    for n, k in shared:
+        t = q[(q.N == n) & (q.K == k)].pivot_table(index="M", columns="operator", values="time_s")
+        assert np.mean(np.abs(np.log(t.attn_pre_proj / t.mlp_up_proj))) > GOAL_UNSEEN
+
+
 @pytest.mark.parametrize("gpu", ["a100", "h100"])
 def test_loo_correction_beats_the_rooflines_on_every_unseen_model(loo_results, gpu):
     results = loo_results[gpu]
@@ -65,8 +85,8 @@ def test_loo_correction_beats_the_rooflines_on_every_unseen_model(loo_results, g
         assert r.few < r.corrected, r
 
 
-@pytest.mark.parametrize("gpu", [pytest.param("a100", marks=pytest.mark.xfail(strict=True, reason="5.97%: goal not met")),
-                                 pytest.param("h100", marks=pytest.mark.xfail(strict=True, reason="6.73%: goal not met"))])
+@pytest.mark.parametrize("gpu", [pytest.param("a100", marks=pytest.mark.xfail(strict=True, reason="5.84%: goal not met")),
+                                 pytest.param("h100", marks=pytest.mark.xfail(strict=True, reason="6.51%: goal not met"))])
 def test_loo_goal_five_percent_on_unseen_models(loo_results, gpu):
     assert pooled(loo_results[gpu])["corrected"] <= GOAL_UNSEEN
 

@@ -95,7 +95,7 @@ def predict(df: pd.DataFrame, hardware: HardwareSpec, params: CostParams, layers
     if lin.any():
         k, n = gemm_shapes(df[lin])
         out[lin] = gemm_time(df.num_tokens.to_numpy()[lin], n, k, hardware.peak_flops, hardware.hbm_bandwidth,
-                             df.dtype_bytes.to_numpy()[lin], params)
+                             df.dtype_bytes.to_numpy()[lin], params, op[lin])
     elem = np.isin(op, ELEMENTWISE_OPS)
     if elem.any():
         eff = np.array([params.elementwise_effs.get(o, params.elementwise_eff) for o in op[elem]])
@@ -127,10 +127,10 @@ def mape(pred: np.ndarray, meas: np.ndarray) -> float:
 
 def _gemm_objective(df: pd.DataFrame, hardware: HardwareSpec) -> Callable[[CostParams], float]:
     k, n = gemm_shapes(df)
-    m, b, t = df.num_tokens.to_numpy(), df.dtype_bytes.to_numpy(), df.time_s.to_numpy()
+    m, b, t, op = df.num_tokens.to_numpy(), df.dtype_bytes.to_numpy(), df.time_s.to_numpy(), df.operator.to_numpy()
 
     def obj(p: CostParams) -> float:
-        return mape(gemm_time(m, n, k, hardware.peak_flops, hardware.hbm_bandwidth, b, p), t)
+        return mape(gemm_time(m, n, k, hardware.peak_flops, hardware.hbm_bandwidth, b, p, op), t)
     return obj
 
 

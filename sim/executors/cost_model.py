@@ -301,8 +301,8 @@ class CostModelExecutor:
         ``_moe_mlp_time``)."""
         p, b = self.params, self.model.dtype_bytes
         if not self.model.num_experts:
-            return sum(gemm_time_scalar(tokens, n, k, self._peak, self._bw, b, p) for _, k, n in self._shapes)
-        attn = sum(gemm_time_scalar(tokens, n, k, self._peak, self._bw, b, p) for _, k, n in self._shapes[:2])
+            return sum(gemm_time_scalar(tokens, n, k, self._peak, self._bw, b, p, op) for op, k, n in self._shapes)
+        attn = sum(gemm_time_scalar(tokens, n, k, self._peak, self._bw, b, p, op) for op, k, n in self._shapes[:2])
         return attn + self._moe_mlp_time(tokens)
 
     def _moe_mlp_time(self, tokens: int) -> float:
@@ -319,9 +319,9 @@ class CostModelExecutor:
         e, k_top = m.num_experts, m.experts_per_token
         active = e * (1.0 - (1.0 - k_top / e) ** tokens)
         per = tokens * k_top / active
-        (_, k_up, n_up), (_, k_down, n_down) = self._shapes[2], self._shapes[3]
-        one = (gemm_time_scalar(per, n_up, k_up, self._peak, self._bw, b, p)
-               + gemm_time_scalar(per, n_down, k_down, self._peak, self._bw, b, p))
+        (up, k_up, n_up), (down, k_down, n_down) = self._shapes[2], self._shapes[3]
+        one = (gemm_time_scalar(per, n_up, k_up, self._peak, self._bw, b, p, up)
+               + gemm_time_scalar(per, n_down, k_down, self._peak, self._bw, b, p, down))
         router = gemm_time_scalar(tokens, e, m.hidden_size, self._peak, self._bw, b, p)
         return router + active * one - (active - 1.0) * 2 * p.kernel_latency_s
 

@@ -1,12 +1,14 @@
 """Fit the learned GEMM correction (shape_correction.py), score it leave-one-model-out, and adapt it to a
 new model from a few of its own measured points.
 
-- ``fit_correction``: per training shape (N, K), the median of log(measured / roofline) at each token
-  count M, sampled on the union of the measured token counts (linear in M between them).
+- ``fit_correction``: per training shape (N, K), and per operator for a shape measured as several, the
+  median of log(measured / roofline) at each token count M, sampled on the union of the measured token
+  counts (linear in M between them).
 - ``loo_split``: train on every other model with the held-out model's (N, K) shapes removed (two models
   with the same hidden size share their attention shapes: those leave training too), test on the
   held-out model. Nothing is judged on a shape it has seen.
-- ``fit_local``: a new model's measured points, as deltas over the generalised model per exact shape;
+- ``fit_local``: a new model's measured points, as deltas over the generalised model per operator and
+  exact shape;
   interpolated in ln M among those in M's block of 64, else 128, else 256 token counts, else all
   (shape_correction.py).
 """
@@ -24,8 +26,11 @@ from sim.executors.measurements import LINEAR_OPS
 from sim.executors.roofline import DEFAULT_NUM_SMS, CostParams, gemm_time
 from sim.specs import HardwareSpec
 
-# kernel widths (ln units) and prior weight of the correction; chosen once for both GPUs (README)
+# the correction's kernels (ln units) and prior weights, chosen once for both GPUs on the leave-one-model-out
+# folds (README): operator-blind (a GEMM of no known projection, e.g. the LM head), and for a projection,
+# with the weight of a curve measured as another operator
 WIDTH_N, WIDTH_K, PRIOR_WEIGHT = 0.2, 0.4, 0.3
+OP_WIDTH_N, OP_WIDTH_K, OP_WEIGHT, OP_PRIOR_WEIGHT = 0.3, 0.4, 0.2, 0.35
 
 
 def with_shapes(df: pd.DataFrame) -> pd.DataFrame:
@@ -36,39 +41,57 @@ def with_shapes(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def predict_gemm(rows: pd.DataFrame, hardware: HardwareSpec, params: CostParams) -> np.ndarray:
-    """Seconds for rows carrying N, K, M (see ``with_shapes``)."""
+    """Seconds for rows carrying N, K, M and operator (see ``with_shapes``)."""
     return gemm_time(rows.M.to_numpy(), rows.N.to_numpy(), rows.K.to_numpy(), hardware.peak_flops,
-                     hardware.hbm_bandwidth, rows.dtype_bytes.to_numpy(), params)
+                     hardware.hbm_bandwidth, rows.dtype_bytes.to_numpy(), params, rows.operator.to_numpy())
 
 
-def fit_correction(df: pd.DataFrame, hardware: HardwareSpec, params: CostParams) -> dict[str, Any]:
-    """The stored correction over ``params`` (its own correction ignored) from the projection rows of ``df``."""
-    rows = with_shapes(df)
-    if rows.empty:
-        return {}
-    plain = replace(params, gemm_correction={})
-    r = np.log(rows.time_s.to_numpy() / predict_gemm(rows, hardware, plain))
-    table = rows.assign(r=r).groupby(["N", "K", "M"]).r.median().unstack("M")
+def _curves(r: pd.DataFrame, keys: list[str]) -> tuple[np.ndarray, pd.Index, list[list[float]]]:
+    """(grid, index, curves): per ``keys``, the median of column r at each M, on the union of the token counts
+    (linear in M between a shape's own, flat beyond), rounded to 4 decimals."""
+    table = r.groupby([*keys, "M"]).r.median().unstack("M")
     grid = table.columns.to_numpy()
     curves = []
     for _, row in table.iterrows():
         ok = row.notna().to_numpy()
         curves.append([round(float(x), 4) for x in np.interp(grid, grid[ok], row.to_numpy()[ok])])
-    return {"grid_m": [int(m) for m in grid], "shapes": [[int(n), int(k)] for n, k in table.index],
-            "curves": curves, "width_n": WIDTH_N, "width_k": WIDTH_K, "prior_weight": PRIOR_WEIGHT}
+    return grid, table.index, curves
+
+
+def fit_correction(df: pd.DataFrame, hardware: HardwareSpec, params: CostParams) -> dict[str, Any]:
+    """The stored correction over ``params`` (its own correction ignored) from the projection rows of ``df``:
+    per (N, K) the curve pooled over operators, and per operator those of shapes measured as several."""
+    rows = with_shapes(df)
+    if rows.empty:
+        return {}
+    plain = replace(params, gemm_correction={})
+    r = rows.assign(r=np.log(rows.time_s.to_numpy() / predict_gemm(rows, hardware, plain)))
+    grid, shapes, curves = _curves(r, ["N", "K"])
+    ops = r.groupby(["N", "K"]).operator.unique()
+    single = [str(ops[s][0]) if len(ops[s]) == 1 else "" for s in shapes]
+    several = r[r.set_index(["N", "K"]).index.isin([s for s, o in zip(shapes, single) if not o])]
+    op_curves = {}
+    if not several.empty:
+        _, index, per_op = _curves(several, ["operator", "N", "K"])
+        op_curves = {f"{o},{n},{k}": c for (o, n, k), c in zip(index, per_op)}
+    return {"grid_m": [int(m) for m in grid], "shapes": [[int(n), int(k)] for n, k in shapes], "curves": curves,
+            "width_n": WIDTH_N, "width_k": WIDTH_K, "prior_weight": PRIOR_WEIGHT, "ops": single,
+            "op_curves": op_curves, "op_width_n": OP_WIDTH_N, "op_width_k": OP_WIDTH_K, "op_weight": OP_WEIGHT,
+            "op_prior_weight": OP_PRIOR_WEIGHT}
 
 
 def fit_local(df: pd.DataFrame, hardware: HardwareSpec, params: CostParams) -> dict[str, list[list[float]]]:
-    """Per exact (N, K) of ``df``: [[M, median log(measured / params' prediction)], ...] ascending in M."""
+    """Per operator and exact (N, K) of ``df``, keyed "op,N,K": [[M, median log(measured / params'
+    prediction)], ...] ascending in M."""
     rows = with_shapes(df)
     if rows.empty:
         return {}
     base = replace(params, gemm_correction={**params.gemm_correction, "local": {}})
     d = np.log(rows.time_s.to_numpy() / predict_gemm(rows, hardware, base))
     out: dict[str, list[list[float]]] = {}
-    for (n, k), g in rows.assign(d=d).groupby(["N", "K"]):
+    for (op, n, k), g in rows.assign(d=d).groupby(["operator", "N", "K"]):
         med = g.groupby("M").d.median()
-        out[f"{n},{k}"] = [[int(m), round(float(x), 4)] for m, x in med.items()]
+        out[f"{op},{n},{k}"] = [[int(m), round(float(x), 4)] for m, x in med.items()]
     return out
 
 

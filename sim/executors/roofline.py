@@ -23,7 +23,7 @@ tile shape that finishes first. For each candidate tile:
 
 Small tiles waste less on small or ragged shapes but reach a lower efficiency (fitted per tile), so
 small GEMMs do not reach peak. On top of that, ``CostParams.gemm_correction`` (shape_correction.py) multiplies
-the time by exp(r(M, N, K)), a correction learned from measured shapes; empty, it changes nothing. The plain roofline of the brief is ``tiles = [], smooth_p = inf``. Every function
+the time by exp(r(M, N, K, operator)), a correction learned from measured shapes; empty, it changes nothing. The plain roofline of the brief is ``tiles = [], smooth_p = inf``. Every function
 here accepts numpy arrays as well as scalars (the calibrator prices thousands of rows at once).
 """
 
@@ -103,8 +103,9 @@ def smooth_max(a: Any, b: Any, p: float) -> Any:
 
 
 def gemm_time(m: Any, n: int | Any, k: int | Any, peak: float, bandwidth: float, dtype_bytes: int,
-              params: CostParams) -> Any:
-    """Seconds for one ``[m, k] x [k, n]`` GEMM, with the formulas of the module docstring."""
+              params: CostParams, op: Any = None) -> Any:
+    """Seconds for one ``[m, k] x [k, n]`` GEMM, with the formulas of the module docstring; ``op`` names the
+    operator (or an array of names; None: unknown), which only the learned correction uses."""
     m = np.asarray(m, dtype=float)
     if params.tiles:
         sms, q = params.num_sms, params.wave_quant
@@ -120,11 +121,11 @@ def gemm_time(m: Any, n: int | Any, k: int | Any, peak: float, bandwidth: float,
         t_c = 2.0 * m * n * k / (peak * params.compute_eff)
     t_m = dtype_bytes * (k * n + m * k + m * n) / (bandwidth * params.memory_eff)
     t = smooth_max(t_c, t_m, params.smooth_p) + params.kernel_latency_s
-    return t * factor(params.gemm_correction, m, n, k) if params.gemm_correction else t
+    return t * factor(params.gemm_correction, m, n, k, op) if params.gemm_correction else t
 
 
 def gemm_time_scalar(m: int, n: int, k: int, peak: float, bandwidth: float, dtype_bytes: int,
-                     params: CostParams) -> float:
+                     params: CostParams, op: str | None = None) -> float:
     """``gemm_time`` for plain Python numbers (about 20x faster than numpy on scalars); same formulas."""
     if params.tiles:
         sms, q = params.num_sms, params.wave_quant
@@ -141,7 +142,7 @@ def gemm_time_scalar(m: int, n: int, k: int, peak: float, bandwidth: float, dtyp
     if p < 64 and hi > 0:
         hi *= ((t_c / hi) ** p + (t_m / hi) ** p) ** (1.0 / p)
     t = hi + params.kernel_latency_s
-    return t * factor_scalar(params.gemm_correction, m, n, k) if params.gemm_correction else t
+    return t * factor_scalar(params.gemm_correction, m, n, k, op) if params.gemm_correction else t
 
 
 def roofline_time(flops: Any, nbytes: Any, peak: float, bandwidth: float, compute_eff: float,

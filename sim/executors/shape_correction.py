@@ -1,28 +1,40 @@
-"""A learned correction on top of the GEMM roofline: log(measured / roofline) as a function of (M, N, K).
+"""A learned correction on top of the GEMM roofline: log(measured / roofline) as a function of (M, N, K)
+and of the operator the GEMM computes.
 
 The stored form (``CostParams.gemm_correction``, plain JSON) is
 
     {"grid_m": [M_1 < M_2 < ...],               token counts the curves are sampled at
      "shapes": [[N, K], ...],                   the (N, K) GEMM shapes measured in training
-     "curves": [[r(M_1), r(M_2), ...], ...],    log(measured / roofline) of each shape on grid_m
+     "curves": [[r(M_1), r(M_2), ...], ...],    log(measured / roofline) of each shape on grid_m, pooled over
+                                                every operator measured with that shape
      "width_n": w_n, "width_k": w_k,            kernel widths in ln N and ln K
      "prior_weight": w_0,                       pulls the correction to 0 far from every training shape
-     "local": {"N,K": [[M, delta], ...]}}       a new model's own measured points (optional)
+     "ops": ["mlp_up_proj", "", ...],           per shape, the operator it was measured as ("": several)
+     "op_curves": {"OP,N,K": [r(M_1), ...]},    per operator, the curves of shapes measured as several
+     "op_width_n": .., "op_width_k": ..,        the kernel for a GEMM of a known operator: widths,
+     "op_weight": w_op, "op_prior_weight": ..,  weight of a curve measured as another operator, prior weight
+     "local": {"N,K": [[M, delta], ...],        a new model's own measured points (optional): any operator,
+               "OP,N,K": [[M, delta], ...]}}     or operator OP only (taking precedence)
 
-For a shape (N, K) the correction curve is a kernel-weighted mean of the training curves (Nadaraya-Watson):
+Every key from "ops" on is optional. Two curve banks (curve_bank.py) generalise the curves to a shape that
+was not measured, by a kernel-weighted mean in (ln N, ln K):
 
-    w_i  = exp(-((ln N - ln N_i) / w_n)^2 / 2 - ((ln K - ln K_i) / w_k)^2 / 2)
-    r(M) = sum_i w_i r_i(M) / (sum_i w_i + w_0)          r_i linear in M between grid points, flat beyond
+- a GEMM of an operator named in "ops" (the four projections): the per-operator curves ("ops" labels the
+  pooled curves of single-operator shapes; "op_curves" holds the others), the "op_*" kernel, and curves
+  measured as another operator weighted by w_op. The operator matters beyond the shape: in Vidur's tables
+  the same (N, K) timed as a QKV projection and as an MLP up projection differs by 6-9% (Qwen-72B, H100);
+- any other GEMM (the LM head, a router) or a correction without "ops": the pooled curves, operator-blind.
 
-A shape measured in training (N = N_i and K = K_i) takes its own curve r_i instead: the correction
-reproduces what was measured and generalises only to shapes it has not seen. Plus, when ``local`` holds the
-exact shape, its deltas at M: interpolated linearly in ln M among the local points in the same block of 64
+A shape measured in training as the same operator takes its own curve instead: the correction reproduces
+what was measured and generalises only to what it has not seen. Plus, when ``local`` holds the exact
+shape, its deltas at M: interpolated linearly in ln M among the local points in the same block of 64
 token counts as M (ceil(M / 64) equal), or else of 128, or else of 256 (the tile heights: a GEMM's time
 steps where M crosses a tile boundary, so a point across one says little about M), or else among all of
 them; flat beyond the points used. The GEMM time is ``roofline x exp(r(M))``.
 
-Invariants: a shape's curve is computed once (numpy, about 50 us) and cached; afterwards one lookup costs
-a bisection and a linear interpolation (about 1 us). An empty dict is no correction (factor 1).
+Invariants: a curve is computed once per (operator, N, K) (numpy, about 50 us) and cached; afterwards one
+lookup costs a bisection and a linear interpolation (about 1 us). An empty dict is no correction (factor
+1). Without the "op_*" keys every GEMM is priced operator-blind, as before they existed.
 """
 
 from __future__ import annotations
@@ -34,6 +46,8 @@ from typing import Any
 
 import numpy as np
 
+from sim.executors.curve_bank import CurveBank
+
 # id(stored dict) -> (the dict, its evaluator), the most recently used last; holding the dict keeps its id
 # unique while cached, and at most _MAX_EVALUATORS are kept (a sweep loads one calibration per run)
 _EVALUATORS: OrderedDict[int, tuple[dict[str, Any], ShapeCorrection]] = OrderedDict()
@@ -43,43 +57,52 @@ LOCAL_BLOCKS = (64, 128, 256)
 
 
 class ShapeCorrection:
-    """Evaluates a stored correction (the module docstring's formulas), caching one curve per (N, K)."""
+    """Evaluates a stored correction (the module docstring's formulas), caching one curve per (op, N, K)."""
 
     def __init__(self, data: dict[str, Any]) -> None:
         self.grid = [float(m) for m in data.get("grid_m", [])]
-        shapes = np.asarray(data.get("shapes", []), dtype=float).reshape(-1, 2)
-        self.ln_n, self.ln_k = np.log(shapes[:, 0]), np.log(shapes[:, 1])
-        self.curves = np.asarray(data.get("curves", []), dtype=float).reshape(len(shapes), len(self.grid))
-        self.width_n = float(data.get("width_n", 0.2))
-        self.width_k = float(data.get("width_k", 0.4))
-        self.prior_weight = float(data.get("prior_weight", 0.3))
-        self.exact = {(int(n), int(k)): i for i, (n, k) in enumerate(shapes.tolist())}
-        self.local = {tuple(int(x) for x in key.split(",")): LocalPoints(pts)
-                      for key, pts in data.get("local", {}).items()}
-        self._cache: dict[tuple[int, int], list[float]] = {}
+        shapes = [(int(n), int(k)) for n, k in data.get("shapes", [])]
+        curves = data.get("curves", [])
+        self.blind = CurveBank(len(self.grid), [("", n, k) for n, k in shapes], curves,
+                               float(data.get("width_n", 0.2)), float(data.get("width_k", 0.4)),
+                               float(data.get("prior_weight", 0.3)))
+        self.by_op: CurveBank | None = None
+        self.op_names: set[str] = set()
+        ops = [str(o) for o in data.get("ops", [])]
+        if ops and "op_width_n" in data:
+            labels = [(o, n, k) for o, (n, k) in zip(ops, shapes) if o]
+            op_curves = [c for o, c in zip(ops, curves) if o]
+            for key, c in data.get("op_curves", {}).items():
+                o, n, k = key.split(",")
+                labels.append((o, int(n), int(k)))
+                op_curves.append(c)
+            self.op_names = {o for o, _, _ in labels}
+            self.by_op = CurveBank(len(self.grid), labels, op_curves, float(data["op_width_n"]),
+                                   float(data["op_width_k"]), float(data["op_prior_weight"]),
+                                   float(data["op_weight"]))
+        self.local: dict[tuple[str, int, int], LocalPoints] = {}
+        for key, pts in data.get("local", {}).items():
+            *op, n, k = key.split(",")
+            self.local[(op[0] if op else "", int(n), int(k))] = LocalPoints(pts)
 
-    def curve(self, n: int, k: int) -> list[float]:
-        """r on ``grid`` for shape (n, k) (without the local points), cached."""
-        key = (int(n), int(k))
-        hit = self._cache.get(key)
-        if hit is None:
-            if key in self.exact:
-                hit = self.curves[self.exact[key]].tolist()
-            elif len(self.curves) and self.grid:
-                d2 = ((math.log(n) - self.ln_n) / self.width_n) ** 2 + ((math.log(k) - self.ln_k) / self.width_k) ** 2
-                w = np.exp(-d2 / 2)
-                hit = (w @ self.curves / (w.sum() + self.prior_weight)).tolist()
-            else:
-                hit = [0.0] * len(self.grid)
-            self._cache[key] = hit
-        return hit
+    def curve(self, n: int, k: int, op: str | None = None) -> list[float]:
+        """r on ``grid`` for operator ``op`` (None: unknown) and shape (n, k), without the local points."""
+        if not self.grid:
+            return []
+        if op and self.by_op is not None and op in self.op_names:
+            return self.by_op.curve(n, k, op)
+        return self.blind.curve(n, k)
 
-    def log_ratio(self, m: float, n: int, k: int) -> float:
-        """r(M) for one GEMM: the shape's curve at m, plus the local points of (n, k) if any."""
+    def local_points(self, n: int, k: int, op: str | None = None) -> LocalPoints | None:
+        """The local points of (op, n, k), else those of (n, k) for any operator, else None."""
+        return self.local.get((op or "", int(n), int(k))) or self.local.get(("", int(n), int(k)))
+
+    def log_ratio(self, m: float, n: int, k: int, op: str | None = None) -> float:
+        """r(M) for one GEMM: the curve at m, plus the local points of (op, n, k) if any."""
         r = 0.0
         if self.grid:
-            r = _lerp(self.grid, self.curve(n, k), float(m))
-        pts = self.local.get((int(n), int(k)))
+            r = _lerp(self.grid, self.curve(n, k, op), float(m))
+        pts = self.local_points(n, k, op)
         if pts is not None:
             r += pts.delta(float(m))
         return r
@@ -133,27 +156,31 @@ def evaluator(data: dict[str, Any]) -> ShapeCorrection:
     return hit[1]
 
 
-def factor_scalar(data: dict[str, Any], m: float, n: int, k: int) -> float:
-    """exp(r(M)) for one GEMM; 1 when ``data`` is empty."""
-    return math.exp(evaluator(data).log_ratio(m, n, k)) if data else 1.0
+def factor_scalar(data: dict[str, Any], m: float, n: int, k: int, op: str | None = None) -> float:
+    """exp(r(M)) for one GEMM of operator ``op`` (None: unknown); 1 when ``data`` is empty."""
+    return math.exp(evaluator(data).log_ratio(m, n, k, op)) if data else 1.0
 
 
-def factor(data: dict[str, Any], m: Any, n: Any, k: Any) -> Any:
-    """exp(r(M)) elementwise over broadcast arrays m, n, k (one curve per distinct (n, k))."""
+def factor(data: dict[str, Any], m: Any, n: Any, k: Any, op: Any = None) -> Any:
+    """exp(r(M)) elementwise over broadcast arrays m, n, k and operator names ``op`` (None: unknown; a name
+    or an array of names), one curve per distinct (op, n, k)."""
     if not data:
         return 1.0
     ev = evaluator(data)
-    m_b, n_b, k_b = np.broadcast_arrays(np.asarray(m, dtype=float), np.asarray(n), np.asarray(k))
+    ops = np.asarray("" if op is None else op, dtype=object)
+    m_b, n_b, k_b, o_b = np.broadcast_arrays(np.asarray(m, dtype=float), np.asarray(n), np.asarray(k), ops)
     out = np.zeros(m_b.shape)
-    pairs = np.stack([n_b.ravel(), k_b.ravel()], 1).astype(np.int64)
+    names, codes = np.unique(o_b.ravel().astype(str), return_inverse=True)
+    keys = np.stack([codes.reshape(-1), n_b.ravel(), k_b.ravel()], 1).astype(np.int64)
     flat = out.reshape(-1)
     mf = m_b.ravel()
-    uniq, inv = np.unique(pairs, axis=0, return_inverse=True)
+    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
     inv = inv.reshape(-1)
-    for j, (n_j, k_j) in enumerate(uniq.tolist()):
+    for j, (c_j, n_j, k_j) in enumerate(uniq.tolist()):
         sel = inv == j
-        r = np.interp(mf[sel], ev.grid, ev.curve(n_j, k_j)) if ev.grid else np.zeros(int(sel.sum()))
-        pts = ev.local.get((n_j, k_j))
+        o_j = str(names[c_j]) or None
+        r = np.interp(mf[sel], ev.grid, ev.curve(n_j, k_j, o_j)) if ev.grid else np.zeros(int(sel.sum()))
+        pts = ev.local_points(n_j, k_j, o_j)
         if pts is not None:
             ms, back = np.unique(mf[sel], return_inverse=True)
             r = r + np.array([pts.delta(x) for x in ms.tolist()])[back.reshape(-1)]

@@ -90,9 +90,12 @@ def check_out_path(out: str | Path, flag: str = "--out") -> Path:
 
 
 def calibration_json(doc: dict[str, Any]) -> str:
-    """JSON text with one key a line and every list of plain numbers on one line (compact curves)."""
+    """JSON text with one key a line and every list of plain numbers, or of plain identifiers (operator
+    names), on one line (compact curves)."""
     text = json.dumps(doc, indent=1)
-    return re.sub(r"\[\s*(-?[0-9][-+0-9.eE]*(?:,\s*-?[0-9][-+0-9.eE]*)*)\s*\]",
+    text = re.sub(r"\[\s*(-?[0-9][-+0-9.eE]*(?:,\s*-?[0-9][-+0-9.eE]*)*)\s*\]",
+                  lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]", text)
+    return re.sub(r'\[\s*("[A-Za-z0-9_]*"(?:,\s*"[A-Za-z0-9_]*")*)\s*\]',
                   lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]", text) + "\n"
 
 
