@@ -121,7 +121,8 @@ class Engine:
         # of the cluster's) and are cut (``cut_run``) only by one routed here (sim/sched/decode_run.py)
         self.cut_lazily = False
         self.horizon = 16                         # arrivals a lazily cut run is priced for
-        self._pending = None                      # the run being waited on, while it may be cut
+        self._pending = None                      # the run being waited on (cut lazily; not applied yet)
+        self._cutting = False                     # ... whose cut has been asked for
         self._runner: DecodeRunner | None = None
         self._process: simpy.Process | None = None
 
@@ -159,10 +160,19 @@ class Engine:
 
     def cut_run(self) -> None:
         """A request is about to be submitted here now: a decode run in progress that may be cut (see
-        ``arrival_times``) ends with the step now falls in, as single stepping would see the arrival."""
-        if self._pending is not None:
-            self._pending = None
+        ``cut_lazily``) ends with the step now falls in, as single stepping would see the arrival."""
+        if self._pending is not None and not self._cutting:
+            self._cutting = True
             self._process.interrupt()
+
+    def pending_blocks(self) -> int:
+        """Blocks that the decode run being waited on (applied at its end) has taken by now: those of the
+        steps started so far (a step allocates as it starts)."""
+        run = self._pending
+        if run is None:
+            return 0
+        j = int(np.searchsorted(run.ends[1: run.k + 1], self.env.now, side="right"))   # the step in progress
+        return self._runner.blocks_taken(run, min(j, run.k - 1))
 
     def wake(self) -> None:
         """Something outside the scheduler changed (memory was freed): plan again if idle."""
@@ -251,6 +261,7 @@ class Engine:
                     self._pending = run
                 yield from self._wait_run(np.concatenate(ends), np.concatenate(durations), total, run)
                 self._pending = None
+                self._cutting = False
                 self._busy = False
                 if run is None:
                     runner.write_back(last)

@@ -243,15 +243,24 @@ def cut_count(monkeypatch) -> dict[str, int]:
     return counts
 
 
-@pytest.mark.parametrize("policy", ["least_requests", "power_of_two", "session"])
+# small pools (the integrity check after every step is O(blocks)), long decodes, a busy cluster
+LAZY = {"model": "tiny-llama", "hardware": "a100-80gb", "seed": 11, "output": {"plots": False},
+        "kv_cache": {"block_size": 8, "num_gpu_blocks": 400},
+        "scheduler": {"max_num_seqs": 24, "chunked_prefill": True, "max_num_batched_tokens": 256},
+        "workload": {"synthetic": {
+            "num_requests": 160, "arrival": {"process": "poisson", "rate": 400.0},
+            "prompt_len": {"dist": "uniform", "min": 4, "max": 200},
+            "output_len": {"dist": "uniform", "min": 1, "max": 300}}}}
+
+
+@pytest.mark.parametrize("policy", ["least_requests", "power_of_two", "session", "least_kv"])
 @pytest.mark.parametrize("async_scheduling", [True, False])
 def test_load_routers_cut_runs_lazily(policy, async_scheduling, run_count, cut_count):
-    """Behind a router that reads only loads, a replica's decode runs go past arrivals routed elsewhere
-    and are cut when one is routed to it: results still equal single stepping's, and cuts happen."""
-    data = copy.deepcopy(STRESS["long_decodes"])
-    data["workload"]["synthetic"]["arrival"]["rate"] = 40.0
+    """Behind a router that reads only loads or KV usage, a replica's decode runs go past arrivals
+    routed elsewhere (the KV usage read then counts the blocks the run has taken so far) and are cut
+    when one is routed to it: results still equal single stepping's, and cuts happen."""
+    data = copy.deepcopy(LAZY)
     data["scheduler"]["async_scheduling"] = async_scheduling
-    data["output"] = {"plots": False}
     data["cluster"] = {"replicas": 4, "router": {"policy": policy}}
     single, multi = both_ways(data, check=True)
     assert_same(single, multi)
@@ -260,9 +269,7 @@ def test_load_routers_cut_runs_lazily(policy, async_scheduling, run_count, cut_c
 
 
 def test_disaggregated_prefill_pool_behind_least_requests_equal(run_count):
-    data = copy.deepcopy(STRESS["long_decodes"])
-    data["workload"]["synthetic"]["num_requests"] = 150
-    data["output"] = {"plots": False}
+    data = copy.deepcopy(LAZY)
     data["cluster"] = {"prefill": {"replicas": 2}, "decode": {"replicas": 2},
                        "kv_transfer": {"link": "infiniband-400g"}, "router": {"policy": "least_requests"}}
     single, multi = both_ways(data, check=True)

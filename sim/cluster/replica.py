@@ -75,8 +75,9 @@ class Replica:
         return self.submitted - len(s.finished) - len(s.rejected)
 
     def kv_usage(self) -> float:
+        """Used blocks / blocks, counting those a decode run in progress has taken by now."""
         m = self.manager
-        return (m.num_blocks - m.num_free_blocks()) / m.num_blocks
+        return (m.num_blocks - m.num_free_blocks() + self.engine.pending_blocks()) / m.num_blocks
 
     def cached_prefix_blocks(self, req: Request, hashes: list[int]) -> int:
         """How many leading full blocks of the prompt this replica's prefix cache holds (read-only)."""

@@ -60,9 +60,11 @@ class Router:
     name = "router"
     # what ``choose`` reads of the replicas, which decides how far their decode runs may go
     # (sim/cluster/runner.py): nothing (round_robin, random: the choices are made ahead of time, each
-    # replica knows when its next request comes); only their loads (queued + running requests, which a
-    # run changes only at its last step); or their KV memory and prefix caches (any step changes them)
+    # replica knows when its next request comes); their loads (queued + running requests, which a run
+    # changes only at its last step) and KV usage (a run's blocks by any time are known from its
+    # arrays): runs go on past arrivals; or their prefix caches (any step changes them)
     reads_load = True
+    reads_memory = True
     reads_state = True
 
     def __init__(self, config, seed: int) -> None:
@@ -80,7 +82,7 @@ def least_loaded(replicas: Sequence[ReplicaView], among: Sequence[int] | None = 
 
 @register("round_robin")
 class RoundRobin(Router):
-    reads_load = reads_state = False
+    reads_load = reads_memory = reads_state = False
 
     def __init__(self, config, seed: int) -> None:
         super().__init__(config, seed)
@@ -94,7 +96,7 @@ class RoundRobin(Router):
 
 @register("random")
 class Random(Router):
-    reads_load = reads_state = False
+    reads_load = reads_memory = reads_state = False
 
     def choose(self, req: Request, replicas: Sequence[ReplicaView]) -> int:
         return int(self.rng.integers(len(replicas)))
@@ -102,7 +104,7 @@ class Random(Router):
 
 @register("least_requests")
 class LeastRequests(Router):
-    reads_state = False
+    reads_memory = reads_state = False
 
     def choose(self, req: Request, replicas: Sequence[ReplicaView]) -> int:
         return least_loaded(replicas)
@@ -110,13 +112,15 @@ class LeastRequests(Router):
 
 @register("least_kv")
 class LeastKV(Router):
+    reads_state = False
+
     def choose(self, req: Request, replicas: Sequence[ReplicaView]) -> int:
         return min(range(len(replicas)), key=lambda i: (replicas[i].kv_usage(), replicas[i].load(), i))
 
 
 @register("power_of_two")
 class PowerOfTwo(Router):
-    reads_state = False
+    reads_memory = reads_state = False
 
     def choose(self, req: Request, replicas: Sequence[ReplicaView]) -> int:
         if len(replicas) == 1:
@@ -147,7 +151,7 @@ class Session(Router):
     where the longest such earlier prefix of its own ids went. A match of one id alone does not count:
     in the Mooncake trace the first chunk is a system prompt that every conversation shares."""
 
-    reads_state = False
+    reads_memory = reads_state = False
 
     def __init__(self, config, seed: int) -> None:
         super().__init__(config, seed)

@@ -100,9 +100,9 @@ def _arrivals_ahead(env: simpy.Environment, requests: list[Request], lag: float,
 
 def _observed(router: Router, pool: list[Replica], requests: list[Request], lag: float) -> Router:
     """Tell the replicas what ``router`` reads of them at each arrival (before their loops start): their
-    memory (decode runs stop before the step an arrival falls in), or only their loads, which change
-    only where a decode run ends (runs go past arrivals, and the one routed a request is cut)."""
-    if not (router.reads_load or router.reads_state):
+    prefix caches (decode runs stop before the step an arrival falls in), or only their loads and KV
+    usage, known at any time from a run's arrays (runs go past arrivals; the one routed a request is cut)."""
+    if not (router.reads_load or router.reads_memory or router.reads_state):
         return router   # (its choices may be made ahead: _route_ahead)
     times = np.array(wake_times(requests, lag))
     for rep in pool:
@@ -145,7 +145,8 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
         _check_sequences_supported(scn, requests)
         pool = [build_replica(scn, i, "colocated", env, check, lag) for i in range(cfg.num_replicas)]
         router = _observed(make_router(cfg.router, scn.seed), pool, requests, lag)
-        ahead = None if router.reads_load or router.reads_state else _route_ahead(router, requests, pool, lag)
+        reads = router.reads_load or router.reads_memory or router.reads_state
+        ahead = None if reads else _route_ahead(router, requests, pool, lag)
         env.process(_arrivals(env, requests, lag, router, pool, Replica.submit, served, ahead))
         for rep in pool:
             rep.engine.start()

@@ -295,6 +295,10 @@ class DecodeRunner:
         tied = pos[ends[pos] == at]
         return min(k, int(tied.min()) - 1) if tied.size else k
 
+    def blocks_taken(self, run: PendingRun, j: int) -> int:
+        """Blocks ``run`` allocates over its steps 0..j."""
+        return _blocks_needed(np.asarray(run.c0a), run.l0, self.sched.manager.block_size, j)
+
     def cut(self, run: PendingRun, now: float) -> None:
         """A request is routed to this engine at ``now``, inside ``run`` (cut lazily): the run ends with
         the step that ``now`` falls in, as if it had been planned knowing the arrival."""
