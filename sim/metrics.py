@@ -35,7 +35,7 @@ INT_COLUMNS = [c for c in STEP_COLUMNS if c not in ("start_s", "duration_s")]
 
 
 class Columns:
-    """Growable float64 columns (one array each, capacity doubling); integers up to 2**53 are exact.
+    """Growable float64 columns; integers up to 2**53 are exact.
 
     Rows are queued, not written: ``append`` queues one row as a tuple (far cheaper than writing one numpy
     row), ``extend`` the rows of a decode run given column by column (arrays of its length, or scalars).
@@ -45,9 +45,12 @@ class Columns:
 
     FLUSH_ROWS = 8192
 
-    def __init__(self, width: int, capacity: int = 1024) -> None:
-        self._buf = np.empty((capacity, width), dtype=np.float64, order="F")
-        self._stored = 0                    # rows already in ``_buf``
+    def __init__(self, width: int) -> None:
+        self.width = width
+        # flushed rows: blocks of rows, oldest first, joined into one (column-major) block on a read,
+        # so that growing costs no copies
+        self._blocks: list[np.ndarray] = []
+        self._stored = 0                    # rows in ``_blocks``
         self._rows: list[tuple] = []        # queued single rows, oldest first
         self._runs: list[tuple[int, int, list]] = []   # queued runs: (queued rows before it, rows, columns)
         self._queued = 0                    # rows queued (single and in runs)
@@ -55,14 +58,6 @@ class Columns:
     @property
     def n(self) -> int:
         return self._stored + self._queued
-
-    def _reserve(self, m: int) -> np.ndarray:
-        buf = self._buf
-        if self._stored + m > buf.shape[0]:
-            grown = np.empty((max(2 * buf.shape[0], self._stored + m), buf.shape[1]), dtype=np.float64, order="F")
-            grown[: self._stored] = buf[: self._stored]
-            self._buf = buf = grown
-        return buf
 
     def append(self, row: tuple) -> None:
         self._rows.append(row)
@@ -83,8 +78,8 @@ class Columns:
         m = self._queued
         if not m:
             return
-        width = self._buf.shape[1]
-        block = self._reserve(m)[self._stored: self._stored + m]
+        width = self.width
+        block = np.empty((m, width), dtype=np.float64, order="F")
         rows, runs = self._rows, self._runs
         flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.float64, count=len(rows) * width)
         flat = flat.reshape(len(rows), width)
@@ -110,6 +105,7 @@ class Columns:
                 col = block[:, i]
                 col[at] = vals
                 col[rest] = flat[:, i]
+        self._blocks.append(block)
         self._stored += m
         rows.clear()
         runs.clear()
@@ -117,7 +113,14 @@ class Columns:
 
     def column(self, i: int) -> np.ndarray:
         self._flush()
-        return self._buf[: self._stored, i]
+        blocks = self._blocks
+        if not blocks:
+            return np.empty(0, dtype=np.float64)
+        if len(blocks) > 1:
+            joined = np.empty((self._stored, self.width), dtype=np.float64, order="F")
+            np.concatenate(blocks, out=joined)
+            self._blocks = blocks = [joined]
+        return blocks[0][:, i]
 
 
 class Recorder:

@@ -54,3 +54,27 @@ def test_integrity_catches_a_wrong_holder_count():
     pool.allocate(1)
     with pytest.raises(AssertionError):
         pool.check_integrity({0: 2})
+
+
+def test_holes_and_compaction_keep_the_order():
+    pool = BlockPool(4)
+    a = pool.allocate(4)
+    for _ in range(5):   # the queue array (twice the pool) wraps: entries move to its start
+        pool.free(a[::-1])
+        pool.incref(a[1])    # a hole in the middle of the queue
+        assert pool.free_order() == [a[3], a[2], a[0]]
+        assert pool.allocate(2) == [a[3], a[2]]
+        assert pool.allocate(1) == [a[0]]
+        pool.check_integrity({b: 1 for b in a})
+
+
+def test_integrity_catches_a_broken_queue():
+    pool = BlockPool(3)
+    pool.allocate(1)
+    pool.refs[1] = 1          # referenced, yet still queued
+    with pytest.raises(AssertionError):
+        pool.check_integrity()
+    pool = BlockPool(3)
+    pool._queue.holes += 1    # a hole count that no longer matches the slots
+    with pytest.raises(AssertionError):
+        pool.check_integrity()

@@ -32,7 +32,7 @@ class PoolMachine(RuleBasedStateMachine):
         super().__init__()
         self.pool = BlockPool(N)
         self.evicted: list[int] = []
-        self.pool.on_evict = self.evicted.append
+        self.pool.on_evict = lambda blocks: self.evicted.extend(blocks.tolist())
         self.refs = [0] * N
         self.free_q = list(range(N))     # the reference free queue, head first
         self.handles: list[int] = []     # one entry per reference handed out

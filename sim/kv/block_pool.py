@@ -1,4 +1,4 @@
-"""Physical KV blocks: reference counts and an O(1) free queue.
+"""Physical KV blocks: reference counts and a free queue whose operations cost per call, not per block.
 
     block id:    0    1    2    3    4    5    6    7
     ref count:   2    1    0    1    0    0    3    0
@@ -7,17 +7,22 @@
 Invariants (``check_integrity``):
 - a block is in the free queue exactly when its ref count is 0;
 - free + used = total;
-- the queue's head is the never-used range ``fresh .. num_blocks-1`` (kept as a counter, so a pool of
-  millions of CPU swap blocks costs nothing to create), followed by freed blocks in the order freed;
+- the queue starts as ``0 .. num_blocks-1`` in order; freed blocks join its tail in the order freed;
 - the free queue is also the eviction order for cached blocks: a freed block that the prefix cache
   still knows stays in the queue, findable by hash, until ``allocate`` takes it from the head, at which
-  point ``on_evict(block_id)`` lets the cache forget it.
+  point ``on_evict(blocks)`` (every block taken by that call, in order) lets the cache forget it.
+
+Ref counts live in a numpy array (``refs``) and the queue in numpy slices (sim/kv/free_queue.py), so a
+bulk ``allocate``/``free`` is a handful of array operations whatever its length.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
+
+import numpy as np
+
+from sim.kv.free_queue import FreeQueue
 
 
 class BlockPool:
@@ -27,103 +32,108 @@ class BlockPool:
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         self.num_blocks = num_blocks
-        self.ref_counts: list[int] = [0] * num_blocks
-        self._fresh = 0                                   # blocks >= _fresh were never allocated
-        self._free: OrderedDict[int, None] = OrderedDict()  # freed blocks, oldest first
-        self.on_evict: Callable[[int], None] | None = None  # set by the prefix cache
+        self.refs = np.zeros(num_blocks, dtype=np.int64)    # live ref counts
+        self._queue = FreeQueue(num_blocks)
+        self.on_evict: Callable[[np.ndarray], None] | None = None   # set by the prefix cache
 
     # ------------------------------------------------------------ queries
     @property
+    def ref_counts(self) -> list[int]:
+        """A snapshot of the ref counts, as a list (``refs`` is the live array)."""
+        return self.refs.tolist()
+
+    @property
     def num_free(self) -> int:
-        return self.num_blocks - self._fresh + len(self._free)
+        return self._queue.size
 
     @property
     def num_used(self) -> int:
-        return self._fresh - len(self._free)
+        return self.num_blocks - self._queue.size
 
     def can_allocate(self, n: int) -> bool:
-        return n <= self.num_blocks - self._fresh + len(self._free)
+        return n <= self._queue.size
 
     def is_free(self, block_id: int) -> bool:
-        return block_id >= self._fresh or block_id in self._free
+        return block_id in self._queue
 
     def free_order(self) -> list[int]:
         """The free queue, head (next to be allocated or evicted) first."""
-        return list(range(self._fresh, self.num_blocks)) + list(self._free)
+        return self._queue.order()
 
     # ------------------------------------------------------------ changes
     def allocate(self, n: int) -> list[int]:
         """Take ``n`` blocks from the head of the free queue, each with ref count 1."""
         if n == 1:  # the common case: a request's next block
-            if self._fresh < self.num_blocks:
-                b = self._fresh
-                self._fresh = b + 1
-            elif self._free:
-                b = self._free.popitem(last=False)[0]
-            else:
+            if not self._queue.size:
                 raise MemoryError("asked for 1 block, 0 free")
-            self.ref_counts[b] = 1
+            b = self._queue.pop1()
+            self.refs[b] = 1
             if self.on_evict is not None:
-                self.on_evict(b)
+                self.on_evict(np.array((b,), dtype=np.int64))
             return [b]
-        if n > self.num_free:
-            raise MemoryError(f"asked for {n} blocks, {self.num_free} free")
-        refs = self.ref_counts
-        take_fresh = min(n, self.num_blocks - self._fresh)
-        out = list(range(self._fresh, self._fresh + take_fresh))
-        self._fresh += take_fresh
-        evict = self.on_evict
-        for b in out:
-            refs[b] = 1
-            if evict is not None:
-                evict(b)
-        popitem = self._free.popitem
-        for _ in range(n - take_fresh):
-            b, _ = popitem(last=False)
-            refs[b] = 1
-            if evict is not None:
-                evict(b)
-            out.append(b)
+        return self.allocate_array(n).tolist()
+
+    def allocate_array(self, n: int) -> np.ndarray:
+        """``allocate`` as an int64 array."""
+        if n > self._queue.size:
+            raise MemoryError(f"asked for {n} blocks, {self._queue.size} free")
+        out = self._queue.pop(n)
+        self.refs[out] = 1
+        if self.on_evict is not None and n:
+            self.on_evict(out)
         return out
 
     def incref(self, block_id: int) -> None:
         """Share a block (fork, or a prefix-cache hit); a free cached block leaves the free queue."""
-        if self.ref_counts[block_id] == 0:
-            if block_id >= self._fresh:  # rare: make the never-used range explicit, then take it out
-                queue = OrderedDict.fromkeys(range(self._fresh, self.num_blocks))
-                queue.update(self._free)
-                self._free, self._fresh = queue, self.num_blocks
-            del self._free[block_id]
-        self.ref_counts[block_id] += 1
+        r = int(self.refs[block_id])
+        if r == 0:
+            if block_id not in self._queue:
+                raise KeyError(f"block {block_id} has no references but is not in the free queue")
+            self._queue.remove(block_id)
+        self.refs[block_id] = r + 1
 
-    def free(self, blocks: Iterable[int]) -> None:
+    def free(self, blocks: Iterable[int] | np.ndarray) -> None:
         """Drop one reference to each block; blocks reaching 0 go to the tail of the free queue, in order."""
-        refs = self.ref_counts
-        blocks = blocks if isinstance(blocks, (list, tuple)) else list(blocks)
-        if len(blocks) > 1 and list(map(refs.__getitem__, blocks)).count(1) == len(blocks):
-            gone = dict.fromkeys(blocks)
-            if len(gone) == len(blocks):   # distinct blocks, each losing its last reference: in bulk
-                for b in blocks:
-                    refs[b] = 0
-                self._free.update(gone)
+        if not isinstance(blocks, np.ndarray):
+            blocks = blocks if isinstance(blocks, (list, tuple)) else list(blocks)
+            if len(blocks) <= 1:
+                if blocks:
+                    self._free_one(blocks[0])
                 return
-        for b in blocks:
-            r = refs[b] - 1
-            if r < 0:
-                raise RuntimeError(f"block {b} freed more often than allocated")
-            refs[b] = r
-            if r == 0:
-                self._free[b] = None
+            blocks = np.array(blocks, dtype=np.int64)
+        if len(blocks) > 1 and (self.refs[blocks] == 1).all() and self._queue.push(blocks):
+            self.refs[blocks] = 0   # distinct blocks, each losing its last reference: in bulk
+            return
+        for b in blocks.tolist():
+            self._free_one(b)
+
+    def _free_one(self, b: int) -> None:
+        r = int(self.refs[b]) - 1
+        if r < 0:
+            raise RuntimeError(f"block {b} freed more often than allocated")
+        self.refs[b] = r
+        if r == 0:
+            self._queue.push1(b)
 
     # ------------------------------------------------------------ invariants
     def check_integrity(self, holders: dict[int, int] | None = None) -> None:
         """Assert the pool's invariants; ``holders`` maps block id -> number of block tables holding it."""
-        for b, r in enumerate(self.ref_counts):
-            assert r >= 0, f"block {b}: negative ref count {r}"
-            free = self.is_free(b)
-            assert (r == 0) == free, f"block {b}: ref count {r} but {'in' if free else 'not in'} free queue"
-        assert all(b < self._fresh for b in self._free), "a never-used block is in the freed queue"
-        assert self.num_free + sum(1 for r in self.ref_counts if r > 0) == self.num_blocks, "free + used != total"
+        self._queue.check()
+        refs = self.refs
+        bad = np.flatnonzero(refs < 0)
+        assert not len(bad), f"block {bad[0]}: negative ref count {refs[bad[0]]}"
+        queued = np.zeros(self.num_blocks, dtype=bool)
+        queued[self._queue.order()] = True
+        bad = np.flatnonzero(queued != (refs == 0))
+        if len(bad):
+            b = int(bad[0])
+            raise AssertionError(f"block {b}: ref count {refs[b]} but {'in' if queued[b] else 'not in'} free queue")
+        assert self.num_free + int(np.count_nonzero(refs)) == self.num_blocks, "free + used != total"
         if holders is not None:
-            for b, r in enumerate(self.ref_counts):
-                assert r == holders.get(b, 0), f"block {b}: ref count {r} but held by {holders.get(b, 0)} tables"
+            held = np.zeros(self.num_blocks, dtype=np.int64)
+            for b, c in holders.items():
+                held[b] = c
+            bad = np.flatnonzero(held != refs)
+            if len(bad):
+                b = int(bad[0])
+                raise AssertionError(f"block {b}: ref count {refs[b]} but held by {held[b]} tables")

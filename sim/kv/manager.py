@@ -138,7 +138,7 @@ class KVCacheManager(SharingMixin):
         per_step = np.bincount(steps, minlength=k)
         d_beyond = np.zeros(k, dtype=np.int64)
         if total:
-            blocks = np.asarray(self.pool.allocate(total), dtype=np.int64)
+            blocks = self.pool.allocate_array(total)
             order = np.argsort(pos, kind="stable")   # group by request, keeping step order
             by_req = pos[order]
             cut = (np.flatnonzero(by_req[1:] != by_req[:-1]) + 1).tolist()

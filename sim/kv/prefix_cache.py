@@ -13,12 +13,14 @@ Lifetime of a cached block (the pool's free queue is the LRU list):
     in use (ref > 0) --free--> free but findable --hit (incref)--> in use
                                      |
                         allocate pops it from the head: on_evict forgets its hash
+                        (one call per allocation; a mask of cached blocks finds the few to forget)
 
 Tables are freed tail first, so a chain's tail is evicted before its head; a block freed earlier
 is evicted earlier (least recently used first).
 
 Invariants (``check_integrity``): the map hash -> block and the map block -> hash are inverse
-bijections; an evicted block's hash is in neither; a cached block is either referenced or free.
+bijections; an evicted block's hash is in neither; a cached block is either referenced or free;
+``cached[b]`` is True exactly for the blocks of ``hash_of``.
 Hit-rate counters are in tokens: ``query_tokens`` (prompt tokens looked up at first admission) and
 ``hit_tokens`` (those served from the cache).
 """
@@ -26,6 +28,8 @@ Hit-rate counters are in tokens: ``query_tokens`` (prompt tokens looked up at fi
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+import numpy as np
 
 from sim.kv.block_pool import BlockPool
 
@@ -37,6 +41,7 @@ class PrefixCache:
         self.pool = pool
         self.block_of: dict[int, int] = {}   # hash -> block id
         self.hash_of: dict[int, int] = {}    # block id -> hash
+        self.cached = np.zeros(pool.num_blocks, dtype=bool)   # block id -> in hash_of
         self.query_tokens = 0
         self.hit_tokens = 0
         self.num_evicted = 0
@@ -57,12 +62,17 @@ class PrefixCache:
             return
         self.block_of[h] = block_id
         self.hash_of[block_id] = h
+        self.cached[block_id] = True
 
-    def _on_evict(self, block_id: int) -> None:
-        h = self.hash_of.pop(block_id, None)
-        if h is not None:
-            del self.block_of[h]
-            self.num_evicted += 1
+    def _on_evict(self, blocks: np.ndarray) -> None:
+        """The pool took ``blocks`` from its free queue: forget the hashes of the cached ones."""
+        gone = blocks[self.cached[blocks]]
+        if not len(gone):
+            return
+        self.cached[gone] = False
+        for b in gone.tolist():
+            del self.block_of[self.hash_of.pop(b)]
+        self.num_evicted += len(gone)
 
     def record_lookup(self, query_tokens: int, hit_tokens: int) -> None:
         self.query_tokens += query_tokens
@@ -76,6 +86,7 @@ class PrefixCache:
 
     def check_integrity(self) -> None:
         assert len(self.block_of) == len(self.hash_of), "prefix cache maps differ in size"
+        assert sorted(self.hash_of) == np.flatnonzero(self.cached).tolist(), "cached mask differs from hash_of"
         refs = self.pool.ref_counts
         for b, h in self.hash_of.items():
             assert self.block_of.get(h) == b, f"block {b}: hash {h} maps to {self.block_of.get(h)}"

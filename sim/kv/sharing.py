@@ -30,6 +30,8 @@ import random
 from collections import Counter
 from dataclasses import dataclass
 
+import numpy as np
+
 from sim.kv.prefix_cache import PrefixCache
 from sim.request import Request
 from sim.workload.tokens import ROOT_HASH, block_hashes
@@ -111,8 +113,7 @@ class SharingMixin:
         """Start ``req``'s table with the ``cached`` blocks (ref counts up) plus fresh ones for its new tokens."""
         bs = self.block_size
         pool = self.pool
-        refs = pool.ref_counts
-        revive = list(map(refs.__getitem__, cached)).count(0)
+        revive = int(np.count_nonzero(pool.refs[cached] == 0))
         need = -(-(len(cached) * bs + num_new_tokens) // bs) - len(cached)
         if need + revive > pool.num_free:
             return False
@@ -145,19 +146,17 @@ class SharingMixin:
     def _release(self, table: list[int], num_computed: int) -> None:
         """Drop one table: blocks losing their last reference give back the slots the table filled."""
         bs = self.block_size
-        refs = self.pool.ref_counts
-        if list(map(refs.__getitem__, table)).count(1) == len(table):
+        blocks = np.array(table, dtype=np.int64)
+        last = self.pool.refs[blocks] == 1
+        if last.all():
             # nothing shared (the usual case): the table's filled slots, min(computed, capacity)
             held = min(max(num_computed, 0), len(table) * bs)
         else:
-            held = 0
-            for i, b in enumerate(table):
-                if refs[b] == 1:
-                    fill = num_computed - i * bs
-                    held += bs if fill >= bs else (fill if fill > 0 else 0)
+            fill = np.clip(num_computed - np.arange(len(table)) * bs, 0, bs)
+            held = int(fill[last].sum())
         self._held_tokens -= held
         self._logical_blocks -= len(table)
-        self.pool.free(table[::-1])
+        self.pool.free(blocks[::-1])
 
     def _free_shared(self, req: Request, table: list[int]) -> None:
         """Everything ``free`` does beyond the pool: cache, groups, prefix-region counters."""
@@ -261,7 +260,7 @@ class SharingMixin:
         replaces it with a private block: a copy (``copies`` gets (src, dst)) when it holds tokens."""
         bs = self.block_size
         pool = self.pool
-        refs = pool.ref_counts
+        refs = pool.refs
         pos = req.num_computed_tokens
         end = pos + num_new_tokens
         total = -(-end // bs)

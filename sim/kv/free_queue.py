@@ -1,0 +1,142 @@
+"""The block pool's free queue: a FIFO of block ids in a numpy array, with lazy deletion.
+
+    slots:   0    1    2    3    4    5    6    7    8
+    ids:     .    .    5    9    4    2    7    .    .        head = 2, tail = 7
+    at:     at[5] = 2   at[9] = -1 (taken out)   at[4] = 4   at[2] = 5   at[7] = 6
+
+A slot ``i`` in ``head .. tail-1`` is an entry exactly when ``at[ids[i]] == i``; any other slot in that
+range is a hole, left by ``remove`` (a prefix-cache hit on a free cached block), skipped when the head
+reaches it. Above, the queue is 5 -> 4 -> 2 -> 7 and slot 3 is a hole. So:
+
+- ``pop(n)`` takes a slice from the head, ``push(ids)`` writes a slice at the tail: numpy work per call,
+  not Python work per block (unless holes lie in the popped range);
+- ``remove(b)`` is O(1): it only clears ``at[b]``;
+- when the tail reaches the end of the array, the entries move to its start (holes dropped); the array
+  holds twice the pool, so that happens at most once per ``num_blocks`` pushed blocks.
+
+Invariants (``check``): the entries are distinct blocks; ``size`` counts them, ``holes`` counts the
+other slots of ``head .. tail-1``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class FreeQueue:
+    """Block ids ``0 .. num_blocks-1``, initially all queued in increasing order."""
+
+    def __init__(self, num_blocks: int) -> None:
+        cap = 2 * num_blocks
+        self._ids = np.empty(cap, dtype=np.int64)
+        self._ids[:num_blocks] = np.arange(num_blocks)
+        self._at = np.arange(num_blocks, dtype=np.int64)   # block -> its slot (stale unless an entry)
+        self._head = 0
+        self._tail = num_blocks
+        self.size = num_blocks     # entries
+        self.holes = 0             # non-entries in head .. tail-1
+
+    # ------------------------------------------------------------ queries
+    def __contains__(self, b: int) -> bool:
+        i = int(self._at[b])
+        return self._head <= i < self._tail and self._ids[i] == b
+
+    def order(self) -> list[int]:
+        """The entries, head first."""
+        return self._entries().tolist()
+
+    def _entries(self) -> np.ndarray:
+        seg = self._ids[self._head:self._tail]
+        if not self.holes:
+            return seg.copy()
+        return seg[self._at[seg] == np.arange(self._head, self._tail)]
+
+    # ------------------------------------------------------------ changes
+    def pop1(self) -> int:
+        """Take the head entry (the queue must not be empty)."""
+        h = self._head
+        b = int(self._ids[h])
+        if self.holes:
+            at, ids = self._at, self._ids
+            while at[b] != h:
+                self.holes -= 1
+                h += 1
+                b = int(ids[h])
+        self._head = h + 1
+        self.size -= 1
+        return b
+
+    def pop(self, n: int) -> np.ndarray:
+        """Take ``n`` entries (``n <= size``) from the head, in order, as a new array."""
+        h = self._head
+        if not self.holes or not n:
+            self._head = h + n
+            self.size -= n
+            return self._ids[h:h + n].copy()
+        parts = []
+        need = n
+        ids, at = self._ids, self._at
+        while need:
+            end = min(self._tail, h + need + min(self.holes, need + 32))
+            seg = ids[h:end]
+            ok = at[seg] == np.arange(h, end)
+            got = int(np.count_nonzero(ok))
+            if got > need:   # stop just after the need-th entry
+                end = h + int(np.flatnonzero(ok)[need - 1]) + 1
+                seg, ok, got = seg[:end - h], ok[:end - h], need
+            self.holes -= len(seg) - got
+            parts.append(seg[ok])
+            need -= got
+            h = end
+        self._head = h
+        self.size -= n
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def push1(self, b: int) -> None:
+        """Append block ``b`` (not queued) at the tail."""
+        if self._tail == len(self._ids):
+            self._compact()
+        t = self._tail
+        self._ids[t] = b
+        self._at[b] = t
+        self._tail = t + 1
+        self.size += 1
+
+    def push(self, blocks: np.ndarray) -> bool:
+        """Append ``blocks`` (none queued) at the tail, in order. Refuses (False, nothing queued) when a
+        block appears twice, which the caller then handles one block at a time."""
+        n = len(blocks)
+        if self._tail + n > len(self._ids):
+            self._compact()
+        t = self._tail
+        slots = np.arange(t, t + n)
+        self._at[blocks] = slots        # a repeated block keeps only its last slot
+        if not (self._at[blocks] == slots).all():
+            return False                # the slots are past the tail: no entry changed
+        self._ids[t:t + n] = blocks
+        self._tail = t + n
+        self.size += n
+        return True
+
+    def remove(self, b: int) -> None:
+        """Take entry ``b`` out wherever it is (it must be queued): its slot becomes a hole."""
+        self._at[b] = -1
+        self.size -= 1
+        self.holes += 1
+
+    def _compact(self) -> None:
+        """Move the entries to the start of the array, holes dropped."""
+        live = self._entries()
+        n = len(live)
+        self._ids[:n] = live
+        self._at[live] = np.arange(n)
+        self._head, self._tail, self.holes = 0, n, 0
+
+    # ------------------------------------------------------------ invariants
+    def check(self) -> None:
+        seg = self._ids[self._head:self._tail]
+        live = self._entries()
+        assert 0 <= self._head <= self._tail <= len(self._ids), "head/tail out of range"
+        assert len(np.unique(live)) == len(live), "a block is queued twice"
+        assert len(live) == self.size, f"{len(live)} entries but size {self.size}"
+        assert len(seg) - len(live) == self.holes, f"{len(seg) - len(live)} holes counted as {self.holes}"
