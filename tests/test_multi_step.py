@@ -304,3 +304,20 @@ def test_a_cut_run_ends_with_the_step_the_arrival_falls_in():
     assert run.k == 1 and run.end == 1.0
     with pytest.raises(AssertionError):
         runner.cut(_run([0.0, 1.0, 2.0], 2), 1.0)   # exactly at a step's end: planning excludes it
+
+
+def test_a_cut_run_lands_on_its_end_even_where_no_single_delay_does():
+    """A cut run waits from the arrival's time (off the step grid) to its new end; where no float delay
+    lands there (ties to even), the wait goes through a point in between and still lands exactly."""
+    import simpy
+
+    from sim.engine import Engine
+
+    now, target = 1.1247835230440482, 3.1886921078366988   # delay_to(now, target) is None
+    for start in (now, 0.5):
+        waiter = type("W", (), {})()
+        waiter.env, waiter.num_waits = simpy.Environment(initial_time=start), 0
+        waiter.env.process(Engine._wait_until(waiter, target))
+        waiter.env.run()
+        assert waiter.env.now == target
+        assert waiter.num_waits == (2 if start == now else 1)
