@@ -24,6 +24,12 @@ next steps are all-decode and determined, ``sim/sched/decode_run.py`` prices k o
 the engine waits once, until exactly the time k single steps would have reached (the delay is nudged
 by ulps until ``now + delay`` equals that float sum); results are identical to single stepping.
 
+Eager steps (``eager_steps``): a single step that ends strictly before ``_next_arrival`` (the next time
+anything can act on this engine) is updated and recorded at once, without a SimPy event; the engine
+keeps its own clock (``now`` in ``_loop``) ahead of ``env.now`` and catches up (``_wait_until``, to the
+exact float) only before a step or run that reaches ``_next_arrival``, before going idle and before
+returning. Nothing else reads the engine between, so results are those of one timeout per step.
+
 Time passes only through ``env.timeout``. A watchdog turns a run that makes no progress for
 ``max_steps_without_progress`` steps into a clear error. Progress is a sampled token, a finished request,
 or a request computing past the furthest token it had computed before (a long prompt prefilled one
@@ -76,6 +82,11 @@ def delay_to(now: float, target: float) -> float | None:
 
 class Engine:
     """One replica: a scheduler, an executor and a recorder driven by a SimPy environment."""
+
+    # single steps that end before ``_next_arrival`` need no SimPy event (see the module docstring);
+    # off where something else acts on the engine between arrivals (disaggregated pools: a finished
+    # prefill starts a transfer at ``env.now``)
+    eager_steps: bool = True
 
     def __init__(self, requests: list[Request] | None, scheduler: SchedulerBase, executor: Executor,
                  recorder: Recorder, check_integrity: bool = False, max_steps_without_progress: int = 100_000,
@@ -221,17 +232,22 @@ class Engine:
         self._runner = runner
         prev = 0.0   # the last step's duration (sizes a run's pricing call)
         chain_from = None   # the last run, applied after its wait, if nothing has happened since
+        eager = self.eager_steps
+        now = env.now   # the engine's clock: >= env.now, and < _next_arrival while ahead of it
         while True:
             if staged and not sched.has_work():
                 self._admit_staged()
             if not sched.has_work():
+                if now != env.now:
+                    yield from self._wait_until(now)
                 if self._arrivals_done:
                     return
                 self._wake = env.event()
                 yield self._wake
                 self._wake = None
+                now = env.now
                 continue
-            start = env.now
+            start = now
             run = None
             if runner is not None and not staged:
                 if chain_from is not None:   # the last run ended at an arrival routed elsewhere: go on
@@ -256,6 +272,14 @@ class Engine:
                         ends.append(run.ends[1:])
                         durations.append(run.durations[: run.k])
                         total += run.k
+                if eager and run is None:   # the whole chain ended before the next arrival: no wait
+                    runner.write_back(last)
+                    now = last.end
+                    prev = float(last.durations[last.k - 1])
+                    stall = 0
+                    continue
+                if start != env.now:
+                    yield from self._wait_until(start)
                 self._busy = True
                 if lazy and run is not None:
                     self._pending = run
@@ -268,6 +292,7 @@ class Engine:
                 else:
                     step = self._applied(runner, run, step)
                     last = chain_from = run
+                now = env.now
                 prev = float(last.durations[last.k - 1])
                 stall = 0
                 continue
@@ -276,21 +301,29 @@ class Engine:
                 self._admit_staged()
             if plan.is_empty():
                 if self.may_block:   # cluster: blocks held by KV transfers; wake() when they are freed
+                    if now != env.now:
+                        yield from self._wait_until(now)
                     self._wake = env.event()
                     yield self._wake
                     self._wake = None
+                    now = env.now
                     continue
                 raise KvsimError("engine", f"deadlock at t={start:.3f}s: {sched.num_waiting()} waiting, "
                                  f"{len(sched.running)} running, nothing can be scheduled")
             result = execute(plan)
             if not result.duration_s > 0:
                 raise KvsimError("executor", f"step {step} returned a non-positive duration {result.duration_s}")
-            self._busy = True
-            self.num_waits += 1
-            yield env.timeout(result.duration_s)
-            self._busy = False
+            end = start + result.duration_s   # the float SimPy's timeout would end at
+            if not (eager and end < self._next_arrival):   # (at equal times, event order decides)
+                if start != env.now:
+                    yield from self._wait_until(start)
+                self._busy = True
+                self.num_waits += 1
+                yield env.timeout(result.duration_s)
+                self._busy = False
+            now = end
             prev = result.duration_s
-            done = sched.update(plan, result, env.now)
+            done = sched.update(plan, result, now)
             record(start, plan, result, sched)
             if self.check_integrity:
                 sched.check_integrity()
@@ -299,7 +332,7 @@ class Engine:
                 self.on_step(step)
             stall = 0 if (sched.stats.num_sampled or done or self._advanced(plan)) else stall + 1
             if stall >= self.max_stall:
-                raise KvsimError("engine", f"no progress for {stall} steps at t={env.now:.3f}s "
+                raise KvsimError("engine", f"no progress for {stall} steps at t={now:.3f}s "
                                  f"({sched.num_waiting()} waiting, {len(sched.running)} running): livelock")
 
     def _applied(self, runner: DecodeRunner, run, step: int) -> int:

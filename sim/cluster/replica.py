@@ -99,4 +99,6 @@ def build_replica(scn: Scenario, replica_id: int, role: str, env: simpy.Environm
                     max_steps_without_progress=scn.scheduler.max_steps_without_progress,
                     async_scheduling=scn.scheduler.async_scheduling, arrival_delay_s=arrival_delay_s,
                     multi_step=scn.scheduler.multi_step, env=env, replica_id=replica_id)
+    # prefill/decode pools: transfers act on the engines between arrivals (sim/cluster/disagg.py)
+    engine.eager_steps = role == "colocated"
     return Replica(replica_id, role, scn, engine, num_gpu)
