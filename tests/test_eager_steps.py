@@ -8,25 +8,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import simpy
+from result_compare import assert_same
 
 from sim.cluster.replica import build_replica
 from sim.engine import Engine
-from sim.output import summary_json
 from sim.runner import Result, run_scenario
 from sim.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def assert_same(a: Result, b: Result) -> None:
-    sa, sb = dict(a.summary), dict(b.summary)
-    sa.pop("wall_time_s")
-    sb.pop("wall_time_s")
-    assert summary_json(sa) == summary_json(sb)
-    pd.testing.assert_frame_equal(a.steps, b.steps, check_exact=True)
-    pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
-    if a.timeline is not None:
-        pd.testing.assert_frame_equal(a.timeline, b.timeline, check_exact=True)
 
 
 def run_both(path: Path, overrides: list[str], monkeypatch) -> tuple[Result, Result]:

@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from result_compare import assert_same
 
 import sim.sched.decode_run as decode_run
 from sim.engine import delay_to
 from sim.fuzz import draw_scenario
-from sim.output import summary_json
 from sim.runner import Result, run_scenario
 from sim.scenario import load_scenario, scenario_from_dict
 
@@ -44,17 +44,6 @@ def run_count(monkeypatch) -> dict[str, int]:
 
     monkeypatch.setattr(decode_run.DecodeRunner, "apply", counting)
     return counts
-
-
-def assert_same(single: Result, multi: Result) -> None:
-    a, b = dict(single.summary), dict(multi.summary)
-    a.pop("wall_time_s")
-    b.pop("wall_time_s")
-    assert summary_json(a) == summary_json(b)
-    pd.testing.assert_frame_equal(single.steps, multi.steps, check_exact=True)
-    pd.testing.assert_frame_equal(single.requests, multi.requests, check_exact=True)
-    if single.timeline is not None:
-        pd.testing.assert_frame_equal(single.timeline, multi.timeline, check_exact=True)
 
 
 def both_ways(data: dict, check: bool = False) -> tuple[Result, Result]:
