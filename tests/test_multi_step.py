@@ -211,6 +211,8 @@ def test_cluster_replicas_equal(policy, run_count):
         data["kv_cache"] = {"prefix_caching": True}
         data["workload"]["synthetic"]["shared_prefix"] = {"groups": 3, "length": 64}
     data["output"] = {"plots": False}
+    # a pool of 4,000 blocks a replica (still room for every request): the check after every step is O(blocks)
+    data.setdefault("kv_cache", {})["num_gpu_blocks"] = 4000
     data["cluster"] = {"replicas": 3, "router": {"policy": policy}}
     single, multi = both_ways(data, check=True)
     assert_same(single, multi)
