@@ -128,7 +128,7 @@ class Engine:
         # cluster's), when known: no decode run step ends at one (event order decides there), so a run
         # may go on through the step after an arrival (async scheduling plans it without the arrival)
         self.arrival_times: np.ndarray | None = None
-        # cluster, a router that reads only loads: decode runs go past arrivals (``arrival_times``: all
+        # cluster, a router that reads only loads and KV usage: decode runs go past arrivals (``arrival_times``: all
         # of the cluster's) and are cut (``cut_run``) only by one routed here (sim/sched/decode_run.py)
         self.cut_lazily = False
         self.horizon = 16                         # arrivals a lazily cut run is priced for

@@ -113,7 +113,7 @@ class DecodeRunner:
         # goes on through the step after the one an arrival falls in: that step is planned without it
         self.arrival_times = arrival_times
         self.staging = staging and arrival_times is not None and not stop_before_arrival
-        # cut lazily (a cluster whose router reads only replica loads): runs are not bounded by the next
+        # cut lazily (a cluster whose router reads only replica loads and KV usage): runs are not bounded by the next
         # arrival; the engine cuts one (``cut``) when an arrival is routed to it. A run is priced for
         # about ``horizon`` arrivals ahead
         self.cut_lazily = cut_lazily
@@ -168,9 +168,9 @@ class DecodeRunner:
     def _bound(self, now: float, next_arrival: float) -> float:
         """The time a run from ``now`` is priced up to: the next arrival, or when cut lazily the arrival
         ``horizon`` arrivals ahead."""
-        times = self.arrival_times
         if not self.cut_lazily:
             return next_arrival
+        times = self.arrival_times
         i = int(np.searchsorted(times, now, side="right")) + self.horizon
         return float(times[i]) if i < len(times) else math.inf
 
@@ -297,7 +297,7 @@ class DecodeRunner:
 
     def blocks_taken(self, run: PendingRun, j: int) -> int:
         """Blocks ``run`` allocates over its steps 0..j."""
-        return _blocks_needed(np.asarray(run.c0a), run.l0, self.sched.manager.block_size, j)
+        return _blocks_needed(run.c0a, run.l0, self.sched.manager.block_size, j)
 
     def cut(self, run: PendingRun, now: float) -> None:
         """A request is routed to this engine at ``now``, inside ``run`` (cut lazily): the run ends with
