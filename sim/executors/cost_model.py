@@ -51,7 +51,7 @@ from sim.executors.engine_params import (
     graph_max_tokens_for,
 )
 from sim.executors.roofline import DEFAULT_NUM_SMS, CostParams, allreduce_time, gemm_time_scalar
-from sim.sched.plan import StepPlan, StepResult
+from sim.sched.plan import LaneEntries, StepPlan, StepResult
 from sim.specs import HardwareSpec, ModelSpec
 
 ELEMENTWISE_KERNELS = 6
@@ -349,7 +349,12 @@ class CostModelExecutor:
         tokens = seqs = 0
         pairs = pre_new = pre_ctx = 0
         dec_seqs = dec_ctx = 0
-        for s in plan.scheduled:
+        entries = plan.scheduled
+        if type(entries) is LaneEntries:   # a decode lane: its size and context sum (all contexts > 0)
+            tokens = seqs = dec_seqs = len(entries.ids)
+            dec_ctx = int(entries.ctx.sum()) + dec_seqs
+            entries = entries.rest
+        for s in entries:
             n, c = s.num_new_tokens, s.num_context_tokens
             tokens += n
             seqs += 1

@@ -184,6 +184,28 @@ class KVCacheManager(SharingMixin):
         logical = self._logical_blocks - len(steps) + grown
         return used0 + grown, beyond0 + np.cumsum(extra), logical
 
+    def grow_full_tables(self, reqs: list[Request], at: list[int]) -> bool:
+        """``allocate_slots(reqs[i], 1)`` for each ``i`` in ``at`` (batch order), whose computed tokens
+        exactly fill their tables, without a prefix cache: one block each, taken in that order, with the
+        same bookkeeping. False, with nothing done, when a table is not exactly full or blocks are short."""
+        tables = self.block_tables
+        bs = self.block_size
+        grown = [tables[reqs[i].req_id] for i in at]
+        for i, table in zip(at, grown):
+            if len(table) * bs != reqs[i].num_computed_tokens:
+                return False
+        if len(at) > self.pool.num_free:
+            return False
+        for i, table, b in zip(at, grown, self.pool.allocate(len(at))):
+            table.append(b)
+            req = reqs[i]
+            last = (req.max_kv_tokens - 1) // bs
+            if len(table) == last + 1 and (last + 1) * bs != req.max_kv_tokens:
+                self._note_beyond(req)   # the table reached its final block
+        self._logical_blocks += len(at)
+        self._note_peaks()
+        return True
+
     def decode_run_counters(self) -> tuple[int, int, int]:
         """(used blocks, slots beyond final lengths, logical blocks): what a decode run snapshots per step."""
         return self.pool.num_used, self._beyond_final, self._logical_blocks

@@ -24,7 +24,7 @@ import pandas as pd
 
 from sim.kv.manager import KVCacheManager
 from sim.request import Request, RequestStatus
-from sim.sched.plan import ScheduledRequest, StepPlan, StepResult
+from sim.sched.plan import LaneEntries, ScheduledRequest, StepPlan, StepResult
 
 
 class Phase(IntEnum):
@@ -84,6 +84,10 @@ class SchedulerBase:
         # forked sequences (sim/kv/sharing.py) under continuous batching; static batching reserves one
         # sequence per request, so its samples share that reservation
         self.forks = getattr(config, "batching", "continuous") == "continuous"
+        # continuous batching: the running decodes as arrays (sim/sched/decode_lane.py), while valid, and
+        # the one the last plan used
+        self._lane = None
+        self._plan_lane = None
 
     # ------------------------------------------------------------ timeline
     def mark(self, req: Request, phase: Phase, now: float) -> None:
@@ -188,8 +192,13 @@ class SchedulerBase:
         other_gaps = self.gaps.other_gaps
         prefilling = self._prefilling
         multi = self._multi_seq
+        entries = plan.scheduled
+        if type(entries) is LaneEntries:
+            regular, computed, sampled = self._update_lane(self._plan_lane, now, step_start, done)
+            entries = entries.rest
+        lane = self._lane
         n = 0
-        for req, s in zip(self._batch, plan.scheduled):
+        for req, s in zip(self._batch, entries):
             if req is None:  # another sequence of the forked request before it: the same new tokens
                 computed += n  # (its recomputed tokens, if any, were counted when it forked)
                 continue
@@ -200,7 +209,8 @@ class SchedulerBase:
                 continue  # a prefill chunk: no token sampled yet
             g = req.num_generated = req.num_generated + 1
             sampled += 1
-            if prefilling and req.req_id in prefilling:
+            first = prefilling and req.req_id in prefilling
+            if first:
                 self.mark(req, Phase.DECODE, now)
             if g == 1:
                 req.first_token_s = now
@@ -209,6 +219,9 @@ class SchedulerBase:
             else:
                 other_gaps.append(now - req.last_token_s)
             req.last_token_s = now
+            if first and lane is not None:   # it leaves the lane's prefills (for its decodes, unless done)
+                if not (lane.finished_prefill(req) if g >= req.output_len else lane.prefilled(req)):
+                    lane = self._lane = None
             if g >= req.output_len:
                 done.append(req)
             elif multi and (req.n > 1 or req.beam_width > 1):
@@ -220,6 +233,30 @@ class SchedulerBase:
         if done:
             self._finish(done, now)
         return done
+
+    def _update_lane(self, lane, now: float, step_start: float, done: list[Request]) -> tuple[int, int, int]:
+        """``update`` of the plan's decode lane: one token computed and sampled each; the finished are
+        appended to ``done`` and leave the lane. Returns (regular gaps, tokens computed, sampled)."""
+        n = len(lane)
+        if n == 0:
+            return 0, 0, 0
+        last = lane.last
+        if last is None:   # every decode sampled at the same time
+            regular = n if lane.last_all == step_start else 0
+            if not regular:
+                self.gaps.other_gaps.extend([now - lane.last_all] * n)
+        else:
+            on_grid = last == step_start
+            regular = int(np.count_nonzero(on_grid))
+            if regular < n:
+                self.gaps.other_gaps.extend((now - last[~on_grid]).tolist())
+        lane.step(now)
+        over = lane.gen >= lane.out
+        if over.any():
+            reqs = lane.reqs
+            done.extend(reqs[i] for i in np.flatnonzero(over).tolist())
+            lane.keep(~over)
+        return regular, n, n
 
     def _finish(self, done: list[Request], now: float) -> None:
         for req in done:

@@ -21,22 +21,35 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
+
 from sim.kv.manager import KVCacheManager
 from sim.request import Request, RequestStatus
 from sim.sched.base import Phase, SchedulerBase, StepStats
-from sim.sched.plan import ScheduledRequest, StepPlan
+from sim.sched.decode_lane import DecodeLane
+from sim.sched.plan import LaneEntries, ScheduledRequest, StepPlan
 from sim.sched.queues import make_queue
 
 _RUNNING = RequestStatus.RUNNING
+LANE_MIN_BATCH = 24   # a decode lane is built for a batch of at least this many (smaller: the loop is cheaper)
 _SWAPPED = RequestStatus.SWAPPED
 
 
 class ContinuousScheduler(SchedulerBase):
+    # the running decodes are kept as arrays (sim/sched/decode_lane.py) where the policy allows: same
+    # plans and results as the per-request loop, at numpy cost per step
+    use_lane: bool = True
+
     def __init__(self, config, manager: KVCacheManager, max_model_len: int) -> None:
         super().__init__(config, manager, max_model_len)
         self.waiting = make_queue(config.policy, manager)
         self.swapped: list[Request] = []   # swapped out under memory pressure; they return before admissions
         self._plan = StepPlan()
+        self._ranks: dict[int, int] = {}   # running req_id -> when it joined running (running is in this order)
+        self._next_rank = 0
+        # the policy's batch order is running order (priority sorts it) and the manager has the decode
+        # fast path (paged: a decode token inside its last block needs no call)
+        self._lane_policy = self.use_lane and config.policy != "priority" and isinstance(manager, KVCacheManager)
 
     def _enqueue(self, req: Request) -> None:
         self.waiting.push(req)
@@ -62,6 +75,8 @@ class ContinuousScheduler(SchedulerBase):
         ``rotate`` (round-robin): requeue at the back; otherwise a swapped request joins ``swapped`` and a
         recomputed one goes to the front of the queue."""
         manager = self.manager
+        self._lane = None
+        self._ranks.pop(req.req_id, None)
         req.num_preemptions += 1
         self.num_preemptions += 1
         self.stats.num_preempted += 1
@@ -146,16 +161,22 @@ class ContinuousScheduler(SchedulerBase):
         #    priority policy, so that victims, taken from the requests not yet served, are the worst)
         queue = self.running
         order = queue
-        if cfg.policy == "priority":
+        bs = manager.block_size
+        tables = manager.block_tables
+        num_decode = 0
+        lane = self._plan_lane = self._take_lane(budget, chunked) if self._lane_policy else None
+        if lane is not None:   # the decodes at once; the prefills (a few) through the loop below
+            scheduled = plan.scheduled = LaneEntries(lane.ids, lane.comp, tables)
+            num_decode = len(lane)
+            budget -= num_decode
+            order = list(lane.prefills)
+        elif cfg.policy == "priority":
             pre = self._prefilling
             order = sorted(queue, key=lambda r: (r.priority, chunked and r.req_id in pre, r.arrival_s, r.req_id))
         elif chunked and self._prefilling:
             pre = self._prefilling
             order = [r for r in queue if r.req_id not in pre] + [r for r in queue if r.req_id in pre]
-        bs = manager.block_size
-        tables = manager.block_tables
         fast = manager.decode_fast_path
-        num_decode = 0
         running = _RUNNING
         make = ScheduledRequest
         add_scheduled = scheduled.append
@@ -205,6 +226,58 @@ class ContinuousScheduler(SchedulerBase):
             plan.blocks_to_copy.extend(manager.take_copies())
         self._batch = batch
         return plan
+
+    def _take_lane(self, budget: int, chunked: bool) -> DecodeLane | None:
+        """The decode lane for this step, its boundary blocks allocated in batch order (as the loop would);
+        None when the loop must plan the step (forked sequences, more decodes than token budget, prefills
+        interleaved with decodes, or not enough free blocks for every boundary: somebody is preempted)."""
+        manager = self.manager
+        if self._multi_seq or not manager.decode_fast_path:
+            self._lane = None
+            return None
+        lane = self._lane
+        if lane is None:
+            if len(self.running) < LANE_MIN_BATCH:
+                return None
+            lane = self._lane = DecodeLane.build(self.running, self._prefilling, self._ranks)
+            if lane is None:
+                return None
+        n = len(lane)
+        if n == 0 or n > budget or (lane.prefills and not chunked):
+            self._lane = None   # the loop moves the requests past the arrays
+            return None
+        bs = manager.block_size
+        at = np.flatnonzero(lane.comp % bs == 0)
+        if len(at):
+            if len(at) > manager.pool.num_free:   # each boundary takes at most one block
+                self._lane = None
+                return None
+            reqs = lane.reqs
+            # one block each, leaving the pool in batch order (allocate_slots' bookkeeping at once)
+            if manager.prefix_cache is not None or not manager.grow_full_tables(reqs, at.tolist()):
+                allocate = manager.allocate_slots
+                for i in at.tolist():
+                    if not allocate(reqs[i], 1):
+                        raise AssertionError("decode lane: a free block was counted for every boundary")
+        return lane
+
+    def _finish(self, done: list[Request], now: float) -> None:
+        super()._finish(done, now)
+        ranks = self._ranks
+        for req in done:
+            ranks.pop(req.req_id, None)
+
+    def check_integrity(self) -> None:
+        super().check_integrity()
+        lane = self._lane
+        if lane is not None:   # the lane agrees with a fresh one built from the requests
+            fresh = DecodeLane.build(self.running, self._prefilling, self._ranks)
+            assert fresh is not None, "decode lane held for a batch that has none"
+            assert [id(r) for r in lane.reqs] == [id(r) for r in fresh.reqs], "decode lane: requests differ"
+            assert [id(r) for r in lane.prefills] == [id(r) for r in fresh.prefills], "decode lane: prefills differ"
+            for name in ("ids", "comp", "gen", "out", "rank"):
+                assert np.array_equal(getattr(lane, name), getattr(fresh, name)), f"decode lane: {name} differs"
+            assert np.array_equal(lane.last_times(), fresh.last_times()), "decode lane: last token times differ"
 
     def _swap_in(self, now: float, scheduled: list[ScheduledRequest], batch: list[Request], budget: int,
                  stats: StepStats) -> int:
@@ -288,4 +361,12 @@ class ContinuousScheduler(SchedulerBase):
         req.status = _RUNNING
         req.turn_start_step = self.step_index
         self.running.append(req)
+        rank = self._ranks[req.req_id] = self._next_rank
+        self._next_rank += 1
         self.mark(req, phase, now)
+        lane = self._lane
+        if lane is not None:
+            if phase == Phase.PREFILL:
+                lane.joined(req, rank)
+            else:
+                self._lane = None

@@ -325,6 +325,7 @@ class DecodeRunner:
         """Do what single stepping does over the run's k steps (time is now ``run.end``); returns the
         requests finished at the last step."""
         sched = self.sched
+        sched._lane = None   # the run moves the requests' counters past the decode lane's arrays
         mgr = sched.manager
         k, batch, n = run.k, run.batch, len(run.batch)
         waiting, swapped = run.waiting, run.swapped
@@ -368,6 +369,7 @@ class DecodeRunner:
         """Write the counters of the requests ``run`` did not finish (at once for a run applied after its
         wait; at the end of a chain for runs applied eagerly)."""
         k, end = run.k, run.end
+        self.sched._lane = None
         for req, c, g, r in zip(run.batch, run.c0, run.g0, run.rem.tolist()):
             if r > k:
                 req.num_computed_tokens = c + k

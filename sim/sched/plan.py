@@ -13,9 +13,47 @@ class ScheduledRequest:
     block_ids: list[int]        # the request's block table after allocation (shared, do not mutate)
 
 
+class LaneEntries:
+    """``StepPlan.scheduled`` of a step with a decode lane (sim/sched/decode_lane.py): the lane's
+    requests ``ids``, one new token each over contexts ``ctx`` (numpy arrays), then the explicit
+    entries ``rest``. Iterates, indexes and measures as the list of ScheduledRequests it stands for
+    (the lane's entries are built on demand); pricers read ``ids``/``ctx`` directly."""
+
+    __slots__ = ("ids", "ctx", "tables", "rest")
+
+    def __init__(self, ids, ctx, tables: dict[int, list[int]], rest: list[ScheduledRequest] | None = None) -> None:
+        self.ids = ids
+        self.ctx = ctx
+        self.tables = tables
+        self.rest = [] if rest is None else rest
+
+    def __len__(self) -> int:
+        return len(self.ids) + len(self.rest)
+
+    def __bool__(self) -> bool:
+        return len(self.ids) > 0 or bool(self.rest)
+
+    def __iter__(self):
+        tables = self.tables
+        for rid, c in zip(self.ids.tolist(), self.ctx.tolist()):
+            yield ScheduledRequest(rid, 1, c, tables.get(rid, []))
+        yield from self.rest
+
+    def __getitem__(self, i: int) -> ScheduledRequest:
+        if i < 0 and -i <= len(self.rest):
+            return self.rest[i]
+        return list(self)[i]
+
+    def append(self, entry: ScheduledRequest) -> None:
+        self.rest.append(entry)
+
+    def extend(self, entries) -> None:
+        self.rest.extend(entries)
+
+
 @dataclass
 class StepPlan:
-    scheduled: list[ScheduledRequest] = field(default_factory=list)  # who runs, in batch order
+    scheduled: list[ScheduledRequest] | LaneEntries = field(default_factory=list)  # who runs, in batch order
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)      # copy-on-write (src, dst)
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (gpu block, cpu block)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)   # (cpu block, gpu block)

@@ -1,0 +1,137 @@
+"""The running batch's decodes as arrays: one step of them costs numpy calls, not a Python pass each.
+
+A continuous scheduler's running batch, in plan order (chunked prefill: decodes first), is
+
+    decodes:   requests past their prompt, one token a step     -> arrays (this lane)
+    prefills:  requests still computing their prompt (a few)    -> a list, the general path
+
+A step of the lane: every decode computes one token (its computed count c0_i is its context) and
+samples one; the few at a block boundary (c0_i % block_size == 0) call ``allocate_slots`` in batch
+order, exactly where the per-request loop would; the executor reads the lane's size and context sum;
+``update`` advances the arrays at once and writes each request's three counters back (so a ``Request``
+is never stale: nothing outside has to know about the lane).
+
+Invariants while the lane is held (``ContinuousScheduler._lane``):
+- ``reqs`` are the running requests not in their prefill, in running order (ascending ``rank``: the
+  order in which they joined ``running``); ``prefills`` the others, in running order;
+- ``comp[i] == reqs[i].num_computed_tokens``, ``gen[i] == reqs[i].num_generated``,
+  ``comp[i] == prompt_len + gen[i] - 1`` (one token to compute), ``gen[i] >= 1``;
+- ``last`` is every request's last token time, or None with ``last_all`` their common time.
+Whatever else changes the batch (preemption, rotation, swap, a decode run, forks) drops the lane; the
+scheduler rebuilds it from ``running`` at its next step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sim.request import Request
+
+
+class DecodeLane:
+    __slots__ = ("reqs", "ids", "comp", "gen", "out", "rank", "last", "last_all", "prefills", "prefill_ranks")
+
+    def __init__(self, reqs: list[Request], ranks: list[int], prefills: list[Request],
+                 prefill_ranks: list[int]) -> None:
+        n = len(reqs)
+        self.reqs = reqs
+        self.ids = np.fromiter((r.req_id for r in reqs), np.int64, n)
+        self.comp = np.fromiter((r.num_computed_tokens for r in reqs), np.int64, n)
+        self.gen = np.fromiter((r.num_generated for r in reqs), np.int64, n)
+        self.out = np.fromiter((r.output_len for r in reqs), np.int64, n)
+        self.rank = np.array(ranks, dtype=np.int64)
+        self.last: np.ndarray | None = np.fromiter((r.last_token_s for r in reqs), np.float64, n)
+        self.last_all = 0.0
+        self.prefills = prefills
+        self.prefill_ranks = prefill_ranks
+
+    @staticmethod
+    def build(running: list[Request], prefilling: set[int], ranks: dict[int, int]) -> DecodeLane | None:
+        """The lane of ``running`` (None when a request that is not prefilling has other than one token
+        to compute: the general path handles that step)."""
+        reqs = [r for r in running if r.req_id not in prefilling]
+        for r in reqs:
+            if r.num_generated <= 0 or r.prompt_len + r.num_generated - r.num_computed_tokens != 1:
+                return None
+        prefills = [r for r in running if r.req_id in prefilling] if prefilling else []
+        return DecodeLane(reqs, [ranks[r.req_id] for r in reqs], prefills, [ranks[r.req_id] for r in prefills])
+
+    def __len__(self) -> int:
+        return len(self.reqs)
+
+    def last_times(self) -> np.ndarray:
+        if self.last is None:
+            return np.full(len(self.reqs), self.last_all)
+        return self.last
+
+    # ------------------------------------------------------------ changes the lane follows
+    def joined(self, req: Request, rank: int) -> None:
+        """``req`` joined the end of ``running`` in its prefill."""
+        self.prefills.append(req)
+        self.prefill_ranks.append(rank)
+
+    def prefilled(self, req: Request) -> bool:
+        """``req`` (one of ``prefills``) sampled its first token: it moves to the decodes at its running
+        position. False when it is not one of them (the lane is then dropped)."""
+        i = _index(self.prefills, req)
+        if i < 0 or req.num_generated <= 0 or req.prompt_len + req.num_generated - req.num_computed_tokens != 1:
+            return False
+        del self.prefills[i]
+        rank = self.prefill_ranks.pop(i)
+        at = int(np.searchsorted(self.rank, rank))
+        self.last = _put(self.last_times(), at, req.last_token_s)
+        self.reqs.insert(at, req)
+        self.ids = _put(self.ids, at, req.req_id)
+        self.comp = _put(self.comp, at, req.num_computed_tokens)
+        self.gen = _put(self.gen, at, req.num_generated)
+        self.out = _put(self.out, at, req.output_len)
+        self.rank = _put(self.rank, at, rank)
+        return True
+
+    def finished_prefill(self, req: Request) -> bool:
+        """``req``, one of ``prefills``, finished with its first token (an output of one token)."""
+        i = _index(self.prefills, req)
+        if i < 0:
+            return False
+        del self.prefills[i]
+        del self.prefill_ranks[i]
+        return True
+
+    def keep(self, mask: np.ndarray) -> None:
+        """Drop the decodes where ``mask`` is False (they finished)."""
+        self.reqs = [r for r, k in zip(self.reqs, mask.tolist()) if k]
+        self.ids = self.ids[mask]
+        self.comp = self.comp[mask]
+        self.gen = self.gen[mask]
+        self.out = self.out[mask]
+        self.rank = self.rank[mask]
+        if self.last is not None:
+            self.last = self.last[mask]
+
+    def step(self, now: float) -> None:
+        """Every decode computed one token and sampled one at ``now`` (the arrays and the requests)."""
+        comp = self.comp = self.comp + 1
+        gen = self.gen = self.gen + 1
+        self.last = None
+        self.last_all = now
+        for req, c, g in zip(self.reqs, comp.tolist(), gen.tolist()):
+            req.num_computed_tokens = c
+            req.num_generated = g
+            req.last_token_s = now
+
+
+def _put(a: np.ndarray, at: int, value) -> np.ndarray:
+    """``a`` with ``value`` inserted before position ``at`` (np.insert without its generality's cost)."""
+    out = np.empty(len(a) + 1, dtype=a.dtype)
+    out[:at] = a[:at]
+    out[at] = value
+    out[at + 1:] = a[at:]
+    return out
+
+
+def _index(reqs: list[Request], req: Request) -> int:
+    """Position of ``req`` (by identity) in a short list, or -1."""
+    for i, r in enumerate(reqs):
+        if r is req:
+            return i
+    return -1
