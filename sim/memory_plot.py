@@ -27,9 +27,9 @@ SLOT_COLUMNS = {"token_states": "slots_token_states", "reserved": "slots_reserve
 
 def breakdown_over_time(steps: pd.DataFrame, max_points: int = 2000) -> pd.DataFrame:
     """Columns start_s and the five shares (0..1) of each step, or of each of ``max_points`` time buckets."""
-    slots = steps[list(SLOT_COLUMNS.values())].to_numpy(dtype=float)
-    total = slots.sum(axis=1, keepdims=True)
-    shares = np.divide(slots, total, out=np.zeros_like(slots), where=total > 0)
+    cols = [steps[c].to_numpy(dtype=float) for c in SLOT_COLUMNS.values()]
+    total = np.add.reduce(cols)
+    inv = np.divide(1.0, total, out=np.zeros_like(total), where=total > 0)   # a share is slots / total
     start = steps["start_s"].to_numpy(dtype=float)
     if len(steps) > max_points:
         dur = steps["duration_s"].to_numpy(dtype=float)
@@ -38,13 +38,19 @@ def breakdown_over_time(steps: pd.DataFrame, max_points: int = 2000) -> pd.DataF
         w = np.bincount(bucket, weights=dur, minlength=max_points)
         n = np.bincount(bucket, minlength=max_points)
         keep = n > 0
-        cols = []
-        for j in range(shares.shape[1]):
-            wm = np.bincount(bucket, weights=shares[:, j] * dur, minlength=max_points)
-            plain = np.bincount(bucket, weights=shares[:, j], minlength=max_points)
-            cols.append(np.where(w > 0, wm / np.where(w > 0, w, 1), plain / np.maximum(n, 1))[keep])
-        shares = np.column_stack(cols)
+        timed = w > 0
+        scale = dur * inv
+        out_cols = []
+        for col in cols:
+            mean = np.bincount(bucket, weights=col * scale, minlength=max_points) / np.where(timed, w, 1)
+            if not timed[keep].all():   # a bucket of zero-length steps: their plain mean
+                plain = np.bincount(bucket, weights=col * inv, minlength=max_points) / np.maximum(n, 1)
+                mean = np.where(timed, mean, plain)
+            out_cols.append(mean[keep])
+        shares = np.column_stack(out_cols)
         start = edges[:-1][keep]
+    else:
+        shares = np.column_stack([c * inv for c in cols]) if len(steps) else np.zeros((0, len(cols)))
     out = pd.DataFrame(shares, columns=list(SLOT_COLUMNS))
     out.insert(0, "start_s", start)
     return out

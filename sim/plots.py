@@ -16,6 +16,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from sim.plot_points import cdf_points, step_envelope  # noqa: E402
+
 BREAKDOWN_COLORS = {"token_states": "#2b8a3e", "reserved": "#f59f00", "internal_fragmentation": "#e03131",
                     "external_fragmentation": "#862e9c", "free": "#ced4da"}
 
@@ -36,7 +38,8 @@ def kv_usage(steps: pd.DataFrame | Mapping[str, pd.DataFrame], path: Path) -> Pa
     fig, ax = plt.subplots(figsize=(8, 3.5))
     runs = _runs(steps)
     for label, df in runs.items():
-        ax.step(df["start_s"], df["kv_usage"] * 100, where="post", lw=0.8, label=label or None)
+        ax.step(*step_envelope(df["start_s"].to_numpy(), df["kv_usage"].to_numpy() * 100), where="post", lw=0.8,
+                label=label or None)
     ax.set_xlabel("simulated time (s)")
     ax.set_ylabel("KV blocks used (%)")
     ax.set_ylim(0, 105)
@@ -44,8 +47,8 @@ def kv_usage(steps: pd.DataFrame | Mapping[str, pd.DataFrame], path: Path) -> Pa
     first = next(iter(runs.values()))
     if "kv_bytes_used" in first and len(first) and first["kv_blocks_used"].max() > 0:
         # the same curve in bytes (runs of one scenario share the capacity); right axis in GB (1e9 bytes)
-        row = first[first["kv_blocks_used"] > 0].iloc[0]
-        capacity_gb = row["kv_bytes_used"] / row["kv_usage"] / 1e9
+        i = int(np.argmax(first["kv_blocks_used"].to_numpy() > 0))   # the first step holding blocks
+        capacity_gb = float(first["kv_bytes_used"].iloc[i]) / float(first["kv_usage"].iloc[i]) / 1e9
         right = ax.twinx()
         right.set_ylim(0, 1.05 * capacity_gb)
         right.set_ylabel("KV memory used (GB)")
@@ -57,10 +60,11 @@ def kv_usage(steps: pd.DataFrame | Mapping[str, pd.DataFrame], path: Path) -> Pa
 def batch(steps: pd.DataFrame, path: Path) -> Path:
     """Batch size (requests in the step) and waiting-queue length over time."""
     fig, ax = plt.subplots(figsize=(8, 3.5))
-    ax.step(steps["start_s"], steps["batch_size"], where="post", lw=0.8, label="batch size")
-    ax.step(steps["start_s"], steps["num_waiting"], where="post", lw=0.8, label="waiting")
+    t = steps["start_s"].to_numpy()
+    ax.step(*step_envelope(t, steps["batch_size"].to_numpy()), where="post", lw=0.8, label="batch size")
+    ax.step(*step_envelope(t, steps["num_waiting"].to_numpy()), where="post", lw=0.8, label="waiting")
     if "num_swapped" in steps and steps["num_swapped"].any():
-        ax.step(steps["start_s"], steps["num_swapped"], where="post", lw=0.8, label="swapped")
+        ax.step(*step_envelope(t, steps["num_swapped"].to_numpy()), where="post", lw=0.8, label="swapped")
     ax.set_xlabel("simulated time (s)")
     ax.set_ylabel("requests")
     ax.set_title("Batch size and queue length")
@@ -73,9 +77,9 @@ def latency_cdf(requests: pd.DataFrame | Mapping[str, pd.DataFrame], path: Path)
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
     for label, df in _runs(requests).items():
         for ax, col, title in zip(axes, ("ttft_s", "tpot_s", "e2e_s"), ("TTFT", "TPOT", "E2E latency")):
-            x = np.sort(df[col].dropna().to_numpy())
+            x, frac = cdf_points(df[col].to_numpy(dtype=float))
             if x.size:
-                ax.plot(x, np.arange(1, x.size + 1) / x.size, lw=1.2, label=label or None)
+                ax.plot(x, frac, lw=1.2, label=label or None)
             ax.set_title(title)
             ax.set_xlabel("seconds")
             ax.set_ylim(0, 1.02)

@@ -20,6 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.collections import PolyCollection  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 PHASE_COLORS = {"frontend": "#e9ecef", "waiting": "#ced4da", "prefill": "#1c7ed6", "decode": "#2b8a3e", "preempted": "#f76707",
@@ -45,9 +46,13 @@ def _draw(ax, iv: pd.DataFrame, max_requests: int) -> int:
     row = {rid: i for i, rid in enumerate(ids)}
     for phase, color in PHASE_COLORS.items():
         sub = iv[iv["phase"] == phase]
-        if len(sub):
-            ax.barh([row[r] for r in sub["req_id"]], (sub["end_s"] - sub["start_s"]).to_numpy(),
-                    left=sub["start_s"].to_numpy(), height=0.8, color=color, linewidth=0)
+        if len(sub):   # one collection of rectangles a phase (a patch per bar costs ~2 ms to add and draw)
+            y = np.array([row[r] for r in sub["req_id"]], dtype=float)
+            x0, x1 = sub["start_s"].to_numpy(dtype=float), sub["end_s"].to_numpy(dtype=float)
+            quads = np.stack([np.column_stack((x0, y - 0.4)), np.column_stack((x1, y - 0.4)),
+                              np.column_stack((x1, y + 0.4)), np.column_stack((x0, y + 0.4))], axis=1)
+            ax.add_collection(PolyCollection(quads, facecolors=color, linewidths=0), autolim=True)
+    ax.autoscale_view()
     ax.set_ylim(len(ids) - 0.5, -0.5)
     if len(ids) <= 30:
         ax.set_yticks(range(len(ids)), [str(r) for r in ids], fontsize=7)
