@@ -16,7 +16,9 @@ from sim.scenario import load_scenario
 SCENARIO = {
     "name": "capacity", "seed": 0, "model": "tiny-llama", "hardware": "a100-80gb",
     "frontend": {"enabled": False}, "output": {"plots": False},
-    "kv_cache": {"block_size": 16, "num_gpu_blocks": 300}, "scheduler": {"max_num_seqs": 16},
+    # a small swap space: preemption is by recompute (the space is never used), and the default 4 GB is 262,144
+    # CPU blocks that the integrity check after every step reads whole (sim/kv/swap.py)
+    "kv_cache": {"block_size": 16, "num_gpu_blocks": 300, "swap_space_gb": 0.001}, "scheduler": {"max_num_seqs": 16},
     "workload": {"synthetic": {"num_requests": 300, "arrival": {"process": "poisson", "rate": 4000},
                                "prompt_len": {"dist": "uniform", "min": 50, "max": 300},
                                "output_len": {"dist": "uniform", "min": 10, "max": 60}}},

@@ -86,6 +86,11 @@ def test_shipped_scenarios_equal(path, run_count):
     assert_same(*results)
 
 
+# Scenarios that preempt by recompute never use the CPU swap space, but its integrity check after every
+# step costs O(swap blocks) (sim/kv/swap.py reads the whole ref-count array), and the default 4 GB is
+# 0.5-1 million tiny-llama blocks: a small space (still one, so the same checks run) keeps them fast.
+SWAP_GB = 0.001
+
 STRESS = {
     # long decodes with poisson arrivals: runs cut by arrivals, finishes, block boundaries
     "long_decodes": {"model": "llama-3-8b", "hardware": "h100-80gb", "seed": 5,
@@ -96,7 +101,7 @@ STRESS = {
                          "output_len": {"dist": "lognormal", "mean": 200, "std": 150, "min": 1, "max": 1500}}}},
     # a cache that runs full inside decode runs (pool bound, then preemption), prefix caching on
     "tight_pool": {"model": "tiny-llama", "hardware": "a100-80gb", "seed": 7,
-                   "kv_cache": {"block_size": 4, "num_gpu_blocks": 60, "prefix_caching": True},
+                   "kv_cache": {"block_size": 4, "num_gpu_blocks": 60, "prefix_caching": True, "swap_space_gb": SWAP_GB},
                    "scheduler": {"max_num_seqs": 8, "async_scheduling": False},
                    "workload": {"synthetic": {
                        "num_requests": 80, "arrival": {"process": "poisson", "rate": 200.0},
@@ -114,14 +119,14 @@ STRESS = {
                                 "priority": {"dist": "uniform", "min": 0, "max": 3}}}},
     # a memory-bound queue: seats free, the head of the queue does not fit (FCFS, chunked and not)
     "blocked_head": {"model": "tiny-llama", "hardware": "a100-80gb", "seed": 8,
-                     "kv_cache": {"block_size": 4, "num_gpu_blocks": 40},
+                     "kv_cache": {"block_size": 4, "num_gpu_blocks": 40, "swap_space_gb": SWAP_GB},
                      "scheduler": {"max_num_seqs": 64, "max_num_batched_tokens": 48},
                      "workload": {"synthetic": {
                          "num_requests": 80, "arrival": {"process": "poisson", "rate": 300.0},
                          "prompt_len": {"dist": "uniform", "min": 4, "max": 40},
                          "output_len": {"dist": "uniform", "min": 1, "max": 80}}}},
     "blocked_head_chunked": {"model": "tiny-llama", "hardware": "a100-80gb", "seed": 10,
-                             "kv_cache": {"block_size": 8, "num_gpu_blocks": 24},
+                             "kv_cache": {"block_size": 8, "num_gpu_blocks": 24, "swap_space_gb": SWAP_GB},
                              "scheduler": {"max_num_seqs": 64, "chunked_prefill": True,
                                            "max_num_batched_tokens": 16, "policy": "priority"},
                              "workload": {"synthetic": {
@@ -131,7 +136,7 @@ STRESS = {
                                  "priority": {"dist": "uniform", "min": 0, "max": 2}}}},
     # round robin with a frontend delay
     "round_robin": {"model": "tiny-llama", "hardware": "a100-80gb", "seed": 4,
-                    "kv_cache": {"block_size": 4, "num_gpu_blocks": 50},
+                    "kv_cache": {"block_size": 4, "num_gpu_blocks": 50, "swap_space_gb": SWAP_GB},
                     "scheduler": {"policy": "round_robin", "rr_quantum_steps": 3, "max_num_seqs": 4},
                     "workload": {"synthetic": {
                         "num_requests": 50, "arrival": {"process": "poisson", "rate": 100.0},
@@ -236,7 +241,7 @@ def cut_count(monkeypatch) -> dict[str, int]:
 
 # small pools (the integrity check after every step is O(blocks)), long decodes, a busy cluster
 LAZY = {"model": "tiny-llama", "hardware": "a100-80gb", "seed": 11, "output": {"plots": False},
-        "kv_cache": {"block_size": 8, "num_gpu_blocks": 400},
+        "kv_cache": {"block_size": 8, "num_gpu_blocks": 400, "swap_space_gb": SWAP_GB},
         "scheduler": {"max_num_seqs": 24, "chunked_prefill": True, "max_num_batched_tokens": 256},
         "workload": {"synthetic": {
             "num_requests": 160, "arrival": {"process": "poisson", "rate": 400.0},
