@@ -56,6 +56,10 @@ class BlockPool:
     def is_free(self, block_id: int) -> bool:
         return block_id in self._queue
 
+    def are_free(self, blocks: np.ndarray) -> np.ndarray:
+        """``is_free`` of each of ``blocks`` (an int64 array) at once."""
+        return self._queue.contains_each(blocks)
+
     def free_order(self) -> list[int]:
         """The free queue, head (next to be allocated or evicted) first."""
         return self._queue.order()

@@ -41,6 +41,12 @@ class FreeQueue:
         i = int(self._at[b])
         return self._head <= i < self._tail and self._ids[i] == b
 
+    def contains_each(self, blocks: np.ndarray) -> np.ndarray:
+        """``b in self`` for each of ``blocks`` at once."""
+        i = self._at[blocks]
+        inside = (self._head <= i) & (i < self._tail)
+        return inside & (self._ids[np.where(inside, i, 0)] == blocks)
+
     def order(self) -> list[int]:
         """The entries, head first."""
         return self._entries().tolist()

@@ -87,7 +87,8 @@ class PrefixCache:
     def check_integrity(self) -> None:
         assert len(self.block_of) == len(self.hash_of), "prefix cache maps differ in size"
         assert sorted(self.hash_of) == np.flatnonzero(self.cached).tolist(), "cached mask differs from hash_of"
-        refs = self.pool.ref_counts
         for b, h in self.hash_of.items():
             assert self.block_of.get(h) == b, f"block {b}: hash {h} maps to {self.block_of.get(h)}"
-            assert refs[b] > 0 or self.pool.is_free(b), f"cached block {b} neither referenced nor free"
+        cached = np.fromiter(self.hash_of, np.int64, len(self.hash_of))
+        lost = (self.pool.refs[cached] <= 0) & ~self.pool.are_free(cached)
+        assert not lost.any(), f"cached block {cached[np.argmax(lost)]} neither referenced nor free"

@@ -11,6 +11,8 @@ to recompute. Invariant: every CPU block is held by exactly one swapped request,
 
 from __future__ import annotations
 
+import numpy as np
+
 from sim.kv.block_pool import BlockPool
 
 
@@ -55,10 +57,11 @@ class SwapSpace:
             assert not self.tables, "swapped tables without a swap space"
             return
         # O(blocks held), not O(swap space): the CPU pool can hold millions of blocks
-        held = 0
-        refs = self.pool.ref_counts
-        for table in self.tables.values():
-            for b in table:
-                assert refs[b] == 1 and not self.pool.is_free(b), f"CPU block {b}: ref count {refs[b]}"
-            held += len(table)
+        blocks = np.fromiter((b for table in self.tables.values() for b in table), np.int64)
+        refs = self.pool.refs[blocks]   # (the live array: a snapshot would cost O(swap space))
+        bad = np.flatnonzero(refs != 1)
+        assert not bad.size, f"CPU block {blocks[bad[0]]}: ref count {refs[bad[0]]}"
+        queued = self.pool.are_free(blocks)
+        assert not queued.any(), f"CPU block {blocks[np.argmax(queued)]}: held by a table but free"
+        held = len(blocks)
         assert held == self.pool.num_used, f"{self.pool.num_used} CPU blocks in use, {held} held by tables"
