@@ -252,10 +252,20 @@ def _stats(x: np.ndarray, weights: np.ndarray | None = None) -> dict[str, float]
     return {"mean": float((xs * ws).sum() / total), "p50": q(0.5), "p90": q(0.9), "p99": q(0.99)}
 
 
-def itl_stats(step_gaps: list[tuple[float, int]], other_gaps: list[float]) -> dict[str, float]:
-    """Inter-token latency statistics from per-step gap counts plus the irregular gaps."""
-    vals = np.array([g for g, _ in step_gaps] + list(other_gaps), dtype=float)
-    w = np.array([c for _, c in step_gaps] + [1] * len(other_gaps), dtype=float)
+def itl_stats(step_gaps, other_gaps) -> dict[str, float]:
+    """Inter-token latency statistics from per-step gap counts plus the irregular gaps.
+
+    ``step_gaps``: (gap, tokens) pairs (a ``StepGaps`` or any iterable of pairs); ``other_gaps``: gaps of
+    one token each (an ``array("d")`` or any sequence)."""
+    if hasattr(step_gaps, "arrays"):
+        durations, counts = step_gaps.arrays()
+    else:
+        pairs = list(step_gaps)
+        durations = np.array([g for g, _ in pairs], dtype=float)
+        counts = np.array([c for _, c in pairs], dtype=float)
+    others = np.asarray(other_gaps, dtype=float)
+    vals = np.concatenate([np.asarray(durations, dtype=float), others])
+    w = np.concatenate([np.asarray(counts, dtype=float), np.ones(len(others))])
     return _stats(vals, w)
 
 
