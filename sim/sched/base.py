@@ -125,11 +125,30 @@ class Transitions:
 PHASE_NAMES = [p.name.lower() for p in Phase]
 
 
+def transition_intervals(tr: Transitions) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The state intervals as columns (req_id, phase index into ``PHASE_NAMES``, start_s, end_s), sorted
+    by request then start (stable: records of one request at one time keep their order), each ending
+    where the next of its request begins; the final DONE of a request is a point (end_s = start_s)."""
+    if not len(tr):
+        return (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int8), np.zeros(0), np.zeros(0))
+    rid = np.frombuffer(tr.req_id, dtype=np.int64)
+    start = np.frombuffer(tr.time, dtype=np.float64)
+    order = np.lexsort((start, rid))          # stable
+    rid = rid[order]
+    start = start[order]
+    phase = np.frombuffer(tr.phase, dtype=np.int8)[order]
+    del order
+    end = start.copy()
+    same = rid[1:] == rid[:-1]
+    end[:-1][same] = start[1:][same]
+    return rid, phase, start, end
+
+
 def intervals_frame(req_id: np.ndarray, phase: np.ndarray, start_s: np.ndarray, end_s: np.ndarray,
                     names: list[str]) -> pd.DataFrame:
     """The timeline table (req_id, phase, start_s, end_s) from columns; ``phase`` holds indices into ``names``."""
     labels = pd.array(np.array(names, dtype=object)[phase], dtype="str")
-    return pd.DataFrame({"req_id": req_id, "phase": labels, "start_s": start_s, "end_s": end_s})
+    return pd.DataFrame({"req_id": req_id, "phase": labels, "start_s": start_s, "end_s": end_s}, copy=False)
 
 
 class SchedulerBase:
@@ -171,24 +190,8 @@ class SchedulerBase:
             self._prefilling.discard(req.req_id)
 
     def timeline_intervals(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """The state intervals as columns (req_id, phase index into ``PHASE_NAMES``, start_s, end_s), sorted
-        by request then start (stable: records of one request at one time keep their order), each ending
-        where the next of its request begins; the final DONE of a request is a point (end_s = start_s)."""
-        tr = self.transitions
-        n = len(tr)
-        if not n:
-            return (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int8), np.zeros(0), np.zeros(0))
-        rid = np.frombuffer(tr.req_id, dtype=np.int64)
-        start = np.frombuffer(tr.time, dtype=np.float64)
-        order = np.lexsort((start, rid))          # stable
-        rid = rid[order]
-        start = start[order]
-        phase = np.frombuffer(tr.phase, dtype=np.int8)[order]
-        del order
-        end = start.copy()
-        same = rid[1:] == rid[:-1]
-        end[:-1][same] = start[1:][same]
-        return rid, phase, start, end
+        """``transition_intervals`` of this scheduler's transitions."""
+        return transition_intervals(self.transitions)
 
     def timeline_frame(self) -> pd.DataFrame:
         """State intervals (req_id, phase name, start_s, end_s), each ending where the next begins;
