@@ -86,7 +86,8 @@ class StepGaps:
         return zip(self.durations, self.counts)
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """(durations float64, counts int64), views of the columns (no copies)."""
+        """(durations float64, counts int64), views of the columns (no copies; while a view is alive the
+        columns cannot grow, so take them once recording is over)."""
         return (np.frombuffer(self.durations, dtype=np.float64) if self.durations else np.zeros(0),
                 np.frombuffer(self.counts, dtype=np.int64) if self.counts else np.zeros(0, dtype=np.int64))
 
