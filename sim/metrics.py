@@ -54,6 +54,7 @@ class Columns:
         self._rows: list[tuple] = []        # queued single rows, oldest first
         self._runs: list[tuple[int, int, list]] = []   # queued runs: (queued rows before it, rows, columns)
         self._queued = 0                    # rows queued (single and in runs)
+        self._released = False              # the rows were handed over by ``read(release=True)``
 
     @property
     def n(self) -> int:
@@ -111,8 +112,35 @@ class Columns:
         runs.clear()
         self._queued = 0
 
+    def read(self, dtypes: list, release: bool = False) -> list[np.ndarray]:
+        """Every column as a new array of its dtype in ``dtypes`` (floats cast as ``astype`` casts them),
+        filled block by block (no joined copy of the whole table). ``release``: drop each block once read,
+        so the table is never held twice; the columns are empty afterwards (``n`` still counts the rows)."""
+        self._flush()
+        self._check_held()
+        out = [np.empty(self._stored, dtype=dt) for dt in dtypes]
+        blocks = self._blocks
+        if release:
+            self._blocks = []
+            self._released = True
+            blocks.reverse()   # oldest last: pop() hands each block over and drops the list's reference
+        at = 0
+        for j in range(len(blocks)):
+            block = blocks.pop() if release else blocks[j]
+            m = len(block)
+            for i, col in enumerate(out):
+                col[at:at + m] = block[:, i]
+            at += m
+            del block
+        return out
+
+    def _check_held(self) -> None:
+        if self._released:
+            raise RuntimeError("the rows were released to a table (read(release=True)); they cannot be read again")
+
     def column(self, i: int) -> np.ndarray:
         self._flush()
+        self._check_held()
         blocks = self._blocks
         if not blocks:
             return np.empty(0, dtype=np.float64)
@@ -178,18 +206,21 @@ class Recorder:
                 self._start_breakdown(list(breakdown))
             self.breakdown.extend([breakdown.get(k, np.zeros(m)) for k in self.breakdown_keys])
 
-    def steps_frame(self) -> pd.DataFrame:
+    def steps_frame(self, release: bool = False) -> pd.DataFrame:
+        """The per-step table. ``release``: hand the recorded rows over to the table (each block of rows
+        is dropped once copied, so they are never held twice); the recorder is empty afterwards."""
         cols = self.cols
         data: dict[str, np.ndarray] = {"step": np.arange(cols.n, dtype=np.int64)}
-        for i, name in enumerate(STEP_COLUMNS):
-            c = cols.column(i)
-            data[name] = c.astype(np.int64) if name in INT_COLUMNS else c.copy()
+        dtypes = [np.int64 if name in INT_COLUMNS else np.float64 for name in STEP_COLUMNS]
+        for name, c in zip(STEP_COLUMNS, cols.read(dtypes, release=release)):
+            data[name] = c
         data["end_s"] = data["start_s"] + data["duration_s"]
         data["kv_usage"] = data["kv_blocks_used"] / self.num_gpu_blocks
         bd = self.breakdown
         if bd is not None and bd.n == cols.n:
-            for i, k in enumerate(self.breakdown_keys):
-                data[f"time_{k}_s"] = bd.column(i).copy()
+            keys = self.breakdown_keys
+            for k, c in zip(keys, bd.read([np.float64] * len(keys), release=release)):
+                data[f"time_{k}_s"] = c
         return pd.DataFrame(data, copy=False)
 
 
@@ -201,24 +232,28 @@ def requests_frame(requests: list[Request], output_latency_s: float = 0.0,
     streaming) is added to the first token and to the finish, and ``token_latency_s`` per output token
     after the first to the finish. ``first_token_s`` and ``finish_s`` stay engine times. (The frontend's
     input latency already delays the engine's arrival, so it is inside both.)"""
-    cols: dict[str, list[Any]] = {k: [] for k in (
-        "req_id", "arrival_s", "prompt_tokens", "output_tokens", "n", "priority", "status", "first_scheduled_s",
-        "first_token_s", "finish_s", "num_preemptions", "num_cached_tokens", "reject_reason")}
-    for r in requests:
-        cols["req_id"].append(r.req_id)
-        cols["arrival_s"].append(r.arrival_s)
-        cols["prompt_tokens"].append(r.prompt_len)
-        cols["output_tokens"].append(r.output_len)
-        cols["n"].append(r.n)
-        cols["priority"].append(r.priority)
-        cols["status"].append(RequestStatus(r.status).name)
-        cols["first_scheduled_s"].append(r.first_scheduled_s)
-        cols["first_token_s"].append(r.first_token_s)
-        cols["finish_s"].append(r.finish_s)
-        cols["num_preemptions"].append(r.num_preemptions)
-        cols["num_cached_tokens"].append(r.num_cached_tokens)
-        cols["reject_reason"].append(r.reject_reason)
-    df = pd.DataFrame(cols)
+    # one column at a time (a list of one attribute, then its array), never a list per column at once;
+    # np.array infers what pandas infers from such a list (int64 for ints, float64 for floats and NaN)
+    status_name = {int(st): st.name for st in RequestStatus}
+    cols: dict[str, Any] = {}
+    for name, attr in (("req_id", "req_id"), ("arrival_s", "arrival_s"), ("prompt_tokens", "prompt_len"),
+                       ("output_tokens", "output_len"), ("n", "n"), ("priority", "priority"), ("status", "status"),
+                       ("first_scheduled_s", "first_scheduled_s"), ("first_token_s", "first_token_s"),
+                       ("finish_s", "finish_s"), ("num_preemptions", "num_preemptions"),
+                       ("num_cached_tokens", "num_cached_tokens"), ("reject_reason", "reject_reason")):
+        if attr == "status":
+            vals = [status_name[r.status] for r in requests]
+        else:
+            vals = [getattr(r, attr) for r in requests]
+        if not vals:   # no requests: pandas' own dtypes for empty lists
+            cols[name] = vals
+        elif attr in ("status", "reject_reason"):
+            cols[name] = pd.array(vals, dtype="str")
+        else:
+            cols[name] = np.array(vals)
+        del vals
+    df = pd.DataFrame(cols, copy=False)
+    del cols
     done = df["status"] == "FINISHED"
     first = df["first_token_s"] + output_latency_s
     finish = df["finish_s"] + output_latency_s + token_latency_s * (df["output_tokens"] - 1).clip(lower=0)
@@ -252,10 +287,20 @@ def _stats(x: np.ndarray, weights: np.ndarray | None = None) -> dict[str, float]
     return {"mean": float((xs * ws).sum() / total), "p50": q(0.5), "p90": q(0.9), "p99": q(0.99)}
 
 
-def itl_stats(step_gaps: list[tuple[float, int]], other_gaps: list[float]) -> dict[str, float]:
-    """Inter-token latency statistics from per-step gap counts plus the irregular gaps."""
-    vals = np.array([g for g, _ in step_gaps] + list(other_gaps), dtype=float)
-    w = np.array([c for _, c in step_gaps] + [1] * len(other_gaps), dtype=float)
+def itl_stats(step_gaps, other_gaps) -> dict[str, float]:
+    """Inter-token latency statistics from per-step gap counts plus the irregular gaps.
+
+    ``step_gaps``: (gap, tokens) pairs (a ``StepGaps`` or any iterable of pairs); ``other_gaps``: gaps of
+    one token each (an ``array("d")`` or any sequence)."""
+    if hasattr(step_gaps, "arrays"):
+        durations, counts = step_gaps.arrays()
+    else:
+        pairs = list(step_gaps)
+        durations = np.array([g for g, _ in pairs], dtype=float)
+        counts = np.array([c for _, c in pairs], dtype=float)
+    others = np.asarray(other_gaps, dtype=float)
+    vals = np.concatenate([np.asarray(durations, dtype=float), others])
+    w = np.concatenate([np.asarray(counts, dtype=float), np.ones(len(others))])
     return _stats(vals, w)
 
 
@@ -270,20 +315,26 @@ def jain_index(x: np.ndarray) -> float:
 def summarize(reqs: pd.DataFrame, steps: pd.DataFrame, sched, *, capacity_slots: int, wall_time_s: float,
               prefix_cache_hit_rate: float = 0.0) -> dict[str, Any]:
     """The summary.json mapping (the public summary keys listed in the README, plus fairness and a few counters)."""
-    done = reqs[reqs["status"] == "FINISHED"]
-    num_finished = len(done)
+    # the finished requests' values column by column (a copy of the whole table would cost its size again)
+    finished = (reqs["status"] == "FINISHED").to_numpy(dtype=bool)
+    num_finished = int(finished.sum())
+
+    def done(col: str) -> np.ndarray:
+        return reqs[col].to_numpy()[finished]
+
     start = float(reqs["arrival_s"].min()) if len(reqs) else 0.0
     end = float(np.nanmax(reqs["finish_s"].to_numpy(dtype=float))) if num_finished else start
     makespan = max(0.0, end - start)
-    out_tokens = int((done["output_tokens"] * done["n"]).sum())
+    out_tokens = int((done("output_tokens") * done("n")).sum())
     w = steps["duration_s"].to_numpy() if len(steps) else np.zeros(0)
     busy = float(w.sum())
     kv_mean = float((steps["kv_usage"] * w).sum() / busy) if busy else 0.0
     slot_cols = ["slots_token_states", "slots_reserved", "slots_internal_frag", "slots_external_frag", "slots_free"]
-    if busy:
-        fr = (steps[slot_cols].to_numpy(dtype=float) * w[:, None]).sum(axis=0) / busy / capacity_slots
+    if busy:   # one column at a time: each a contiguous pairwise sum, as the (steps x 5) column-major sum was
+        fr = np.array([(steps[c].to_numpy(dtype=float) * w).sum() for c in slot_cols]) / busy / capacity_slots
     else:
         fr = np.array([0, 0, 0, 0, 1.0])
+    queue_wait = pd.Series(done("queue_wait_s"))
     return {
         "num_requests": int(len(reqs)),
         "num_finished": num_finished,
@@ -292,20 +343,20 @@ def summarize(reqs: pd.DataFrame, steps: pd.DataFrame, sched, *, capacity_slots:
         "makespan_s": makespan,
         "output_throughput_tok_s": out_tokens / makespan if makespan else 0.0,
         "request_throughput": num_finished / makespan if makespan else 0.0,
-        "ttft_s": _stats(done["ttft_s"].to_numpy()),
-        "tpot_s": _stats(done["tpot_s"].to_numpy()),
+        "ttft_s": _stats(done("ttft_s")),
+        "tpot_s": _stats(done("tpot_s")),
         "itl_s": itl_stats(sched.gaps.step_gaps, sched.gaps.other_gaps),
-        "e2e_s": _stats(done["e2e_s"].to_numpy()),
-        "normalized_latency_s_per_tok": _stats(done["normalized_latency_s_per_tok"].to_numpy()),
+        "e2e_s": _stats(done("e2e_s")),
+        "normalized_latency_s_per_tok": _stats(done("normalized_latency_s_per_tok")),
         "kv_usage_mean": kv_mean,
         "kv_usage_max": float(steps["kv_usage"].max()) if len(steps) else 0.0,
         "memory_breakdown": {k: float(v) for k, v in zip(BREAKDOWN_KEYS, fr)},
         "num_preemptions": int(sched.num_preemptions),
         "prefix_cache_hit_rate": float(prefix_cache_hit_rate),
         "swapped_blocks": int(sched.swapped_blocks),
-        "jain_fairness": jain_index(done["normalized_latency_s_per_tok"].to_numpy()),
-        "queue_wait_max_s": float(done["queue_wait_s"].max()) if num_finished else math.nan,
-        "queue_wait_p99_s": float(np.percentile(done["queue_wait_s"], 99)) if num_finished else math.nan,
+        "jain_fairness": jain_index(done("normalized_latency_s_per_tok")),
+        "queue_wait_max_s": float(queue_wait.max()) if num_finished else math.nan,
+        "queue_wait_p99_s": float(np.percentile(queue_wait, 99)) if num_finished else math.nan,
         "busy_time_s": busy,
         "num_steps": int(len(steps)),
         "wall_time_s": wall_time_s,

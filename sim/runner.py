@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 
 from sim.engine import Engine
@@ -16,6 +18,7 @@ from sim.limits import MAX_BLOCKS
 from sim.metrics import Recorder, requests_frame, summarize
 from sim.scenario import Scenario
 from sim.sched import make_scheduler
+from sim.sched.base import PHASE_NAMES, TokenGaps, Transitions, intervals_frame, transition_intervals
 from sim.specs import GiB, kv_capacity_blocks
 from sim.workload import build_workload
 
@@ -121,7 +124,7 @@ def run_scenario(scn: Scenario, check_integrity: bool | None = None, progress: b
                     max_steps_without_progress=scn.scheduler.max_steps_without_progress,
                     async_scheduling=scn.scheduler.async_scheduling, arrival_delay_s=fe_in,
                     multi_step=scn.scheduler.multi_step,
-                    on_step=(lambda _s: bar.update(scheduler)) if bar else None)
+                    on_step=(lambda _s, bar=bar, sched=scheduler: bar.update(sched)) if bar else None)
     t_load = time.perf_counter()
     try:
         engine.run()
@@ -130,24 +133,64 @@ def run_scenario(scn: Scenario, check_integrity: bool | None = None, progress: b
             bar.close()
     t_sim = time.perf_counter()
     reqs = requests_frame(workload.requests, output_latency_s=fe_out, token_latency_s=fe_token)
-    steps = recorder.steps_frame()
-    steps["kv_bytes_used"] = steps["kv_blocks_used"] * model.kv_bytes_per_block(scn.kv_cache.block_size)
+    # what the summary needs of the engine's parts; then the parts go (the Request objects with them), so
+    # that the per-step and timeline tables are built without the run's objects in memory
+    block_bytes = model.kv_bytes_per_block(scn.kv_cache.block_size)
     hit_rate = manager.prefix_cache_hit_rate() if hasattr(manager, "prefix_cache_hit_rate") else 0.0
-    summary = summarize(reqs, steps, scheduler, capacity_slots=manager.capacity_slots,
+    sharing = manager.sharing_summary(block_bytes) if hasattr(manager, "sharing_summary") else {}
+    capacity_slots = manager.capacity_slots
+    counters = _Counters(scheduler.num_truncated, scheduler.num_preemptions, scheduler.swapped_blocks,
+                         scheduler.gaps)
+    transitions = getattr(scheduler, "transitions", None)
+    profile = {"steps": recorder.num_steps, "decode_runs": engine.num_runs, "engine_waits": engine.num_waits,
+               "arrivals": len(workload.requests)}
+    stats = dict(workload.stats)
+    del workload, engine, scheduler, manager, executor, bar
+    gc.collect()   # the engine's SimPy processes refer back to it: a cycle
+    # the timeline first (its transient arrays are the largest), then the per-step table
+    timeline = None if transitions is None else timeline_with_frontend(transitions, reqs, fe_in)
+    del transitions
+    steps = recorder.steps_frame(release=True)   # the recorder hands its rows over (never held twice)
+    steps["kv_bytes_used"] = steps["kv_blocks_used"] * block_bytes
+    summary = summarize(reqs, steps, counters, capacity_slots=capacity_slots,
                         wall_time_s=time.perf_counter() - t0, prefix_cache_hit_rate=hit_rate)
     summary["num_gpu_blocks"] = num_gpu
-    if hasattr(manager, "sharing_summary"):
-        summary.update(manager.sharing_summary(model.kv_bytes_per_block(scn.kv_cache.block_size)))
-    timeline = scheduler.timeline_frame() if hasattr(scheduler, "timeline_frame") else None
-    if timeline is not None and fe_in > 0:   # the frontend's input latency: client send -> engine
-        arrive = reqs["arrival_s"].to_numpy(dtype=float)
-        front = pd.DataFrame({"req_id": reqs["req_id"], "phase": "frontend", "start_s": arrive, "end_s": arrive + fe_in})
-        timeline = pd.concat([front, timeline], ignore_index=True).sort_values(["req_id", "start_s"], kind="stable")
-        timeline = timeline.reset_index(drop=True)
+    summary.update(sharing)
     profile = {"load_s": t_load - t0, "simulate_s": t_sim - t_load, "summarise_s": time.perf_counter() - t_sim,
-               "steps": recorder.num_steps, "decode_runs": engine.num_runs, "engine_waits": engine.num_waits,
-               "arrivals": len(workload.requests)}
-    return Result(scn, summary, reqs, steps, dict(workload.stats), timeline, profile)
+               **profile}
+    return Result(scn, summary, reqs, steps, stats, timeline, profile)
+
+
+@dataclass
+class _Counters:
+    """What ``summarize`` reads of a scheduler."""
+
+    num_truncated: int
+    num_preemptions: int
+    swapped_blocks: int
+    gaps: TokenGaps
+
+
+def timeline_with_frontend(transitions: Transitions, reqs: pd.DataFrame, fe_in: float) -> pd.DataFrame:
+    """The timeline table of ``transitions``; with a frontend input latency ``fe_in`` > 0 each request
+    also has a ``frontend`` interval (client send -> engine) from its arrival, merged in by request and
+    start time (at equal times the frontend interval first)."""
+    rid, phase, start, end = transition_intervals(transitions)
+    if fe_in <= 0:
+        return intervals_frame(rid, phase, start, end, PHASE_NAMES)
+    arrive = reqs["arrival_s"].to_numpy(dtype=float)
+    rid = np.concatenate([reqs["req_id"].to_numpy(), rid])
+    start = np.concatenate([arrive, start])
+    end = np.concatenate([arrive + fe_in, end])
+    phase = np.concatenate([np.full(len(arrive), len(PHASE_NAMES), dtype=np.int8), phase])
+    del arrive
+    order = np.lexsort((start, rid))   # stable: the frontend rows come first
+    rid = rid[order]                   # one column at a time, each unsorted one dropped once copied
+    phase = phase[order]
+    start = start[order]
+    end = end[order]
+    del order
+    return intervals_frame(rid, phase, start, end, [*PHASE_NAMES, "frontend"])
 
 
 class _progress_bar:

@@ -10,12 +10,15 @@ Invariant: after ``update`` every RUNNING request holds blocks for exactly its c
 (rounded up to blocks), and every FINISHED or REJECTED request holds none (static batching: none
 once its batch has ended).
 
-Timeline: every state change appends one ``(req_id, time, Phase)`` tuple to ``transitions`` (a few per
-request, never one per token); ``timeline_frame()`` turns them into state intervals for the plots.
+Timeline: every state change appends one ``(req_id, time, Phase)`` record to ``transitions`` (a few per
+request, never one per token; three typed columns, 17 bytes a record); ``timeline_frame()`` turns them into
+state intervals for the plots.
 """
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -51,12 +54,102 @@ class StepStats:
     num_sampled: int = 0      # tokens sampled in update(): the watchdog's measure of progress
 
 
+class StepGaps:
+    """(step duration, tokens with that gap) pairs in two typed columns (16 bytes a pair, not a tuple of
+    Python objects): ``append((duration, n))``, ``extend(pairs)``; iterating gives the pairs back in order."""
+
+    __slots__ = ("durations", "counts")
+
+    def __init__(self) -> None:
+        self.durations = array("d")
+        self.counts = array("q")
+
+    def append(self, pair: tuple[float, int]) -> None:
+        d, n = pair
+        self.durations.append(d)
+        self.counts.append(n)
+
+    def extend(self, pairs: Iterable[tuple[float, int]]) -> None:
+        if isinstance(pairs, StepGaps):
+            self.durations.extend(pairs.durations)
+            self.counts.extend(pairs.counts)
+            return
+        durations, counts = self.durations, self.counts
+        for d, n in pairs:
+            durations.append(d)
+            counts.append(n)
+
+    def __len__(self) -> int:
+        return len(self.durations)
+
+    def __iter__(self) -> Iterator[tuple[float, int]]:
+        return zip(self.durations, self.counts)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(durations float64, counts int64), views of the columns (no copies; while a view is alive the
+        columns cannot grow, so take them once recording is over)."""
+        return (np.frombuffer(self.durations, dtype=np.float64) if self.durations else np.zeros(0),
+                np.frombuffer(self.counts, dtype=np.int64) if self.counts else np.zeros(0, dtype=np.int64))
+
+
 @dataclass
 class TokenGaps:
     """Inter-token gaps without one object per token: regular gaps (one step apart) are counted per step."""
 
-    step_gaps: list[tuple[float, int]] = field(default_factory=list)  # (step duration, tokens with that gap)
-    other_gaps: list[float] = field(default_factory=list)             # gaps spanning a preemption or a pause
+    step_gaps: StepGaps = field(default_factory=StepGaps)                 # (step duration, tokens with that gap)
+    other_gaps: array = field(default_factory=lambda: array("d"))        # gaps spanning a preemption or a pause
+
+
+class Transitions:
+    """The timeline's ``(req_id, time, Phase)`` records in three typed columns (17 bytes a record)."""
+
+    __slots__ = ("req_id", "time", "phase")
+
+    def __init__(self) -> None:
+        self.req_id = array("q")
+        self.time = array("d")
+        self.phase = array("b")
+
+    def append(self, record: tuple[int, float, int]) -> None:
+        rid, t, phase = record
+        self.req_id.append(rid)
+        self.time.append(t)
+        self.phase.append(phase)
+
+    def __len__(self) -> int:
+        return len(self.req_id)
+
+    def __iter__(self) -> Iterator[tuple[int, float, int]]:
+        return zip(self.req_id, self.time, self.phase)
+
+
+PHASE_NAMES = [p.name.lower() for p in Phase]
+
+
+def transition_intervals(tr: Transitions) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The state intervals as columns (req_id, phase index into ``PHASE_NAMES``, start_s, end_s), sorted
+    by request then start (stable: records of one request at one time keep their order), each ending
+    where the next of its request begins; the final DONE of a request is a point (end_s = start_s)."""
+    if not len(tr):
+        return (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int8), np.zeros(0), np.zeros(0))
+    rid = np.frombuffer(tr.req_id, dtype=np.int64)
+    start = np.frombuffer(tr.time, dtype=np.float64)
+    order = np.lexsort((start, rid))          # stable
+    rid = rid[order]
+    start = start[order]
+    phase = np.frombuffer(tr.phase, dtype=np.int8)[order]
+    del order
+    end = start.copy()
+    same = rid[1:] == rid[:-1]
+    end[:-1][same] = start[1:][same]
+    return rid, phase, start, end
+
+
+def intervals_frame(req_id: np.ndarray, phase: np.ndarray, start_s: np.ndarray, end_s: np.ndarray,
+                    names: list[str]) -> pd.DataFrame:
+    """The timeline table (req_id, phase, start_s, end_s) from columns; ``phase`` holds indices into ``names``."""
+    labels = pd.array(np.array(names, dtype=object)[phase], dtype="str")
+    return pd.DataFrame({"req_id": req_id, "phase": labels, "start_s": start_s, "end_s": end_s}, copy=False)
 
 
 class SchedulerBase:
@@ -77,7 +170,7 @@ class SchedulerBase:
         self.stats = StepStats()
         self._batch: list[Request] = []   # requests of the last plan, in plan order
         self.step_index = 0               # number of schedule() calls so far
-        self.transitions: list[tuple[int, float, int]] = []   # (req_id, time, Phase)
+        self.transitions = Transitions()                      # (req_id, time, Phase) records
         self._prefilling: set[int] = set()                    # req_ids in Phase.PREFILL
         self._num_swapped = 0                                 # requests whose KV is in CPU memory
         self._multi_seq = False   # set once a request with n > 1 or beam_width > 1 arrives (paged only)
@@ -92,20 +185,23 @@ class SchedulerBase:
     # ------------------------------------------------------------ timeline
     def mark(self, req: Request, phase: Phase, now: float) -> None:
         """Record a state change; PREFILL is left for DECODE when the request samples a token."""
-        self.transitions.append((req.req_id, now, int(phase)))
+        tr = self.transitions
+        tr.req_id.append(req.req_id)
+        tr.time.append(now)
+        tr.phase.append(phase)
         if phase == Phase.PREFILL:
             self._prefilling.add(req.req_id)
         else:
             self._prefilling.discard(req.req_id)
 
+    def timeline_intervals(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``transition_intervals`` of this scheduler's transitions."""
+        return transition_intervals(self.transitions)
+
     def timeline_frame(self) -> pd.DataFrame:
         """State intervals (req_id, phase name, start_s, end_s), each ending where the next begins;
         the final DONE of a request is a point (end_s = start_s)."""
-        tr = pd.DataFrame(self.transitions, columns=["req_id", "start_s", "phase"])
-        tr = tr.sort_values(["req_id", "start_s"], kind="stable").reset_index(drop=True)
-        tr["end_s"] = tr.groupby("req_id")["start_s"].shift(-1).fillna(tr["start_s"])
-        tr["phase"] = np.array([p.name.lower() for p in Phase])[tr["phase"].to_numpy(dtype=np.int64)]
-        return tr[["req_id", "phase", "start_s", "end_s"]]
+        return intervals_frame(*self.timeline_intervals(), PHASE_NAMES)
 
     # ------------------------------------------------------------ arrivals
     def reject_reason(self, req: Request) -> str:
