@@ -7,6 +7,7 @@
     python benchmarks/engine_bench.py --synthetic 1000000 --rate 30
     python benchmarks/engine_bench.py --compare             # multi-step on and off, in this one process
     python benchmarks/engine_bench.py --compare --repeat 3  # alternating, the fastest of each mode
+    python benchmarks/engine_bench.py --batch-scaling       # wall time per step at batch 8 and 256
 
 Prints, per run: requests, steps, decode runs (multi-step), engine waits (SimPy timeouts the engine
 yielded: its events), arrivals, wall seconds per phase, steps per wall second and peak RSS. Timings on a
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import resource
 import tempfile
 import time
@@ -58,6 +60,35 @@ def synthetic_scenario(n: int, rate: float) -> dict:
             "prompt_len": {"dist": "lognormal", "mean": 600, "std": 400, "min": 8, "max": 4000},
             "output_len": {"dist": "lognormal", "mean": 200, "std": 150, "min": 4, "max": 2000}}},
     }
+
+
+def batch_scenario(batch: int) -> dict:
+    """``batch`` requests at once (then 3 more waves), 64-token prompts, 600-token outputs, multi-step off:
+    every step a single step of a full batch (with a prefill chunk where a wave changes)."""
+    return {"name": f"batch-{batch}", "seed": 0, "model": "llama-3-8b", "hardware": "h100-80gb",
+            "scheduler": {"max_num_seqs": batch, "multi_step": False},
+            "workload": {"synthetic": {
+                "num_requests": 4 * batch, "arrival": {"process": "poisson", "rate": 1e6},
+                "prompt_len": {"dist": "fixed", "value": 64}, "output_len": {"dist": "fixed", "value": 600}}}}
+
+
+def batch_scaling(repeat: int) -> None:
+    """Wall microseconds per step at batch 8 and 256, the decode lane off and on (fastest of ``repeat``)."""
+    import sim.sched.continuous as continuous
+
+    best: dict[tuple[int, bool], float] = {}
+    for _ in range(max(1, repeat)):
+        for lane in (False, True):
+            continuous.ContinuousScheduler.use_lane = lane
+            for batch in (8, 256):
+                scn = scenario_from_dict(batch_scenario(batch), base_dir=ROOT / "scenarios")
+                res = run_scenario(scn, check_integrity=False)
+                us = res.profile["simulate_s"] / res.profile["steps"] * 1e6
+                best[batch, lane] = min(best.get((batch, lane), math.inf), us)
+    continuous.ContinuousScheduler.use_lane = True
+    for lane in (False, True):
+        print(f"decode lane {'on ' if lane else 'off'}: batch 8 {best[8, lane]:6.1f} us/step, batch 256 "
+              f"{best[256, lane]:6.1f} us/step: {best[256, lane] / best[8, lane]:.2f}x")
 
 
 def measure(data: dict, multi_step: bool, write: bool, plot: bool, double_output: bool) -> dict:
@@ -124,7 +155,12 @@ def main() -> None:
                     help="with --compare: alternate off/on this many times; the ratio uses each mode's fastest")
     ap.add_argument("--no-write", action="store_true", help="skip writing the tables")
     ap.add_argument("--plots", action="store_true", help="also draw the figures")
+    ap.add_argument("--batch-scaling", action="store_true",
+                    help="wall time per step at batch 8 and 256, decode lane off and on (--repeat times)")
     args = ap.parse_args()
+    if args.batch_scaling:
+        batch_scaling(args.repeat)
+        return
     if args.synthetic:
         data = synthetic_scenario(args.synthetic, args.rate)
     elif args.workload == "quickstart":

@@ -102,7 +102,12 @@ def test_a_prefilled_request_joins_the_decodes_at_its_running_position():
     lane = DecodeLane.build([a, pre, b, c], {4}, {1: 0, 4: 1, 2: 2, 3: 3})
     assert [r.req_id for r in lane.reqs] == [1, 2, 3] and lane.prefills == [pre]
     assert lane.comp.tolist() == [12, 20, 11] and lane.gen.tolist() == [3, 1, 7]
-    lane.step(2.0)   # one token each
+    lane.step(2.0)   # one token each, in the arrays; the requests are written back by sync (or write)
+    assert (b.num_computed_tokens, b.num_generated, b.last_token_s) == (20, 1, 1.0)
+    lane.write([1])
+    assert (b.num_computed_tokens, b.num_generated, b.last_token_s) == (21, 2, 2.0)
+    assert a.num_generated == 3
+    lane.sync()
     assert [(r.num_computed_tokens, r.num_generated, r.last_token_s) for r in (a, b, c)] == \
         [(13, 4, 2.0), (21, 2, 2.0), (12, 8, 2.0)]
     pre.num_computed_tokens, pre.num_generated, pre.last_token_s = 30, 1, 2.0

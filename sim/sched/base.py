@@ -317,7 +317,8 @@ class SchedulerBase:
             req.last_token_s = now
             if first and lane is not None:   # it leaves the lane's prefills (for its decodes, unless done)
                 if not (lane.finished_prefill(req) if g >= req.output_len else lane.prefilled(req)):
-                    lane = self._lane = None
+                    self.drop_lane()
+                    lane = None
             if g >= req.output_len:
                 done.append(req)
             elif multi and (req.n > 1 or req.beam_width > 1):
@@ -347,12 +348,27 @@ class SchedulerBase:
             if regular < n:
                 self.gaps.other_gaps.extend((now - last[~on_grid]).tolist())
         lane.step(now)
+        if lane is not self._lane:   # dropped while this step was planned: nobody else writes it back
+            lane.sync()
         over = lane.gen >= lane.out
         if over.any():
             reqs = lane.reqs
-            done.extend(reqs[i] for i in np.flatnonzero(over).tolist())
+            at = np.flatnonzero(over).tolist()
+            lane.write(at)
+            done.extend(reqs[i] for i in at)
             lane.keep(~over)
         return regular, n, n
+
+    def sync_lane(self) -> None:
+        """Bring the requests' counters up to the decode lane's arrays (before anything reads them)."""
+        if self._lane is not None:
+            self._lane.sync()
+
+    def drop_lane(self) -> None:
+        """Give up the decode lane (its requests written back first): it is rebuilt when next needed."""
+        if self._lane is not None:
+            self._lane.sync()
+            self._lane = None
 
     def _finish(self, done: list[Request], now: float) -> None:
         for req in done:

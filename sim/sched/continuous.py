@@ -75,7 +75,7 @@ class ContinuousScheduler(SchedulerBase):
         ``rotate`` (round-robin): requeue at the back; otherwise a swapped request joins ``swapped`` and a
         recomputed one goes to the front of the queue."""
         manager = self.manager
-        self._lane = None
+        self.drop_lane()
         self._ranks.pop(req.req_id, None)
         req.num_preemptions += 1
         self.num_preemptions += 1
@@ -233,7 +233,7 @@ class ContinuousScheduler(SchedulerBase):
         interleaved with decodes, or not enough free blocks for every boundary: somebody is preempted)."""
         manager = self.manager
         if self._multi_seq or not manager.decode_fast_path:
-            self._lane = None
+            self.drop_lane()
             return None
         lane = self._lane
         if lane is None:
@@ -244,15 +244,16 @@ class ContinuousScheduler(SchedulerBase):
                 return None
         n = len(lane)
         if n == 0 or n > budget or (lane.prefills and not chunked):
-            self._lane = None   # the loop moves the requests past the arrays
+            self.drop_lane()   # the loop moves the requests past the arrays
             return None
         bs = manager.block_size
         at = np.flatnonzero(lane.comp % bs == 0)
         if len(at):
             if len(at) > manager.pool.num_free:   # each boundary takes at most one block
-                self._lane = None
+                self.drop_lane()
                 return None
             reqs = lane.reqs
+            lane.write(at.tolist())   # their counters are read by the allocation
             # one block each, leaving the pool in batch order (allocate_slots' bookkeeping at once)
             if manager.prefix_cache is not None or not manager.grow_full_tables(reqs, at.tolist()):
                 allocate = manager.allocate_slots
@@ -268,6 +269,7 @@ class ContinuousScheduler(SchedulerBase):
             ranks.pop(req.req_id, None)
 
     def check_integrity(self) -> None:
+        self.sync_lane()   # (the checks read the requests' counters)
         super().check_integrity()
         lane = self._lane
         if lane is not None:   # the lane agrees with a fresh one built from the requests
@@ -369,4 +371,4 @@ class ContinuousScheduler(SchedulerBase):
             if phase == Phase.PREFILL:
                 lane.joined(req, rank)
             else:
-                self._lane = None
+                self.drop_lane()

@@ -8,14 +8,15 @@ A continuous scheduler's running batch, in plan order (chunked prefill: decodes 
 A step of the lane: every decode computes one token (its computed count c0_i is its context) and
 samples one; the few at a block boundary (c0_i % block_size == 0) call ``allocate_slots`` in batch
 order, exactly where the per-request loop would; the executor reads the lane's size and context sum;
-``update`` advances the arrays at once and writes each request's three counters back (so a ``Request``
-is never stale: nothing outside has to know about the lane).
+``update`` advances the arrays at once. The requests' own counters are written back lazily (``sync``):
+for the requests that finish or take a block, as they do, and for all whenever the lane is dropped or
+anything else is about to read them (a decode run's planning, the integrity checks, the run's end).
 
 Invariants while the lane is held (``ContinuousScheduler._lane``):
 - ``reqs`` are the running requests not in their prefill, in running order (ascending ``rank``: the
   order in which they joined ``running``); ``prefills`` the others, in running order;
-- ``comp[i] == reqs[i].num_computed_tokens``, ``gen[i] == reqs[i].num_generated``,
-  ``comp[i] == prompt_len + gen[i] - 1`` (one token to compute), ``gen[i] >= 1``;
+- once synced, ``comp[i] == reqs[i].num_computed_tokens``, ``gen[i] == reqs[i].num_generated``, and
+  ``last`` their last token times; always ``comp[i] == prompt_len + gen[i] - 1``, ``gen[i] >= 1``;
 - ``last`` is every request's last token time, or None with ``last_all`` their common time.
 Whatever else changes the batch (preemption, rotation, swap, a decode run, forks) drops the lane; the
 scheduler rebuilds it from ``running`` at its next step.
@@ -29,7 +30,8 @@ from sim.request import Request
 
 
 class DecodeLane:
-    __slots__ = ("reqs", "ids", "comp", "gen", "out", "rank", "last", "last_all", "prefills", "prefill_ranks")
+    __slots__ = ("reqs", "ids", "comp", "gen", "out", "rank", "last", "last_all", "prefills", "prefill_ranks",
+                 "synced")
 
     def __init__(self, reqs: list[Request], ranks: list[int], prefills: list[Request],
                  prefill_ranks: list[int]) -> None:
@@ -44,6 +46,7 @@ class DecodeLane:
         self.last_all = 0.0
         self.prefills = prefills
         self.prefill_ranks = prefill_ranks
+        self.synced = True   # the requests' counters equal the arrays
 
     @staticmethod
     def build(running: list[Request], prefilling: set[int], ranks: dict[int, int]) -> DecodeLane | None:
@@ -109,15 +112,34 @@ class DecodeLane:
             self.last = self.last[mask]
 
     def step(self, now: float) -> None:
-        """Every decode computed one token and sampled one at ``now`` (the arrays and the requests)."""
-        comp = self.comp = self.comp + 1
-        gen = self.gen = self.gen + 1
+        """Every decode computed one token and sampled one at ``now`` (the arrays; the requests at ``sync``)."""
+        self.comp = self.comp + 1
+        self.gen = self.gen + 1
         self.last = None
         self.last_all = now
-        for req, c, g in zip(self.reqs, comp.tolist(), gen.tolist()):
+        self.synced = False
+
+    def sync(self) -> None:
+        """Write the arrays back to the requests."""
+        if self.synced:
+            return
+        last = self.last_times().tolist()
+        for req, c, g, t in zip(self.reqs, self.comp.tolist(), self.gen.tolist(), last):
             req.num_computed_tokens = c
             req.num_generated = g
-            req.last_token_s = now
+            req.last_token_s = t
+        self.synced = True
+
+    def write(self, at: list[int]) -> None:
+        """Write the arrays back to the requests at positions ``at`` (about to be read or to leave)."""
+        if self.synced:
+            return
+        reqs, comp, gen, last = self.reqs, self.comp, self.gen, self.last
+        for i in at:
+            req = reqs[i]
+            req.num_computed_tokens = int(comp[i])
+            req.num_generated = int(gen[i])
+            req.last_token_s = self.last_all if last is None else float(last[i])
 
 
 def _put(a: np.ndarray, at: int, value) -> np.ndarray:

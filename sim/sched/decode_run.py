@@ -198,6 +198,7 @@ class DecodeRunner:
 
     def _plan_batch(self, now: float, next_arrival: float, limit: int, step: int,
                     batch: list[Request]) -> PendingRun | None:
+        self.sched.sync_lane()   # the counters are read here
         chained = not len(self.sched.waiting)
         if not chained and min([r.output_len - r.num_generated for r in batch]) < self.min_steps:
             return None   # (the usual stop when runs cannot be chained, tested early)
@@ -325,7 +326,7 @@ class DecodeRunner:
         """Do what single stepping does over the run's k steps (time is now ``run.end``); returns the
         requests finished at the last step."""
         sched = self.sched
-        sched._lane = None   # the run moves the requests' counters past the decode lane's arrays
+        sched.drop_lane()   # the run moves the requests' counters past the decode lane's arrays
         mgr = sched.manager
         k, batch, n = run.k, run.batch, len(run.batch)
         waiting, swapped = run.waiting, run.swapped
@@ -369,7 +370,7 @@ class DecodeRunner:
         """Write the counters of the requests ``run`` did not finish (at once for a run applied after its
         wait; at the end of a chain for runs applied eagerly)."""
         k, end = run.k, run.end
-        self.sched._lane = None
+        self.sched.drop_lane()
         for req, c, g, r in zip(run.batch, run.c0, run.g0, run.rem.tolist()):
             if r > k:
                 req.num_computed_tokens = c + k
