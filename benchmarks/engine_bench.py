@@ -8,6 +8,7 @@
     python benchmarks/engine_bench.py --compare             # multi-step on and off, in this one process
     python benchmarks/engine_bench.py --compare --repeat 3  # alternating, the fastest of each mode
     python benchmarks/engine_bench.py --batch-scaling       # wall time per step at batch 8 and 256
+    python benchmarks/engine_bench.py --no-lane             # the decode lane off (sim/sched/decode_lane.py)
 
 Prints, per run: requests, steps, decode runs (multi-step), engine waits (SimPy timeouts the engine
 yielded: its events), arrivals, wall seconds per phase, steps per wall second and peak RSS. Timings on a
@@ -155,12 +156,18 @@ def main() -> None:
                     help="with --compare: alternate off/on this many times; the ratio uses each mode's fastest")
     ap.add_argument("--no-write", action="store_true", help="skip writing the tables")
     ap.add_argument("--plots", action="store_true", help="also draw the figures")
+    ap.add_argument("--no-lane", action="store_true",
+                    help="decode lane off (the per-request loop plans and updates every step)")
     ap.add_argument("--batch-scaling", action="store_true",
                     help="wall time per step at batch 8 and 256, decode lane off and on (--repeat times)")
     args = ap.parse_args()
     if args.batch_scaling:
         batch_scaling(args.repeat)
         return
+    if args.no_lane:
+        import sim.sched.continuous as continuous
+
+        continuous.ContinuousScheduler.use_lane = False
     if args.synthetic:
         data = synthetic_scenario(args.synthetic, args.rate)
     elif args.workload == "quickstart":
