@@ -18,7 +18,7 @@ from sim.limits import MAX_BLOCKS
 from sim.metrics import Recorder, requests_frame, summarize
 from sim.scenario import Scenario
 from sim.sched import make_scheduler
-from sim.sched.base import PHASE_NAMES, TokenGaps, Transitions, intervals_frame, transition_intervals
+from sim.sched.records import PHASE_NAMES, TokenGaps, Transitions, intervals_frame, transition_intervals
 from sim.specs import GiB, kv_capacity_blocks
 from sim.workload import build_workload
 

@@ -11,7 +11,7 @@ import pytest
 from sim.metrics import Columns, Recorder, itl_stats, requests_frame, summarize
 from sim.request import Request, RequestStatus
 from sim.runner import timeline_with_frontend
-from sim.sched.base import Phase, StepGaps, TokenGaps, Transitions, transition_intervals
+from sim.sched.records import Phase, StepGaps, TokenGaps, Transitions, transition_intervals
 
 
 def test_step_gaps_append_extend_and_iterate():

@@ -28,7 +28,7 @@ from sim.cluster.link import KVLink
 from sim.cluster.replica import Replica
 from sim.metrics import requests_frame, summarize
 from sim.runner import Result
-from sim.sched.base import TokenGaps
+from sim.sched.records import TokenGaps
 
 SLOT_COLS = ["slots_token_states", "slots_reserved", "slots_internal_frag", "slots_external_frag", "slots_free"]
 
