@@ -31,8 +31,8 @@ from sim.sched.plan import LaneEntries, ScheduledRequest, StepPlan
 from sim.sched.queues import make_queue
 
 _RUNNING = RequestStatus.RUNNING
-LANE_MIN_BATCH = 24   # a decode lane is built for a batch of at least this many (smaller: the loop is cheaper)
 _SWAPPED = RequestStatus.SWAPPED
+LANE_MIN_BATCH = 24   # a decode lane is built for a batch of at least this many (smaller: the loop is cheaper)
 
 
 class ContinuousScheduler(SchedulerBase):
@@ -47,8 +47,8 @@ class ContinuousScheduler(SchedulerBase):
         self._plan = StepPlan()
         self._ranks: dict[int, int] = {}   # running req_id -> when it joined running (running is in this order)
         self._next_rank = 0
-        # the policy's batch order is running order (priority sorts it) and the manager has the decode
-        # fast path (paged: a decode token inside its last block needs no call)
+        # a lane where the batch order is running order (the priority policy sorts it) and the manager is
+        # the paged one (a decode token inside its last block needs no call)
         self._lane_policy = self.use_lane and config.policy != "priority" and isinstance(manager, KVCacheManager)
 
     def _enqueue(self, req: Request) -> None:
@@ -247,17 +247,17 @@ class ContinuousScheduler(SchedulerBase):
             self.drop_lane()   # the loop moves the requests past the arrays
             return None
         bs = manager.block_size
-        at = np.flatnonzero(lane.comp % bs == 0)
-        if len(at):
+        at = np.flatnonzero(lane.comp % bs == 0).tolist()
+        if at:
             if len(at) > manager.pool.num_free:   # each boundary takes at most one block
                 self.drop_lane()
                 return None
             reqs = lane.reqs
-            lane.write(at.tolist())   # their counters are read by the allocation
+            lane.write(at)   # their counters are read by the allocation
             # one block each, leaving the pool in batch order (allocate_slots' bookkeeping at once)
-            if manager.prefix_cache is not None or not manager.grow_full_tables(reqs, at.tolist()):
+            if manager.prefix_cache is not None or not manager.grow_full_tables(reqs, at):
                 allocate = manager.allocate_slots
-                for i in at.tolist():
+                for i in at:
                     if not allocate(reqs[i], 1):
                         raise AssertionError("decode lane: a free block was counted for every boundary")
         return lane
