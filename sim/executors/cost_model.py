@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from sim.errors import KvsimError
+from sim.executors.base import DecodeRun
 from sim.executors.engine_params import (
     ATTENTION_OPS_PER_LAYER,
     EAGER_OPS_PER_LAYER,
@@ -270,8 +271,6 @@ class CostModelExecutor:
     def execute_decode_sums(self, seqs: int, ctx0: int, k: int):
         """``execute_decode_run`` from what it reads of the plan: ``seqs`` decode sequences whose
         contexts (each counting the token computed) sum to ``ctx0`` at step 0."""
-        from sim.executors.base import DecodeRun
-
         dec_ctx = ctx0 + seqs * np.arange(k, dtype=np.int64)   # exact integers, as the loop sums them
         zero = np.zeros(k)
         if self.engine is None:

@@ -111,6 +111,13 @@ class BlockPool:
         for b in blocks.tolist():
             self._free_one(b)
 
+    def free_last_refs(self, blocks: np.ndarray) -> None:
+        """``free`` of blocks the caller knows each hold exactly one reference (skips that check)."""
+        if len(blocks) > 1 and self._queue.push(blocks):
+            self.refs[blocks] = 0
+        else:
+            self.free(blocks)
+
     def _free_one(self, b: int) -> None:
         r = int(self.refs[b]) - 1
         if r < 0:

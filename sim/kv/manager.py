@@ -133,75 +133,76 @@ class KVCacheManager(SharingMixin):
         total = len(steps)
         if total == 0:
             return np.full(k, used0), np.full(k, beyond0), np.full(k, logical0)
+        grown = np.cumsum(np.bincount(steps, minlength=k))   # blocks taken up to each step's end
         if total <= 8:   # the usual case: a few boundaries, cheaper without numpy
-            return self._allocate_few(reqs, pos.tolist(), steps.tolist(), new_len.tolist(), k)
-        per_step = np.bincount(steps, minlength=k)
-        d_beyond = np.zeros(k, dtype=np.int64)
-        if total:
-            blocks = self.pool.allocate_array(total)
-            order = np.argsort(pos, kind="stable")   # group by request, keeping step order
-            by_req = pos[order]
-            cut = (np.flatnonzero(by_req[1:] != by_req[:-1]) + 1).tolist()
-            grown = blocks[order].tolist()
-            owners = by_req.tolist()
-            tables = self.block_tables
-            for a, b in zip([0, *cut], [*cut, total]):
-                tables[reqs[owners[a]].req_id].extend(grown[a:b])
-            self._logical_blocks += total
-            bs = self.block_size
-            max_kv = np.fromiter((reqs[i].max_kv_tokens for i in pos.tolist()), np.int64, total)
-            last = (max_kv - 1) // bs
-            per = (last + 1) * bs - max_kv
-            final = (new_len == last + 1) & (per > 0)   # the table reaches its final block
-            for e in np.flatnonzero(final).tolist():
-                self._note_beyond(reqs[int(pos[e])])
-            d_beyond = np.bincount(steps[final], weights=per[final], minlength=k).astype(np.int64)
-            self._note_peaks()
-        used = used0 + np.cumsum(per_step)
-        return used, beyond0 + np.cumsum(d_beyond), logical0 + np.cumsum(per_step)
+            d_beyond = self._grow_few(reqs, pos.tolist(), steps.tolist(), new_len.tolist(), k)
+        else:
+            d_beyond = self._grow_many(reqs, pos, steps, new_len, k)
+        self._logical_blocks += total
+        self._note_peaks()
+        beyond = np.full(k, beyond0) if d_beyond is None else beyond0 + np.cumsum(d_beyond)
+        return used0 + grown, beyond, logical0 + grown
 
-    def _allocate_few(self, reqs: list[Request], pos: list[int], steps: list[int], new_len: list[int],
-                      k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``allocate_decode_run`` for a handful of events, in plain Python (same blocks, same counters)."""
-        used0, beyond0, _ = self.decode_run_counters()
+    def _grow_many(self, reqs: list[Request], pos: np.ndarray, steps: np.ndarray, new_len: np.ndarray,
+                   k: int) -> np.ndarray:
+        """``allocate_decode_run``'s tables and final-block notes for many events, with numpy; returns the
+        slots beyond final lengths added at each step."""
+        total = len(steps)
+        blocks = self.pool.allocate_array(total)
+        order = np.argsort(pos, kind="stable")   # group by request, keeping step order
+        by_req = pos[order]
+        cut = (np.flatnonzero(by_req[1:] != by_req[:-1]) + 1).tolist()
+        grown = blocks[order].tolist()
+        owners = by_req.tolist()
+        tables = self.block_tables
+        for a, b in zip([0, *cut], [*cut, total]):
+            tables[reqs[owners[a]].req_id].extend(grown[a:b])
+        bs = self.block_size
+        max_kv = np.fromiter((reqs[i].max_kv_tokens for i in pos.tolist()), np.int64, total)
+        last = (max_kv - 1) // bs
+        per = (last + 1) * bs - max_kv
+        final = (new_len == last + 1) & (per > 0)   # the table reaches its final block
+        for e in np.flatnonzero(final).tolist():
+            self._note_beyond(reqs[int(pos[e])])
+        return np.bincount(steps[final], weights=per[final], minlength=k).astype(np.int64)
+
+    def _grow_few(self, reqs: list[Request], pos: list[int], steps: list[int], new_len: list[int],
+                  k: int) -> np.ndarray | None:
+        """``_grow_many`` for a handful of events, in plain Python (same blocks, same counters); None when
+        no table reached its final block."""
         blocks = self.pool.allocate(len(steps))
         tables = self.block_tables
         bs = self.block_size
-        grow = [0] * k
-        extra = [0] * k
+        extra = None
         for p, j, n, b in zip(pos, steps, new_len, blocks):
             req = reqs[p]
             tables[req.req_id].append(b)
-            grow[j] += 1
-            last = (req.max_kv_tokens - 1) // bs
-            if n == last + 1 and (last + 1) * bs - req.max_kv_tokens > 0:
+            kv = req.max_kv_tokens
+            last = (kv - 1) // bs
+            if n == last + 1 and (last + 1) * bs - kv > 0:
                 before = self._beyond_final
                 self._note_beyond(req)
+                if extra is None:
+                    extra = np.zeros(k, dtype=np.int64)
                 extra[j] += self._beyond_final - before
-        self._logical_blocks += len(steps)
-        self._note_peaks()
-        grown = np.cumsum(grow)
-        logical = self._logical_blocks - len(steps) + grown
-        return used0 + grown, beyond0 + np.cumsum(extra), logical
+        return extra
 
-    def grow_full_tables(self, reqs: list[Request], at: list[int]) -> bool:
-        """``allocate_slots(reqs[i], 1)`` for each ``i`` in ``at`` (batch order), whose computed tokens
+    def grow_full_tables(self, reqs: list[Request], at: list[int], computed: list[int], finals: list[int]) -> bool:
+        """``allocate_slots(reqs[i], 1)`` for each ``i`` in ``at`` (batch order), whose ``computed`` tokens
+        (``computed[j]`` for ``at[j]``, passed by the caller so the requests need not be up to date)
         exactly fill their tables, without a prefix cache: one block each, taken in that order, with the
-        same bookkeeping. False, with nothing done, when a table is not exactly full or blocks are short."""
+        same bookkeeping. ``finals``: the ``i`` whose table thereby reaches its final block (the one
+        holding the request's last KV token). False, with nothing done, when a table is not exactly full
+        or blocks are short."""
         tables = self.block_tables
         bs = self.block_size
         grown = [tables[reqs[i].req_id] for i in at]
-        for i, table in zip(at, grown):
-            if len(table) * bs != reqs[i].num_computed_tokens:
-                return False
-        if len(at) > self.pool.num_free:
+        if [len(t) * bs for t in grown] != computed or len(at) > self.pool.num_free:
             return False
-        for i, table, b in zip(at, grown, self.pool.allocate(len(at))):
+        for table, b in zip(grown, self.pool.allocate(len(at))):
             table.append(b)
-            req = reqs[i]
-            last = (req.max_kv_tokens - 1) // bs
-            if len(table) == last + 1 and (last + 1) * bs != req.max_kv_tokens:
-                self._note_beyond(req)   # the table reached its final block
+        for i in finals:
+            self._note_beyond(reqs[i])
         self._logical_blocks += len(at)
         self._note_peaks()
         return True

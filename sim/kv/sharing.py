@@ -148,7 +148,8 @@ class SharingMixin:
         bs = self.block_size
         blocks = np.array(table, dtype=np.int64)
         last = self.pool.refs[blocks] == 1
-        if last.all():
+        unshared = bool(last.all())
+        if unshared:
             # nothing shared (the usual case): the table's filled slots, min(computed, capacity)
             held = min(max(num_computed, 0), len(table) * bs)
         else:
@@ -156,7 +157,10 @@ class SharingMixin:
             held = int(fill[last].sum())
         self._held_tokens -= held
         self._logical_blocks -= len(table)
-        self.pool.free(blocks[::-1])
+        if unshared:
+            self.pool.free_last_refs(blocks[::-1])
+        else:
+            self.pool.free(blocks[::-1])
 
     def _free_shared(self, req: Request, table: list[int]) -> None:
         """Everything ``free`` does beyond the pool: cache, groups, prefix-region counters."""

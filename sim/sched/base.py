@@ -268,14 +268,19 @@ class SchedulerBase:
             self._lane = None
 
     def _finish(self, done: list[Request], now: float) -> None:
+        self._release_finished(done, now)
+        gone = {id(r) for r in done}
+        self.running = [r for r in self.running if id(r) not in gone]
+
+    def _release_finished(self, done: list[Request], now: float) -> None:
+        """``done`` finished at ``now``: status, finish time, memory freed, timeline (not yet out of
+        ``running``)."""
         for req in done:
             req.status = RequestStatus.FINISHED
             req.finish_s = now
             self.manager.free(req)
             self.finished.append(req)
             self.mark(req, Phase.DONE, now)
-        gone = {id(r) for r in done}
-        self.running = [r for r in self.running if id(r) not in gone]
 
     def check_integrity(self) -> None:
         self.manager.check_integrity()

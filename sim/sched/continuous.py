@@ -20,6 +20,8 @@ One step:
 from __future__ import annotations
 
 import itertools
+from bisect import bisect_left
+from collections.abc import Callable
 
 import numpy as np
 
@@ -33,6 +35,14 @@ from sim.sched.queues import make_queue
 _RUNNING = RequestStatus.RUNNING
 _SWAPPED = RequestStatus.SWAPPED
 LANE_MIN_BATCH = 24   # a decode lane is built for a batch of at least this many (smaller: the loop is cheaper)
+FINISH_BISECT_MAX = 8   # more requests finishing in one step: one filtering pass over ``running`` instead
+
+
+def _rank_key(ranks: dict[int, int]) -> Callable[[Request], int]:
+    """A request's rank (when it joined ``running``), as a bisection key."""
+    def rank_of(req: Request) -> int:
+        return ranks[req.req_id]
+    return rank_of
 
 
 class ContinuousScheduler(SchedulerBase):
@@ -253,9 +263,9 @@ class ContinuousScheduler(SchedulerBase):
                 self.drop_lane()
                 return None
             reqs = lane.reqs
-            lane.write(at)   # their counters are read by the allocation
             # one block each, leaving the pool in batch order (allocate_slots' bookkeeping at once)
-            if manager.prefix_cache is not None or not manager.grow_full_tables(reqs, at):
+            if manager.prefix_cache is not None or not manager.grow_full_tables(reqs, at, *lane.boundary(at, bs)):
+                lane.write(at)   # their counters are read by the allocation
                 allocate = manager.allocate_slots
                 for i in at:
                     if not allocate(reqs[i], 1):
@@ -263,14 +273,29 @@ class ContinuousScheduler(SchedulerBase):
         return lane
 
     def _finish(self, done: list[Request], now: float) -> None:
-        super()._finish(done, now)
-        ranks = self._ranks
+        """``running`` is in ascending rank (requests join at its end): each finished request is found by
+        bisection on the ranks and deleted in place, instead of a pass over the batch."""
+        self._release_finished(done, now)
+        running, ranks = self.running, self._ranks
+        if len(done) > FINISH_BISECT_MAX:
+            gone = {id(r) for r in done}
+            self.running = [r for r in running if id(r) not in gone]
+            for req in done:
+                ranks.pop(req.req_id, None)
+            return
+        rank_of = _rank_key(ranks)
         for req in done:
-            ranks.pop(req.req_id, None)
+            i = bisect_left(running, ranks[req.req_id], key=rank_of)
+            if not (i < len(running) and running[i] is req):
+                raise AssertionError(f"request {req.req_id} finished but not found in running by its rank")
+            del running[i]
+            del ranks[req.req_id]
 
     def check_integrity(self) -> None:
         self.sync_lane()   # (the checks read the requests' counters)
         super().check_integrity()
+        order = [self._ranks[r.req_id] for r in self.running]
+        assert order == sorted(order) and len(self._ranks) == len(order), "running is not in rank order"
         lane = self._lane
         if lane is not None:   # the lane agrees with a fresh one built from the requests
             fresh = DecodeLane.build(self.running, self._prefilling, self._ranks)

@@ -67,6 +67,17 @@ class DecodeLane:
             return np.full(len(self.reqs), self.last_all)
         return self.last
 
+    def boundary(self, at: list[int], block_size: int) -> tuple[list[int], list[int]]:
+        """For the decodes at positions ``at`` (each computed count a multiple of ``block_size``): their
+        computed counts, and the positions among them whose next block is their table's final one, with
+        slots past the request's last KV token (max_kv = prompt + output - 1 = comp - gen + out)."""
+        idx = np.array(at, dtype=np.int64)
+        comp = self.comp[idx]
+        kv = comp - self.gen[idx] + self.out[idx]
+        last = (kv - 1) // block_size + 1          # blocks of the final table
+        final = (comp // block_size + 1 == last) & (last * block_size != kv)
+        return comp.tolist(), idx[final].tolist()
+
     # ------------------------------------------------------------ changes the lane follows
     def joined(self, req: Request, rank: int) -> None:
         """``req`` joined the end of ``running`` in its prefill."""

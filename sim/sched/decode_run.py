@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from itertools import repeat
 
 import numpy as np
 
@@ -459,7 +458,7 @@ class DecodeRunner:
         if k == 1:
             return
         if regular[1:].all():
-            gaps.step_gaps.extend(zip(dl[1:], repeat(n)))
+            gaps.step_gaps.extend_same(d[1:], n)
             return
         for j in range(1, k):
             if regular[j]:
