@@ -295,6 +295,37 @@ class CostModelExecutor:
         return DecodeRun(duration, {"linear": zero + linear, "attention": attention, "elementwise": zero + elementwise,
                                     "allreduce": zero + comm, "swap": zero, "copy": zero, "overhead": overhead})
 
+    def execute_decode_profile(self, seqs: np.ndarray, dec_ctx: np.ndarray):
+        """``k`` all-decode steps whose batch shrinks as requests finish: step j has ``seqs[j]`` sequences
+        whose contexts (each counting the token computed) sum to ``dec_ctx[j]``. Entry j equals
+        ``execute_decode_sums(seqs[j], dec_ctx[j], 1)`` bit for bit: the same formulas, element by element,
+        with the per-size terms looked up once per distinct size."""
+        sizes, inv = np.unique(seqs, return_inverse=True)
+        zero = np.zeros(len(seqs))
+        if self.engine is None:
+            terms = np.array([(*self._linear(s), self._lm_head(s)) for s in sizes.tolist()])[inv]
+            lin, comm, head = terms[:, 0], terms[:, 1], terms[:, 2]
+            linear = lin + head
+            per_layer = np.maximum(self._attn_flops_per_pair * dec_ctx / self._attn_peak,
+                                   self._attn_kv_s * dec_ctx + self._attn_new_bytes * seqs / self._attn_bw) \
+                + self.params.kernel_latency_s
+            attention = self._layers * (per_layer + seqs * self._attn_seq + (seqs - seqs) * self._attn_pre_seq)
+            elementwise = self._layers * (seqs * self._elem_s_per_token + self._elem_fixed)
+            duration = linear + attention + elementwise + comm + 0.0 + 0.0 + self._overhead
+            overhead = zero + self._overhead
+        else:
+            e = self.engine
+            terms = np.array([self._engine_fixed(s, s, False) for s in sizes.tolist()])[inv]
+            linear, comm, elementwise, k_attn, cpu = (terms[:, i] for i in range(5))
+            per_layer = 0.0 + ((dec_ctx + seqs * self._eng_half) * self._eng_kv_s + seqs * self._eng_qo_s + k_attn)
+            attention = self._layers * per_layer
+            gpu = linear + attention + elementwise + comm + e.sampler_s
+            busy = np.maximum(gpu, cpu) if e.overlap_cpu else gpu + cpu
+            duration = busy + e.step_gap_s + 0.0 + 0.0
+            overhead = duration - (linear + attention + elementwise + comm + 0.0 + 0.0)
+        return DecodeRun(duration, {"linear": zero + linear, "attention": attention, "elementwise": zero + elementwise,
+                                    "allreduce": zero + comm, "swap": zero, "copy": zero, "overhead": overhead})
+
     def layer_linear_time(self, tokens: int) -> float:
         """Seconds of one layer's four projections on ``tokens`` tokens (a mixture of experts: see
         ``_moe_mlp_time``)."""

@@ -123,12 +123,26 @@ class KVCacheManager(SharingMixin):
         self._sum_used += int(used.sum())
         self._sum_logical += int(logical.sum())
 
+    def note_decode_steps(self, tokens: np.ndarray, used: np.ndarray, logical: np.ndarray) -> None:
+        """``note_decode_run`` for steps that computed ``tokens[j]`` tokens each (a batch that shrinks)."""
+        self._held_tokens += int(tokens.sum())
+        self._sum_used += int(used.sum())
+        self._sum_logical += int(logical.sum())
+
+    def raise_peaks(self, used: int, logical: int) -> None:
+        """Raise the used and logical block peaks to values the counters reached (between steps of a run)."""
+        p = self.peaks
+        p["used"] = max(p["used"], used)
+        p["logical"] = max(p["logical"], logical)
+
     def allocate_decode_run(self, reqs: list[Request], pos: np.ndarray, steps: np.ndarray, new_len: np.ndarray,
-                            k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                            k: int, peaks: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Grow tables as ``allocate_slots(req, 1)`` would at each decode-run boundary, without a prefix
         cache (nothing to insert or evict): event e gives ``reqs[pos[e]]`` a table of ``new_len[e]``
         blocks at step ``steps[e]``; events come sorted by (step, position), which is the order blocks
-        leave the pool. Returns per step (used, beyond-final, logical) counters after its allocations."""
+        leave the pool. Returns per step (used, beyond-final, logical) counters after its allocations.
+        ``peaks``: raise the peaks to the counters after all of them (False: the caller raises them, when
+        blocks are freed between the run's steps)."""
         used0, beyond0, logical0 = self.decode_run_counters()
         total = len(steps)
         if total == 0:
@@ -139,7 +153,8 @@ class KVCacheManager(SharingMixin):
         else:
             d_beyond = self._grow_many(reqs, pos, steps, new_len, k)
         self._logical_blocks += total
-        self._note_peaks()
+        if peaks:
+            self._note_peaks()
         beyond = np.full(k, beyond0) if d_beyond is None else beyond0 + np.cumsum(d_beyond)
         return used0 + grown, beyond, logical0 + grown
 

@@ -9,7 +9,10 @@ every running request one token from its next sample), the next k steps are dete
                            time: e_{j+1} = e_j + d_j (float64, left to right, as SimPy would add)
 
 k is bounded by the nearest event that single stepping would react to:
-- the fewest remaining output tokens (a request finishes at the run's last step, never inside it);
+- the fewest remaining output tokens (a request finishes at the run's last step, never inside it), or,
+  when nobody waits (a finish admits nobody), the most: request i then takes part in steps j < rem_i
+  and finishes inside the run, which prices a shrinking batch and frees each finished request's blocks
+  after the run's allocations (no prefix cache, and no router reading the engine inside the run);
 - the next arrival: the run ends with the step during which it reaches the engine (e_k >= T_arrival);
 - admissions: nobody waits, or no seat or token budget is left, or (FCFS or priority, no prefix cache)
   the head of the queue cannot get its blocks even after step 0 (free blocks only shrink in a run);
@@ -85,9 +88,26 @@ class DecodeStepView:
         self.scheduled = range(n)
 
 
-def _blocks_needed(c0: np.ndarray, l0: np.ndarray, bs: int, j: int) -> int:
-    """Blocks allocated over steps 0..j of a run (sum over requests of max(0, (c0 + j) // bs + 1 - L0))."""
-    return int(np.maximum((c0 + j) // bs + 1 - l0, 0).sum())
+def _blocks_needed(c0: np.ndarray, l0: np.ndarray, bs: int, j: int, rem: np.ndarray | None = None) -> int:
+    """Blocks allocated over steps 0..j of a run (sum over requests of max(0, (c0 + j) // bs + 1 - L0));
+    with ``rem``, a request computes no token after its last step ``rem - 1``."""
+    at = c0 + j if rem is None else c0 + np.minimum(j, rem - 1)
+    return int(np.maximum(at // bs + 1 - l0, 0).sum())
+
+
+def _shrinking_sums(c0: np.ndarray, rem: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per step j < k of a run in which request i computes its steps j < rem_i: the sequences in the step,
+    and their contexts summed, each counting its token (c0_i + j + 1), as exact integers."""
+    n0 = len(c0)
+    last = rem - 1                                      # the step each request finishes in
+    inside = last < k
+    gone = np.bincount(last[inside], minlength=k)       # requests whose last step is j
+    gone_ctx = np.zeros(k, dtype=np.int64)
+    np.add.at(gone_ctx, last[inside], (c0 + 1)[inside])
+    before = np.concatenate(([0], np.cumsum(gone)[:-1]))          # finished before step j
+    seqs = n0 - before
+    base = int(c0.sum()) + n0 - np.concatenate(([0], np.cumsum(gone_ctx)[:-1]))
+    return seqs, base + seqs * np.arange(k, dtype=np.int64)
 
 
 class DecodeRunner:
@@ -121,6 +141,12 @@ class DecodeRunner:
         # MAX_BACKOFF_STEPS - 1) do not try: a saturated engine rarely has a run, and trying costs O(batch)
         self._fails = 0
         self._skip = 0
+        # with nobody waiting, a run may go on past its requests' last tokens (the batch shrinks as they
+        # finish) where the executor prices such steps at once, no prefix cache reacts to the frees, and
+        # nobody reads the engine's state inside a run (a router reads finished counts and KV usage)
+        self.through_finishes = (callable(getattr(executor, "execute_decode_profile", None))
+                                 and sched.manager.prefix_cache is None
+                                 and not (stop_before_arrival or cut_lazily))
 
     # ------------------------------------------------------------ eligibility
     def _batch(self) -> list[Request] | None:
@@ -208,7 +234,7 @@ class DecodeRunner:
         if g0.min() <= 0 or (prompt + g0 - c0 != 1).any():
             return None
         return self._price(now, next_arrival, limit, step, batch, c0, g0, l0, out - g0,
-                           1 if chained else self.min_steps, None)
+                           1 if chained else self.min_steps, None, chained)
 
     def plan_next(self, run: PendingRun, next_arrival: float, step: int) -> PendingRun | None:
         """The run that follows ``run`` (applied, at its end), from the arrays it carried: the same batch
@@ -230,25 +256,28 @@ class DecodeRunner:
         end = run.end
         limit = self._arrival_limit(end, self._bound(end, next_arrival), float(run.durations[k - 1]))
         return self._price(end, next_arrival, limit, step, batch, c0, run.g0a[keep] + k, -(-c0 // bs),
-                           run.rem[keep] - k, 1, end)
+                           run.rem[keep] - k, 1, end, True)
 
     def _price(self, now: float, next_arrival: float, limit: int, step: int, batch: list[Request],
                c0: np.ndarray, g0: np.ndarray, l0: np.ndarray, rem: np.ndarray, min_steps: int,
-               last_token: float | None) -> PendingRun | None:
+               last_token: float | None, nobody_waits: bool) -> PendingRun | None:
         """Bound, price and cut the run of ``batch`` (computed ``c0``, generated ``g0``, table lengths ``l0``,
-        remaining ``rem``) starting at ``now``."""
+        remaining ``rem``) starting at ``now``. With nobody waiting (no admission can follow a finish), the
+        run may go on past requests' last tokens, until the last one's."""
         sched = self.sched
         mgr = sched.manager
-        k = min(int(rem.min()), limit)
+        through = nobody_waits and self.through_finishes
+        k = min(int(rem.max() if through else rem.min()), limit)
         if k < min_steps:
             return None
-        free = mgr.pool.num_free
+        free = mgr.pool.num_free   # (blocks freed by finishes inside are not counted: a bound, not exact)
         bs = mgr.block_size
-        if _blocks_needed(c0, l0, bs, k - 1) > free:
+        cap = rem if through else None
+        if _blocks_needed(c0, l0, bs, k - 1, cap) > free:
             lo, hi = 0, k - 1   # invariant: A(lo - 1) <= free < A(hi); find the first j with A(j) > free
             while lo < hi:
                 mid = (lo + hi) // 2
-                if _blocks_needed(c0, l0, bs, mid) > free:
+                if _blocks_needed(c0, l0, bs, mid, cap) > free:
                     hi = mid
                 else:
                     lo = mid + 1
@@ -260,7 +289,7 @@ class DecodeRunner:
             need = -(-(head.num_computed_tokens + num_new) // bs) - len(mgr.block_tables.get(head.req_id) or ())
             if need <= free - _blocks_needed(c0, l0, bs, 0):
                 return None
-        run = self._price_steps(batch, c0, k)
+        run = self._price_steps(batch, c0, k, rem if through else None)
         d = np.asarray(run.durations, dtype=np.float64)
         bad = np.flatnonzero(~(d > 0))
         if bad.size:
@@ -297,7 +326,7 @@ class DecodeRunner:
 
     def blocks_taken(self, run: PendingRun, j: int) -> int:
         """Blocks ``run`` allocates over its steps 0..j."""
-        return _blocks_needed(run.c0a, run.l0, self.sched.manager.block_size, j)
+        return _blocks_needed(run.c0a, run.l0, self.sched.manager.block_size, j, run.rem)
 
     def cut(self, run: PendingRun, now: float) -> None:
         """A request is routed to this engine at ``now``, inside ``run`` (cut lazily): the run ends with
@@ -308,9 +337,13 @@ class DecodeRunner:
         run.k = k
         run.ends = run.ends[: k + 1]
 
-    def _price_steps(self, batch: list[Request], c0: np.ndarray, k: int):
+    def _price_steps(self, batch: list[Request], c0: np.ndarray, k: int, rem: np.ndarray | None = None):
         """Prices of k decode steps of ``batch`` (step j: every context c0 + j); from the batch's size and
-        context sum where the executor takes them, else through a plan."""
+        context sum where the executor takes them, else through a plan. With ``rem``, request i takes part
+        in steps j < rem_i only (the batch shrinks as requests finish)."""
+        if rem is not None and int(rem.min()) < k:
+            seqs, ctx = _shrinking_sums(c0, rem, k)
+            return self.executor.execute_decode_profile(seqs, ctx)
         sums = getattr(self.executor, "execute_decode_sums", None)
         if sums is not None:
             n = len(batch)
@@ -324,6 +357,8 @@ class DecodeRunner:
     def apply(self, run: PendingRun) -> list[Request]:
         """Do what single stepping does over the run's k steps (time is now ``run.end``); returns the
         requests finished at the last step."""
+        if int(run.rem.min()) < run.k:
+            return self._apply_through_finishes(run)
         sched = self.sched
         sched.drop_lane()   # the run moves the requests' counters past the decode lane's arrays
         mgr = sched.manager
@@ -363,6 +398,77 @@ class DecodeRunner:
             sched._finish(done, end)
         last = StepResult(float(run.durations[k - 1]), {key: float(v[k - 1]) for key, v in run.breakdown.items()})
         self.recorder.record_step(float(run.ends[k - 1]), DecodeStepView(n), last, sched)
+        return done
+
+    def _apply_through_finishes(self, run: PendingRun) -> list[Request]:
+        """``apply`` of a run whose requests finish at several of its steps (nobody waiting, no prefix
+        cache): request i computes its steps j < rem_i and finishes at the end of step rem_i - 1.
+
+        Its blocks leave the pool first, in (step, batch) order, then the finished requests are freed
+        step by step. The pool hands out blocks from the head of its free queue and takes freed ones at
+        the tail, and the run's blocks fit the free blocks at its start, so no freed block is handed out
+        again inside the run: the same blocks as single stepping. The per-step counters (rows, sums,
+        peaks) are those of single stepping: after the step's allocations, before (sums, peaks) or after
+        (rows) its finishes."""
+        sched = self.sched
+        sched.drop_lane()
+        mgr = sched.manager
+        k, batch, n0 = run.k, run.batch, len(run.batch)
+        rem, ends = run.rem, run.ends
+        held0 = mgr._held_tokens
+        used, beyond, logical = self._allocate_blocks(run, np.array(run.c0, dtype=np.int64), peaks=False)
+        last = rem - 1
+        ending = np.flatnonzero(last < k)
+        steps_done = np.unique(last[ending])
+        leaving = np.bincount(last[ending], minlength=k)   # requests whose last step is j
+        alive = n0 - (np.cumsum(leaving) - leaving)         # requests computing in step j
+        self._gaps(run, alive)   # (before the finished requests' last token times are written)
+        # the finishes, step by step (batch order within a step), and what each step's frees gave back
+        freed = np.zeros((k, 4), dtype=np.int64)   # used, beyond, logical, held tokens
+        c0, g0 = run.c0, run.g0
+        done: list[Request] = []
+        group_at = last[ending]
+        for j in steps_done.tolist():
+            at = ending[group_at == j].tolist()
+            group = [batch[i] for i in at]
+            t = float(ends[j + 1])
+            for i, req in zip(at, group):
+                r = int(rem[i])
+                req.num_computed_tokens = c0[i] + r
+                req.num_generated = g0[i] + r
+                req.last_token_s = t
+            before = (*mgr.decode_run_counters(), mgr._held_tokens)
+            sched._finish(group, t)
+            after = (*mgr.decode_run_counters(), mgr._held_tokens)
+            freed[j] = np.subtract(before, after)
+            if j == k - 1:
+                done = group
+        gone_before = np.cumsum(freed, axis=0) - freed   # freed at steps < j
+        used_pre = used - gone_before[:, 0]
+        logical_pre = logical - gone_before[:, 2]
+        mgr.note_decode_steps(alive, used_pre, logical_pre)
+        mgr.raise_peaks(int(used_pre.max()), int(logical_pre.max()))
+        if not run.eager:
+            self.write_back(run)
+        sched.step_index += k
+        n_last = int(alive[k - 1])
+        sched.stats = StepStats(num_decode_tokens=n_last, num_sampled=n_last)
+        if k > 1:
+            m = k - 1
+            bs = mgr.block_size
+            through = np.cumsum(freed, axis=0)[:m]           # freed at steps <= j: the rows are after them
+            u = used[:m] - through[:, 0]
+            b = beyond[:m] - through[:, 1]
+            ts = held0 + np.cumsum(alive)[:m] - through[:, 3]
+            n = alive[:m]
+            self.recorder.record_run(
+                ends[:m], run.durations[:m], batch_size=n, num_decode_tokens=n,
+                num_running=n - leaving[:m], num_waiting=run.waiting,
+                num_swapped=run.swapped, kv_blocks_used=u,
+                slots=(ts, u * bs - ts - b, b, np.zeros(m, dtype=np.int64), (mgr.num_blocks - u) * bs),
+                breakdown={key: v[:m] for key, v in run.breakdown.items()})
+        last_step = StepResult(float(run.durations[k - 1]), {key: float(v[k - 1]) for key, v in run.breakdown.items()})
+        self.recorder.record_step(float(ends[k - 1]), DecodeStepView(n_last), last_step, sched)
         return done
 
     def write_back(self, run: PendingRun) -> None:
@@ -414,12 +520,14 @@ class DecodeRunner:
         vals = np.where((idx >= 0)[:, None], snap[np.maximum(idx, 0)], np.array(start, dtype=np.int64)[None, :])
         return vals[:, 0], vals[:, 1], vals[:, 2]
 
-    def _allocate_blocks(self, run: PendingRun, c0: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _allocate_blocks(self, run: PendingRun, c0: np.ndarray,
+                         peaks: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Without a prefix cache: request i takes a block at steps L0_i * bs - c0_i + m * bs (its computed
         count reaches its table's capacity), one per boundary; all of them leave the pool in one call."""
         k, bs = run.k, self.sched.manager.block_size
         first = run.l0 * bs - c0
-        count = np.where(first < k, (k - 1 - first) // bs + 1, 0)
+        kk = np.minimum(run.rem, k)   # steps each request computes in (it finishes in step rem - 1)
+        count = np.where(first < kk, (kk - 1 - first) // bs + 1, 0)
         total = int(count.sum())
         if total == 0:
             pos = steps = np.zeros(0, dtype=np.int64)
@@ -432,10 +540,12 @@ class DecodeRunner:
         if total > 1:
             order = np.lexsort((pos, steps))
             pos, steps = pos[order], steps[order]
-        return self.sched.manager.allocate_decode_run(run.batch, pos, steps, (c0[pos] + steps) // bs + 1, k)
+        return self.sched.manager.allocate_decode_run(run.batch, pos, steps, (c0[pos] + steps) // bs + 1, k,
+                                                      peaks=peaks)
 
-    def _gaps(self, run: PendingRun) -> None:
-        """Inter-token gaps as ``update`` records them: regular when last_token == now - duration (float)."""
+    def _gaps(self, run: PendingRun, alive: np.ndarray | None = None) -> None:
+        """Inter-token gaps as ``update`` records them: regular when last_token == now - duration (float).
+        ``alive``: the requests in each step, where some finish before the run's last step."""
         gaps = self.sched.gaps
         k, n = run.k, len(run.batch)
         ends = run.ends
@@ -457,11 +567,12 @@ class DecodeRunner:
             gaps.step_gaps.append((dl[0], num0))
         if k == 1:
             return
+        counts = np.full(k, n, dtype=np.int64) if alive is None else alive
         if regular[1:].all():
-            gaps.step_gaps.extend_same(d[1:], n)
+            gaps.step_gaps.extend_arrays(d[1:], counts[1:])
             return
-        for j in range(1, k):
+        for j, m in zip(range(1, k), counts[1:].tolist()):
             if regular[j]:
-                gaps.step_gaps.append((dl[j], n))
+                gaps.step_gaps.append((dl[j], m))
             else:
-                gaps.other_gaps.extend([float(ends[j + 1] - ends[j])] * n)
+                gaps.other_gaps.extend([float(ends[j + 1] - ends[j])] * m)

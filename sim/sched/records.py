@@ -52,10 +52,10 @@ class StepGaps:
             durations.append(d)
             counts.append(n)
 
-    def extend_same(self, durations: np.ndarray, n: int) -> None:
-        """One pair ``(d, n)`` for each ``d`` of the float64 array ``durations`` (a decode run's steps)."""
+    def extend_arrays(self, durations: np.ndarray, counts: np.ndarray) -> None:
+        """The pairs of two equally long arrays (a decode run's steps), appended as their bytes."""
         self.durations.frombytes(np.ascontiguousarray(durations, dtype=np.float64).tobytes())
-        self.counts.frombytes(np.full(len(durations), n, dtype=np.int64).tobytes())
+        self.counts.frombytes(np.ascontiguousarray(counts, dtype=np.int64).tobytes())
 
     def __len__(self) -> int:
         return len(self.durations)

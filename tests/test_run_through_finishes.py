@@ -1,0 +1,106 @@
+"""Decode runs that go on past their requests' last tokens (nobody waiting): the batch shrinks as
+requests finish inside the run. The single-step path is the reference: same results bit for bit.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+from result_compare import assert_same
+from test_multi_step import SWAP_GB, both_ways
+
+import sim.sched.decode_run as decode_run
+from sim.executors.cost_model import make_cost_model_executor
+from sim.scenario import ExecutorConfig, scenario_from_dict
+
+
+@pytest.fixture
+def through_count(monkeypatch) -> dict[str, int]:
+    """Counts runs applied with finishes before their last step (and those finishes)."""
+    monkeypatch.setattr(decode_run, "MIN_RUN_STEPS", 1)
+    counts = {"runs": 0, "inner_finishes": 0}
+    apply = decode_run.DecodeRunner._apply_through_finishes
+
+    def counting(self, run):
+        counts["runs"] += 1
+        counts["inner_finishes"] += int((run.rem < run.k).sum())
+        return apply(self, run)
+
+    monkeypatch.setattr(decode_run.DecodeRunner, "_apply_through_finishes", counting)
+    return counts
+
+
+def test_shrinking_sums_count_each_request_until_its_last_step():
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        n = int(rng.integers(1, 12))
+        c0 = rng.integers(1, 500, n)
+        rem = rng.integers(1, 30, n)
+        k = int(rng.integers(1, 35))
+        seqs, ctx = decode_run._shrinking_sums(c0, rem, k)
+        for j in range(k):   # by hand: request i computes token c0_i + j (context c0_i + j + 1) while j < rem_i
+            alive = [i for i in range(n) if j < rem[i]]
+            assert seqs[j] == len(alive)
+            assert ctx[j] == sum(int(c0[i]) + j + 1 for i in alive)
+
+
+@pytest.mark.parametrize("calibration", [None, "roofline"])
+def test_profile_prices_equal_one_step_prices(calibration):
+    """Entry j of ``execute_decode_profile`` is ``execute_decode_sums`` of step j alone, bit for bit, on the
+    engine-level calibration and on the plain roofline."""
+    scn = scenario_from_dict({"model": "llama-2-7b", "hardware": "h100-80gb",
+                              "workload": {"requests": [{"prompt_len": 10, "output_len": 2}]}})
+    config = ExecutorConfig(calibration=calibration) if calibration else scn.executor
+    exe = make_cost_model_executor(model=scn.model_spec, hardware=scn.hardware_spec, config=config,
+                                   scheduler=scn.scheduler)
+    assert (exe.engine is None) == (calibration == "roofline")
+    seqs = np.array([40, 40, 39, 39, 39, 12, 3, 1], dtype=np.int64)
+    ctx = np.array([9000, 9040, 8900, 8939, 8978, 4000, 1200, 700], dtype=np.int64)
+    prof = exe.execute_decode_profile(seqs, ctx)
+    for j in range(len(seqs)):
+        one = exe.execute_decode_sums(int(seqs[j]), int(ctx[j]), 1)
+        assert prof.durations[j] == one.durations[0]
+        assert set(prof.breakdown) == set(one.breakdown)
+        assert all(prof.breakdown[key][j] == v[0] for key, v in one.breakdown.items())
+
+
+BASE = {"model": "tiny-llama", "hardware": "a100-80gb", "seed": 4,
+        "kv_cache": {"block_size": 4, "num_gpu_blocks": 400, "swap_space_gb": SWAP_GB},
+        "scheduler": {"max_num_seqs": 32},
+        "output": {"plots": False},
+        "workload": {"synthetic": {
+            "num_requests": 60, "arrival": {"process": "poisson", "rate": 40.0},
+            "prompt_len": {"dist": "uniform", "min": 4, "max": 60},
+            "output_len": {"dist": "uniform", "min": 1, "max": 200}}}}
+
+
+def _variant(name: str) -> dict:
+    data = copy.deepcopy(BASE)
+    if name == "tight_pool":   # the pool bound ends runs (then preemption by recompute)
+        data["kv_cache"]["num_gpu_blocks"] = 90
+    elif name == "shared_prefix":   # blocks shared by a prefix group: a finish frees only its own blocks
+        data["workload"]["synthetic"]["shared_prefix"] = {"groups": 2, "length": 16}
+    elif name == "sync_scheduling":
+        data["scheduler"]["async_scheduling"] = False
+    elif name == "priority":
+        data["scheduler"]["policy"] = "priority"
+        data["workload"]["synthetic"]["priority"] = {"dist": "uniform", "min": 0, "max": 3}
+    return data
+
+
+@pytest.mark.parametrize("name", ["plain", "tight_pool", "shared_prefix", "sync_scheduling", "priority"])
+def test_runs_through_finishes_equal_single_stepping(name, through_count):
+    single, multi = both_ways(_variant(name), check=True)
+    assert_same(single, multi)
+    assert through_count["runs"] > 0 and through_count["inner_finishes"] > through_count["runs"]
+
+
+def test_prefix_caching_keeps_runs_ending_at_finishes(through_count):
+    """A prefix cache takes freed blocks (eviction order): runs end with the first finish there."""
+    data = _variant("plain")
+    data["kv_cache"]["prefix_caching"] = True
+    single, multi = both_ways(data, check=True)
+    assert_same(single, multi)
+    assert through_count["runs"] == 0
