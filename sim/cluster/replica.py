@@ -79,6 +79,10 @@ class Replica:
         m = self.manager
         return (m.num_blocks - m.num_free_blocks() + self.engine.pending_blocks()) / m.num_blocks
 
+    def has_prefix_cache(self) -> bool:
+        """Whether this replica's KV manager keeps a prefix cache."""
+        return getattr(self.manager, "prefix_cache", None) is not None
+
     def cached_prefix_blocks(self, req: Request, hashes: list[int]) -> int:
         """How many leading full blocks of the prompt this replica's prefix cache holds (read-only)."""
         cache = getattr(self.manager, "prefix_cache", None)

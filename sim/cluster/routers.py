@@ -41,6 +41,7 @@ class ReplicaView(Protocol):
     def load(self) -> int: ...
     def kv_usage(self) -> float: ...
     def cached_prefix_blocks(self, req: Request, hashes: list[int]) -> int: ...
+    def has_prefix_cache(self) -> bool: ...
     @property
     def block_size(self) -> int: ...
 
@@ -70,6 +71,10 @@ class Router:
     def __init__(self, config, seed: int) -> None:
         self.config = config
         self.rng = np.random.default_rng(seed)
+
+    def attach(self, replicas: Sequence[ReplicaView]) -> None:
+        """Called once with the pool it will route to, before the first choice: a router may narrow what
+        it reads (``reads_*``) to what this pool has. The choices do not change."""
 
     def choose(self, req: Request, replicas: Sequence[ReplicaView]) -> int:
         raise NotImplementedError
@@ -131,6 +136,14 @@ class PowerOfTwo(Router):
 
 @register("prefix_affinity")
 class PrefixAffinity(Router):
+    """Reads loads and prefix caches; a pool without prefix caches (every hit 0: the choice is by load,
+    then index) is read for its loads only, so its decode runs go past arrivals (sim/cluster/runner.py)."""
+
+    reads_memory = False
+
+    def attach(self, replicas: Sequence[ReplicaView]) -> None:
+        self.reads_state = any(r.has_prefix_cache() for r in replicas)
+
     def choose(self, req: Request, replicas: Sequence[ReplicaView]) -> int:
         loads = [r.load() for r in replicas]
         floor = min(loads) + self.config.load_slack
@@ -139,6 +152,8 @@ class PrefixAffinity(Router):
         max_blocks = (req.prompt_len - 1) // bs
         if max_blocks <= 0 or len(among) == 1:
             return least_loaded(replicas, among)
+        if not self.reads_state:   # no prefix cache anywhere: every hit is 0
+            return min(among, key=lambda i: (loads[i], i))
         hashes = block_hashes(req, 0, max_blocks, bs, ROOT_HASH)
         hits = {i: replicas[i].cached_prefix_blocks(req, hashes) for i in among}
         return min(among, key=lambda i: (-hits[i], loads[i], i))

@@ -102,6 +102,7 @@ def _observed(router: Router, pool: list[Replica], requests: list[Request], lag:
     """Tell the replicas what ``router`` reads of them at each arrival (before their loops start): their
     prefix caches (decode runs stop before the step an arrival falls in), or only their loads and KV
     usage, known at any time from a run's arrays (runs go past arrivals; the one routed a request is cut)."""
+    router.attach(pool)
     if not (router.reads_load or router.reads_memory or router.reads_state):
         return router   # (its choices may be made ahead: _route_ahead)
     times = np.array(wake_times(requests, lag))
