@@ -183,6 +183,17 @@ class DecodeRunner:
             return sorted(running, key=lambda r: (r.priority, r.arrival_s, r.req_id))
         return list(running)
 
+    def _head_fits_anyway(self, n: int) -> bool:
+        """Whether the waiting head (``_head``) fits even if each of the ``n`` running requests takes a
+        block at step 0: then it is admitted next step and no run can start (``_price`` would find so
+        after a pass over the batch)."""
+        if self._head is None:
+            return False
+        mgr = self.sched.manager
+        head, num_new = self._head
+        need = -(-(head.num_computed_tokens + num_new) // mgr.block_size) - len(mgr.block_tables.get(head.req_id) or ())
+        return need <= mgr.pool.num_free - n
+
     def _arrival_limit(self, now: float, next_arrival: float, prev_duration: float) -> int:
         """Steps a run may price before the next arrival (an estimate from the last step's duration; the
         exact cut is made on the priced ends)."""
@@ -208,7 +219,7 @@ class DecodeRunner:
         if limit < self.min_steps or next_arrival <= now:   # (a fed engine not told of its next request)
             return None
         batch = self._batch()
-        if batch is None:
+        if batch is None or self._head_fits_anyway(len(batch)):
             return None
         if self._skip:   # the last attempts failed after their per-request work: back off
             self._skip -= 1
