@@ -28,20 +28,22 @@ import numpy as np
 
 from sim.request import Request
 
+# the integer columns, rows of one (5, n) array: a request joins or leaves all of them in one numpy call
+IDS, COMP, GEN, OUT, RANK = range(5)
+_STEP = np.array([[0], [1], [1], [0], [0]], dtype=np.int64)   # a decode step: computed and generated + 1
+
 
 class DecodeLane:
-    __slots__ = ("reqs", "ids", "comp", "gen", "out", "rank", "last", "last_all", "prefills", "prefill_ranks",
-                 "synced")
+    __slots__ = ("reqs", "cols", "last", "last_all", "prefills", "prefill_ranks", "synced")
 
     def __init__(self, reqs: list[Request], ranks: list[int], prefills: list[Request],
                  prefill_ranks: list[int]) -> None:
         n = len(reqs)
         self.reqs = reqs
-        self.ids = np.fromiter((r.req_id for r in reqs), np.int64, n)
-        self.comp = np.fromiter((r.num_computed_tokens for r in reqs), np.int64, n)
-        self.gen = np.fromiter((r.num_generated for r in reqs), np.int64, n)
-        self.out = np.fromiter((r.output_len for r in reqs), np.int64, n)
-        self.rank = np.array(ranks, dtype=np.int64)
+        flat = np.fromiter((x for r, rank in zip(reqs, ranks)
+                            for x in (r.req_id, r.num_computed_tokens, r.num_generated, r.output_len, rank)),
+                           np.int64, 5 * n)
+        self.cols = np.ascontiguousarray(flat.reshape(n, 5).T)
         self.last: np.ndarray | None = np.fromiter((r.last_token_s for r in reqs), np.float64, n)
         self.last_all = 0.0
         self.prefills = prefills
@@ -62,6 +64,27 @@ class DecodeLane:
     def __len__(self) -> int:
         return len(self.reqs)
 
+    @property
+    def ids(self) -> np.ndarray:
+        return self.cols[IDS]
+
+    @property
+    def comp(self) -> np.ndarray:
+        """Computed tokens (each decode's context before its step)."""
+        return self.cols[COMP]
+
+    @property
+    def gen(self) -> np.ndarray:
+        return self.cols[GEN]
+
+    @property
+    def out(self) -> np.ndarray:
+        return self.cols[OUT]
+
+    @property
+    def rank(self) -> np.ndarray:
+        return self.cols[RANK]
+
     def last_times(self) -> np.ndarray:
         if self.last is None:
             return np.full(len(self.reqs), self.last_all)
@@ -72,8 +95,9 @@ class DecodeLane:
         computed counts, and the positions among them whose next block is their table's final one, with
         slots past the request's last KV token (max_kv = prompt + output - 1 = comp - gen + out)."""
         idx = np.array(at, dtype=np.int64)
-        comp = self.comp[idx]
-        kv = comp - self.gen[idx] + self.out[idx]
+        sub = self.cols[:, idx]
+        comp = sub[COMP]
+        kv = comp - sub[GEN] + sub[OUT]
         last = (kv - 1) // block_size + 1          # blocks of the final table
         final = (comp // block_size + 1 == last) & (last * block_size != kv)
         return comp.tolist(), idx[final].tolist()
@@ -92,14 +116,11 @@ class DecodeLane:
             return False
         del self.prefills[i]
         rank = self.prefill_ranks.pop(i)
-        at = int(np.searchsorted(self.rank, rank))
+        at = int(np.searchsorted(self.cols[RANK], rank))
         self.last = _put(self.last_times(), at, req.last_token_s)
         self.reqs.insert(at, req)
-        self.ids = _put(self.ids, at, req.req_id)
-        self.comp = _put(self.comp, at, req.num_computed_tokens)
-        self.gen = _put(self.gen, at, req.num_generated)
-        self.out = _put(self.out, at, req.output_len)
-        self.rank = _put(self.rank, at, rank)
+        self.cols = _put_column(self.cols, at, (req.req_id, req.num_computed_tokens, req.num_generated,
+                                                req.output_len, rank))
         return True
 
     def finished_prefill(self, req: Request) -> bool:
@@ -114,18 +135,13 @@ class DecodeLane:
     def keep(self, mask: np.ndarray) -> None:
         """Drop the decodes where ``mask`` is False (they finished)."""
         self.reqs = [r for r, k in zip(self.reqs, mask.tolist()) if k]
-        self.ids = self.ids[mask]
-        self.comp = self.comp[mask]
-        self.gen = self.gen[mask]
-        self.out = self.out[mask]
-        self.rank = self.rank[mask]
+        self.cols = self.cols[:, mask]
         if self.last is not None:
             self.last = self.last[mask]
 
     def step(self, now: float) -> None:
         """Every decode computed one token and sampled one at ``now`` (the arrays; the requests at ``sync``)."""
-        self.comp = self.comp + 1
-        self.gen = self.gen + 1
+        self.cols = self.cols + _STEP   # (a new array: the step's plan keeps its contexts)
         self.last = None
         self.last_all = now
         self.synced = False
@@ -135,7 +151,7 @@ class DecodeLane:
         if self.synced:
             return
         last = self.last_times().tolist()
-        for req, c, g, t in zip(self.reqs, self.comp.tolist(), self.gen.tolist(), last):
+        for req, c, g, t in zip(self.reqs, self.cols[COMP].tolist(), self.cols[GEN].tolist(), last):
             req.num_computed_tokens = c
             req.num_generated = g
             req.last_token_s = t
@@ -145,7 +161,7 @@ class DecodeLane:
         """Write the arrays back to the requests at positions ``at`` (about to be read or to leave)."""
         if self.synced:
             return
-        reqs, comp, gen, last = self.reqs, self.comp, self.gen, self.last
+        reqs, comp, gen, last = self.reqs, self.cols[COMP], self.cols[GEN], self.last
         for i in at:
             req = reqs[i]
             req.num_computed_tokens = int(comp[i])
@@ -159,6 +175,16 @@ def _put(a: np.ndarray, at: int, value) -> np.ndarray:
     out[:at] = a[:at]
     out[at] = value
     out[at + 1:] = a[at:]
+    return out
+
+
+def _put_column(a: np.ndarray, at: int, values: tuple) -> np.ndarray:
+    """The 2-D ``a`` with the column ``values`` inserted before column ``at``."""
+    rows, n = a.shape
+    out = np.empty((rows, n + 1), dtype=a.dtype)
+    out[:, :at] = a[:, :at]
+    out[:, at] = values
+    out[:, at + 1:] = a[:, at:]
     return out
 
 
