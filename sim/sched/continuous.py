@@ -257,14 +257,15 @@ class ContinuousScheduler(SchedulerBase):
             self.drop_lane()   # the loop moves the requests past the arrays
             return None
         bs = manager.block_size
-        at = np.flatnonzero(lane.comp % bs == 0).tolist()
+        idx = np.flatnonzero(lane.comp % bs == 0)
+        at = idx.tolist()
         if at:
             if len(at) > manager.pool.num_free:   # each boundary takes at most one block
                 self.drop_lane()
                 return None
             reqs = lane.reqs
             # one block each, leaving the pool in batch order (allocate_slots' bookkeeping at once)
-            if manager.prefix_cache is not None or not manager.grow_full_tables(reqs, at, *lane.boundary(at, bs)):
+            if manager.prefix_cache is not None or not manager.grow_full_tables(reqs, at, *lane.boundary(idx, bs)):
                 lane.write(at)   # their counters are read by the allocation
                 allocate = manager.allocate_slots
                 for i in at:

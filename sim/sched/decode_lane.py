@@ -90,11 +90,10 @@ class DecodeLane:
             return np.full(len(self.reqs), self.last_all)
         return self.last
 
-    def boundary(self, at: list[int], block_size: int) -> tuple[list[int], list[int]]:
-        """For the decodes at positions ``at`` (each computed count a multiple of ``block_size``): their
+    def boundary(self, idx: np.ndarray, block_size: int) -> tuple[list[int], list[int]]:
+        """For the decodes at positions ``idx`` (each computed count a multiple of ``block_size``): their
         computed counts, and the positions among them whose next block is their table's final one, with
         slots past the request's last KV token (max_kv = prompt + output - 1 = comp - gen + out)."""
-        idx = np.array(at, dtype=np.int64)
         sub = self.cols[:, idx]
         comp = sub[COMP]
         kv = comp - sub[GEN] + sub[OUT]
