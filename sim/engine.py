@@ -131,6 +131,9 @@ class Engine:
         # cluster, a router that reads only loads and KV usage: decode runs go past arrivals (``arrival_times``: all
         # of the cluster's) and are cut (``cut_run``) only by one routed here (sim/sched/decode_run.py)
         self.cut_lazily = False
+        # ... and whether that router reads KV usage too (then runs end at finishes: the blocks a run
+        # would free inside are not counted by ``pending_blocks``)
+        self.memory_observed = False
         self.horizon = 16                         # arrivals a lazily cut run is priced for
         self._pending = None                      # the run being waited on (cut lazily; not applied yet)
         self._cutting = False                     # ... whose cut has been asked for
@@ -175,6 +178,15 @@ class Engine:
         if self._pending is not None and not self._cutting:
             self._cutting = True
             self._process.interrupt()
+
+    def pending_finished(self) -> int:
+        """Requests that the decode run being waited on (applied at its end) has finished by now: those
+        whose last step ended before now (a run goes on through finishes when nobody waits)."""
+        run = self._pending
+        if run is None or int(run.rem.min()) >= run.k:
+            return 0
+        inside = run.rem[run.rem <= run.k]
+        return int(np.count_nonzero(run.ends[inside] < self.env.now))
 
     def pending_blocks(self) -> int:
         """Blocks that the decode run being waited on (applied at its end) has taken by now: those of the
@@ -228,6 +240,7 @@ class Engine:
         lazy = self.cut_lazily
         runner = DecodeRunner(sched, self.executor, self.recorder, stop_before_arrival=self.observed_at_arrivals,
                               arrival_times=self.arrival_times, horizon=self.horizon, cut_lazily=lazy,
+                              memory_observed=lazy and self.memory_observed,
                               staging=self.async_scheduling) if self.multi_step else None
         self._runner = runner
         prev = 0.0   # the last step's duration (sizes a run's pricing call)

@@ -104,3 +104,20 @@ def test_prefix_caching_keeps_runs_ending_at_finishes(through_count):
     single, multi = both_ways(data, check=True)
     assert_same(single, multi)
     assert through_count["runs"] == 0
+
+
+@pytest.mark.parametrize("policy", ["least_requests", "power_of_two", "least_kv"])
+def test_cluster_routers_see_finishes_inside_runs(policy, through_count):
+    """Behind a router that reads loads, a replica's run goes on through finishes and past arrivals; the
+    load the router reads counts the finishes made by then (Engine.pending_finished), so every choice
+    is single stepping's. A router that reads KV usage keeps runs ending at finishes."""
+    data = _variant("plain")
+    data["workload"]["synthetic"]["num_requests"] = 120
+    data["cluster"] = {"replicas": 3, "router": {"policy": policy}}
+    single, multi = both_ways(data, check=True)
+    assert_same(single, multi)
+    assert (single.requests["replica"] == multi.requests["replica"]).all()
+    if policy == "least_kv":
+        assert through_count["runs"] == 0
+    else:
+        assert through_count["runs"] > 0

@@ -70,9 +70,10 @@ class Replica:
         self.engine.submit(req)
 
     def load(self) -> int:
-        """Requests submitted here and not yet finished or rejected (queued, staged or running)."""
+        """Requests submitted here and not yet finished or rejected (queued, staged or running), counting
+        the finishes of a decode run in progress by now."""
         s = self.engine.scheduler
-        return self.submitted - len(s.finished) - len(s.rejected)
+        return self.submitted - len(s.finished) - len(s.rejected) - self.engine.pending_finished()
 
     def kv_usage(self) -> float:
         """Used blocks / blocks, counting those a decode run in progress has taken by now."""

@@ -117,7 +117,7 @@ class DecodeRunner:
     def __init__(self, sched, executor, recorder, max_steps: int = MAX_RUN_STEPS,
                  min_steps: int | None = None, stop_before_arrival: bool = False,
                  arrival_times: np.ndarray | None = None, horizon: int = 16, cut_lazily: bool = False,
-                 staging: bool = False) -> None:
+                 staging: bool = False, memory_observed: bool = False) -> None:
         self.sched = sched
         self.executor = executor
         self.recorder = recorder
@@ -144,10 +144,11 @@ class DecodeRunner:
         self._skip = 0
         # with nobody waiting, a run may go on past its requests' last tokens (the batch shrinks as they
         # finish) where the executor prices such steps at once, no prefix cache reacts to the frees, and
-        # nobody reads the engine's state inside a run (a router reads finished counts and KV usage)
+        # no router reads the engine's caches or KV usage inside a run (one that reads loads counts the
+        # finishes a run has made by then: Engine.pending_finished)
         self.through_finishes = (callable(getattr(executor, "execute_decode_profile", None))
                                  and sched.manager.prefix_cache is None
-                                 and not (stop_before_arrival or cut_lazily))
+                                 and not stop_before_arrival and not memory_observed)
 
     # ------------------------------------------------------------ eligibility
     def _batch(self) -> list[Request] | None:
