@@ -183,10 +183,13 @@ class Engine:
         """Requests that the decode run being waited on (applied at its end) has finished by now: those
         whose last step ended before now (a run goes on through finishes when nobody waits)."""
         run = self._pending
-        if run is None or int(run.rem.min()) >= run.k:
+        if run is None:
             return 0
-        inside = run.rem[run.rem <= run.k]
-        return int(np.count_nonzero(run.ends[inside] < self.env.now))
+        times = run.finish_times()
+        now = self.env.now
+        if not len(times) or now <= times[0]:
+            return 0
+        return int(np.searchsorted(times, now, side="left"))
 
     def pending_blocks(self) -> int:
         """Blocks that the decode run being waited on (applied at its end) has taken by now: those of the

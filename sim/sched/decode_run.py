@@ -72,6 +72,14 @@ class PendingRun:
     eager: bool = False        # applied at plan time inside a chain: counters of survivors not written
     c0a: np.ndarray | None = None     # c0 and g0 as arrays (carried to the next run of a chain)
     g0a: np.ndarray | None = None
+    _finish_times: np.ndarray | None = None   # (finish_times' cache; dropped when the run is cut)
+
+    def finish_times(self) -> np.ndarray:
+        """When its requests that finish inside it do (the end of their last step), ascending."""
+        if self._finish_times is None:
+            rem = self.rem
+            self._finish_times = np.sort(self.ends[rem[rem <= self.k]])
+        return self._finish_times
 
     @property
     def end(self) -> float:
@@ -349,6 +357,7 @@ class DecodeRunner:
             raise AssertionError(f"decode run: cut at {now!r} outside its steps or at a step's end")
         run.k = k
         run.ends = run.ends[: k + 1]
+        run._finish_times = None
 
     def _price_steps(self, batch: list[Request], c0: np.ndarray, k: int, rem: np.ndarray | None = None):
         """Prices of k decode steps of ``batch`` (step j: every context c0 + j); from the batch's size and
