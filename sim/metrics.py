@@ -100,9 +100,12 @@ class Columns:
                     vals = np.repeat(np.array(parts, dtype=np.float64), lens)
                 elif len(kinds) == 1:
                     vals = np.concatenate(parts).astype(np.float64, copy=False)
-                else:
-                    vals = np.concatenate([np.broadcast_to(np.asarray(p, dtype=np.float64), (k,))
-                                           for p, k in zip(parts, lens.tolist())])
+                else:   # arrays and scalars: each part laid into its slice
+                    vals = np.empty(total, dtype=np.float64)
+                    at_run = 0
+                    for p, k in zip(parts, lens.tolist()):
+                        vals[at_run:at_run + k] = p
+                        at_run += k
                 col = block[:, i]
                 col[at] = vals
                 col[rest] = flat[:, i]

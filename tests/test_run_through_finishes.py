@@ -56,8 +56,8 @@ def test_profile_prices_equal_one_step_prices(calibration):
     exe = make_cost_model_executor(model=scn.model_spec, hardware=scn.hardware_spec, config=config,
                                    scheduler=scn.scheduler)
     assert (exe.engine is None) == (calibration == "roofline")
-    seqs = np.array([40, 40, 39, 39, 39, 12, 3, 1], dtype=np.int64)
-    ctx = np.array([9000, 9040, 8900, 8939, 8978, 4000, 1200, 700], dtype=np.int64)
+    seqs = np.array([40, 40, 39, 39, 39, 12, 3, 1, 12, 40], dtype=np.int64)   # (any order of sizes)
+    ctx = np.array([9000, 9040, 8900, 8939, 8978, 4000, 1200, 700, 3000, 7000], dtype=np.int64)
     prof = exe.execute_decode_profile(seqs, ctx)
     for j in range(len(seqs)):
         one = exe.execute_decode_sums(int(seqs[j]), int(ctx[j]), 1)

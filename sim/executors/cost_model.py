@@ -300,7 +300,10 @@ class CostModelExecutor:
         whose contexts (each counting the token computed) sum to ``dec_ctx[j]``. Entry j equals
         ``execute_decode_sums(seqs[j], dec_ctx[j], 1)`` bit for bit: the same formulas, element by element,
         with the per-size terms looked up once per distinct size."""
-        sizes, inv = np.unique(seqs, return_inverse=True)
+        # the sizes as runs of equal values (a shrinking batch: a few), each looked up once
+        starts = np.concatenate(([0], np.flatnonzero(seqs[1:] != seqs[:-1]) + 1))
+        sizes = seqs[starts]
+        inv = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, len(seqs))))
         zero = np.zeros(len(seqs))
         if self.engine is None:
             terms = np.array([(*self._linear(s), self._lm_head(s)) for s in sizes.tolist()])[inv]
