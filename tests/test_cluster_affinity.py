@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import pandas as pd
 import pytest
 from result_compare import assert_same
+from test_multi_step import cut_count  # noqa: F401  (a fixture, used by ``cuts``)
 
 import sim.sched.decode_run as decode_run
 from sim.cluster.config import RouterConfig
@@ -88,18 +89,11 @@ def _run(multi_step: bool):
 
 
 @pytest.fixture
-def cuts(monkeypatch) -> dict[str, int]:
-    """Counts decode runs cut by a request routed to their replica (runs that went past arrivals)."""
+def cuts(cut_count, monkeypatch) -> dict[str, int]:  # noqa: F811  (the imported fixture)
+    """Counts decode runs cut by a request routed to their replica (runs that went past arrivals), runs
+    of any length taken."""
     monkeypatch.setattr(decode_run, "MIN_RUN_STEPS", 1)
-    counts = {"cuts": 0}
-    cut = decode_run.DecodeRunner.cut
-
-    def counting(self, run, now):
-        counts["cuts"] += 1
-        return cut(self, run, now)
-
-    monkeypatch.setattr(decode_run.DecodeRunner, "cut", counting)
-    return counts
+    return cut_count
 
 
 def test_without_caches_runs_go_past_arrivals_with_the_same_results(cuts, monkeypatch) -> None:

@@ -272,43 +272,33 @@ class CostModelExecutor:
         """``execute_decode_run`` from what it reads of the plan: ``seqs`` decode sequences whose
         contexts (each counting the token computed) sum to ``ctx0`` at step 0."""
         dec_ctx = ctx0 + seqs * np.arange(k, dtype=np.int64)   # exact integers, as the loop sums them
-        zero = np.zeros(k)
-        if self.engine is None:
-            lin, comm = self._linear(seqs)
-            linear = lin + self._lm_head(seqs)
-            per_layer = np.maximum(self._attn_flops_per_pair * dec_ctx / self._attn_peak,
-                                   self._attn_kv_s * dec_ctx + self._attn_new_bytes * seqs / self._attn_bw) \
-                + self.params.kernel_latency_s
-            attention = self._layers * (per_layer + seqs * self._attn_seq + (seqs - seqs) * self._attn_pre_seq)
-            elementwise = self._layers * (seqs * self._elem_s_per_token + self._elem_fixed)
-            duration = linear + attention + elementwise + comm + 0.0 + 0.0 + self._overhead
-            overhead = zero + self._overhead
-        else:
-            e = self.engine
-            linear, comm, elementwise, k_attn, cpu = self._engine_fixed(seqs, seqs, False)
-            per_layer = 0.0 + ((dec_ctx + seqs * self._eng_half) * self._eng_kv_s + seqs * self._eng_qo_s + k_attn)
-            attention = self._layers * per_layer
-            gpu = linear + attention + elementwise + comm + e.sampler_s
-            busy = np.maximum(gpu, cpu) if e.overlap_cpu else gpu + cpu
-            duration = busy + e.step_gap_s + 0.0 + 0.0
-            overhead = duration - (linear + attention + elementwise + comm + 0.0 + 0.0)
-        return DecodeRun(duration, {"linear": zero + linear, "attention": attention, "elementwise": zero + elementwise,
-                                    "allreduce": zero + comm, "swap": zero, "copy": zero, "overhead": overhead})
+        return self._decode_prices(seqs, dec_ctx, self._size_terms(seqs))
 
     def execute_decode_profile(self, seqs: np.ndarray, dec_ctx: np.ndarray):
         """``k`` all-decode steps whose batch shrinks as requests finish: step j has ``seqs[j]`` sequences
         whose contexts (each counting the token computed) sum to ``dec_ctx[j]``. Entry j equals
         ``execute_decode_sums(seqs[j], dec_ctx[j], 1)`` bit for bit: the same formulas, element by element,
-        with the per-size terms looked up once per distinct size."""
-        # the sizes as runs of equal values (a shrinking batch: a few), each looked up once
+        with the per-size terms looked up once per run of equal sizes (a shrinking batch: a few)."""
         starts = np.concatenate(([0], np.flatnonzero(seqs[1:] != seqs[:-1]) + 1))
-        sizes = seqs[starts]
-        inv = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, len(seqs))))
-        zero = np.zeros(len(seqs))
+        per_run = np.array([self._size_terms(s) for s in seqs[starts].tolist()])
+        terms = np.repeat(per_run, np.diff(np.append(starts, len(seqs))), axis=0)
+        return self._decode_prices(seqs, dec_ctx, tuple(terms.T))
+
+    def _size_terms(self, seqs: int) -> tuple[float, ...]:
+        """The parts of a decode step that depend on its size only: (linear, allreduce) on the plain
+        roofline, (linear, allreduce, elementwise, attention kernel cost, cpu) on an engine calibration."""
         if self.engine is None:
-            terms = np.array([(*self._linear(s), self._lm_head(s)) for s in sizes.tolist()])[inv]
-            lin, comm, head = terms[:, 0], terms[:, 1], terms[:, 2]
-            linear = lin + head
+            lin, comm = self._linear(seqs)
+            return lin + self._lm_head(seqs), comm
+        return self._engine_fixed(seqs, seqs, False)
+
+    def _decode_prices(self, seqs, dec_ctx: np.ndarray, terms: tuple):
+        """Decode steps priced from their sizes ``seqs`` (an int or an array), context sums ``dec_ctx`` and
+        ``_size_terms`` (floats or arrays): the formulas of ``execute``'s all-decode step, element by
+        element."""
+        zero = np.zeros(len(dec_ctx))
+        if self.engine is None:
+            linear, comm = terms
             per_layer = np.maximum(self._attn_flops_per_pair * dec_ctx / self._attn_peak,
                                    self._attn_kv_s * dec_ctx + self._attn_new_bytes * seqs / self._attn_bw) \
                 + self.params.kernel_latency_s
@@ -318,8 +308,7 @@ class CostModelExecutor:
             overhead = zero + self._overhead
         else:
             e = self.engine
-            terms = np.array([self._engine_fixed(s, s, False) for s in sizes.tolist()])[inv]
-            linear, comm, elementwise, k_attn, cpu = (terms[:, i] for i in range(5))
+            linear, comm, elementwise, k_attn, cpu = terms
             per_layer = 0.0 + ((dec_ctx + seqs * self._eng_half) * self._eng_kv_s + seqs * self._eng_qo_s + k_attn)
             attention = self._layers * per_layer
             gpu = linear + attention + elementwise + comm + e.sampler_s
