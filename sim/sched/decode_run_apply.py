@@ -1,0 +1,264 @@
+"""Applying a decode run (sim/sched/decode_run.py plans and prices it): the counters, block tables,
+inter-token gaps, finishes and step rows that its k single steps would have produced.
+
+A run applies after its wait (or at once, inside a chain that ends before the next arrival). Its blocks
+leave the pool in (step, batch) order in one call; a run through finishes frees the finished requests
+step by step after them, which hands out the same block ids as single stepping (the free queue gives
+its head and takes freed blocks at its tail, and the run's blocks fit those free at its start).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from sim.request import Request
+from sim.sched.base import StepStats
+from sim.sched.plan import StepResult
+
+if TYPE_CHECKING:
+    from sim.sched.decode_run import PendingRun
+
+
+class DecodeStepView:
+    """What the recorder reads of an all-decode step's plan: its size and no block movement (a run
+    builds no per-request plan)."""
+
+    __slots__ = ("scheduled",)
+    blocks_to_copy = blocks_to_swap_out = blocks_to_swap_in = ()
+
+    def __init__(self, n: int) -> None:
+        self.scheduled = range(n)
+
+
+
+
+class DecodeRunApplier:
+    """The applying half of ``DecodeRunner`` (sim/sched/decode_run.py): a planned run's effects, as single
+    stepping would have made them step by step. Expects ``self.sched`` and ``self.recorder``."""
+
+    sched: Any
+    recorder: Any
+    def apply(self, run: PendingRun) -> list[Request]:
+        """Do what single stepping does over the run's k steps (time is now ``run.end``); returns the
+        requests finished at the last step."""
+        if int(run.rem.min()) < run.k:
+            return self._apply_through_finishes(run)
+        sched = self.sched
+        sched.drop_lane()   # the run moves the requests' counters past the decode lane's arrays
+        mgr = sched.manager
+        k, batch, n = run.k, run.batch, len(run.batch)
+        waiting, swapped = run.waiting, run.swapped
+        held0 = mgr._held_tokens
+        used, beyond, logical = self._allocate(run)
+        if run.blocked_head is not None:   # allocate_slots' failed attempt leaves an empty table behind
+            mgr.block_tables.setdefault(run.blocked_head.req_id, [])
+        mgr.note_decode_run(n, used, logical)
+        self._gaps(run)
+        end = run.end
+        finished = np.flatnonzero(run.rem == k).tolist()
+        c0, g0 = run.c0, run.g0
+        for i in finished:
+            req = batch[i]
+            req.num_computed_tokens = c0[i] + k
+            req.num_generated = g0[i] + k
+            req.last_token_s = end
+        if not run.eager:   # chained: the survivors' counters are written once the chain ends
+            self.write_back(run)
+        sched.step_index += k
+        sched.stats = StepStats(num_decode_tokens=n, num_sampled=n)
+        if k > 1:
+            m = k - 1
+            bs = mgr.block_size
+            ts = held0 + n * np.arange(1, k, dtype=np.int64)
+            u = used[:m]
+            self.recorder.record_run(
+                run.ends[:m], run.durations[:m], batch_size=n, num_decode_tokens=n, num_running=n,
+                num_waiting=waiting, num_swapped=swapped, kv_blocks_used=u,
+                slots=(ts, u * bs - ts - beyond[:m], beyond[:m], np.zeros(m, dtype=np.int64),
+                       (mgr.num_blocks - u) * bs),
+                breakdown={key: v[:m] for key, v in run.breakdown.items()})
+        done = [batch[i] for i in finished]
+        if done:
+            sched._finish(done, end)
+        last = StepResult(float(run.durations[k - 1]), {key: float(v[k - 1]) for key, v in run.breakdown.items()})
+        self.recorder.record_step(float(run.ends[k - 1]), DecodeStepView(n), last, sched)
+        return done
+
+    def _apply_through_finishes(self, run: PendingRun) -> list[Request]:
+        """``apply`` of a run whose requests finish at several of its steps (nobody waiting, no prefix
+        cache): request i computes its steps j < rem_i and finishes at the end of step rem_i - 1.
+
+        Its blocks leave the pool first, in (step, batch) order, then the finished requests are freed
+        step by step. The pool hands out blocks from the head of its free queue and takes freed ones at
+        the tail, and the run's blocks fit the free blocks at its start, so no freed block is handed out
+        again inside the run: the same blocks as single stepping. The per-step counters (rows, sums,
+        peaks) are those of single stepping: after the step's allocations, before (sums, peaks) or after
+        (rows) its finishes."""
+        sched = self.sched
+        sched.drop_lane()
+        mgr = sched.manager
+        k, batch, n0 = run.k, run.batch, len(run.batch)
+        rem, ends = run.rem, run.ends
+        held0 = mgr._held_tokens
+        used, beyond, logical = self._allocate_blocks(run, np.array(run.c0, dtype=np.int64), peaks=False)
+        last = rem - 1
+        ending = np.flatnonzero(last < k)
+        steps_done = np.unique(last[ending])
+        leaving = np.bincount(last[ending], minlength=k)   # requests whose last step is j
+        alive = n0 - (np.cumsum(leaving) - leaving)         # requests computing in step j
+        self._gaps(run, alive)   # (before the finished requests' last token times are written)
+        # the finishes, step by step (batch order within a step), and what each step's frees gave back
+        freed = np.zeros((k, 4), dtype=np.int64)   # used, beyond, logical, held tokens
+        c0, g0 = run.c0, run.g0
+        done: list[Request] = []
+        group_at = last[ending]
+        for j in steps_done.tolist():
+            at = ending[group_at == j].tolist()
+            group = [batch[i] for i in at]
+            t = float(ends[j + 1])
+            for i, req in zip(at, group):
+                r = int(rem[i])
+                req.num_computed_tokens = c0[i] + r
+                req.num_generated = g0[i] + r
+                req.last_token_s = t
+            before = (*mgr.decode_run_counters(), mgr._held_tokens)
+            sched._finish(group, t)
+            after = (*mgr.decode_run_counters(), mgr._held_tokens)
+            freed[j] = np.subtract(before, after)
+            if j == k - 1:
+                done = group
+        gone_before = np.cumsum(freed, axis=0) - freed   # freed at steps < j
+        used_pre = used - gone_before[:, 0]
+        logical_pre = logical - gone_before[:, 2]
+        mgr.note_decode_steps(alive, used_pre, logical_pre)
+        mgr.raise_peaks(int(used_pre.max()), int(logical_pre.max()))
+        if not run.eager:
+            self.write_back(run)
+        sched.step_index += k
+        n_last = int(alive[k - 1])
+        sched.stats = StepStats(num_decode_tokens=n_last, num_sampled=n_last)
+        if k > 1:
+            m = k - 1
+            bs = mgr.block_size
+            through = np.cumsum(freed, axis=0)[:m]           # freed at steps <= j: the rows are after them
+            u = used[:m] - through[:, 0]
+            b = beyond[:m] - through[:, 1]
+            ts = held0 + np.cumsum(alive)[:m] - through[:, 3]
+            n = alive[:m]
+            self.recorder.record_run(
+                ends[:m], run.durations[:m], batch_size=n, num_decode_tokens=n,
+                num_running=n - leaving[:m], num_waiting=run.waiting,
+                num_swapped=run.swapped, kv_blocks_used=u,
+                slots=(ts, u * bs - ts - b, b, np.zeros(m, dtype=np.int64), (mgr.num_blocks - u) * bs),
+                breakdown={key: v[:m] for key, v in run.breakdown.items()})
+        last_step = StepResult(float(run.durations[k - 1]), {key: float(v[k - 1]) for key, v in run.breakdown.items()})
+        self.recorder.record_step(float(ends[k - 1]), DecodeStepView(n_last), last_step, sched)
+        return done
+
+    def write_back(self, run: PendingRun) -> None:
+        """Write the counters of the requests ``run`` did not finish (at once for a run applied after its
+        wait; at the end of a chain for runs applied eagerly)."""
+        k, end = run.k, run.end
+        self.sched.drop_lane()
+        for req, c, g, r in zip(run.batch, run.c0, run.g0, run.rem.tolist()):
+            if r > k:
+                req.num_computed_tokens = c + k
+                req.num_generated = g + k
+                req.last_token_s = end
+
+    def _allocate(self, run: PendingRun) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Call allocate_slots where single stepping would (a request at a block boundary), in step then
+        batch order; returns per step the (used, beyond-final, logical) block counters after it."""
+        sched = self.sched
+        mgr = sched.manager
+        k, batch = run.k, run.batch
+        bs = mgr.block_size
+        c0 = np.array(run.c0, dtype=np.int64)
+        if mgr.prefix_cache is None:   # only the blocks matter: allocate them in one call
+            return self._allocate_blocks(run, c0)
+        first = (-c0) % bs                                   # first step whose computed count % bs == 0
+        count = np.where(first < k, (k - 1 - first) // bs + 1, 0)
+        total = int(count.sum())
+        if total:
+            pos = np.repeat(np.arange(len(batch)), count)
+            offset = np.arange(total) - np.repeat(np.cumsum(count) - count, count)
+            steps = np.repeat(first, count) + offset * bs
+            order = np.lexsort((pos, steps))
+            pos, steps = pos[order], steps[order]
+        start = mgr.decode_run_counters()
+        snap = np.empty((k, 3), dtype=np.int64)
+        have = np.zeros(k, dtype=bool)
+        if total:
+            allocate = mgr.allocate_slots
+            counters = mgr.decode_run_counters
+            c0l, g0l = run.c0, run.g0
+            for j, p in zip(steps.tolist(), pos.tolist()):
+                req = batch[p]
+                req.num_computed_tokens = c0l[p] + j
+                req.num_generated = g0l[p] + j
+                if not allocate(req, 1):
+                    raise AssertionError("decode run: the pool bound promised this block")
+                snap[j] = counters()
+                have[j] = True
+        idx = np.maximum.accumulate(np.where(have, np.arange(k), -1))
+        vals = np.where((idx >= 0)[:, None], snap[np.maximum(idx, 0)], np.array(start, dtype=np.int64)[None, :])
+        return vals[:, 0], vals[:, 1], vals[:, 2]
+
+    def _allocate_blocks(self, run: PendingRun, c0: np.ndarray,
+                         peaks: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Without a prefix cache: request i takes a block at steps L0_i * bs - c0_i + m * bs (its computed
+        count reaches its table's capacity), one per boundary; all of them leave the pool in one call."""
+        k, bs = run.k, self.sched.manager.block_size
+        first = run.l0 * bs - c0
+        kk = np.minimum(run.rem, k)   # steps each request computes in (it finishes in step rem - 1)
+        count = np.where(first < kk, (kk - 1 - first) // bs + 1, 0)
+        total = int(count.sum())
+        if total == 0:
+            pos = steps = np.zeros(0, dtype=np.int64)
+        elif int(count.max()) == 1:
+            pos = np.flatnonzero(count)
+            steps = first[pos]
+        else:
+            pos = np.repeat(np.arange(len(c0)), count)
+            steps = np.repeat(first, count) + (np.arange(total) - np.repeat(np.cumsum(count) - count, count)) * bs
+        if total > 1:
+            order = np.lexsort((pos, steps))
+            pos, steps = pos[order], steps[order]
+        return self.sched.manager.allocate_decode_run(run.batch, pos, steps, (c0[pos] + steps) // bs + 1, k,
+                                                      peaks=peaks)
+
+    def _gaps(self, run: PendingRun, alive: np.ndarray | None = None) -> None:
+        """Inter-token gaps as ``update`` records them: regular when last_token == now - duration (float).
+        ``alive``: the requests in each step, where some finish before the run's last step."""
+        gaps = self.sched.gaps
+        k, n = run.k, len(run.batch)
+        ends = run.ends
+        d = run.durations[:k]
+        back = ends[1:] - d                       # update's step_start = now - duration
+        regular = back == ends[:k]
+        dl = d.tolist()
+        # step 0: each request's last token time decides
+        if run.last_token is None:
+            lt = np.fromiter((r.last_token_s for r in run.batch), np.float64, n)
+        else:   # chained: every request sampled at the previous run's end
+            lt = np.full(n, run.last_token)
+        reg0 = lt == back[0]
+        num0 = int(reg0.sum())
+        if num0 < n:
+            now = ends[1]
+            gaps.other_gaps.extend((now - lt[~reg0]).tolist())
+        if num0:
+            gaps.step_gaps.append((dl[0], num0))
+        if k == 1:
+            return
+        counts = np.full(k, n, dtype=np.int64) if alive is None else alive
+        if regular[1:].all():
+            gaps.step_gaps.extend_arrays(d[1:], counts[1:])
+            return
+        for j, m in zip(range(1, k), counts[1:].tolist()):
+            if regular[j]:
+                gaps.step_gaps.append((dl[j], m))
+            else:
+                gaps.other_gaps.extend([float(ends[j + 1] - ends[j])] * m)
