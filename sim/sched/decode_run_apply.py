@@ -102,19 +102,19 @@ class DecodeRunApplier:
         k, batch, n0 = run.k, run.batch, len(run.batch)
         rem, ends = run.rem, run.ends
         held0 = mgr._held_tokens
-        used, beyond, logical = self._allocate_blocks(run, np.array(run.c0, dtype=np.int64), peaks=False)
+        c0a = run.c0a if run.c0a is not None else np.array(run.c0, dtype=np.int64)
+        used, beyond, logical = self._allocate_blocks(run, c0a, peaks=False)
         last = rem - 1
         ending = np.flatnonzero(last < k)
-        steps_done = np.unique(last[ending])
-        leaving = np.bincount(last[ending], minlength=k)   # requests whose last step is j
+        group_at = last[ending]                              # the step each of them finishes in
+        leaving = np.bincount(group_at, minlength=k)        # requests whose last step is j
         alive = n0 - (np.cumsum(leaving) - leaving)         # requests computing in step j
         self._gaps(run, alive)   # (before the finished requests' last token times are written)
         # the finishes, step by step (batch order within a step), and what each step's frees gave back
         freed = np.zeros((k, 4), dtype=np.int64)   # used, beyond, logical, held tokens
         c0, g0 = run.c0, run.g0
         done: list[Request] = []
-        group_at = last[ending]
-        for j in steps_done.tolist():
+        for j in np.unique(group_at).tolist():
             at = ending[group_at == j].tolist()
             group = [batch[i] for i in at]
             t = float(ends[j + 1])
@@ -129,7 +129,8 @@ class DecodeRunApplier:
             freed[j] = np.subtract(before, after)
             if j == k - 1:
                 done = group
-        gone_before = np.cumsum(freed, axis=0) - freed   # freed at steps < j
+        freed_through = np.cumsum(freed, axis=0)          # freed at steps <= j
+        gone_before = freed_through - freed               # freed at steps < j
         used_pre = used - gone_before[:, 0]
         logical_pre = logical - gone_before[:, 2]
         mgr.note_decode_steps(alive, used_pre, logical_pre)
@@ -142,7 +143,7 @@ class DecodeRunApplier:
         if k > 1:
             m = k - 1
             bs = mgr.block_size
-            through = np.cumsum(freed, axis=0)[:m]           # freed at steps <= j: the rows are after them
+            through = freed_through[:m]                      # the rows are after their step's finishes
             u = used[:m] - through[:, 0]
             b = beyond[:m] - through[:, 1]
             ts = held0 + np.cumsum(alive)[:m] - through[:, 3]
