@@ -5,11 +5,12 @@ requests finish inside the run. The single-step path is the reference: same resu
 from __future__ import annotations
 
 import copy
+import random
 
 import numpy as np
 import pytest
 from result_compare import assert_same
-from test_multi_step import SWAP_GB, both_ways
+from test_multi_step import SWAP_GB, _outcome, both_ways
 
 import sim.sched.decode_run as decode_run
 from sim.executors.cost_model import make_cost_model_executor
@@ -121,3 +122,40 @@ def test_cluster_routers_see_finishes_inside_runs(policy, through_count):
         assert through_count["runs"] == 0
     else:
         assert through_count["runs"] > 0
+
+
+def _random_case(rng: random.Random) -> dict:
+    """A small random engine: block sizes, pool sizes, batch limits, policies, preemption modes, sync or
+    async scheduling, shared prefixes and both calibrations."""
+    data = {"model": rng.choice(["tiny-llama", "llama-3-8b"]), "hardware": rng.choice(["a100-80gb", "h100-80gb"]),
+            "seed": rng.randrange(100),
+            "kv_cache": {"block_size": rng.choice([1, 2, 4, 8, 16]), "num_gpu_blocks": rng.choice([40, 90, 200, 600]),
+                         "swap_space_gb": SWAP_GB},
+            "scheduler": {"max_num_seqs": rng.choice([2, 4, 8, 32]), "policy": rng.choice(["fcfs", "priority", "round_robin"]),
+                          "chunked_prefill": rng.random() < 0.5, "async_scheduling": rng.random() < 0.5,
+                          "preemption": rng.choice(["recompute", "swap"])},
+            "output": {"plots": False},
+            "workload": {"synthetic": {
+                "num_requests": rng.choice([20, 60]),
+                "arrival": {"process": "poisson", "rate": rng.choice([2.0, 20.0, 200.0])},
+                "prompt_len": {"dist": "uniform", "min": 1, "max": rng.choice([8, 60, 200])},
+                "output_len": {"dist": "uniform", "min": 1, "max": rng.choice([5, 50, 300])}}}}
+    if data["scheduler"]["policy"] == "priority":
+        data["workload"]["synthetic"]["priority"] = {"dist": "uniform", "min": 0, "max": 3}
+    if rng.random() < 0.3:
+        data["workload"]["synthetic"]["shared_prefix"] = {"groups": 2, "length": rng.choice([4, 16])}
+    if rng.random() < 0.2:
+        data["executor"] = {"calibration": "roofline"}
+    return data
+
+
+def test_random_engines_equal_single_stepping(through_count):
+    """A few dozen random small engines (the fuzzer's cases rarely run with nobody waiting)."""
+    for i in range(24):
+        data = _random_case(random.Random(f"through-finishes-{i}"))
+        single, multi = _outcome(data, False), _outcome(data, True)
+        if isinstance(single, str) or isinstance(multi, str):
+            assert single == multi, f"case {i}"
+        else:
+            assert_same(single, multi)
+    assert through_count["runs"] > 24
