@@ -167,15 +167,19 @@ def _outcome(data: dict, multi: bool) -> Result | str:
         return f"{type(e).__name__}: {e}"
 
 
+def assert_same_outcomes(data: dict, case: str) -> None:
+    """Single stepping and multi-step give the same results, or fail with the same error."""
+    single, multi = _outcome(data, False), _outcome(data, True)
+    if isinstance(single, str) or isinstance(multi, str):
+        assert single == multi, case
+    else:
+        assert_same(single, multi)
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_fuzz_cases_equal(seed, run_count):
     for i in range(100):
-        data = draw_scenario(random.Random(f"multi-step-{seed}:{i}"), i)
-        single, multi = _outcome(data, False), _outcome(data, True)
-        if isinstance(single, str) or isinstance(multi, str):
-            assert single == multi, f"case {i}"
-        else:
-            assert_same(single, multi)
+        assert_same_outcomes(draw_scenario(random.Random(f"multi-step-{seed}:{i}"), i), f"case {i}")
     assert run_count["runs"] > 0
 
 

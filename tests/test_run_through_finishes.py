@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 from result_compare import assert_same
-from test_multi_step import SWAP_GB, _outcome, both_ways
+from test_multi_step import SWAP_GB, assert_same_outcomes, both_ways
 
 import sim.sched.decode_run as decode_run
 from sim.executors.cost_model import make_cost_model_executor
@@ -152,10 +152,5 @@ def _random_case(rng: random.Random) -> dict:
 def test_random_engines_equal_single_stepping(through_count):
     """A few dozen random small engines (the fuzzer's cases rarely run with nobody waiting)."""
     for i in range(24):
-        data = _random_case(random.Random(f"through-finishes-{i}"))
-        single, multi = _outcome(data, False), _outcome(data, True)
-        if isinstance(single, str) or isinstance(multi, str):
-            assert single == multi, f"case {i}"
-        else:
-            assert_same(single, multi)
+        assert_same_outcomes(_random_case(random.Random(f"through-finishes-{i}")), f"case {i}")
     assert through_count["runs"] > 24
