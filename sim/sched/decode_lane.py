@@ -93,13 +93,14 @@ class DecodeLane:
     def boundary(self, idx: np.ndarray, block_size: int) -> tuple[list[int], list[int]]:
         """For the decodes at positions ``idx`` (each computed count a multiple of ``block_size``): their
         computed counts, and the positions among them whose next block is their table's final one, with
-        slots past the request's last KV token (max_kv = prompt + output - 1 = comp - gen + out)."""
+        slots past the request's last KV token.
+
+        With comp = m x block_size and r = out - gen >= 1 tokens of KV still to come (max_kv = prompt +
+        output - 1 = comp + r), the table of m + 1 blocks is the final one iff r <= block_size, and that
+        block has slots to spare iff r is not a multiple of block_size: both iff r < block_size."""
         sub = self.cols[:, idx]
-        comp = sub[COMP]
-        kv = comp - sub[GEN] + sub[OUT]
-        last = (kv - 1) // block_size + 1          # blocks of the final table
-        final = (comp // block_size + 1 == last) & (last * block_size != kv)
-        return comp.tolist(), idx[final].tolist()
+        final = sub[OUT] - sub[GEN] < block_size
+        return sub[COMP].tolist(), idx[final].tolist()
 
     # ------------------------------------------------------------ changes the lane follows
     def joined(self, req: Request, rank: int) -> None:
