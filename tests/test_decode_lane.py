@@ -115,7 +115,7 @@ def test_a_prefilled_request_joins_the_decodes_at_its_running_position():
     assert [r.req_id for r in lane.reqs] == [1, 4, 2, 3]   # rank 1: between a and b
     assert lane.comp.tolist() == [13, 30, 21, 12] and lane.rank.tolist() == [0, 1, 2, 3]
     assert lane.last_times().tolist() == [2.0] * 4
-    lane.keep(np.array([True, False, True, False]))
+    lane.drop([1, 3], np.array([True, False, True, False]))
     assert [r.req_id for r in lane.reqs] == [1, 2] and lane.out.tolist() == [50, 50]
 
 

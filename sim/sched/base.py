@@ -253,7 +253,7 @@ class SchedulerBase:
             at = np.flatnonzero(over).tolist()
             lane.write(at)
             done.extend(reqs[i] for i in at)
-            lane.keep(~over)
+            lane.drop(at, ~over)
         return regular, n, n
 
     def sync_lane(self) -> None:

@@ -132,9 +132,11 @@ class DecodeLane:
         del self.prefill_ranks[i]
         return True
 
-    def keep(self, mask: np.ndarray) -> None:
-        """Drop the decodes where ``mask`` is False (they finished)."""
-        self.reqs = [r for r, k in zip(self.reqs, mask.tolist()) if k]
+    def drop(self, at: list[int], mask: np.ndarray) -> None:
+        """Drop the decodes at positions ``at`` (ascending; ``mask`` is False exactly there): they finished."""
+        reqs = self.reqs
+        for i in reversed(at):
+            del reqs[i]
         self.cols = self.cols[:, mask]
         if self.last is not None:
             self.last = self.last[mask]
