@@ -38,10 +38,10 @@ class Columns:
     """Growable float64 columns; integers up to 2**53 are exact.
 
     Rows are queued, not written: ``append`` queues one row as a tuple (far cheaper than writing one numpy
-    row), ``extend`` the rows of a decode run given column by column (arrays of its length, or scalars).
-    Once ``FLUSH_ROWS`` rows are queued, and before any read, the queue is laid into the arrays in
-    append order: the tuples in one ``fromiter``, the runs one concatenation (or repeat, for a column of
-    scalars) per column, scattered to their rows."""
+    row), ``extend`` the rows of a decode run given column by column (arrays of its length, or scalars),
+    laid at once into a block of its own. The queue is kept as segments in append order: a stretch of
+    single rows becomes one block (one ``fromiter``) when a run follows it or at a flush. Once
+    ``FLUSH_ROWS`` rows are queued, and before any read, the segments are joined into the arrays."""
 
     FLUSH_ROWS = 8192
 
@@ -51,9 +51,9 @@ class Columns:
         # so that growing costs no copies
         self._blocks: list[np.ndarray] = []
         self._stored = 0                    # rows in ``_blocks``
-        self._rows: list[tuple] = []        # queued single rows, oldest first
-        self._runs: list[tuple[int, int, list]] = []   # queued runs: (queued rows before it, rows, columns)
-        self._queued = 0                    # rows queued (single and in runs)
+        self._rows: list[tuple] = []        # queued single rows not yet in a segment, oldest first
+        self._segments: list[np.ndarray] = []   # queued (rows, width) blocks, oldest first
+        self._queued = 0                    # rows queued (single and in segments)
         self._released = False              # the rows were handed over by ``read(release=True)``
 
     @property
@@ -66,53 +66,41 @@ class Columns:
         if self._queued >= self.FLUSH_ROWS:
             self._flush()
 
-    def extend(self, cols: list) -> None:
-        """Queue ``m`` rows given column by column (arrays of length m, the first one an array; or scalars)."""
-        m = len(cols[0])
-        self._runs.append((self._queued, m, cols))
+    def extend(self, cols: list, m: int | None = None) -> None:
+        """Queue ``m`` rows given column by column (arrays of length m, or scalars; without ``m``, the first
+        one an array)."""
+        if m is None:
+            m = len(cols[0])
+        if self._rows:
+            self._close_rows()
+        block = np.zeros((self.width, m), dtype=np.float64)   # column-major: each column one contiguous row
+        for i, c in enumerate(cols):
+            if isinstance(c, np.ndarray) or c:   # (a scalar 0 is already there)
+                block[i] = c
+        self._segments.append(block.T)
         self._queued += m
         if self._queued >= self.FLUSH_ROWS:
             self._flush()
+
+    def _close_rows(self) -> None:
+        """The queued single rows as one segment."""
+        rows = self._rows
+        flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.float64, count=len(rows) * self.width)
+        self._segments.append(flat.reshape(len(rows), self.width))
+        rows.clear()
 
     def _flush(self) -> None:
         """Write the queued rows into the arrays, in the order they were queued (values as float64)."""
         m = self._queued
         if not m:
             return
-        width = self.width
-        block = np.empty((m, width), dtype=np.float64, order="F")
-        rows, runs = self._rows, self._runs
-        flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.float64, count=len(rows) * width)
-        flat = flat.reshape(len(rows), width)
-        if not runs:
-            block[:] = flat
-        else:
-            lens = np.array([r[1] for r in runs], dtype=np.int64)
-            starts = np.array([r[0] for r in runs], dtype=np.int64)
-            total = int(lens.sum())
-            at = np.repeat(starts - (np.cumsum(lens) - lens), lens) + np.arange(total, dtype=np.int64)
-            single = np.ones(m, dtype=bool)
-            single[at] = False
-            rest = np.flatnonzero(single)
-            for i, parts in enumerate(zip(*[r[2] for r in runs])):
-                kinds = set(map(type, parts))
-                if np.ndarray not in kinds:   # scalars (ints, floats) only
-                    vals = np.repeat(np.array(parts, dtype=np.float64), lens)
-                elif len(kinds) == 1:
-                    vals = np.concatenate(parts).astype(np.float64, copy=False)
-                else:   # arrays and scalars: each part laid into its slice
-                    vals = np.empty(total, dtype=np.float64)
-                    at_run = 0
-                    for p, k in zip(parts, lens.tolist()):
-                        vals[at_run:at_run + k] = p
-                        at_run += k
-                col = block[:, i]
-                col[at] = vals
-                col[rest] = flat[:, i]
+        if self._rows:
+            self._close_rows()
+        block = np.empty((m, self.width), dtype=np.float64, order="F")
+        np.concatenate(self._segments, out=block)
         self._blocks.append(block)
         self._stored += m
-        rows.clear()
-        runs.clear()
+        self._segments.clear()
         self._queued = 0
 
     def read(self, dtypes: list, release: bool = False) -> list[np.ndarray]:
@@ -207,7 +195,7 @@ class Recorder:
         if breakdown:
             if self.breakdown is None:
                 self._start_breakdown(list(breakdown))
-            self.breakdown.extend([breakdown.get(k, np.zeros(m)) for k in self.breakdown_keys])
+            self.breakdown.extend([breakdown[k] if k in breakdown else 0.0 for k in self.breakdown_keys], m)
 
     def steps_frame(self, release: bool = False) -> pd.DataFrame:
         """The per-step table. ``release``: hand the recorded rows over to the table (each block of rows

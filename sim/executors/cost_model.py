@@ -279,10 +279,13 @@ class CostModelExecutor:
         whose contexts (each counting the token computed) sum to ``dec_ctx[j]``. Entry j equals
         ``execute_decode_sums(seqs[j], dec_ctx[j], 1)`` bit for bit: the same formulas, element by element,
         with the per-size terms looked up once per run of equal sizes (a shrinking batch: a few)."""
-        starts = np.concatenate(([0], np.flatnonzero(seqs[1:] != seqs[:-1]) + 1))
-        per_run = np.array([self._size_terms(s) for s in seqs[starts].tolist()])
-        terms = np.repeat(per_run, np.diff(np.append(starts, len(seqs))), axis=0)
-        return self._decode_prices(seqs, dec_ctx, tuple(terms.T))
+        new_size = np.empty(len(seqs), dtype=np.int64)   # 1 where a step's size differs from the last
+        new_size[0] = 0
+        np.not_equal(seqs[1:], seqs[:-1], out=new_size[1:])
+        which = np.cumsum(new_size)                         # each step's run of equal sizes
+        sizes = seqs[np.flatnonzero(new_size)].tolist()
+        per_run = np.array([self._size_terms(int(seqs[0])), *map(self._size_terms, sizes)])
+        return self._decode_prices(seqs, dec_ctx, tuple(per_run[which].T))
 
     def _size_terms(self, seqs: int) -> tuple[float, ...]:
         """The parts of a decode step that depend on its size only: (linear, allreduce) on the plain

@@ -136,13 +136,15 @@ class KVCacheManager(SharingMixin):
         p["logical"] = max(p["logical"], logical)
 
     def allocate_decode_run(self, reqs: list[Request], pos: np.ndarray, steps: np.ndarray, new_len: np.ndarray,
-                            k: int, peaks: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                            k: int, peaks: bool = True,
+                            max_kv: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Grow tables as ``allocate_slots(req, 1)`` would at each decode-run boundary, without a prefix
         cache (nothing to insert or evict): event e gives ``reqs[pos[e]]`` a table of ``new_len[e]``
         blocks at step ``steps[e]``; events come sorted by (step, position), which is the order blocks
         leave the pool. Returns per step (used, beyond-final, logical) counters after its allocations.
         ``peaks``: raise the peaks to the counters after all of them (False: the caller raises them, when
-        blocks are freed between the run's steps)."""
+        blocks are freed between the run's steps). ``max_kv``: each event's request's ``max_kv_tokens``, if the
+        caller has them."""
         used0, beyond0, logical0 = self.decode_run_counters()
         total = len(steps)
         if total == 0:
@@ -151,7 +153,7 @@ class KVCacheManager(SharingMixin):
         if total <= 8:   # the usual case: a few boundaries, cheaper without numpy
             d_beyond = self._grow_few(reqs, pos.tolist(), steps.tolist(), new_len.tolist(), k)
         else:
-            d_beyond = self._grow_many(reqs, pos, steps, new_len, k)
+            d_beyond = self._grow_many(reqs, pos, steps, new_len, k, max_kv)
         self._logical_blocks += total
         if peaks:
             self._note_peaks()
@@ -159,7 +161,7 @@ class KVCacheManager(SharingMixin):
         return used0 + grown, beyond, logical0 + grown
 
     def _grow_many(self, reqs: list[Request], pos: np.ndarray, steps: np.ndarray, new_len: np.ndarray,
-                   k: int) -> np.ndarray:
+                   k: int, max_kv: np.ndarray | None = None) -> np.ndarray:
         """``allocate_decode_run``'s tables and final-block notes for many events, with numpy; returns the
         slots beyond final lengths added at each step."""
         total = len(steps)
@@ -173,7 +175,8 @@ class KVCacheManager(SharingMixin):
         for a, b in zip([0, *cut], [*cut, total]):
             tables[reqs[owners[a]].req_id].extend(grown[a:b])
         bs = self.block_size
-        max_kv = np.fromiter((reqs[i].max_kv_tokens for i in pos.tolist()), np.int64, total)
+        if max_kv is None:
+            max_kv = np.fromiter((reqs[i].max_kv_tokens for i in pos.tolist()), np.int64, total)
         last = (max_kv - 1) // bs
         per = (last + 1) * bs - max_kv
         final = (new_len == last + 1) & (per > 0)   # the table reaches its final block

@@ -96,15 +96,11 @@ def _blocks_needed(c0: np.ndarray, l0: np.ndarray, bs: int, j: int, rem: np.ndar
 def _shrinking_sums(c0: np.ndarray, rem: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Per step j < k of a run in which request i computes its steps j < rem_i: the sequences in the step,
     and their contexts summed, each counting its token (c0_i + j + 1), as exact integers."""
-    n0 = len(c0)
-    last = rem - 1                                      # the step each request finishes in
-    inside = last < k
-    gone = np.bincount(last[inside], minlength=k)       # requests whose last step is j
-    gone_ctx = np.zeros(k, dtype=np.int64)
-    np.add.at(gone_ctx, last[inside], (c0 + 1)[inside])
-    before = np.concatenate(([0], np.cumsum(gone)[:-1]))          # finished before step j
-    seqs = n0 - before
-    base = int(c0.sum()) + n0 - np.concatenate(([0], np.cumsum(gone_ctx)[:-1]))
+    steps = np.minimum(rem, k)                                  # steps each request computes in (>= 1)
+    seqs = len(c0) - np.cumsum(np.bincount(steps, minlength=k + 1)[:k])   # those with steps > j
+    # the contexts (c0 + 1) of the requests gone before step j, summed in float64: exact below 2**53
+    gone_ctx = np.cumsum(np.bincount(steps, weights=c0 + 1, minlength=k + 1)[:k]).astype(np.int64)
+    base = int(c0.sum()) + len(c0) - gone_ctx
     return seqs, base + seqs * np.arange(k, dtype=np.int64)
 
 
@@ -301,9 +297,8 @@ class DecodeRunner(DecodeRunApplier):
                 return None
         run = self._price_steps(batch, c0, k, rem if through else None)
         d = np.asarray(run.durations, dtype=np.float64)
-        bad = np.flatnonzero(~(d > 0))
-        if bad.size:
-            j = int(bad[0])
+        if not d.min() > 0:   # (NaN too)
+            j = int(np.flatnonzero(~(d > 0))[0])
             raise KvsimError("executor", f"step {step + j} returned a non-positive duration {d[j]}")
         ends = np.cumsum(np.concatenate(([now], d)))   # sequential, left to right: SimPy's sums
         if self.cut_lazily:

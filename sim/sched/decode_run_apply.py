@@ -9,6 +9,8 @@ its head and takes freed blocks at its tail, and the run's blocks fit those free
 
 from __future__ import annotations
 
+from itertools import groupby
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -111,24 +113,30 @@ class DecodeRunApplier:
         alive = n0 - (np.cumsum(leaving) - leaving)         # requests computing in step j
         self._gaps(run, alive)   # (before the finished requests' last token times are written)
         # the finishes, step by step (batch order within a step), and what each step's frees gave back
-        freed = np.zeros((k, 4), dtype=np.int64)   # used, beyond, logical, held tokens
         c0, g0 = run.c0, run.g0
         done: list[Request] = []
-        for j in np.unique(group_at).tolist():
-            at = ending[group_at == j].tolist()
-            group = [batch[i] for i in at]
+        rows = []   # per step with finishes: (step, used, beyond, logical, held tokens) its frees gave back
+        # (step, batch position) pairs sorted: steps in order, batch order within a step
+        for j, pairs in groupby(sorted(zip(group_at.tolist(), ending.tolist())), key=itemgetter(0)):
+            group = []
             t = float(ends[j + 1])
-            for i, req in zip(at, group):
+            for _, i in pairs:
+                req = batch[i]
                 r = int(rem[i])
                 req.num_computed_tokens = c0[i] + r
                 req.num_generated = g0[i] + r
                 req.last_token_s = t
-            before = (*mgr.decode_run_counters(), mgr._held_tokens)
+                group.append(req)
+            used0, beyond0, logical0 = mgr.decode_run_counters()
+            held0_j = mgr._held_tokens
             sched._finish(group, t)
-            after = (*mgr.decode_run_counters(), mgr._held_tokens)
-            freed[j] = np.subtract(before, after)
+            used1, beyond1, logical1 = mgr.decode_run_counters()
+            rows.append((j, used0 - used1, beyond0 - beyond1, logical0 - logical1, held0_j - mgr._held_tokens))
             if j == k - 1:
                 done = group
+        freed = np.zeros((k, 4), dtype=np.int64)   # used, beyond, logical, held tokens
+        table = np.array(rows, dtype=np.int64)
+        freed[table[:, 0]] = table[:, 1:]
         freed_through = np.cumsum(freed, axis=0)          # freed at steps <= j
         gone_before = freed_through - freed               # freed at steps < j
         used_pre = used - gone_before[:, 0]
@@ -212,9 +220,9 @@ class DecodeRunApplier:
         """Without a prefix cache: request i takes a block at steps L0_i * bs - c0_i + m * bs (its computed
         count reaches its table's capacity), one per boundary; all of them leave the pool in one call."""
         k, bs = run.k, self.sched.manager.block_size
-        first = run.l0 * bs - c0
+        first = run.l0 * bs - c0      # >= 0: the step whose token first overflows the table
         kk = np.minimum(run.rem, k)   # steps each request computes in (it finishes in step rem - 1)
-        count = np.where(first < kk, (kk - 1 - first) // bs + 1, 0)
+        count = np.maximum(kk - first + (bs - 1), 0) // bs   # boundaries at first, first + bs, ... < kk
         total = int(count.sum())
         if total == 0:
             pos = steps = np.zeros(0, dtype=np.int64)
@@ -227,8 +235,9 @@ class DecodeRunApplier:
         if total > 1:
             order = np.lexsort((pos, steps))
             pos, steps = pos[order], steps[order]
+        # a request's most KV tokens: prompt + output - 1 = c0 + rem (a decode computes c0 = prompt + g0 - 1)
         return self.sched.manager.allocate_decode_run(run.batch, pos, steps, (c0[pos] + steps) // bs + 1, k,
-                                                      peaks=peaks)
+                                                      peaks=peaks, max_kv=(c0 + run.rem)[pos])
 
     def _gaps(self, run: PendingRun, alive: np.ndarray | None = None) -> None:
         """Inter-token gaps as ``update`` records them: regular when last_token == now - duration (float).
@@ -239,25 +248,26 @@ class DecodeRunApplier:
         d = run.durations[:k]
         back = ends[1:] - d                       # update's step_start = now - duration
         regular = back == ends[:k]
-        dl = d.tolist()
         # step 0: each request's last token time decides
-        if run.last_token is None:
+        if run.last_token is not None:   # chained: every request sampled at the previous run's end
+            num0 = n if run.last_token == back[0] else 0
+            if num0 < n:
+                gaps.other_gaps.extend([float(ends[1] - run.last_token)] * n)
+        else:
             lt = np.fromiter((r.last_token_s for r in run.batch), np.float64, n)
-        else:   # chained: every request sampled at the previous run's end
-            lt = np.full(n, run.last_token)
-        reg0 = lt == back[0]
-        num0 = int(reg0.sum())
-        if num0 < n:
-            now = ends[1]
-            gaps.other_gaps.extend((now - lt[~reg0]).tolist())
+            reg0 = lt == back[0]
+            num0 = int(reg0.sum())
+            if num0 < n:
+                gaps.other_gaps.extend((ends[1] - lt[~reg0]).tolist())
         if num0:
-            gaps.step_gaps.append((dl[0], num0))
+            gaps.step_gaps.append((float(d[0]), num0))
         if k == 1:
             return
         counts = np.full(k, n, dtype=np.int64) if alive is None else alive
         if regular[1:].all():
             gaps.step_gaps.extend_arrays(d[1:], counts[1:])
             return
+        dl = d.tolist()
         for j, m in zip(range(1, k), counts[1:].tolist()):
             if regular[j]:
                 gaps.step_gaps.append((dl[j], m))
