@@ -113,6 +113,11 @@ def default_params(hardware: HardwareSpec) -> CostParams:
     return CostParams(num_sms=DEFAULT_NUM_SMS.get(hardware.name, 108))
 
 
+def _per_step(value, zero: np.ndarray) -> np.ndarray:
+    """A run's breakdown entry as one value per step (a scalar repeated; an array as it is)."""
+    return value if isinstance(value, np.ndarray) else zero + value
+
+
 class CostModelExecutor:
     """Prices steps of ``model`` on ``hardware`` with ``params`` (and, given, the engine terms ``engine``);
     deterministic and side-effect free."""
@@ -310,16 +315,20 @@ class CostModelExecutor:
             duration = linear + attention + elementwise + comm + 0.0 + 0.0 + self._overhead
             overhead = zero + self._overhead
         else:
+            # ``_engine_step``'s formulas less its additions of 0.0 (per-layer prefill attention, swap, copy),
+            # which leave a sum of non-negative terms unchanged bit for bit
             e = self.engine
             linear, comm, elementwise, k_attn, cpu = terms
-            per_layer = 0.0 + ((dec_ctx + seqs * self._eng_half) * self._eng_kv_s + seqs * self._eng_qo_s + k_attn)
+            per_layer = (dec_ctx + seqs * self._eng_half) * self._eng_kv_s + seqs * self._eng_qo_s + k_attn
             attention = self._layers * per_layer
-            gpu = linear + attention + elementwise + comm + e.sampler_s
+            parts = linear + attention + elementwise + comm
+            gpu = parts + e.sampler_s
             busy = np.maximum(gpu, cpu) if e.overlap_cpu else gpu + cpu
-            duration = busy + e.step_gap_s + 0.0 + 0.0
-            overhead = duration - (linear + attention + elementwise + comm + 0.0 + 0.0)
-        return DecodeRun(duration, {"linear": zero + linear, "attention": attention, "elementwise": zero + elementwise,
-                                    "allreduce": zero + comm, "swap": zero, "copy": zero, "overhead": overhead})
+            duration = busy + e.step_gap_s
+            overhead = duration - parts
+        return DecodeRun(duration, {"linear": _per_step(linear, zero), "attention": attention,
+                                    "elementwise": _per_step(elementwise, zero), "allreduce": _per_step(comm, zero),
+                                    "swap": zero, "copy": zero, "overhead": overhead})
 
     def layer_linear_time(self, tokens: int) -> float:
         """Seconds of one layer's four projections on ``tokens`` tokens (a mixture of experts: see

@@ -31,6 +31,7 @@ inserts, slot accounting per step, step_index (round-robin turns), the step rows
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -72,6 +73,7 @@ class PendingRun:
     eager: bool = False        # applied at plan time inside a chain: counters of survivors not written
     c0a: np.ndarray | None = None     # c0 and g0 as arrays (carried to the next run of a chain)
     g0a: np.ndarray | None = None
+    seqs: np.ndarray | None = None    # requests in each priced step, where some finish inside the run
     _finish_times: np.ndarray | None = None   # (finish_times' cache; dropped when the run is cut)
 
     def finish_times(self) -> np.ndarray:
@@ -143,6 +145,15 @@ class DecodeRunner(DecodeRunApplier):
                                  and sched.manager.prefix_cache is None
                                  and not stop_before_arrival and not memory_observed)
 
+    @property
+    def arrival_times(self) -> np.ndarray | None:
+        return self._arrival_times
+
+    @arrival_times.setter
+    def arrival_times(self, times: np.ndarray | None) -> None:
+        self._arrival_times = times
+        self._times = times.tolist() if times is not None else []   # the same, for bisect (no numpy call)
+
     # ------------------------------------------------------------ eligibility
     def _batch(self) -> list[Request] | None:
         """The running batch in plan order, if the next step is surely all-decode; else None."""
@@ -201,9 +212,9 @@ class DecodeRunner(DecodeRunApplier):
         ``horizon`` arrivals ahead."""
         if not self.cut_lazily:
             return next_arrival
-        times = self.arrival_times
-        i = int(np.searchsorted(times, now, side="right")) + self.horizon
-        return float(times[i]) if i < len(times) else math.inf
+        times = self._times
+        i = bisect_right(times, now) + self.horizon
+        return times[i] if i < len(times) else math.inf
 
     def plan(self, now: float, next_arrival: float, prev_duration: float, step: int) -> PendingRun | None:
         """Price the longest run allowed from ``now``; None when the next step is not a plain decode step
@@ -279,7 +290,8 @@ class DecodeRunner(DecodeRunApplier):
         free = mgr.pool.num_free   # (blocks freed by finishes inside are not counted: a bound, not exact)
         bs = mgr.block_size
         cap = rem if through else None
-        if _blocks_needed(c0, l0, bs, k - 1, cap) > free:
+        # each request takes at most (k - 1) // bs + 1 blocks in k steps (its table covers what it computed)
+        if len(c0) * ((k - 1) // bs + 1) > free and _blocks_needed(c0, l0, bs, k - 1, cap) > free:
             lo, hi = 0, k - 1   # invariant: A(lo - 1) <= free < A(hi); find the first j with A(j) > free
             while lo < hi:
                 mid = (lo + hi) // 2
@@ -295,7 +307,7 @@ class DecodeRunner(DecodeRunApplier):
             need = -(-(head.num_computed_tokens + num_new) // bs) - len(mgr.block_tables.get(head.req_id) or ())
             if need <= free - _blocks_needed(c0, l0, bs, 0):
                 return None
-        run = self._price_steps(batch, c0, k, rem if through else None)
+        run, seqs = self._price_steps(batch, c0, k, rem if through else None)
         d = np.asarray(run.durations, dtype=np.float64)
         if not d.min() > 0:   # (NaN too)
             j = int(np.flatnonzero(~(d > 0))[0])
@@ -316,15 +328,16 @@ class DecodeRunner(DecodeRunApplier):
                 return None
         head = self._head[0] if self._head is not None and last_token is None else None
         return PendingRun(k, batch, c0.tolist(), g0.tolist(), rem, d, ends[: k + 1], run.breakdown, l0,
-                          sched.num_waiting(), sched.num_swapped(), head, last_token, c0a=c0, g0a=g0)
+                          sched.num_waiting(), sched.num_swapped(), head, last_token, c0a=c0, g0a=g0, seqs=seqs)
 
     def _before_tie(self, ends: np.ndarray, k: int) -> int:
         """``k`` cut so that no step of the run ends exactly when the arrival process wakes."""
-        times = self.arrival_times
-        lo, hi = np.searchsorted(times, (ends[0], ends[k]), side="right")
+        times = self._times
+        lo = bisect_right(times, ends[0])
+        hi = bisect_right(times, ends[k], lo)
         if lo == hi:
             return k
-        at = times[lo:hi]
+        at = self.arrival_times[lo:hi]
         pos = np.searchsorted(ends[: k + 1], at, side="left")   # ends[pos] >= at, pos <= k
         tied = pos[ends[pos] == at]
         return min(k, int(tied.min()) - 1) if tied.size else k
@@ -346,15 +359,16 @@ class DecodeRunner(DecodeRunApplier):
     def _price_steps(self, batch: list[Request], c0: np.ndarray, k: int, rem: np.ndarray | None = None):
         """Prices of k decode steps of ``batch`` (step j: every context c0 + j); from the batch's size and
         context sum where the executor takes them, else through a plan. With ``rem``, request i takes part
-        in steps j < rem_i only (the batch shrinks as requests finish)."""
+        in steps j < rem_i only (the batch shrinks as requests finish); then also returns the requests in
+        each step (else None)."""
         if rem is not None and int(rem.min()) < k:
             seqs, ctx = _shrinking_sums(c0, rem, k)
-            return self.executor.execute_decode_profile(seqs, ctx)
+            return self.executor.execute_decode_profile(seqs, ctx), seqs
         sums = getattr(self.executor, "execute_decode_sums", None)
         if sums is not None:
             n = len(batch)
-            return sums(n, int(c0.sum()) + n, k)
+            return sums(n, int(c0.sum()) + n, k), None
         tables = self.sched.manager.block_tables
         plan = StepPlan(scheduled=[ScheduledRequest(r.req_id, 1, c, tables[r.req_id])
                                    for r, c in zip(batch, c0.tolist())])
-        return execute_decode_run(self.executor, plan, k)
+        return execute_decode_run(self.executor, plan, k), None

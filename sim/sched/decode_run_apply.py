@@ -78,8 +78,7 @@ class DecodeRunApplier:
             self.recorder.record_run(
                 run.ends[:m], run.durations[:m], batch_size=n, num_decode_tokens=n, num_running=n,
                 num_waiting=waiting, num_swapped=swapped, kv_blocks_used=u,
-                slots=(ts, u * bs - ts - beyond[:m], beyond[:m], np.zeros(m, dtype=np.int64),
-                       (mgr.num_blocks - u) * bs),
+                slots=(ts, u * bs - ts - beyond[:m], beyond[:m], 0, (mgr.num_blocks - u) * bs),
                 breakdown={key: v[:m] for key, v in run.breakdown.items()})
         done = [batch[i] for i in finished]
         if done:
@@ -106,11 +105,13 @@ class DecodeRunApplier:
         held0 = mgr._held_tokens
         c0a = run.c0a if run.c0a is not None else np.array(run.c0, dtype=np.int64)
         used, beyond, logical = self._allocate_blocks(run, c0a, peaks=False)
-        last = rem - 1
-        ending = np.flatnonzero(last < k)
-        group_at = last[ending]                              # the step each of them finishes in
-        leaving = np.bincount(group_at, minlength=k)        # requests whose last step is j
-        alive = n0 - (np.cumsum(leaving) - leaving)         # requests computing in step j
+        ending = np.flatnonzero(rem <= k)
+        group_at = rem[ending] - 1                           # the step each of them finishes in
+        if run.seqs is not None:                             # requests computing in step j (as priced)
+            alive = run.seqs[:k]
+        else:
+            leaving = np.bincount(group_at, minlength=k)    # requests whose last step is j
+            alive = n0 - (np.cumsum(leaving) - leaving)
         self._gaps(run, alive)   # (before the finished requests' last token times are written)
         # the finishes, step by step (batch order within a step), and what each step's frees gave back
         c0, g0 = run.c0, run.g0
@@ -158,9 +159,9 @@ class DecodeRunApplier:
             n = alive[:m]
             self.recorder.record_run(
                 ends[:m], run.durations[:m], batch_size=n, num_decode_tokens=n,
-                num_running=n - leaving[:m], num_waiting=run.waiting,
+                num_running=alive[1:k], num_waiting=run.waiting,   # (those not finished in step j)
                 num_swapped=run.swapped, kv_blocks_used=u,
-                slots=(ts, u * bs - ts - b, b, np.zeros(m, dtype=np.int64), (mgr.num_blocks - u) * bs),
+                slots=(ts, u * bs - ts - b, b, 0, (mgr.num_blocks - u) * bs),
                 breakdown={key: v[:m] for key, v in run.breakdown.items()})
         last_step = StepResult(float(run.durations[k - 1]), {key: float(v[k - 1]) for key, v in run.breakdown.items()})
         self.recorder.record_step(float(ends[k - 1]), DecodeStepView(n_last), last_step, sched)
