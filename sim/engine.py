@@ -134,7 +134,6 @@ class Engine:
         # ... and whether that router reads KV usage too (then runs end at finishes: the blocks a run
         # would free inside are not counted by ``pending_blocks``)
         self.memory_observed = False
-        self.horizon = 16                         # arrivals a lazily cut run is priced for
         self._pending = None                      # the run being waited on (cut lazily; not applied yet)
         self._cutting = False                     # ... whose cut has been asked for
         self._runner: DecodeRunner | None = None
@@ -242,7 +241,7 @@ class Engine:
             self.arrival_times = np.array(wake_times(self.requests, self.arrival_delay_s, env.now))
         lazy = self.cut_lazily
         runner = DecodeRunner(sched, self.executor, self.recorder, stop_before_arrival=self.observed_at_arrivals,
-                              arrival_times=self.arrival_times, horizon=self.horizon, cut_lazily=lazy,
+                              arrival_times=self.arrival_times, cut_lazily=lazy,
                               memory_observed=lazy and self.memory_observed,
                               staging=self.async_scheduling) if self.multi_step else None
         self._runner = runner

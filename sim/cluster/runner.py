@@ -111,7 +111,6 @@ def _observed(router: Router, pool: list[Replica], requests: list[Request], lag:
         rep.engine.arrival_times = times
         rep.engine.cut_lazily = not router.reads_state
         rep.engine.memory_observed = router.reads_memory
-        rep.engine.horizon = 2 * len(pool)
     return router
 
 

@@ -111,7 +111,7 @@ class DecodeRunner(DecodeRunApplier):
 
     def __init__(self, sched, executor, recorder, max_steps: int = MAX_RUN_STEPS,
                  min_steps: int | None = None, stop_before_arrival: bool = False,
-                 arrival_times: np.ndarray | None = None, horizon: int = 16, cut_lazily: bool = False,
+                 arrival_times: np.ndarray | None = None, cut_lazily: bool = False,
                  staging: bool = False, memory_observed: bool = False) -> None:
         self.sched = sched
         self.executor = executor
@@ -129,10 +129,11 @@ class DecodeRunner(DecodeRunApplier):
         self.arrival_times = arrival_times
         self.staging = staging and arrival_times is not None and not stop_before_arrival
         # cut lazily (a cluster whose router reads only replica loads and KV usage): runs are not bounded by the next
-        # arrival; the engine cuts one (``cut``) when an arrival is routed to it. A run is priced for
-        # about ``horizon`` arrivals ahead
+        # arrival; the engine cuts one (``cut``) when an arrival is routed to it. A run is priced as far as
+        # its other bounds allow (its requests' remaining tokens bound it): any nearer bound ends runs
+        # that the next arrivals, routed elsewhere, would not have cut, and chaining them costs more than
+        # pricing steps that a cut drops (instruction counts, 8 replicas behind least_requests)
         self.cut_lazily = cut_lazily
-        self.horizon = horizon
         # after f failed attempts in a row that cost per-request work, the next 2**f - 1 steps (at most
         # MAX_BACKOFF_STEPS - 1) do not try: a saturated engine rarely has a run, and trying costs O(batch)
         self._fails = 0
@@ -207,21 +208,16 @@ class DecodeRunner(DecodeRunApplier):
             return max(1, min(self.max_steps, int((next_arrival - now) / prev_duration) + 3))
         return self.max_steps
 
-    def _bound(self, now: float, next_arrival: float) -> float:
-        """The time a run from ``now`` is priced up to: the next arrival, or when cut lazily the arrival
-        ``horizon`` arrivals ahead."""
-        if not self.cut_lazily:
-            return next_arrival
-        times = self._times
-        i = bisect_right(times, now) + self.horizon
-        return times[i] if i < len(times) else math.inf
+    def _bound(self, next_arrival: float) -> float:
+        """The time a run is priced up to: the next arrival, or no time when cut lazily."""
+        return math.inf if self.cut_lazily else next_arrival
 
     def plan(self, now: float, next_arrival: float, prev_duration: float, step: int) -> PendingRun | None:
         """Price the longest run allowed from ``now``; None when the next step is not a plain decode step
         or the runs from here would be shorter than ``min_steps`` (then single stepping is cheaper; same
         results). With nobody waiting, a run may stop at a request's last token and be chained
         (``plan_next``), so only the time to the next arrival has to reach ``min_steps``."""
-        limit = self._arrival_limit(now, self._bound(now, next_arrival), prev_duration)
+        limit = self._arrival_limit(now, self._bound(next_arrival), prev_duration)
         if limit < self.min_steps or next_arrival <= now:   # (a fed engine not told of its next request)
             return None
         batch = self._batch()
@@ -271,7 +267,7 @@ class DecodeRunner(DecodeRunApplier):
         c0 = run.c0a[keep] + k
         bs = sched.manager.block_size
         end = run.end
-        limit = self._arrival_limit(end, self._bound(end, next_arrival), float(run.durations[k - 1]))
+        limit = self._arrival_limit(end, self._bound(next_arrival), float(run.durations[k - 1]))
         return self._price(end, next_arrival, limit, step, batch, c0, run.g0a[keep] + k, -(-c0 // bs),
                            run.rem[keep] - k, 1, end, True)
 
