@@ -131,9 +131,6 @@ class Engine:
         # cluster, a router that reads only loads and KV usage: decode runs go past arrivals (``arrival_times``: all
         # of the cluster's) and are cut (``cut_run``) only by one routed here (sim/sched/decode_run.py)
         self.cut_lazily = False
-        # ... and whether that router reads KV usage too (then runs end at finishes: the blocks a run
-        # would free inside are not counted by ``pending_blocks``)
-        self.memory_observed = False
         self._pending = None                      # the run being waited on (cut lazily; not applied yet)
         self._cutting = False                     # ... whose cut has been asked for
         self._runner: DecodeRunner | None = None
@@ -191,13 +188,15 @@ class Engine:
         return int(np.searchsorted(times, now, side="left"))
 
     def pending_blocks(self) -> int:
-        """Blocks that the decode run being waited on (applied at its end) has taken by now: those of the
-        steps started so far (a step allocates as it starts)."""
+        """Blocks that the decode run being waited on (applied at its end) holds by now beyond those held
+        at its start: taken by the steps started so far (a step allocates as it starts), less the tables
+        of the requests it has finished by now."""
         run = self._pending
         if run is None:
             return 0
-        j = int(np.searchsorted(run.ends[1: run.k + 1], self.env.now, side="right"))   # the step in progress
-        return self._runner.blocks_taken(run, min(j, run.k - 1))
+        now = self.env.now
+        j = int(np.searchsorted(run.ends[1: run.k + 1], now, side="right"))   # the step in progress
+        return self._runner.blocks_taken(run, min(j, run.k - 1)) - self._runner.blocks_freed(run, now)
 
     def wake(self) -> None:
         """Something outside the scheduler changed (memory was freed): plan again if idle."""
@@ -242,7 +241,6 @@ class Engine:
         lazy = self.cut_lazily
         runner = DecodeRunner(sched, self.executor, self.recorder, stop_before_arrival=self.observed_at_arrivals,
                               arrival_times=self.arrival_times, cut_lazily=lazy,
-                              memory_observed=lazy and self.memory_observed,
                               staging=self.async_scheduling) if self.multi_step else None
         self._runner = runner
         prev = 0.0   # the last step's duration (sizes a run's pricing call)

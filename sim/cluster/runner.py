@@ -110,7 +110,6 @@ def _observed(router: Router, pool: list[Replica], requests: list[Request], lag:
         rep.engine.observed_at_arrivals = router.reads_state
         rep.engine.arrival_times = times
         rep.engine.cut_lazily = not router.reads_state
-        rep.engine.memory_observed = router.reads_memory
     return router
 
 

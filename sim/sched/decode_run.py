@@ -12,7 +12,7 @@ k is bounded by the nearest event that single stepping would react to:
 - the fewest remaining output tokens (a request finishes at the run's last step, never inside it), or,
   when nobody waits (a finish admits nobody), the most: request i then takes part in steps j < rem_i
   and finishes inside the run, which prices a shrinking batch and frees each finished request's blocks
-  after the run's allocations (no prefix cache, and no router reading the engine inside the run);
+  after the run's allocations (no prefix cache, and no router reading the caches inside the run);
 - the next arrival: the run ends with the step during which it reaches the engine (e_k >= T_arrival);
 - admissions: nobody waits, or no seat or token budget is left, or (FCFS or priority, no prefix cache)
   the head of the queue cannot get its blocks even after step 0 (free blocks only shrink in a run);
@@ -112,7 +112,7 @@ class DecodeRunner(DecodeRunApplier):
     def __init__(self, sched, executor, recorder, max_steps: int = MAX_RUN_STEPS,
                  min_steps: int | None = None, stop_before_arrival: bool = False,
                  arrival_times: np.ndarray | None = None, cut_lazily: bool = False,
-                 staging: bool = False, memory_observed: bool = False) -> None:
+                 staging: bool = False) -> None:
         self.sched = sched
         self.executor = executor
         self.recorder = recorder
@@ -140,11 +140,11 @@ class DecodeRunner(DecodeRunApplier):
         self._skip = 0
         # with nobody waiting, a run may go on past its requests' last tokens (the batch shrinks as they
         # finish) where the executor prices such steps at once, no prefix cache reacts to the frees, and
-        # no router reads the engine's caches or KV usage inside a run (one that reads loads counts the
-        # finishes a run has made by then: Engine.pending_finished)
+        # no router reads the engine's caches inside a run (one that reads loads or KV usage counts the
+        # finishes a run has made by then: Engine.pending_finished, Engine.pending_blocks)
         self.through_finishes = (callable(getattr(executor, "execute_decode_profile", None))
                                  and sched.manager.prefix_cache is None
-                                 and not stop_before_arrival and not memory_observed)
+                                 and not stop_before_arrival)
 
     @property
     def arrival_times(self) -> np.ndarray | None:
@@ -341,6 +341,19 @@ class DecodeRunner(DecodeRunApplier):
     def blocks_taken(self, run: PendingRun, j: int) -> int:
         """Blocks ``run`` allocates over its steps 0..j."""
         return _blocks_needed(run.c0a, run.l0, self.sched.manager.block_size, j, run.rem)
+
+    def blocks_freed(self, run: PendingRun, now: float) -> int:
+        """Blocks of the requests that ``run`` has finished before ``now`` (their whole tables: request i
+        computes its tokens up to c0_i + rem_i - 1, its table then covers them)."""
+        rem, k = run.rem, run.k
+        inside = rem <= k
+        if not inside.any():
+            return 0
+        done = inside & (run.ends[np.minimum(rem, k)] < now)   # its last step ended before now
+        if not done.any():
+            return 0
+        bs = self.sched.manager.block_size
+        return int(np.maximum(run.l0, (run.c0a + rem - 1) // bs + 1)[done].sum())
 
     def cut(self, run: PendingRun, now: float) -> None:
         """A request is routed to this engine at ``now``, inside ``run`` (cut lazily): the run ends with
