@@ -181,11 +181,7 @@ class Engine:
         run = self._pending
         if run is None:
             return 0
-        times = run.finish_times()
-        now = self.env.now
-        if not len(times) or now <= times[0]:
-            return 0
-        return int(np.searchsorted(times, now, side="left"))
+        return run.finished_before(self.env.now)
 
     def pending_blocks(self) -> int:
         """Blocks that the decode run being waited on (applied at its end) holds by now beyond those held
@@ -194,9 +190,7 @@ class Engine:
         run = self._pending
         if run is None:
             return 0
-        now = self.env.now
-        j = int(np.searchsorted(run.ends[1: run.k + 1], now, side="right"))   # the step in progress
-        return self._runner.blocks_taken(run, min(j, run.k - 1)) - self._runner.blocks_freed(run, now)
+        return self._runner.blocks_held(run, self.env.now)
 
     def wake(self) -> None:
         """Something outside the scheduler changed (memory was freed): plan again if idle."""

@@ -31,7 +31,7 @@ inserts, slot accounting per step, step_index (round-robin turns), the step rows
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,7 +39,7 @@ import numpy as np
 from sim.errors import KvsimError
 from sim.executors.base import execute_decode_run
 from sim.request import Request, RequestStatus
-from sim.sched.decode_run_apply import DecodeRunApplier
+from sim.sched.decode_run_apply import DecodeRunApplier, boundary_steps
 from sim.sched.plan import ScheduledRequest, StepPlan
 
 MAX_RUN_STEPS = 4096   # longest run priced in one call
@@ -74,14 +74,15 @@ class PendingRun:
     c0a: np.ndarray | None = None     # c0 and g0 as arrays (carried to the next run of a chain)
     g0a: np.ndarray | None = None
     seqs: np.ndarray | None = None    # requests in each priced step, where some finish inside the run
-    _finish_times: np.ndarray | None = None   # (finish_times' cache; dropped when the run is cut)
+    _finish_times: list[float] | None = None   # (finished_before's; dropped when the run is cut)
+    _held: tuple | None = None                # (blocks_held's tables; dropped when the run is cut)
 
-    def finish_times(self) -> np.ndarray:
-        """When its requests that finish inside it do (the end of their last step), ascending."""
+    def finished_before(self, now: float) -> int:
+        """How many of its requests finish inside it before ``now`` (their last step ends before then)."""
         if self._finish_times is None:
             rem = self.rem
-            self._finish_times = np.sort(self.ends[rem[rem <= self.k]])
-        return self._finish_times
+            self._finish_times = np.sort(self.ends[rem[rem <= self.k]]).tolist()
+        return bisect_left(self._finish_times, now)
 
     @property
     def end(self) -> float:
@@ -338,22 +339,24 @@ class DecodeRunner(DecodeRunApplier):
         tied = pos[ends[pos] == at]
         return min(k, int(tied.min()) - 1) if tied.size else k
 
-    def blocks_taken(self, run: PendingRun, j: int) -> int:
-        """Blocks ``run`` allocates over its steps 0..j."""
-        return _blocks_needed(run.c0a, run.l0, self.sched.manager.block_size, j, run.rem)
-
-    def blocks_freed(self, run: PendingRun, now: float) -> int:
-        """Blocks of the requests that ``run`` has finished before ``now`` (their whole tables: request i
-        computes its tokens up to c0_i + rem_i - 1, its table then covers them)."""
-        rem, k = run.rem, run.k
-        inside = rem <= k
-        if not inside.any():
-            return 0
-        done = inside & (run.ends[np.minimum(rem, k)] < now)   # its last step ended before now
-        if not done.any():
-            return 0
-        bs = self.sched.manager.block_size
-        return int(np.maximum(run.l0, (run.c0a + rem - 1) // bs + 1)[done].sum())
+    def blocks_held(self, run: PendingRun, now: float) -> int:
+        """Blocks ``run`` holds at ``now`` (inside it) beyond those held at its start: those taken by the steps
+        started by then (a step allocates as it starts), less the tables of the requests it has finished
+        before then (request i computes its tokens up to c0_i + rem_i - 1; its table then covers them).
+        Built once per run (or cut) and read by bisection: a router may ask at every arrival."""
+        if run._held is None:
+            k, bs = run.k, self.sched.manager.block_size
+            _, steps = boundary_steps(run.c0a, run.l0, run.rem, k, bs)
+            taken = np.cumsum(np.bincount(steps, minlength=k)).tolist()   # over steps 0..j
+            rem = run.rem
+            fin = np.flatnonzero(rem <= k)
+            fin = fin[np.argsort(rem[fin], kind="stable")]                  # by finish time
+            tables = np.maximum(run.l0, (run.c0a + rem - 1) // bs + 1)[fin]
+            run._held = (run.ends[1: k + 1].tolist(), taken, run.ends[rem[fin]].tolist(),
+                         [0, *np.cumsum(tables).tolist()])
+        step_ends, taken, finish_times, freed = run._held
+        j = bisect_right(step_ends, now)   # the step in progress
+        return taken[min(j, run.k - 1)] - freed[bisect_left(finish_times, now)]
 
     def cut(self, run: PendingRun, now: float) -> None:
         """A request is routed to this engine at ``now``, inside ``run`` (cut lazily): the run ends with
@@ -363,7 +366,7 @@ class DecodeRunner(DecodeRunApplier):
             raise AssertionError(f"decode run: cut at {now!r} outside its steps or at a step's end")
         run.k = k
         run.ends = run.ends[: k + 1]
-        run._finish_times = None
+        run._finish_times = run._held = None
 
     def _price_steps(self, batch: list[Request], c0: np.ndarray, k: int, rem: np.ndarray | None = None):
         """Prices of k decode steps of ``batch`` (step j: every context c0 + j); from the batch's size and

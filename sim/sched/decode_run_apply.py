@@ -23,6 +23,24 @@ if TYPE_CHECKING:
     from sim.sched.decode_run import PendingRun
 
 
+def boundary_steps(c0: np.ndarray, l0: np.ndarray, rem: np.ndarray, k: int, bs: int) -> tuple[np.ndarray, np.ndarray]:
+    """The block allocations of a run's k steps, by request: request i (computed ``c0_i``, a table of
+    ``l0_i`` blocks, ``rem_i`` tokens to go) takes a block at steps L0_i * bs - c0_i + m * bs (its
+    computed count reaches its table's capacity) before its last step rem_i - 1. Returns (positions,
+    steps), grouped by request."""
+    first = l0 * bs - c0      # >= 0: the step whose token first overflows the table
+    kk = np.minimum(rem, k)   # steps each request computes in (it finishes in step rem - 1)
+    count = np.maximum(kk - first + (bs - 1), 0) // bs   # boundaries at first, first + bs, ... < kk
+    total = int(count.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    if int(count.max()) == 1:
+        pos = np.flatnonzero(count)
+        return pos, first[pos]
+    pos = np.repeat(np.arange(len(c0)), count)
+    return pos, np.repeat(first, count) + (np.arange(total) - np.repeat(np.cumsum(count) - count, count)) * bs
+
+
 class DecodeStepView:
     """What the recorder reads of an all-decode step's plan: its size and no block movement (a run
     builds no per-request plan)."""
@@ -221,19 +239,8 @@ class DecodeRunApplier:
         """Without a prefix cache: request i takes a block at steps L0_i * bs - c0_i + m * bs (its computed
         count reaches its table's capacity), one per boundary; all of them leave the pool in one call."""
         k, bs = run.k, self.sched.manager.block_size
-        first = run.l0 * bs - c0      # >= 0: the step whose token first overflows the table
-        kk = np.minimum(run.rem, k)   # steps each request computes in (it finishes in step rem - 1)
-        count = np.maximum(kk - first + (bs - 1), 0) // bs   # boundaries at first, first + bs, ... < kk
-        total = int(count.sum())
-        if total == 0:
-            pos = steps = np.zeros(0, dtype=np.int64)
-        elif int(count.max()) == 1:
-            pos = np.flatnonzero(count)
-            steps = first[pos]
-        else:
-            pos = np.repeat(np.arange(len(c0)), count)
-            steps = np.repeat(first, count) + (np.arange(total) - np.repeat(np.cumsum(count) - count, count)) * bs
-        if total > 1:
+        pos, steps = boundary_steps(c0, run.l0, run.rem, k, bs)
+        if len(steps) > 1:
             order = np.lexsort((pos, steps))
             pos, steps = pos[order], steps[order]
         # a request's most KV tokens: prompt + output - 1 = c0 + rem (a decode computes c0 = prompt + g0 - 1)
