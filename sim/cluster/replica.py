@@ -80,6 +80,11 @@ class Replica:
         m = self.manager
         return (m.num_blocks - m.num_free_blocks() + self.engine.pending_blocks()) / m.num_blocks
 
+    def kv_usage_floor(self) -> float:
+        """``kv_usage`` without a decode run's blocks: never above it (the same division of a count no larger)."""
+        m = self.manager
+        return (m.num_blocks - m.num_free_blocks()) / m.num_blocks
+
     def has_prefix_cache(self) -> bool:
         """Whether this replica's KV manager keeps a prefix cache."""
         return getattr(self.manager, "prefix_cache", None) is not None
