@@ -53,6 +53,12 @@ class Replica:
     num_gpu_blocks: int
     submitted: int = 0
 
+    def __post_init__(self) -> None:
+        # what ``load`` reads at every arrival (the scheduler's lists are never replaced)
+        self._finished = self.engine.scheduler.finished
+        self._rejected = self.engine.scheduler.rejected
+        self._pending_finished = self.engine.pending_finished
+
     @property
     def scheduler(self):
         return self.engine.scheduler
@@ -72,8 +78,7 @@ class Replica:
     def load(self) -> int:
         """Requests submitted here and not yet finished or rejected (queued, staged or running), counting
         the finishes of a decode run in progress by now."""
-        s = self.engine.scheduler
-        return self.submitted - len(s.finished) - len(s.rejected) - self.engine.pending_finished()
+        return self.submitted - len(self._finished) - len(self._rejected) - self._pending_finished()
 
     def kv_usage(self) -> float:
         """Used blocks / blocks, counting those a decode run in progress has taken by now."""

@@ -160,10 +160,8 @@ def _merged_summary(scn, reqs, reps, steps: pd.DataFrame, bounds: list[int], han
     merged = _Merged(sum(r.scheduler.num_truncated for r in reps), sum(r.scheduler.num_preemptions for r in reps),
                      sum(r.scheduler.swapped_blocks for r in reps), gaps)
     # what summarize reads of the steps, each step's slots as a share of its own replica's capacity
-    lengths = np.diff(bounds)
-    cap = np.repeat(np.array([r.manager.capacity_slots for r in reps], dtype=float), lengths)
     share = pd.DataFrame({"duration_s": steps["duration_s"].to_numpy(), "kv_usage": steps["kv_usage"].to_numpy(),
-                          **{c: steps[c].to_numpy().astype(float) / cap for c in SLOT_COLS}}, copy=False)
+                          **{c: _shares(steps[c].to_numpy(), reps, bounds) for c in SLOT_COLS}}, copy=False)
     serving = [r for r in reps if r.role != "decode"]
     summary = summarize(reqs, share, merged, capacity_slots=1, wall_time_s=wall_time_s,
                         prefix_cache_hit_rate=_hit_rate(serving))
@@ -185,6 +183,15 @@ def _merged_summary(scn, reqs, reps, steps: pd.DataFrame, bounds: list[int], han
             tls = [_without_handed_done(tl, handoff.transfer_start) for tl in tls] + [moving]
         timeline = pd.concat(tls).sort_values(["req_id", "start_s"], kind="stable").reset_index(drop=True)
     return summary, timeline
+
+
+def _shares(slots: np.ndarray, reps: list[Replica], bounds: list[int]) -> np.ndarray:
+    """Each step's ``slots`` / its replica's capacity_slots, as float64 (the rows of replica i are
+    ``bounds[i]:bounds[i + 1]``)."""
+    out = np.empty(len(slots), dtype=np.float64)
+    for rep, lo, hi in zip(reps, bounds, bounds[1:]):
+        np.divide(slots[lo:hi], float(rep.manager.capacity_slots), out=out[lo:hi])
+    return out
 
 
 def _without_handed_done(tl: pd.DataFrame, transfer_start: dict[int, float]) -> pd.DataFrame:
