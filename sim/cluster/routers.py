@@ -86,10 +86,13 @@ def least_loaded(replicas: Sequence[ReplicaView], among: Sequence[int] | None = 
                  loads: Sequence[int] | None = None) -> int:
     """The replica (of ``among``, default all) with the least load, then the fewest submitted, then the
     lowest index. ``loads``: every replica's ``load()`` as of now, if already read."""
-    idx = range(len(replicas)) if among is None else among
-    if loads is None:
-        return min(idx, key=lambda i: (replicas[i].load(), replicas[i].submitted, i))
-    return min(idx, key=lambda i: (loads[i], replicas[i].submitted, i))
+    best = None
+    for i in range(len(replicas)) if among is None else among:
+        r = replicas[i]
+        key = (r.load() if loads is None else loads[i], r.submitted, i)
+        if best is None or key < best:
+            best = key
+    return best[2]
 
 
 @register("round_robin")
