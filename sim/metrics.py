@@ -104,12 +104,18 @@ class Columns:
         self._queued = 0
 
     def read(self, dtypes: list, release: bool = False) -> list[np.ndarray]:
-        """Every column as a new array of its dtype in ``dtypes`` (floats cast as ``astype`` casts them),
-        filled block by block (no joined copy of the whole table). ``release``: drop each block once read,
-        so the table is never held twice; the columns are empty afterwards (``n`` still counts the rows)."""
+        """Every column as a new array of its dtype in ``dtypes`` (``read_into`` new arrays)."""
+        out = [np.empty(self.n, dtype=dt) for dt in dtypes]
+        self.read_into(out, release)
+        return out
+
+    def read_into(self, out: list[np.ndarray], release: bool = False) -> None:
+        """Write every column into the array of ``out`` at its position (each ``n`` long, floats cast as
+        ``astype`` casts them), block by block (no joined copy of the whole table). ``release``: drop each
+        block once read, so the table is never held twice; the columns are empty afterwards (``n`` still
+        counts the rows)."""
         self._flush()
         self._check_held()
-        out = [np.empty(self._stored, dtype=dt) for dt in dtypes]
         blocks = self._blocks
         if release:
             self._blocks = []
@@ -123,7 +129,6 @@ class Columns:
                 col[at:at + m] = block[:, i]
             at += m
             del block
-        return out
 
     def _check_held(self) -> None:
         if self._released:
@@ -197,22 +202,39 @@ class Recorder:
                 self._start_breakdown(list(breakdown))
             self.breakdown.extend([breakdown[k] if k in breakdown else 0.0 for k in self.breakdown_keys], m)
 
+    def step_names(self) -> list[str]:
+        """The per-step table's columns after ``step``, in order: the breakdown's only when every step has one."""
+        names = [*STEP_COLUMNS, "end_s", "kv_usage"]
+        bd = self.breakdown
+        if bd is not None and bd.n == self.cols.n:
+            names += [f"time_{k}_s" for k in self.breakdown_keys]
+        return names
+
+    def read_steps(self, out: dict[str, np.ndarray], at: int, release: bool = False) -> None:
+        """Write the per-step table's columns (``step_names``) into rows ``at:at + num_steps`` of the arrays
+        of ``out`` (int64 for ``INT_COLUMNS``, float64 for the rest). ``release``: as ``steps_frame``."""
+        n = self.cols.n
+        rows = slice(at, at + n)
+        self.cols.read_into([out[name][rows] for name in STEP_COLUMNS], release=release)
+        np.add(out["start_s"][rows], out["duration_s"][rows], out=out["end_s"][rows])
+        np.divide(out["kv_blocks_used"][rows], self.num_gpu_blocks, out=out["kv_usage"][rows])
+        names = self.step_names()[len(STEP_COLUMNS) + 2:]
+        if names:
+            self.breakdown.read_into([out[name][rows] for name in names], release=release)
+
     def steps_frame(self, release: bool = False) -> pd.DataFrame:
         """The per-step table. ``release``: hand the recorded rows over to the table (each block of rows
         is dropped once copied, so they are never held twice); the recorder is empty afterwards."""
-        cols = self.cols
-        data: dict[str, np.ndarray] = {"step": np.arange(cols.n, dtype=np.int64)}
-        dtypes = [np.int64 if name in INT_COLUMNS else np.float64 for name in STEP_COLUMNS]
-        for name, c in zip(STEP_COLUMNS, cols.read(dtypes, release=release)):
-            data[name] = c
-        data["end_s"] = data["start_s"] + data["duration_s"]
-        data["kv_usage"] = data["kv_blocks_used"] / self.num_gpu_blocks
-        bd = self.breakdown
-        if bd is not None and bd.n == cols.n:
-            keys = self.breakdown_keys
-            for k, c in zip(keys, bd.read([np.float64] * len(keys), release=release)):
-                data[f"time_{k}_s"] = c
+        n = self.cols.n
+        data = {"step": np.arange(n, dtype=np.int64)}
+        data.update((name, np.empty(n, dtype=step_dtype(name))) for name in self.step_names())
+        self.read_steps(data, 0, release=release)
         return pd.DataFrame(data, copy=False)
+
+
+def step_dtype(name: str) -> type:
+    """The dtype of a per-step column (``Recorder.steps_frame``)."""
+    return np.int64 if name in INT_COLUMNS else np.float64
 
 
 def requests_frame(requests: list[Request], output_latency_s: float = 0.0,

@@ -53,6 +53,12 @@ class Replica:
     num_gpu_blocks: int
     submitted: int = 0
 
+    def __post_init__(self) -> None:
+        # what ``load`` reads at every arrival (the scheduler's lists are never replaced)
+        self._finished = self.engine.scheduler.finished
+        self._rejected = self.engine.scheduler.rejected
+        self._pending_finished = self.engine.pending_finished
+
     @property
     def scheduler(self):
         return self.engine.scheduler
@@ -72,13 +78,17 @@ class Replica:
     def load(self) -> int:
         """Requests submitted here and not yet finished or rejected (queued, staged or running), counting
         the finishes of a decode run in progress by now."""
-        s = self.engine.scheduler
-        return self.submitted - len(s.finished) - len(s.rejected) - self.engine.pending_finished()
+        return self.submitted - len(self._finished) - len(self._rejected) - self._pending_finished()
 
     def kv_usage(self) -> float:
         """Used blocks / blocks, counting those a decode run in progress has taken by now."""
         m = self.manager
         return (m.num_blocks - m.num_free_blocks() + self.engine.pending_blocks()) / m.num_blocks
+
+    def kv_usage_floor(self) -> float:
+        """``kv_usage`` without a decode run's blocks: never above it (the same division of a count no larger)."""
+        m = self.manager
+        return (m.num_blocks - m.num_free_blocks()) / m.num_blocks
 
     def has_prefix_cache(self) -> bool:
         """Whether this replica's KV manager keeps a prefix cache."""

@@ -17,6 +17,7 @@ Invariant: one colocated replica gives exactly the single engine's summary (no `
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -26,7 +27,7 @@ import pandas as pd
 from sim.cluster.disagg import Handoff
 from sim.cluster.link import KVLink
 from sim.cluster.replica import Replica
-from sim.metrics import requests_frame, summarize
+from sim.metrics import requests_frame, step_dtype, summarize
 from sim.runner import Result
 from sim.sched.records import TokenGaps
 
@@ -48,10 +49,37 @@ class _Merged:
     gaps: TokenGaps
 
 
-def _steps(rep: Replica) -> pd.DataFrame:
-    steps = rep.engine.recorder.steps_frame()
-    steps["kv_bytes_used"] = steps["kv_blocks_used"] * rep.scn.model_spec.kv_bytes_per_block(rep.block_size)
-    return steps
+def _step_table(reps: list[Replica]) -> tuple[pd.DataFrame, list[int]]:
+    """Every replica's per-step table (``steps_frame`` and ``kv_bytes_used``), one replica after another,
+    each recorder read once straight into its rows and released; with several replicas, tagged with
+    ``replica`` after ``step``, and a column some replica lacks is NaN in its rows (pd.concat's outer join).
+    Also the row offsets: replica i's rows are ``bounds[i]:bounds[i + 1]``."""
+    recs = [rep.engine.recorder for rep in reps]
+    lengths = [rec.num_steps for rec in recs]
+    bounds = [0, *itertools.accumulate(lengths)]
+    own = [[*rec.step_names(), "kv_bytes_used"] for rec in recs]
+    names = list(dict.fromkeys(name for cols in own for name in cols))
+    starts = np.repeat(np.array(bounds[:-1], dtype=np.int64), lengths)
+    cols = {"step": np.arange(bounds[-1], dtype=np.int64) - starts}
+    if len(reps) > 1:
+        cols["replica"] = np.repeat(np.array([r.replica_id for r in reps], dtype=np.int64), lengths)
+    del starts
+    everywhere = set.intersection(*(set(c) for c in own))
+    cols.update((name, np.empty(bounds[-1], dtype=_dtype(name) if name in everywhere else np.float64))
+                for name in names)
+    for rep, rec, at, has in zip(reps, recs, bounds, own):
+        rows = slice(at, at + rec.num_steps)
+        rec.read_steps(cols, at, release=True)
+        bpb = rep.scn.model_spec.kv_bytes_per_block(rep.block_size)
+        np.multiply(cols["kv_blocks_used"][rows], bpb, out=cols["kv_bytes_used"][rows])
+        for name in set(names).difference(has):
+            cols[name][rows] = np.nan
+    return pd.DataFrame(cols, copy=False), bounds
+
+
+def _dtype(name: str) -> type:
+    """A step table column's dtype where every replica has it."""
+    return np.int64 if name == "kv_bytes_used" else step_dtype(name)
 
 
 def _hit_rate(reps: list[Replica]) -> float:
@@ -65,9 +93,11 @@ def _imbalance(counts: list[int]) -> float:
     return max(counts) / mean if mean else math.nan
 
 
-def replicas_frame(reps: list[Replica], frames: list[pd.DataFrame], makespan: float) -> pd.DataFrame:
+def replicas_frame(reps: list[Replica], steps: pd.DataFrame, bounds: list[int], makespan: float) -> pd.DataFrame:
+    """One row per replica; replica i's steps are rows ``bounds[i]:bounds[i + 1]`` of ``steps``."""
     rows = []
-    for rep, st in zip(reps, frames):
+    for rep, lo, hi in zip(reps, bounds, bounds[1:]):
+        st = steps.iloc[lo:hi]
         w = st["duration_s"].to_numpy()
         busy = float(w.sum())
         hw = rep.scn.hardware_spec
@@ -91,11 +121,10 @@ def cluster_result(scn, workload, reps: list[Replica], served: dict[int, int], h
         for r in requests:
             r.num_cached_tokens = handoff.cached_tokens.get(r.req_id, r.num_cached_tokens)
     reqs = requests_frame(requests, output_latency_s=fe_out, token_latency_s=fe_token)
-    frames = [_steps(rep) for rep in reps]
+    steps, bounds = _step_table(reps)
     if len(reps) == 1:   # the single engine's summary, built exactly as sim/runner.py builds it
         rep = reps[0]
         manager, sched = rep.manager, rep.scheduler
-        steps = frames[0]
         hit = manager.prefix_cache_hit_rate() if hasattr(manager, "prefix_cache_hit_rate") else 0.0
         summary = summarize(reqs, steps, sched, capacity_slots=manager.capacity_slots, wall_time_s=wall_time_s,
                             prefix_cache_hit_rate=hit)
@@ -104,7 +133,7 @@ def cluster_result(scn, workload, reps: list[Replica], served: dict[int, int], h
             summary.update(manager.sharing_summary(scn.model_spec.kv_bytes_per_block(rep.block_size)))
         timeline = sched.timeline_frame() if hasattr(sched, "timeline_frame") else None
     else:
-        summary, steps, timeline = _merged_summary(scn, reqs, reps, frames, handoff, wall_time_s)
+        summary, timeline = _merged_summary(scn, reqs, reps, steps, bounds, handoff, wall_time_s)
     ids = reqs["req_id"].to_numpy()
     pre = np.array([served.get(int(i), -1) for i in ids], dtype=np.int64)
     if handoff is not None:
@@ -115,30 +144,24 @@ def cluster_result(scn, workload, reps: list[Replica], served: dict[int, int], h
         reqs["replica"] = pre
         reqs["prefill_replica"] = pre
         reqs["transfer_s"] = 0.0
-    table = replicas_frame(reps, frames, summary["makespan_s"])
+    table = replicas_frame(reps, steps, bounds, summary["makespan_s"])
     if len(reps) > 1:
         summary["cluster"] = _cluster_block(scn, reps, reqs, handoff, link)
     return ClusterResult(scn, summary, reqs, steps, dict(workload.stats), timeline, replicas=table)
 
 
-def _merged_summary(scn, reqs, reps, frames, handoff: Handoff | None, wall_time_s: float):
+def _merged_summary(scn, reqs, reps, steps: pd.DataFrame, bounds: list[int], handoff: Handoff | None,
+                    wall_time_s: float):
+    """The summary over every replica's steps (``_step_table``), and the merged timeline."""
     gaps = TokenGaps()
     for rep in reps:
         gaps.step_gaps.extend(rep.scheduler.gaps.step_gaps)
         gaps.other_gaps.extend(rep.scheduler.gaps.other_gaps)
     merged = _Merged(sum(r.scheduler.num_truncated for r in reps), sum(r.scheduler.num_preemptions for r in reps),
                      sum(r.scheduler.swapped_blocks for r in reps), gaps)
-    # every replica's steps, tagged with the replica (after ``step``), column by column (no frame copies)
-    lengths = [len(st) for st in frames]
-    names = list(dict.fromkeys(name for st in frames for name in st.columns))   # pd.concat's outer join
-    cols = {name: np.concatenate([st[name].to_numpy() if name in st.columns else np.full(len(st), np.nan)
-                                  for st in frames]) for name in names}
-    cols = {"step": cols.pop("step"),
-            "replica": np.repeat(np.array([r.replica_id for r in reps], dtype=np.int64), lengths), **cols}
-    steps = pd.DataFrame(cols, copy=False)
-    # each step's slots as a share of its own replica's capacity
-    cap = np.repeat(np.array([r.manager.capacity_slots for r in reps], dtype=float), lengths)
-    share = pd.DataFrame({**cols, **{c: cols[c].astype(float) / cap for c in SLOT_COLS}}, copy=False)
+    # what summarize reads of the steps, each step's slots as a share of its own replica's capacity
+    share = pd.DataFrame({"duration_s": steps["duration_s"].to_numpy(), "kv_usage": steps["kv_usage"].to_numpy(),
+                          **{c: _shares(steps[c].to_numpy(), reps, bounds) for c in SLOT_COLS}}, copy=False)
     serving = [r for r in reps if r.role != "decode"]
     summary = summarize(reqs, share, merged, capacity_slots=1, wall_time_s=wall_time_s,
                         prefix_cache_hit_rate=_hit_rate(serving))
@@ -159,7 +182,16 @@ def _merged_summary(scn, reqs, reps, frames, handoff: Handoff | None, wall_time_
             moving = pd.DataFrame({"req_id": ids, "phase": "transferring", "start_s": start, "end_s": end})
             tls = [_without_handed_done(tl, handoff.transfer_start) for tl in tls] + [moving]
         timeline = pd.concat(tls).sort_values(["req_id", "start_s"], kind="stable").reset_index(drop=True)
-    return summary, steps, timeline
+    return summary, timeline
+
+
+def _shares(slots: np.ndarray, reps: list[Replica], bounds: list[int]) -> np.ndarray:
+    """Each step's ``slots`` / its replica's capacity_slots, as float64 (the rows of replica i are
+    ``bounds[i]:bounds[i + 1]``)."""
+    out = np.empty(len(slots), dtype=np.float64)
+    for rep, lo, hi in zip(reps, bounds, bounds[1:]):
+        np.divide(slots[lo:hi], float(rep.manager.capacity_slots), out=out[lo:hi])
+    return out
 
 
 def _without_handed_done(tl: pd.DataFrame, transfer_start: dict[int, float]) -> pd.DataFrame:

@@ -24,6 +24,7 @@ sent the fewest requests so far, then to the lowest index.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -40,6 +41,7 @@ class ReplicaView(Protocol):
 
     def load(self) -> int: ...
     def kv_usage(self) -> float: ...
+    def kv_usage_floor(self) -> float: ...
     def cached_prefix_blocks(self, req: Request, hashes: list[int]) -> int: ...
     def has_prefix_cache(self) -> bool: ...
     @property
@@ -80,9 +82,17 @@ class Router:
         raise NotImplementedError
 
 
-def least_loaded(replicas: Sequence[ReplicaView], among: Sequence[int] | None = None) -> int:
-    idx = range(len(replicas)) if among is None else among
-    return min(idx, key=lambda i: (replicas[i].load(), replicas[i].submitted, i))
+def least_loaded(replicas: Sequence[ReplicaView], among: Sequence[int] | None = None,
+                 loads: Sequence[int] | None = None) -> int:
+    """The replica (of ``among``, default all) with the least load, then the fewest submitted, then the
+    lowest index. ``loads``: every replica's ``load()`` as of now, if already read."""
+    best = None
+    for i in range(len(replicas)) if among is None else among:
+        r = replicas[i]
+        key = (r.load() if loads is None else loads[i], r.submitted, i)
+        if best is None or key < best:
+            best = key
+    return best[2]
 
 
 @register("round_robin")
@@ -120,7 +130,19 @@ class LeastKV(Router):
     reads_state = False
 
     def choose(self, req: Request, replicas: Sequence[ReplicaView]) -> int:
-        return min(range(len(replicas)), key=lambda i: (replicas[i].kv_usage(), replicas[i].load(), i))
+        """The least (``kv_usage``, ``load``, index). Replicas are read in the order of a floor of their
+        usage (``kv_usage_floor``), until a floor is above the least usage read: those left cannot win
+        or tie; the load is read only to break a tie."""
+        floors = [r.kv_usage_floor() for r in replicas]
+        usage: dict[int, float] = {}
+        low = math.inf
+        for i in sorted(range(len(replicas)), key=floors.__getitem__):
+            if floors[i] > low:
+                break
+            usage[i] = replicas[i].kv_usage()
+            low = min(low, usage[i])
+        tied = [i for i, u in usage.items() if u == low]
+        return tied[0] if len(tied) == 1 else min(tied, key=lambda i: (replicas[i].load(), i))
 
 
 @register("power_of_two")
@@ -151,7 +173,7 @@ class PrefixAffinity(Router):
         bs = replicas[0].block_size
         max_blocks = (req.prompt_len - 1) // bs
         if max_blocks <= 0 or len(among) == 1:
-            return least_loaded(replicas, among)
+            return least_loaded(replicas, among, loads)
         if not self.reads_state:   # no prefix cache anywhere: every hit is 0
             return min(among, key=lambda i: (loads[i], i))
         hashes = block_hashes(req, 0, max_blocks, bs, ROOT_HASH)
