@@ -81,14 +81,16 @@ class Replica:
         return self.submitted - len(self._finished) - len(self._rejected) - self._pending_finished()
 
     def kv_usage(self) -> float:
-        """Used blocks / blocks, counting those a decode run in progress has taken by now."""
+        """Used blocks / blocks, counting those a decode run in progress holds by now (taken, less the
+        tables of the requests it has finished)."""
         m = self.manager
         return (m.num_blocks - m.num_free_blocks() + self.engine.pending_blocks()) / m.num_blocks
 
     def kv_usage_floor(self) -> float:
-        """``kv_usage`` without a decode run's blocks: never above it (the same division of a count no larger)."""
+        """``kv_usage`` as if a decode run in progress had freed every request it finishes and taken no
+        block: never above it (the same division of a count no larger)."""
         m = self.manager
-        return (m.num_blocks - m.num_free_blocks()) / m.num_blocks
+        return (m.num_blocks - m.num_free_blocks() + self.engine.pending_blocks_floor()) / m.num_blocks
 
     def has_prefix_cache(self) -> bool:
         """Whether this replica's KV manager keeps a prefix cache."""

@@ -343,20 +343,29 @@ class DecodeRunner(DecodeRunApplier):
         """Blocks ``run`` holds at ``now`` (inside it) beyond those held at its start: those taken by the steps
         started by then (a step allocates as it starts), less the tables of the requests it has finished
         before then (request i computes its tokens up to c0_i + rem_i - 1; its table then covers them).
-        Built once per run (or cut) and read by bisection: a router may ask at every arrival."""
+        Read by bisection on tables built once per run (or cut): a router may ask at every arrival."""
+        step_ends, taken, finish_times, freed = self._holdings(run)
+        j = bisect_right(step_ends, now)   # the step in progress
+        return taken[min(j, run.k - 1)] - freed[bisect_left(finish_times, now)]
+
+    def blocks_held_floor(self, run: PendingRun) -> int:
+        """A bound ``blocks_held`` never goes below: less the tables of every request finishing inside."""
+        return -self._holdings(run)[3][-1]
+
+    def _holdings(self, run: PendingRun) -> tuple[list, list, list, list]:
+        """(step ends, blocks taken over steps 0..j, finish times ascending, tables freed by the first i
+        finishes), cached on the run."""
         if run._held is None:
             k, bs = run.k, self.sched.manager.block_size
             _, steps = boundary_steps(run.c0a, run.l0, run.rem, k, bs)
-            taken = np.cumsum(np.bincount(steps, minlength=k)).tolist()   # over steps 0..j
+            taken = np.cumsum(np.bincount(steps, minlength=k)).tolist()
             rem = run.rem
             fin = np.flatnonzero(rem <= k)
             fin = fin[np.argsort(rem[fin], kind="stable")]                  # by finish time
             tables = np.maximum(run.l0, (run.c0a + rem - 1) // bs + 1)[fin]
             run._held = (run.ends[1: k + 1].tolist(), taken, run.ends[rem[fin]].tolist(),
                          [0, *np.cumsum(tables).tolist()])
-        step_ends, taken, finish_times, freed = run._held
-        j = bisect_right(step_ends, now)   # the step in progress
-        return taken[min(j, run.k - 1)] - freed[bisect_left(finish_times, now)]
+        return run._held
 
     def cut(self, run: PendingRun, now: float) -> None:
         """A request is routed to this engine at ``now``, inside ``run`` (cut lazily): the run ends with
