@@ -34,7 +34,8 @@ from sim.sched.queues import make_queue
 
 _RUNNING = RequestStatus.RUNNING
 _SWAPPED = RequestStatus.SWAPPED
-LANE_MIN_BATCH = 24   # a decode lane is built for a batch of at least this many (smaller: the loop is cheaper)
+LANE_MIN_BATCH = 16   # a decode lane is built for a batch of at least this many (smaller: the loop is cheaper;
+                      # instruction counts of the Azure hour, as given and outputs doubled: 16 the least of 12-24)
 FINISH_BISECT_MAX = 8   # more requests finishing in one step: one filtering pass over ``running`` instead
 
 
