@@ -236,8 +236,8 @@ class DecodeRunApplier:
 
     def _allocate_blocks(self, run: PendingRun, c0: np.ndarray,
                          peaks: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Without a prefix cache: request i takes a block at steps L0_i * bs - c0_i + m * bs (its computed
-        count reaches its table's capacity), one per boundary; all of them leave the pool in one call."""
+        """Without a prefix cache: the run's block boundaries (``boundary_steps``) in (step, batch) order, all
+        leaving the pool in one call."""
         k, bs = run.k, self.sched.manager.block_size
         pos, steps = boundary_steps(c0, run.l0, run.rem, k, bs)
         if len(steps) > 1:
