@@ -206,8 +206,9 @@ class DecodeRunner(DecodeRunApplier):
         return need <= mgr.pool.num_free - n
 
     def _arrival_limit(self, now: float, next_arrival: float, prev_duration: float) -> int:
-        """Steps a run may price before the next arrival (an estimate from the last step's duration; the
-        exact cut is made on the priced ends)."""
+        """Steps estimated to the next arrival from the last step's duration: a run is taken only if this
+        reaches ``min_steps``, and priced for up to ``PRICE_AHEAD`` times it (the exact cut is made on the
+        priced ends)."""
         if math.isfinite(next_arrival) and prev_duration > 0:
             return max(1, min(self.max_steps, int((next_arrival - now) / prev_duration) + 3))
         return self.max_steps
