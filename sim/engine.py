@@ -192,11 +192,6 @@ class Engine:
             return 0
         return self._runner.blocks_held(run, self.env.now)
 
-    def pending_blocks_floor(self) -> int:
-        """A bound ``pending_blocks`` stays above until the run being waited on ends (0 without one)."""
-        run = self._pending
-        return 0 if run is None else self._runner.blocks_held_floor(run)
-
     def wake(self) -> None:
         """Something outside the scheduler changed (memory was freed): plan again if idle."""
         if self._wake is not None and not self._wake.triggered:

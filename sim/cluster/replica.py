@@ -86,12 +86,6 @@ class Replica:
         m = self.manager
         return (m.num_blocks - m.num_free_blocks() + self.engine.pending_blocks()) / m.num_blocks
 
-    def kv_usage_floor(self) -> float:
-        """``kv_usage`` as if a decode run in progress had freed every request it finishes and taken no
-        block: never above it (the same division of a count no larger)."""
-        m = self.manager
-        return (m.num_blocks - m.num_free_blocks() + self.engine.pending_blocks_floor()) / m.num_blocks
-
     def has_prefix_cache(self) -> bool:
         """Whether this replica's KV manager keeps a prefix cache."""
         return getattr(self.manager, "prefix_cache", None) is not None

@@ -24,7 +24,6 @@ sent the fewest requests so far, then to the lowest index.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -41,7 +40,6 @@ class ReplicaView(Protocol):
 
     def load(self) -> int: ...
     def kv_usage(self) -> float: ...
-    def kv_usage_floor(self) -> float: ...
     def cached_prefix_blocks(self, req: Request, hashes: list[int]) -> int: ...
     def has_prefix_cache(self) -> bool: ...
     @property
@@ -130,19 +128,7 @@ class LeastKV(Router):
     reads_state = False
 
     def choose(self, req: Request, replicas: Sequence[ReplicaView]) -> int:
-        """The least (``kv_usage``, ``load``, index). Replicas are read in the order of a floor of their
-        usage (``kv_usage_floor``), until a floor is above the least usage read: those left cannot win
-        or tie; the load is read only to break a tie."""
-        floors = [r.kv_usage_floor() for r in replicas]
-        usage: dict[int, float] = {}
-        low = math.inf
-        for i in sorted(range(len(replicas)), key=floors.__getitem__):
-            if floors[i] > low:
-                break
-            usage[i] = replicas[i].kv_usage()
-            low = min(low, usage[i])
-        tied = [i for i, u in usage.items() if u == low]
-        return tied[0] if len(tied) == 1 else min(tied, key=lambda i: (replicas[i].load(), i))
+        return min(range(len(replicas)), key=lambda i: (replicas[i].kv_usage(), replicas[i].load(), i))
 
 
 @register("power_of_two")

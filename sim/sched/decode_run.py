@@ -355,10 +355,6 @@ class DecodeRunner(DecodeRunApplier):
         j = bisect_right(step_ends, now)   # the step in progress
         return taken[min(j, run.k - 1)] - freed[bisect_left(finish_times, now)]
 
-    def blocks_held_floor(self, run: PendingRun) -> int:
-        """A bound ``blocks_held`` never goes below: less the tables of every request finishing inside."""
-        return -self._holdings(run)[3][-1]
-
     def _holdings(self, run: PendingRun) -> tuple[list, list, list, list]:
         """(step ends, blocks taken over steps 0..j, finish times ascending, tables freed by the first i
         finishes), cached on the run."""
