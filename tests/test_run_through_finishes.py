@@ -15,6 +15,7 @@ from test_multi_step import SWAP_GB, assert_same_outcomes, both_ways
 import sim.sched.decode_run as decode_run
 from sim.executors.cost_model import make_cost_model_executor
 from sim.scenario import ExecutorConfig, scenario_from_dict
+from sim.sched.decode_run_apply import boundary_events, boundary_steps
 
 
 @pytest.fixture
@@ -47,6 +48,43 @@ def test_shrinking_sums_count_each_request_until_its_last_step():
             assert ctx[j] == sum(int(c0[i]) + j + 1 for i in alive)
 
 
+def test_shrinking_segments_count_each_request_until_its_last_step():
+    """The plain-Python stretches (a small batch) against the same count by hand."""
+    rng = np.random.default_rng(4)
+    for _ in range(300):
+        n = int(rng.integers(1, 12))
+        c0 = rng.integers(1, 500, n).tolist()
+        k = int(rng.integers(1, 35))
+        rem = rng.integers(1, 40, n).tolist()
+        rem[int(rng.integers(0, n))] = k + int(rng.integers(0, 3))   # (some request computes in every step)
+        sizes, lengths, bases = decode_run._shrinking_segments(c0, rem, k)
+        assert sum(lengths) == k and min(lengths) > 0
+        start = 0
+        for size, length, base in zip(sizes, lengths, bases):
+            for j in range(start, start + length):
+                alive = [i for i in range(n) if j < rem[i]]
+                assert size == len(alive)
+                assert base == sum(c0[i] + 1 for i in alive)
+            start += length
+
+
+def test_boundary_events_are_the_steps_where_a_table_overflows():
+    """Request i allocates at step j when it computes token c0_i + j, a multiple of the block size at or
+    past its table's capacity, before its last step; the plain-Python events and the numpy ones agree."""
+    rng = np.random.default_rng(6)
+    for _ in range(300):
+        n, bs, k = int(rng.integers(1, 10)), int(rng.choice([1, 4, 16])), int(rng.integers(1, 60))
+        c0 = rng.integers(1, 300, n)
+        l0 = -(-c0 // bs) + rng.integers(0, 2, n)   # a table covers what was computed (a block ahead at most)
+        rem = rng.integers(1, 80, n)
+        by_hand = sorted((j, i) for i in range(n) for j in range(min(int(rem[i]), k))
+                         if (c0[i] + j) % bs == 0 and (c0[i] + j) // bs >= l0[i])
+        pos, steps = boundary_events(c0.tolist(), l0.tolist(), rem.tolist(), k, bs)
+        assert list(zip(steps, pos)) == by_hand
+        pos_np, steps_np = boundary_steps(c0, l0, rem, k, bs)
+        assert sorted(zip(steps_np.tolist(), pos_np.tolist())) == by_hand
+
+
 @pytest.mark.parametrize("calibration", [None, "roofline"])
 def test_profile_prices_equal_one_step_prices(calibration):
     """Entry j of ``execute_decode_profile`` is ``execute_decode_sums`` of step j alone, bit for bit, on the
@@ -60,6 +98,11 @@ def test_profile_prices_equal_one_step_prices(calibration):
     seqs = np.array([40, 40, 39, 39, 39, 12, 3, 1, 12, 40], dtype=np.int64)   # (any order of sizes)
     ctx = np.array([9000, 9040, 8900, 8939, 8978, 4000, 1200, 700, 3000, 7000], dtype=np.int64)
     prof = exe.execute_decode_profile(seqs, ctx)
+    sizes = [40, 39, 12, 3, 1, 12, 40]   # the same steps, as stretches of equal sizes
+    lengths = [2, 3, 1, 1, 1, 1, 1]
+    stretched = exe.execute_decode_profile(seqs, ctx, (sizes, lengths))
+    assert (stretched.durations == prof.durations).all()
+    assert all((stretched.breakdown[key] == v).all() for key, v in prof.breakdown.items())
     for j in range(len(seqs)):
         one = exe.execute_decode_sums(int(seqs[j]), int(ctx[j]), 1)
         assert prof.durations[j] == one.durations[0]

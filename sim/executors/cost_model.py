@@ -279,11 +279,18 @@ class CostModelExecutor:
         dec_ctx = ctx0 + seqs * np.arange(k, dtype=np.int64)   # exact integers, as the loop sums them
         return self._decode_prices(seqs, dec_ctx, self._size_terms(seqs))
 
-    def execute_decode_profile(self, seqs: np.ndarray, dec_ctx: np.ndarray):
+    def execute_decode_profile(self, seqs: np.ndarray, dec_ctx: np.ndarray,
+                               stretches: tuple[list[int], list[int]] | None = None):
         """``k`` all-decode steps whose batch shrinks as requests finish: step j has ``seqs[j]`` sequences
         whose contexts (each counting the token computed) sum to ``dec_ctx[j]``. Entry j equals
         ``execute_decode_sums(seqs[j], dec_ctx[j], 1)`` bit for bit: the same formulas, element by element,
-        with the per-size terms looked up once per run of equal sizes (a shrinking batch: a few)."""
+        with the per-size terms looked up once per run of equal sizes (a shrinking batch: a few).
+        ``stretches``: those runs, if the caller has them, as (sizes, lengths): ``seqs`` is sizes[s] repeated
+        lengths[s] times."""
+        if stretches is not None:
+            sizes, lengths = stretches
+            terms = np.repeat(np.array([self._size_terms(n) for n in sizes]), lengths, axis=0)
+            return self._decode_prices(seqs, dec_ctx, tuple(terms.T))
         new_size = np.empty(len(seqs), dtype=np.int64)   # 1 where a step's size differs from the last
         new_size[0] = 0
         np.not_equal(seqs[1:], seqs[:-1], out=new_size[1:])

@@ -19,6 +19,7 @@ Invariants (``check_integrity``): every block's ref count equals the number of b
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -26,6 +27,8 @@ from sim.kv.block_pool import BlockPool
 from sim.kv.sharing import SharingMixin, seq_width
 from sim.kv.swap import SwapSpace
 from sim.request import Request
+
+FEW_EVENTS = 8   # a decode run's block allocations up to this many are made in plain Python (else numpy)
 
 
 class KVCacheManager(SharingMixin):
@@ -135,23 +138,31 @@ class KVCacheManager(SharingMixin):
         p["used"] = max(p["used"], used)
         p["logical"] = max(p["logical"], logical)
 
-    def allocate_decode_run(self, reqs: list[Request], pos: np.ndarray, steps: np.ndarray, new_len: np.ndarray,
-                            k: int, peaks: bool = True,
-                            max_kv: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def allocate_decode_run(self, reqs: list[Request], pos: Sequence[int], steps: Sequence[int],
+                            new_len: Sequence[int], k: int, peaks: bool = True,
+                            max_kv: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Grow tables as ``allocate_slots(req, 1)`` would at each decode-run boundary, without a prefix
         cache (nothing to insert or evict): event e gives ``reqs[pos[e]]`` a table of ``new_len[e]``
         blocks at step ``steps[e]``; events come sorted by (step, position), which is the order blocks
         leave the pool. Returns per step (used, beyond-final, logical) counters after its allocations.
         ``peaks``: raise the peaks to the counters after all of them (False: the caller raises them, when
         blocks are freed between the run's steps). ``max_kv``: each event's request's ``max_kv_tokens``, if the
-        caller has them."""
+        caller has them. The events come as arrays, or as lists (a small batch: plain Python throughout)."""
         used0, beyond0, logical0 = self.decode_run_counters()
         total = len(steps)
         if total == 0:
             return np.full(k, used0), np.full(k, beyond0), np.full(k, logical0)
         grown = np.cumsum(np.bincount(steps, minlength=k))   # blocks taken up to each step's end
-        if total <= 8:   # the usual case: a few boundaries, cheaper without numpy
-            d_beyond = self._grow_few(reqs, pos.tolist(), steps.tolist(), new_len.tolist(), k)
+        if isinstance(steps, list):
+            if total <= FEW_EVENTS:
+                d_beyond = self._grow_few(reqs, pos, steps, new_len, k, max_kv)
+            else:
+                d_beyond = self._grow_many(reqs, np.array(pos, dtype=np.int64), np.array(steps, dtype=np.int64),
+                                           np.array(new_len, dtype=np.int64), k,
+                                           None if max_kv is None else np.array(max_kv, dtype=np.int64))
+        elif total <= FEW_EVENTS:
+            d_beyond = self._grow_few(reqs, pos.tolist(), steps.tolist(), new_len.tolist(), k,
+                                      None if max_kv is None else max_kv.tolist())
         else:
             d_beyond = self._grow_many(reqs, pos, steps, new_len, k, max_kv)
         self._logical_blocks += total
@@ -185,17 +196,18 @@ class KVCacheManager(SharingMixin):
         return np.bincount(steps[final], weights=per[final], minlength=k).astype(np.int64)
 
     def _grow_few(self, reqs: list[Request], pos: list[int], steps: list[int], new_len: list[int],
-                  k: int) -> np.ndarray | None:
-        """``_grow_many`` for a handful of events, in plain Python (same blocks, same counters); None when
-        no table reached its final block."""
+                  k: int, max_kv: list[int] | None = None) -> np.ndarray | None:
+        """``_grow_many`` for a few events, in plain Python (same blocks, same counters); None when no
+        table reached its final block."""
         blocks = self.pool.allocate(len(steps))
         tables = self.block_tables
         bs = self.block_size
         extra = None
-        for p, j, n, b in zip(pos, steps, new_len, blocks):
+        if max_kv is None:
+            max_kv = [reqs[p].max_kv_tokens for p in pos]
+        for p, j, n, b, kv in zip(pos, steps, new_len, blocks, max_kv):
             req = reqs[p]
             tables[req.req_id].append(b)
-            kv = req.max_kv_tokens
             last = (kv - 1) // bs
             if n == last + 1 and (last + 1) * bs - kv > 0:
                 before = self._beyond_final

@@ -39,7 +39,7 @@ import numpy as np
 from sim.errors import KvsimError
 from sim.executors.base import execute_decode_run
 from sim.request import Request, RequestStatus
-from sim.sched.decode_run_apply import DecodeRunApplier, boundary_steps
+from sim.sched.decode_run_apply import SMALL_BATCH, DecodeRunApplier, boundary_events, boundary_steps
 from sim.sched.plan import ScheduledRequest, StepPlan
 
 MAX_RUN_STEPS = 4096   # longest run priced in one call
@@ -108,6 +108,35 @@ def _shrinking_sums(c0: np.ndarray, rem: np.ndarray, k: int) -> tuple[np.ndarray
     gone_ctx = np.cumsum(np.bincount(steps, weights=c0 + 1, minlength=k + 1)[:k]).astype(np.int64)
     base = int(c0.sum()) + len(c0) - gone_ctx
     return seqs, base + seqs * np.arange(k, dtype=np.int64)
+
+
+def _shrinking_segments(c0: list[int], rem: list[int], k: int) -> tuple[list[int], list[int], list[int]]:
+    """``_shrinking_sums`` as stretches of steps with the same requests, in plain Python (a small batch):
+    (sizes, lengths, bases), stretch s has ``sizes[s]`` requests for ``lengths[s]`` steps, whose contexts
+    (c0 + 1) sum to ``bases[s]`` at the run's start. Some request takes part in every one of the k steps."""
+    gone: dict[int, list[int]] = {}   # last step + 1 (< k) -> [requests, their c0 + 1 summed]
+    for c, r in zip(c0, rem):
+        if r < k:
+            g = gone.get(r)
+            if g is None:
+                gone[r] = [1, c + 1]
+            else:
+                g[0] += 1
+                g[1] += c + 1
+    size, base = len(c0), sum(c0) + len(c0)
+    sizes, lengths, bases = [], [], []
+    prev = 0
+    for end in sorted(gone):
+        sizes.append(size)
+        lengths.append(end - prev)
+        bases.append(base)
+        prev = end
+        size -= gone[end][0]
+        base -= gone[end][1]
+    sizes.append(size)
+    lengths.append(k - prev)
+    bases.append(base)
+    return sizes, lengths, bases
 
 
 class DecodeRunner(DecodeRunApplier):
@@ -360,8 +389,11 @@ class DecodeRunner(DecodeRunApplier):
         finishes), cached on the run."""
         if run._held is None:
             k, bs = run.k, self.sched.manager.block_size
-            _, steps = boundary_steps(run.c0a, run.l0, run.rem, k, bs)
-            taken = np.cumsum(np.bincount(steps, minlength=k)).tolist()
+            if len(run.batch) <= SMALL_BATCH:
+                _, steps = boundary_events(run.c0, run.l0.tolist(), run.rem.tolist(), k, bs)
+            else:
+                _, steps = boundary_steps(run.c0a, run.l0, run.rem, k, bs)
+            taken = np.cumsum(np.bincount(np.asarray(steps, dtype=np.int64), minlength=k)).tolist()
             rem = run.rem
             fin = np.flatnonzero(rem <= k)
             fin = fin[np.argsort(rem[fin], kind="stable")]                  # by finish time
@@ -386,6 +418,11 @@ class DecodeRunner(DecodeRunApplier):
         in steps j < rem_i only (the batch shrinks as requests finish); then also returns the requests in
         each step (else None)."""
         if rem is not None and int(rem.min()) < k:
+            if len(c0) <= SMALL_BATCH:
+                sizes, lengths, bases = _shrinking_segments(c0.tolist(), rem.tolist(), k)
+                seqs = np.repeat(np.array(sizes, dtype=np.int64), lengths)
+                ctx = np.repeat(np.array(bases, dtype=np.int64), lengths) + seqs * np.arange(k, dtype=np.int64)
+                return self.executor.execute_decode_profile(seqs, ctx, (sizes, lengths)), seqs
             seqs, ctx = _shrinking_sums(c0, rem, k)
             return self.executor.execute_decode_profile(seqs, ctx), seqs
         sums = getattr(self.executor, "execute_decode_sums", None)

@@ -22,6 +22,9 @@ from sim.sched.plan import StepResult
 if TYPE_CHECKING:
     from sim.sched.decode_run import PendingRun
 
+SMALL_BATCH = 32   # a run of at most this many requests is worked out per request in plain Python, a larger
+                   # one with numpy (a numpy call costs about a microsecond whatever its size)
+
 
 def boundary_steps(c0: np.ndarray, l0: np.ndarray, rem: np.ndarray, k: int, bs: int) -> tuple[np.ndarray, np.ndarray]:
     """The block allocations of a run's k steps, by request: request i (computed ``c0_i``, a table of
@@ -39,6 +42,16 @@ def boundary_steps(c0: np.ndarray, l0: np.ndarray, rem: np.ndarray, k: int, bs: 
         return pos, first[pos]
     pos = np.repeat(np.arange(len(c0)), count)
     return pos, np.repeat(first, count) + (np.arange(total) - np.repeat(np.cumsum(count) - count, count)) * bs
+
+
+def boundary_events(c0: list[int], l0: list[int], rem: list[int], k: int, bs: int) -> tuple[list[int], list[int]]:
+    """``boundary_steps`` in plain Python (a small batch), sorted by (step, position): the order in which
+    the blocks leave the pool. Returns (positions, steps)."""
+    events = []
+    for i, (c, n, r) in enumerate(zip(c0, l0, rem)):
+        events.extend([(j, i) for j in range(n * bs - c, r if r < k else k, bs)])
+    events.sort()
+    return [i for _, i in events], [j for j, _ in events]
 
 
 class DecodeStepView:
@@ -239,11 +252,17 @@ class DecodeRunApplier:
         """Without a prefix cache: the run's block boundaries (``boundary_steps``) in (step, batch) order, all
         leaving the pool in one call."""
         k, bs = run.k, self.sched.manager.block_size
+        # a request's most KV tokens: prompt + output - 1 = c0 + rem (a decode computes c0 = prompt + g0 - 1)
+        if len(run.batch) <= SMALL_BATCH:
+            c0l, rem = run.c0, run.rem.tolist()
+            pos, steps = boundary_events(c0l, run.l0.tolist(), rem, k, bs)
+            return self.sched.manager.allocate_decode_run(
+                run.batch, pos, steps, [(c0l[p] + j) // bs + 1 for p, j in zip(pos, steps)], k, peaks=peaks,
+                max_kv=[c0l[p] + rem[p] for p in pos])
         pos, steps = boundary_steps(c0, run.l0, run.rem, k, bs)
         if len(steps) > 1:
             order = np.lexsort((pos, steps))
             pos, steps = pos[order], steps[order]
-        # a request's most KV tokens: prompt + output - 1 = c0 + rem (a decode computes c0 = prompt + g0 - 1)
         return self.sched.manager.allocate_decode_run(run.batch, pos, steps, (c0[pos] + steps) // bs + 1, k,
                                                       peaks=peaks, max_kv=(c0 + run.rem)[pos])
 
