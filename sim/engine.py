@@ -377,7 +377,9 @@ class Engine:
             for i in range(j, k):
                 yield env.timeout(float(durations[i]))
         except simpy.Interrupt:
-            self._runner.cut(last, env.now)
+            if self._runner.cut(last, env.now):   # on through the next step, planned without the arrival:
+                yield from self._wait_until(float(last.ends[last.k - 1]))   # handed over as it starts
+                self._admit_staged(before=env.now)
             yield from self._wait_until(last.end)
 
     def _wait_until(self, target: float):

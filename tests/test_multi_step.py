@@ -268,6 +268,22 @@ def test_load_routers_cut_runs_lazily(policy, async_scheduling, run_count, cut_c
     assert run_count["runs"] > 0 and cut_count["cuts"] > 0
 
 
+@pytest.mark.parametrize("policy", ["least_requests", "session"])
+def test_lazy_cuts_hand_staged_requests_over_as_single_stepping_does(policy, run_count, cut_count):
+    """With async scheduling a cut run goes on through the step after the arrival's (planned without it);
+    the request is handed over as that step starts, where single stepping hands it over. Some prompts can
+    never fit and are rejected on hand-over: a load read during that step sees the rejection then."""
+    data = copy.deepcopy(LAZY)
+    data["scheduler"]["async_scheduling"] = True
+    data["workload"]["synthetic"]["prompt_len"] = {"dist": "uniform", "min": 4, "max": 4800}
+    data["cluster"] = {"replicas": 4, "router": {"policy": policy}}
+    single, multi = both_ways(data, check=True)
+    assert_same(single, multi)
+    pd.testing.assert_frame_equal(single.replicas, multi.replicas, check_exact=True)
+    assert run_count["runs"] > 0 and cut_count["cuts"] > 0
+    assert single.summary["num_rejected"] > 10
+
+
 def test_disaggregated_prefill_pool_behind_least_requests_equal(run_count):
     data = copy.deepcopy(LAZY)
     data["cluster"] = {"prefill": {"replicas": 2}, "decode": {"replicas": 2},
@@ -304,6 +320,17 @@ def test_a_cut_run_ends_with_the_step_the_arrival_falls_in():
     assert run.k == 1 and run.end == 1.0
     with pytest.raises(AssertionError):
         runner.cut(_run([0.0, 1.0, 2.0], 2), 1.0)   # exactly at a step's end: planning excludes it
+
+
+def test_with_async_scheduling_a_cut_run_goes_on_through_the_next_step_if_priced():
+    """The step after the arrival's is planned before the request is handed over: the run keeps it."""
+    runner = decode_run.DecodeRunner(None, None, None, arrival_times=np.array([]), staging=True)
+    run = _run([0.0, 1.0, 2.0, 3.0, 4.0], 4)
+    assert runner.cut(run, 1.5)               # inside step 1: steps 0, 1 and 2 remain
+    assert run.k == 3 and list(run.ends) == [0.0, 1.0, 2.0, 3.0]
+    run = _run([0.0, 1.0, 2.0, 3.0, 4.0], 4)
+    assert not runner.cut(run, 3.5)           # inside the last priced step: nothing after it to keep
+    assert run.k == 4 and run.end == 4.0
 
 
 def test_a_cut_run_lands_on_its_end_even_where_no_single_delay_does():

@@ -402,15 +402,20 @@ class DecodeRunner(DecodeRunApplier):
                          [0, *np.cumsum(tables).tolist()])
         return run._held
 
-    def cut(self, run: PendingRun, now: float) -> None:
+    def cut(self, run: PendingRun, now: float) -> bool:
         """A request is routed to this engine at ``now``, inside ``run`` (cut lazily): the run ends with
-        the step that ``now`` falls in, as if it had been planned knowing the arrival."""
+        the step that ``now`` falls in, as if it had been planned knowing the arrival; with async
+        scheduling, with the step after it where priced (planned before the request is handed over, as
+        that step starts: the caller's part). Returns whether it goes on through that step."""
         k = int(np.searchsorted(run.ends[1: run.k + 1], now, side="left")) + 1
         if not (k <= run.k and run.ends[k - 1] < now < run.ends[k]):
             raise AssertionError(f"decode run: cut at {now!r} outside its steps or at a step's end")
+        through = self.staging and k < run.k
+        k += through
         run.k = k
         run.ends = run.ends[: k + 1]
         run._finish_times = run._held = None
+        return through
 
     def _price_steps(self, batch: list[Request], c0: np.ndarray, k: int, rem: np.ndarray | None = None):
         """Prices of k decode steps of ``batch`` (step j: every context c0 + j); from the batch's size and
