@@ -77,8 +77,8 @@ class PendingRun:
     c0a: np.ndarray | None = None     # c0 and g0 as arrays (carried to the next run of a chain)
     g0a: np.ndarray | None = None
     seqs: np.ndarray | None = None    # requests in each priced step, where some finish inside the run
-    _finish_times: list[float] | None = None   # (finished_before's; dropped when the run is cut)
-    _held: tuple | None = None                # (blocks_held's tables; dropped when the run is cut)
+    _finish_times: list[float] | None = None   # (finished_before's, for the steps priced: a cut keeps them)
+    _held: tuple | None = None                # (blocks_held's tables, likewise)
 
     def finished_before(self, now: float) -> int:
         """How many of its requests finish inside it before ``now`` (their last step ends before then)."""
@@ -379,27 +379,28 @@ class DecodeRunner(DecodeRunApplier):
         """Blocks ``run`` holds at ``now`` (inside it) beyond those held at its start: those taken by the steps
         started by then (a step allocates as it starts), less the tables of the requests it has finished
         before then (request i computes its tokens up to c0_i + rem_i - 1; its table then covers them).
-        Read by bisection on tables built once per run (or cut): a router may ask at every arrival."""
-        step_ends, taken, finish_times, freed = self._holdings(run)
-        j = bisect_right(step_ends, now)   # the step in progress
-        return taken[min(j, run.k - 1)] - freed[bisect_left(finish_times, now)]
+        Read by bisection on tables built once per run: a router may ask at every arrival."""
+        step_ends, taken_at, finish_times, freed = self._holdings(run)
+        j = min(bisect_right(step_ends, now), run.k - 1)   # the step in progress
+        return bisect_right(taken_at, j) - freed[bisect_left(finish_times, now)]
 
     def _holdings(self, run: PendingRun) -> tuple[list, list, list, list]:
-        """(step ends, blocks taken over steps 0..j, finish times ascending, tables freed by the first i
-        finishes), cached on the run."""
+        """(step ends, the step of each block taken in ascending order, finish times ascending, tables
+        freed by the first i finishes), cached on the run. Built for the steps priced; a cut run keeps
+        them (it is asked only about times before its end, where they agree)."""
         if run._held is None:
             k, bs = run.k, self.sched.manager.block_size
+            step_ends = run.ends[1: k + 1].tolist()
+            rem, l0 = run.rem.tolist(), run.l0.tolist()
             if len(run.batch) <= SMALL_BATCH:
-                _, steps = boundary_events(run.c0, run.l0.tolist(), run.rem.tolist(), k, bs)
+                _, taken_at = boundary_events(run.c0, l0, rem, k, bs)
             else:
-                _, steps = boundary_steps(run.c0a, run.l0, run.rem, k, bs)
-            taken = np.cumsum(np.bincount(np.asarray(steps, dtype=np.int64), minlength=k)).tolist()
-            rem = run.rem
-            fin = np.flatnonzero(rem <= k)
-            fin = fin[np.argsort(rem[fin], kind="stable")]                  # by finish time
-            tables = np.maximum(run.l0, (run.c0a + rem - 1) // bs + 1)[fin]
-            run._held = (run.ends[1: k + 1].tolist(), taken, run.ends[rem[fin]].tolist(),
-                         [0, *np.cumsum(tables).tolist()])
+                taken_at = np.sort(boundary_steps(run.c0a, run.l0, run.rem, k, bs)[1]).tolist()
+            finishes = sorted((r, i) for i, r in enumerate(rem) if r <= k)   # by finish time (stable)
+            freed = [0]
+            for r, i in finishes:
+                freed.append(freed[-1] + max(l0[i], (run.c0[i] + r - 1) // bs + 1))
+            run._held = (step_ends, taken_at, [step_ends[r - 1] for r, _ in finishes], freed)
         return run._held
 
     def cut(self, run: PendingRun, now: float) -> bool:
@@ -414,7 +415,6 @@ class DecodeRunner(DecodeRunApplier):
         k += through
         run.k = k
         run.ends = run.ends[: k + 1]
-        run._finish_times = run._held = None
         return through
 
     def _price_steps(self, batch: list[Request], c0: np.ndarray, k: int, rem: np.ndarray | None = None):
