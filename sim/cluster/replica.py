@@ -58,6 +58,11 @@ class Replica:
         self._finished = self.engine.scheduler.finished
         self._rejected = self.engine.scheduler.rejected
         self._pending_finished = self.engine.pending_finished
+        # and what ``kv_usage`` reads (the manager is never replaced)
+        manager = self.engine.scheduler.manager
+        self._num_blocks = manager.num_blocks
+        self._free_blocks = manager.num_free_blocks
+        self._pending_blocks = self.engine.pending_blocks
 
     @property
     def scheduler(self):
@@ -83,8 +88,7 @@ class Replica:
     def kv_usage(self) -> float:
         """Used blocks / blocks, counting those a decode run in progress holds by now (taken, less the
         tables of the requests it has finished)."""
-        m = self.manager
-        return (m.num_blocks - m.num_free_blocks() + self.engine.pending_blocks()) / m.num_blocks
+        return (self._num_blocks - self._free_blocks() + self._pending_blocks()) / self._num_blocks
 
     def has_prefix_cache(self) -> bool:
         """Whether this replica's KV manager keeps a prefix cache."""
