@@ -28,7 +28,7 @@ from sim.kv.sharing import SharingMixin, seq_width
 from sim.kv.swap import SwapSpace
 from sim.request import Request
 
-FEW_EVENTS = 8   # a decode run's block allocations up to this many are made in plain Python (else numpy)
+FEW_EVENTS = 8   # a large batch's decode run makes up to this many block allocations in plain Python (else numpy)
 
 
 class KVCacheManager(SharingMixin):
@@ -153,13 +153,8 @@ class KVCacheManager(SharingMixin):
         if total == 0:
             return np.full(k, used0), np.full(k, beyond0), np.full(k, logical0)
         grown = np.cumsum(np.bincount(steps, minlength=k))   # blocks taken up to each step's end
-        if isinstance(steps, list):
-            if total <= FEW_EVENTS:
-                d_beyond = self._grow_few(reqs, pos, steps, new_len, k, max_kv)
-            else:
-                d_beyond = self._grow_many(reqs, np.array(pos, dtype=np.int64), np.array(steps, dtype=np.int64),
-                                           np.array(new_len, dtype=np.int64), k,
-                                           None if max_kv is None else np.array(max_kv, dtype=np.int64))
+        if isinstance(steps, list):   # (plain Python beats numpy's grouping up to hundreds of events)
+            d_beyond = self._grow_few(reqs, pos, steps, new_len, k, max_kv)
         elif total <= FEW_EVENTS:
             d_beyond = self._grow_few(reqs, pos.tolist(), steps.tolist(), new_len.tolist(), k,
                                       None if max_kv is None else max_kv.tolist())
@@ -197,8 +192,8 @@ class KVCacheManager(SharingMixin):
 
     def _grow_few(self, reqs: list[Request], pos: list[int], steps: list[int], new_len: list[int],
                   k: int, max_kv: list[int] | None = None) -> np.ndarray | None:
-        """``_grow_many`` for a few events, in plain Python (same blocks, same counters); None when no
-        table reached its final block."""
+        """``_grow_many`` in plain Python (same blocks, same counters); None when no table reached its
+        final block."""
         blocks = self.pool.allocate(len(steps))
         tables = self.block_tables
         bs = self.block_size
