@@ -136,25 +136,26 @@ class DecodeRunApplier:
         held0 = mgr._held_tokens
         c0a = run.c0a if run.c0a is not None else np.array(run.c0, dtype=np.int64)
         used, beyond, logical = self._allocate_blocks(run, c0a, peaks=False)
-        ending = np.flatnonzero(rem <= k)
-        group_at = rem[ending] - 1                           # the step each of them finishes in
+        reml = rem.tolist()
+        # (the step each finishing request finishes in, its batch position), sorted: steps in order, batch
+        # order within a step
+        ending = sorted([(r - 1, i) for i, r in enumerate(reml) if r <= k])
         if run.seqs is not None:                             # requests computing in step j (as priced)
             alive = run.seqs[:k]
         else:
-            leaving = np.bincount(group_at, minlength=k)    # requests whose last step is j
+            leaving = np.bincount([j for j, _ in ending], minlength=k)    # requests whose last step is j
             alive = n0 - (np.cumsum(leaving) - leaving)
         self._gaps(run, alive)   # (before the finished requests' last token times are written)
         # the finishes, step by step (batch order within a step), and what each step's frees gave back
         c0, g0 = run.c0, run.g0
         done: list[Request] = []
         rows = []   # per step with finishes: (step, used, beyond, logical, held tokens) its frees gave back
-        # (step, batch position) pairs sorted: steps in order, batch order within a step
-        for j, pairs in groupby(sorted(zip(group_at.tolist(), ending.tolist())), key=itemgetter(0)):
+        for j, pairs in groupby(ending, key=itemgetter(0)):
             group = []
             t = float(ends[j + 1])
             for _, i in pairs:
                 req = batch[i]
-                r = int(rem[i])
+                r = reml[i]
                 req.num_computed_tokens = c0[i] + r
                 req.num_generated = g0[i] + r
                 req.last_token_s = t
@@ -281,11 +282,11 @@ class DecodeRunApplier:
             if num0 < n:
                 gaps.other_gaps.extend([float(ends[1] - run.last_token)] * n)
         else:
-            lt = np.fromiter((r.last_token_s for r in run.batch), np.float64, n)
-            reg0 = lt == back[0]
-            num0 = int(reg0.sum())
-            if num0 < n:
-                gaps.other_gaps.extend((ends[1] - lt[~reg0]).tolist())
+            b0, e1 = float(back[0]), float(ends[1])
+            late = [e1 - t for t in [r.last_token_s for r in run.batch] if t != b0]
+            num0 = n - len(late)
+            if late:
+                gaps.other_gaps.extend(late)
         if num0:
             gaps.step_gaps.append((float(d[0]), num0))
         if k == 1:
