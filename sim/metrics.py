@@ -37,71 +37,103 @@ INT_COLUMNS = [c for c in STEP_COLUMNS if c not in ("start_s", "duration_s")]
 class Columns:
     """Growable float64 columns; integers up to 2**53 are exact.
 
-    Rows are queued, not written: ``append`` queues one row as a tuple (far cheaper than writing one numpy
-    row), ``extend`` the rows of a decode run given column by column (arrays of its length, or scalars),
-    laid at once into a block of its own. The queue is kept as segments in append order: a stretch of
-    single rows becomes one block (one ``fromiter``) when a run follows it or at a flush. Once
-    ``FLUSH_ROWS`` rows are queued, and before any read, the segments are joined into the arrays."""
+    Rows live in chunks of ``CHUNK_ROWS`` rows, column-major (a column's stretch is contiguous), from
+    ``np.zeros`` (pages zeroed lazily), filled in append order. ``append`` queues one row as a tuple (far
+    cheaper than writing one numpy row); queued rows are written when a run follows them (one or two: row
+    by row; more: as one block, one ``fromiter``), when ``ROWS_QUEUED`` are queued, or before a read.
+    ``extend`` writes the rows of a decode run column by column (arrays of its length, or scalars: a 0
+    is already there) straight into the chunk: each row is copied once while recording, once more when
+    read."""
 
-    FLUSH_ROWS = 8192
+    CHUNK_ROWS = 8192
+    ROWS_QUEUED = 1024
 
     def __init__(self, width: int) -> None:
         self.width = width
-        # flushed rows: blocks of rows, oldest first, joined into one (column-major) block on a read,
-        # so that growing costs no copies
-        self._blocks: list[np.ndarray] = []
-        self._stored = 0                    # rows in ``_blocks``
-        self._rows: list[tuple] = []        # queued single rows not yet in a segment, oldest first
-        self._segments: list[np.ndarray] = []   # queued (rows, width) blocks, oldest first
-        self._queued = 0                    # rows queued (single and in segments)
-        self._released = False              # the rows were handed over by ``read(release=True)``
+        self._chunks: list[np.ndarray] = []   # (width, CHUNK_ROWS) each, oldest first; the last is filling
+        self._fill = self.CHUNK_ROWS          # rows used in the last chunk (none yet: full)
+        self._written = 0                     # rows in the chunks
+        self._rows: list[tuple] = []          # queued single rows, oldest first
+        self._released = False                # the rows were handed over by ``read(release=True)``
 
     @property
     def n(self) -> int:
-        return self._stored + self._queued
+        return self._written + len(self._rows)
 
     def append(self, row: tuple) -> None:
-        self._rows.append(row)
-        self._queued += 1
-        if self._queued >= self.FLUSH_ROWS:
-            self._flush()
+        rows = self._rows
+        rows.append(row)
+        if len(rows) >= self.ROWS_QUEUED:
+            self._write_rows()
 
     def extend(self, cols: list, m: int | None = None) -> None:
-        """Queue ``m`` rows given column by column (arrays of length m, or scalars; without ``m``, the first
+        """Add ``m`` rows given column by column (arrays of length m, or scalars; without ``m``, the first
         one an array)."""
         if m is None:
             m = len(cols[0])
-        if self._rows:
-            self._close_rows()
-        block = np.zeros((self.width, m), dtype=np.float64)   # column-major: each column one contiguous row
-        for i, c in enumerate(cols):
-            if isinstance(c, np.ndarray) or c:   # (a scalar 0 is already there)
-                block[i] = c
-        self._segments.append(block.T)
-        self._queued += m
-        if self._queued >= self.FLUSH_ROWS:
-            self._flush()
-
-    def _close_rows(self) -> None:
-        """The queued single rows as one segment."""
         rows = self._rows
-        flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.float64, count=len(rows) * self.width)
-        self._segments.append(flat.reshape(len(rows), self.width))
-        rows.clear()
-
-    def _flush(self) -> None:
-        """Write the queued rows into the arrays, in the order they were queued (values as float64)."""
-        m = self._queued
-        if not m:
+        r = len(rows)
+        fill = self._fill
+        if r <= 2 and fill + r + m <= self.CHUNK_ROWS:   # the usual case: room in the last chunk
+            chunk = self._chunks[-1]
+            if r:   # the run's last step, and a step between runs
+                for row in rows:
+                    chunk[:, fill] = row
+                    fill += 1
+                rows.clear()
+            view = chunk[:, fill:fill + m]
+            self._fill = fill + m
+            self._written += r + m
+            for i, c in enumerate(cols):
+                if isinstance(c, np.ndarray) or c:   # (a scalar 0 is already there)
+                    view[i] = c
             return
-        if self._rows:
-            self._close_rows()
-        block = np.empty((m, self.width), dtype=np.float64, order="F")
-        np.concatenate(self._segments, out=block)
-        self._blocks.append(block)
-        self._stored += m
-        self._segments.clear()
-        self._queued = 0
+        self._write_rows()
+        done = 0
+        while done < m:
+            chunk, at, take = self._room(m - done)
+            for i, c in enumerate(cols):
+                if isinstance(c, np.ndarray):
+                    chunk[i, at:at + take] = c[done:done + take] if take < m else c
+                elif c:   # (a scalar 0 is already there)
+                    chunk[i, at:at + take] = c
+            done += take
+
+    def _room(self, m: int) -> tuple[np.ndarray, int, int]:
+        """(the chunk to write into, its first free row, rows to write there: at most ``m``), the rows
+        counted as written."""
+        if self._fill == self.CHUNK_ROWS:
+            self._chunks.append(np.zeros((self.width, self.CHUNK_ROWS), dtype=np.float64))
+            self._fill = 0
+        at = self._fill
+        take = min(m, self.CHUNK_ROWS - at)
+        self._fill = at + take
+        self._written += take
+        return self._chunks[-1], at, take
+
+    def _write_rows(self) -> None:
+        """Write the queued single rows into the chunks."""
+        rows = self._rows
+        r = len(rows)
+        if not r:
+            return
+        flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.float64, count=r * self.width)
+        block = flat.reshape(r, self.width).T
+        rows.clear()
+        done = 0
+        while done < r:
+            chunk, at, take = self._room(r - done)
+            chunk[:, at:at + take] = block[:, done:done + take]
+            done += take
+
+    def _filled(self) -> list[np.ndarray]:
+        """The chunks, each cut to its rows (views), after writing the queued rows."""
+        self._write_rows()
+        self._check_held()
+        chunks = self._chunks
+        if not chunks:
+            return []
+        return [*chunks[:-1], chunks[-1][:, :self._fill]]
 
     def read(self, dtypes: list, release: bool = False) -> list[np.ndarray]:
         """Every column as a new array of its dtype in ``dtypes`` (``read_into`` new arrays)."""
@@ -111,40 +143,32 @@ class Columns:
 
     def read_into(self, out: list[np.ndarray], release: bool = False) -> None:
         """Write every column into the array of ``out`` at its position (each ``n`` long, floats cast as
-        ``astype`` casts them), block by block (no joined copy of the whole table). ``release``: drop each
-        block once read, so the table is never held twice; the columns are empty afterwards (``n`` still
+        ``astype`` casts them), chunk by chunk (no joined copy of the whole table). ``release``: drop each
+        chunk once read, so the table is never held twice; the columns are empty afterwards (``n`` still
         counts the rows)."""
-        self._flush()
-        self._check_held()
-        blocks = self._blocks
+        chunks = self._filled()
         if release:
-            self._blocks = []
+            self._chunks = []
             self._released = True
-            blocks.reverse()   # oldest last: pop() hands each block over and drops the list's reference
+            chunks.reverse()   # oldest last: pop() hands each chunk over and drops the list's reference
         at = 0
-        for j in range(len(blocks)):
-            block = blocks.pop() if release else blocks[j]
-            m = len(block)
+        for j in range(len(chunks)):
+            chunk = chunks.pop() if release else chunks[j]
+            m = chunk.shape[1]
             for i, col in enumerate(out):
-                col[at:at + m] = block[:, i]
+                col[at:at + m] = chunk[i]
             at += m
-            del block
+            del chunk
 
     def _check_held(self) -> None:
         if self._released:
             raise RuntimeError("the rows were released to a table (read(release=True)); they cannot be read again")
 
     def column(self, i: int) -> np.ndarray:
-        self._flush()
-        self._check_held()
-        blocks = self._blocks
-        if not blocks:
+        chunks = self._filled()
+        if not chunks:
             return np.empty(0, dtype=np.float64)
-        if len(blocks) > 1:
-            joined = np.empty((self._stored, self.width), dtype=np.float64, order="F")
-            np.concatenate(blocks, out=joined)
-            self._blocks = blocks = [joined]
-        return blocks[0][:, i]
+        return np.concatenate([c[i] for c in chunks])
 
 
 class Recorder:

@@ -6,7 +6,8 @@ from sim.metrics import Columns
 
 
 def test_rows_and_runs_read_back_in_order(monkeypatch):
-    monkeypatch.setattr(Columns, "FLUSH_ROWS", 5)
+    monkeypatch.setattr(Columns, "CHUNK_ROWS", 5)
+    monkeypatch.setattr(Columns, "ROWS_QUEUED", 3)
     rng = np.random.default_rng(0)
     cols = Columns(3)
     expect: list[tuple] = []
