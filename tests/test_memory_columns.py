@@ -84,7 +84,8 @@ def test_timeline_with_frontend_puts_each_request_frontend_interval_first():
 
 
 def test_columns_read_casts_and_releases(monkeypatch):
-    monkeypatch.setattr(Columns, "FLUSH_ROWS", 4)
+    monkeypatch.setattr(Columns, "CHUNK_ROWS", 4)
+    monkeypatch.setattr(Columns, "ROWS_QUEUED", 3)
     cols = Columns(2)
     for i in range(10):
         cols.append((i * 0.5, i * 3))
