@@ -377,8 +377,10 @@ class Engine:
             for i in range(j, k):
                 yield env.timeout(float(durations[i]))
         except simpy.Interrupt:
-            if self._runner.cut(last, env.now):   # on through the next step, planned without the arrival:
-                yield from self._wait_until(float(last.ends[last.k - 1]))   # handed over as it starts
+            # on through the next step, planned without the arrival, which is handed over as it starts;
+            # only a rejection on hand-over is seen before the run's end (a router reads loads)
+            if self._runner.cut(last, env.now) and any(self.scheduler.would_reject(r) for r, _ in self._staged):
+                yield from self._wait_until(float(last.ends[last.k - 1]))
                 self._admit_staged(before=env.now)
             yield from self._wait_until(last.end)
 

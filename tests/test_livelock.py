@@ -164,3 +164,26 @@ def test_a_long_prompt_with_a_tiny_budget_is_not_a_livelock():
                      max_num_batched_tokens=1, max_steps_without_progress=1)
     s = _run(data).summary
     assert s["num_finished"] == 1 and s["num_steps"] == 3000 + 1
+
+
+def test_would_reject_predicts_add_request_without_changing_the_request():
+    """The predicate a cut decode run asks before handing a staged request over: the same verdict as
+    ``add_request`` (including its truncation of outputs at max_model_len), the request untouched."""
+    from sim.kv import make_kv_manager
+    from sim.request import Request
+    from sim.scenario import KVCacheConfig, SchedulerConfig
+    from sim.sched import make_scheduler
+
+    # 10 blocks of 4 tokens: a request fits when its prompt + output - 1 tokens take at most 10 blocks;
+    # a prompt of max_model_len tokens or more never fits; an output past max_model_len is cut there
+    cases = [(64, 8, 5, False), (64, 30, 20, True),     # 49 tokens: 13 blocks
+             (64, 20, 15, False), (64, 64, 4, True),    # 34 tokens: 9 blocks; the prompt alone too long
+             (64, 30, 100, True),                       # cut to 34: 63 tokens, 16 blocks
+             (32, 20, 40, False), (32, 39, 2, True)]    # cut to 12: 31 tokens, 8 blocks (uncut: 15)
+    for max_len, prompt, output, rejected in cases:
+        mgr = make_kv_manager(KVCacheConfig(block_size=4), 10, 0, max_len)
+        sch = make_scheduler(SchedulerConfig(), mgr, max_len)
+        req = Request(0, 0.0, prompt, output)
+        assert sch.would_reject(req) is rejected
+        assert req.output_len == output   # untouched
+        assert sch.add_request(req, 0.0) is not rejected

@@ -118,6 +118,16 @@ class SchedulerBase:
             return f"needs {need} KV blocks, the cache has {self.manager.num_blocks}"
         return ""
 
+    def would_reject(self, req: Request) -> bool:
+        """Whether ``add_request`` would reject ``req`` now (nothing changes)."""
+        out = req.output_len
+        if req.prompt_len + out > self.max_model_len and req.prompt_len < self.max_model_len:
+            req.output_len = self.max_model_len - req.prompt_len   # (as add_request truncates, undone below)
+        try:
+            return bool(self.reject_reason(req))
+        finally:
+            req.output_len = out
+
     def add_request(self, req: Request, now: float) -> bool:
         """Queue a new arrival, or reject it with a reason. Returns whether it was queued."""
         if req.prompt_len + req.output_len > self.max_model_len and req.prompt_len < self.max_model_len:
