@@ -275,10 +275,14 @@ class DecodeRunner(DecodeRunApplier):
         if not chained and min([r.output_len - r.num_generated for r in batch]) < self.min_steps:
             return None   # (the usual stop when runs cannot be chained, tested early)
         tables = self.sched.manager.block_tables
-        cols = np.array([(r.num_computed_tokens, r.num_generated, r.prompt_len, r.output_len, len(tables[r.req_id]))
-                         for r in batch], dtype=np.int64)
+        rows = [(r.num_computed_tokens, r.num_generated, r.prompt_len, r.output_len, len(tables[r.req_id]))
+                for r in batch]
+        cols = np.array(rows, dtype=np.int64)
         c0, g0, prompt, out, l0 = cols.T
-        if g0.min() <= 0 or (prompt + g0 - c0 != 1).any():
+        if len(rows) <= SMALL_BATCH:   # every request one token from its next sample
+            if any(g <= 0 or p + g - c != 1 for c, g, p, _, _ in rows):
+                return None
+        elif g0.min() <= 0 or (prompt + g0 - c0 != 1).any():
             return None
         return self._price(now, next_arrival, limit, step, batch, c0, g0, l0, out - g0,
                            1 if chained else self.min_steps, None, chained)
