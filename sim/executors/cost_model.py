@@ -289,8 +289,8 @@ class CostModelExecutor:
         lengths[s] times."""
         if stretches is not None:
             sizes, lengths = stretches
-            terms = np.repeat(np.array([self._size_terms(n) for n in sizes]), lengths, axis=0)
-            return self._decode_prices(seqs, dec_ctx, tuple(terms.T))
+            terms = np.repeat(np.array([self._size_terms(n) for n in sizes]).T, lengths, axis=1)   # (rows)
+            return self._decode_prices(seqs, dec_ctx, tuple(terms))
         new_size = np.empty(len(seqs), dtype=np.int64)   # 1 where a step's size differs from the last
         new_size[0] = 0
         np.not_equal(seqs[1:], seqs[:-1], out=new_size[1:])
