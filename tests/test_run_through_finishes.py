@@ -79,8 +79,20 @@ def test_boundary_events_are_the_steps_where_a_table_overflows():
         rem = rng.integers(1, 80, n)
         by_hand = sorted((j, i) for i in range(n) for j in range(min(int(rem[i]), k))
                          if (c0[i] + j) % bs == 0 and (c0[i] + j) // bs >= l0[i])
-        pos, steps = boundary_events(c0.tolist(), l0.tolist(), rem.tolist(), k, bs)
+        finals: list[tuple[int, int]] = []
+        pos, steps = boundary_events(c0.tolist(), l0.tolist(), rem.tolist(), k, bs, finals)
         assert list(zip(steps, pos)) == by_hand
+        # a table is final once it covers the request's most KV tokens, c0 + rem (its last token computed
+        # is c0 + rem - 1); noted where it gets there in the run with slots to spare
+        expect = []
+        for i in range(n):
+            length = int(l0[i])
+            for j in range(min(int(rem[i]), k)):
+                if (c0[i] + j) % bs == 0 and (c0[i] + j) // bs >= length:
+                    length += 1
+                    if length * bs >= c0[i] + rem[i] and length * bs > c0[i] + rem[i]:
+                        expect.append((j, i))
+        assert sorted(finals) == sorted(expect)
         pos_np, steps_np = boundary_steps(c0, l0, rem, k, bs)
         assert sorted(zip(steps_np.tolist(), pos_np.tolist())) == by_hand
 

@@ -19,7 +19,6 @@ Invariants (``check_integrity``): every block's ref count equals the number of b
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
 
 import numpy as np
 
@@ -28,7 +27,7 @@ from sim.kv.sharing import SharingMixin, seq_width
 from sim.kv.swap import SwapSpace
 from sim.request import Request
 
-FEW_EVENTS = 8   # a large batch's decode run makes up to this many block allocations in plain Python (else numpy)
+FEW_EVENTS = 8   # up to this many of a decode run's block allocations are made in plain Python (else numpy)
 
 
 class KVCacheManager(SharingMixin):
@@ -138,24 +137,50 @@ class KVCacheManager(SharingMixin):
         p["used"] = max(p["used"], used)
         p["logical"] = max(p["logical"], logical)
 
-    def allocate_decode_run(self, reqs: list[Request], pos: Sequence[int], steps: Sequence[int],
-                            new_len: Sequence[int], k: int, peaks: bool = True,
-                            max_kv: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def allocate_decode_events(self, reqs: list[Request], pos: list[int], steps: list[int],
+                               finals: list[tuple[int, int]], k: int,
+                               peaks: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``allocate_decode_run`` in plain Python (a small batch: cheaper than numpy's grouping up to
+        hundreds of events), given the (step, position) of each request whose table reaches its final
+        block with slots to spare (its last event): those are noted once all tables have grown."""
+        used0, beyond0, logical0 = self.decode_run_counters()
+        total = len(steps)
+        if total == 0:
+            return np.full(k, used0), np.full(k, beyond0), np.full(k, logical0)
+        grown = np.cumsum(np.bincount(steps, minlength=k))   # blocks taken up to each step's end
+        tables = [self.block_tables[r.req_id] for r in reqs]
+        for p, b in zip(pos, self.pool.allocate(total)):
+            tables[p].append(b)
+        self._logical_blocks += total
+        if finals:
+            extra = np.zeros(k, dtype=np.int64)   # slots beyond final lengths added at each step
+            for j, i in finals:
+                before = self._beyond_final
+                self._note_beyond(reqs[i])
+                extra[j] += self._beyond_final - before
+            beyond = beyond0 + np.cumsum(extra)
+        else:
+            beyond = np.full(k, beyond0)
+        if peaks:
+            self._note_peaks()
+        return used0 + grown, beyond, logical0 + grown
+
+    def allocate_decode_run(self, reqs: list[Request], pos: np.ndarray, steps: np.ndarray,
+                            new_len: np.ndarray, k: int, peaks: bool = True,
+                            max_kv: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Grow tables as ``allocate_slots(req, 1)`` would at each decode-run boundary, without a prefix
         cache (nothing to insert or evict): event e gives ``reqs[pos[e]]`` a table of ``new_len[e]``
         blocks at step ``steps[e]``; events come sorted by (step, position), which is the order blocks
         leave the pool. Returns per step (used, beyond-final, logical) counters after its allocations.
         ``peaks``: raise the peaks to the counters after all of them (False: the caller raises them, when
         blocks are freed between the run's steps). ``max_kv``: each event's request's ``max_kv_tokens``, if the
-        caller has them. The events come as arrays, or as lists (a small batch: plain Python throughout)."""
+        caller has them."""
         used0, beyond0, logical0 = self.decode_run_counters()
         total = len(steps)
         if total == 0:
             return np.full(k, used0), np.full(k, beyond0), np.full(k, logical0)
         grown = np.cumsum(np.bincount(steps, minlength=k))   # blocks taken up to each step's end
-        if isinstance(steps, list):   # (plain Python beats numpy's grouping up to hundreds of events)
-            d_beyond = self._grow_few(reqs, pos, steps, new_len, k, max_kv)
-        elif total <= FEW_EVENTS:
+        if total <= FEW_EVENTS:
             d_beyond = self._grow_few(reqs, pos.tolist(), steps.tolist(), new_len.tolist(), k,
                                       None if max_kv is None else max_kv.tolist())
         else:

@@ -44,12 +44,21 @@ def boundary_steps(c0: np.ndarray, l0: np.ndarray, rem: np.ndarray, k: int, bs: 
     return pos, np.repeat(first, count) + (np.arange(total) - np.repeat(np.cumsum(count) - count, count)) * bs
 
 
-def boundary_events(c0: list[int], l0: list[int], rem: list[int], k: int, bs: int) -> tuple[list[int], list[int]]:
+def boundary_events(c0: list[int], l0: list[int], rem: list[int], k: int, bs: int,
+                    finals: list[tuple[int, int]] | None = None) -> tuple[list[int], list[int]]:
     """``boundary_steps`` in plain Python (a small batch), sorted by (step, position): the order in which
-    the blocks leave the pool. Returns (positions, steps)."""
+    the blocks leave the pool. Returns (positions, steps). ``finals``: given, collects (step, position)
+    of each request whose table reaches its final block, with slots to spare past its last KV token
+    (its most KV tokens are c0 + rem: only its last boundary can do it)."""
     events = []
     for i, (c, n, r) in enumerate(zip(c0, l0, rem)):
-        events.extend([(j, i) for j in range(n * bs - c, r if r < k else k, bs)])
+        at = range(n * bs - c, r if r < k else k, bs)
+        if at:
+            events.extend([(j, i) for j in at])
+            if finals is not None:
+                last = (c + r - 1) // bs   # the final block's index
+                if n + len(at) == last + 1 and (last + 1) * bs > c + r:
+                    finals.append((at[-1], i))
     events.sort()
     return [i for _, i in events], [j for j, _ in events]
 
@@ -255,11 +264,9 @@ class DecodeRunApplier:
         k, bs = run.k, self.sched.manager.block_size
         # a request's most KV tokens: prompt + output - 1 = c0 + rem (a decode computes c0 = prompt + g0 - 1)
         if len(run.batch) <= SMALL_BATCH:
-            c0l, rem = run.c0, run.rem.tolist()
-            pos, steps = boundary_events(c0l, run.l0.tolist(), rem, k, bs)
-            return self.sched.manager.allocate_decode_run(
-                run.batch, pos, steps, [(c0l[p] + j) // bs + 1 for p, j in zip(pos, steps)], k, peaks=peaks,
-                max_kv=[c0l[p] + rem[p] for p in pos])
+            finals: list[tuple[int, int]] = []
+            pos, steps = boundary_events(run.c0, run.l0.tolist(), run.rem.tolist(), k, bs, finals)
+            return self.sched.manager.allocate_decode_events(run.batch, pos, steps, finals, k, peaks=peaks)
         pos, steps = boundary_steps(c0, run.l0, run.rem, k, bs)
         if len(steps) > 1:
             order = np.lexsort((pos, steps))
