@@ -290,7 +290,9 @@ class Engine:
                 self._busy = True
                 if lazy and run is not None:
                     self._pending = run
-                yield from self._wait_run(np.concatenate(ends), np.concatenate(durations), total, run)
+                if len(ends) > 1:
+                    ends, durations = [np.concatenate(ends)], [np.concatenate(durations)]
+                yield from self._wait_run(ends[0], durations[0], total, run)
                 self._pending = None
                 self._cutting = False
                 self._busy = False

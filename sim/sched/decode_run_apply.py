@@ -294,14 +294,20 @@ class DecodeRunApplier:
             num0 = n - len(late)
             if late:
                 gaps.other_gaps.extend(late)
+        counts = None
+        if k > 1 and regular[1:].all():   # (the usual case)
+            counts = np.full(k, n, dtype=np.int64) if alive is None else alive
+            if num0 == n:   # every step regular: the pairs at once
+                gaps.step_gaps.extend_arrays(d, counts)
+                return
         if num0:
             gaps.step_gaps.append((float(d[0]), num0))
         if k == 1:
             return
-        counts = np.full(k, n, dtype=np.int64) if alive is None else alive
-        if regular[1:].all():
+        if counts is not None:
             gaps.step_gaps.extend_arrays(d[1:], counts[1:])
             return
+        counts = np.full(k, n, dtype=np.int64) if alive is None else alive
         dl = d.tolist()
         for j, m in zip(range(1, k), counts[1:].tolist()):
             if regular[j]:
