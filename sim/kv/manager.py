@@ -166,76 +166,41 @@ class KVCacheManager(SharingMixin):
         return used0 + grown, beyond, logical0 + grown
 
     def allocate_decode_run(self, reqs: list[Request], pos: np.ndarray, steps: np.ndarray,
-                            new_len: np.ndarray, k: int, peaks: bool = True,
-                            max_kv: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                            new_len: np.ndarray, max_kv: np.ndarray, k: int,
+                            peaks: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Grow tables as ``allocate_slots(req, 1)`` would at each decode-run boundary, without a prefix
         cache (nothing to insert or evict): event e gives ``reqs[pos[e]]`` a table of ``new_len[e]``
-        blocks at step ``steps[e]``; events come sorted by (step, position), which is the order blocks
-        leave the pool. Returns per step (used, beyond-final, logical) counters after its allocations.
-        ``peaks``: raise the peaks to the counters after all of them (False: the caller raises them, when
-        blocks are freed between the run's steps). ``max_kv``: each event's request's ``max_kv_tokens``, if the
-        caller has them."""
-        used0, beyond0, logical0 = self.decode_run_counters()
+        blocks at step ``steps[e]`` (its request holds at most ``max_kv[e]`` KV tokens); events come
+        sorted by (step, position), which is the order blocks leave the pool. Returns per step (used,
+        beyond-final, logical) counters after its allocations. ``peaks``: raise the peaks to the counters
+        after all of them (False: the caller raises them, when blocks are freed between the run's steps)."""
+        bs = self.block_size
+        last = (max_kv - 1) // bs
+        per = (last + 1) * bs - max_kv
+        final = (new_len == last + 1) & (per > 0)   # the table reaches its final block, with slots to spare
         total = len(steps)
-        if total == 0:
-            return np.full(k, used0), np.full(k, beyond0), np.full(k, logical0)
-        grown = np.cumsum(np.bincount(steps, minlength=k))   # blocks taken up to each step's end
         if total <= FEW_EVENTS:
-            d_beyond = self._grow_few(reqs, pos.tolist(), steps.tolist(), new_len.tolist(), k,
-                                      None if max_kv is None else max_kv.tolist())
-        else:
-            d_beyond = self._grow_many(reqs, pos, steps, new_len, k, max_kv)
-        self._logical_blocks += total
-        if peaks:
-            self._note_peaks()
-        beyond = np.full(k, beyond0) if d_beyond is None else beyond0 + np.cumsum(d_beyond)
-        return used0 + grown, beyond, logical0 + grown
-
-    def _grow_many(self, reqs: list[Request], pos: np.ndarray, steps: np.ndarray, new_len: np.ndarray,
-                   k: int, max_kv: np.ndarray | None = None) -> np.ndarray:
-        """``allocate_decode_run``'s tables and final-block notes for many events, with numpy; returns the
-        slots beyond final lengths added at each step."""
-        total = len(steps)
+            at = np.flatnonzero(final)
+            return self.allocate_decode_events(reqs, pos.tolist(), steps.tolist(),
+                                               list(zip(steps[at].tolist(), pos[at].tolist())), k, peaks)
+        used0, beyond0, logical0 = self.decode_run_counters()
+        grown = np.cumsum(np.bincount(steps, minlength=k))   # blocks taken up to each step's end
         blocks = self.pool.allocate_array(total)
         order = np.argsort(pos, kind="stable")   # group by request, keeping step order
         by_req = pos[order]
         cut = (np.flatnonzero(by_req[1:] != by_req[:-1]) + 1).tolist()
-        grown = blocks[order].tolist()
+        grown_ids = blocks[order].tolist()
         owners = by_req.tolist()
         tables = self.block_tables
         for a, b in zip([0, *cut], [*cut, total]):
-            tables[reqs[owners[a]].req_id].extend(grown[a:b])
-        bs = self.block_size
-        if max_kv is None:
-            max_kv = np.fromiter((reqs[i].max_kv_tokens for i in pos.tolist()), np.int64, total)
-        last = (max_kv - 1) // bs
-        per = (last + 1) * bs - max_kv
-        final = (new_len == last + 1) & (per > 0)   # the table reaches its final block
+            tables[reqs[owners[a]].req_id].extend(grown_ids[a:b])
         for e in np.flatnonzero(final).tolist():
             self._note_beyond(reqs[int(pos[e])])
-        return np.bincount(steps[final], weights=per[final], minlength=k).astype(np.int64)
-
-    def _grow_few(self, reqs: list[Request], pos: list[int], steps: list[int], new_len: list[int],
-                  k: int, max_kv: list[int] | None = None) -> np.ndarray | None:
-        """``_grow_many`` in plain Python (same blocks, same counters); None when no table reached its
-        final block."""
-        blocks = self.pool.allocate(len(steps))
-        tables = self.block_tables
-        bs = self.block_size
-        extra = None
-        if max_kv is None:
-            max_kv = [reqs[p].max_kv_tokens for p in pos]
-        for p, j, n, b, kv in zip(pos, steps, new_len, blocks, max_kv):
-            req = reqs[p]
-            tables[req.req_id].append(b)
-            last = (kv - 1) // bs
-            if n == last + 1 and (last + 1) * bs - kv > 0:
-                before = self._beyond_final
-                self._note_beyond(req)
-                if extra is None:
-                    extra = np.zeros(k, dtype=np.int64)
-                extra[j] += self._beyond_final - before
-        return extra
+        self._logical_blocks += total
+        if peaks:
+            self._note_peaks()
+        d_beyond = np.bincount(steps[final], weights=per[final], minlength=k).astype(np.int64)
+        return used0 + grown, beyond0 + np.cumsum(d_beyond), logical0 + grown
 
     def grow_full_tables(self, reqs: list[Request], at: list[int], computed: list[int], finals: list[int]) -> bool:
         """``allocate_slots(reqs[i], 1)`` for each ``i`` in ``at`` (batch order), whose ``computed`` tokens

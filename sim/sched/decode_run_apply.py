@@ -271,8 +271,8 @@ class DecodeRunApplier:
         if len(steps) > 1:
             order = np.lexsort((pos, steps))
             pos, steps = pos[order], steps[order]
-        return self.sched.manager.allocate_decode_run(run.batch, pos, steps, (c0[pos] + steps) // bs + 1, k,
-                                                      peaks=peaks, max_kv=(c0 + run.rem)[pos])
+        return self.sched.manager.allocate_decode_run(run.batch, pos, steps, (c0[pos] + steps) // bs + 1,
+                                                      (c0 + run.rem)[pos], k, peaks=peaks)
 
     def _gaps(self, run: PendingRun, alive: np.ndarray | None = None) -> None:
         """Inter-token gaps as ``update`` records them: regular when last_token == now - duration (float).
