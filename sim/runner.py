@@ -19,6 +19,7 @@ from sim.metrics import Recorder, requests_frame, summarize
 from sim.scenario import Scenario
 from sim.sched import make_scheduler
 from sim.sched.records import PHASE_NAMES, TokenGaps, Transitions, intervals_frame, transition_intervals
+from sim.small_pages import small_pages
 from sim.specs import GiB, kv_capacity_blocks
 from sim.workload import build_workload
 
@@ -103,10 +104,16 @@ def run_scenario(scn: Scenario, check_integrity: bool | None = None, progress: b
     """Run one scenario to completion. ``check_integrity`` (default: env KVSIM_CHECK_INTEGRITY) checks
     every KV invariant after every step. ``progress``: a progress bar on stderr, shown once the run has
     taken ``progress_after_s`` seconds of wall time (so short runs show none)."""
-    if scn.cluster is not None:   # replicas behind a router (sim/cluster/)
-        from sim.cluster.runner import run_cluster
+    with small_pages():   # (filling the large per-step tables is erratic on huge pages: sim/small_pages.py)
+        if scn.cluster is not None:   # replicas behind a router (sim/cluster/)
+            from sim.cluster.runner import run_cluster
 
-        return run_cluster(scn, check_integrity=check_integrity, progress=progress)
+            return run_cluster(scn, check_integrity=check_integrity, progress=progress)
+        return _run_engine(scn, check_integrity, progress, progress_after_s)
+
+
+def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, progress_after_s: float) -> Result:
+    """``run_scenario`` of a scenario without a ``cluster`` section."""
     t0 = time.perf_counter()
     model = scn.model_spec
     num_gpu = gpu_blocks(scn)

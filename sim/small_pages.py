@@ -1,0 +1,31 @@
+"""Large numpy arrays on ordinary pages while kvsim builds its result tables.
+
+numpy asks Linux for transparent huge pages on every array of 4 MiB or more (``madvise``). Where the
+kernel then compacts memory to find 2 MiB pages (``defrag: madvise``, the common default), filling fresh
+arrays gets several times slower and erratic: the per-step tables of an 8-replica cluster took 0.5-0.7 s
+to build instead of 0.2 s (benchmarks/cluster_bench.py). Inside ``small_pages()`` numpy does not ask;
+its setting is restored on leaving. A user's own ``NUMPY_MADVISE_HUGEPAGE`` is left alone.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+
+
+@contextmanager
+def small_pages() -> Iterator[None]:
+    """numpy's huge-page advice off inside the block (where this numpy has the switch and the user has
+    not chosen through ``NUMPY_MADVISE_HUGEPAGE``)."""
+    switch = getattr(getattr(np, "_core", np).multiarray, "_set_madvise_hugepage", None)
+    if switch is None or "NUMPY_MADVISE_HUGEPAGE" in os.environ:
+        yield
+        return
+    before = switch(False)
+    try:
+        yield
+    finally:
+        switch(before)
