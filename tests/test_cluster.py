@@ -47,6 +47,33 @@ def test_least_kv_prefers_the_emptier_cache() -> None:
     assert _replicas(_inline(reqs, {"replicas": 2, "router": {"policy": "least_requests"}})) == [0, 1, 0]
 
 
+class _Usage:
+    """A ReplicaView with a fixed KV usage and load; notes whether its load was read."""
+
+    def __init__(self, usage: float, loaded: int) -> None:
+        self.usage, self.loaded, self.load_read, self.submitted = usage, loaded, False, 0
+
+    def kv_usage(self) -> float:
+        return self.usage
+
+    def load(self) -> int:
+        self.load_read = True
+        return self.loaded
+
+
+def test_least_kv_breaks_a_tie_in_usage_by_load_then_index() -> None:
+    from sim.cluster.config import RouterConfig
+    from sim.cluster.routers import LeastKV
+
+    router = LeastKV(RouterConfig(policy="least_kv"), seed=0)
+    pool = [_Usage(0.5, 0), _Usage(0.25, 9), _Usage(0.75, 0)]
+    assert router.choose(None, pool) == 1                  # the lowest usage, whatever its load
+    assert not any(r.load_read for r in pool)              # no tie: no load is read
+    pool = [_Usage(0.5, 0), _Usage(0.25, 3), _Usage(0.25, 2), _Usage(0.25, 2)]
+    assert router.choose(None, pool) == 2                  # tied at 0.25: load 2 beats 3, then index 2 < 3
+    assert not pool[0].load_read and all(r.load_read for r in pool[1:])
+
+
 def test_random_and_power_of_two_are_seeded() -> None:
     reqs = [(0.001 * i, 20, 5) for i in range(40)]
     for policy in ("random", "power_of_two"):

@@ -128,7 +128,10 @@ class LeastKV(Router):
     reads_state = False
 
     def choose(self, req: Request, replicas: Sequence[ReplicaView]) -> int:
-        return min(range(len(replicas)), key=lambda i: (replicas[i].kv_usage(), replicas[i].load(), i))
+        usage = [r.kv_usage() for r in replicas]
+        low = min(usage)
+        tied = [i for i, u in enumerate(usage) if u == low]   # loads read only to break a tie
+        return tied[0] if len(tied) == 1 else min(tied, key=lambda i: (replicas[i].load(), i))
 
 
 @register("power_of_two")
