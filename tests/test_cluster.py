@@ -74,6 +74,29 @@ def test_least_kv_breaks_a_tie_in_usage_by_load_then_index() -> None:
     assert not pool[0].load_read and all(r.load_read for r in pool[1:])
 
 
+def test_power_of_two_reads_two_distinct_replicas_uniformly_and_takes_the_less_loaded() -> None:
+    from collections import Counter
+
+    from sim.cluster.config import RouterConfig
+    from sim.cluster.routers import PowerOfTwo
+
+    router = PowerOfTwo(RouterConfig(policy="power_of_two"), seed=3)
+    pool = [_Usage(0.0, load) for load in (5, 1, 3, 1)]
+    pairs = Counter()
+    for _ in range(6000):   # spans several blocks of drawn pairs
+        for r in pool:
+            r.load_read = False
+        chosen = router.choose(None, pool)
+        read = tuple(i for i, r in enumerate(pool) if r.load_read)
+        assert len(read) == 2
+        # the less loaded of the two; equal loads (replicas 1 and 3): the lower index
+        assert chosen == min(read, key=lambda i: (pool[i].loaded, i))
+        pairs[read] += 1
+    # each of the 6 pairs 1000 times expected; 5 standard deviations (sqrt(6000 * 1/6 * 5/6) = 29) apart at most
+    assert sorted(pairs) == [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]
+    assert all(abs(c - 1000) < 5 * 29 for c in pairs.values()), pairs
+
+
 def test_random_and_power_of_two_are_seeded() -> None:
     reqs = [(0.001 * i, 20, 5) for i in range(40)]
     for policy in ("random", "power_of_two"):

@@ -136,13 +136,29 @@ class LeastKV(Router):
 
 @register("power_of_two")
 class PowerOfTwo(Router):
+    """The pairs come from the seeded generator ``BLOCK`` at a time: a uniform first replica a, a uniform
+    second b among the other N - 1 (b drawn from 0..N-2, then moved past a), one numpy call for each
+    half of a block (a ``Generator.choice`` per request cost about 20 us inside a run)."""
+
     reads_memory = reads_state = False
+    BLOCK = 1024
+
+    def __init__(self, config, seed: int) -> None:
+        super().__init__(config, seed)
+        self._pairs: list[tuple[int, int]] = []   # drawn and not yet used, the next one last
+        self._pool = 0                            # the pool size they were drawn for
 
     def choose(self, req: Request, replicas: Sequence[ReplicaView]) -> int:
-        if len(replicas) == 1:
+        n = len(replicas)
+        if n == 1:
             return 0
-        a, b = (int(x) for x in self.rng.choice(len(replicas), size=2, replace=False))
-        return least_loaded(replicas, sorted((a, b)))
+        if not self._pairs or self._pool != n:
+            a = self.rng.integers(n, size=self.BLOCK)
+            b = self.rng.integers(n - 1, size=self.BLOCK)
+            b += b >= a
+            self._pairs = list(zip(np.minimum(a, b).tolist(), np.maximum(a, b).tolist()))[::-1]
+            self._pool = n
+        return least_loaded(replicas, self._pairs.pop())
 
 
 @register("prefix_affinity")
