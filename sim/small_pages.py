@@ -4,28 +4,47 @@ numpy asks Linux for transparent huge pages on every array of 4 MiB or more (``m
 kernel then compacts memory to find 2 MiB pages (``defrag: madvise``, the common default), filling fresh
 arrays gets several times slower and erratic: the per-step tables of an 8-replica cluster took 0.5-0.7 s
 to build instead of 0.2 s (benchmarks/cluster_bench.py). Inside ``small_pages()`` numpy does not ask;
-its setting is restored on leaving. A user's own ``NUMPY_MADVISE_HUGEPAGE`` is left alone.
+its setting is restored when the last block open in the process is left (runs in several threads
+overlap: the first one in saves the setting, the last one out restores it). A user's own
+``NUMPY_MADVISE_HUGEPAGE`` is left alone.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import numpy as np
+
+_lock = threading.Lock()
+_open = 0                  # blocks open in this process
+_saved: bool | None = None  # numpy's setting before the first of them
+
+
+def _switch():
+    """numpy's huge-page switch (it returns the previous setting), or None where this numpy has none."""
+    return getattr(getattr(np, "_core", np).multiarray, "_set_madvise_hugepage", None)
 
 
 @contextmanager
 def small_pages() -> Iterator[None]:
     """numpy's huge-page advice off inside the block (where this numpy has the switch and the user has
     not chosen through ``NUMPY_MADVISE_HUGEPAGE``)."""
-    switch = getattr(getattr(np, "_core", np).multiarray, "_set_madvise_hugepage", None)
+    global _open, _saved
+    switch = _switch()
     if switch is None or "NUMPY_MADVISE_HUGEPAGE" in os.environ:
         yield
         return
-    before = switch(False)
+    with _lock:
+        if _open == 0:
+            _saved = switch(False)
+        _open += 1
     try:
         yield
     finally:
-        switch(before)
+        with _lock:
+            _open -= 1
+            if _open == 0:
+                switch(_saved)

@@ -43,6 +43,33 @@ def test_a_users_own_choice_is_left_alone(monkeypatch):
         switch(old)
 
 
+def test_overlapping_blocks_restore_the_setting_once_the_last_one_ends(monkeypatch):
+    """Two runs in threads, the first to start ends first: the advice stays off until the second ends,
+    and is then back as it was (a plain save-and-restore in each would leave it off)."""
+    import threading
+
+    monkeypatch.delenv("NUMPY_MADVISE_HUGEPAGE", raising=False)
+    old = switch(True)
+    second_in, first_out, seen = threading.Event(), threading.Event(), []
+
+    def second():
+        with small_pages():
+            second_in.set()
+            first_out.wait()
+            seen.append(advice())   # the first block has ended; this one is still open
+
+    t = threading.Thread(target=second)
+    try:
+        with small_pages():
+            t.start()
+            second_in.wait()
+        first_out.set()
+        t.join()
+        assert seen == [False] and advice() is True
+    finally:
+        switch(old)
+
+
 def test_run_scenario_builds_its_tables_without_the_advice(monkeypatch, tmp_path):
     """The per-step table is filled inside ``small_pages`` (its arrays are large on long runs)."""
     import sim.metrics as metrics
