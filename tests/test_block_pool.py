@@ -17,6 +17,18 @@ def test_allocates_in_id_order_then_reuses_freed_blocks_fifo():
     pool.check_integrity({0: 0, 1: 1, 2: 1, 3: 1, 4: 1, 5: 1, 6: 1, 7: 1, 8: 1, 9: 1, 10: 1})
 
 
+def test_free_last_refs_queues_a_table_tail_first_like_free():
+    import numpy as np
+
+    pool = BlockPool(8)
+    table = pool.allocate(5)                      # [0..4]
+    pool.free_last_refs(np.array(table[::-1]))    # a request's table, tail first
+    assert pool.free_order() == [5, 6, 7, 4, 3, 2, 1, 0]
+    assert pool.ref_counts == [0] * 8
+    pool.check_integrity({})
+    assert pool.allocate(4) == [5, 6, 7, 4]       # the queue's order survives the bulk push
+
+
 def test_ref_counts_share_and_release():
     pool = BlockPool(4)
     a = pool.allocate(2)

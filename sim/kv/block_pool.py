@@ -112,8 +112,9 @@ class BlockPool:
             self._free_one(b)
 
     def free_last_refs(self, blocks: np.ndarray) -> None:
-        """``free`` of blocks the caller knows each hold exactly one reference (skips that check)."""
-        if len(blocks) > 1 and self._queue.push(blocks):
+        """``free`` of blocks the caller knows each hold exactly one reference (skips that check, and the
+        check for a block given twice: a block in two places would hold two references)."""
+        if len(blocks) > 1 and self._queue.push(blocks, distinct=True):
             self.refs[blocks] = 0
         else:
             self.free(blocks)

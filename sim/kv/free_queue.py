@@ -108,16 +108,17 @@ class FreeQueue:
         self._tail = t + 1
         self.size += 1
 
-    def push(self, blocks: np.ndarray) -> bool:
+    def push(self, blocks: np.ndarray, distinct: bool = False) -> bool:
         """Append ``blocks`` (none queued) at the tail, in order. Refuses (False, nothing queued) when a
-        block appears twice, which the caller then handles one block at a time."""
+        block appears twice, which the caller then handles one block at a time. ``distinct``: the caller
+        knows no block appears twice (one block table's blocks), so that is not checked."""
         n = len(blocks)
         if self._tail + n > len(self._ids):
             self._compact()
         t = self._tail
         slots = np.arange(t, t + n)
         self._at[blocks] = slots        # a repeated block keeps only its last slot
-        if not (self._at[blocks] == slots).all():
+        if not distinct and not (self._at[blocks] == slots).all():
             return False                # the slots are past the tail: no entry changed
         self._ids[t:t + n] = blocks
         self._tail = t + n
