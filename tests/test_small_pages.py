@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from sim.small_pages import small_pages
+from sim.small_pages import _switch, small_pages
 
-switch = getattr(getattr(np, "_core", np).multiarray, "_set_madvise_hugepage", None)
+switch = _switch()
 pytestmark = pytest.mark.skipif(switch is None, reason="this numpy has no huge-page switch")
 
 
