@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from sim.plots import BREAKDOWN_COLORS  # noqa: E402
+from sim.plots import BREAKDOWN_COLORS, fixed_margins  # noqa: E402
 
 SLOT_COLUMNS = {"token_states": "slots_token_states", "reserved": "slots_reserved",
                 "internal_fragmentation": "slots_internal_frag", "external_fragmentation": "slots_external_frag",
@@ -84,7 +84,7 @@ def memory_over_time(steps: pd.DataFrame | Mapping[str, pd.DataFrame], path: Pat
     handles, labels = axes[0, 0].get_legend_handles_labels()
     if handles:
         axes[0, -1].legend(handles[::-1], labels[::-1], fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
+    fixed_margins(fig, right=1.85, wspace=0.08)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

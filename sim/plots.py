@@ -22,8 +22,17 @@ BREAKDOWN_COLORS = {"token_states": "#2b8a3e", "reserved": "#f59f00", "internal_
                     "external_fragmentation": "#862e9c", "free": "#ced4da"}
 
 
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
+def fixed_margins(fig, left: float = 0.75, right: float = 0.25, bottom: float = 0.55, top: float = 0.35,
+                  wspace: float | None = None, hspace: float | None = None) -> None:
+    """Margins in inches, sized for these figures' labels and outside legends. (``tight_layout`` lays
+    every tick label out once more before the figure is drawn: about a third of the figures' time.)"""
+    w, h = fig.get_size_inches()
+    fig.subplots_adjust(left=left / w, right=1 - right / w, bottom=bottom / h, top=1 - top / h,
+                        wspace=wspace, hspace=hspace)
+
+
+def _save(fig, path: Path, **margins: float) -> Path:
+    fixed_margins(fig, **margins)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -54,7 +63,7 @@ def kv_usage(steps: pd.DataFrame | Mapping[str, pd.DataFrame], path: Path) -> Pa
         right.set_ylabel("KV memory used (GB)")
     if len(_runs(steps)) > 1:
         ax.legend()
-    return _save(fig, path)
+    return _save(fig, path, right=0.75 if len(fig.axes) > 1 else 0.25)
 
 
 def batch(steps: pd.DataFrame, path: Path) -> Path:
@@ -69,7 +78,7 @@ def batch(steps: pd.DataFrame, path: Path) -> Path:
     ax.set_ylabel("requests")
     ax.set_title("Batch size and queue length")
     ax.legend()
-    return _save(fig, path)
+    return _save(fig, path, left=0.8)
 
 
 def latency_cdf(requests: pd.DataFrame | Mapping[str, pd.DataFrame], path: Path) -> Path:
@@ -86,7 +95,7 @@ def latency_cdf(requests: pd.DataFrame | Mapping[str, pd.DataFrame], path: Path)
     axes[0].set_ylabel("fraction of requests")
     if len(_runs(requests)) > 1:
         axes[0].legend()
-    return _save(fig, path)
+    return _save(fig, path, left=0.7, right=0.2, wspace=0.2)
 
 
 def memory_breakdown(breakdowns: Mapping[str, Mapping[str, float]], path: Path) -> Path:
@@ -102,7 +111,7 @@ def memory_breakdown(breakdowns: Mapping[str, Mapping[str, float]], path: Path) 
     ax.set_ylim(0, 100)
     ax.set_title("KV memory breakdown")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    return _save(fig, path)
+    return _save(fig, path, right=1.85)
 
 
 def write_run_plots(requests: pd.DataFrame, steps: pd.DataFrame, summary: dict, out_dir: Path,

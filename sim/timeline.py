@@ -75,7 +75,9 @@ def timeline(intervals: pd.DataFrame | Mapping[str, pd.DataFrame], path: Path, m
     axes[-1, 0].set_xlabel("simulated time (s)")
     handles = [Patch(color=c, label=p) for p, c in PHASE_COLORS.items()]
     axes[0, 0].legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
+    from sim.plots import fixed_margins
+
+    fixed_margins(fig, left=0.7, right=1.15, top=0.3, hspace=0.4 / max(height - 0.85, 0.5))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

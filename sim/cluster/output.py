@@ -13,17 +13,19 @@ from sim.output import write_atomic
 
 def kv_usage_per_replica(steps: pd.DataFrame, path: Path) -> Path:
     """One line per replica: its KV usage (blocks allocated / its blocks) over simulated time."""
+    from sim.plot_points import step_envelope
     from sim.plots import _save, plt
 
     fig, ax = plt.subplots(figsize=(8, 3.5))
     groups = steps.groupby("replica", sort=True) if "replica" in steps else [(0, steps)]
     for rid, df in groups:
-        ax.step(df["start_s"], df["kv_usage"] * 100, where="post", lw=0.7, label=f"replica {rid}")
+        ax.step(*step_envelope(df["start_s"].to_numpy(), df["kv_usage"].to_numpy() * 100), where="post", lw=0.7,
+                label=f"replica {rid}")
     ax.set_xlabel("simulated time (s)")
     ax.set_ylabel("KV usage (%)")
     ax.set_ylim(0, 105)
     ax.legend(fontsize=7, ncol=4, loc="upper right")
-    return _save(fig, path)
+    return _save(fig, path, top=0.2)
 
 
 def requests_per_replica(replicas: pd.DataFrame, path: Path) -> Path:
@@ -35,7 +37,7 @@ def requests_per_replica(replicas: pd.DataFrame, path: Path) -> Path:
     ax.bar(replicas["replica"].astype(str), replicas["requests"], color=[colors[r] for r in replicas["role"]])
     ax.set_xlabel("replica")
     ax.set_ylabel("requests")
-    return _save(fig, path)
+    return _save(fig, path, left=0.85, top=0.2)
 
 
 def write_cluster_files(result, out: Path, plots: bool = True) -> list[Path]:
