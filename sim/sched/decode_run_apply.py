@@ -50,17 +50,19 @@ def boundary_events(c0: list[int], l0: list[int], rem: list[int], k: int, bs: in
     the blocks leave the pool. Returns (positions, steps). ``finals``: given, collects (step, position)
     of each request whose table reaches its final block, with slots to spare past its last KV token
     (its most KV tokens are c0 + rem: only its last boundary can do it)."""
-    events = []
+    size = len(c0)
+    keys = []   # event (step j, position i) as j * size + i: sorted as the pairs would be, and made by range
     for i, (c, n, r) in enumerate(zip(c0, l0, rem)):
-        at = range(n * bs - c, r if r < k else k, bs)
-        if at:
-            events.extend([(j, i) for j in at])
+        first, end = n * bs - c, (r if r < k else k)   # its boundaries: first, first + bs, ... < end
+        if first < end:
+            keys.extend(range(first * size + i, end * size + i, bs * size))
             if finals is not None:
+                count = (end - first - 1) // bs + 1
                 last = (c + r - 1) // bs   # the final block's index
-                if n + len(at) == last + 1 and (last + 1) * bs > c + r:
-                    finals.append((at[-1], i))
-    events.sort()
-    return [i for _, i in events], [j for j, _ in events]
+                if n + count == last + 1 and (last + 1) * bs > c + r:
+                    finals.append((first + (count - 1) * bs, i))
+    keys.sort()
+    return [x % size for x in keys], [x // size for x in keys]
 
 
 class DecodeStepView:
