@@ -287,17 +287,12 @@ class CostModelExecutor:
         with the per-size terms looked up once per run of equal sizes (a shrinking batch: a few).
         ``stretches``: those runs, if the caller has them, as (sizes, lengths): ``seqs`` is sizes[s] repeated
         lengths[s] times."""
-        if stretches is not None:
-            sizes, lengths = stretches
-            terms = np.repeat(np.array([self._size_terms(n) for n in sizes]).T, lengths, axis=1)   # (rows)
-            return self._decode_prices(seqs, dec_ctx, tuple(terms))
-        new_size = np.empty(len(seqs), dtype=np.int64)   # 1 where a step's size differs from the last
-        new_size[0] = 0
-        np.not_equal(seqs[1:], seqs[:-1], out=new_size[1:])
-        which = np.cumsum(new_size)                         # each step's run of equal sizes
-        sizes = seqs[np.flatnonzero(new_size)].tolist()
-        per_run = np.array([self._size_terms(int(seqs[0])), *map(self._size_terms, sizes)])
-        return self._decode_prices(seqs, dec_ctx, tuple(per_run[which].T))
+        if stretches is None:
+            starts = [0, *(np.flatnonzero(seqs[1:] != seqs[:-1]) + 1).tolist()]   # where a size begins
+            stretches = seqs[starts].tolist(), np.diff([*starts, len(seqs)]).tolist()
+        sizes, lengths = stretches
+        terms = np.repeat(np.array([self._size_terms(n) for n in sizes]).T, lengths, axis=1)   # (rows)
+        return self._decode_prices(seqs, dec_ctx, tuple(terms))
 
     def _size_terms(self, seqs: int) -> tuple[float, ...]:
         """The parts of a decode step that depend on its size only: (linear, allreduce) on the plain
