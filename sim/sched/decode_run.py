@@ -79,6 +79,9 @@ class PendingRun:
     seqs: np.ndarray | None = None    # requests in each priced step, where some finish inside the run
     _finish_times: list[float] | None = None   # (finished_before's, for the steps priced: a cut keeps them)
     _held: tuple | None = None                # (blocks_held's tables, likewise)
+    # (boundary_events' positions, steps and finals for the steps priced, a small batch's: apply takes
+    # those before its k, which are the events of the run as cut)
+    _events: tuple[list[int], list[int], list[tuple[int, int]]] | None = None
 
     def finished_before(self, now: float) -> int:
         """How many of its requests finish inside it before ``now`` (their last step ends before then)."""
@@ -397,7 +400,9 @@ class DecodeRunner(DecodeRunApplier):
             step_ends = run.ends[1: k + 1].tolist()
             rem, l0 = run.rem.tolist(), run.l0.tolist()
             if len(run.batch) <= SMALL_BATCH:
-                _, taken_at = boundary_events(run.c0, l0, rem, k, bs)
+                finals: list[tuple[int, int]] = []
+                pos, taken_at = boundary_events(run.c0, l0, rem, k, bs, finals)
+                run._events = (pos, taken_at, finals)
             else:
                 taken_at = np.sort(boundary_steps(run.c0a, run.l0, run.rem, k, bs)[1]).tolist()
             finishes = sorted((r, i) for i, r in enumerate(rem) if r <= k)   # by finish time (stable)

@@ -9,6 +9,7 @@ its head and takes freed blocks at its tail, and the run's blocks fit those free
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from itertools import groupby
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
@@ -266,8 +267,14 @@ class DecodeRunApplier:
         k, bs = run.k, self.sched.manager.block_size
         # a request's most KV tokens: prompt + output - 1 = c0 + rem (a decode computes c0 = prompt + g0 - 1)
         if len(run.batch) <= SMALL_BATCH:
-            finals: list[tuple[int, int]] = []
-            pos, steps = boundary_events(run.c0, run.l0.tolist(), run.rem.tolist(), k, bs, finals)
+            if run._events is None:
+                finals: list[tuple[int, int]] = []
+                pos, steps = boundary_events(run.c0, run.l0.tolist(), run.rem.tolist(), k, bs, finals)
+            else:   # found for more steps (a router asked before the run was cut): those before k
+                pos, steps, finals = run._events
+                cut = bisect_left(steps, k)
+                if cut < len(steps):
+                    pos, steps, finals = pos[:cut], steps[:cut], [f for f in finals if f[0] < k]
             return self.sched.manager.allocate_decode_events(run.batch, pos, steps, finals, k, peaks=peaks)
         pos, steps = boundary_steps(c0, run.l0, run.rem, k, bs)
         if len(steps) > 1:
