@@ -10,7 +10,7 @@ from sim.cluster.output import write_cluster_files
 from sim.commands.progress import add_progress_args, progress_mode
 from sim.commands.summary_table import print_summary
 from sim.commands.trace_args import add_trace_args, check_trace_args
-from sim.output import prepare_results_dir, summary_json, write_table
+from sim.output import prepare_results_dir, summary_json, write_table, write_tables
 from sim.runner import Result, run_scenario
 from sim.scenario import load_scenario
 
@@ -37,8 +37,7 @@ def write_results(result: Result, out: Path, plots: bool = True) -> list[Path]:
 
     def fill(stage: Path) -> list[str]:
         write_table(result.requests, stage / "requests.csv")
-        write_table(result.steps, stage / "steps.csv")
-        write_table(result.steps, stage / "steps.parquet")
+        write_tables(result.steps, [stage / "steps.csv", stage / "steps.parquet"])
         names = ["requests.csv", "steps.csv", "steps.parquet"]
         names += [f.name for f in write_cluster_files(result, stage, plots)]   # clusters: replicas.csv, figures
         if plots:
