@@ -83,7 +83,7 @@ token. A miss shows which term carries it."""),
     ("code", """rows = []
 for name, run_stages in group_runs(stages).items():
     for s in run_stages:
-        scn, _ = run_scenario_for([s], 0)
+        scn, *_ = run_scenario_for([s], 0)
         exe = make_cost_model_executor(model=scn.model_spec, hardware=scn.hardware_spec, config=scn.executor,
                                        scheduler=scn.scheduler)
         mean_step, decode = steady_step(exe, s)

@@ -62,7 +62,8 @@ def test_arrivals_fill_the_stage_exactly():
 
 def test_requests_cycle_the_prompts_and_stages_run_back_to_back():
     stages = group_runs(read_runs(RUNS))["llama-2-7b-tp1-codegen"]
-    reqs, windows = build_requests(stages, seed=3)
+    reqs, windows, refused = build_requests(stages, seed=3)
+    assert refused == [0, 0]
     assert len(reqs) == 3000 + 6000
     assert windows == [(0.0, 600.0), (600.0, 1200.0)]
     assert all(r["output_len"] == 247 for r in reqs)
@@ -73,9 +74,33 @@ def test_requests_cycle_the_prompts_and_stages_run_back_to_back():
     assert sum(1 for r in reqs if r["arrival"] <= 600.0) == 3000
 
 
+def test_requests_that_cannot_fit_the_context_are_refused_not_replayed():
+    """vLLM's API server answers 400 when prompt + max_tokens exceeds max_model_len: such requests take
+    their turn in the prompt cycle but never reach the engine."""
+    from dataclasses import replace
+
+    stage = group_runs(read_runs(RUNS))["llama-2-7b-tp1-codegen"][0]   # 3000 requests over 100 prompts
+    lengths = prompt_lengths(stage.prompt_quantiles, 100)
+    limit = int(np.median(lengths))
+    long = replace(stage, output_len=stage.max_model_len - limit)   # prompts longer than the median refused
+    too_long = int((lengths > limit).sum())
+    assert 0 < too_long < 100
+    reqs, windows, refused = build_requests([long], seed=5)
+    assert refused == [30 * too_long]                   # 30 full cycles of the 100 prompts
+    assert len(reqs) == 3000 - 30 * too_long
+    assert all(r["prompt_len"] + r["output_len"] <= stage.max_model_len for r in reqs)
+    groups = {r["prefix_group"] for r in reqs}
+    assert len(groups) == 100 - too_long                 # each refused prompt is refused every time
+    everything = dict(zip(*np.unique([r["prefix_group"] for r in reqs], return_counts=True)))
+    assert set(everything.values()) == {30}
+    none_fit = replace(stage, output_len=stage.max_model_len)
+    scn, windows, refused = run_scenario_for([none_fit], seed=0)
+    assert scn is None and refused == [3000] and windows == [(0.0, 600.0)]
+
+
 def test_rebuilt_scenario_names_only_the_server_settings():
     stages = group_runs(read_runs(RUNS))["llama-2-70b-tp4-general"]
-    scn, _ = run_scenario_for(stages, seed=0)
+    scn, _, _ = run_scenario_for(stages, seed=0)
     assert scn.hardware_spec.tensor_parallel == 4 and scn.hardware_spec.name == "h100-80gb"
     assert scn.kv_cache.prefix_caching and scn.scheduler.chunked_prefill
     assert scn.scheduler.max_num_seqs == 128 and scn.scheduler.max_num_batched_tokens == 2048

@@ -1,6 +1,7 @@
 """Replay measured runs with several seeds and compare the predicted figures with the measured ones.
 
-Per stage (requests that arrived inside the stage's window), as the client measured them:
+Per stage (requests that arrived inside the stage's window and were not refused by the API server for
+not fitting max_model_len), as the client measured them:
 
     ttft_*, e2e_*     mean, p50, p90, p99 of the client-side latencies (frontend included)
     decode_per_token  (mean E2E - mean TTFT) / (output_len - 1)
@@ -25,6 +26,7 @@ from sim.fidelity.runs import METRIC_COLUMNS, MeasuredStage, group_runs
 from sim.runner import run_scenario
 
 METRICS = list(METRIC_COLUMNS)
+_NOTHING = pd.DataFrame({"arrival_s": [], "status": [], "ttft_s": [], "e2e_s": []})   # no request served
 
 
 @dataclass
@@ -33,6 +35,7 @@ class StageResult:
 
     stage: MeasuredStage
     predictions: list[dict[str, float]] = field(default_factory=list)   # one per seed
+    refused: list[int] = field(default_factory=list)   # per seed: requests the API server refuses (too long)
 
     def predicted(self, metric: str) -> float:
         return float(np.mean([p[metric] for p in self.predictions]))
@@ -55,7 +58,7 @@ class StageResult:
                 "predicted": {m: self.predicted(m) for m in METRICS},
                 "spread": {m: list(self.spread(m)) for m in METRICS},
                 "error": {m: self.error(m) for m in METRICS},
-                "falsely_saturated": self.falsely_saturated,
+                "falsely_saturated": self.falsely_saturated, "refused": self.refused,
                 "seeds": self.predictions}
 
 
@@ -93,10 +96,11 @@ def evaluate(stages: list[MeasuredStage], seeds: list[int], overrides: list[str]
             run_stages = [_cut(s, max_duration_s) for s in run_stages]
         stage_results = [StageResult(s) for s in run_stages]
         for seed in seeds:
-            scn, windows = run_scenario_for(run_stages, seed, overrides, source=f"<fidelity {name}>")
-            res = run_scenario(scn, check_integrity=False)
-            for sr, window in zip(stage_results, windows):
-                sr.predictions.append(stage_figures(res.requests, window, sr.stage.output_len))
+            scn, windows, refused = run_scenario_for(run_stages, seed, overrides, source=f"<fidelity {name}>")
+            done = run_scenario(scn, check_integrity=False).requests if scn is not None else _NOTHING
+            for sr, window, n in zip(stage_results, windows, refused):
+                sr.predictions.append(stage_figures(done, window, sr.stage.output_len))
+                sr.refused.append(n)
         results.extend(stage_results)
     return results
 

@@ -14,7 +14,11 @@ The load, as the client (inference-perf) generated it (docs/fidelity.md):
                linearly to 0 and 1, taken at (k + 0.5) / P, rounded, then nudged one token at a time
                (nearest the median first) until their mean is the measured mean; a seeded shuffle
                assigns them to prompts
-    outputs:   exactly output_len tokens (ignore_eos)
+    outputs:   exactly output_len tokens (ignore_eos, max_tokens = output_len)
+    refusals:  a request whose prompt plus output_len exceeds max_model_len is refused by the API server
+               (vLLM answers 400 when prompt + max_tokens does not fit the context) and never reaches the
+               engine: it is left out of the replay, keeping its place in the prompt cycle, and counted
+               as failed
 
 The server: the model preset with the run's max_model_len, the hardware preset with its
 tensor_parallel, block size 16, prefix caching and chunked prefill on, the run's max_num_seqs and
@@ -62,24 +66,35 @@ def arrivals(rng: np.random.Generator, start_s: float, duration_s: float, count:
     return times
 
 
-def build_requests(stages: list[MeasuredStage], seed: int) -> tuple[list[dict[str, Any]], list[tuple[float, float]]]:
-    """Inline requests for a run's stages back to back, and each stage's (start_s, end_s) window."""
+def build_requests(stages: list[MeasuredStage], seed: int
+                   ) -> tuple[list[dict[str, Any]], list[tuple[float, float]], list[int]]:
+    """Inline requests for a run's stages back to back, each stage's (start_s, end_s) window, and how many
+    requests each stage sends that the API server refuses (prompt + output_len > max_model_len: they take
+    their place in the prompt cycle but are not replayed)."""
     first = stages[0]
     rng = np.random.default_rng(seed)
     lengths = rng.permutation(prompt_lengths(first.prompt_quantiles, first.num_prompts))
     requests: list[dict[str, Any]] = []
     windows = []
+    refused = []
     start = 0.0
+    sent = 0
     for s in stages:
         times = arrivals(rng, start, s.duration_s, s.num_requests)
+        n_refused = 0
         for t in times:
-            p = len(requests) % s.num_prompts
+            p = sent % s.num_prompts
+            sent += 1
             plen = int(lengths[p])
+            if plen + s.output_len > s.max_model_len:
+                n_refused += 1
+                continue
             requests.append({"arrival": float(t), "prompt_len": plen, "output_len": s.output_len,
                              "prefix_group": p, "prefix_len": plen - 1})
         windows.append((start, start + s.duration_s))
+        refused.append(n_refused)
         start += s.duration_s
-    return requests, windows
+    return requests, windows, refused
 
 
 def server_settings(stage: MeasuredStage) -> dict[str, Any]:
@@ -95,9 +110,12 @@ def server_settings(stage: MeasuredStage) -> dict[str, Any]:
 
 
 def run_scenario_for(stages: list[MeasuredStage], seed: int, overrides: list[str] | None = None,
-                     source: str = "<fidelity>") -> tuple[Scenario, list[tuple[float, float]]]:
-    """The scenario replaying a measured run (all its stages), and each stage's window."""
-    requests, windows = build_requests(stages, seed)
+                     source: str = "<fidelity>") -> tuple[Scenario | None, list[tuple[float, float]], list[int]]:
+    """The scenario replaying a measured run (all its stages), each stage's window and its refused requests;
+    no scenario when the API server refuses every request."""
+    requests, windows, refused = build_requests(stages, seed)
+    if not requests:
+        return None, windows, refused
     data = {"name": f"fidelity-{stages[0].run}", "seed": seed, **server_settings(stages[0]),
             "workload": {"requests": requests}, "output": {"plots": False}}
-    return scenario_from_dict(data, source=source, overrides=overrides), windows
+    return scenario_from_dict(data, source=source, overrides=overrides), windows, refused

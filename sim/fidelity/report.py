@@ -40,6 +40,9 @@ def text_table(results: list[StageResult]) -> str:
                          f"{unit:3}{f'{lo * scale:.4g} .. {hi * scale:.4g}':>21}{unit:3}{r.error(m):>+9.1%}")
         if r.falsely_saturated:
             lines.append("  ! falsely saturated: predicted mean TTFT above 3x measured + 50 ms")
+        if any(r.refused):
+            lines.append(f"  refused by the API server (prompt + output_len > max_model_len {r.stage.max_model_len}): "
+                         f"{min(r.refused)}..{max(r.refused)} of {r.stage.num_requests} requests (not in the figures)")
     return "\n".join(lines)
 
 
