@@ -97,9 +97,9 @@ def evaluate(stages: list[MeasuredStage], seeds: list[int], overrides: list[str]
         stage_results = [StageResult(s) for s in run_stages]
         for seed in seeds:
             scn, windows, refused = run_scenario_for(run_stages, seed, overrides, source=f"<fidelity {name}>")
-            done = run_scenario(scn, check_integrity=False).requests if scn is not None else _NOTHING
+            served = run_scenario(scn, check_integrity=False).requests if scn is not None else _NOTHING
             for sr, window, n in zip(stage_results, windows, refused):
-                sr.predictions.append(stage_figures(done, window, sr.stage.output_len))
+                sr.predictions.append(stage_figures(served, window, sr.stage.output_len))
                 sr.refused.append(n)
         results.extend(stage_results)
     return results
