@@ -141,12 +141,26 @@ def measure(data: dict, multi_step: bool, write: bool, plot: bool, double_output
     return row
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_workload_args(ap: argparse.ArgumentParser) -> None:
+    """The options that pick the benchmark's workload (``workload_data`` reads them)."""
     ap.add_argument("--workload", choices=["azure", "quickstart"], default="azure")
     ap.add_argument("--limit", type=int, default=None, help="first N requests of the trace (default all)")
     ap.add_argument("--synthetic", type=int, default=0, help="run N synthetic requests instead of the trace")
     ap.add_argument("--rate", type=float, default=30.0, help="synthetic arrival rate (req/s)")
+
+
+def workload_data(args: argparse.Namespace) -> dict:
+    """The scenario the workload options name."""
+    if args.synthetic:
+        return synthetic_scenario(args.synthetic, args.rate)
+    if args.workload == "quickstart":
+        return quickstart_scenario(args.limit)
+    return azure_scenario(args.limit)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_workload_args(ap)
     ap.add_argument("--double-output", action="store_true", help="double every output length")
     ap.add_argument("--output-scaling", action="store_true",
                     help="the outputs as given, then doubled, alternating (--repeat times); prints the ratio")
@@ -168,12 +182,7 @@ def main() -> None:
         import sim.sched.continuous as continuous
 
         continuous.ContinuousScheduler.use_lane = False
-    if args.synthetic:
-        data = synthetic_scenario(args.synthetic, args.rate)
-    elif args.workload == "quickstart":
-        data = quickstart_scenario(args.limit)
-    else:
-        data = azure_scenario(args.limit)
+    data = workload_data(args)
     if args.output_scaling:
         runs = [(not args.single_step, doubled) for doubled in (False, True)] * args.repeat
     else:

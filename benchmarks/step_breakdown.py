@@ -16,7 +16,7 @@ import argparse
 import time
 from collections.abc import Callable
 
-from engine_bench import ROOT, azure_scenario, quickstart_scenario, synthetic_scenario
+from engine_bench import ROOT, add_workload_args, workload_data
 
 from sim import run_scenario, scenario_from_dict
 from sim.executors.cost_model import CostModelExecutor
@@ -90,17 +90,9 @@ def breakdown(data: dict) -> tuple[float, float, int, int, list[tuple[str, str, 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workload", choices=["azure", "quickstart"], default="azure")
-    ap.add_argument("--limit", type=int, default=None, help="first N requests of the trace (default all)")
-    ap.add_argument("--synthetic", type=int, default=0, help="run N synthetic requests instead of the trace")
-    ap.add_argument("--rate", type=float, default=30.0, help="synthetic arrival rate (req/s)")
+    add_workload_args(ap)
     args = ap.parse_args()
-    if args.synthetic:
-        data = synthetic_scenario(args.synthetic, args.rate)
-    elif args.workload == "quickstart":
-        data = quickstart_scenario(args.limit)
-    else:
-        data = azure_scenario(args.limit)
+    data = workload_data(args)
     plain, wrapped, steps, runs, rows = breakdown(data)
     print(f"{data['name']}: {steps:,} steps, {runs:,} decode runs; simulate {plain:.2f} s plain, "
           f"{wrapped:.2f} s with the timers")

@@ -10,6 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import step_breakdown  # noqa: E402
+from engine_bench import synthetic_scenario  # noqa: E402
 
 from sim.sched.continuous import ContinuousScheduler  # noqa: E402
 from sim.sched.decode_run_apply import DecodeRunApplier  # noqa: E402
@@ -17,7 +18,7 @@ from sim.sched.decode_run_apply import DecodeRunApplier  # noqa: E402
 
 def test_counts_match_the_run_and_the_classes_are_restored():
     before = {(cls, name): cls.__dict__[name] for _, cls, name in step_breakdown.TIMED}
-    data = step_breakdown.synthetic_scenario(300, 2.0)   # light load: decode runs between arrivals, no preemption
+    data = synthetic_scenario(300, 2.0)   # light load: decode runs between arrivals, no preemption
     plain, wrapped, steps, runs, rows = step_breakdown.breakdown(data)
     calls = {name: n for _, name, n, _ in rows}
     assert runs > 0 and calls["DecodeRunApplier.apply"] == runs
