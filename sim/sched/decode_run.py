@@ -43,8 +43,9 @@ from sim.sched.decode_run_apply import SMALL_BATCH, DecodeRunApplier, boundary_e
 from sim.sched.plan import ScheduledRequest, StepPlan
 
 MAX_RUN_STEPS = 4096   # longest run priced in one call
-MIN_RUN_STEPS = 16     # shorter runs cost more than single steps (instruction counts of the Azure hour
-                       # under callgrind: 16 the least of 2-64): step one at a time instead
+MIN_RUN_STEPS = 5      # shorter runs cost more than single steps: step one at a time instead (instructions
+                       # under callgrind, the hour's first 5,000 requests as given and outputs doubled: 4-6 the
+                       # least of 2-16, 16 costing 13% / 10% more in the engine loop)
 PRICE_AHEAD = 8        # a run is priced for up to this many times the steps estimated to the next arrival
                        # (instruction counts, 4,000 requests of the hour and of 8 round_robin replicas:
                        # 8 the least of 1, 2, 4, 8, 16 for the two together)
