@@ -93,6 +93,7 @@ def cuts(cut_count, monkeypatch) -> dict[str, int]:  # noqa: F811  (the imported
     """Counts decode runs cut by a request routed to their replica (runs that went past arrivals), runs
     of any length taken."""
     monkeypatch.setattr(decode_run, "MIN_RUN_STEPS", 1)
+    monkeypatch.setattr(decode_run, "MIN_RUN_STEPS_LARGE", 1)
     return cut_count
 
 

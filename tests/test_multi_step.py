@@ -34,6 +34,7 @@ def run_count(monkeypatch) -> dict[str, int]:
     """Counts decode runs (and the steps inside them) taken by the multi-step path; runs of any length
     are taken (MIN_RUN_STEPS = 1) so that short runs are compared too."""
     monkeypatch.setattr(decode_run, "MIN_RUN_STEPS", 1)
+    monkeypatch.setattr(decode_run, "MIN_RUN_STEPS_LARGE", 1)
     counts = {"runs": 0, "steps": 0}
     apply = decode_run.DecodeRunner.apply
 
@@ -150,6 +151,7 @@ STRESS = {
 @pytest.mark.parametrize("min_steps", [1, 4])
 def test_stress_scenarios_equal(name, async_scheduling, min_steps, run_count, monkeypatch):
     monkeypatch.setattr(decode_run, "MIN_RUN_STEPS", min_steps)
+    monkeypatch.setattr(decode_run, "MIN_RUN_STEPS_LARGE", min_steps)
     data = copy.deepcopy(STRESS[name])
     data["scheduler"]["async_scheduling"] = async_scheduling
     data["output"] = {"plots": False}

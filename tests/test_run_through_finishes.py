@@ -22,6 +22,7 @@ from sim.sched.decode_run_apply import boundary_events, boundary_steps
 def through_count(monkeypatch) -> dict[str, int]:
     """Counts runs applied with finishes before their last step (and those finishes)."""
     monkeypatch.setattr(decode_run, "MIN_RUN_STEPS", 1)
+    monkeypatch.setattr(decode_run, "MIN_RUN_STEPS_LARGE", 1)
     counts = {"runs": 0, "inner_finishes": 0}
     apply = decode_run.DecodeRunner._apply_through_finishes
 

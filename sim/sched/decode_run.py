@@ -46,6 +46,9 @@ MAX_RUN_STEPS = 4096   # longest run priced in one call
 MIN_RUN_STEPS = 5      # shorter runs cost more than single steps: step one at a time instead (instructions
                        # under callgrind, the hour's first 5,000 requests as given and outputs doubled: 4-6 the
                        # least of 2-16, 16 costing 13% / 10% more in the engine loop)
+MIN_RUN_STEPS_LARGE = 16   # the same for a batch of more than SMALL_BATCH requests, whose run is planned and
+                           # applied with numpy while its single steps take the decode lane (3,000 synthetic
+                           # requests at 30 req/s, batches of ~100: 5 cost 10% more than 16 in the engine loop)
 PRICE_AHEAD = 8        # a run is priced for up to this many times the steps estimated to the next arrival
                        # (instruction counts, 4,000 requests of the hour and of 8 round_robin replicas:
                        # 8 the least of 1, 2, 4, 8, 16 for the two together)
@@ -157,6 +160,7 @@ class DecodeRunner(DecodeRunApplier):
         self._head: tuple[Request, int] | None = None   # a waiting head that cannot be admitted (see _batch)
         # a run is taken only if its bounds allow this many steps
         self.min_steps = MIN_RUN_STEPS if min_steps is None else min_steps
+        self.min_steps_large = max(self.min_steps, MIN_RUN_STEPS_LARGE) if min_steps is None else min_steps
         # runs end before the step the next arrival reaches (not with it): somebody reads this engine's
         # state at that moment (a cluster's router), and the step in progress then must have allocated
         self.stop_before_arrival = stop_before_arrival
@@ -252,11 +256,14 @@ class DecodeRunner(DecodeRunApplier):
 
     def plan(self, now: float, next_arrival: float, prev_duration: float, step: int) -> PendingRun | None:
         """Price the longest run allowed from ``now``; None when the next step is not a plain decode step
-        or the runs from here would be shorter than ``min_steps`` (then single stepping is cheaper; same
-        results). With nobody waiting, a run may stop at a request's last token and be chained
-        (``plan_next``), so only the time to the next arrival has to reach ``min_steps``."""
+        or the runs from here would be shorter than ``min_steps`` (``min_steps_large`` for a batch of more
+        than SMALL_BATCH requests; then single stepping is cheaper; same results). With nobody waiting, a
+        run may stop at a request's last token and be chained (``plan_next``), so only the time to the next
+        arrival has to reach it."""
         limit = self._arrival_limit(now, self._bound(next_arrival), prev_duration)
-        if limit < self.min_steps or next_arrival <= now:   # (a fed engine not told of its next request)
+        # (the batch is the running requests, in some order)
+        need = self.min_steps if len(self.sched.running) <= SMALL_BATCH else self.min_steps_large
+        if limit < need or next_arrival <= now:   # (a fed engine not told of its next request)
             return None
         batch = self._batch()
         if batch is None or self._head_fits_anyway(len(batch)):
@@ -264,7 +271,7 @@ class DecodeRunner(DecodeRunApplier):
         if self._skip:   # the last attempts failed after their per-request work: back off
             self._skip -= 1
             return None
-        run = self._plan_batch(now, next_arrival, limit, step, batch)
+        run = self._plan_batch(now, next_arrival, limit, step, batch, need)
         if run is None:
             self._fails += 1
             self._skip = min(2 ** self._fails, MAX_BACKOFF_STEPS) - 1
@@ -273,10 +280,10 @@ class DecodeRunner(DecodeRunApplier):
         return run
 
     def _plan_batch(self, now: float, next_arrival: float, limit: int, step: int,
-                    batch: list[Request]) -> PendingRun | None:
+                    batch: list[Request], min_steps: int) -> PendingRun | None:
         self.sched.sync_lane()   # the counters are read here
         chained = not len(self.sched.waiting)
-        if not chained and min([r.output_len - r.num_generated for r in batch]) < self.min_steps:
+        if not chained and min([r.output_len - r.num_generated for r in batch]) < min_steps:
             return None   # (the usual stop when runs cannot be chained, tested early)
         tables = self.sched.manager.block_tables
         rows = [(r.num_computed_tokens, r.num_generated, r.prompt_len, r.output_len, len(tables[r.req_id]))
@@ -289,7 +296,7 @@ class DecodeRunner(DecodeRunApplier):
         elif g0.min() <= 0 or (prompt + g0 - c0 != 1).any():
             return None
         return self._price(now, next_arrival, limit, step, batch, c0, g0, l0, out - g0,
-                           1 if chained else self.min_steps, None, chained)
+                           1 if chained else min_steps, None, chained)
 
     def plan_next(self, run: PendingRun, next_arrival: float, step: int) -> PendingRun | None:
         """The run that follows ``run`` (applied, at its end), from the arrays it carried: the same batch
