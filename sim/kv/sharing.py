@@ -143,12 +143,14 @@ class SharingMixin:
         self._note_beyond(req)
         self._note_peaks(prefix)
 
-    def _release(self, table: list[int], num_computed: int) -> None:
-        """Drop one table: blocks losing their last reference give back the slots the table filled."""
+    def _release(self, table: list[int], num_computed: int, unshared: bool = False) -> None:
+        """Drop one table: blocks losing their last reference give back the slots the table filled.
+        ``unshared``: the caller knows each of its blocks holds one reference (else they are read)."""
         bs = self.block_size
         blocks = np.array(table, dtype=np.int64)
-        last = self.pool.refs[blocks] == 1
-        unshared = bool(last.all())
+        if not unshared:
+            last = self.pool.refs[blocks] == 1
+            unshared = bool(last.all())
         if unshared:
             # nothing shared (the usual case): the table's filled slots, min(computed, capacity)
             held = min(max(num_computed, 0), len(table) * bs)
@@ -179,8 +181,11 @@ class SharingMixin:
                 self._prefix_logical -= 1
                 if not refs[b]:
                     del refs[b]
-        for t in (group.tables if group is not None else [table]):
-            self._release(t, req.num_computed_tokens)
+        if group is None:   # blocks are shared only by forks and prefix-cache hits: without either, none is
+            self._release(table, req.num_computed_tokens, unshared=self.prefix_cache is None)
+        else:
+            for t in group.tables:
+                self._release(t, req.num_computed_tokens)
         self._cached_upto.pop(rid, None)
         self._owners.pop(rid, None)
         self.sibling_recompute.pop(rid, None)

@@ -263,8 +263,8 @@ class SchedulerBase:
         lane.step(now)
         if lane is not self._lane:   # dropped while this step was planned: nobody else writes it back
             lane.sync()
-        over = lane.gen >= lane.out
-        if over.any():
+        if lane.left <= 0:   # some decode sampled its last token
+            over = lane.gen >= lane.out
             reqs = lane.reqs
             at = np.flatnonzero(over).tolist()
             lane.write(at)

@@ -309,6 +309,7 @@ class ContinuousScheduler(SchedulerBase):
             for name in ("ids", "comp", "gen", "out", "rank"):
                 assert np.array_equal(getattr(lane, name), getattr(fresh, name)), f"decode lane: {name} differs"
             assert np.array_equal(lane.last_times(), fresh.last_times()), "decode lane: last token times differ"
+            assert lane.left == fresh.left, "decode lane: fewest tokens left differs"
 
     def _swap_in(self, now: float, scheduled: list[ScheduledRequest], batch: list[Request], budget: int,
                  stats: StepStats) -> int:

@@ -17,7 +17,8 @@ Invariants while the lane is held (``ContinuousScheduler._lane``):
   order in which they joined ``running``); ``prefills`` the others, in running order;
 - once synced, ``comp[i] == reqs[i].num_computed_tokens``, ``gen[i] == reqs[i].num_generated``, and
   ``last`` their last token times; always ``comp[i] == prompt_len + gen[i] - 1``, ``gen[i] >= 1``;
-- ``last`` is every request's last token time, or None with ``last_all`` their common time.
+- ``last`` is every request's last token time, or None with ``last_all`` their common time;
+- ``left == min(out - gen)`` over the decodes (tokens still to sample; 0 after the step that finishes one).
 Whatever else changes the batch (preemption, rotation, swap, a decode run, forks) drops the lane; the
 scheduler rebuilds it from ``running`` at its next step.
 """
@@ -34,7 +35,7 @@ _STEP = np.array([[0], [1], [1], [0], [0]], dtype=np.int64)   # a decode step: c
 
 
 class DecodeLane:
-    __slots__ = ("reqs", "cols", "last", "last_all", "prefills", "prefill_ranks", "synced")
+    __slots__ = ("reqs", "cols", "last", "last_all", "prefills", "prefill_ranks", "synced", "left")
 
     def __init__(self, reqs: list[Request], ranks: list[int], prefills: list[Request],
                  prefill_ranks: list[int]) -> None:
@@ -49,6 +50,13 @@ class DecodeLane:
         self.prefills = prefills
         self.prefill_ranks = prefill_ranks
         self.synced = True   # the requests' counters equal the arrays
+        self.left = self._fewest_left()
+
+    def _fewest_left(self) -> int:
+        """The fewest tokens any decode has left to sample (``left``: no decode finishes before that many
+        steps; a large number when there are none)."""
+        cols = self.cols
+        return int((cols[OUT] - cols[GEN]).min()) if cols.shape[1] else 1 << 62
 
     @staticmethod
     def build(running: list[Request], prefilling: set[int], ranks: dict[int, int]) -> DecodeLane | None:
@@ -116,11 +124,16 @@ class DecodeLane:
             return False
         del self.prefills[i]
         rank = self.prefill_ranks.pop(i)
-        at = int(np.searchsorted(self.cols[RANK], rank))
-        self.last = _put(self.last_times(), at, req.last_token_s)
+        ranks = self.cols[RANK]
+        n = len(ranks)
+        # (usually it joined running after every decode: its place is the end)
+        at = n if n == 0 or rank > int(ranks[n - 1]) else int(np.searchsorted(ranks, rank))
+        if self.last is not None or req.last_token_s != self.last_all:   # else: still one common time
+            self.last = _put(self.last_times(), at, req.last_token_s)
         self.reqs.insert(at, req)
         self.cols = _put_column(self.cols, at, (req.req_id, req.num_computed_tokens, req.num_generated,
                                                 req.output_len, rank))
+        self.left = min(self.left, req.output_len - req.num_generated)
         return True
 
     def finished_prefill(self, req: Request) -> bool:
@@ -140,10 +153,12 @@ class DecodeLane:
         self.cols = self.cols[:, mask]
         if self.last is not None:
             self.last = self.last[mask]
+        self.left = self._fewest_left()
 
     def step(self, now: float) -> None:
         """Every decode computed one token and sampled one at ``now`` (the arrays; the requests at ``sync``)."""
         self.cols = self.cols + _STEP   # (a new array: the step's plan keeps its contexts)
+        self.left -= 1
         self.last = None
         self.last_all = now
         self.synced = False
