@@ -288,10 +288,10 @@ class CostModelExecutor:
         ``stretches``: those runs, if the caller has them, as (sizes, lengths): ``seqs`` is sizes[s] repeated
         lengths[s] times."""
         if stretches is None:
-            starts = [0, *(np.flatnonzero(seqs[1:] != seqs[:-1]) + 1).tolist()]   # where a size begins
+            starts = [0, *((seqs[1:] != seqs[:-1]).nonzero()[0] + 1).tolist()]   # where a size begins
             stretches = seqs[starts].tolist(), np.diff([*starts, len(seqs)]).tolist()
         sizes, lengths = stretches
-        terms = np.repeat(np.array([self._size_terms(n) for n in sizes]).T, lengths, axis=1)   # (rows)
+        terms = np.array([self._size_terms(n) for n in sizes]).T.repeat(lengths, axis=1)   # (rows)
         return self._decode_prices(seqs, dec_ctx, tuple(terms))
 
     def _size_terms(self, seqs: int) -> tuple[float, ...]:

@@ -105,7 +105,7 @@ class BlockPool:
                     self._free_one(blocks[0])
                 return
             blocks = np.array(blocks, dtype=np.int64)
-        if len(blocks) > 1 and (self.refs[blocks] == 1).all() and self._queue.push(blocks):
+        if len(blocks) > 1 and np.count_nonzero(self.refs[blocks] != 1) == 0 and self._queue.push(blocks):
             self.refs[blocks] = 0   # distinct blocks, each losing its last reference: in bulk
             return
         for b in blocks.tolist():

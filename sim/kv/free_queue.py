@@ -118,7 +118,7 @@ class FreeQueue:
         t = self._tail
         slots = np.arange(t, t + n)
         self._at[blocks] = slots        # a repeated block keeps only its last slot
-        if not distinct and not (self._at[blocks] == slots).all():
+        if not distinct and np.count_nonzero(self._at[blocks] != slots):
             return False                # the slots are past the tail: no entry changed
         self._ids[t:t + n] = blocks
         self._tail = t + n

@@ -147,7 +147,7 @@ class KVCacheManager(SharingMixin):
         total = len(steps)
         if total == 0:
             return np.full(k, used0), np.full(k, beyond0), np.full(k, logical0)
-        grown = np.cumsum(np.bincount(steps, minlength=k))   # blocks taken up to each step's end
+        grown = np.bincount(steps, minlength=k).cumsum()   # blocks taken up to each step's end
         tables = [self.block_tables[r.req_id] for r in reqs]
         for p, b in zip(pos, self.pool.allocate(total)):
             tables[p].append(b)
@@ -158,7 +158,7 @@ class KVCacheManager(SharingMixin):
                 before = self._beyond_final
                 self._note_beyond(reqs[i])
                 extra[j] += self._beyond_final - before
-            beyond = beyond0 + np.cumsum(extra)
+            beyond = beyond0 + extra.cumsum()
         else:
             beyond = np.full(k, beyond0)
         if peaks:
@@ -180,27 +180,27 @@ class KVCacheManager(SharingMixin):
         final = (new_len == last + 1) & (per > 0)   # the table reaches its final block, with slots to spare
         total = len(steps)
         if total <= FEW_EVENTS:
-            at = np.flatnonzero(final)
+            at = final.nonzero()[0]
             return self.allocate_decode_events(reqs, pos.tolist(), steps.tolist(),
                                                list(zip(steps[at].tolist(), pos[at].tolist())), k, peaks)
         used0, beyond0, logical0 = self.decode_run_counters()
-        grown = np.cumsum(np.bincount(steps, minlength=k))   # blocks taken up to each step's end
+        grown = np.bincount(steps, minlength=k).cumsum()   # blocks taken up to each step's end
         blocks = self.pool.allocate_array(total)
         order = np.argsort(pos, kind="stable")   # group by request, keeping step order
         by_req = pos[order]
-        cut = (np.flatnonzero(by_req[1:] != by_req[:-1]) + 1).tolist()
+        cut = ((by_req[1:] != by_req[:-1]).nonzero()[0] + 1).tolist()
         grown_ids = blocks[order].tolist()
         owners = by_req.tolist()
         tables = self.block_tables
         for a, b in zip([0, *cut], [*cut, total]):
             tables[reqs[owners[a]].req_id].extend(grown_ids[a:b])
-        for e in np.flatnonzero(final).tolist():
+        for e in final.nonzero()[0].tolist():
             self._note_beyond(reqs[int(pos[e])])
         self._logical_blocks += total
         if peaks:
             self._note_peaks()
         d_beyond = np.bincount(steps[final], weights=per[final], minlength=k).astype(np.int64)
-        return used0 + grown, beyond0 + np.cumsum(d_beyond), logical0 + grown
+        return used0 + grown, beyond0 + d_beyond.cumsum(), logical0 + grown
 
     def grow_full_tables(self, reqs: list[Request], at: list[int], computed: list[int], finals: list[int]) -> bool:
         """``allocate_slots(reqs[i], 1)`` for each ``i`` in ``at`` (batch order), whose ``computed`` tokens

@@ -150,7 +150,7 @@ class SharingMixin:
         blocks = np.array(table, dtype=np.int64)
         if not unshared:
             last = self.pool.refs[blocks] == 1
-            unshared = bool(last.all())
+            unshared = np.count_nonzero(last) == len(last)
         if unshared:
             # nothing shared (the usual case): the table's filled slots, min(computed, capacity)
             held = min(max(num_computed, 0), len(table) * bs)

@@ -266,7 +266,7 @@ class SchedulerBase:
         if lane.left <= 0:   # some decode sampled its last token
             over = lane.gen >= lane.out
             reqs = lane.reqs
-            at = np.flatnonzero(over).tolist()
+            at = over.nonzero()[0].tolist()
             lane.write(at)
             done.extend(reqs[i] for i in at)
             lane.drop(at, ~over)

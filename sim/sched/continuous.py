@@ -260,7 +260,7 @@ class ContinuousScheduler(SchedulerBase):
             self.drop_lane()   # the loop moves the requests past the arrays
             return None
         bs = manager.block_size
-        idx = np.flatnonzero(lane.comp % bs == 0)
+        idx = (lane.comp % bs == 0).nonzero()[0]
         at = idx.tolist()
         if at:
             if len(at) > manager.pool.num_free:   # each boundary takes at most one block

@@ -56,7 +56,7 @@ class DecodeLane:
         """The fewest tokens any decode has left to sample (``left``: no decode finishes before that many
         steps; a large number when there are none)."""
         cols = self.cols
-        return int((cols[OUT] - cols[GEN]).min()) if cols.shape[1] else 1 << 62
+        return int(np.minimum.reduce(cols[OUT] - cols[GEN])) if cols.shape[1] else 1 << 62
 
     @staticmethod
     def build(running: list[Request], prefilling: set[int], ranks: dict[int, int]) -> DecodeLane | None:
@@ -127,7 +127,7 @@ class DecodeLane:
         ranks = self.cols[RANK]
         n = len(ranks)
         # (usually it joined running after every decode: its place is the end)
-        at = n if n == 0 or rank > int(ranks[n - 1]) else int(np.searchsorted(ranks, rank))
+        at = n if n == 0 or rank > int(ranks[n - 1]) else int(ranks.searchsorted(rank))
         if self.last is not None or req.last_token_s != self.last_all:   # else: still one common time
             self.last = _put(self.last_times(), at, req.last_token_s)
         self.reqs.insert(at, req)

@@ -110,9 +110,9 @@ def _shrinking_sums(c0: np.ndarray, rem: np.ndarray, k: int) -> tuple[np.ndarray
     """Per step j < k of a run in which request i computes its steps j < rem_i: the sequences in the step,
     and their contexts summed, each counting its token (c0_i + j + 1), as exact integers."""
     steps = np.minimum(rem, k)                                  # steps each request computes in (>= 1)
-    seqs = len(c0) - np.cumsum(np.bincount(steps, minlength=k + 1)[:k])   # those with steps > j
+    seqs = len(c0) - np.bincount(steps, minlength=k + 1)[:k].cumsum()   # those with steps > j
     # the contexts (c0 + 1) of the requests gone before step j, summed in float64: exact below 2**53
-    gone_ctx = np.cumsum(np.bincount(steps, weights=c0 + 1, minlength=k + 1)[:k]).astype(np.int64)
+    gone_ctx = np.bincount(steps, weights=c0 + 1, minlength=k + 1)[:k].cumsum().astype(np.int64)
     base = int(c0.sum()) + len(c0) - gone_ctx
     return seqs, base + seqs * np.arange(k, dtype=np.int64)
 
@@ -293,7 +293,7 @@ class DecodeRunner(DecodeRunApplier):
         if len(rows) <= SMALL_BATCH:   # every request one token from its next sample
             if any(g <= 0 or p + g - c != 1 for c, g, p, _, _ in rows):
                 return None
-        elif g0.min() <= 0 or (prompt + g0 - c0 != 1).any():
+        elif np.minimum.reduce(g0) <= 0 or np.count_nonzero(prompt + g0 - c0 != 1):
             return None
         return self._price(now, next_arrival, limit, step, batch, c0, g0, l0, out - g0,
                            1 if chained else min_steps, None, chained)
@@ -307,10 +307,10 @@ class DecodeRunner(DecodeRunApplier):
             return None
         k = run.k
         keep = run.rem > k
-        if keep.all():
+        if np.count_nonzero(keep) == len(keep):
             batch = run.batch
         else:
-            if not keep.any():
+            if not np.count_nonzero(keep):
                 return None
             batch = [r for r, f in zip(run.batch, keep.tolist()) if f]
         c0 = run.c0a[keep] + k
@@ -329,7 +329,7 @@ class DecodeRunner(DecodeRunApplier):
         sched = self.sched
         mgr = sched.manager
         through = nobody_waits and self.through_finishes
-        bound = int(rem.max() if through else rem.min())
+        bound = int(np.maximum.reduce(rem) if through else np.minimum.reduce(rem))
         if min(bound, limit) < min_steps:
             return None
         # priced past the estimate ``limit`` (PRICE_AHEAD times it): steps shorten as requests finish, and a
@@ -357,16 +357,16 @@ class DecodeRunner(DecodeRunApplier):
                 return None
         run, seqs = self._price_steps(batch, c0, k, rem if through else None)
         d = np.asarray(run.durations, dtype=np.float64)
-        if not d.min() > 0:   # (NaN too)
-            j = int(np.flatnonzero(~(d > 0))[0])
+        if not np.minimum.reduce(d) > 0:   # (NaN too)
+            j = int((~(d > 0)).nonzero()[0][0])
             raise KvsimError("executor", f"step {step + j} returned a non-positive duration {d[j]}")
-        ends = np.cumsum(np.concatenate(([now], d)))   # sequential, left to right: SimPy's sums
+        ends = np.concatenate(([now], d)).cumsum()   # sequential, left to right: SimPy's sums
         if self.cut_lazily:
             k = self._before_tie(ends, k)
             if k < 1:
                 return None
         elif math.isfinite(next_arrival):
-            first = int(np.searchsorted(ends[1:], next_arrival, side="left"))   # the step it reaches
+            first = int(ends[1:].searchsorted(next_arrival, side="left"))   # the step it reaches
             # (a step that ends exactly then is left to single stepping, whose event order decides)
             tie = first < len(ends) - 1 and ends[first + 1] == next_arrival
             k = min(k, first if self.stop_before_arrival or tie else first + 1 + self.staging)
@@ -386,7 +386,7 @@ class DecodeRunner(DecodeRunApplier):
         if lo == hi:
             return k
         at = self.arrival_times[lo:hi]
-        pos = np.searchsorted(ends[: k + 1], at, side="left")   # ends[pos] >= at, pos <= k
+        pos = ends[: k + 1].searchsorted(at, side="left")   # ends[pos] >= at, pos <= k
         tied = pos[ends[pos] == at]
         return min(k, int(tied.min()) - 1) if tied.size else k
 
@@ -425,7 +425,7 @@ class DecodeRunner(DecodeRunApplier):
         the step that ``now`` falls in, as if it had been planned knowing the arrival; with async
         scheduling, with the step after it where priced (planned before the request is handed over, as
         that step starts: the caller's part). Returns whether it goes on through that step."""
-        k = int(np.searchsorted(run.ends[1: run.k + 1], now, side="left")) + 1
+        k = int(run.ends[1: run.k + 1].searchsorted(now, side="left")) + 1
         if not (k <= run.k and run.ends[k - 1] < now < run.ends[k]):
             raise AssertionError(f"decode run: cut at {now!r} outside its steps or at a step's end")
         through = self.staging and k < run.k
@@ -439,11 +439,11 @@ class DecodeRunner(DecodeRunApplier):
         context sum where the executor takes them, else through a plan. With ``rem``, request i takes part
         in steps j < rem_i only (the batch shrinks as requests finish); then also returns the requests in
         each step (else None)."""
-        if rem is not None and int(rem.min()) < k:
+        if rem is not None and int(np.minimum.reduce(rem)) < k:
             if len(c0) <= SMALL_BATCH:
                 sizes, lengths, bases = _shrinking_segments(c0.tolist(), rem.tolist(), k)
-                seqs = np.repeat(np.array(sizes, dtype=np.int64), lengths)
-                ctx = np.repeat(np.array(bases, dtype=np.int64), lengths) + seqs * np.arange(k, dtype=np.int64)
+                seqs = np.array(sizes, dtype=np.int64).repeat(lengths)
+                ctx = np.array(bases, dtype=np.int64).repeat(lengths) + seqs * np.arange(k, dtype=np.int64)
                 return self.executor.execute_decode_profile(seqs, ctx, (sizes, lengths)), seqs
             seqs, ctx = _shrinking_sums(c0, rem, k)
             return self.executor.execute_decode_profile(seqs, ctx), seqs

@@ -38,11 +38,11 @@ def boundary_steps(c0: np.ndarray, l0: np.ndarray, rem: np.ndarray, k: int, bs: 
     total = int(count.sum())
     if total == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    if int(count.max()) == 1:
-        pos = np.flatnonzero(count)
+    if int(np.maximum.reduce(count)) == 1:
+        pos = count.nonzero()[0]
         return pos, first[pos]
-    pos = np.repeat(np.arange(len(c0)), count)
-    return pos, np.repeat(first, count) + (np.arange(total) - np.repeat(np.cumsum(count) - count, count)) * bs
+    pos = np.arange(len(c0)).repeat(count)
+    return pos, first.repeat(count) + (np.arange(total) - (count.cumsum() - count).repeat(count)) * bs
 
 
 def boundary_events(c0: list[int], l0: list[int], rem: list[int], k: int, bs: int,
@@ -88,7 +88,7 @@ class DecodeRunApplier:
     def apply(self, run: PendingRun) -> list[Request]:
         """Do what single stepping does over the run's k steps (time is now ``run.end``); returns the
         requests finished at the last step."""
-        if int(run.rem.min()) < run.k:
+        if int(np.minimum.reduce(run.rem)) < run.k:
             return self._apply_through_finishes(run)
         sched = self.sched
         sched.drop_lane()   # the run moves the requests' counters past the decode lane's arrays
@@ -102,7 +102,7 @@ class DecodeRunApplier:
         mgr.note_decode_run(n, used, logical)
         self._gaps(run)
         end = run.end
-        finished = np.flatnonzero(run.rem == k).tolist()
+        finished = (run.rem == k).nonzero()[0].tolist()
         c0, g0 = run.c0, run.g0
         for i in finished:
             req = batch[i]
@@ -156,7 +156,7 @@ class DecodeRunApplier:
             alive = run.seqs[:k]
         else:
             leaving = np.bincount([j for j, _ in ending], minlength=k)    # requests whose last step is j
-            alive = n0 - (np.cumsum(leaving) - leaving)
+            alive = n0 - (leaving.cumsum() - leaving)
         self._gaps(run, alive)   # (before the finished requests' last token times are written)
         # the finishes, step by step (batch order within a step), and what each step's frees gave back
         c0, g0 = run.c0, run.g0
@@ -182,12 +182,12 @@ class DecodeRunApplier:
         freed = np.zeros((k, 4), dtype=np.int64)   # used, beyond, logical, held tokens
         table = np.array(rows, dtype=np.int64)
         freed[table[:, 0]] = table[:, 1:]
-        freed_through = np.cumsum(freed, axis=0)          # freed at steps <= j
+        freed_through = freed.cumsum(axis=0)          # freed at steps <= j
         gone_before = freed_through - freed               # freed at steps < j
         used_pre = used - gone_before[:, 0]
         logical_pre = logical - gone_before[:, 2]
         mgr.note_decode_steps(alive, used_pre, logical_pre)
-        mgr.raise_peaks(int(used_pre.max()), int(logical_pre.max()))
+        mgr.raise_peaks(int(np.maximum.reduce(used_pre)), int(np.maximum.reduce(logical_pre)))
         if not run.eager:
             self.write_back(run)
         sched.step_index += k
@@ -199,7 +199,7 @@ class DecodeRunApplier:
             through = freed_through[:m]                      # the rows are after their step's finishes
             u = used[:m] - through[:, 0]
             b = beyond[:m] - through[:, 1]
-            ts = held0 + np.cumsum(alive)[:m] - through[:, 3]
+            ts = held0 + alive.cumsum()[:m] - through[:, 3]
             n = alive[:m]
             self.recorder.record_run(
                 ends[:m], run.durations[:m], batch_size=n, num_decode_tokens=n,
@@ -236,9 +236,9 @@ class DecodeRunApplier:
         count = np.where(first < k, (k - 1 - first) // bs + 1, 0)
         total = int(count.sum())
         if total:
-            pos = np.repeat(np.arange(len(batch)), count)
-            offset = np.arange(total) - np.repeat(np.cumsum(count) - count, count)
-            steps = np.repeat(first, count) + offset * bs
+            pos = np.arange(len(batch)).repeat(count)
+            offset = np.arange(total) - (count.cumsum() - count).repeat(count)
+            steps = first.repeat(count) + offset * bs
             order = np.lexsort((pos, steps))
             pos, steps = pos[order], steps[order]
         start = mgr.decode_run_counters()
@@ -304,7 +304,7 @@ class DecodeRunApplier:
             if late:
                 gaps.other_gaps.extend(late)
         counts = None
-        if k > 1 and regular[1:].all():   # (the usual case)
+        if k > 1 and np.count_nonzero(regular[1:]) == k - 1:   # (the usual case)
             counts = np.full(k, n, dtype=np.int64) if alive is None else alive
             if num0 == n:   # every step regular: the pairs at once
                 gaps.step_gaps.extend_arrays(d, counts)
