@@ -34,10 +34,10 @@ from sim.sched.queues import make_queue
 
 _RUNNING = RequestStatus.RUNNING
 _SWAPPED = RequestStatus.SWAPPED
-LANE_MIN_BATCH = 32   # a decode lane is built for a batch of at least this many (smaller: the loop is cheaper;
+LANE_MIN_BATCH = 24   # a decode lane is built for a batch of at least this many (smaller: the loop is cheaper;
                       # instructions under callgrind, the Azure hour's first 5,000 requests as given and outputs
-                      # doubled, runs from 5 steps: 32 the least of 12-48, 0.7% / 2.1% fewer than 16; the
-                      # quickstart, 3,000 synthetic and 8-replica clusters within 0.1% either way)
+                      # doubled: 24 the least of 16, 24 and 32, 0.3% / 0.5% fewer than 32 once the lane stopped
+                      # testing every step for finishes; 3,000 synthetic -0.2%, 8-replica clusters -0.3% to +0.02%)
 FINISH_BISECT_MAX = 8   # more requests finishing in one step: one filtering pass over ``running`` instead
 
 
