@@ -119,6 +119,25 @@ def test_a_prefilled_request_joins_the_decodes_at_its_running_position():
     assert [r.req_id for r in lane.reqs] == [1, 2] and lane.out.tolist() == [50, 50]
 
 
+
+def test_the_lane_counts_down_to_its_next_finish():
+    # tokens left to sample (output - generated): a 47, b 49, c 43 -> the first finish is 43 steps away
+    a, b, c = _req(1, 10, 3, 50, 1.0), _req(2, 20, 1, 50, 1.0), _req(3, 5, 7, 50, 1.0)
+    pre = Request(4, 0.0, 30, 6)
+    lane = DecodeLane.build([a, pre, b, c], {4}, {1: 0, 4: 1, 2: 2, 3: 3})
+    assert lane.left == 43
+    lane.step(2.0)
+    assert lane.left == 42 and lane.last is None   # one common last-token time, 2.0
+    # the prefill samples its first token at 2.0 too: 6 - 1 = 5 left, and the common time stays
+    pre.num_computed_tokens, pre.num_generated, pre.last_token_s = 30, 1, 2.0
+    assert lane.prefilled(pre)
+    assert lane.left == 5 and lane.last is None and lane.last_times().tolist() == [2.0] * 4
+    for t in range(5):
+        lane.step(3.0 + t)
+    assert lane.left == 0 and (lane.gen >= lane.out).tolist() == [False, True, False, False]
+    lane.drop([1], np.array([True, False, True, True]))   # pre finished: a, b, c have 41, 43, 37 left
+    assert lane.left == 37
+
 def test_a_request_with_more_than_one_token_to_compute_gets_no_lane():
     r = _req(1, 10, 3, 50, 1.0)
     r.num_computed_tokens -= 1   # two tokens to compute: not a decode step
