@@ -1,0 +1,85 @@
+"""Fingerprints of a run's results, to show that a speed change left them bit for bit as they were.
+
+    python benchmarks/result_hashes.py > before.txt          # on the old code
+    python benchmarks/result_hashes.py --against before.txt  # on the new code: exit 1 on any difference
+    python benchmarks/result_hashes.py --case hour3000 --case c8-least_kv
+
+A case's fingerprint is a SHA-256 over its summary (less ``wall_time_s``, as sorted JSON) and every row of
+its per-step, per-request and (a cluster) per-replica tables, index included
+(``pandas.util.hash_pandas_object``). The cases cover the single-engine paths (decode runs, the decode
+lane, chunked prefill with preemption) and a cluster behind each router:
+
+    hour3000          the first 3,000 requests of engine_bench.py's Azure hour (Llama-3.1-8B, H100)
+    qs3000            the quickstart settings over the hour's first 3,000 requests
+    c8-ROUTER         the quickstart's first 3,000 requests on 8 replicas behind ROUTER
+    c4-ms-off         1,500 requests on 4 replicas behind least_kv, multi-step decode off
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from collections.abc import Callable
+
+import pandas as pd
+from cluster_bench import QUICKSTART
+from engine_bench import ROOT, azure_scenario, quickstart_scenario
+
+from sim import run_scenario, scenario_from_dict
+from sim.runner import Result
+from sim.scenario import Scenario, load_scenario
+
+ROUTERS = ["session", "least_kv", "least_requests", "round_robin", "prefix_affinity", "power_of_two"]
+
+
+def _cluster(limit: int, replicas: int, router: str, *extra: str) -> Callable[[], Scenario]:
+    return lambda: load_scenario(QUICKSTART, [f"workload.limit={limit}", "output.plots=false",
+                                              f"cluster.replicas={replicas}", f"cluster.router.policy={router}",
+                                              *extra])
+
+
+CASES: dict[str, Callable[[], Scenario]] = {
+    "hour3000": lambda: scenario_from_dict(azure_scenario(3000), base_dir=ROOT / "scenarios"),
+    "qs3000": lambda: scenario_from_dict(quickstart_scenario(3000), base_dir=ROOT / "scenarios"),
+    **{f"c8-{r}": _cluster(3000, 8, r) for r in ROUTERS},
+    "c4-ms-off": _cluster(1500, 4, "least_kv", "scheduler.multi_step=false"),
+}
+
+
+def fingerprint(result: Result) -> str:
+    """16 hex digits of the SHA-256 of the summary less wall_time_s and of the result's tables."""
+    summary = {k: v for k, v in result.summary.items() if k != "wall_time_s"}
+    h = hashlib.sha256(json.dumps(summary, sort_keys=True, default=str).encode())
+    for table in (result.steps, result.requests, getattr(result, "replicas", None)):
+        if table is not None:
+            h.update(pd.util.hash_pandas_object(table, index=True).to_numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def read_fingerprints(path: str) -> dict[str, str]:
+    """``name fingerprint`` lines, as this script prints them."""
+    pairs = (line.split() for line in open(path) if line.strip())
+    return {name: value for name, value in pairs}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--case", action="append", choices=sorted(CASES), help="run only these cases (repeatable)")
+    ap.add_argument("--against", metavar="FILE", help="compare with fingerprints printed earlier; exit 1 on a difference")
+    args = ap.parse_args()
+    expected = read_fingerprints(args.against) if args.against else {}
+    differ = 0
+    for name in args.case or list(CASES):
+        value = fingerprint(run_scenario(CASES[name](), check_integrity=False))
+        note = ""
+        if name in expected and expected[name] != value:
+            differ += 1
+            note = f"   DIFFERS (was {expected[name]})"
+        print(f"{name} {value}{note}", flush=True)
+    return 1 if differ else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
