@@ -18,15 +18,18 @@ shared machine are noisy: compare ratios measured in one process (``--compare``)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import math
 import resource
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
 
+import sim.runner as runner
 from sim import run_scenario, scenario_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,30 +95,34 @@ def batch_scaling(repeat: int) -> None:
               f"{best[256, lane]:6.1f} us/step: {best[256, lane] / best[8, lane]:.2f}x")
 
 
+@contextlib.contextmanager
+def outputs_doubled(on: bool = True) -> Iterator[None]:
+    """While open (and ``on``), every workload ``run_scenario`` builds has each output length doubled."""
+    if not on:
+        yield
+        return
+    build = runner.build_workload
+
+    def doubled(*a, **kw):
+        out = build(*a, **kw)
+        for r in out.requests:
+            r.output_len *= 2
+        return out
+
+    runner.build_workload = doubled
+    try:
+        yield
+    finally:
+        runner.build_workload = build
+
+
 def measure(data: dict, multi_step: bool, write: bool, plot: bool, double_output: bool) -> dict:
     data = copy.deepcopy(data)
     data.setdefault("scheduler", {})["multi_step"] = multi_step
     scn = scenario_from_dict(data, base_dir=ROOT / "scenarios")
-    if double_output:
-        from sim import workload as wl
-
-        build = wl.build_workload
-
-        def doubled(*a, **kw):
-            out = build(*a, **kw)
-            for r in out.requests:
-                r.output_len *= 2
-            return out
-
-        import sim.runner as runner
-
-        runner.build_workload = doubled
     t0 = time.perf_counter()
-    try:
+    with outputs_doubled(double_output):
         res = run_scenario(scn, check_integrity=False)
-    finally:
-        if double_output:
-            runner.build_workload = build
     total = time.perf_counter() - t0
     p = res.profile
     row = {"name": data["name"] + (" x2out" if double_output else ""), "multi_step": multi_step,

@@ -24,7 +24,7 @@ import shutil
 import subprocess
 import sys
 
-from engine_bench import ROOT, add_workload_args, workload_data
+from engine_bench import ROOT, add_workload_args, outputs_doubled, workload_data
 
 from sim import run_scenario, scenario_from_dict
 
@@ -32,19 +32,8 @@ from sim import run_scenario, scenario_from_dict
 def run_workload(args: argparse.Namespace) -> None:
     """The run being counted (in the child process)."""
     scn = scenario_from_dict(workload_data(args), base_dir=ROOT / "scenarios")
-    if args.double_output:
-        import sim.runner as runner
-
-        build = runner.build_workload
-
-        def doubled(*a, **kw):
-            out = build(*a, **kw)
-            for r in out.requests:
-                r.output_len *= 2
-            return out
-
-        runner.build_workload = doubled
-    profile = run_scenario(scn, check_integrity=False).profile
+    with outputs_doubled(args.double_output):
+        profile = run_scenario(scn, check_integrity=False).profile
     print(f"steps {profile['steps']}, decode runs {profile['decode_runs']}")
 
 
