@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 
@@ -288,7 +289,7 @@ class DecodeRunner(DecodeRunApplier):
         tables = self.sched.manager.block_tables
         rows = [(r.num_computed_tokens, r.num_generated, r.prompt_len, r.output_len, len(tables[r.req_id]))
                 for r in batch]
-        cols = np.array(rows, dtype=np.int64)
+        cols = np.fromiter(chain.from_iterable(rows), np.int64, 5 * len(rows)).reshape(len(rows), 5)
         c0, g0, prompt, out, l0 = cols.T
         if len(rows) <= SMALL_BATCH:   # every request one token from its next sample
             if any(g <= 0 or p + g - c != 1 for c, g, p, _, _ in rows):
