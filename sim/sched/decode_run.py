@@ -308,12 +308,10 @@ class DecodeRunner(DecodeRunApplier):
             return None
         k = run.k
         keep = run.rem > k
-        if np.count_nonzero(keep) == len(keep):
-            batch = run.batch
-        else:
-            if not np.count_nonzero(keep):
-                return None
-            batch = [r for r, f in zip(run.batch, keep.tolist()) if f]
+        kept = np.count_nonzero(keep)
+        if not kept:
+            return None
+        batch = run.batch if kept == len(keep) else [r for r, f in zip(run.batch, keep.tolist()) if f]
         c0 = run.c0a[keep] + k
         bs = sched.manager.block_size
         end = run.end
