@@ -52,10 +52,12 @@ from sim.executors.engine_params import (
     graph_max_tokens_for,
 )
 from sim.executors.roofline import DEFAULT_NUM_SMS, CostParams, allreduce_time, gemm_time_scalar
+from sim.native import native
 from sim.sched.plan import LaneEntries, StepPlan, StepResult
 from sim.specs import HardwareSpec, ModelSpec
 
 ELEMENTWISE_KERNELS = 6
+BREAKDOWN_PARTS = ("linear", "attention", "elementwise", "allreduce", "swap", "copy", "overhead")
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"  # package data: sim/data
 
 
@@ -165,6 +167,7 @@ class CostModelExecutor:
         self.engine = engine
         if engine is not None:
             self._init_engine(engine, q, kv, inter)
+        self._native_consts = self._decode_constants()
 
     # ------------------------------------------------------------ engine-level terms
     def _init_engine(self, e: EngineParams, q: int, kv: int, inter: int) -> None:
@@ -293,6 +296,38 @@ class CostModelExecutor:
         sizes, lengths = stretches
         terms = np.array([self._size_terms(n) for n in sizes]).T.repeat(lengths, axis=1)   # (rows)
         return self._decode_prices(seqs, dec_ctx, tuple(terms))
+
+    def execute_decode_stretches(self, sizes: list[int], lengths: list[int],
+                                 bases: list[int]) -> tuple[DecodeRun, np.ndarray]:
+        """``execute_decode_profile`` of a run given as stretches of equal sizes: stretch s has ``sizes[s]``
+        sequences for ``lengths[s]`` steps, and step j (counted from the run's start) the context sum
+        ``bases[s] + sizes[s] * j``. Returns the prices and the sequences of each step. Compiled where
+        sim/_native.c is built (one call instead of a dozen numpy calls on short arrays), the same values."""
+        if native is None or self._native_consts is None:
+            if len(sizes) == 1:
+                return self.execute_decode_sums(sizes[0], bases[0], lengths[0]), np.full(lengths[0], sizes[0])
+            seqs = np.array(sizes, dtype=np.int64).repeat(lengths)
+            ctx = np.array(bases, dtype=np.int64).repeat(lengths) + seqs * np.arange(len(seqs), dtype=np.int64)
+            return self.execute_decode_profile(seqs, ctx, (sizes, lengths)), seqs
+        k = sum(lengths)
+        prices = np.empty((8, k))
+        seqs = np.empty(k, dtype=np.int64)
+        native.decode_prices(prices, seqs, sizes, lengths, bases, [self._size_terms(n) for n in sizes],
+                             self._native_consts)
+        return DecodeRun(prices[0], dict(zip(BREAKDOWN_PARTS, prices[1:]))), seqs
+
+    def _decode_constants(self) -> tuple | None:
+        """The constants of ``_decode_prices``' formulas, in the order sim/_native.c reads them (None where an
+        integer of them is not an int: numpy's arithmetic on it would differ from the compiled loop's)."""
+        if not (type(self._layers) is int and type(self._attn_new_bytes) is int):
+            return None
+        if self.engine is None:
+            return ("roofline", self._layers, self._attn_flops_per_pair, self._attn_peak, self._attn_kv_s,
+                    self._attn_new_bytes, self._attn_bw, self.params.kernel_latency_s, self._attn_seq,
+                    self._attn_pre_seq, self._elem_s_per_token, self._elem_fixed, self._overhead)
+        e = self.engine
+        return ("engine", self._layers, self._eng_half, self._eng_kv_s, self._eng_qo_s, e.sampler_s,
+                e.step_gap_s, bool(e.overlap_cpu))
 
     def _size_terms(self, seqs: int) -> tuple[float, ...]:
         """The parts of a decode step that depend on its size only: (linear, allreduce) on the plain

@@ -438,17 +438,22 @@ class DecodeRunner(DecodeRunApplier):
         context sum where the executor takes them, else through a plan. With ``rem``, request i takes part
         in steps j < rem_i only (the batch shrinks as requests finish); then also returns the requests in
         each step (else None)."""
+        stretches = getattr(self.executor, "execute_decode_stretches", None)
         if rem is not None and int(np.minimum.reduce(rem)) < k:
             if len(c0) <= SMALL_BATCH:
                 sizes, lengths, bases = _shrinking_segments(c0.tolist(), rem.tolist(), k)
+                if stretches is not None:
+                    return stretches(sizes, lengths, bases)
                 seqs = np.array(sizes, dtype=np.int64).repeat(lengths)
                 ctx = np.array(bases, dtype=np.int64).repeat(lengths) + seqs * np.arange(k, dtype=np.int64)
                 return self.executor.execute_decode_profile(seqs, ctx, (sizes, lengths)), seqs
             seqs, ctx = _shrinking_sums(c0, rem, k)
             return self.executor.execute_decode_profile(seqs, ctx), seqs
+        n = len(batch)
+        if stretches is not None:
+            return stretches([n], [k], [int(c0.sum()) + n])[0], None
         sums = getattr(self.executor, "execute_decode_sums", None)
         if sums is not None:
-            n = len(batch)
             return sums(n, int(c0.sum()) + n, k), None
         tables = self.sched.manager.block_tables
         plan = StepPlan(scheduled=[ScheduledRequest(r.req_id, 1, c, tables[r.req_id])

@@ -1,0 +1,208 @@
+/* sim._native: the decode run's pricing loop in C (optional; sim/native.py falls back to numpy).
+
+decode_prices(out, seqs_out, sizes, lengths, bases, terms, consts) prices k = sum(lengths) all-decode
+steps of a run whose batch shrinks in stretches: stretch s has sizes[s] sequences for lengths[s] steps,
+and step j of it has the decode context sum bases[s] + sizes[s] * j (j counted from the run's start).
+It evaluates, element by element and in the same order, the float64 formulas of
+CostModelExecutor._decode_prices (sim/executors/cost_model.py), so that every value equals numpy's bit
+for bit: only +, -, *, / and max on doubles, no contraction into fused multiply-adds (setup.py builds
+with -ffp-contract=off), integers converted to double where numpy converts them.
+
+out: a writable C-contiguous float64 buffer of 8 x k: rows duration, linear, attention, elementwise,
+allreduce, swap, copy, overhead. seqs_out: a writable int64 buffer of k (the sequences in each step).
+terms: one tuple a stretch, the executor's _size_terms of its size (engine: linear, allreduce,
+elementwise, attention kernel cost, cpu; roofline: linear, allreduce).
+consts: ("engine", layers, half_ctx, kv_s, qo_s, sampler_s, step_gap_s, overlap_cpu) or
+("roofline", layers, flops_per_pair, attn_peak, kv_s, new_bytes, attn_bw, kernel_latency, attn_seq,
+attn_pre_seq, elem_per_token, elem_fixed, overhead).
+*/
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+
+#define ROWS 8
+
+static double np_maximum(double a, double b)
+{
+    /* numpy.maximum: NaN if either is NaN, else the larger */
+    if (isnan(a) || isnan(b))
+        return NAN;
+    return a >= b ? a : b;
+}
+
+static int get_buffer(PyObject *obj, Py_buffer *view, const char *fmt, Py_ssize_t itemsize, Py_ssize_t n,
+                      const char *what)
+{
+    if (PyObject_GetBuffer(obj, view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return -1;
+    if (view->itemsize != itemsize || view->format == NULL || view->format[0] != fmt[0]
+        || view->len < n * itemsize) {
+        PyErr_Format(PyExc_ValueError, "decode_prices: %s must be a C-contiguous %s buffer of at least %zd items",
+                     what, fmt[0] == 'd' ? "float64" : "int64", n);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+static int read_doubles(PyObject *tuple, double *dst, Py_ssize_t n, const char *what)
+{
+    if (!PyTuple_Check(tuple) || PyTuple_GET_SIZE(tuple) < n) {
+        PyErr_Format(PyExc_ValueError, "decode_prices: %s must be a tuple of at least %zd numbers", what, n);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        dst[i] = PyFloat_AsDouble(PyTuple_GET_ITEM(tuple, i));
+        if (dst[i] == -1.0 && PyErr_Occurred())
+            return -1;
+    }
+    return 0;
+}
+
+static PyObject *decode_prices(PyObject *self, PyObject *args)
+{
+    PyObject *out_obj, *seqs_obj, *sizes_obj, *lengths_obj, *bases_obj, *terms_obj, *consts;
+    if (!PyArg_ParseTuple(args, "OOOOOOO!", &out_obj, &seqs_obj, &sizes_obj, &lengths_obj, &bases_obj, &terms_obj,
+                          &PyTuple_Type, &consts))
+        return NULL;
+    PyObject *sizes = PySequence_Fast(sizes_obj, "decode_prices: sizes must be a sequence");
+    PyObject *lengths = PySequence_Fast(lengths_obj, "decode_prices: lengths must be a sequence");
+    PyObject *bases = PySequence_Fast(bases_obj, "decode_prices: bases must be a sequence");
+    PyObject *terms = PySequence_Fast(terms_obj, "decode_prices: terms must be a sequence");
+    Py_buffer out = {0}, sq = {0};
+    int have_out = 0, have_sq = 0;
+    PyObject *result = NULL;
+    if (!sizes || !lengths || !bases || !terms)
+        goto done;
+    Py_ssize_t nseg = PySequence_Fast_GET_SIZE(sizes);
+    if (PySequence_Fast_GET_SIZE(lengths) != nseg || PySequence_Fast_GET_SIZE(bases) != nseg
+        || PySequence_Fast_GET_SIZE(terms) != nseg) {
+        PyErr_SetString(PyExc_ValueError, "decode_prices: sizes, lengths, bases and terms differ in length");
+        goto done;
+    }
+    Py_ssize_t k = 0;
+    for (Py_ssize_t s = 0; s < nseg; s++) {
+        Py_ssize_t len = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(lengths, s));
+        if (len < 0) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "decode_prices: a negative stretch length");
+            goto done;
+        }
+        k += len;
+    }
+    if (get_buffer(out_obj, &out, "d", sizeof(double), ROWS * k, "out") < 0)
+        goto done;
+    have_out = 1;
+    if (get_buffer(seqs_obj, &sq, "q", sizeof(int64_t), k, "seqs_out") < 0) {
+        /* numpy's int64 is 'l' on LP64 platforms */
+        PyErr_Clear();
+        if (get_buffer(seqs_obj, &sq, "l", sizeof(int64_t), k, "seqs_out") < 0)
+            goto done;
+    }
+    have_sq = 1;
+    Py_ssize_t stride = out.len / (Py_ssize_t)sizeof(double) / ROWS;   /* the buffer's row length (>= k) */
+    double *o = (double *)out.buf;
+    double *dur = o, *lin = o + stride, *att = o + 2 * stride, *elem = o + 3 * stride, *ar = o + 4 * stride;
+    double *swp = o + 5 * stride, *cpy = o + 6 * stride, *ovh = o + 7 * stride;
+    int64_t *seqs_out = (int64_t *)sq.buf;
+
+    if (!PyTuple_Check(consts) || PyTuple_GET_SIZE(consts) < 1 || !PyUnicode_Check(PyTuple_GET_ITEM(consts, 0))) {
+        PyErr_SetString(PyExc_ValueError, "decode_prices: consts must start with the mode's name");
+        goto done;
+    }
+    int engine = PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(consts, 0), "engine") == 0;
+    Py_ssize_t nconst = engine ? 8 : 13;
+    if (PyTuple_GET_SIZE(consts) != nconst) {
+        PyErr_Format(PyExc_ValueError, "decode_prices: %zd constants expected", nconst);
+        goto done;
+    }
+    long long layers = PyLong_AsLongLong(PyTuple_GET_ITEM(consts, 1));
+    if (layers == -1 && PyErr_Occurred())
+        goto done;
+    double c[13];
+    for (Py_ssize_t i = 2; i < nconst; i++) {
+        c[i] = PyFloat_AsDouble(PyTuple_GET_ITEM(consts, i));
+        if (c[i] == -1.0 && PyErr_Occurred())
+            goto done;
+    }
+    long long new_bytes = 0;
+    if (!engine) {
+        new_bytes = PyLong_AsLongLong(PyTuple_GET_ITEM(consts, 5));   /* an integer: numpy keeps seqs x it exact */
+        if (new_bytes == -1 && PyErr_Occurred())
+            goto done;
+    }
+    const double dlayers = (double)layers;
+
+    Py_ssize_t j = 0;
+    for (Py_ssize_t s = 0; s < nseg; s++) {
+        long long n = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(sizes, s));
+        long long base = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(bases, s));
+        Py_ssize_t len = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(lengths, s));
+        if (PyErr_Occurred())
+            goto done;
+        double t[5];
+        if (read_doubles(PySequence_Fast_GET_ITEM(terms, s), t, engine ? 5 : 2, "a stretch's terms") < 0)
+            goto done;
+        const double dn = (double)n;
+        for (Py_ssize_t e = j + len; j < e; j++) {
+            const double ctx = (double)(base + n * (long long)j);   /* exact integers, then float64 */
+            double attention, elementwise, comm, duration, overhead, linear;
+            if (engine) {
+                /* per_layer = (ctx + n * half) * kv_s + n * qo_s + k_attn; attention = layers * per_layer */
+                linear = t[0], comm = t[1], elementwise = t[2];
+                const double per_layer = (ctx + dn * c[2]) * c[3] + dn * c[4] + t[3];
+                attention = dlayers * per_layer;
+                const double parts = linear + attention + elementwise + comm;
+                const double gpu = parts + c[5];
+                const double busy = c[7] != 0.0 ? np_maximum(gpu, t[4]) : gpu + t[4];
+                duration = busy + c[6];
+                overhead = duration - parts;
+            } else {
+                /* per_layer = max(fpp * ctx / peak, kv_s * ctx + new_bytes * n / attn_bw) + latency */
+                linear = t[0], comm = t[1];
+                const double per_layer = np_maximum(c[2] * ctx / c[3],
+                                                    c[4] * ctx + (double)(new_bytes * n) / c[6]) + c[7];
+                attention = dlayers * (per_layer + dn * c[8] + 0.0 * c[9]);
+                elementwise = dlayers * (dn * c[10] + c[11]);
+                duration = linear + attention + elementwise + comm + 0.0 + 0.0 + c[12];
+                overhead = 0.0 + c[12];
+            }
+            dur[j] = duration;
+            lin[j] = 0.0 + linear;
+            att[j] = attention;
+            elem[j] = 0.0 + elementwise;
+            ar[j] = 0.0 + comm;
+            swp[j] = 0.0;
+            cpy[j] = 0.0;
+            ovh[j] = overhead;
+            seqs_out[j] = n;
+        }
+    }
+    result = PyLong_FromSsize_t(k);
+done:
+    if (have_out)
+        PyBuffer_Release(&out);
+    if (have_sq)
+        PyBuffer_Release(&sq);
+    Py_XDECREF(sizes);
+    Py_XDECREF(lengths);
+    Py_XDECREF(bases);
+    Py_XDECREF(terms);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"decode_prices", decode_prices, METH_VARARGS,
+     "decode_prices(out, seqs_out, sizes, lengths, bases, terms, consts) -> k: a decode run's step prices "
+     "(CostModelExecutor._decode_prices, bit for bit) into out (8 x k float64) and seqs_out (k int64)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "sim._native",
+                                    "kvsim's optional compiled loops (sim/native.py).", -1, methods};
+
+PyMODINIT_FUNC PyInit__native(void)
+{
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,136 @@
+"""The compiled decode-run pricing (sim/_native.c, through ``CostModelExecutor.execute_decode_stretches``)
+against the reference: ``execute`` of each step's own plan, priced one step at a time in Python, bit for
+bit; and whole runs with the compiled loop turned off against on (sim/native.py's fallback)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from result_compare import assert_same
+
+import sim.executors.cost_model as cost_model
+from sim.executors.cost_model import BREAKDOWN_PARTS, make_cost_model_executor
+from sim.native import native
+from sim.runner import run_scenario
+from sim.scenario import ExecutorConfig, scenario_from_dict
+from sim.sched.plan import ScheduledRequest, StepPlan
+from sim.specs import HardwareSpec
+
+needs_native = pytest.mark.skipif(native is None, reason="sim._native is not built (pip install -e . builds it)")
+
+CASES = [  # (model, hardware, tensor_parallel, calibration)
+    ("llama-2-7b", "h100-80gb", 1, None),          # the engine-level calibration
+    ("llama-2-70b", "h100-80gb", 4, None),         # custom all-reduce terms
+    ("llama-2-13b", "a100-80gb", 1, None),
+    ("llama-2-7b", "h100-80gb", 1, "roofline"),    # the plain per-operator roofline
+    ("llama-2-70b", "a100-80gb", 2, "roofline"),
+]
+
+
+def executor(model: str, hardware: str, tp: int, calibration: str | None):
+    spec = HardwareSpec.from_name(hardware).model_dump() | {"tensor_parallel": tp}
+    scn = scenario_from_dict({"model": model, "hardware": spec,
+                              "workload": {"requests": [{"prompt_len": 10, "output_len": 2}]}})
+    config = ExecutorConfig(calibration=calibration) if calibration else scn.executor
+    return make_cost_model_executor(model=scn.model_spec, hardware=scn.hardware_spec, config=config,
+                                    scheduler=scn.scheduler)
+
+
+def one_step(exe, n: int, ctx_sum: int):
+    """``execute`` of an all-decode plan of ``n`` sequences whose contexts (each counting the token it
+    computes) sum to ``ctx_sum``: the reference price of one step."""
+    base, extra = divmod(ctx_sum - n, n)   # contexts before the step: spread, the first ``extra`` one more
+    scheduled = [ScheduledRequest(i, 1, base + (i < extra), []) for i in range(n)]
+    return exe.execute(StepPlan(scheduled=scheduled))
+
+
+def random_stretches(rng: random.Random) -> tuple[list[int], list[int], list[int]]:
+    """A shrinking batch: sizes falling stretch by stretch, each for a few steps, with context sums that
+    keep every context positive."""
+    size = rng.choice([1, 3, 8, 31, 64, 256])
+    sizes, lengths, bases = [], [], []
+    while size > 0 and len(sizes) < 5:
+        sizes.append(size)
+        lengths.append(rng.randint(1, 40))
+        bases.append(size * rng.randint(2, 6000))
+        size -= rng.randint(1, size)
+    return sizes, lengths, bases
+
+
+@needs_native
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-tp{c[2]}-{c[3] or 'engine'}")
+def test_compiled_prices_equal_single_step_prices(case):
+    exe = executor(*case)
+    assert (exe.engine is None) == (case[3] == "roofline")
+    rng = random.Random(f"native:{case}")
+    for _ in range(40):
+        sizes, lengths, bases = random_stretches(rng)
+        run, seqs = exe.execute_decode_stretches(sizes, lengths, bases)
+        assert list(run.breakdown) == list(BREAKDOWN_PARTS)
+        j = 0
+        for n, length, base in zip(sizes, lengths, bases):
+            for _ in range(length):
+                ref = one_step(exe, n, base + n * j)
+                assert seqs[j] == n
+                assert run.durations[j] == ref.duration_s, (sizes, lengths, bases, j)
+                for part, value in ref.breakdown.items():
+                    assert run.breakdown[part][j] == value, (part, j)
+                j += 1
+        assert j == len(run.durations) == sum(lengths)
+
+
+@needs_native
+def test_compiled_and_numpy_prices_are_the_same_bits(monkeypatch):
+    """Against the numpy formulas of ``execute_decode_profile`` (the fallback), compared as raw bits."""
+    exe = executor("llama-3.1-8b", "h100-80gb", 1, None)
+    rng = random.Random(7)
+    cases = [random_stretches(rng) for _ in range(60)]
+    compiled = [exe.execute_decode_stretches(*c) for c in cases]
+    monkeypatch.setattr(cost_model, "native", None)
+    for c, (run, seqs) in zip(cases, compiled):
+        ref, ref_seqs = exe.execute_decode_stretches(*c)
+        assert np.array_equal(seqs, ref_seqs)
+        assert run.durations.tobytes() == np.asarray(ref.durations, dtype=np.float64).tobytes()
+        for part in BREAKDOWN_PARTS:
+            assert run.breakdown[part].tobytes() == np.asarray(ref.breakdown[part], dtype=np.float64).tobytes()
+
+
+@needs_native
+def test_bad_buffers_are_refused():
+    exe = executor("llama-2-7b", "h100-80gb", 1, None)
+    terms = [exe._size_terms(4)]
+    with pytest.raises(ValueError, match="out must be"):
+        native.decode_prices(np.empty((8, 2)), np.empty(5, dtype=np.int64), [4], [5], [40], terms,
+                             exe._native_consts)
+    with pytest.raises(ValueError, match="seqs_out"):
+        native.decode_prices(np.empty((8, 5)), np.empty(5, dtype=np.float64), [4], [5], [40], terms,
+                             exe._native_consts)
+    with pytest.raises(ValueError, match="differ in length"):
+        native.decode_prices(np.empty((8, 5)), np.empty(5, dtype=np.int64), [4, 3], [5], [40], terms,
+                             exe._native_consts)
+
+
+SCENARIOS = [
+    {"model": "llama-3.1-8b", "hardware": "h100-80gb", "seed": 3,
+     "scheduler": {"max_num_seqs": 64, "chunked_prefill": True, "max_num_batched_tokens": 2048},
+     "workload": {"synthetic": {"num_requests": 300, "arrival": {"rate": 20.0},
+                                "prompt_len": {"dist": "uniform", "min": 50, "max": 1500},
+                                "output_len": {"dist": "uniform", "min": 5, "max": 400}}}},
+    {"model": "llama-2-13b", "hardware": "a100-80gb", "seed": 5, "executor": {"calibration": "roofline"},
+     "kv_cache": {"block_size": 16, "num_gpu_blocks": 900},
+     "scheduler": {"max_num_seqs": 48},
+     "workload": {"synthetic": {"num_requests": 200, "arrival": {"rate": 8.0},
+                                "prompt_len": {"dist": "uniform", "min": 20, "max": 900},
+                                "output_len": {"dist": "uniform", "min": 5, "max": 600}}}},
+]
+
+
+@pytest.mark.parametrize("data", SCENARIOS, ids=["engine-calibration", "roofline-preempting"])
+def test_runs_are_the_same_with_the_compiled_loop_off(data, monkeypatch):
+    on = run_scenario(scenario_from_dict(data), check_integrity=True)
+    monkeypatch.setattr(cost_model, "native", None)
+    off = run_scenario(scenario_from_dict(data), check_integrity=True)
+    assert on.profile["decode_runs"] > 0
+    assert_same(on, off)
