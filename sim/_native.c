@@ -1,5 +1,8 @@
 /* sim._native: the decode run's pricing loop in C (optional; sim/native.py falls back to numpy).
 
+shrinking_stretches(c0, rem, k) cuts a run whose requests leave as they finish into the stretches that
+decode_prices takes (sim/sched/decode_run.py's _shrinking_segments, on int64 arrays).
+
 decode_prices(out, seqs_out, sizes, lengths, bases, terms, consts) prices k = sum(lengths) all-decode
 steps of a run whose batch shrinks in stretches: stretch s has sizes[s] sequences for lengths[s] steps,
 and step j of it has the decode context sum bases[s] + sizes[s] * j (j counted from the run's start).
@@ -192,10 +195,109 @@ done:
     return result;
 }
 
+typedef struct {
+    int64_t last;   /* the step after a request's last (its remaining tokens, < k) */
+    int64_t ctx;    /* its context at the run's start, counting its token: c0 + 1 */
+} Leaving;
+
+static int by_last(const void *a, const void *b)
+{
+    int64_t x = ((const Leaving *)a)->last, y = ((const Leaving *)b)->last;
+    return (x > y) - (x < y);
+}
+
+static int read_int64s(PyObject *obj, Py_buffer *view, const char *what)
+{
+    if (PyObject_GetBuffer(obj, view, PyBUF_STRIDES | PyBUF_FORMAT) < 0)
+        return -1;
+    if (view->itemsize != 8 || view->format == NULL || (view->format[0] != 'q' && view->format[0] != 'l')
+        || view->ndim != 1) {
+        PyErr_Format(PyExc_ValueError, "shrinking_stretches: %s must be a one-dimensional int64 array", what);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *shrinking_stretches(PyObject *self, PyObject *args)
+{
+    PyObject *c0_obj, *rem_obj;
+    Py_ssize_t k;
+    if (!PyArg_ParseTuple(args, "OOn", &c0_obj, &rem_obj, &k))
+        return NULL;
+    Py_buffer c0v, remv;
+    if (read_int64s(c0_obj, &c0v, "c0") < 0)
+        return NULL;
+    if (read_int64s(rem_obj, &remv, "rem") < 0) {
+        PyBuffer_Release(&c0v);
+        return NULL;
+    }
+    PyObject *result = NULL, *sizes = NULL, *lengths = NULL, *bases = NULL;
+    Leaving *gone = NULL;
+    Py_ssize_t n = c0v.shape[0];
+    if (remv.shape[0] != n) {
+        PyErr_SetString(PyExc_ValueError, "shrinking_stretches: c0 and rem differ in length");
+        goto done;
+    }
+    /* (strided: a column of a 2-D array) */
+    const char *c0p = (const char *)c0v.buf, *remp = (const char *)remv.buf;
+    const Py_ssize_t c0s = c0v.strides[0], rems = remv.strides[0];
+    gone = PyMem_Malloc((n ? n : 1) * sizeof(Leaving));
+    sizes = PyList_New(0), lengths = PyList_New(0), bases = PyList_New(0);
+    if (!gone || !sizes || !lengths || !bases) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t m = 0;
+    int64_t size = n, base = n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const int64_t c = *(const int64_t *)(c0p + i * c0s), r = *(const int64_t *)(remp + i * rems);
+        base += c;
+        if (r < k) {
+            gone[m].last = r;
+            gone[m].ctx = c + 1;
+            m++;
+        }
+    }
+    qsort(gone, m, sizeof(Leaving), by_last);
+    int64_t prev = 0;
+    for (Py_ssize_t i = 0; i <= m; i++) {
+        int64_t end = i < m ? gone[i].last : k;
+        if (i == 0 || i == m || end != gone[i - 1].last) {   /* (the first to leave at its step opens it) */
+            PyObject *a = PyLong_FromLongLong(size), *b = PyLong_FromLongLong(end - prev);
+            PyObject *c = PyLong_FromLongLong(base);
+            int bad = !a || !b || !c || PyList_Append(sizes, a) < 0 || PyList_Append(lengths, b) < 0
+                      || PyList_Append(bases, c) < 0;
+            Py_XDECREF(a);
+            Py_XDECREF(b);
+            Py_XDECREF(c);
+            if (bad)
+                goto done;
+            prev = end;
+        }
+        if (i < m) {
+            size -= 1;
+            base -= gone[i].ctx;
+        }
+    }
+    result = PyTuple_Pack(3, sizes, lengths, bases);
+done:
+    PyMem_Free(gone);
+    Py_XDECREF(sizes);
+    Py_XDECREF(lengths);
+    Py_XDECREF(bases);
+    PyBuffer_Release(&c0v);
+    PyBuffer_Release(&remv);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"decode_prices", decode_prices, METH_VARARGS,
      "decode_prices(out, seqs_out, sizes, lengths, bases, terms, consts) -> k: a decode run's step prices "
      "(CostModelExecutor._decode_prices, bit for bit) into out (8 x k float64) and seqs_out (k int64)."},
+    {"shrinking_stretches", shrinking_stretches, METH_VARARGS,
+     "shrinking_stretches(c0, rem, k) -> (sizes, lengths, bases): sim/sched/decode_run.py's "
+     "_shrinking_segments of int64 arrays (request i computes in steps j < min(rem_i, k))."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -15,6 +15,7 @@ from sim.executors.cost_model import BREAKDOWN_PARTS, make_cost_model_executor
 from sim.native import native
 from sim.runner import run_scenario
 from sim.scenario import ExecutorConfig, scenario_from_dict
+from sim.sched.decode_run import _shrinking_segments
 from sim.sched.plan import ScheduledRequest, StepPlan
 from sim.specs import HardwareSpec
 
@@ -134,3 +135,26 @@ def test_runs_are_the_same_with_the_compiled_loop_off(data, monkeypatch):
     off = run_scenario(scenario_from_dict(data), check_integrity=True)
     assert on.profile["decode_runs"] > 0
     assert_same(on, off)
+
+
+@needs_native
+def test_compiled_stretches_are_the_shrinking_batch_counted_by_hand():
+    """``shrinking_stretches`` against a count made step by step: step j holds the requests with
+    rem > j, whose contexts (c0 + 1 each) sum to the stretch's base; and against the Python cut."""
+    rng = np.random.default_rng(11)
+    for _ in range(300):
+        n, k = int(rng.integers(1, 80)), int(rng.integers(1, 120))
+        c0 = rng.integers(1, 5000, n).astype(np.int64)
+        rem = rng.integers(1, 2 * k + 1, n).astype(np.int64)
+        rem[rng.integers(n)] = k + int(rng.integers(0, 3))   # somebody takes part in every step
+        sizes, lengths, bases = native.shrinking_stretches(c0, rem, k)
+        assert (sizes, lengths, bases) == _shrinking_segments(c0.tolist(), rem.tolist(), k)
+        assert sum(lengths) == k and all(x > 0 for x in lengths)
+        j = 0
+        for size, length, base in zip(sizes, lengths, bases):
+            for _ in range(length):
+                here = rem > j
+                assert size == int(here.sum()) and base == int((c0[here] + 1).sum())
+                j += 1
+        cols = np.stack([c0, rem])   # columns of a 2-D array (strided), as the planner holds them
+        assert native.shrinking_stretches(cols.T[:, 0], cols.T[:, 1], k) == (sizes, lengths, bases)

@@ -39,6 +39,7 @@ import numpy as np
 
 from sim.errors import KvsimError
 from sim.executors.base import execute_decode_run
+from sim.native import native
 from sim.request import Request, RequestStatus
 from sim.sched.decode_run_apply import SMALL_BATCH, DecodeRunApplier, boundary_events, boundary_steps
 from sim.sched.plan import ScheduledRequest, StepPlan
@@ -440,6 +441,8 @@ class DecodeRunner(DecodeRunApplier):
         each step (else None)."""
         stretches = getattr(self.executor, "execute_decode_stretches", None)
         if rem is not None and int(np.minimum.reduce(rem)) < k:
+            if stretches is not None and native is not None:   # (compiled: any batch)
+                return stretches(*native.shrinking_stretches(c0, rem, k))
             if len(c0) <= SMALL_BATCH:
                 sizes, lengths, bases = _shrinking_segments(c0.tolist(), rem.tolist(), k)
                 if stretches is not None:
