@@ -1,7 +1,9 @@
 /* sim._native: the decode run's pricing loop in C (optional; sim/native.py falls back to numpy).
 
 shrinking_stretches(c0, rem, k) cuts a run whose requests leave as they finish into the stretches that
-decode_prices takes (sim/sched/decode_run.py's _shrinking_segments, on int64 arrays).
+decode_prices takes (sim/sched/decode_run.py's _shrinking_segments, on int64 arrays). step_ends and
+first_tie are the run's end times (a sequential sum) and its cut before an arrival that a step's end
+would tie (DecodeRunner._before_tie).
 
 decode_prices(out, seqs_out, sizes, lengths, bases, terms, consts) prices k = sum(lengths) all-decode
 steps of a run whose batch shrinks in stretches: stretch s has sizes[s] sequences for lengths[s] steps,
@@ -291,6 +293,81 @@ done:
     return result;
 }
 
+static PyObject *step_ends(PyObject *self, PyObject *args)
+{
+    PyObject *ends_obj, *d_obj;
+    double now;
+    if (!PyArg_ParseTuple(args, "OOd", &ends_obj, &d_obj, &now))
+        return NULL;
+    Py_buffer ev, dv;
+    if (PyObject_GetBuffer(d_obj, &dv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return NULL;
+    if (dv.itemsize != 8 || dv.format == NULL || dv.format[0] != 'd') {
+        PyErr_SetString(PyExc_ValueError, "step_ends: durations must be a C-contiguous float64 array");
+        PyBuffer_Release(&dv);
+        return NULL;
+    }
+    Py_ssize_t k = dv.len / 8;
+    if (get_buffer(ends_obj, &ev, "d", sizeof(double), k + 1, "ends") < 0) {
+        PyBuffer_Release(&dv);
+        return NULL;
+    }
+    const double *d = (const double *)dv.buf;
+    double *e = (double *)ev.buf;
+    Py_ssize_t bad = -1;
+    double t = now;
+    e[0] = t;
+    for (Py_ssize_t j = 0; j < k; j++) {
+        if (bad < 0 && !(d[j] > 0.0))   /* (NaN too) */
+            bad = j;
+        t = t + d[j];
+        e[j + 1] = t;
+    }
+    PyBuffer_Release(&dv);
+    PyBuffer_Release(&ev);
+    return PyLong_FromSsize_t(bad);
+}
+
+static PyObject *first_tie(PyObject *self, PyObject *args)
+{
+    PyObject *ends_obj, *at_obj;
+    Py_ssize_t k, lo, hi;
+    if (!PyArg_ParseTuple(args, "OnOnn", &ends_obj, &k, &at_obj, &lo, &hi))
+        return NULL;
+    Py_buffer ev, av;
+    if (PyObject_GetBuffer(ends_obj, &ev, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(at_obj, &av, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyBuffer_Release(&ev);
+        return NULL;
+    }
+    Py_ssize_t result = -1;
+    if (ev.itemsize != 8 || av.itemsize != 8 || !ev.format || !av.format || ev.format[0] != 'd'
+        || av.format[0] != 'd' || ev.len / 8 < k + 1 || lo < 0 || hi > av.len / 8 || lo > hi) {
+        PyErr_SetString(PyExc_ValueError, "first_tie: ends (k + 1 float64) and arrival times (float64) expected");
+        PyBuffer_Release(&ev);
+        PyBuffer_Release(&av);
+        return NULL;
+    }
+    const double *e = (const double *)ev.buf, *at = (const double *)av.buf;
+    for (Py_ssize_t i = lo; i < hi; i++) {
+        /* the first of ends[0..k] not below at[i] (numpy's searchsorted, side left) */
+        Py_ssize_t a = 0, b = k + 1;
+        while (a < b) {
+            Py_ssize_t mid = a + (b - a) / 2;
+            if (e[mid] < at[i])
+                a = mid + 1;
+            else
+                b = mid;
+        }
+        if (a <= k && e[a] == at[i] && (result < 0 || a < result))
+            result = a;
+    }
+    PyBuffer_Release(&ev);
+    PyBuffer_Release(&av);
+    return PyLong_FromSsize_t(result);
+}
+
 static PyMethodDef methods[] = {
     {"decode_prices", decode_prices, METH_VARARGS,
      "decode_prices(out, seqs_out, sizes, lengths, bases, terms, consts) -> k: a decode run's step prices "
@@ -298,6 +375,12 @@ static PyMethodDef methods[] = {
     {"shrinking_stretches", shrinking_stretches, METH_VARARGS,
      "shrinking_stretches(c0, rem, k) -> (sizes, lengths, bases): sim/sched/decode_run.py's "
      "_shrinking_segments of int64 arrays (request i computes in steps j < min(rem_i, k))."},
+    {"step_ends", step_ends, METH_VARARGS,
+     "step_ends(ends_out, durations, now) -> first non-positive duration's index, or -1: ends_out[0] = now, "
+     "ends_out[j + 1] = ends_out[j] + durations[j], summed left to right (numpy's cumsum)."},
+    {"first_tie", first_tie, METH_VARARGS,
+     "first_tie(ends, k, arrival_times, lo, hi) -> the least p <= k with ends[p] equal to one of "
+     "arrival_times[lo:hi], or -1."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -158,3 +158,37 @@ def test_compiled_stretches_are_the_shrinking_batch_counted_by_hand():
                 j += 1
         cols = np.stack([c0, rem])   # columns of a 2-D array (strided), as the planner holds them
         assert native.shrinking_stretches(cols.T[:, 0], cols.T[:, 1], k) == (sizes, lengths, bases)
+
+
+@needs_native
+def test_compiled_step_ends_are_a_left_to_right_sum():
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        k = int(rng.integers(1, 300))
+        d = rng.uniform(1e-4, 3e-2, k)
+        now = float(rng.uniform(0, 5000))
+        ends = np.empty(k + 1)
+        assert native.step_ends(ends, d, now) == -1
+        t, ref = now, [now]
+        for x in d.tolist():   # as SimPy adds a step's duration to the clock
+            t += x
+            ref.append(t)
+        assert ends.tolist() == ref
+        bad = int(rng.integers(0, k))
+        d[bad] = rng.choice([0.0, -1e-3, np.nan])
+        d[bad:][rng.random(k - bad) < 0.2] = 0.0   # (later bad ones do not count)
+        assert native.step_ends(np.empty(k + 1), d, now) == bad
+
+
+@needs_native
+def test_compiled_first_tie_finds_the_earliest_end_equal_to_an_arrival():
+    rng = np.random.default_rng(8)
+    for _ in range(300):
+        k = int(rng.integers(1, 60))
+        ends = np.concatenate(([0.0], rng.uniform(1e-3, 2e-2, k))).cumsum()
+        times = np.sort(np.concatenate((rng.uniform(0, ends[k] * 1.2, int(rng.integers(0, 8))),
+                                        rng.choice(ends, int(rng.integers(0, 3))))))
+        top = int(np.searchsorted(times, ends[k], side="right"))   # the caller's bound: times <= ends[k]
+        lo, hi = sorted(int(x) for x in rng.integers(0, top + 1, 2))
+        ties = [p for p in range(k + 1) if ends[p] in times[lo:hi].tolist()]   # every end against every time
+        assert native.first_tie(ends, k, times, lo, hi) == (min(ties) if ties else -1)

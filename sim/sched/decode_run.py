@@ -108,6 +108,17 @@ def _blocks_needed(c0: np.ndarray, l0: np.ndarray, bs: int, j: int, rem: np.ndar
     return int(np.maximum(at // bs + 1 - l0, 0).sum())
 
 
+def _step_ends(now: float, d: np.ndarray) -> tuple[np.ndarray, int]:
+    """(ends, first bad): ends[0] = ``now``, ends[j + 1] = ends[j] + d[j], summed left to right as SimPy
+    adds; the index of the first duration not above 0 (NaN too), or -1."""
+    if native is not None and d.flags.c_contiguous:
+        ends = np.empty(len(d) + 1)
+        return ends, native.step_ends(ends, d, now)
+    if np.minimum.reduce(d) > 0:
+        return np.concatenate(([now], d)).cumsum(), -1
+    return np.concatenate(([now], d)).cumsum(), int((~(d > 0)).nonzero()[0][0])
+
+
 def _shrinking_sums(c0: np.ndarray, rem: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Per step j < k of a run in which request i computes its steps j < rem_i: the sequences in the step,
     and their contexts summed, each counting its token (c0_i + j + 1), as exact integers."""
@@ -197,6 +208,8 @@ class DecodeRunner(DecodeRunApplier):
     def arrival_times(self, times: np.ndarray | None) -> None:
         self._arrival_times = times
         self._times = times.tolist() if times is not None else []   # the same, for bisect (no numpy call)
+        self._native_ties = (native is not None and times is not None and times.dtype == np.float64
+                             and times.flags.c_contiguous)
 
     # ------------------------------------------------------------ eligibility
     def _batch(self) -> list[Request] | None:
@@ -357,10 +370,9 @@ class DecodeRunner(DecodeRunApplier):
                 return None
         run, seqs = self._price_steps(batch, c0, k, rem if through else None)
         d = np.asarray(run.durations, dtype=np.float64)
-        if not np.minimum.reduce(d) > 0:   # (NaN too)
-            j = int((~(d > 0)).nonzero()[0][0])
-            raise KvsimError("executor", f"step {step + j} returned a non-positive duration {d[j]}")
-        ends = np.concatenate(([now], d)).cumsum()   # sequential, left to right: SimPy's sums
+        ends, bad = _step_ends(now, d)
+        if bad >= 0:
+            raise KvsimError("executor", f"step {step + bad} returned a non-positive duration {d[bad]}")
         if self.cut_lazily:
             k = self._before_tie(ends, k)
             if k < 1:
@@ -385,6 +397,9 @@ class DecodeRunner(DecodeRunApplier):
         hi = bisect_right(times, ends[k], lo)
         if lo == hi:
             return k
+        if self._native_ties:
+            tie = native.first_tie(ends, k, self._arrival_times, lo, hi)
+            return min(k, tie - 1) if tie >= 0 else k
         at = self.arrival_times[lo:hi]
         pos = ends[: k + 1].searchsorted(at, side="left")   # ends[pos] >= at, pos <= k
         tied = pos[ends[pos] == at]
