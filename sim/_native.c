@@ -3,7 +3,8 @@
 shrinking_stretches(c0, rem, k) cuts a run whose requests leave as they finish into the stretches that
 decode_prices takes (sim/sched/decode_run.py's _shrinking_segments, on int64 arrays). step_ends and
 first_tie are the run's end times (a sequential sum) and its cut before an arrival that a step's end
-would tie (DecodeRunner._before_tie).
+would tie (DecodeRunner._before_tie). finish_counters is the block and slot accounting of a run whose
+requests finish inside it (DecodeRunApplier._apply_through_finishes), all exact int64 arithmetic.
 
 decode_prices(out, seqs_out, sizes, lengths, bases, terms, consts) prices k = sum(lengths) all-decode
 steps of a run whose batch shrinks in stretches: stretch s has sizes[s] sequences for lengths[s] steps,
@@ -368,6 +369,123 @@ static PyObject *first_tie(PyObject *self, PyObject *args)
     return PyLong_FromSsize_t(result);
 }
 
+typedef struct {
+    Py_buffer view;
+    int held;
+} Ints;
+
+static int ints_open(Ints *a, PyObject *obj, Py_ssize_t n, const char *what)
+{
+    a->held = 0;
+    if (PyObject_GetBuffer(obj, &a->view, PyBUF_STRIDES | PyBUF_FORMAT) < 0)
+        return -1;
+    a->held = 1;
+    if (a->view.itemsize != 8 || !a->view.format || (a->view.format[0] != 'q' && a->view.format[0] != 'l')
+        || a->view.ndim != 1 || a->view.shape[0] < n) {
+        PyErr_Format(PyExc_ValueError, "finish_counters: %s must be an int64 array of at least %zd items", what, n);
+        return -1;
+    }
+    return 0;
+}
+
+static inline int64_t ints_at(const Ints *a, Py_ssize_t i)
+{
+    return *(const int64_t *)((const char *)a->view.buf + i * a->view.strides[0]);
+}
+
+static PyObject *finish_counters(PyObject *self, PyObject *args)
+{
+    PyObject *rows, *used_o, *beyond_o, *logical_o, *alive_o, *table_o;
+    Py_ssize_t k, m;
+    long long held0, bs, num_blocks;
+    if (!PyArg_ParseTuple(args, "O!nOOOOLLLnO", &PyList_Type, &rows, &k, &used_o, &beyond_o, &logical_o, &alive_o,
+                          &held0, &bs, &num_blocks, &m, &table_o))
+        return NULL;
+    Ints used, beyond, logical, alive;
+    Ints *all[4] = {&used, &beyond, &logical, &alive};
+    PyObject *objs[4] = {used_o, beyond_o, logical_o, alive_o};
+    const char *names[4] = {"used", "beyond", "logical", "alive"};
+    Py_buffer tv = {0};
+    int have_t = 0;
+    int64_t *freed = NULL;
+    PyObject *result = NULL;
+    for (int i = 0; i < 4; i++)
+        all[i]->held = 0;
+    for (int i = 0; i < 4; i++)
+        if (ints_open(all[i], objs[i], k, names[i]) < 0)
+            goto done;
+    if (m < 0 || m > k) {
+        PyErr_SetString(PyExc_ValueError, "finish_counters: m must be in 0..k");
+        goto done;
+    }
+    if (get_buffer(table_o, &tv, "q", 8, 5 * m, "table") < 0) {
+        PyErr_Clear();
+        if (get_buffer(table_o, &tv, "l", 8, 5 * m, "table") < 0)
+            goto done;
+    }
+    have_t = 1;
+    freed = PyMem_Calloc(4 * (k ? k : 1), sizeof(int64_t));   /* per step: used, beyond, logical, held freed */
+    if (!freed) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t r = 0; r < PyList_GET_SIZE(rows); r++) {
+        PyObject *row = PyList_GET_ITEM(rows, r);
+        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != 5) {
+            PyErr_SetString(PyExc_ValueError, "finish_counters: rows of (step, used, beyond, logical, held) expected");
+            goto done;
+        }
+        long long j = PyLong_AsLongLong(PyTuple_GET_ITEM(row, 0));
+        if (j < 0 || j >= k) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "finish_counters: a row's step is outside the run");
+            goto done;
+        }
+        for (int c = 0; c < 4; c++) {
+            freed[4 * j + c] = PyLong_AsLongLong(PyTuple_GET_ITEM(row, c + 1));
+        }
+        if (PyErr_Occurred())
+            goto done;
+    }
+    /* before step j's finishes (sums, peaks): counters less what steps < j freed; the rows (after step j's
+       finishes): less what steps <= j freed */
+    int64_t gone[4] = {0, 0, 0, 0}, alive_sum = 0, used_sum = 0, logical_sum = 0, used_max = 0, logical_max = 0;
+    int64_t *t = (int64_t *)tv.buf;
+    const Py_ssize_t stride = tv.len / 8 / 5;
+    for (Py_ssize_t j = 0; j < k; j++) {
+        const int64_t up = ints_at(&used, j) - gone[0], lp = ints_at(&logical, j) - gone[2];
+        const int64_t a = ints_at(&alive, j);
+        used_sum += up;
+        logical_sum += lp;
+        if (j == 0 || up > used_max)
+            used_max = up;
+        if (j == 0 || lp > logical_max)
+            logical_max = lp;
+        alive_sum += a;
+        for (int c = 0; c < 4; c++)
+            gone[c] += freed[4 * j + c];
+        if (j < m) {
+            const int64_t u = ints_at(&used, j) - gone[0], b = ints_at(&beyond, j) - gone[1];
+            const int64_t ts = held0 + alive_sum - gone[3];
+            t[j] = u;
+            t[stride + j] = ts;
+            t[2 * stride + j] = u * bs - ts - b;
+            t[3 * stride + j] = b;
+            t[4 * stride + j] = (num_blocks - u) * bs;
+        }
+    }
+    result = Py_BuildValue("(LLLLL)", (long long)alive_sum, (long long)used_sum, (long long)logical_sum,
+                           (long long)used_max, (long long)logical_max);
+done:
+    PyMem_Free(freed);
+    for (int i = 0; i < 4; i++)
+        if (all[i]->held)
+            PyBuffer_Release(&all[i]->view);
+    if (have_t)
+        PyBuffer_Release(&tv);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"decode_prices", decode_prices, METH_VARARGS,
      "decode_prices(out, seqs_out, sizes, lengths, bases, terms, consts) -> k: a decode run's step prices "
@@ -381,6 +499,11 @@ static PyMethodDef methods[] = {
     {"first_tie", first_tie, METH_VARARGS,
      "first_tie(ends, k, arrival_times, lo, hi) -> the least p <= k with ends[p] equal to one of "
      "arrival_times[lo:hi], or -1."},
+    {"finish_counters", finish_counters, METH_VARARGS,
+     "finish_counters(rows, k, used, beyond, logical, alive, held0, bs, num_blocks, m, table) -> (tokens, used "
+     "sum, logical sum, used peak, logical peak): a run through finishes' per-step counters "
+     "(DecodeRunApplier._apply_through_finishes); table (5 x m int64) gets the rows' used blocks, token "
+     "slots, fragmented slots, slots beyond final lengths and empty slots."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -192,3 +192,40 @@ def test_compiled_first_tie_finds_the_earliest_end_equal_to_an_arrival():
         lo, hi = sorted(int(x) for x in rng.integers(0, top + 1, 2))
         ties = [p for p in range(k + 1) if ends[p] in times[lo:hi].tolist()]   # every end against every time
         assert native.first_tie(ends, k, times, lo, hi) == (min(ties) if ties else -1)
+
+
+@needs_native
+def test_compiled_finish_counters_follow_the_steps_one_by_one():
+    """A run's counters after its finishes, against a walk over its steps: before step j's finishes the
+    counters less what earlier steps freed (sums and peaks), after them (the rows) less what steps up to
+    j freed; token slots grow by the step's sequences."""
+    rng = np.random.default_rng(2)
+    bs, num_blocks = 16, 5000
+    for _ in range(200):
+        k = int(rng.integers(1, 80))
+        used = 1000 + rng.integers(0, 3, k).cumsum()
+        beyond = 10 + rng.integers(0, 2, k).cumsum()
+        logical = used + 7
+        alive = np.sort(rng.integers(1, 40, k))[::-1].copy()
+        steps = sorted(set(rng.integers(0, k, int(rng.integers(0, 6))).tolist()))
+        rows = [(j, int(rng.integers(1, 9)), int(rng.integers(0, 3)), int(rng.integers(1, 9)), int(rng.integers(1, 300)))
+                for j in steps]
+        held0, m = int(rng.integers(0, 9000)), k - 1
+        table = np.empty((5, m), dtype=np.int64)
+        got = native.finish_counters(rows, k, used, beyond, logical, alive, held0, bs, num_blocks, m, table)
+        freed = {j: r[1:] for j, *_ in rows for r in rows if r[0] == j}
+        gone = [0, 0, 0, 0]
+        sums = [0, 0, 0]
+        peaks = [None, None]
+        tokens = held0
+        for j in range(k):
+            used_pre, logical_pre = int(used[j]) - gone[0], int(logical[j]) - gone[2]
+            sums = [sums[0] + int(alive[j]), sums[1] + used_pre, sums[2] + logical_pre]
+            peaks = [used_pre if peaks[0] is None else max(peaks[0], used_pre),
+                     logical_pre if peaks[1] is None else max(peaks[1], logical_pre)]
+            gone = [g + f for g, f in zip(gone, freed.get(j, (0, 0, 0, 0)))]
+            tokens += int(alive[j])
+            if j < m:
+                u, b, ts = int(used[j]) - gone[0], int(beyond[j]) - gone[1], tokens - gone[3]
+                assert table[:, j].tolist() == [u, ts, u * bs - ts - b, b, (num_blocks - u) * bs]
+        assert got == (*sums, *peaks)

@@ -127,9 +127,13 @@ class KVCacheManager(SharingMixin):
 
     def note_decode_steps(self, tokens: np.ndarray, used: np.ndarray, logical: np.ndarray) -> None:
         """``note_decode_run`` for steps that computed ``tokens[j]`` tokens each (a batch that shrinks)."""
-        self._held_tokens += int(tokens.sum())
-        self._sum_used += int(used.sum())
-        self._sum_logical += int(logical.sum())
+        self.note_decode_sums(int(tokens.sum()), int(used.sum()), int(logical.sum()))
+
+    def note_decode_sums(self, tokens: int, used: int, logical: int) -> None:
+        """``note_decode_steps`` given the sums over the steps of their tokens, used and logical blocks."""
+        self._held_tokens += tokens
+        self._sum_used += used
+        self._sum_logical += logical
 
     def raise_peaks(self, used: int, logical: int) -> None:
         """Raise the used and logical block peaks to values the counters reached (between steps of a run)."""

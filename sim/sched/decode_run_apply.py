@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from sim.native import native
 from sim.request import Request
 from sim.sched.base import StepStats
 from sim.sched.plan import StepResult
@@ -179,33 +180,41 @@ class DecodeRunApplier:
             rows.append((j, used0 - used1, beyond0 - beyond1, logical0 - logical1, held0_j - mgr._held_tokens))
             if j == k - 1:
                 done = group
-        freed = np.zeros((k, 4), dtype=np.int64)   # used, beyond, logical, held tokens
-        table = np.array(rows, dtype=np.int64)
-        freed[table[:, 0]] = table[:, 1:]
-        freed_through = freed.cumsum(axis=0)          # freed at steps <= j
-        gone_before = freed_through - freed               # freed at steps < j
-        used_pre = used - gone_before[:, 0]
-        logical_pre = logical - gone_before[:, 2]
-        mgr.note_decode_steps(alive, used_pre, logical_pre)
-        mgr.raise_peaks(int(np.maximum.reduce(used_pre)), int(np.maximum.reduce(logical_pre)))
+        bs = mgr.block_size
+        m = k - 1   # the rows recorded here (the last step's is recorded as a single step)
+        if native is not None:   # the counters below, in one compiled pass
+            counters = np.empty((5, m), dtype=np.int64)   # used, token slots, fragmented, beyond, empty
+            tokens, used_sum, logical_sum, used_peak, logical_peak = native.finish_counters(
+                rows, k, used, beyond, logical, alive, held0, bs, mgr.num_blocks, m, counters)
+            mgr.note_decode_sums(tokens, used_sum, logical_sum)
+            mgr.raise_peaks(used_peak, logical_peak)
+        else:
+            freed = np.zeros((k, 4), dtype=np.int64)   # used, beyond, logical, held tokens
+            table = np.array(rows, dtype=np.int64)
+            freed[table[:, 0]] = table[:, 1:]
+            freed_through = freed.cumsum(axis=0)          # freed at steps <= j
+            gone_before = freed_through - freed               # freed at steps < j
+            used_pre = used - gone_before[:, 0]
+            logical_pre = logical - gone_before[:, 2]
+            mgr.note_decode_steps(alive, used_pre, logical_pre)
+            mgr.raise_peaks(int(np.maximum.reduce(used_pre)), int(np.maximum.reduce(logical_pre)))
+            through = freed_through[:m]                      # the rows are after their step's finishes
+            u = used[:m] - through[:, 0]
+            b = beyond[:m] - through[:, 1]
+            ts = held0 + alive.cumsum()[:m] - through[:, 3]
+            counters = (u, ts, u * bs - ts - b, b, (mgr.num_blocks - u) * bs)
         if not run.eager:
             self.write_back(run)
         sched.step_index += k
         n_last = int(alive[k - 1])
         sched.stats = StepStats(num_decode_tokens=n_last, num_sampled=n_last)
         if k > 1:
-            m = k - 1
-            bs = mgr.block_size
-            through = freed_through[:m]                      # the rows are after their step's finishes
-            u = used[:m] - through[:, 0]
-            b = beyond[:m] - through[:, 1]
-            ts = held0 + alive.cumsum()[:m] - through[:, 3]
+            u, ts, frag, b, empty = counters
             n = alive[:m]
             self.recorder.record_run(
                 ends[:m], run.durations[:m], batch_size=n, num_decode_tokens=n,
                 num_running=alive[1:k], num_waiting=run.waiting,   # (those not finished in step j)
-                num_swapped=run.swapped, kv_blocks_used=u,
-                slots=(ts, u * bs - ts - b, b, 0, (mgr.num_blocks - u) * bs),
+                num_swapped=run.swapped, kv_blocks_used=u, slots=(ts, frag, b, 0, empty),
                 breakdown={key: v[:m] for key, v in run.breakdown.items()})
         last_step = StepResult(float(run.durations[k - 1]), {key: float(v[k - 1]) for key, v in run.breakdown.items()})
         self.recorder.record_step(float(ends[k - 1]), DecodeStepView(n_last), last_step, sched)
