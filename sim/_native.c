@@ -5,6 +5,7 @@ decode_prices takes (sim/sched/decode_run.py's _shrinking_segments, on int64 arr
 first_tie are the run's end times (a sequential sum) and its cut before an arrival that a step's end
 would tie (DecodeRunner._before_tie). finish_counters is the block and slot accounting of a run whose
 requests finish inside it (DecodeRunApplier._apply_through_finishes), all exact int64 arithmetic.
+put_columns writes a run's recorded rows into the recorder's column chunk (sim/metrics.py Columns.extend).
 
 decode_prices(out, seqs_out, sizes, lengths, bases, terms, consts) prices k = sum(lengths) all-decode
 steps of a run whose batch shrinks in stretches: stretch s has sizes[s] sequences for lengths[s] steps,
@@ -486,6 +487,95 @@ done:
     return result;
 }
 
+#define MAX_COLUMNS 64
+
+static PyObject *put_columns(PyObject *self, PyObject *args)
+{
+    PyObject *chunk_obj, *cols;
+    Py_ssize_t at, m;
+    if (!PyArg_ParseTuple(args, "OnnO", &chunk_obj, &at, &m, &cols))
+        return NULL;
+    PyObject *seq = PySequence_Fast(cols, "put_columns: cols must be a sequence");
+    if (!seq)
+        return NULL;
+    Py_buffer cv;
+    if (PyObject_GetBuffer(chunk_obj, &cv, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    Py_ssize_t ncols = PySequence_Fast_GET_SIZE(seq);
+    Py_buffer views[MAX_COLUMNS];
+    double values[MAX_COLUMNS];
+    char kind[MAX_COLUMNS];   /* 'a' an array, 's' a scalar to write, '0' a zero (already there) */
+    Py_ssize_t held = 0;
+    PyObject *result = NULL;
+    int ok = cv.ndim == 2 && cv.itemsize == 8 && cv.format && cv.format[0] == 'd' && ncols <= cv.shape[0]
+             && ncols <= MAX_COLUMNS && at >= 0 && m >= 0 && at + m <= cv.shape[1];
+    /* first every column is checked (nothing is written unless all can be: the caller falls back) */
+    for (Py_ssize_t i = 0; ok && i < ncols; i++) {
+        PyObject *c = PySequence_Fast_GET_ITEM(seq, i);
+        if (PyObject_CheckBuffer(c)) {
+            if (PyObject_GetBuffer(c, &views[held], PyBUF_STRIDES | PyBUF_FORMAT) < 0) {
+                PyErr_Clear();
+                ok = 0;
+                break;
+            }
+            Py_buffer *v = &views[held++];
+            char f = v->format ? v->format[0] : 0;
+            if (v->itemsize != 8 || (f != 'd' && f != 'q' && f != 'l') || v->ndim > 1
+                || (v->ndim == 1 && v->shape[0] != m)) {
+                ok = 0;
+                break;
+            }
+            if (v->ndim == 1) {
+                kind[i] = 'a';
+                continue;
+            }
+            double x = f == 'd' ? *(double *)v->buf : (double)*(int64_t *)v->buf;   /* a numpy scalar */
+            values[i] = x;
+            kind[i] = x != 0.0 || isnan(x) ? 's' : '0';
+            PyBuffer_Release(v);
+            held--;
+            continue;
+        }
+        double x = PyFloat_AsDouble(c);
+        if (x == -1.0 && PyErr_Occurred()) {
+            PyErr_Clear();
+            ok = 0;
+            break;
+        }
+        values[i] = x;
+        kind[i] = x != 0.0 || isnan(x) ? 's' : '0';   /* (a Python 0 or 0.0 is falsy: left as it is) */
+    }
+    if (ok) {
+        const Py_ssize_t row = cv.shape[1];
+        Py_ssize_t h = 0;
+        for (Py_ssize_t i = 0; i < ncols; i++) {
+            double *dst = (double *)cv.buf + i * row + at;
+            if (kind[i] == 'a') {
+                Py_buffer *v = &views[h++];
+                const char *src = (const char *)v->buf;
+                const Py_ssize_t st = v->strides[0];
+                if (v->format[0] == 'd')
+                    for (Py_ssize_t j = 0; j < m; j++)
+                        dst[j] = *(const double *)(src + j * st);
+                else
+                    for (Py_ssize_t j = 0; j < m; j++)
+                        dst[j] = (double)*(const int64_t *)(src + j * st);
+            } else if (kind[i] == 's') {
+                for (Py_ssize_t j = 0; j < m; j++)
+                    dst[j] = values[i];
+            }
+        }
+    }
+    result = PyBool_FromLong(ok);
+    for (Py_ssize_t i = 0; i < held; i++)
+        PyBuffer_Release(&views[i]);
+    PyBuffer_Release(&cv);
+    Py_DECREF(seq);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"decode_prices", decode_prices, METH_VARARGS,
      "decode_prices(out, seqs_out, sizes, lengths, bases, terms, consts) -> k: a decode run's step prices "
@@ -504,6 +594,10 @@ static PyMethodDef methods[] = {
      "sum, logical sum, used peak, logical peak): a run through finishes' per-step counters "
      "(DecodeRunApplier._apply_through_finishes); table (5 x m int64) gets the rows' used blocks, token "
      "slots, fragmented slots, slots beyond final lengths and empty slots."},
+    {"put_columns", put_columns, METH_VARARGS,
+     "put_columns(chunk, at, m, cols) -> bool: chunk[i, at:at + m] = cols[i] for each column (an int64 or float64 "
+     "array of m, or a number; a zero is left as it is), as sim/metrics.py's Columns.extend writes them. "
+     "False, with nothing written, where a column is neither."},
     {NULL, NULL, 0, NULL},
 };
 

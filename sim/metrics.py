@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sim.native import native
 from sim.request import Request, RequestStatus
 from sim.sched.plan import StepPlan, StepResult
 
@@ -81,9 +82,11 @@ class Columns:
                     chunk[:, fill] = row
                     fill += 1
                 rows.clear()
-            view = chunk[:, fill:fill + m]
             self._fill = fill + m
             self._written += r + m
+            if native is not None and native.put_columns(chunk, fill, m, cols):
+                return
+            view = chunk[:, fill:fill + m]
             for i, c in enumerate(cols):
                 if isinstance(c, np.ndarray) or c:   # (a scalar 0 is already there)
                     view[i] = c

@@ -229,3 +229,39 @@ def test_compiled_finish_counters_follow_the_steps_one_by_one():
                 u, b, ts = int(used[j]) - gone[0], int(beyond[j]) - gone[1], tokens - gone[3]
                 assert table[:, j].tolist() == [u, ts, u * bs - ts - b, b, (num_blocks - u) * bs]
         assert got == (*sums, *peaks)
+
+
+@needs_native
+def test_compiled_put_columns_writes_what_numpy_would():
+    """``put_columns`` against numpy's assignments column by column (as Columns.extend falls back to):
+    int64 and float64 arrays (strided too), numbers, numpy scalars; a zero leaves the chunk as it is."""
+    rng = np.random.default_rng(4)
+    for _ in range(100):
+        width, rows = int(rng.integers(1, 20)), 64
+        m = int(rng.integers(0, 20))
+        at = int(rng.integers(0, rows - m + 1))
+        cols = []
+        for _ in range(int(rng.integers(1, width + 1))):
+            pick = int(rng.integers(0, 7))
+            cols.append([rng.uniform(-1e6, 1e6, m), rng.integers(-2**40, 2**40, m),
+                         np.stack([rng.integers(0, 9, m)] * 2, axis=1)[:, 1],   # strided
+                         0, 0.0, int(rng.integers(1, 99)), np.float64(rng.uniform(0.5, 2))][pick])
+        mine = np.full((width, rows), 7.25)   # (a value that shows any write)
+        ref = mine.copy()
+        assert native.put_columns(mine, at, m, cols)
+        view = ref[:, at:at + m]
+        for i, c in enumerate(cols):
+            if isinstance(c, np.ndarray) or c:
+                view[i] = c
+        assert mine.tobytes() == ref.tobytes()
+
+
+@needs_native
+def test_compiled_put_columns_refuses_what_it_cannot_copy():
+    chunk = np.zeros((4, 16))
+    for bad in ([np.ones(3, dtype=np.float32)], [np.ones(3, dtype=bool)], [np.ones(4)], ["x"],
+                [np.ones((3, 1))], [np.ones(3)] * 5):
+        assert not native.put_columns(chunk, 2, 3, bad)
+    assert not chunk.any()
+    assert not native.put_columns(chunk, 14, 3, [np.ones(3)])   # past the chunk's end
+    assert not chunk.any()
