@@ -5,7 +5,8 @@ decode_prices takes (sim/sched/decode_run.py's _shrinking_segments, on int64 arr
 first_tie are the run's end times (a sequential sum) and its cut before an arrival that a step's end
 would tie (DecodeRunner._before_tie). finish_counters is the block and slot accounting of a run whose
 requests finish inside it (DecodeRunApplier._apply_through_finishes), all exact int64 arithmetic.
-put_columns writes a run's recorded rows into the recorder's column chunk (sim/metrics.py Columns.extend).
+boundary_events lists the block allocations of a small batch's run in the order the blocks leave the
+pool (sim/sched/decode_run_apply.py). put_columns writes a run's recorded rows into the recorder's column chunk (sim/metrics.py Columns.extend).
 
 decode_prices(out, seqs_out, sizes, lengths, bases, terms, consts) prices k = sum(lengths) all-decode
 steps of a run whose batch shrinks in stretches: stretch s has sizes[s] sequences for lengths[s] steps,
@@ -383,7 +384,7 @@ static int ints_open(Ints *a, PyObject *obj, Py_ssize_t n, const char *what)
     a->held = 1;
     if (a->view.itemsize != 8 || !a->view.format || (a->view.format[0] != 'q' && a->view.format[0] != 'l')
         || a->view.ndim != 1 || a->view.shape[0] < n) {
-        PyErr_Format(PyExc_ValueError, "finish_counters: %s must be an int64 array of at least %zd items", what, n);
+        PyErr_Format(PyExc_ValueError, "sim._native: %s must be an int64 array of at least %zd items", what, n);
         return -1;
     }
     return 0;
@@ -484,6 +485,96 @@ done:
             PyBuffer_Release(&all[i]->view);
     if (have_t)
         PyBuffer_Release(&tv);
+    return result;
+}
+
+static int cmp_int64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+static PyObject *boundary_events(PyObject *self, PyObject *args)
+{
+    PyObject *c0_o, *l0_o, *rem_o;
+    Py_ssize_t k;
+    long long bs;
+    if (!PyArg_ParseTuple(args, "OOOnL", &c0_o, &l0_o, &rem_o, &k, &bs))
+        return NULL;
+    Ints c0, l0, rem;
+    c0.held = l0.held = rem.held = 0;
+    PyObject *result = NULL, *pos = NULL, *steps = NULL, *finals = NULL;
+    int64_t *keys = NULL;
+    if (ints_open(&c0, c0_o, 0, "c0") < 0 || ints_open(&l0, l0_o, 0, "l0") < 0 || ints_open(&rem, rem_o, 0, "rem") < 0)
+        goto done;
+    const Py_ssize_t size = c0.view.shape[0];
+    if (l0.view.shape[0] != size || rem.view.shape[0] != size || bs <= 0 || k < 0) {
+        PyErr_SetString(PyExc_ValueError, "boundary_events: c0, l0 and rem of one length, bs > 0, k >= 0 expected");
+        goto done;
+    }
+    /* count the events first: request i takes a block at steps first, first + bs, ... < min(rem, k) */
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < size; i++) {
+        const int64_t first = ints_at(&l0, i) * bs - ints_at(&c0, i), r = ints_at(&rem, i);
+        const int64_t end = r < k ? r : k;
+        if (first < 0) {
+            PyErr_SetString(PyExc_ValueError, "boundary_events: a table shorter than its computed tokens");
+            goto done;
+        }
+        if (first < end)
+            total += (end - first - 1) / bs + 1;
+    }
+    keys = PyMem_Malloc((total ? total : 1) * sizeof(int64_t));
+    finals = PyList_New(0);
+    if (!keys || !finals) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t e = 0;
+    for (Py_ssize_t i = 0; i < size; i++) {
+        const int64_t c = ints_at(&c0, i), n = ints_at(&l0, i), r = ints_at(&rem, i);
+        const int64_t first = n * bs - c, end = r < k ? r : k;
+        if (first >= end)
+            continue;
+        for (int64_t j = first; j < end; j += bs)
+            keys[e++] = j * size + i;   /* (step, position) as one key: sorted as the pairs would be */
+        const int64_t count = (end - first - 1) / bs + 1, last = (c + r - 1) / bs;
+        if (n + count == last + 1 && (last + 1) * bs > c + r) {   /* its final block, slots to spare */
+            PyObject *pair = Py_BuildValue("(Ln)", (long long)(first + (count - 1) * bs), i);
+            if (!pair || PyList_Append(finals, pair) < 0) {
+                Py_XDECREF(pair);
+                goto done;
+            }
+            Py_DECREF(pair);
+        }
+    }
+    qsort(keys, total, sizeof(int64_t), cmp_int64);
+    pos = PyList_New(total);
+    steps = PyList_New(total);
+    if (!pos || !steps)
+        goto done;
+    for (Py_ssize_t x = 0; x < total; x++) {
+        PyObject *p = PyLong_FromLongLong(keys[x] % size), *t = PyLong_FromLongLong(keys[x] / size);
+        if (!p || !t) {
+            Py_XDECREF(p);
+            Py_XDECREF(t);
+            goto done;
+        }
+        PyList_SET_ITEM(pos, x, p);
+        PyList_SET_ITEM(steps, x, t);
+    }
+    result = PyTuple_Pack(3, pos, steps, finals);
+done:
+    PyMem_Free(keys);
+    Py_XDECREF(pos);
+    Py_XDECREF(steps);
+    Py_XDECREF(finals);
+    if (c0.held)
+        PyBuffer_Release(&c0.view);
+    if (l0.held)
+        PyBuffer_Release(&l0.view);
+    if (rem.held)
+        PyBuffer_Release(&rem.view);
     return result;
 }
 
@@ -594,6 +685,9 @@ static PyMethodDef methods[] = {
      "sum, logical sum, used peak, logical peak): a run through finishes' per-step counters "
      "(DecodeRunApplier._apply_through_finishes); table (5 x m int64) gets the rows' used blocks, token "
      "slots, fragmented slots, slots beyond final lengths and empty slots."},
+    {"boundary_events", boundary_events, METH_VARARGS,
+     "boundary_events(c0, l0, rem, k, bs) -> (positions, steps, finals): sim/sched/decode_run_apply.py's "
+     "boundary_events of int64 arrays, finals always collected."},
     {"put_columns", put_columns, METH_VARARGS,
      "put_columns(chunk, at, m, cols) -> bool: chunk[i, at:at + m] = cols[i] for each column (an int64 or float64 "
      "array of m, or a number; a zero is left as it is), as sim/metrics.py's Columns.extend writes them. "

@@ -14,6 +14,7 @@ from test_multi_step import SWAP_GB, assert_same_outcomes, both_ways
 
 import sim.sched.decode_run as decode_run
 from sim.executors.cost_model import make_cost_model_executor
+from sim.native import native
 from sim.scenario import ExecutorConfig, scenario_from_dict
 from sim.sched.decode_run_apply import boundary_events, boundary_steps
 
@@ -96,6 +97,8 @@ def test_boundary_events_are_the_steps_where_a_table_overflows():
         assert sorted(finals) == sorted(expect)
         pos_np, steps_np = boundary_steps(c0, l0, rem, k, bs)
         assert sorted(zip(steps_np.tolist(), pos_np.tolist())) == by_hand
+        if native is not None:   # the compiled events: the same lists, finals in request order
+            assert native.boundary_events(c0, l0, rem, k, bs) == (pos, steps, finals)
 
 
 @pytest.mark.parametrize("calibration", [None, "roofline"])

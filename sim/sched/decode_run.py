@@ -41,7 +41,7 @@ from sim.errors import KvsimError
 from sim.executors.base import execute_decode_run
 from sim.native import native
 from sim.request import Request, RequestStatus
-from sim.sched.decode_run_apply import SMALL_BATCH, DecodeRunApplier, boundary_events, boundary_steps
+from sim.sched.decode_run_apply import SMALL_BATCH, DecodeRunApplier, boundary_steps, small_batch_events
 from sim.sched.plan import ScheduledRequest, StepPlan
 
 MAX_RUN_STEPS = 4096   # longest run priced in one call
@@ -424,8 +424,7 @@ class DecodeRunner(DecodeRunApplier):
             step_ends = run.ends[1: k + 1].tolist()
             rem, l0 = run.rem.tolist(), run.l0.tolist()
             if len(run.batch) <= SMALL_BATCH:
-                finals: list[tuple[int, int]] = []
-                pos, taken_at = boundary_events(run.c0, l0, rem, k, bs, finals)
+                pos, taken_at, finals = small_batch_events(run, k, bs)
                 run._events = (pos, taken_at, finals)
             else:
                 taken_at = np.sort(boundary_steps(run.c0a, run.l0, run.rem, k, bs)[1]).tolist()

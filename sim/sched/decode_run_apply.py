@@ -67,6 +67,15 @@ def boundary_events(c0: list[int], l0: list[int], rem: list[int], k: int, bs: in
     return [x % size for x in keys], [x // size for x in keys]
 
 
+def small_batch_events(run: PendingRun, k: int, bs: int) -> tuple[list[int], list[int], list[tuple[int, int]]]:
+    """``boundary_events`` of ``run``'s first ``k`` steps, with its finals (compiled where built)."""
+    if native is not None and run.c0a is not None:
+        return native.boundary_events(run.c0a, run.l0, run.rem, k, bs)
+    finals: list[tuple[int, int]] = []
+    pos, steps = boundary_events(run.c0, run.l0.tolist(), run.rem.tolist(), k, bs, finals)
+    return pos, steps, finals
+
+
 class DecodeStepView:
     """What the recorder reads of an all-decode step's plan: its size and no block movement (a run
     builds no per-request plan)."""
@@ -277,8 +286,7 @@ class DecodeRunApplier:
         # a request's most KV tokens: prompt + output - 1 = c0 + rem (a decode computes c0 = prompt + g0 - 1)
         if len(run.batch) <= SMALL_BATCH:
             if run._events is None:
-                finals: list[tuple[int, int]] = []
-                pos, steps = boundary_events(run.c0, run.l0.tolist(), run.rem.tolist(), k, bs, finals)
+                pos, steps, finals = small_batch_events(run, k, bs)
             else:   # found for more steps (a router asked before the run was cut): those before k
                 pos, steps, finals = run._events
                 cut = bisect_left(steps, k)
