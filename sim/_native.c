@@ -5,6 +5,7 @@ decode_prices takes (sim/sched/decode_run.py's _shrinking_segments, on int64 arr
 first_tie are the run's end times (a sequential sum) and its cut before an arrival that a step's end
 would tie (DecodeRunner._before_tie). finish_counters is the block and slot accounting of a run whose
 requests finish inside it (DecodeRunApplier._apply_through_finishes), all exact int64 arithmetic.
+step_backs tells a run's inter-token gaps whether each step started where the last one ended.
 boundary_events lists the block allocations of a small batch's run in the order the blocks leave the
 pool (sim/sched/decode_run_apply.py). put_columns writes a run's recorded rows into the recorder's column chunk (sim/metrics.py Columns.extend).
 
@@ -578,6 +579,43 @@ done:
     return result;
 }
 
+static int doubles_open(Py_buffer *v, PyObject *obj, Py_ssize_t n, const char *what)
+{
+    if (PyObject_GetBuffer(obj, v, PyBUF_STRIDES | PyBUF_FORMAT) < 0)
+        return -1;
+    if (v->itemsize != 8 || !v->format || v->format[0] != 'd' || v->ndim != 1 || v->shape[0] < n) {
+        PyErr_Format(PyExc_ValueError, "sim._native: %s must be a float64 array of at least %zd items", what, n);
+        PyBuffer_Release(v);
+        return -1;
+    }
+    return 0;
+}
+
+#define AT(v, i) (*(const double *)((const char *)(v).buf + (i) * (v).strides[0]))
+
+static PyObject *step_backs(PyObject *self, PyObject *args)
+{
+    PyObject *ends_o, *d_o;
+    if (!PyArg_ParseTuple(args, "OO", &ends_o, &d_o))
+        return NULL;
+    Py_buffer dv, ev;
+    if (doubles_open(&dv, d_o, 1, "durations") < 0)
+        return NULL;
+    const Py_ssize_t k = dv.shape[0];
+    if (doubles_open(&ev, ends_o, k + 1, "ends") < 0) {
+        PyBuffer_Release(&dv);
+        return NULL;
+    }
+    Py_ssize_t irregular = 0;
+    for (Py_ssize_t j = 1; j < k; j++)
+        if (!(AT(ev, j + 1) - AT(dv, j) == AT(ev, j)))   /* update's step start, now - duration, is not the last end */
+            irregular++;
+    const double back0 = AT(ev, 1) - AT(dv, 0);
+    PyBuffer_Release(&dv);
+    PyBuffer_Release(&ev);
+    return Py_BuildValue("(dn)", back0, irregular);
+}
+
 #define MAX_COLUMNS 64
 
 static PyObject *put_columns(PyObject *self, PyObject *args)
@@ -688,6 +726,9 @@ static PyMethodDef methods[] = {
     {"boundary_events", boundary_events, METH_VARARGS,
      "boundary_events(c0, l0, rem, k, bs) -> (positions, steps, finals): sim/sched/decode_run_apply.py's "
      "boundary_events of int64 arrays, finals always collected."},
+    {"step_backs", step_backs, METH_VARARGS,
+     "step_backs(ends, durations) -> (ends[1] - durations[0], the steps j in 1..k-1 whose ends[j + 1] - "
+     "durations[j] is not ends[j]): what a run's inter-token gaps need of its steps (DecodeRunApplier._gaps)."},
     {"put_columns", put_columns, METH_VARARGS,
      "put_columns(chunk, at, m, cols) -> bool: chunk[i, at:at + m] = cols[i] for each column (an int64 or float64 "
      "array of m, or a number; a zero is left as it is), as sim/metrics.py's Columns.extend writes them. "

@@ -265,3 +265,21 @@ def test_compiled_put_columns_refuses_what_it_cannot_copy():
     assert not chunk.any()
     assert not native.put_columns(chunk, 14, 3, [np.ones(3)])   # past the chunk's end
     assert not chunk.any()
+
+
+@needs_native
+def test_compiled_step_backs_find_the_steps_that_start_elsewhere():
+    """A step is regular when its end less its duration is the previous end exactly (float): checked
+    step by step in Python floats."""
+    rng = np.random.default_rng(9)
+    for _ in range(200):
+        k = int(rng.integers(1, 50))
+        d = rng.uniform(1e-3, 3e-2, k)
+        ends = np.empty(k + 1)
+        native.step_ends(ends, d, float(rng.uniform(0, 1e4)))
+        if rng.random() < 0.5:   # some ends moved by a few units in the last place
+            moved = rng.integers(1, k + 1, int(rng.integers(1, 4)))
+            ends[moved] = np.nextafter(ends[moved], np.inf)
+        e, dl = ends.tolist(), d.tolist()
+        irregular = sum(1 for j in range(1, k) if e[j + 1] - dl[j] != e[j])
+        assert native.step_backs(ends, d) == (e[1] - dl[0], irregular)

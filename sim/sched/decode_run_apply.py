@@ -307,21 +307,26 @@ class DecodeRunApplier:
         k, n = run.k, len(run.batch)
         ends = run.ends
         d = run.durations[:k]
-        back = ends[1:] - d                       # update's step_start = now - duration
-        regular = back == ends[:k]
+        regular = None   # per step: update's step_start (now - duration) is the previous step's end
+        if native is not None:
+            b0, irregular = native.step_backs(ends, d)   # (step 0's start; irregular steps after it)
+        else:
+            back = ends[1:] - d
+            regular = back == ends[:k]
+            b0, irregular = float(back[0]), k - 1 - int(np.count_nonzero(regular[1:]))
         # step 0: each request's last token time decides
         if run.last_token is not None:   # chained: every request sampled at the previous run's end
-            num0 = n if run.last_token == back[0] else 0
+            num0 = n if run.last_token == b0 else 0
             if num0 < n:
                 gaps.other_gaps.extend([float(ends[1] - run.last_token)] * n)
         else:
-            b0, e1 = float(back[0]), float(ends[1])
+            e1 = float(ends[1])
             late = [e1 - t for t in [r.last_token_s for r in run.batch] if t != b0]
             num0 = n - len(late)
             if late:
                 gaps.other_gaps.extend(late)
         counts = None
-        if k > 1 and np.count_nonzero(regular[1:]) == k - 1:   # (the usual case)
+        if k > 1 and not irregular:   # (the usual case)
             counts = np.full(k, n, dtype=np.int64) if alive is None else alive
             if num0 == n:   # every step regular: the pairs at once
                 gaps.step_gaps.extend_arrays(d, counts)
@@ -334,6 +339,8 @@ class DecodeRunApplier:
             gaps.step_gaps.extend_arrays(d[1:], counts[1:])
             return
         counts = np.full(k, n, dtype=np.int64) if alive is None else alive
+        if regular is None:
+            regular = ends[1:] - d == ends[:k]
         dl = d.tolist()
         for j, m in zip(range(1, k), counts[1:].tolist()):
             if regular[j]:
