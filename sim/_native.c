@@ -5,6 +5,7 @@ decode_prices takes (sim/sched/decode_run.py's _shrinking_segments, on int64 arr
 first_tie are the run's end times (a sequential sum) and its cut before an arrival that a step's end
 would tie (DecodeRunner._before_tie). finish_counters is the block and slot accounting of a run whose
 requests finish inside it (DecodeRunApplier._apply_through_finishes), all exact int64 arithmetic.
+free_table gives a finished request's blocks back to the pool's free queue (sim/kv/block_pool.py).
 step_backs tells a run's inter-token gaps whether each step started where the last one ended.
 boundary_events lists the block allocations of a small batch's run in the order the blocks leave the
 pool (sim/sched/decode_run_apply.py). put_columns writes a run's recorded rows into the recorder's column chunk (sim/metrics.py Columns.extend).
@@ -616,6 +617,55 @@ static PyObject *step_backs(PyObject *self, PyObject *args)
     return Py_BuildValue("(dn)", back0, irregular);
 }
 
+static PyObject *free_table(PyObject *self, PyObject *args)
+{
+    PyObject *table;
+    PyObject *ids_o, *at_o, *refs_o;
+    Py_ssize_t t;
+    if (!PyArg_ParseTuple(args, "O!OOOn", &PyList_Type, &table, &ids_o, &at_o, &refs_o, &t))
+        return NULL;
+    Py_buffer ids, at, refs;
+    const Py_ssize_t n = PyList_GET_SIZE(table);
+    if (get_buffer(ids_o, &ids, "q", 8, t + n, "ids") < 0) {
+        PyErr_Clear();
+        if (get_buffer(ids_o, &ids, "l", 8, t + n, "ids") < 0)
+            return NULL;
+    }
+    if (get_buffer(at_o, &at, ids.format, 8, 0, "at") < 0) {
+        PyBuffer_Release(&ids);
+        return NULL;
+    }
+    if (get_buffer(refs_o, &refs, ids.format, 8, 0, "refs") < 0) {
+        PyBuffer_Release(&ids);
+        PyBuffer_Release(&at);
+        return NULL;
+    }
+    int64_t *idp = (int64_t *)ids.buf, *atp = (int64_t *)at.buf, *rp = (int64_t *)refs.buf;
+    const Py_ssize_t num_blocks = at.len / 8;
+    PyObject *result = NULL;
+    /* checked first: nothing is written unless every block is one of the pool's, held once */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long b = PyLong_AsLongLong(PyList_GET_ITEM(table, i));
+        if (b < 0 || b >= num_blocks || refs.len / 8 != num_blocks || rp[b] != 1) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_ValueError, "free_table: block %lld is not a pool block with one reference", b);
+            goto done;
+        }
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {   /* the table's tail first */
+        const int64_t b = PyLong_AsLongLong(PyList_GET_ITEM(table, n - 1 - i));
+        idp[t + i] = b;
+        atp[b] = t + i;
+        rp[b] = 0;
+    }
+    result = PyLong_FromSsize_t(n);
+done:
+    PyBuffer_Release(&ids);
+    PyBuffer_Release(&at);
+    PyBuffer_Release(&refs);
+    return result;
+}
+
 #define MAX_COLUMNS 64
 
 static PyObject *put_columns(PyObject *self, PyObject *args)
@@ -729,6 +779,10 @@ static PyMethodDef methods[] = {
     {"step_backs", step_backs, METH_VARARGS,
      "step_backs(ends, durations) -> (ends[1] - durations[0], the steps j in 1..k-1 whose ends[j + 1] - "
      "durations[j] is not ends[j]): what a run's inter-token gaps need of its steps (DecodeRunApplier._gaps)."},
+    {"free_table", free_table, METH_VARARGS,
+     "free_table(table, ids, at, refs, t) -> n: a block table's blocks (a list, each holding its last "
+     "reference) queued at the free queue's slots t.. tail first (ids[t + i], at[block]) and their "
+     "references dropped to 0 (sim/kv/block_pool.py BlockPool.free_table)."},
     {"put_columns", put_columns, METH_VARARGS,
      "put_columns(chunk, at, m, cols) -> bool: chunk[i, at:at + m] = cols[i] for each column (an int64 or float64 "
      "array of m, or a number; a zero is left as it is), as sim/metrics.py's Columns.extend writes them. "

@@ -283,3 +283,31 @@ def test_compiled_step_backs_find_the_steps_that_start_elsewhere():
         e, dl = ends.tolist(), d.tolist()
         irregular = sum(1 for j in range(1, k) if e[j + 1] - dl[j] != e[j])
         assert native.step_backs(ends, d) == (e[1] - dl[0], irregular)
+
+
+@needs_native
+def test_a_freed_table_joins_the_free_queue_tail_first(monkeypatch):
+    """``BlockPool.free_table`` (compiled) leaves the pool as the numpy path does: the same queue order,
+    counts and invariants, over allocations and frees that wrap the queue's array."""
+    from sim.kv import block_pool
+    from sim.kv.block_pool import BlockPool
+
+    def replay(pool: BlockPool, seed: int) -> list:
+        rng = random.Random(seed)
+        tables: list[list[int]] = []
+        seen = []
+        for _ in range(400):
+            if tables and (rng.random() < 0.5 or pool.num_free < 8):
+                pool.free_table(tables.pop(rng.randrange(len(tables))))
+            else:
+                tables.append(pool.allocate(rng.randint(1, 8)))
+            pool.check_integrity()
+            seen.append((pool.num_free, pool.free_order()[:5], pool.free_order()[-5:]))
+        return [seen, pool.free_order(), pool.ref_counts]
+
+    compiled = replay(BlockPool(40), 1)
+    monkeypatch.setattr(block_pool, "native", None)
+    assert compiled == replay(BlockPool(40), 1)
+    with pytest.raises(ValueError, match="one reference"):   # (a block not held once is refused whole)
+        native.free_table([1, 2], np.zeros(80, dtype=np.int64), np.zeros(40, dtype=np.int64),
+                          np.zeros(40, dtype=np.int64), 0)

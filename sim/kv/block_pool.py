@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from sim.kv.free_queue import FreeQueue
+from sim.native import native
 
 
 class BlockPool:
@@ -118,6 +119,14 @@ class BlockPool:
             self.refs[blocks] = 0
         else:
             self.free(blocks)
+
+    def free_table(self, table: list[int]) -> None:
+        """``free_last_refs`` of a block table's blocks, tail first (the tail is then evicted first when
+        cached), given as the table's list."""
+        if native is not None and len(table) > 1:
+            self._queue.push_table(table, self.refs)
+        else:
+            self.free_last_refs(np.array(table[::-1], dtype=np.int64))
 
     def _free_one(self, b: int) -> None:
         r = int(self.refs[b]) - 1

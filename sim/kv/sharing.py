@@ -147,19 +147,22 @@ class SharingMixin:
         """Drop one table: blocks losing their last reference give back the slots the table filled.
         ``unshared``: the caller knows each of its blocks holds one reference (else they are read)."""
         bs = self.block_size
+        if unshared:   # (the usual case) nothing to read: the table's filled slots, min(computed, capacity)
+            self._held_tokens -= min(max(num_computed, 0), len(table) * bs)
+            self._logical_blocks -= len(table)
+            self.pool.free_table(table)
+            return
         blocks = np.array(table, dtype=np.int64)
-        if not unshared:
-            last = self.pool.refs[blocks] == 1
-            unshared = np.count_nonzero(last) == len(last)
-        if unshared:
-            # nothing shared (the usual case): the table's filled slots, min(computed, capacity)
+        last = self.pool.refs[blocks] == 1
+        alone = np.count_nonzero(last) == len(last)   # nothing shared after all
+        if alone:
             held = min(max(num_computed, 0), len(table) * bs)
         else:
             fill = np.clip(num_computed - np.arange(len(table)) * bs, 0, bs)
             held = int(fill[last].sum())
         self._held_tokens -= held
         self._logical_blocks -= len(table)
-        if unshared:
+        if alone:
             self.pool.free_last_refs(blocks[::-1])
         else:
             self.pool.free(blocks[::-1])
