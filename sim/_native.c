@@ -8,7 +8,7 @@ requests finish inside it (DecodeRunApplier._apply_through_finishes), all exact 
 free_table gives a finished request's blocks back to the pool's free queue (sim/kv/block_pool.py).
 step_backs tells a run's inter-token gaps whether each step started where the last one ended.
 boundary_events lists the block allocations of a small batch's run in the order the blocks leave the
-pool (sim/sched/decode_run_apply.py). put_columns writes a run's recorded rows into the recorder's column chunk (sim/metrics.py Columns.extend).
+pool (sim/sched/decode_run_apply.py). put_columns and put_rows write a run's recorded rows into the recorder's column chunk (sim/metrics.py Columns.extend).
 
 decode_prices(out, seqs_out, sizes, lengths, bases, terms, consts) prices k = sum(lengths) all-decode
 steps of a run whose batch shrinks in stretches: stretch s has sizes[s] sequences for lengths[s] steps,
@@ -755,6 +755,50 @@ static PyObject *put_columns(PyObject *self, PyObject *args)
     return result;
 }
 
+#define MAX_ROWS 8
+
+static PyObject *put_rows(PyObject *self, PyObject *args)
+{
+    PyObject *chunk_obj, *rows;
+    Py_ssize_t at;
+    if (!PyArg_ParseTuple(args, "OnO!", &chunk_obj, &at, &PyList_Type, &rows))
+        return NULL;
+    Py_buffer cv;
+    if (PyObject_GetBuffer(chunk_obj, &cv, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return NULL;
+    const Py_ssize_t r = PyList_GET_SIZE(rows);
+    int ok = cv.ndim == 2 && cv.itemsize == 8 && cv.format && cv.format[0] == 'd' && r <= MAX_ROWS
+             && cv.shape[0] <= MAX_COLUMNS && at >= 0 && at + r <= cv.shape[1];
+    double values[MAX_ROWS][MAX_COLUMNS];
+    const Py_ssize_t width = ok ? cv.shape[0] : 0;
+    /* every value converted first (as float() would): nothing is written unless all are numbers */
+    for (Py_ssize_t j = 0; ok && j < r; j++) {
+        PyObject *row = PyList_GET_ITEM(rows, j);
+        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != width) {
+            ok = 0;
+            break;
+        }
+        for (Py_ssize_t i = 0; i < width; i++) {
+            double x = PyFloat_AsDouble(PyTuple_GET_ITEM(row, i));
+            if (x == -1.0 && PyErr_Occurred()) {
+                PyErr_Clear();
+                ok = 0;
+                break;
+            }
+            values[j][i] = x;
+        }
+    }
+    if (ok) {
+        const Py_ssize_t len = cv.shape[1];
+        double *base = (double *)cv.buf;
+        for (Py_ssize_t j = 0; j < r; j++)
+            for (Py_ssize_t i = 0; i < width; i++)
+                base[i * len + at + j] = values[j][i];
+    }
+    PyBuffer_Release(&cv);
+    return PyBool_FromLong(ok);
+}
+
 static PyMethodDef methods[] = {
     {"decode_prices", decode_prices, METH_VARARGS,
      "decode_prices(out, seqs_out, sizes, lengths, bases, terms, consts) -> k: a decode run's step prices "
@@ -783,6 +827,10 @@ static PyMethodDef methods[] = {
      "free_table(table, ids, at, refs, t) -> n: a block table's blocks (a list, each holding its last "
      "reference) queued at the free queue's slots t.. tail first (ids[t + i], at[block]) and their "
      "references dropped to 0 (sim/kv/block_pool.py BlockPool.free_table)."},
+    {"put_rows", put_rows, METH_VARARGS,
+     "put_rows(chunk, at, rows) -> bool: chunk[:, at + j] = rows[j] for a few queued rows (tuples of numbers "
+     "as wide as the chunk), as sim/metrics.py's Columns.extend writes them; False, nothing written, where "
+     "one is not."},
     {"put_columns", put_columns, METH_VARARGS,
      "put_columns(chunk, at, m, cols) -> bool: chunk[i, at:at + m] = cols[i] for each column (an int64 or float64 "
      "array of m, or a number; a zero is left as it is), as sim/metrics.py's Columns.extend writes them. "

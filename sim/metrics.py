@@ -78,9 +78,12 @@ class Columns:
         if r <= 2 and fill + r + m <= self.CHUNK_ROWS:   # the usual case: room in the last chunk
             chunk = self._chunks[-1]
             if r:   # the run's last step, and a step between runs
-                for row in rows:
-                    chunk[:, fill] = row
-                    fill += 1
+                if native is not None and native.put_rows(chunk, fill, rows):
+                    fill += r
+                else:
+                    for row in rows:
+                        chunk[:, fill] = row
+                        fill += 1
                 rows.clear()
             self._fill = fill + m
             self._written += r + m

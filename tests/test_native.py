@@ -311,3 +311,25 @@ def test_a_freed_table_joins_the_free_queue_tail_first(monkeypatch):
     with pytest.raises(ValueError, match="one reference"):   # (a block not held once is refused whole)
         native.free_table([1, 2], np.zeros(80, dtype=np.int64), np.zeros(40, dtype=np.int64),
                           np.zeros(40, dtype=np.int64), 0)
+
+
+@needs_native
+def test_compiled_put_rows_writes_what_numpy_would():
+    """Queued rows (tuples of Python and numpy numbers) into a column-major chunk, as numpy's
+    ``chunk[:, at] = row``; a row that is not all numbers, or too many, writes nothing."""
+    rng = np.random.default_rng(12)
+    for _ in range(100):
+        width, r = int(rng.integers(1, 26)), int(rng.integers(0, 4))
+        at = int(rng.integers(0, 30 - r))
+        rows = [tuple(rng.choice([int(rng.integers(-9, 2**40)), float(rng.uniform(-1, 1)), np.float64(2.5),
+                                  np.int64(7), 0, True]) for _ in range(width)) for _ in range(r)]
+        mine, ref = np.full((width, 30), 3.5), np.full((width, 30), 3.5)
+        assert native.put_rows(mine, at, rows)
+        for j, row in enumerate(rows):
+            ref[:, at + j] = row
+        assert mine.tobytes() == ref.tobytes()
+    chunk = np.zeros((3, 8))
+    assert not native.put_rows(chunk, 0, [(1, 2, 3), (1, "x", 3)])
+    assert not native.put_rows(chunk, 0, [(1, 2)])
+    assert not native.put_rows(chunk, 7, [(1, 2, 3), (4, 5, 6)])
+    assert not chunk.any()
