@@ -755,8 +755,6 @@ static PyObject *put_columns(PyObject *self, PyObject *args)
     return result;
 }
 
-#define MAX_ROWS 8
-
 static PyObject *put_rows(PyObject *self, PyObject *args)
 {
     PyObject *chunk_obj, *rows;
@@ -767,10 +765,14 @@ static PyObject *put_rows(PyObject *self, PyObject *args)
     if (PyObject_GetBuffer(chunk_obj, &cv, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
         return NULL;
     const Py_ssize_t r = PyList_GET_SIZE(rows);
-    int ok = cv.ndim == 2 && cv.itemsize == 8 && cv.format && cv.format[0] == 'd' && r <= MAX_ROWS
-             && cv.shape[0] <= MAX_COLUMNS && at >= 0 && at + r <= cv.shape[1];
-    double values[MAX_ROWS][MAX_COLUMNS];
+    int ok = cv.ndim == 2 && cv.itemsize == 8 && cv.format && cv.format[0] == 'd' && at >= 0
+             && at + r <= cv.shape[1];
     const Py_ssize_t width = ok ? cv.shape[0] : 0;
+    double *values = ok ? PyMem_Malloc((r * width ? r * width : 1) * sizeof(double)) : NULL;
+    if (ok && !values) {
+        PyBuffer_Release(&cv);
+        return PyErr_NoMemory();
+    }
     /* every value converted first (as float() would): nothing is written unless all are numbers */
     for (Py_ssize_t j = 0; ok && j < r; j++) {
         PyObject *row = PyList_GET_ITEM(rows, j);
@@ -785,16 +787,17 @@ static PyObject *put_rows(PyObject *self, PyObject *args)
                 ok = 0;
                 break;
             }
-            values[j][i] = x;
+            values[j * width + i] = x;
         }
     }
     if (ok) {
         const Py_ssize_t len = cv.shape[1];
         double *base = (double *)cv.buf;
-        for (Py_ssize_t j = 0; j < r; j++)
-            for (Py_ssize_t i = 0; i < width; i++)
-                base[i * len + at + j] = values[j][i];
+        for (Py_ssize_t i = 0; i < width; i++)
+            for (Py_ssize_t j = 0; j < r; j++)
+                base[i * len + at + j] = values[j * width + i];
     }
+    PyMem_Free(values);
     PyBuffer_Release(&cv);
     return PyBool_FromLong(ok);
 }
@@ -828,7 +831,7 @@ static PyMethodDef methods[] = {
      "reference) queued at the free queue's slots t.. tail first (ids[t + i], at[block]) and their "
      "references dropped to 0 (sim/kv/block_pool.py BlockPool.free_table)."},
     {"put_rows", put_rows, METH_VARARGS,
-     "put_rows(chunk, at, rows) -> bool: chunk[:, at + j] = rows[j] for a few queued rows (tuples of numbers "
+     "put_rows(chunk, at, rows) -> bool: chunk[:, at + j] = rows[j] for queued rows (tuples of numbers "
      "as wide as the chunk), as sim/metrics.py's Columns.extend writes them; False, nothing written, where "
      "one is not."},
     {"put_columns", put_columns, METH_VARARGS,

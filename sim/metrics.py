@@ -98,6 +98,8 @@ class Columns:
         done = 0
         while done < m:
             chunk, at, take = self._room(m - done)
+            if take == m and native is not None and native.put_columns(chunk, at, m, cols):
+                return
             for i, c in enumerate(cols):
                 if isinstance(c, np.ndarray):
                     chunk[i, at:at + take] = c[done:done + take] if take < m else c
@@ -122,6 +124,16 @@ class Columns:
         rows = self._rows
         r = len(rows)
         if not r:
+            return
+        if native is not None:   # (compiled: from the tuples straight into the chunks)
+            done = 0
+            while done < r:
+                chunk, at, take = self._room(r - done)
+                part = rows if take == r else rows[done:done + take]
+                if not native.put_rows(chunk, at, part):
+                    raise ValueError("a recorded row is not as wide as the table, or not all numbers")
+                done += take
+            rows.clear()
             return
         flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.float64, count=r * self.width)
         block = flat.reshape(r, self.width).T
