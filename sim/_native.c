@@ -5,6 +5,7 @@ decode_prices takes (sim/sched/decode_run.py's _shrinking_segments, on int64 arr
 first_tie are the run's end times (a sequential sum) and its cut before an arrival that a step's end
 would tie (DecodeRunner._before_tie). finish_counters is the block and slot accounting of a run whose
 requests finish inside it (DecodeRunApplier._apply_through_finishes), all exact int64 arithmetic.
+grow_tables hands a small batch's run its blocks from the free queue's head and grows its tables.
 free_table gives a finished request's blocks back to the pool's free queue (sim/kv/block_pool.py).
 step_backs tells a run's inter-token gaps whether each step started where the last one ended.
 boundary_events lists the block allocations of a small batch's run in the order the blocks leave the
@@ -46,7 +47,9 @@ static int get_buffer(PyObject *obj, Py_buffer *view, const char *fmt, Py_ssize_
 {
     if (PyObject_GetBuffer(obj, view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
         return -1;
-    if (view->itemsize != itemsize || view->format == NULL || view->format[0] != fmt[0]
+    const int ints = fmt[0] == 'l' || fmt[0] == 'q';   /* an int64 is 'l' or 'q' by platform */
+    if (view->itemsize != itemsize || view->format == NULL
+        || (ints ? view->format[0] != 'l' && view->format[0] != 'q' : view->format[0] != fmt[0])
         || view->len < n * itemsize) {
         PyErr_Format(PyExc_ValueError, "decode_prices: %s must be a C-contiguous %s buffer of at least %zd items",
                      what, fmt[0] == 'd' ? "float64" : "int64", n);
@@ -802,6 +805,82 @@ static PyObject *put_rows(PyObject *self, PyObject *args)
     return PyBool_FromLong(ok);
 }
 
+static PyObject *grow_tables(PyObject *self, PyObject *args)
+{
+    PyObject *tables, *pos, *steps, *ids_o, *refs_o, *used_o, *logical_o;
+    Py_ssize_t head;
+    long long used0, logical0;
+    if (!PyArg_ParseTuple(args, "O!O!O!OOnOOLL", &PyList_Type, &tables, &PyList_Type, &pos, &PyList_Type, &steps,
+                          &ids_o, &refs_o, &head, &used_o, &logical_o, &used0, &logical0))
+        return NULL;
+    const Py_ssize_t n = PyList_GET_SIZE(pos);
+    Py_buffer ids, refs, used, logical;
+    int got = 0;
+    PyObject *result = NULL;
+    if (get_buffer(ids_o, &ids, "l", 8, head + n, "ids") < 0)
+        goto done;
+    got = 1;
+    if (get_buffer(refs_o, &refs, "l", 8, 0, "refs") < 0)
+        goto done;
+    got = 2;
+    if (get_buffer(used_o, &used, "l", 8, 0, "used") < 0)
+        goto done;
+    got = 3;
+    const Py_ssize_t k = used.len / 8;
+    if (get_buffer(logical_o, &logical, "l", 8, k, "logical") < 0)
+        goto done;
+    got = 4;
+    const int64_t *idp = (const int64_t *)ids.buf;
+    int64_t *rp = (int64_t *)refs.buf, *up = (int64_t *)used.buf, *lp = (int64_t *)logical.buf;
+    const Py_ssize_t num_blocks = refs.len / 8, ntables = PyList_GET_SIZE(tables);
+    if (PyList_GET_SIZE(steps) != n || head < 0) {
+        PyErr_SetString(PyExc_ValueError, "grow_tables: positions and steps differ in length");
+        goto done;
+    }
+    /* checked first: nothing changes unless every event is valid (steps ascending, within the run) */
+    long long prev = 0;
+    for (Py_ssize_t e = 0; e < n; e++) {
+        long long p = PyLong_AsLongLong(PyList_GET_ITEM(pos, e)), j = PyLong_AsLongLong(PyList_GET_ITEM(steps, e));
+        const int64_t b = idp[head + e];
+        if (PyErr_Occurred())
+            goto done;
+        if (p < 0 || p >= ntables || !PyList_Check(PyList_GET_ITEM(tables, p)) || j < prev || j >= k || b < 0
+            || b >= num_blocks || rp[b] != 0) {
+            PyErr_SetString(PyExc_ValueError, "grow_tables: an event outside the batch or the run, or a block in use");
+            goto done;
+        }
+        prev = j;
+    }
+    Py_ssize_t e = 0;
+    int64_t grown = 0;
+    for (Py_ssize_t j = 0; j < k; j++) {
+        for (; e < n && PyLong_AsLongLong(PyList_GET_ITEM(steps, e)) == j; e++) {
+            const int64_t b = idp[head + e];
+            PyObject *id = PyLong_FromLongLong(b);
+            if (!id || PyList_Append(PyList_GET_ITEM(tables, PyLong_AsSsize_t(PyList_GET_ITEM(pos, e))), id) < 0) {
+                Py_XDECREF(id);
+                goto done;   /* (out of memory: the tables are then partly grown) */
+            }
+            Py_DECREF(id);
+            rp[b] = 1;
+            grown++;
+        }
+        up[j] = used0 + grown;   /* the counters after step j's allocations */
+        lp[j] = logical0 + grown;
+    }
+    result = PyLong_FromSsize_t(n);
+done:
+    if (got >= 1)
+        PyBuffer_Release(&ids);
+    if (got >= 2)
+        PyBuffer_Release(&refs);
+    if (got >= 3)
+        PyBuffer_Release(&used);
+    if (got >= 4)
+        PyBuffer_Release(&logical);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"decode_prices", decode_prices, METH_VARARGS,
      "decode_prices(out, seqs_out, sizes, lengths, bases, terms, consts) -> k: a decode run's step prices "
@@ -834,6 +913,11 @@ static PyMethodDef methods[] = {
      "put_rows(chunk, at, rows) -> bool: chunk[:, at + j] = rows[j] for queued rows (tuples of numbers "
      "as wide as the chunk), as sim/metrics.py's Columns.extend writes them; False, nothing written, where "
      "one is not."},
+    {"grow_tables", grow_tables, METH_VARARGS,
+     "grow_tables(tables, pos, steps, ids, refs, head, used_out, logical_out, used0, logical0) -> n: a small "
+     "batch's run takes the free queue's n head entries ids[head:head + n] in event order (steps ascending), "
+     "appends each to tables[pos[e]] with one reference, and writes the used and logical block counts after "
+     "each step (sim/kv/manager.py allocate_decode_events)."},
     {"put_columns", put_columns, METH_VARARGS,
      "put_columns(chunk, at, m, cols) -> bool: chunk[i, at:at + m] = cols[i] for each column (an int64 or float64 "
      "array of m, or a number; a zero is left as it is), as sim/metrics.py's Columns.extend writes them. "

@@ -333,3 +333,41 @@ def test_compiled_put_rows_writes_what_numpy_would():
     assert not native.put_rows(chunk, 0, [(1, 2)])
     assert not native.put_rows(chunk, 7, [(1, 2, 3), (4, 5, 6)])
     assert not chunk.any()
+
+
+@needs_native
+def test_grown_tables_take_the_queue_head_in_event_order(monkeypatch):
+    """``BlockPool.grow_tables`` (compiled): block e of the free queue's head goes to table pos[e], and
+    the used and logical counts after each step are counted by hand; the pool ends as the manager's
+    Python allocation leaves it."""
+    from sim.kv import block_pool
+    from sim.kv.block_pool import BlockPool
+
+    rng = random.Random(3)
+    for _ in range(60):
+        def setup() -> tuple[BlockPool, list[list[int]]]:
+            pool = BlockPool(64)
+            tables = [pool.allocate(2) for _ in range(5)]
+            pool.free_table(tables.pop(1))   # (the queue's order is no longer the ids')
+            return pool, tables
+
+        k = rng.randint(1, 12)
+        events = sorted((rng.randrange(k), rng.randrange(4)) for _ in range(rng.randint(1, 20)))
+        steps, pos = [j for j, _ in events], [p for _, p in events]
+        pool, tables = setup()
+        head = pool.free_order()[:len(pos)]
+        used, logical = pool.grow_tables(tables, pos, steps, k, 100, 200)
+        expect_tables = [list(t) for t in setup()[1]]
+        for p, b in zip(pos, head):
+            expect_tables[p].append(b)
+        assert tables == expect_tables
+        assert used.tolist() == [100 + sum(1 for j in steps if j <= s) for s in range(k)]
+        assert logical.tolist() == [200 + sum(1 for j in steps if j <= s) for s in range(k)]
+        pool.check_integrity()
+        monkeypatch.setattr(block_pool, "native", None)
+        ref_pool, ref_tables = setup()
+        assert ref_pool.grow_tables(ref_tables, pos, steps, k, 100, 200) is None   # (the caller allocates)
+        for p, b in zip(pos, ref_pool.allocate(len(pos))):
+            ref_tables[p].append(b)
+        assert (ref_tables, ref_pool.free_order(), ref_pool.ref_counts) == (tables, pool.free_order(), pool.ref_counts)
+        monkeypatch.undo()

@@ -120,6 +120,20 @@ class BlockPool:
         else:
             self.free(blocks)
 
+    def grow_tables(self, tables: list[list[int]], pos: list[int], steps: list[int], k: int, used0: int,
+                    logical0: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """``allocate(len(pos))`` with block e appended to ``tables[pos[e]]`` (events in step order, each
+        in one of ``k`` steps), and the used and logical block counts after each step, counted from
+        ``used0`` and ``logical0``. None, nothing done, where the compiled path does not apply (then the
+        caller allocates)."""
+        if native is None or self.on_evict is not None:
+            return None
+        used = np.empty(k, dtype=np.int64)
+        logical = np.empty(k, dtype=np.int64)
+        if not self._queue.pop_to_tables(tables, pos, steps, self.refs, used, logical, used0, logical0):
+            return None
+        return used, logical
+
     def free_table(self, table: list[int]) -> None:
         """``free_last_refs`` of a block table's blocks, tail first (the tail is then evicted first when
         cached), given as the table's list."""

@@ -138,6 +138,20 @@ class FreeQueue:
         self._tail += n
         self.size += n
 
+    def pop_to_tables(self, tables: list[list[int]], pos: list[int], steps: list[int], refs: np.ndarray,
+                      used: np.ndarray, logical: np.ndarray, used0: int, logical0: int) -> bool:
+        """``pop`` of len(pos) entries straight into block tables, in one compiled pass (sim/_native.c
+        grow_tables): entry e goes to ``tables[pos[e]]`` with ``refs`` 1; ``used``/``logical`` get the
+        counts after each step (``steps`` ascending). False, nothing done, where the queue has holes at
+        its head (then ``pop`` must skip them) or too few entries."""
+        n = len(pos)
+        if self.holes or n > self.size:
+            return False
+        native.grow_tables(tables, pos, steps, self._ids, refs, self._head, used, logical, used0, logical0)
+        self._head += n
+        self.size -= n
+        return True
+
     def remove(self, b: int) -> None:
         """Take entry ``b`` out wherever it is (it must be queued): its slot becomes a hole."""
         self._at[b] = -1

@@ -151,10 +151,13 @@ class KVCacheManager(SharingMixin):
         total = len(steps)
         if total == 0:
             return np.full(k, used0), np.full(k, beyond0), np.full(k, logical0)
-        grown = np.bincount(steps, minlength=k).cumsum()   # blocks taken up to each step's end
         tables = [self.block_tables[r.req_id] for r in reqs]
-        for p, b in zip(pos, self.pool.allocate(total)):
-            tables[p].append(b)
+        grown = self.pool.grow_tables(tables, pos, steps, k, used0, logical0)   # (compiled, where built)
+        if grown is None:
+            taken = np.bincount(steps, minlength=k).cumsum()   # blocks taken up to each step's end
+            for p, b in zip(pos, self.pool.allocate(total)):
+                tables[p].append(b)
+            grown = used0 + taken, logical0 + taken
         self._logical_blocks += total
         if finals:
             extra = np.zeros(k, dtype=np.int64)   # slots beyond final lengths added at each step
@@ -167,7 +170,7 @@ class KVCacheManager(SharingMixin):
             beyond = np.full(k, beyond0)
         if peaks:
             self._note_peaks()
-        return used0 + grown, beyond, logical0 + grown
+        return grown[0], beyond, grown[1]
 
     def allocate_decode_run(self, reqs: list[Request], pos: np.ndarray, steps: np.ndarray,
                             new_len: np.ndarray, max_kv: np.ndarray, k: int,
