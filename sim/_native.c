@@ -5,6 +5,7 @@ decode_prices takes (sim/sched/decode_run.py's _shrinking_segments, on int64 arr
 first_tie are the run's end times (a sequential sum) and its cut before an arrival that a step's end
 would tie (DecodeRunner._before_tie). finish_counters is the block and slot accounting of a run whose
 requests finish inside it (DecodeRunApplier._apply_through_finishes), all exact int64 arithmetic.
+lane_boundary finds the decode lane's requests that take a block this step.
 grow_tables hands a small batch's run its blocks from the free queue's head and grows its tables.
 free_table gives a finished request's blocks back to the pool's free queue (sim/kv/block_pool.py).
 step_backs tells a run's inter-token gaps whether each step started where the last one ended.
@@ -805,6 +806,50 @@ static PyObject *put_rows(PyObject *self, PyObject *args)
     return PyBool_FromLong(ok);
 }
 
+static PyObject *lane_boundary(PyObject *self, PyObject *args)
+{
+    PyObject *comp_o, *gen_o, *out_o;
+    long long bs;
+    if (!PyArg_ParseTuple(args, "OOOL", &comp_o, &gen_o, &out_o, &bs))
+        return NULL;
+    Ints comp, gen, out;
+    comp.held = gen.held = out.held = 0;
+    PyObject *result = NULL, *at = PyList_New(0), *computed = PyList_New(0), *finals = PyList_New(0);
+    if (!at || !computed || !finals)
+        goto done;
+    if (ints_open(&comp, comp_o, 0, "comp") < 0 || ints_open(&gen, gen_o, 0, "gen") < 0 || ints_open(&out, out_o, 0, "out") < 0)
+        goto done;
+    const Py_ssize_t n = comp.view.shape[0];
+    if (gen.view.shape[0] != n || out.view.shape[0] != n || bs <= 0) {
+        PyErr_SetString(PyExc_ValueError, "lane_boundary: comp, gen and out of one length, bs > 0 expected");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const int64_t c = ints_at(&comp, i);
+        if (c % bs)
+            continue;
+        PyObject *pi = PyLong_FromSsize_t(i), *pc = PyLong_FromLongLong(c);
+        int bad = !pi || !pc || PyList_Append(at, pi) < 0 || PyList_Append(computed, pc) < 0
+                  || (ints_at(&out, i) - ints_at(&gen, i) < bs && PyList_Append(finals, pi) < 0);
+        Py_XDECREF(pi);
+        Py_XDECREF(pc);
+        if (bad)
+            goto done;
+    }
+    result = PyTuple_Pack(3, at, computed, finals);
+done:
+    Py_XDECREF(at);
+    Py_XDECREF(computed);
+    Py_XDECREF(finals);
+    if (comp.held)
+        PyBuffer_Release(&comp.view);
+    if (gen.held)
+        PyBuffer_Release(&gen.view);
+    if (out.held)
+        PyBuffer_Release(&out.view);
+    return result;
+}
+
 static PyObject *grow_tables(PyObject *self, PyObject *args)
 {
     PyObject *tables, *pos, *steps, *ids_o, *refs_o, *used_o, *logical_o;
@@ -913,6 +958,10 @@ static PyMethodDef methods[] = {
      "put_rows(chunk, at, rows) -> bool: chunk[:, at + j] = rows[j] for queued rows (tuples of numbers "
      "as wide as the chunk), as sim/metrics.py's Columns.extend writes them; False, nothing written, where "
      "one is not."},
+    {"lane_boundary", lane_boundary, METH_VARARGS,
+     "lane_boundary(comp, gen, out, bs) -> (at, computed, finals): the decode lane's requests at a block "
+     "boundary (comp % bs == 0: positions and computed counts) and those among them whose next block is "
+     "their table's final one with slots to spare (out - gen < bs) (sim/sched/decode_lane.py boundary)."},
     {"grow_tables", grow_tables, METH_VARARGS,
      "grow_tables(tables, pos, steps, ids, refs, head, used_out, logical_out, used0, logical0) -> n: a small "
      "batch's run takes the free queue's n head entries ids[head:head + n] in event order (steps ascending), "

@@ -371,3 +371,17 @@ def test_grown_tables_take_the_queue_head_in_event_order(monkeypatch):
             ref_tables[p].append(b)
         assert (ref_tables, ref_pool.free_order(), ref_pool.ref_counts) == (tables, pool.free_order(), pool.ref_counts)
         monkeypatch.undo()
+
+
+@needs_native
+def test_compiled_lane_boundary_finds_full_tables_and_final_blocks():
+    """The decode lane's requests at a block boundary (computed a multiple of the block size) and those
+    whose next block is their last with slots to spare (fewer than a block of tokens to go), by hand."""
+    rng = np.random.default_rng(13)
+    for _ in range(200):
+        n, bs = int(rng.integers(0, 120)), int(rng.choice([1, 4, 16]))
+        cols = np.stack([rng.integers(1, 400, n), rng.integers(1, 60, n), rng.integers(60, 200, n)])
+        comp, gen, out = cols   # (rows of one array, as the lane holds them)
+        at = [i for i in range(n) if comp[i] % bs == 0]
+        finals = [i for i in at if out[i] - gen[i] < bs]
+        assert native.lane_boundary(comp, gen, out, bs) == (at, [int(comp[i]) for i in at], finals)

@@ -219,10 +219,12 @@ class KVCacheManager(SharingMixin):
         tables = self.block_tables
         bs = self.block_size
         grown = [tables[reqs[i].req_id] for i in at]
-        if [len(t) * bs for t in grown] != computed or len(at) > self.pool.num_free:
+        n = len(at)
+        if [len(t) * bs for t in grown] != computed or n > self.pool.num_free:
             return False
-        for table, b in zip(grown, self.pool.allocate(len(at))):
-            table.append(b)
+        if self.pool.grow_tables(grown, list(range(n)), [0] * n, 1, 0, 0) is None:   # (compiled, where built)
+            for table, b in zip(grown, self.pool.allocate(n)):
+                table.append(b)
         for i in finals:
             self._note_beyond(reqs[i])
         self._logical_blocks += len(at)

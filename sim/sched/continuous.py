@@ -26,6 +26,7 @@ from collections.abc import Callable
 import numpy as np
 
 from sim.kv.manager import KVCacheManager
+from sim.native import native
 from sim.request import Request, RequestStatus
 from sim.sched.base import Phase, SchedulerBase, StepStats
 from sim.sched.decode_lane import DecodeLane
@@ -260,15 +261,19 @@ class ContinuousScheduler(SchedulerBase):
             self.drop_lane()   # the loop moves the requests past the arrays
             return None
         bs = manager.block_size
-        idx = (lane.comp % bs == 0).nonzero()[0]
-        at = idx.tolist()
+        if native is not None:   # (compiled: positions, computed counts and finals in one pass)
+            at, computed, finals = native.lane_boundary(lane.comp, lane.gen, lane.out, bs)
+        else:
+            idx = (lane.comp % bs == 0).nonzero()[0]
+            at = idx.tolist()
+            computed, finals = lane.boundary(idx, bs) if at else ([], [])
         if at:
             if len(at) > manager.pool.num_free:   # each boundary takes at most one block
                 self.drop_lane()
                 return None
             reqs = lane.reqs
             # one block each, leaving the pool in batch order (allocate_slots' bookkeeping at once)
-            if manager.prefix_cache is not None or not manager.grow_full_tables(reqs, at, *lane.boundary(idx, bs)):
+            if manager.prefix_cache is not None or not manager.grow_full_tables(reqs, at, computed, finals):
                 lane.write(at)   # their counters are read by the allocation
                 allocate = manager.allocate_slots
                 for i in at:
