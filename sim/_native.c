@@ -5,6 +5,7 @@ decode_prices takes (sim/sched/decode_run.py's _shrinking_segments, on int64 arr
 first_tie are the run's end times (a sequential sum) and its cut before an arrival that a step's end
 would tie (DecodeRunner._before_tie). finish_counters is the block and slot accounting of a run whose
 requests finish inside it (DecodeRunApplier._apply_through_finishes), all exact int64 arithmetic.
+batch_columns reads a run's batch (its requests' counters and table lengths) into int64 columns.
 lane_boundary finds the decode lane's requests that take a block this step.
 grow_tables hands a small batch's run its blocks from the free queue's head and grows its tables.
 free_table gives a finished request's blocks back to the pool's free queue (sim/kv/block_pool.py).
@@ -806,6 +807,68 @@ static PyObject *put_rows(PyObject *self, PyObject *args)
     return PyBool_FromLong(ok);
 }
 
+static PyObject *s_computed, *s_generated, *s_prompt, *s_output, *s_req_id;
+
+static int read_int(PyObject *obj, PyObject *name, long long *value)
+{
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (!v)
+        return -1;
+    *value = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return *value == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+static PyObject *batch_columns(PyObject *self, PyObject *args)
+{
+    PyObject *batch, *tables, *out_o;
+    if (!PyArg_ParseTuple(args, "O!O!O", &PyList_Type, &batch, &PyDict_Type, &tables, &out_o))
+        return NULL;
+    const Py_ssize_t n = PyList_GET_SIZE(batch);
+    Py_buffer ov;
+    if (get_buffer(out_o, &ov, "l", 8, 5 * n, "out") < 0)
+        return NULL;
+    int64_t *o = (int64_t *)ov.buf;
+    const Py_ssize_t row = ov.len / 8 / 5;
+    long long least = -1;
+    PyObject *result = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *req = PyList_GET_ITEM(batch, i);
+        long long c, g, p, out, id;
+        if (read_int(req, s_computed, &c) < 0 || read_int(req, s_generated, &g) < 0 || read_int(req, s_prompt, &p) < 0
+            || read_int(req, s_output, &out) < 0 || read_int(req, s_req_id, &id) < 0)
+            goto done;
+        PyObject *key = PyLong_FromLongLong(id);
+        if (!key)
+            goto done;
+        PyObject *table = PyDict_GetItemWithError(tables, key);   /* borrowed */
+        Py_DECREF(key);
+        if (!table) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_KeyError, "batch_columns: request %lld has no block table", id);
+            goto done;
+        }
+        const Py_ssize_t len = PyObject_Length(table);
+        if (len < 0)
+            goto done;
+        o[i] = c;
+        o[row + i] = g;
+        o[2 * row + i] = p;
+        o[3 * row + i] = out;
+        o[4 * row + i] = len;
+        if (g <= 0 || p + g - c != 1) {   /* not one token from its next sample: no run */
+            result = PyLong_FromLong(-1);
+            goto done;
+        }
+        if (least < 0 || out - g < least)
+            least = out - g;
+    }
+    result = PyLong_FromLongLong(least);
+done:
+    PyBuffer_Release(&ov);
+    return result;
+}
+
 static PyObject *lane_boundary(PyObject *self, PyObject *args)
 {
     PyObject *comp_o, *gen_o, *out_o;
@@ -958,6 +1021,10 @@ static PyMethodDef methods[] = {
      "put_rows(chunk, at, rows) -> bool: chunk[:, at + j] = rows[j] for queued rows (tuples of numbers "
      "as wide as the chunk), as sim/metrics.py's Columns.extend writes them; False, nothing written, where "
      "one is not."},
+    {"batch_columns", batch_columns, METH_VARARGS,
+     "batch_columns(batch, tables, out) -> the fewest tokens any request has left to sample (-1: some request "
+     "is not one token from its next sample; no run): out (5 x n int64) gets each request's computed, "
+     "generated, prompt and output tokens and its block table's length (DecodeRunner._plan_batch)."},
     {"lane_boundary", lane_boundary, METH_VARARGS,
      "lane_boundary(comp, gen, out, bs) -> (at, computed, finals): the decode lane's requests at a block "
      "boundary (comp % bs == 0: positions and computed counts) and those among them whose next block is "
@@ -979,5 +1046,12 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "sim._native",
 
 PyMODINIT_FUNC PyInit__native(void)
 {
+    s_computed = PyUnicode_InternFromString("num_computed_tokens");
+    s_generated = PyUnicode_InternFromString("num_generated");
+    s_prompt = PyUnicode_InternFromString("prompt_len");
+    s_output = PyUnicode_InternFromString("output_len");
+    s_req_id = PyUnicode_InternFromString("req_id");
+    if (!s_computed || !s_generated || !s_prompt || !s_output || !s_req_id)
+        return NULL;
     return PyModule_Create(&module);
 }

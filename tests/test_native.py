@@ -385,3 +385,30 @@ def test_compiled_lane_boundary_finds_full_tables_and_final_blocks():
         at = [i for i in range(n) if comp[i] % bs == 0]
         finals = [i for i in at if out[i] - gen[i] < bs]
         assert native.lane_boundary(comp, gen, out, bs) == (at, [int(comp[i]) for i in at], finals)
+
+
+@needs_native
+def test_compiled_batch_columns_read_the_requests_as_the_planner_does():
+    """A run's batch read into columns (computed, generated, prompt, output, table length), the fewest
+    tokens left to sample, and -1 where a request is not one token from its next sample."""
+    from sim.request import Request
+
+    rng = random.Random(14)
+    for _ in range(100):
+        batch, tables = [], {}
+        for i in range(rng.randint(1, 40)):
+            prompt, gen = rng.randint(1, 900), rng.randint(1, 200)
+            req = Request(req_id=1000 + i, arrival_s=0.0, prompt_len=prompt, output_len=gen + rng.randint(1, 99))
+            req.num_generated, req.num_computed_tokens = gen, prompt + gen - 1
+            batch.append(req)
+            tables[req.req_id] = list(range(rng.randint(1, 80)))
+        cols = np.empty((5, len(batch)), dtype=np.int64)
+        least = native.batch_columns(batch, tables, cols)
+        assert cols.T.tolist() == [[r.num_computed_tokens, r.num_generated, r.prompt_len, r.output_len,
+                                    len(tables[r.req_id])] for r in batch]
+        assert least == min(r.output_len - r.num_generated for r in batch)
+        odd = rng.choice(batch)
+        odd.num_computed_tokens -= rng.choice([1, 5])   # (a prefill chunk still to compute)
+        assert native.batch_columns(batch, tables, cols) == -1
+    with pytest.raises(KeyError):
+        native.batch_columns(batch, {}, cols)

@@ -299,9 +299,17 @@ class DecodeRunner(DecodeRunApplier):
                     batch: list[Request], min_steps: int) -> PendingRun | None:
         self.sched.sync_lane()   # the counters are read here
         chained = not len(self.sched.waiting)
+        tables = self.sched.manager.block_tables
+        if native is not None:   # (compiled: the columns, every request's check and the fewest left at once)
+            cols = np.empty((5, len(batch)), dtype=np.int64)
+            least = native.batch_columns(batch, tables, cols)
+            if least < 0 or (not chained and least < min_steps):
+                return None
+            c0, g0, prompt, out, l0 = cols
+            return self._price(now, next_arrival, limit, step, batch, c0, g0, l0, out - g0,
+                               1 if chained else min_steps, None, chained)
         if not chained and min([r.output_len - r.num_generated for r in batch]) < min_steps:
             return None   # (the usual stop when runs cannot be chained, tested early)
-        tables = self.sched.manager.block_tables
         rows = [(r.num_computed_tokens, r.num_generated, r.prompt_len, r.output_len, len(tables[r.req_id]))
                 for r in batch]
         cols = np.fromiter(chain.from_iterable(rows), np.int64, 5 * len(rows)).reshape(len(rows), 5)
