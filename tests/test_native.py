@@ -1,6 +1,7 @@
-"""The compiled decode-run pricing (sim/_native.c, through ``CostModelExecutor.execute_decode_stretches``)
-against the reference: ``execute`` of each step's own plan, priced one step at a time in Python, bit for
-bit; and whole runs with the compiled loop turned off against on (sim/native.py's fallback)."""
+"""The compiled loops (sim/csrc, the extension sim._native) against independent references: the decode
+run's prices against ``execute`` of each step's own plan, priced one step at a time in Python, bit for
+bit; the block and recording functions against counts by hand and numpy's own operations; and whole
+runs with the compiled loops turned off (sim/native.py's fallback) against on."""
 
 from __future__ import annotations
 

@@ -302,7 +302,7 @@ class CostModelExecutor:
         """``execute_decode_profile`` of a run given as stretches of equal sizes: stretch s has ``sizes[s]``
         sequences for ``lengths[s]`` steps, and step j (counted from the run's start) the context sum
         ``bases[s] + sizes[s] * j``. Returns the prices and the sequences of each step. Compiled where
-        sim/_native.c is built (one call instead of a dozen numpy calls on short arrays), the same values."""
+        sim/csrc is built (one call instead of a dozen numpy calls on short arrays), the same values."""
         if native is None or self._native_consts is None:
             if len(sizes) == 1:
                 return self.execute_decode_sums(sizes[0], bases[0], lengths[0]), np.full(lengths[0], sizes[0])
@@ -317,7 +317,7 @@ class CostModelExecutor:
         return DecodeRun(prices[0], dict(zip(BREAKDOWN_PARTS, prices[1:]))), seqs
 
     def _decode_constants(self) -> tuple | None:
-        """The constants of ``_decode_prices``' formulas, in the order sim/_native.c reads them (None where an
+        """The constants of ``_decode_prices``' formulas, in the order sim/csrc/pricing.c reads them (None where an
         integer of them is not an int: numpy's arithmetic on it would differ from the compiled loop's)."""
         if not (type(self._layers) is int and type(self._attn_new_bytes) is int):
             return None

@@ -130,7 +130,7 @@ class FreeQueue:
     def push_table(self, table: list[int], refs: np.ndarray) -> None:
         """``push`` of a block table's distinct blocks, tail first, each losing its last reference in
         ``refs`` (the pool's counts, set to 0 here), from the list itself in one compiled pass
-        (sim/_native.c free_table; the caller checks ``native`` is built)."""
+        (sim/csrc/blocks.c free_table; the caller checks ``native`` is built)."""
         n = len(table)
         if self._tail + n > len(self._ids):
             self._compact()
@@ -140,7 +140,7 @@ class FreeQueue:
 
     def pop_to_tables(self, tables: list[list[int]], pos: list[int], steps: list[int], refs: np.ndarray,
                       used: np.ndarray, logical: np.ndarray, used0: int, logical0: int) -> bool:
-        """``pop`` of len(pos) entries straight into block tables, in one compiled pass (sim/_native.c
+        """``pop`` of len(pos) entries straight into block tables, in one compiled pass (sim/csrc/blocks.c
         grow_tables): entry e goes to ``tables[pos[e]]`` with ``refs`` 1; ``used``/``logical`` get the
         counts after each step (``steps`` ascending). False, nothing done, where the queue has holes at
         its head (then ``pop`` must skip them) or too few entries."""

@@ -48,7 +48,7 @@ MAX_RUN_STEPS = 4096   # longest run priced in one call
 MIN_RUN_STEPS = 4      # shorter runs cost more than single steps: step one at a time instead (instructions
                        # under callgrind, the hour's first 5,000 requests as given and outputs doubled: 4-6 the
                        # least of 2-16, 16 costing 13% / 10% more in the engine loop; with the compiled loops
-                       # of sim/_native.c, 4 is 0.7% / 0.6% below 5 and 3 0.4% / 0.1%)
+                       # of sim/csrc, 4 is 0.7% / 0.6% below 5 and 3 0.4% / 0.1%)
 MIN_RUN_STEPS_LARGE = 16   # the same for a batch of more than SMALL_BATCH requests, whose run is planned and
                            # applied with numpy while its single steps take the decode lane (3,000 synthetic
                            # requests at 30 req/s, batches of ~100: 5 cost 10% more than 16 in the engine loop)

@@ -1,0 +1,68 @@
+/* The extension module sim._native: its method table (the functions live in pricing.c, blocks.c and
+recording.c; sim/native.py loads the module, or None where it was not built). */
+#include "native.h"
+
+int blocks_init(void);
+
+static PyMethodDef methods[] = {
+    {"decode_prices", kv_decode_prices, METH_VARARGS,
+     "decode_prices(out, seqs_out, sizes, lengths, bases, terms, consts) -> k: a decode run's step prices "
+     "(CostModelExecutor._decode_prices, bit for bit) into out (8 x k float64) and seqs_out (k int64)."},
+    {"shrinking_stretches", kv_shrinking_stretches, METH_VARARGS,
+     "shrinking_stretches(c0, rem, k) -> (sizes, lengths, bases): sim/sched/decode_run.py's "
+     "_shrinking_segments of int64 arrays (request i computes in steps j < min(rem_i, k))."},
+    {"step_ends", kv_step_ends, METH_VARARGS,
+     "step_ends(ends_out, durations, now) -> first non-positive duration's index, or -1: ends_out[0] = now, "
+     "ends_out[j + 1] = ends_out[j] + durations[j], summed left to right (numpy's cumsum)."},
+    {"first_tie", kv_first_tie, METH_VARARGS,
+     "first_tie(ends, k, arrival_times, lo, hi) -> the least p <= k with ends[p] equal to one of "
+     "arrival_times[lo:hi], or -1."},
+    {"finish_counters", kv_finish_counters, METH_VARARGS,
+     "finish_counters(rows, k, used, beyond, logical, alive, held0, bs, num_blocks, m, table) -> (tokens, used "
+     "sum, logical sum, used peak, logical peak): a run through finishes' per-step counters "
+     "(DecodeRunApplier._apply_through_finishes); table (5 x m int64) gets the rows' used blocks, token "
+     "slots, fragmented slots, slots beyond final lengths and empty slots."},
+    {"boundary_events", kv_boundary_events, METH_VARARGS,
+     "boundary_events(c0, l0, rem, k, bs) -> (positions, steps, finals): sim/sched/decode_run_apply.py's "
+     "boundary_events of int64 arrays, finals always collected."},
+    {"step_backs", kv_step_backs, METH_VARARGS,
+     "step_backs(ends, durations) -> (ends[1] - durations[0], the steps j in 1..k-1 whose ends[j + 1] - "
+     "durations[j] is not ends[j]): what a run's inter-token gaps need of its steps (DecodeRunApplier._gaps)."},
+    {"free_table", kv_free_table, METH_VARARGS,
+     "free_table(table, ids, at, refs, t) -> n: a block table's blocks (a list, each holding its last "
+     "reference) queued at the free queue's slots t.. tail first (ids[t + i], at[block]) and their "
+     "references dropped to 0 (sim/kv/block_pool.py BlockPool.free_table)."},
+    {"put_rows", kv_put_rows, METH_VARARGS,
+     "put_rows(chunk, at, rows) -> bool: chunk[:, at + j] = rows[j] for queued rows (tuples of numbers "
+     "as wide as the chunk), as sim/metrics.py's Columns.extend writes them; False, nothing written, where "
+     "one is not."},
+    {"batch_columns", kv_batch_columns, METH_VARARGS,
+     "batch_columns(batch, tables, out) -> the fewest tokens any request has left to sample (-1: some request "
+     "is not one token from its next sample; no run): out (5 x n int64) gets each request's computed, "
+     "generated, prompt and output tokens and its block table's length (DecodeRunner._plan_batch)."},
+    {"lane_boundary", kv_lane_boundary, METH_VARARGS,
+     "lane_boundary(comp, gen, out, bs) -> (at, computed, finals): the decode lane's requests at a block "
+     "boundary (comp % bs == 0: positions and computed counts) and those among them whose next block is "
+     "their table's final one with slots to spare (out - gen < bs) (sim/sched/decode_lane.py boundary)."},
+    {"grow_tables", kv_grow_tables, METH_VARARGS,
+     "grow_tables(tables, pos, steps, ids, refs, head, used_out, logical_out, used0, logical0) -> n: a small "
+     "batch's run takes the free queue's n head entries ids[head:head + n] in event order (steps ascending), "
+     "appends each to tables[pos[e]] with one reference, and writes the used and logical block counts after "
+     "each step (sim/kv/manager.py allocate_decode_events)."},
+    {"put_columns", kv_put_columns, METH_VARARGS,
+     "put_columns(chunk, at, m, cols) -> bool: chunk[i, at:at + m] = cols[i] for each column (an int64 or float64 "
+     "array of m, or a number; a zero is left as it is), as sim/metrics.py's Columns.extend writes them. "
+     "False, with nothing written, where a column is neither."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "sim._native",
+                                    "kvsim's optional compiled loops (sim/native.py).", -1, methods,
+                                    NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__native(void)
+{
+    if (blocks_init() < 0)
+        return NULL;
+    return PyModule_Create(&module);
+}
