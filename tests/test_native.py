@@ -5,14 +5,21 @@ runs with the compiled loops turned off (sim/native.py's fallback) against on.""
 
 from __future__ import annotations
 
+import copy
+import importlib
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
 from result_compare import assert_same
+from test_multi_step import STRESS
 
 import sim.executors.cost_model as cost_model
+import sim.sched.continuous as continuous
+import sim.sched.decode_run as decode_run
 from sim.executors.cost_model import BREAKDOWN_PARTS, make_cost_model_executor
+from sim.fuzz import draw_scenario
 from sim.native import native
 from sim.runner import run_scenario
 from sim.scenario import ExecutorConfig, scenario_from_dict
@@ -20,6 +27,7 @@ from sim.sched.decode_run import _shrinking_segments
 from sim.sched.plan import ScheduledRequest, StepPlan
 from sim.specs import HardwareSpec
 
+ROOT = Path(__file__).resolve().parents[1]
 needs_native = pytest.mark.skipif(native is None, reason="sim._native is not built (pip install -e . builds it)")
 
 CASES = [  # (model, hardware, tensor_parallel, calibration)
@@ -112,6 +120,55 @@ def test_bad_buffers_are_refused():
     with pytest.raises(ValueError, match="differ in length"):
         native.decode_prices(np.empty((8, 5)), np.empty(5, dtype=np.int64), [4, 3], [5], [40], terms,
                              exe._native_consts)
+
+
+NATIVE_USERS = ["sim.executors.cost_model", "sim.kv.block_pool", "sim.kv.free_queue", "sim.metrics",
+                "sim.sched.continuous", "sim.sched.decode_run", "sim.sched.decode_run_apply"]
+
+
+def native_off(monkeypatch) -> None:
+    """Every module that uses the compiled loops sees them as not built (the numpy and Python paths)."""
+    for name in NATIVE_USERS:
+        monkeypatch.setattr(importlib.import_module(name), "native", None)
+
+
+def test_every_module_using_the_compiled_loops_is_switched_off_by_the_tests():
+    users = sorted(str(p.relative_to(ROOT)).removesuffix(".py").replace("/", ".")
+                   for p in (ROOT / "sim").rglob("*.py") if "from sim.native import native" in p.read_text())
+    assert users == sorted(NATIVE_USERS)
+
+
+def _on_and_off(monkeypatch, run):
+    out = []
+    for off in (False, True):
+        if off:
+            native_off(monkeypatch)
+        try:
+            out.append(run())
+        except Exception as e:  # noqa: BLE001 - a case that fails must fail the same way both ways
+            out.append(f"{type(e).__name__}: {e}")
+    monkeypatch.undo()
+    return out
+
+
+@needs_native
+def test_stress_and_fuzz_cases_are_the_same_with_the_compiled_loops_off(monkeypatch):
+    """The multi-step stress scenarios and 100 fuzzer cases, with runs from one step and lanes for any
+    batch (so that every compiled function is reached), every KV invariant checked after every step:
+    the compiled loops on against off, bit for bit."""
+    cases = [(name, copy.deepcopy(d), name != "long_decodes") for name, d in STRESS.items()]
+    cases += [(f"fuzz {i}", draw_scenario(random.Random(f"native:{i}"), i), True) for i in range(100)]
+    for name, data, check in cases:
+        data["output"] = {"plots": False}
+        monkeypatch.setattr(decode_run, "MIN_RUN_STEPS", 1)
+        monkeypatch.setattr(decode_run, "MIN_RUN_STEPS_LARGE", 1)
+        monkeypatch.setattr(continuous, "LANE_MIN_BATCH", 1)
+        on, off = _on_and_off(monkeypatch, lambda d=data, c=check: run_scenario(
+            scenario_from_dict(copy.deepcopy(d), source="<t>"), check_integrity=c))
+        if isinstance(on, str) or isinstance(off, str):
+            assert on == off, name
+        else:
+            assert_same(on, off)
 
 
 SCENARIOS = [
