@@ -470,3 +470,17 @@ def test_compiled_batch_columns_read_the_requests_as_the_planner_does():
         assert native.batch_columns(batch, tables, cols) == -1
     with pytest.raises(KeyError):
         native.batch_columns(batch, {}, cols)
+
+
+@needs_native
+def test_compiled_write_counters_move_the_survivors_k_steps_on():
+    from sim.request import Request
+
+    batch = [Request(req_id=i, arrival_s=0.0, prompt_len=10 + i, output_len=50) for i in range(6)]
+    for r in batch:
+        r.num_computed_tokens, r.num_generated, r.last_token_s = -1, -1, -1.0
+    c0, g0 = [20, 21, 22, 23, 24, 25], [5, 4, 3, 2, 1, 9]
+    rem = np.array([7, 3, 8, 9, 7, 4], dtype=np.int64)   # k = 7: those with 7 or fewer finished in the run
+    native.write_counters(batch, c0, g0, rem, 7, 12.5)
+    assert [(r.num_computed_tokens, r.num_generated, r.last_token_s) for r in batch] == [
+        (-1, -1, -1.0), (-1, -1, -1.0), (29, 10, 12.5), (30, 9, 12.5), (-1, -1, -1.0), (-1, -1, -1.0)]

@@ -1,83 +1,10 @@
-/* A run's batch and its blocks (sim/sched/decode_run.py, decode_run_apply.py, sim/kv/).
+/* A run's blocks (sim/sched/decode_run_apply.py, sim/kv/).
 
-batch_columns reads a run's batch (its requests' counters and table lengths) into int64 columns.
 boundary_events lists a small batch's block allocations in the order the blocks leave the pool, and
 grow_tables hands them over from the free queue's head into the tables. free_table gives a finished
 request's blocks back to the free queue (sim/kv/block_pool.py). lane_boundary finds the decode lane's
 requests that take a block this step. */
 #include "native.h"
-
-static PyObject *s_computed, *s_generated, *s_prompt, *s_output, *s_req_id;
-
-int blocks_init(void)
-{
-    s_computed = PyUnicode_InternFromString("num_computed_tokens");
-    s_generated = PyUnicode_InternFromString("num_generated");
-    s_prompt = PyUnicode_InternFromString("prompt_len");
-    s_output = PyUnicode_InternFromString("output_len");
-    s_req_id = PyUnicode_InternFromString("req_id");
-    return s_computed && s_generated && s_prompt && s_output && s_req_id ? 0 : -1;
-}
-
-static int read_int(PyObject *obj, PyObject *name, long long *value)
-{
-    PyObject *v = PyObject_GetAttr(obj, name);
-    if (!v)
-        return -1;
-    *value = PyLong_AsLongLong(v);
-    Py_DECREF(v);
-    return *value == -1 && PyErr_Occurred() ? -1 : 0;
-}
-
-PyObject *kv_batch_columns(PyObject *self, PyObject *args)
-{
-    PyObject *batch, *tables, *out_o;
-    if (!PyArg_ParseTuple(args, "O!O!O", &PyList_Type, &batch, &PyDict_Type, &tables, &out_o))
-        return NULL;
-    const Py_ssize_t n = PyList_GET_SIZE(batch);
-    Py_buffer ov;
-    if (get_buffer(out_o, &ov, "l", 8, 5 * n, "out") < 0)
-        return NULL;
-    int64_t *o = (int64_t *)ov.buf;
-    const Py_ssize_t row = ov.len / 8 / 5;
-    long long least = -1;
-    PyObject *result = NULL;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *req = PyList_GET_ITEM(batch, i);
-        long long c, g, p, out, id;
-        if (read_int(req, s_computed, &c) < 0 || read_int(req, s_generated, &g) < 0 || read_int(req, s_prompt, &p) < 0
-            || read_int(req, s_output, &out) < 0 || read_int(req, s_req_id, &id) < 0)
-            goto done;
-        PyObject *key = PyLong_FromLongLong(id);
-        if (!key)
-            goto done;
-        PyObject *table = PyDict_GetItemWithError(tables, key);   /* borrowed */
-        Py_DECREF(key);
-        if (!table) {
-            if (!PyErr_Occurred())
-                PyErr_Format(PyExc_KeyError, "batch_columns: request %lld has no block table", id);
-            goto done;
-        }
-        const Py_ssize_t len = PyObject_Length(table);
-        if (len < 0)
-            goto done;
-        o[i] = c;
-        o[row + i] = g;
-        o[2 * row + i] = p;
-        o[3 * row + i] = out;
-        o[4 * row + i] = len;
-        if (g <= 0 || p + g - c != 1) {   /* not one token from its next sample: no run */
-            result = PyLong_FromLong(-1);
-            goto done;
-        }
-        if (least < 0 || out - g < least)
-            least = out - g;
-    }
-    result = PyLong_FromLongLong(least);
-done:
-    PyBuffer_Release(&ov);
-    return result;
-}
 
 static int cmp_int64(const void *a, const void *b)
 {

@@ -1,8 +1,6 @@
-/* The extension module sim._native: its method table (the functions live in pricing.c, blocks.c and
-recording.c; sim/native.py loads the module, or None where it was not built). */
+/* The extension module sim._native: its method table (the functions live in pricing.c, requests.c,
+blocks.c and recording.c; sim/native.py loads the module, or None where it was not built). */
 #include "native.h"
-
-int blocks_init(void);
 
 static PyMethodDef methods[] = {
     {"decode_prices", kv_decode_prices, METH_VARARGS,
@@ -40,6 +38,10 @@ static PyMethodDef methods[] = {
      "batch_columns(batch, tables, out) -> the fewest tokens any request has left to sample (-1: some request "
      "is not one token from its next sample; no run): out (5 x n int64) gets each request's computed, "
      "generated, prompt and output tokens and its block table's length (DecodeRunner._plan_batch)."},
+    {"write_counters", kv_write_counters, METH_VARARGS,
+     "write_counters(batch, c0, g0, rem, k, end): each request of a run that did not finish in its k steps "
+     "(rem > k) gets num_computed_tokens c0 + k, num_generated g0 + k and last_token_s end "
+     "(DecodeRunApplier.write_back)."},
     {"lane_boundary", kv_lane_boundary, METH_VARARGS,
      "lane_boundary(comp, gen, out, bs) -> (at, computed, finals): the decode lane's requests at a block "
      "boundary (comp % bs == 0: positions and computed counts) and those among them whose next block is "
@@ -62,7 +64,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "sim._native",
 
 PyMODINIT_FUNC PyInit__native(void)
 {
-    if (blocks_init() < 0)
+    if (requests_init() < 0)
         return NULL;
     return PyModule_Create(&module);
 }

@@ -46,8 +46,11 @@ PyObject *kv_decode_prices(PyObject *self, PyObject *args);
 PyObject *kv_shrinking_stretches(PyObject *self, PyObject *args);
 PyObject *kv_step_ends(PyObject *self, PyObject *args);
 PyObject *kv_first_tie(PyObject *self, PyObject *args);
-/* blocks.c: the batch read, block allocations and frees */
+/* requests.c: a run's requests read and written back */
+int requests_init(void);
 PyObject *kv_batch_columns(PyObject *self, PyObject *args);
+PyObject *kv_write_counters(PyObject *self, PyObject *args);
+/* blocks.c: block allocations and frees */
 PyObject *kv_boundary_events(PyObject *self, PyObject *args);
 PyObject *kv_grow_tables(PyObject *self, PyObject *args);
 PyObject *kv_free_table(PyObject *self, PyObject *args);

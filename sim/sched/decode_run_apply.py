@@ -234,6 +234,9 @@ class DecodeRunApplier:
         wait; at the end of a chain for runs applied eagerly)."""
         k, end = run.k, run.end
         self.sched.drop_lane()
+        if native is not None:
+            native.write_counters(run.batch, run.c0, run.g0, run.rem, k, end)
+            return
         for req, c, g, r in zip(run.batch, run.c0, run.g0, run.rem.tolist()):
             if r > k:
                 req.num_computed_tokens = c + k
