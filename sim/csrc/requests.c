@@ -1,9 +1,10 @@
-/* A run's requests (sim/sched/decode_run.py, decode_run_apply.py): batch_columns reads their counters
-and table lengths into int64 columns as a run is planned; write_counters writes the counters of those
-that did not finish back when it is applied. Attributes are read and set by name, as Python would. */
+/* Requests' counters (sim/sched/decode_run.py, decode_run_apply.py, continuous.py): batch_columns reads
+them and the table lengths into int64 columns as a run is planned; write_counters writes back those of
+the requests that did not finish when it is applied; decode_prefix schedules a step's decodes one by one
+as ContinuousScheduler.schedule's fast path does. Attributes are read and set by name, as Python would. */
 #include "native.h"
 
-static PyObject *s_computed, *s_generated, *s_prompt, *s_output, *s_req_id, *s_last_token;
+static PyObject *s_computed, *s_generated, *s_prompt, *s_output, *s_req_id, *s_last_token, *s_status;
 
 int requests_init(void)
 {
@@ -13,7 +14,8 @@ int requests_init(void)
     s_output = PyUnicode_InternFromString("output_len");
     s_req_id = PyUnicode_InternFromString("req_id");
     s_last_token = PyUnicode_InternFromString("last_token_s");
-    return s_computed && s_generated && s_prompt && s_output && s_req_id && s_last_token ? 0 : -1;
+    s_status = PyUnicode_InternFromString("status");
+    return s_computed && s_generated && s_prompt && s_output && s_req_id && s_last_token && s_status ? 0 : -1;
 }
 
 static int read_int(PyObject *obj, PyObject *name, long long *value)
@@ -114,4 +116,76 @@ PyObject *kv_write_counters(PyObject *self, PyObject *args)
 done:
     ints_close(&rem);
     return result;
+}
+
+PyObject *kv_decode_prefix(PyObject *self, PyObject *args)
+{
+    PyObject *order, *running, *tables, *allocate, *make, *scheduled, *batch;
+    Py_ssize_t start;
+    long long budget, bs;
+    if (!PyArg_ParseTuple(args, "O!nLLOO!OOO!O!", &PyList_Type, &order, &start, &budget, &bs, &running, &PyDict_Type,
+                          &tables, &allocate, &make, &PyList_Type, &scheduled, &PyList_Type, &batch))
+        return NULL;
+    const Py_ssize_t n = PyList_GET_SIZE(order);
+    Py_ssize_t idx = start;
+    long long added = 0;
+    int failed = 0;   /* stopped at a request whose block it could not allocate (tried once: not again) */
+    if (bs <= 0) {
+        PyErr_SetString(PyExc_ValueError, "decode_prefix: bs > 0 expected");
+        return NULL;
+    }
+    for (; idx < n; idx++) {
+        PyObject *req = PyList_GET_ITEM(order, idx);
+        PyObject *status = PyObject_GetAttr(req, s_status);
+        if (!status)
+            return NULL;
+        int other = PyObject_RichCompareBool(status, running, Py_NE);
+        Py_DECREF(status);
+        if (other < 0)
+            return NULL;
+        if (other)
+            continue;   /* preempted earlier in this step */
+        long long computed, prompt, generated, id;
+        if (read_int(req, s_computed, &computed) < 0 || read_int(req, s_prompt, &prompt) < 0
+            || read_int(req, s_generated, &generated) < 0)
+            return NULL;
+        if (prompt + generated - computed != 1 || budget <= 0 || !generated)
+            break;   /* not a decode the fast path takes: the caller's general path */
+        if (computed % bs == 0) {   /* its next slot starts a block: allocate it, or leave it to the caller */
+            PyObject *ok = PyObject_CallFunction(allocate, "Oi", req, 1);
+            if (!ok)
+                return NULL;
+            int got = PyObject_IsTrue(ok);
+            Py_DECREF(ok);
+            if (got < 0)
+                return NULL;
+            if (!got) {
+                failed = 1;
+                break;
+            }
+        }
+        if (read_int(req, s_req_id, &id) < 0)
+            return NULL;
+        PyObject *key = PyLong_FromLongLong(id);
+        if (!key)
+            return NULL;
+        PyObject *table = PyDict_GetItemWithError(tables, key);   /* borrowed */
+        if (!table) {
+            if (!PyErr_Occurred())
+                PyErr_SetObject(PyExc_KeyError, key);
+            Py_DECREF(key);
+            return NULL;
+        }
+        PyObject *entry = PyObject_CallFunction(make, "OiLO", key, 1, computed, table);
+        Py_DECREF(key);
+        if (!entry)
+            return NULL;
+        int bad = PyList_Append(scheduled, entry) < 0 || PyList_Append(batch, req) < 0;
+        Py_DECREF(entry);
+        if (bad)
+            return NULL;
+        added++;
+        budget--;
+    }
+    return Py_BuildValue("(nLLO)", idx, added, budget, failed ? Py_True : Py_False);
 }
