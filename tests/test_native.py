@@ -123,7 +123,7 @@ def test_bad_buffers_are_refused():
 
 
 NATIVE_USERS = ["sim.executors.cost_model", "sim.kv.block_pool", "sim.kv.free_queue", "sim.metrics",
-                "sim.sched.continuous", "sim.sched.decode_run", "sim.sched.decode_run_apply"]
+                "sim.sched.base", "sim.sched.continuous", "sim.sched.decode_run", "sim.sched.decode_run_apply"]
 
 
 def native_off(monkeypatch) -> None:

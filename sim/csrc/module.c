@@ -48,6 +48,12 @@ static PyMethodDef methods[] = {
      "(with budget left, a block allocated where its next slot starts one) is appended to scheduled as "
      "make(req_id, 1, computed, table) and to batch; requests not running are passed over; stops at the "
      "first other one (ContinuousScheduler.schedule's fast path)."},
+    {"update_prefix", kv_update_prefix, METH_VARARGS,
+     "update_prefix(batch, entries, start, now, step_start, prefilling, other_append, done) -> (index, tokens "
+     "computed, sampled, regular gaps): from position start, each request past its prefill advances by its "
+     "entry's new tokens, samples a token when its prompt is computed (first token time, or its gap: "
+     "regular when its last token was at step_start, else other_append(now - last)), and joins done at its "
+     "last token; stops at a forked sequence (None) or a request in its prefill (SchedulerBase.update)."},
     {"lane_boundary", kv_lane_boundary, METH_VARARGS,
      "lane_boundary(comp, gen, out, bs) -> (at, computed, finals): the decode lane's requests at a block "
      "boundary (comp % bs == 0: positions and computed counts) and those among them whose next block is "

@@ -1,10 +1,12 @@
 /* Requests' counters (sim/sched/decode_run.py, decode_run_apply.py, continuous.py): batch_columns reads
 them and the table lengths into int64 columns as a run is planned; write_counters writes back those of
 the requests that did not finish when it is applied; decode_prefix schedules a step's decodes one by one
-as ContinuousScheduler.schedule's fast path does. Attributes are read and set by name, as Python would. */
+as ContinuousScheduler.schedule's fast path does, and update_prefix advances them after the step as
+SchedulerBase.update does. Attributes are read and set by name, as Python would. */
 #include "native.h"
 
 static PyObject *s_computed, *s_generated, *s_prompt, *s_output, *s_req_id, *s_last_token, *s_status;
+static PyObject *s_new_tokens, *s_first_token;
 
 int requests_init(void)
 {
@@ -15,7 +17,10 @@ int requests_init(void)
     s_req_id = PyUnicode_InternFromString("req_id");
     s_last_token = PyUnicode_InternFromString("last_token_s");
     s_status = PyUnicode_InternFromString("status");
-    return s_computed && s_generated && s_prompt && s_output && s_req_id && s_last_token && s_status ? 0 : -1;
+    s_new_tokens = PyUnicode_InternFromString("num_new_tokens");
+    s_first_token = PyUnicode_InternFromString("first_token_s");
+    return s_computed && s_generated && s_prompt && s_output && s_req_id && s_last_token && s_status
+                   && s_new_tokens && s_first_token ? 0 : -1;
 }
 
 static int read_int(PyObject *obj, PyObject *name, long long *value)
@@ -188,4 +193,91 @@ PyObject *kv_decode_prefix(PyObject *self, PyObject *args)
         budget--;
     }
     return Py_BuildValue("(nLLO)", idx, added, budget, failed ? Py_True : Py_False);
+}
+
+static int set_int(PyObject *obj, PyObject *name, long long value)
+{
+    PyObject *v = PyLong_FromLongLong(value);
+    if (!v)
+        return -1;
+    int r = PyObject_SetAttr(obj, name, v);
+    Py_DECREF(v);
+    return r;
+}
+
+PyObject *kv_update_prefix(PyObject *self, PyObject *args)
+{
+    PyObject *batch, *entries, *prefilling, *other_append, *done;
+    Py_ssize_t start;
+    double now, step_start;
+    if (!PyArg_ParseTuple(args, "O!O!nddO!OO!", &PyList_Type, &batch, &PyList_Type, &entries, &start, &now, &step_start,
+                          &PySet_Type, &prefilling, &other_append, &PyList_Type, &done))
+        return NULL;
+    const Py_ssize_t n = PyList_GET_SIZE(batch) < PyList_GET_SIZE(entries) ? PyList_GET_SIZE(batch)
+                                                                           : PyList_GET_SIZE(entries);
+    long long computed = 0, sampled = 0, regular = 0;
+    Py_ssize_t idx = start;
+    PyObject *now_obj = PyFloat_FromDouble(now);
+    if (!now_obj)
+        return NULL;
+    PyObject *result = NULL;
+    for (; idx < n; idx++) {
+        PyObject *req = PyList_GET_ITEM(batch, idx), *entry = PyList_GET_ITEM(entries, idx);
+        if (req == Py_None)
+            break;   /* a forked request's other sequence: the caller's loop */
+        long long id, k, c, p, g, out;
+        if (read_int(req, s_req_id, &id) < 0)
+            goto done;
+        if (PySet_GET_SIZE(prefilling)) {
+            PyObject *key = PyLong_FromLongLong(id);
+            int first = key ? PySet_Contains(prefilling, key) : -1;
+            Py_XDECREF(key);
+            if (first < 0)
+                goto done;
+            if (first)
+                break;   /* in its prefill: it may sample its first token (marks, the lane): the caller's */
+        }
+        if (read_int(entry, s_new_tokens, &k) < 0 || read_int(req, s_computed, &c) < 0
+            || read_int(req, s_prompt, &p) < 0 || read_int(req, s_generated, &g) < 0 || read_int(req, s_output, &out) < 0)
+            goto done;
+        c += k;
+        if (set_int(req, s_computed, c) < 0)
+            goto done;
+        computed += k;
+        if (c < p + g)
+            continue;   /* a prefill chunk: no token sampled yet */
+        g += 1;
+        if (set_int(req, s_generated, g) < 0)
+            goto done;
+        sampled++;
+        if (g == 1) {
+            if (PyObject_SetAttr(req, s_first_token, now_obj) < 0)
+                goto done;
+        } else {
+            PyObject *last = PyObject_GetAttr(req, s_last_token);
+            if (!last)
+                goto done;
+            double t = PyFloat_AsDouble(last);
+            Py_DECREF(last);
+            if (t == -1.0 && PyErr_Occurred())
+                goto done;
+            if (t == step_start) {
+                regular++;
+            } else {
+                PyObject *gap = PyFloat_FromDouble(now - t), *r = gap ? PyObject_CallOneArg(other_append, gap) : NULL;
+                Py_XDECREF(gap);
+                if (!r)
+                    goto done;
+                Py_DECREF(r);
+            }
+        }
+        if (PyObject_SetAttr(req, s_last_token, now_obj) < 0)
+            goto done;
+        if (g >= out && PyList_Append(done, req) < 0)
+            goto done;
+    }
+    result = Py_BuildValue("(nLLL)", idx, computed, sampled, regular);
+done:
+    Py_DECREF(now_obj);
+    return result;
 }
