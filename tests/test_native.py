@@ -123,7 +123,7 @@ def test_bad_buffers_are_refused():
 
 
 NATIVE_USERS = ["sim.executors.cost_model", "sim.kv.block_pool", "sim.kv.free_queue", "sim.metrics",
-                "sim.sched.base", "sim.sched.continuous", "sim.sched.decode_run", "sim.sched.decode_run_apply"]
+                "sim.sched.continuous", "sim.sched.decode_run", "sim.sched.decode_run_apply"]
 
 
 def native_off(monkeypatch) -> None:
@@ -152,12 +152,10 @@ def _on_and_off(monkeypatch, run):
 
 
 @needs_native
-@pytest.mark.parametrize("lanes", [True, False], ids=["lanes", "per-request-loop"])
-def test_stress_and_fuzz_cases_are_the_same_with_the_compiled_loops_off(lanes, monkeypatch):
-    """The multi-step stress scenarios and 100 fuzzer cases, with runs from one step and either lanes for
-    any batch or none (the scheduler's per-request loop, whose decodes the compiled prefix takes), so that
-    every compiled function is reached, every KV invariant checked after every step: the compiled loops
-    on against off, bit for bit."""
+def test_stress_and_fuzz_cases_are_the_same_with_the_compiled_loops_off(monkeypatch):
+    """The multi-step stress scenarios and 100 fuzzer cases, with runs from one step and lanes for any
+    batch (so that every compiled function is reached), every KV invariant checked after every step:
+    the compiled loops on against off, bit for bit."""
     cases = [(name, copy.deepcopy(d), name != "long_decodes") for name, d in STRESS.items()]
     cases += [(f"fuzz {i}", draw_scenario(random.Random(f"native:{i}"), i), True) for i in range(100)]
     for name, data, check in cases:
@@ -165,7 +163,6 @@ def test_stress_and_fuzz_cases_are_the_same_with_the_compiled_loops_off(lanes, m
         monkeypatch.setattr(decode_run, "MIN_RUN_STEPS", 1)
         monkeypatch.setattr(decode_run, "MIN_RUN_STEPS_LARGE", 1)
         monkeypatch.setattr(continuous, "LANE_MIN_BATCH", 1)
-        monkeypatch.setattr(continuous.ContinuousScheduler, "use_lane", lanes)
         on, off = _on_and_off(monkeypatch, lambda d=data, c=check: run_scenario(
             scenario_from_dict(copy.deepcopy(d), source="<t>"), check_integrity=c))
         if isinstance(on, str) or isinstance(off, str):

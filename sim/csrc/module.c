@@ -42,18 +42,6 @@ static PyMethodDef methods[] = {
      "write_counters(batch, c0, g0, rem, k, end): each request of a run that did not finish in its k steps "
      "(rem > k) gets num_computed_tokens c0 + k, num_generated g0 + k and last_token_s end "
      "(DecodeRunApplier.write_back)."},
-    {"decode_prefix", kv_decode_prefix, METH_VARARGS,
-     "decode_prefix(order, start, budget, bs, running, tables, allocate, make, scheduled, batch) -> (index, "
-     "decodes added, budget left, whether it stopped at a failed allocation): from order[start], each running request one token from its next sample "
-     "(with budget left, a block allocated where its next slot starts one) is appended to scheduled as "
-     "make(req_id, 1, computed, table) and to batch; requests not running are passed over; stops at the "
-     "first other one (ContinuousScheduler.schedule's fast path)."},
-    {"update_prefix", kv_update_prefix, METH_VARARGS,
-     "update_prefix(batch, entries, start, now, step_start, prefilling, other_append, done) -> (index, tokens "
-     "computed, sampled, regular gaps): from position start, each request past its prefill advances by its "
-     "entry's new tokens, samples a token when its prompt is computed (first token time, or its gap: "
-     "regular when its last token was at step_start, else other_append(now - last)), and joins done at its "
-     "last token; stops at a forked sequence (None) or a request in its prefill (SchedulerBase.update)."},
     {"lane_boundary", kv_lane_boundary, METH_VARARGS,
      "lane_boundary(comp, gen, out, bs) -> (at, computed, finals): the decode lane's requests at a block "
      "boundary (comp % bs == 0: positions and computed counts) and those among them whose next block is "

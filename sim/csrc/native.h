@@ -50,8 +50,6 @@ PyObject *kv_first_tie(PyObject *self, PyObject *args);
 int requests_init(void);
 PyObject *kv_batch_columns(PyObject *self, PyObject *args);
 PyObject *kv_write_counters(PyObject *self, PyObject *args);
-PyObject *kv_decode_prefix(PyObject *self, PyObject *args);
-PyObject *kv_update_prefix(PyObject *self, PyObject *args);
 /* blocks.c: block allocations and frees */
 PyObject *kv_boundary_events(PyObject *self, PyObject *args);
 PyObject *kv_grow_tables(PyObject *self, PyObject *args);

@@ -23,7 +23,6 @@ import numpy as np
 import pandas as pd
 
 from sim.kv.manager import KVCacheManager
-from sim.native import native
 from sim.request import Request, RequestStatus
 from sim.sched.plan import LaneEntries, ScheduledRequest, StepPlan, StepResult
 from sim.sched.records import (
@@ -208,23 +207,7 @@ class SchedulerBase:
             entries = entries.rest
         lane = self._lane
         n = 0
-        batch = self._batch
-        # compiled: the requests past their prefill, up to the next one the loop must take (no forks here)
-        prefix = (native.update_prefix if native is not None and not multi and type(entries) is list
-                  and type(batch) is list and type(prefilling) is set else None)
-        last = min(len(batch), len(entries)) - 1
-        idx = -1
-        while idx < last:
-            idx += 1
-            if prefix is not None:
-                idx, more, samples, regulars = prefix(batch, entries, idx, now, step_start, prefilling,
-                                                      other_gaps.append, done)
-                computed += more
-                sampled += samples
-                regular += regulars
-                if idx > last:
-                    break
-            req, s = batch[idx], entries[idx]
+        for req, s in zip(self._batch, entries):
             if req is None:  # another sequence of the forked request before it: the same new tokens
                 computed += n  # (its recomputed tokens, if any, were counted when it forked)
                 continue

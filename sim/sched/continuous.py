@@ -196,24 +196,12 @@ class ContinuousScheduler(SchedulerBase):
         add_scheduled = scheduled.append
         add_batch = batch.append
         allocate = manager.allocate_slots
-        # compiled: the decodes the fast path takes, up to the next request it does not (then the loop's turn)
-        prefix = native.decode_prefix if native is not None and fast and type(scheduled) is list else None
-        idx = -1
-        tried = False   # the compiled prefix stopped at a request whose block it failed to allocate
-        while idx + 1 < len(order):
-            idx += 1
-            if prefix is not None:
-                idx, added, budget, tried = prefix(order, idx, budget, bs, running, tables, allocate, make,
-                                                   scheduled, batch)
-                num_decode += added
-                if idx == len(order):
-                    break
-            req = order[idx]
+        for idx, req in enumerate(order):
             if req.status != running:
                 continue  # preempted earlier in this step
             computed = req.num_computed_tokens
             num_new = req.prompt_len + req.num_generated - computed
-            if (num_new == 1 and fast and budget > 0 and req.num_generated and not tried
+            if (num_new == 1 and fast and budget > 0 and req.num_generated
                     and (computed % bs or allocate(req, 1))):
                 # decode fast path: the next slot is inside the request's last block, or its next block
                 # was allocated (a failed allocation changes nothing: the general path below preempts)
