@@ -152,17 +152,19 @@ def _on_and_off(monkeypatch, run):
 
 
 @needs_native
-def test_stress_and_fuzz_cases_are_the_same_with_the_compiled_loops_off(monkeypatch):
-    """The multi-step stress scenarios and 100 fuzzer cases, with runs from one step and lanes for any
-    batch (so that every compiled function is reached), every KV invariant checked after every step:
-    the compiled loops on against off, bit for bit."""
+@pytest.mark.parametrize("lanes", [True, False], ids=["lanes", "no-lanes"])
+def test_stress_and_fuzz_cases_are_the_same_with_the_compiled_loops_off(lanes, monkeypatch):
+    """The multi-step stress scenarios and 50 fuzzer cases (others for each mode), with runs from one step
+    and either lanes for any batch or none, so that every compiled function is reached, every KV
+    invariant checked after every step: the compiled loops on against off, bit for bit."""
     cases = [(name, copy.deepcopy(d), name != "long_decodes") for name, d in STRESS.items()]
-    cases += [(f"fuzz {i}", draw_scenario(random.Random(f"native:{i}"), i), True) for i in range(100)]
+    cases += [(f"fuzz {i}", draw_scenario(random.Random(f"native:{lanes}:{i}"), i), True) for i in range(50)]
     for name, data, check in cases:
         data["output"] = {"plots": False}
         monkeypatch.setattr(decode_run, "MIN_RUN_STEPS", 1)
         monkeypatch.setattr(decode_run, "MIN_RUN_STEPS_LARGE", 1)
         monkeypatch.setattr(continuous, "LANE_MIN_BATCH", 1)
+        monkeypatch.setattr(continuous.ContinuousScheduler, "use_lane", lanes)
         on, off = _on_and_off(monkeypatch, lambda d=data, c=check: run_scenario(
             scenario_from_dict(copy.deepcopy(d), source="<t>"), check_integrity=c))
         if isinstance(on, str) or isinstance(off, str):
