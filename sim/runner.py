@@ -6,6 +6,7 @@ import gc
 import os
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -80,12 +81,15 @@ def _check_sequences_supported(scn: Scenario, requests: list) -> None:
                          f"kv_cache.allocator: paged and scheduler.batching: continuous, not {mode}")
 
 
-def build_parts(scn: Scenario, num_gpu: int, num_cpu: int):
+def build_parts(scn: Scenario, num_gpu: int, num_cpu: int, executor: Any = None):
     """(KV manager, scheduler, executor, recorder) of one engine of ``scn`` with these block counts (the
-    single engine's, and each cluster replica's)."""
+    single engine's, and each cluster replica's). ``executor``: one already built for the same scenario
+    and block counts, shared (a pure pricer: see ``shared_executor``)."""
     model = scn.model_spec
     manager = make_kv_manager(scn.kv_cache, num_gpu, num_cpu, model.max_model_len)
     scheduler = make_scheduler(scn.scheduler, manager, model.max_model_len)
+    if executor is not None:
+        return manager, scheduler, executor, Recorder(num_gpu, manager.capacity_slots)
     try:
         executor = make_executor(scn.executor.kind, model=model, hardware=scn.hardware_spec, config=scn.executor,
                                  kv=scn.kv_cache, num_gpu_blocks=num_gpu, num_cpu_blocks=num_cpu,
@@ -93,6 +97,13 @@ def build_parts(scn: Scenario, num_gpu: int, num_cpu: int):
     except KeyError as e:
         raise KvsimError(f"{scn.source}: executor.kind", e.args[0]) from None
     return manager, scheduler, executor, Recorder(num_gpu, manager.capacity_slots)
+
+
+def shared_executor(executor: Any) -> Any:
+    """``executor`` if the other engines of the same scenario may price with it too (None: each builds its
+    own): a pure pricer (the cost model) has no state but memos of its own prices, so replicas sharing one
+    price each step size once instead of once each; a GPU executor holds a KV cache of its own."""
+    return executor if getattr(executor, "shareable", False) else None
 
 
 def _integrity_default() -> bool:

@@ -42,3 +42,29 @@ def test_one_replica_with_router_overhead_delays_arrivals() -> None:
                                                                "cluster.router.overhead_s=0.5"])
     a, b = run_scenario(base).requests, run_scenario(slow).requests
     assert (b["ttft_s"] >= a["ttft_s"] + 0.5 - 1e-9).all()
+
+
+@pytest.mark.parametrize("name", ["cluster_round_robin.yaml", "cluster_prefix_affinity.yaml",
+                                  "cluster_disaggregated.yaml"])
+def test_replicas_sharing_one_cost_model_give_the_same_results(name: str, monkeypatch) -> None:
+    """The replicas of a pool share one cost-model executor (a pure pricer: only its price memos are
+    shared); results are those of one executor a replica, byte for byte."""
+    from sim.cluster import replica
+    from sim.executors.cost_model import CostModelExecutor
+
+    built = []
+    build = replica.build_replica
+
+    def counting(*args, **kwargs):
+        rep = build(*args, **kwargs)
+        built.append(rep)
+        return rep
+
+    monkeypatch.setattr(replica, "build_replica", counting)
+    shared = _summary(name, [])
+    pools = {r.role: {id(p.engine.executor) for p in built if p.role == r.role} for r in built}
+    assert all(len(ids) == 1 for ids in pools.values()) and len(built) > len(pools)
+    built.clear()
+    monkeypatch.setattr(CostModelExecutor, "shareable", False)
+    assert _summary(name, []) == shared
+    assert len({id(p.engine.executor) for p in built}) == len(built)   # (one each)

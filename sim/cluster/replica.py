@@ -9,6 +9,7 @@ process) and stops when the cluster calls ``end_arrivals``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import simpy
 
@@ -101,15 +102,16 @@ class Replica:
 
 
 def build_replica(scn: Scenario, replica_id: int, role: str, env: simpy.Environment, check_integrity: bool,
-                  arrival_delay_s: float) -> Replica:
-    """Build a replica's parts the way ``run_scenario`` builds the single engine's."""
+                  arrival_delay_s: float, executor: Any = None) -> Replica:
+    """Build a replica's parts the way ``run_scenario`` builds the single engine's (``executor``: one of
+    another replica of the same scenario, shared: sim.runner.shared_executor)."""
     from sim.runner import build_parts, cpu_blocks, gpu_blocks
 
     num_gpu = gpu_blocks(scn)
     if num_gpu < 1:
         raise KvsimError(f"{scn.source}: kv_cache", f"no room for a single KV block on a {role} replica")
     num_cpu = cpu_blocks(scn)
-    manager, scheduler, executor, recorder = build_parts(scn, num_gpu, num_cpu)
+    manager, scheduler, executor, recorder = build_parts(scn, num_gpu, num_cpu, executor)
     engine = Engine(None, scheduler, executor, recorder, check_integrity=check_integrity,
                     max_steps_without_progress=scn.scheduler.max_steps_without_progress,
                     async_scheduling=scn.scheduler.async_scheduling, arrival_delay_s=arrival_delay_s,
@@ -117,3 +119,18 @@ def build_replica(scn: Scenario, replica_id: int, role: str, env: simpy.Environm
     # prefill/decode pools: transfers act on the engines between arrivals (sim/cluster/disagg.py)
     engine.eager_steps = role == "colocated"
     return Replica(replica_id, role, scn, engine, num_gpu)
+
+
+def build_pool(scn: Scenario, ids: range, role: str, env: simpy.Environment, check_integrity: bool,
+               arrival_delay_s: float) -> list[Replica]:
+    """The replicas ``ids`` of one scenario, sharing the first one's executor where it is a pure pricer
+    (sim.runner.shared_executor: each step size is then priced once for the pool, not once a replica)."""
+    from sim.runner import shared_executor
+
+    pool: list[Replica] = []
+    executor = None
+    for i in ids:
+        rep = build_replica(scn, i, role, env, check_integrity, arrival_delay_s, executor)
+        executor = shared_executor(rep.engine.executor)
+        pool.append(rep)
+    return pool

@@ -26,7 +26,7 @@ import simpy
 
 from sim.cluster.disagg import Handoff
 from sim.cluster.link import KVLink
-from sim.cluster.replica import Replica, build_replica, pool_scenario
+from sim.cluster.replica import Replica, build_pool, pool_scenario
 from sim.cluster.results import ClusterResult, cluster_result
 from sim.cluster.routers import Router, make_router
 from sim.engine import wake_times
@@ -143,7 +143,7 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
     served: dict[int, int] = {}
     if not cfg.disaggregated:
         _check_sequences_supported(scn, requests)
-        pool = [build_replica(scn, i, "colocated", env, check, lag) for i in range(cfg.num_replicas)]
+        pool = build_pool(scn, range(cfg.num_replicas), "colocated", env, check, lag)
         router = _observed(make_router(cfg.router, scn.seed), pool, requests, lag)
         reads = router.reads_load or router.reads_memory or router.reads_state
         ahead = None if reads else _route_ahead(router, requests, pool, lag)
@@ -156,8 +156,8 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
     p_scn, d_scn = pool_scenario(scn, cfg.prefill), pool_scenario(scn, cfg.decode)
     _check_disaggregated(scn, [p_scn, d_scn], requests)
     n_p = cfg.prefill.replicas
-    prefill = [build_replica(p_scn, i, "prefill", env, check, lag) for i in range(n_p)]
-    decode = [build_replica(d_scn, n_p + i, "decode", env, check, 0.0) for i in range(cfg.decode.replicas)]
+    prefill = build_pool(p_scn, range(n_p), "prefill", env, check, lag)
+    decode = build_pool(d_scn, range(n_p, n_p + cfg.decode.replicas), "decode", env, check, 0.0)
     bw, lat = cfg.link.bandwidth_latency()
     link = KVLink(env, bw, lat)
     handoff = Handoff(env, decode, make_router(cfg.router, scn.seed + 1), link, scn.model_spec.kv_bytes_per_token())

@@ -125,6 +125,7 @@ class CostModelExecutor:
     deterministic and side-effect free."""
 
     supports_decode_runs = True   # execute_decode_run prices k decode steps at once, equal to k execute()s
+    shareable = True   # no state but memos of its own prices: the engines of one scenario may share one
 
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, params: CostParams, block_size: int = 16,
                  engine: EngineParams | None = None) -> None:
