@@ -299,16 +299,26 @@ class DecodeRunner(DecodeRunApplier):
                     batch: list[Request], min_steps: int) -> PendingRun | None:
         self.sched.sync_lane()   # the counters are read here
         chained = not len(self.sched.waiting)
+        cols = self._batch_columns(batch, None if chained else min_steps)
+        if cols is None:
+            return None
+        c0, g0, out, l0 = cols
+        return self._price(now, next_arrival, limit, step, batch, c0, g0, l0, out - g0,
+                           1 if chained else min_steps, None, chained)
+
+    def _batch_columns(self, batch: list[Request], min_left: int | None) -> tuple[np.ndarray, ...] | None:
+        """(computed, generated, output, table length) of each request of ``batch`` as int64 arrays; None
+        when a request is not one token from its next sample, or (given ``min_left``) has fewer tokens than
+        that to go."""
         tables = self.sched.manager.block_tables
         if native is not None:   # (compiled: the columns, every request's check and the fewest left at once)
             cols = np.empty((5, len(batch)), dtype=np.int64)
             least = native.batch_columns(batch, tables, cols)
-            if least < 0 or (not chained and least < min_steps):
+            if least < 0 or (min_left is not None and least < min_left):
                 return None
-            c0, g0, prompt, out, l0 = cols
-            return self._price(now, next_arrival, limit, step, batch, c0, g0, l0, out - g0,
-                               1 if chained else min_steps, None, chained)
-        if not chained and min([r.output_len - r.num_generated for r in batch]) < min_steps:
+            c0, g0, _, out, l0 = cols
+            return c0, g0, out, l0
+        if min_left is not None and min([r.output_len - r.num_generated for r in batch]) < min_left:
             return None   # (the usual stop when runs cannot be chained, tested early)
         rows = [(r.num_computed_tokens, r.num_generated, r.prompt_len, r.output_len, len(tables[r.req_id]))
                 for r in batch]
@@ -319,8 +329,7 @@ class DecodeRunner(DecodeRunApplier):
                 return None
         elif np.minimum.reduce(g0) <= 0 or np.count_nonzero(prompt + g0 - c0 != 1):
             return None
-        return self._price(now, next_arrival, limit, step, batch, c0, g0, l0, out - g0,
-                           1 if chained else min_steps, None, chained)
+        return c0, g0, out, l0
 
     def plan_next(self, run: PendingRun, next_arrival: float, step: int) -> PendingRun | None:
         """The run that follows ``run`` (applied, at its end), from the arrays it carried: the same batch
