@@ -11,8 +11,10 @@
     python benchmarks/engine_bench.py --no-lane             # the decode lane off (sim/sched/decode_lane.py)
 
 Prints, per run: requests, steps, decode runs (multi-step), engine waits (SimPy timeouts the engine
-yielded: its events), arrivals, wall seconds per phase, steps per wall second and peak RSS. Timings on a
-shared machine are noisy: compare ratios measured in one process (``--compare``), not numbers across runs.
+yielded: its events), arrivals, wall seconds per phase, steps per wall second and peak RSS. As ``kvsim run
+--out``, the per-step table is written while the engine runs (on a second thread: sim/step_stream.py), so
+"simulate" includes whatever that costs the engine and "write" is what is left after the run (the stream's
+last rows, requests.csv, report.html). Timings on a shared machine are noisy: compare ratios measured in one process (``--compare``), not numbers across runs.
 """
 
 from __future__ import annotations
@@ -117,24 +119,26 @@ def outputs_doubled(on: bool = True) -> Iterator[None]:
 
 
 def measure(data: dict, multi_step: bool, write: bool, plot: bool, double_output: bool) -> dict:
+    """One run's phases. With ``write``, as ``kvsim run --out`` does it: the per-step table is written while
+    the engine runs (sim/step_stream.py, on a second thread), the rest after it."""
+    from sim.commands.run import results_stage, write_results
+
     data = copy.deepcopy(data)
     data.setdefault("scheduler", {})["multi_step"] = multi_step
     scn = scenario_from_dict(data, base_dir=ROOT / "scenarios")
-    t0 = time.perf_counter()
-    with outputs_doubled(double_output):
-        res = run_scenario(scn, check_integrity=False)
-    total = time.perf_counter() - t0
-    p = res.profile
-    row = {"name": data["name"] + (" x2out" if double_output else ""), "multi_step": multi_step,
-           "requests": res.summary["num_requests"], "steps": p["steps"], "decode_runs": p["decode_runs"],
-           "engine_waits": p["engine_waits"], "arrivals": p["arrivals"],
-           "load_s": p["load_s"], "simulate_s": p["simulate_s"], "summarise_s": p["summarise_s"]}
-    with tempfile.TemporaryDirectory() as tmp:
-        from sim.commands.run import write_results
-
+    with tempfile.TemporaryDirectory() as tmp, results_stage(Path(tmp) / "w" if write else None) as (stage, stream):
+        t0 = time.perf_counter()
+        with outputs_doubled(double_output):
+            res = run_scenario(scn, check_integrity=False, step_stream=stream)
+        total = time.perf_counter() - t0
+        p = res.profile
+        row = {"name": data["name"] + (" x2out" if double_output else ""), "multi_step": multi_step,
+               "requests": res.summary["num_requests"], "steps": p["steps"], "decode_runs": p["decode_runs"],
+               "engine_waits": p["engine_waits"], "arrivals": p["arrivals"],
+               "load_s": p["load_s"], "simulate_s": p["simulate_s"], "summarise_s": p["summarise_s"]}
         t = time.perf_counter()
         if write:
-            write_results(res, Path(tmp) / "w", plots=False)
+            write_results(res, Path(tmp) / "w", plots=False, stage=stage, stream=stream)
         row["write_s"] = time.perf_counter() - t
         t = time.perf_counter()
         if plot:

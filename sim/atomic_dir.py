@@ -97,30 +97,42 @@ def _exchange(a: Path, b: Path) -> bool:
 def replace_dir(out: Path, fill: Callable[[Path], list[str]]) -> list[Path]:
     """Make a new ``out``: ``fill(stage)`` writes files into an empty staging folder and returns their names;
     then the staging folder replaces ``out`` as a whole (see the module docstring)."""
+    stage = new_stage(out)
+    try:
+        names = fill(stage)
+        commit_stage(stage, out)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return [Path(out) / n for n in names]
+
+
+def new_stage(out: Path) -> Path:
+    """An empty staging folder for a new ``out`` (cleaned by ``recover`` if this process dies before
+    ``commit_stage``); the caller removes it on failure."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     recover(out)
     ok, other = is_replaceable(out)
     if not ok:
         raise KvsimError(str(out), f"holds files kvsim did not write ({other!r}); give a new or empty folder")
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.kvsim-staging-{os.getpid()}-", dir=out.parent))
-    try:
-        names = fill(stage)
-        (stage / MARKER).write_text("a folder of kvsim results, replaced as a whole on each run\n")
-        if not out.exists():
+    return Path(tempfile.mkdtemp(prefix=f".{out.name}.kvsim-staging-{os.getpid()}-", dir=out.parent))
+
+
+def commit_stage(stage: Path, out: Path) -> None:
+    """Put the filled ``stage`` in the place of ``out`` in one step (the old folder, if any, is deleted)."""
+    out = Path(out)
+    (stage / MARKER).write_text("a folder of kvsim results, replaced as a whole on each run\n")
+    if not out.exists():
+        os.rename(stage, out)
+    elif _exchange(stage, out):
+        shutil.rmtree(stage, ignore_errors=True)  # the old results, under the staging name
+    else:
+        backup = out.parent / f".{out.name}.kvsim-old-{os.getpid()}"
+        os.rename(out, backup)
+        try:
             os.rename(stage, out)
-        elif _exchange(stage, out):
-            shutil.rmtree(stage, ignore_errors=True)  # the old results, under the staging name
-        else:
-            backup = out.parent / f".{out.name}.kvsim-old-{os.getpid()}"
-            os.rename(out, backup)
-            try:
-                os.rename(stage, out)
-            except BaseException:
-                os.rename(backup, out)
-                raise
-            shutil.rmtree(backup, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
-    return [out / n for n in names]
+        except BaseException:
+            os.rename(backup, out)
+            raise
+        shutil.rmtree(backup, ignore_errors=True)

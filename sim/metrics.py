@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import math
 import operator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,8 @@ BREAKDOWN_KEYS = ["token_states", "reserved", "internal_fragmentation", "externa
 
 
 INT_COLUMNS = [c for c in STEP_COLUMNS if c not in ("start_s", "duration_s")]
+_INT_ROWS = [c in INT_COLUMNS for c in STEP_COLUMNS]
+_KV_ROW = STEP_COLUMNS.index("kv_blocks_used")
 
 
 class Columns:
@@ -56,6 +59,7 @@ class Columns:
         self._written = 0                     # rows in the chunks
         self._rows: list[tuple] = []          # queued single rows, oldest first
         self._released = False                # the rows were handed over by ``read(release=True)``
+        self.on_full: Callable[[], None] | None = None   # called when a chunk has filled (the next starts)
 
     @property
     def n(self) -> int:
@@ -113,6 +117,8 @@ class Columns:
         if self._fill == self.CHUNK_ROWS:
             self._chunks.append(np.zeros((self.width, self.CHUNK_ROWS), dtype=np.float64))
             self._fill = 0
+            if self.on_full is not None and len(self._chunks) > 1:
+                self.on_full()
         at = self._fill
         take = min(m, self.CHUNK_ROWS - at)
         self._fill = at + take
@@ -178,6 +184,14 @@ class Columns:
             at += m
             del chunk
 
+    def full_chunks(self) -> int:
+        """Chunks that have filled: their rows no longer change."""
+        return max(0, len(self._chunks) - 1) if self._fill < self.CHUNK_ROWS else len(self._chunks)
+
+    def chunks(self) -> list[np.ndarray]:
+        """Every chunk cut to its rows (views), after writing the queued rows: the filled ones first."""
+        return self._filled()
+
     def _check_held(self) -> None:
         if self._released:
             raise RuntimeError("the rows were released to a table (read(release=True)); they cannot be read again")
@@ -201,6 +215,10 @@ class Recorder:
         self.cols = Columns(len(STEP_COLUMNS))
         self.breakdown_keys: list[str] = []
         self.breakdown: Columns | None = None
+        self._stream: Any = None            # a StepTableStream fed each chunk as it fills (``stream_to``)
+        self._stream_breakdown: bool | None = None   # whether it carries the breakdown (fixed at its first chunk)
+        self._streamed = 0                  # chunks handed to it
+        self._block_bytes = 0
 
     @property
     def num_steps(self) -> int:
@@ -229,6 +247,8 @@ class Recorder:
         """The breakdown columns are the keys of the first step that has a breakdown, in its order."""
         self.breakdown_keys = keys
         self.breakdown = Columns(len(keys))
+        if self._stream is not None:
+            self.breakdown.on_full = self._send_full
         # a tuple of the values in ``keys`` order (itemgetter of one key returns the bare value)
         self._breakdown_row = operator.itemgetter(*keys) if len(keys) > 1 else lambda bd: (bd[keys[0]],)
 
@@ -243,6 +263,56 @@ class Recorder:
             if self.breakdown is None:
                 self._start_breakdown(list(breakdown))
             self.breakdown.extend([breakdown[k] if k in breakdown else 0.0 for k in self.breakdown_keys], m)
+
+    def stream_to(self, stream: Any, block_bytes: int) -> None:
+        """Hand every chunk of rows to ``stream`` (sim/step_stream.py) as it fills, as the per-step table's
+        columns (``kv_bytes_used`` from ``block_bytes`` a block); ``finish_stream`` hands over the rest."""
+        self._stream = stream
+        self._block_bytes = block_bytes
+        self.cols.on_full = self._send_full
+        if self.breakdown is not None:
+            self.breakdown.on_full = self._send_full
+
+    def _send_full(self) -> None:
+        """Send the chunks filled in every streamed column set (the breakdown's once its rows catch up)."""
+        if self._stream_breakdown is None:   # the first chunk: the breakdown goes along if it started (at step 0,
+            self._stream_breakdown = self.breakdown is not None   # as the table needs it: else close finds so)
+        ready = self.cols.full_chunks()
+        if self._stream_breakdown:
+            ready = min(ready, self.breakdown.full_chunks())
+        while self._streamed < ready:
+            i = self._streamed
+            self._send(self.cols._chunks[i], self.breakdown._chunks[i] if self._stream_breakdown else None, i)
+            self._streamed += 1
+
+    def finish_stream(self) -> None:
+        """Hand the stream the rows not sent yet (the run is over) and mark it complete where the streamed
+        columns are the table's (``step_names``)."""
+        if self._stream is None:
+            return
+        if self._stream_breakdown is None:
+            self._stream_breakdown = self.breakdown is not None and self.breakdown.n == self.cols.n
+        main = self.cols.chunks()
+        extra = self.breakdown.chunks() if self._stream_breakdown else None
+        aligned = extra is None or (len(extra) == len(main) and all(
+            a.shape[1] == b.shape[1] for a, b in zip(main[self._streamed:], extra[self._streamed:])))
+        if aligned:
+            for i in range(self._streamed, len(main)):
+                self._send(main[i], extra[i] if extra is not None else None, i)
+            self._streamed = len(main)
+            self._stream.mark_complete(self.cols.n)
+        self._stream = None
+
+    def _send(self, main: np.ndarray, breakdown: np.ndarray | None, i: int) -> None:
+        from sim.step_stream import step_chunk_columns
+
+        names = ["step", *STEP_COLUMNS, "end_s", "kv_usage"]
+        if breakdown is not None:
+            names += [f"time_{k}_s" for k in self.breakdown_keys]
+        names.append("kv_bytes_used")
+        first = i * Columns.CHUNK_ROWS
+        self._stream.put(names, step_chunk_columns(main, breakdown, first, _INT_ROWS, _KV_ROW, self.num_gpu_blocks,
+                                                   self._block_bytes))
 
     def step_names(self) -> list[str]:
         """The per-step table's columns after ``step``, in order: the breakdown's only when every step has one."""

@@ -111,19 +111,22 @@ def _integrity_default() -> bool:
 
 
 def run_scenario(scn: Scenario, check_integrity: bool | None = None, progress: bool = False,
-                 progress_after_s: float = 0.0) -> Result:
+                 progress_after_s: float = 0.0, step_stream: Any = None) -> Result:
     """Run one scenario to completion. ``check_integrity`` (default: env KVSIM_CHECK_INTEGRITY) checks
     every KV invariant after every step. ``progress``: a progress bar on stderr, shown once the run has
-    taken ``progress_after_s`` seconds of wall time (so short runs show none)."""
+    taken ``progress_after_s`` seconds of wall time (so short runs show none). ``step_stream``: a
+    ``sim.step_stream.StepTableStream`` that writes the per-step table while the engine runs (one engine;
+    a cluster's is left untouched: its table is written afterwards)."""
     with small_pages():   # (filling the large per-step tables is erratic on huge pages: sim/small_pages.py)
         if scn.cluster is not None:   # replicas behind a router (sim/cluster/)
             from sim.cluster.runner import run_cluster
 
             return run_cluster(scn, check_integrity=check_integrity, progress=progress)
-        return _run_engine(scn, check_integrity, progress, progress_after_s)
+        return _run_engine(scn, check_integrity, progress, progress_after_s, step_stream)
 
 
-def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, progress_after_s: float) -> Result:
+def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, progress_after_s: float,
+                step_stream: Any = None) -> Result:
     """``run_scenario`` of a scenario without a ``cluster`` section."""
     t0 = time.perf_counter()
     model = scn.model_spec
@@ -135,6 +138,9 @@ def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, pro
     workload = build_workload(scn.workload, base_dir=scn.base_dir, seed=scn.seed, source=scn.source)
     _check_sequences_supported(scn, workload.requests)
     manager, scheduler, executor, recorder = build_parts(scn, num_gpu, num_cpu)
+    block_bytes = model.kv_bytes_per_block(scn.kv_cache.block_size)
+    if step_stream is not None:
+        recorder.stream_to(step_stream, block_bytes)
     check = _integrity_default() if check_integrity is None else check_integrity
     bar = _progress_bar(len(workload.requests), progress_after_s) if progress else None
     fe_in, fe_out, fe_token = scn.frontend.latencies()
@@ -150,10 +156,10 @@ def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, pro
         if bar:
             bar.close()
     t_sim = time.perf_counter()
+    recorder.finish_stream()
     reqs = requests_frame(workload.requests, output_latency_s=fe_out, token_latency_s=fe_token)
     # what the summary needs of the engine's parts; then the parts go (the Request objects with them), so
     # that the per-step and timeline tables are built without the run's objects in memory
-    block_bytes = model.kv_bytes_per_block(scn.kv_cache.block_size)
     hit_rate = manager.prefix_cache_hit_rate() if hasattr(manager, "prefix_cache_hit_rate") else 0.0
     sharing = manager.sharing_summary(block_bytes) if hasattr(manager, "sharing_summary") else {}
     capacity_slots = manager.capacity_slots

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
-from sim.atomic_dir import replace_dir
+from sim.atomic_dir import commit_stage, new_stage, replace_dir
 from sim.cluster.output import write_cluster_files
 from sim.commands.progress import add_progress_args, progress_mode
 from sim.commands.summary_table import print_summary
@@ -13,6 +16,7 @@ from sim.commands.trace_args import add_trace_args, check_trace_args
 from sim.output import prepare_results_dir, summary_json, write_table, write_tables
 from sim.runner import Result, run_scenario
 from sim.scenario import load_scenario
+from sim.step_stream import StepTableStream
 
 
 def add_parser(sub) -> None:
@@ -29,15 +33,20 @@ def add_parser(sub) -> None:
     p.set_defaults(func=main)
 
 
-def write_results(result: Result, out: Path, plots: bool = True) -> list[Path]:
+def write_results(result: Result, out: Path, plots: bool = True, stage: Path | None = None,
+                  stream: StepTableStream | None = None) -> list[Path]:
     """summary.json, requests.csv, steps.csv and steps.parquet (the same table; pyarrow writes both), the
     figures and report.html, as a new folder that replaces ``out`` whole (sim.atomic_dir): an error,
     Ctrl-C, SIGTERM or a kill at any moment leaves the previous results or the new ones, never a mix,
-    and no staging debris after the next run."""
+    and no staging debris after the next run. ``stage`` and ``stream``: the staging folder made before the
+    run and the stream that wrote the per-step table into it while the run went (``results_stage``); its
+    files are kept where they hold the finished table, else written again."""
 
     def fill(stage: Path) -> list[str]:
         write_table(result.requests, stage / "requests.csv")
-        write_tables(result.steps, [stage / "steps.csv", stage / "steps.parquet"])
+        # (close keeps the stream's files only where they hold this table, else removes them)
+        if stream is None or not stream.close(list(result.steps.columns), len(result.steps)):
+            write_tables(result.steps, [stage / "steps.csv", stage / "steps.parquet"])
         names = ["requests.csv", "steps.csv", "steps.parquet"]
         names += [f.name for f in write_cluster_files(result, stage, plots)]   # clusters: replicas.csv, figures
         if plots:
@@ -51,7 +60,28 @@ def write_results(result: Result, out: Path, plots: bool = True) -> list[Path]:
         (stage / "summary.json").write_text(summary_json(result.summary))
         return names + ["summary.json"]
 
-    return replace_dir(out, fill)
+    if stage is None:
+        return replace_dir(out, fill)
+    names = fill(stage)
+    commit_stage(stage, out)
+    return [out / n for n in names]
+
+
+@contextlib.contextmanager
+def results_stage(out: Path | None) -> Iterator[tuple[Path | None, StepTableStream | None]]:
+    """(the staging folder of a new ``out``, a stream that writes the per-step table into it while the run
+    goes); (None, None) without ``out``. On an error both go: nothing is left half-written."""
+    if out is None:
+        yield None, None
+        return
+    stage = new_stage(out)
+    stream = StepTableStream(stage / "steps.csv", stage / "steps.parquet")
+    try:
+        yield stage, stream
+    except BaseException:
+        stream.discard()
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
 
 
 def main(args: argparse.Namespace) -> int:
@@ -60,12 +90,14 @@ def main(args: argparse.Namespace) -> int:
     out = prepare_results_dir(out_arg) if out_arg else None
     trace = check_trace_args(args)
     show, after_s = progress_mode(args)
-    result = run_scenario(scn, check_integrity=True if args.check else None, progress=show,
-                          progress_after_s=after_s)
-    print_summary(result.summary, title=f"{scn.name}  ({args.scenario})")
-    if out is not None:
-        files = write_results(result, out, plots=scn.output.plots and not args.no_plots)
-        print(f"wrote {len(files)} files to {out}/")
+    with results_stage(out) as (stage, stream):
+        result = run_scenario(scn, check_integrity=True if args.check else None, progress=show,
+                              progress_after_s=after_s, step_stream=stream)
+        print_summary(result.summary, title=f"{scn.name}  ({args.scenario})")
+        if out is not None:
+            files = write_results(result, out, plots=scn.output.plots and not args.no_plots, stage=stage,
+                                  stream=stream)
+            print(f"wrote {len(files)} files to {out}/")
     if trace is not None:
         from sim.timeline import intervals_from_requests
         from sim.trace_events import write_trace_events
