@@ -448,6 +448,46 @@ def test_compiled_lane_boundary_finds_full_tables_and_final_blocks():
 
 
 @needs_native
+def test_compiled_lane_grow_takes_the_queue_head_into_the_full_tables():
+    """``FreeQueue.pop_to_lane`` (compiled lane_grow): each lane position at a block boundary, in lane order,
+    takes the next block of the queue's head into its table, by hand; None and nothing changed where a
+    boundary's table is not exactly full or the queue is short."""
+    from sim.kv.block_pool import BlockPool
+
+    rng = np.random.default_rng(17)
+    for case in range(150):
+        n, bs = int(rng.integers(0, 40)), int(rng.choice([1, 4, 16]))
+        pool = BlockPool(int(rng.integers(1, 400)))
+        ids = rng.permutation(1000)[:n] + 7
+        comp = rng.integers(1, 120, n)
+        if n and case % 3 == 0:
+            comp[: n // 2] = (comp[: n // 2] // bs + 1) * bs   # more boundaries
+        gen, out = rng.integers(1, 60, n), rng.integers(60, 200, n)
+        tables = {int(r): [int(b) for b in rng.integers(0, 10**6, -(-int(c) // bs))] for r, c in zip(ids, comp)}
+        if n and case % 5 == 0:   # one boundary's table one block longer: not exactly full
+            i = int(rng.integers(0, n))
+            if comp[i] % bs == 0:
+                tables[int(ids[i])].append(5)
+        cols = np.stack([ids, comp, gen, out])
+        at = [i for i in range(n) if comp[i] % bs == 0]
+        full = all(len(tables[int(ids[i])]) * bs == comp[i] for i in at)
+        before = ({r: list(t) for r, t in tables.items()}, pool.free_order(), pool.ref_counts)
+        head, free = pool.free_order()[:len(at)], pool.num_free
+        got = pool._queue.pop_to_lane(*cols, tables, bs, pool.refs)
+        if not full or len(at) > free:
+            assert got is None
+            assert ({r: list(t) for r, t in tables.items()}, pool.free_order(), pool.ref_counts) == before
+            continue
+        assert got == (len(at), [i for i in at if out[i] - gen[i] < bs])
+        expect = before[0]
+        for i, b in zip(at, head):
+            expect[int(ids[i])].append(b)
+        assert tables == expect
+        assert pool.free_order() == before[1][len(at):]
+        assert [b for b in range(pool.num_blocks) if pool.ref_counts[b]] == sorted(head)
+
+
+@needs_native
 def test_compiled_batch_columns_read_the_requests_as_the_planner_does():
     """A run's batch read into columns (computed, generated, prompt, output, table length), the fewest
     tokens left to sample, and -1 where a request is not one token from its next sample."""

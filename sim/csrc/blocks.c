@@ -258,3 +258,110 @@ done:
     ints_close(&out);
     return result;
 }
+
+/* lane_grow(ids, comp, gen, out, tables, bs, queue_ids, refs, head, size) -> (n, finals) or None: the decode
+lane's block boundaries of one step, allocated. Each lane position i whose computed count comp[i] is a
+multiple of bs takes the free queue's next block (queue_ids[head], then head + 1, ...), in lane order,
+appended to tables[ids[i]] with refs set to 1: what lane_boundary, then one step of grow_tables, do.
+finals: the positions whose new block is their table's final one with slots to spare (out - gen < bs).
+None, with nothing done, where a boundary's table is not exactly full, fewer than n blocks are queued, or a
+queued block is in use: the caller's general path handles those. The queue must have no holes. */
+PyObject *kv_lane_grow(PyObject *self, PyObject *args)
+{
+    PyObject *ids_o, *comp_o, *gen_o, *out_o, *tables, *qids_o, *refs_o;
+    long long bs;
+    Py_ssize_t head, size;
+    if (!PyArg_ParseTuple(args, "OOOOO!LOOnn", &ids_o, &comp_o, &gen_o, &out_o, &PyDict_Type, &tables, &bs,
+                          &qids_o, &refs_o, &head, &size))
+        return NULL;
+    Ints ids, comp, gen, out;
+    ids.held = comp.held = gen.held = out.held = 0;
+    Py_buffer qids, refs;
+    int got = 0;
+    PyObject *result = NULL, *finals = NULL, **grown = NULL;
+    if (ints_open(&ids, ids_o, 0, "ids") < 0 || ints_open(&comp, comp_o, 0, "comp") < 0
+        || ints_open(&gen, gen_o, 0, "gen") < 0 || ints_open(&out, out_o, 0, "out") < 0)
+        goto done;
+    const Py_ssize_t n = comp.view.shape[0];
+    if (ids.view.shape[0] != n || gen.view.shape[0] != n || out.view.shape[0] != n || bs <= 0 || head < 0
+        || size < 0) {
+        PyErr_SetString(PyExc_ValueError, "lane_grow: ids, comp, gen and out of one length, bs > 0 expected");
+        goto done;
+    }
+    if (get_buffer(qids_o, &qids, "l", 8, head + size, "queue_ids") < 0)
+        goto done;
+    got = 1;
+    if (get_buffer(refs_o, &refs, "l", 8, 0, "refs") < 0)
+        goto done;
+    got = 2;
+    const int64_t *qp = (const int64_t *)qids.buf;
+    int64_t *rp = (int64_t *)refs.buf;
+    const Py_ssize_t num_blocks = refs.len / 8;
+    Py_ssize_t count = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        count += ints_at(&comp, i) % bs == 0;
+    finals = PyList_New(0);
+    grown = PyMem_Malloc((count ? count : 1) * sizeof(PyObject *));
+    if (!finals || !grown) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* checked first: nothing changes unless every boundary's table is exactly full and its block is free */
+    if (count > size)
+        goto nothing;
+    Py_ssize_t e = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const int64_t c = ints_at(&comp, i);
+        if (c % bs)
+            continue;
+        PyObject *key = PyLong_FromLongLong(ints_at(&ids, i));
+        if (!key)
+            goto done;
+        PyObject *table = PyDict_GetItemWithError(tables, key);   /* borrowed */
+        Py_DECREF(key);
+        if (!table) {
+            if (PyErr_Occurred())
+                goto done;
+            goto nothing;
+        }
+        const int64_t b = qp[head + e];
+        if (!PyList_Check(table) || (int64_t)PyList_GET_SIZE(table) * bs != c || b < 0 || b >= num_blocks
+            || rp[b] != 0)
+            goto nothing;
+        grown[e++] = table;
+        if (ints_at(&out, i) - ints_at(&gen, i) < bs) {
+            PyObject *pi = PyLong_FromSsize_t(i);
+            if (!pi || PyList_Append(finals, pi) < 0) {
+                Py_XDECREF(pi);
+                goto done;
+            }
+            Py_DECREF(pi);
+        }
+    }
+    for (e = 0; e < count; e++) {
+        const int64_t b = qp[head + e];
+        PyObject *id = PyLong_FromLongLong(b);
+        if (!id || PyList_Append(grown[e], id) < 0) {
+            Py_XDECREF(id);
+            goto done;   /* (out of memory: the tables are then partly grown) */
+        }
+        Py_DECREF(id);
+        rp[b] = 1;
+    }
+    result = Py_BuildValue("(nO)", count, finals);
+    goto done;
+nothing:
+    result = Py_NewRef(Py_None);
+done:
+    PyMem_Free(grown);
+    Py_XDECREF(finals);
+    if (got >= 1)
+        PyBuffer_Release(&qids);
+    if (got >= 2)
+        PyBuffer_Release(&refs);
+    ints_close(&ids);
+    ints_close(&comp);
+    ints_close(&gen);
+    ints_close(&out);
+    return result;
+}

@@ -46,6 +46,10 @@ static PyMethodDef methods[] = {
      "lane_boundary(comp, gen, out, bs) -> (at, computed, finals): the decode lane's requests at a block "
      "boundary (comp % bs == 0: positions and computed counts) and those among them whose next block is "
      "their table's final one with slots to spare (out - gen < bs) (sim/sched/decode_lane.py boundary)."},
+    {"lane_grow", kv_lane_grow, METH_VARARGS,
+     "lane_grow(ids, comp, gen, out, tables, bs, queue_ids, refs, head, size) -> (n, finals) or None: the decode "
+     "lane's block boundaries of one step taken from the free queue's head into their tables (None: nothing "
+     "done, the general path applies)"},
     {"grow_tables", kv_grow_tables, METH_VARARGS,
      "grow_tables(tables, pos, steps, ids, refs, head, used_out, logical_out, used0, logical0) -> n: a small "
      "batch's run takes the free queue's n head entries ids[head:head + n] in event order (steps ascending), "

@@ -19,11 +19,15 @@ bulk ``allocate``/``free`` is a handful of array operations whatever its length.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sim.kv.free_queue import FreeQueue
 from sim.native import native
+
+if TYPE_CHECKING:
+    from sim.sched.decode_lane import DecodeLane
 
 
 class BlockPool:
@@ -133,6 +137,14 @@ class BlockPool:
         if not self._queue.pop_to_tables(tables, pos, steps, self.refs, used, logical, used0, logical0):
             return None
         return used, logical
+
+    def grow_lane(self, lane: DecodeLane, tables: dict[int, list[int]], bs: int) -> tuple[int, list[int]] | None:
+        """The decode lane's block boundaries of one step from the free queue (``FreeQueue.pop_to_lane``):
+        (blocks taken, the positions whose new block is their table's final one), or None (nothing done)
+        where the compiled path does not apply."""
+        if native is None or self.on_evict is not None:
+            return None
+        return self._queue.pop_to_lane(lane.ids, lane.comp, lane.gen, lane.out, tables, bs, self.refs)
 
     def free_table(self, table: list[int]) -> None:
         """``free_last_refs`` of a block table's blocks, tail first (the tail is then evicted first when

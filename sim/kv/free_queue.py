@@ -152,6 +152,22 @@ class FreeQueue:
         self.size -= n
         return True
 
+    def pop_to_lane(self, ids: np.ndarray, comp: np.ndarray, gen: np.ndarray, out: np.ndarray,
+                    tables: dict[int, list[int]], bs: int, refs: np.ndarray) -> tuple[int, list[int]] | None:
+        """The decode lane's block boundaries of one step (sim/csrc/blocks.c lane_grow): each lane position
+        whose computed count is a multiple of ``bs`` takes the head entry, in lane order, into its table
+        (``tables[ids[i]]``) with ``refs`` 1. Returns (blocks taken, the positions whose new block is their
+        table's final one with slots to spare); None, nothing done, where a table is not exactly full, entries are short,
+        or the queue has holes (the caller's general path applies). The caller checks ``native`` is built."""
+        if self.holes:
+            return None
+        got = native.lane_grow(ids, comp, gen, out, tables, bs, self._ids, refs, self._head, self.size)
+        if got is None:
+            return None
+        self._head += got[0]
+        self.size -= got[0]
+        return got
+
     def remove(self, b: int) -> None:
         """Take entry ``b`` out wherever it is (it must be queued): its slot becomes a hole."""
         self._at[b] = -1

@@ -19,6 +19,7 @@ Invariants (``check_integrity``): every block's ref count equals the number of b
 from __future__ import annotations
 
 from collections import Counter
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,6 +27,9 @@ from sim.kv.block_pool import BlockPool
 from sim.kv.sharing import SharingMixin, seq_width
 from sim.kv.swap import SwapSpace
 from sim.request import Request
+
+if TYPE_CHECKING:
+    from sim.sched.decode_lane import DecodeLane
 
 FEW_EVENTS = 8   # up to this many of a decode run's block allocations are made in plain Python (else numpy)
 
@@ -229,6 +233,24 @@ class KVCacheManager(SharingMixin):
             self._note_beyond(reqs[i])
         self._logical_blocks += len(at)
         self._note_peaks()
+        return True
+
+    def grow_lane(self, lane: DecodeLane) -> bool:
+        """``grow_full_tables`` of the decode lane's block boundaries this step, found and allocated in one
+        compiled pass (``BlockPool.grow_lane``); False, nothing done, where that does not apply (then the
+        caller finds them and takes the general path)."""
+        if self.prefix_cache is not None:
+            return False
+        got = self.pool.grow_lane(lane, self.block_tables, self.block_size)
+        if got is None:
+            return False
+        grown, finals = got
+        if grown:
+            reqs = lane.reqs
+            for i in finals:
+                self._note_beyond(reqs[i])
+            self._logical_blocks += grown
+            self._note_peaks()
         return True
 
     def decode_run_counters(self) -> tuple[int, int, int]:

@@ -260,6 +260,8 @@ class ContinuousScheduler(SchedulerBase):
         if n == 0 or n > budget or (lane.prefills and not chunked):
             self.drop_lane()   # the loop moves the requests past the arrays
             return None
+        if native is not None and manager.grow_lane(lane):   # (compiled: found and allocated in one pass)
+            return lane
         bs = manager.block_size
         if native is not None:   # (compiled: positions, computed counts and finals in one pass)
             at, computed, finals = native.lane_boundary(lane.comp, lane.gen, lane.out, bs)
