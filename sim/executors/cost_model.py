@@ -424,7 +424,7 @@ class CostModelExecutor:
         entries = plan.scheduled
         if type(entries) is LaneEntries:   # a decode lane: its size and context sum (all contexts > 0)
             tokens = seqs = dec_seqs = len(entries.ids)
-            dec_ctx = int(entries.ctx.sum()) + dec_seqs
+            dec_ctx = entries.ctx_sum + dec_seqs
             entries = entries.rest
         for s in entries:
             n, c = s.num_new_tokens, s.num_context_tokens

@@ -180,7 +180,7 @@ class ContinuousScheduler(SchedulerBase):
         num_decode = 0
         lane = self._plan_lane = self._take_lane(budget, chunked) if self._lane_policy else None
         if lane is not None:   # the decodes at once; the prefills (a few) through the loop below
-            scheduled = plan.scheduled = LaneEntries(lane.ids, lane.comp, tables)
+            scheduled = plan.scheduled = LaneEntries(lane.ids, lane.comp, tables, ctx_sum=lane.comp_sum)
             num_decode = len(lane)
             budget -= num_decode
             order = list(lane.prefills)
@@ -317,6 +317,7 @@ class ContinuousScheduler(SchedulerBase):
                 assert np.array_equal(getattr(lane, name), getattr(fresh, name)), f"decode lane: {name} differs"
             assert np.array_equal(lane.last_times(), fresh.last_times()), "decode lane: last token times differ"
             assert lane.left == fresh.left, "decode lane: fewest tokens left differs"
+            assert lane.comp_sum == fresh.comp_sum, "decode lane: context sum differs"
 
     def _swap_in(self, now: float, scheduled: list[ScheduledRequest], batch: list[Request], budget: int,
                  stats: StepStats) -> int:

@@ -18,7 +18,8 @@ Invariants while the lane is held (``ContinuousScheduler._lane``):
 - once synced, ``comp[i] == reqs[i].num_computed_tokens``, ``gen[i] == reqs[i].num_generated``, and
   ``last`` their last token times; always ``comp[i] == prompt_len + gen[i] - 1``, ``gen[i] >= 1``;
 - ``last`` is every request's last token time, or None with ``last_all`` their common time;
-- ``left == min(out - gen)`` over the decodes (tokens still to sample; 0 after the step that finishes one).
+- ``left == min(out - gen)`` over the decodes (tokens still to sample; 0 after the step that finishes one);
+- ``comp_sum == sum(comp)`` (the lane's contexts summed, exact: the pricers read it every step).
 Whatever else changes the batch (preemption, rotation, swap, a decode run, forks) drops the lane; the
 scheduler rebuilds it from ``running`` at its next step.
 """
@@ -35,7 +36,7 @@ _STEP = np.array([[0], [1], [1], [0], [0]], dtype=np.int64)   # a decode step: c
 
 
 class DecodeLane:
-    __slots__ = ("reqs", "cols", "last", "last_all", "prefills", "prefill_ranks", "synced", "left")
+    __slots__ = ("reqs", "cols", "last", "last_all", "prefills", "prefill_ranks", "synced", "left", "comp_sum")
 
     def __init__(self, reqs: list[Request], ranks: list[int], prefills: list[Request],
                  prefill_ranks: list[int]) -> None:
@@ -51,6 +52,7 @@ class DecodeLane:
         self.prefill_ranks = prefill_ranks
         self.synced = True   # the requests' counters equal the arrays
         self.left = self._fewest_left()
+        self.comp_sum = int(self.cols[COMP].sum())
 
     def _fewest_left(self) -> int:
         """The fewest tokens any decode has left to sample (``left``: no decode finishes before that many
@@ -134,6 +136,7 @@ class DecodeLane:
         self.cols = _put_column(self.cols, at, (req.req_id, req.num_computed_tokens, req.num_generated,
                                                 req.output_len, rank))
         self.left = min(self.left, req.output_len - req.num_generated)
+        self.comp_sum += req.num_computed_tokens
         return True
 
     def finished_prefill(self, req: Request) -> bool:
@@ -148,8 +151,10 @@ class DecodeLane:
     def drop(self, at: list[int], mask: np.ndarray) -> None:
         """Drop the decodes at positions ``at`` (ascending; ``mask`` is False exactly there): they finished."""
         reqs = self.reqs
+        comp = self.cols[COMP]
         for i in reversed(at):
             del reqs[i]
+            self.comp_sum -= comp.item(i)
         self.cols = self.cols[:, mask]
         if self.last is not None:
             self.last = self.last[mask]
@@ -158,6 +163,7 @@ class DecodeLane:
     def step(self, now: float) -> None:
         """Every decode computed one token and sampled one at ``now`` (the arrays; the requests at ``sync``)."""
         self.cols = self.cols + _STEP   # (a new array: the step's plan keeps its contexts)
+        self.comp_sum += self.cols.shape[1]
         self.left -= 1
         self.last = None
         self.last_all = now

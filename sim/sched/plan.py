@@ -15,15 +15,17 @@ class ScheduledRequest:
 
 class LaneEntries:
     """``StepPlan.scheduled`` of a step with a decode lane (sim/sched/decode_lane.py): the lane's
-    requests ``ids``, one new token each over contexts ``ctx`` (numpy arrays), then the explicit
-    entries ``rest``. Iterates, indexes and measures as the list of ScheduledRequests it stands for
-    (the lane's entries are built on demand); pricers read ``ids``/``ctx`` directly."""
+    requests ``ids``, one new token each over contexts ``ctx`` (numpy arrays) that sum to ``ctx_sum``, then
+    the explicit entries ``rest``. Iterates, indexes and measures as the list of ScheduledRequests it stands
+    for (the lane's entries are built on demand); pricers read ``ids``/``ctx``/``ctx_sum`` directly."""
 
-    __slots__ = ("ids", "ctx", "tables", "rest")
+    __slots__ = ("ids", "ctx", "ctx_sum", "tables", "rest")
 
-    def __init__(self, ids, ctx, tables: dict[int, list[int]], rest: list[ScheduledRequest] | None = None) -> None:
+    def __init__(self, ids, ctx, tables: dict[int, list[int]], rest: list[ScheduledRequest] | None = None,
+                 ctx_sum: int | None = None) -> None:
         self.ids = ids
         self.ctx = ctx
+        self.ctx_sum = int(ctx.sum()) if ctx_sum is None else ctx_sum
         self.tables = tables
         self.rest = [] if rest is None else rest
 
