@@ -188,6 +188,12 @@ class Columns:
         """Chunks that have filled: their rows no longer change."""
         return max(0, len(self._chunks) - 1) if self._fill < self.CHUNK_ROWS else len(self._chunks)
 
+    def full_chunk(self, i: int) -> np.ndarray:
+        """Chunk ``i``, one of the ``full_chunks`` (no queued row is written: safe inside ``on_full``)."""
+        if i >= self.full_chunks():
+            raise IndexError(f"chunk {i} has not filled")
+        return self._chunks[i]
+
     def chunks(self) -> list[np.ndarray]:
         """Every chunk cut to its rows (views), after writing the queued rows: the filled ones first."""
         return self._filled()
@@ -291,14 +297,17 @@ class Recorder:
 
     def _send_full(self) -> None:
         """Send the chunks filled in every streamed column set (the breakdown's once its rows catch up)."""
-        if self._stream_breakdown is None:   # the first chunk: the breakdown goes along if it started (at step 0,
-            self._stream_breakdown = self.breakdown is not None   # as the table needs it: else close finds so)
+        if self._stream_breakdown is None:
+            # fixed at the first chunk: the breakdown columns go along if they have started. The table has them
+            # only if every step has a breakdown; where that turns out otherwise, the stream is not the table
+            # (``finish_stream`` and the stream's ``close`` find so) and the table is written after the run
+            self._stream_breakdown = self.breakdown is not None
         ready = self.cols.full_chunks()
         if self._stream_breakdown:
             ready = min(ready, self.breakdown.full_chunks())
         while self._streamed < ready:
             i = self._streamed
-            self._send(self.cols._chunks[i], self.breakdown._chunks[i] if self._stream_breakdown else None, i)
+            self._send(self.cols.full_chunk(i), self.breakdown.full_chunk(i) if self._stream_breakdown else None, i)
             self._streamed += 1
 
     def finish_stream(self) -> None:
