@@ -39,7 +39,7 @@ class StepTableStream:
         self._buffered: list[Any] = []   # record batches waiting for a Parquet row group
         self._buffered_rows = 0
         self._usable = True
-        self.complete = False            # every row of the run was handed over (``finish``)
+        self.complete = False            # every row of the run was handed over (``mark_complete``)
 
     # ------------------------------------------------------------ main thread
     def put(self, names: list[str], columns: list[np.ndarray]) -> None:
