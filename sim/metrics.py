@@ -22,7 +22,7 @@ import pandas as pd
 
 from sim.native import native
 from sim.request import Request, RequestStatus
-from sim.sched.plan import DecodeSteps, StepPlan, StepResult
+from sim.sched.plan import StepPlan, StepResult
 
 STEP_COLUMNS = [
     "start_s", "duration_s", "batch_size", "num_prefill_tokens", "num_decode_tokens", "num_running",
@@ -248,22 +248,6 @@ class Recorder:
             except KeyError:   # a step without some key of the first one: 0.0 there
                 row = tuple(bd.get(k, 0.0) for k in self.breakdown_keys)
             self.breakdown.append(row)
-
-    def record_decode_step(self, start: float, duration: float, n: int, sched, breakdown: dict[str, np.ndarray],
-                           j: int) -> None:
-        """``record_step`` of an all-decode step of ``n`` requests (no prefill, preemption, swap or copy),
-        the step ``j`` of a decode run whose breakdown is ``breakdown`` (arrays by key), without building
-        its plan and result: the scheduler's state is read as ``record_step`` reads it."""
-        if self.breakdown is None and breakdown:
-            self.record_step(start, DecodeSteps(n), StepResult(duration, {k: float(v[j]) for k, v in breakdown.items()}),
-                             sched)
-            return
-        mgr = sched.manager
-        self.cols.append((start, duration, n, 0, n, len(sched.running), sched.num_waiting(), sched.num_swapped(),
-                          mgr.num_blocks - mgr.num_free_blocks(), 0, 0, 0, 0, *mgr.memory_slots()))
-        if breakdown:
-            self.breakdown.append(tuple(float(breakdown[k][j]) if k in breakdown else 0.0
-                                        for k in self.breakdown_keys))
 
     def _start_breakdown(self, keys: list[str]) -> None:
         """The breakdown columns are the keys of the first step that has a breakdown, in its order."""

@@ -19,6 +19,7 @@ import numpy as np
 from sim.native import native
 from sim.request import Request
 from sim.sched.base import StepStats
+from sim.sched.plan import StepResult
 
 if TYPE_CHECKING:
     from sim.sched.decode_run import PendingRun
@@ -75,6 +76,19 @@ def small_batch_events(run: PendingRun, k: int, bs: int) -> tuple[list[int], lis
     return pos, steps, finals
 
 
+class DecodeStepView:
+    """What the recorder reads of an all-decode step's plan: its size and no block movement (a run
+    builds no per-request plan)."""
+
+    __slots__ = ("scheduled",)
+    blocks_to_copy = blocks_to_swap_out = blocks_to_swap_in = ()
+
+    def __init__(self, n: int) -> None:
+        self.scheduled = range(n)
+
+
+
+
 class DecodeRunApplier:
     """The applying half of ``DecodeRunner`` (sim/sched/decode_run.py): a planned run's effects, as single
     stepping would have made them step by step. Expects ``self.sched`` and ``self.recorder``."""
@@ -122,8 +136,8 @@ class DecodeRunApplier:
         done = [batch[i] for i in finished]
         if done:
             sched._finish(done, end)
-        self.recorder.record_decode_step(float(run.ends[k - 1]), float(run.durations[k - 1]), n, sched, run.breakdown,
-                                         k - 1)
+        last = StepResult(float(run.durations[k - 1]), {key: float(v[k - 1]) for key, v in run.breakdown.items()})
+        self.recorder.record_step(float(run.ends[k - 1]), DecodeStepView(n), last, sched)
         return done
 
     def _apply_through_finishes(self, run: PendingRun) -> list[Request]:
@@ -211,8 +225,8 @@ class DecodeRunApplier:
                 num_running=alive[1:k], num_waiting=run.waiting,   # (those not finished in step j)
                 num_swapped=run.swapped, kv_blocks_used=u, slots=(ts, frag, b, 0, empty),
                 breakdown={key: v[:m] for key, v in run.breakdown.items()})
-        self.recorder.record_decode_step(float(ends[k - 1]), float(run.durations[k - 1]), n_last, sched,
-                                         run.breakdown, k - 1)
+        last_step = StepResult(float(run.durations[k - 1]), {key: float(v[k - 1]) for key, v in run.breakdown.items()})
+        self.recorder.record_step(float(ends[k - 1]), DecodeStepView(n_last), last_step, sched)
         return done
 
     def write_back(self, run: PendingRun) -> None:

@@ -72,14 +72,3 @@ class StepPlan:
 class StepResult:
     duration_s: float                                          # simulated time the step takes
     breakdown: dict[str, float] = field(default_factory=dict)  # e.g. linear, attention, swap, overhead (s)
-
-
-class DecodeSteps:
-    """What the recorder reads of an all-decode step's plan: its size and no block movement (a decode run
-    builds no per-request plan)."""
-
-    __slots__ = ("scheduled",)
-    blocks_to_copy = blocks_to_swap_out = blocks_to_swap_in = ()
-
-    def __init__(self, n: int) -> None:
-        self.scheduled = range(n)
