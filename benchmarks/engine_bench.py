@@ -9,6 +9,7 @@
     python benchmarks/engine_bench.py --compare --repeat 3  # alternating, the fastest of each mode
     python benchmarks/engine_bench.py --batch-scaling       # wall time per step at batch 8 and 256
     python benchmarks/engine_bench.py --no-lane             # the decode lane off (sim/sched/decode_lane.py)
+    python benchmarks/engine_bench.py --stream-compare --repeat 3   # the step table written after / during the run
 
 Prints, per run: requests, steps, decode runs (multi-step), engine waits (SimPy timeouts the engine
 yielded: its events), arrivals, wall seconds per phase, steps per wall second and peak RSS. As ``kvsim run
@@ -118,27 +119,28 @@ def outputs_doubled(on: bool = True) -> Iterator[None]:
         runner.build_workload = build
 
 
-def measure(data: dict, multi_step: bool, write: bool, plot: bool, double_output: bool) -> dict:
+def measure(data: dict, multi_step: bool, write: bool, plot: bool, double_output: bool, stream: bool = True) -> dict:
     """One run's phases. With ``write``, as ``kvsim run --out`` does it: the per-step table is written while
-    the engine runs (sim/step_stream.py, on a second thread), the rest after it."""
+    the engine runs (sim/step_stream.py, on a second thread), the rest after it; without ``stream``, all of
+    it after the run."""
     from sim.commands.run import results_stage, write_results
 
     data = copy.deepcopy(data)
     data.setdefault("scheduler", {})["multi_step"] = multi_step
     scn = scenario_from_dict(data, base_dir=ROOT / "scenarios")
-    with tempfile.TemporaryDirectory() as tmp, results_stage(Path(tmp) / "w" if write else None) as (stage, stream):
+    with tempfile.TemporaryDirectory() as tmp, results_stage(Path(tmp) / "w" if write else None) as (stage, stream_obj):
         t0 = time.perf_counter()
         with outputs_doubled(double_output):
-            res = run_scenario(scn, check_integrity=False, step_stream=stream)
+            res = run_scenario(scn, check_integrity=False, step_stream=stream_obj if stream else None)
         total = time.perf_counter() - t0
         p = res.profile
-        row = {"name": data["name"] + (" x2out" if double_output else ""), "multi_step": multi_step,
+        row = {"name": data["name"] + (" x2out" if double_output else ""), "multi_step": multi_step, "stream": stream,
                "requests": res.summary["num_requests"], "steps": p["steps"], "decode_runs": p["decode_runs"],
                "engine_waits": p["engine_waits"], "arrivals": p["arrivals"],
                "load_s": p["load_s"], "simulate_s": p["simulate_s"], "summarise_s": p["summarise_s"]}
         t = time.perf_counter()
         if write:
-            write_results(res, Path(tmp) / "w", plots=False, stage=stage, stream=stream)
+            write_results(res, Path(tmp) / "w", plots=False, stage=stage, stream=stream_obj if stream else None)
         row["write_s"] = time.perf_counter() - t
         t = time.perf_counter()
         if plot:
@@ -180,6 +182,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1,
                     help="with --compare: alternate off/on this many times; the ratio uses each mode's fastest")
     ap.add_argument("--no-write", action="store_true", help="skip writing the tables")
+    ap.add_argument("--stream-compare", action="store_true",
+                    help="the step table written after the run, then while it runs, alternating (--repeat times); "
+                         "prints the ratio of simulate + summarise + write")
     ap.add_argument("--plots", action="store_true", help="also draw the figures")
     ap.add_argument("--no-lane", action="store_true",
                     help="decode lane off (the per-request loop plans and updates every step)")
@@ -195,11 +200,13 @@ def main() -> None:
         continuous.ContinuousScheduler.use_lane = False
     data = workload_data(args)
     if args.output_scaling:
-        runs = [(not args.single_step, doubled) for doubled in (False, True)] * args.repeat
+        runs = [(not args.single_step, doubled, True) for doubled in (False, True)] * args.repeat
+    elif args.stream_compare:
+        runs = [(not args.single_step, args.double_output, stream) for stream in (False, True)] * args.repeat
     else:
         modes = [False, True] * args.repeat if args.compare else [not args.single_step]
-        runs = [(m, args.double_output) for m in modes]
-    rows = [measure(data, m, not args.no_write, args.plots, doubled) for m, doubled in runs]
+        runs = [(m, args.double_output, True) for m in modes]
+    rows = [measure(data, m, not args.no_write, args.plots, doubled, stream) for m, doubled, stream in runs]
     cols = list(rows[0])
     print(" | ".join(f"{c:>12}" for c in cols))
     for r in rows:
@@ -207,6 +214,11 @@ def main() -> None:
     if args.compare:
         best = {m: min(r["simulate_s"] for r in rows if r["multi_step"] == m) for m in (False, True)}
         print(f"simulate time, multi-step on / off (fastest of {args.repeat}): {best[True] / best[False]:.3f}")
+    if args.stream_compare:   # the engine's time, the tables and the writing after it, each mode's fastest
+        best = {st: min(r["simulate_s"] + r["summarise_s"] + r["write_s"] for r in rows if r["stream"] == st)
+                for st in (False, True)}
+        print(f"simulate + summarise + write, step table streamed / written after (fastest of {args.repeat}): "
+              f"{best[True] / best[False]:.3f}")
     if args.output_scaling:   # whole runs (load to written tables), each kind's fastest
         best = {d: min(r["run_s"] + r["write_s"] for r in rows if r["name"].endswith("x2out") == d)
                 for d in (False, True)}
