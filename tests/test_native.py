@@ -123,7 +123,7 @@ def test_bad_buffers_are_refused():
 
 
 NATIVE_USERS = ["sim.executors.cost_model", "sim.kv.block_pool", "sim.kv.free_queue", "sim.metrics",
-                "sim.sched.continuous", "sim.sched.decode_run", "sim.sched.decode_run_apply"]
+                "sim.sched.continuous", "sim.sched.decode_lane", "sim.sched.decode_run", "sim.sched.decode_run_apply"]
 
 
 def native_off(monkeypatch) -> None:
@@ -512,6 +512,51 @@ def test_compiled_batch_columns_read_the_requests_as_the_planner_does():
         assert native.batch_columns(batch, tables, cols) == -1
     with pytest.raises(KeyError):
         native.batch_columns(batch, {}, cols)
+
+
+@needs_native
+def test_compiled_lane_columns_read_the_decodes_as_the_lane_holds_them(monkeypatch):
+    """The decode lane built from ``running`` (requests in their prefill left out): each decode's req_id,
+    computed, generated and output tokens and its rank, its last token time; None where a decode is not one
+    token from its next sample. The same lane with the compiled loops off."""
+    import sim.sched.decode_lane as decode_lane
+    from sim.request import Request
+
+    rng = random.Random(15)
+    for _ in range(100):
+        running, prefilling, ranks = [], set(), {}
+        for i in range(rng.randint(1, 40)):
+            prompt, gen = rng.randint(1, 900), rng.randint(1, 200)
+            req = Request(req_id=2000 + 3 * i, arrival_s=0.0, prompt_len=prompt, output_len=gen + rng.randint(1, 99))
+            req.num_generated, req.num_computed_tokens = gen, prompt + gen - 1
+            req.last_token_s = rng.choice([0.5, rng.random()])
+            if rng.random() < 0.2:   # in its prefill: a chunk computed, nothing sampled
+                req.num_generated, req.num_computed_tokens = 0, rng.randint(0, prompt - 1)
+                prefilling.add(req.req_id)
+            running.append(req)
+            ranks[req.req_id] = 7 * i + 1
+        decodes = [r for r in running if r.req_id not in prefilling]
+        expect = [[r.req_id, r.num_computed_tokens, r.num_generated, r.output_len, ranks[r.req_id]] for r in decodes]
+        lanes = []
+        for compiled in (native, None):
+            monkeypatch.setattr(decode_lane, "native", compiled)
+            lane = decode_lane.DecodeLane.build(running, prefilling, ranks)
+            assert lane.cols.T.tolist() == expect
+            assert lane.last_times().tolist() == [r.last_token_s for r in decodes]
+            assert [id(r) for r in lane.prefills] == [id(r) for r in running if r.req_id in prefilling]
+            assert lane.left == (min(r.output_len - r.num_generated for r in decodes) if decodes else 1 << 62)
+            assert lane.comp_sum == sum(r.num_computed_tokens for r in decodes)
+            lanes.append(lane)
+        if decodes:
+            odd = rng.choice(decodes)
+            odd.num_computed_tokens -= rng.choice([1, 5])   # (a prefill chunk still to compute)
+            for compiled in (native, None):
+                monkeypatch.setattr(decode_lane, "native", compiled)
+                assert decode_lane.DecodeLane.build(running, prefilling, ranks) is None
+    req = Request(req_id=1, arrival_s=0.0, prompt_len=10, output_len=5)
+    req.num_generated, req.num_computed_tokens = 2, 11
+    with pytest.raises(KeyError):   # (a decode without a rank)
+        native.lane_columns([req], {}, np.empty((5, 1), dtype=np.int64), np.empty(1))
 
 
 @needs_native

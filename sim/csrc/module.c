@@ -42,6 +42,10 @@ static PyMethodDef methods[] = {
      "write_counters(batch, c0, g0, rem, k, end): each request of a run that did not finish in its k steps "
      "(rem > k) gets num_computed_tokens c0 + k, num_generated g0 + k and last_token_s end "
      "(DecodeRunApplier.write_back)."},
+    {"lane_columns", kv_lane_columns, METH_VARARGS,
+     "lane_columns(reqs, ranks, cols, last) -> bool: the decode lane's columns (5 x n int64: req_id, computed, "
+     "generated, output tokens, ranks[req_id]) and last token times (n float64) of reqs; False, as far as "
+     "written, where a request is not one token from its next sample (sim/sched/decode_lane.py build)."},
     {"lane_boundary", kv_lane_boundary, METH_VARARGS,
      "lane_boundary(comp, gen, out, bs) -> (at, computed, finals): the decode lane's requests at a block "
      "boundary (comp % bs == 0: positions and computed counts) and those among them whose next block is "

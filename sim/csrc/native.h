@@ -46,10 +46,11 @@ PyObject *kv_decode_prices(PyObject *self, PyObject *args);
 PyObject *kv_shrinking_stretches(PyObject *self, PyObject *args);
 PyObject *kv_step_ends(PyObject *self, PyObject *args);
 PyObject *kv_first_tie(PyObject *self, PyObject *args);
-/* requests.c: a run's requests read and written back */
+/* requests.c: a run's and the decode lane's requests read and written back */
 int requests_init(void);
 PyObject *kv_batch_columns(PyObject *self, PyObject *args);
 PyObject *kv_write_counters(PyObject *self, PyObject *args);
+PyObject *kv_lane_columns(PyObject *self, PyObject *args);
 /* blocks.c: block allocations and frees */
 PyObject *kv_boundary_events(PyObject *self, PyObject *args);
 PyObject *kv_grow_tables(PyObject *self, PyObject *args);

@@ -1,6 +1,8 @@
 /* A run's requests (sim/sched/decode_run.py, decode_run_apply.py): batch_columns reads their counters
 and table lengths into int64 columns as a run is planned; write_counters writes the counters of those
-that did not finish back when it is applied. Attributes are read and set by name, as Python would. */
+that did not finish back when it is applied. The decode lane's (sim/sched/decode_lane.py): lane_columns
+reads them into the lane's arrays as it is built. Attributes are read
+and set by name, as Python would. */
 #include "native.h"
 
 static PyObject *s_computed, *s_generated, *s_prompt, *s_output, *s_req_id, *s_last_token;
@@ -115,3 +117,69 @@ done:
     ints_close(&rem);
     return result;
 }
+
+
+PyObject *kv_lane_columns(PyObject *self, PyObject *args)
+{
+    PyObject *reqs, *ranks, *cols_o, *last_o;
+    if (!PyArg_ParseTuple(args, "O!O!OO", &PyList_Type, &reqs, &PyDict_Type, &ranks, &cols_o, &last_o))
+        return NULL;
+    const Py_ssize_t n = PyList_GET_SIZE(reqs);
+    Py_buffer cv, lv;
+    if (get_buffer(cols_o, &cv, "l", 8, 5 * n, "cols") < 0)
+        return NULL;
+    if (get_buffer(last_o, &lv, "d", 8, n, "last") < 0) {
+        PyBuffer_Release(&cv);
+        return NULL;
+    }
+    int64_t *o = (int64_t *)cv.buf;
+    double *last = (double *)lv.buf;
+    const Py_ssize_t row = cv.len / 8 / 5;
+    PyObject *result = NULL;
+    if (row != n) {
+        PyErr_SetString(PyExc_ValueError, "lane_columns: cols must be 5 x len(reqs)");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *req = PyList_GET_ITEM(reqs, i);
+        long long c, g, p, out, id, rank;
+        if (read_int(req, s_computed, &c) < 0 || read_int(req, s_generated, &g) < 0 || read_int(req, s_prompt, &p) < 0
+            || read_int(req, s_output, &out) < 0 || read_int(req, s_req_id, &id) < 0)
+            goto done;
+        if (g <= 0 || p + g - c != 1) {   /* not one token from its next sample: no lane */
+            result = Py_NewRef(Py_False);
+            goto done;
+        }
+        PyObject *key = PyLong_FromLongLong(id);
+        if (!key)
+            goto done;
+        PyObject *r = PyDict_GetItemWithError(ranks, key);   /* borrowed */
+        Py_DECREF(key);
+        if (!r) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_KeyError, "lane_columns: request %lld has no rank", id);
+            goto done;
+        }
+        rank = PyLong_AsLongLong(r);
+        if (rank == -1 && PyErr_Occurred())
+            goto done;
+        PyObject *t = PyObject_GetAttr(req, s_last_token);
+        if (!t)
+            goto done;
+        last[i] = PyFloat_AsDouble(t);
+        Py_DECREF(t);
+        if (last[i] == -1.0 && PyErr_Occurred())
+            goto done;
+        o[i] = id;
+        o[row + i] = c;
+        o[2 * row + i] = g;
+        o[3 * row + i] = out;
+        o[4 * row + i] = rank;
+    }
+    result = Py_NewRef(Py_True);
+done:
+    PyBuffer_Release(&cv);
+    PyBuffer_Release(&lv);
+    return result;
+}
+

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sim.native import native
 from sim.request import Request
 
 # the integer columns, rows of one (5, n) array: a request joins or leaves all of them in one numpy call
@@ -38,15 +39,13 @@ _STEP = np.array([[0], [1], [1], [0], [0]], dtype=np.int64)   # a decode step: c
 class DecodeLane:
     __slots__ = ("reqs", "cols", "last", "last_all", "prefills", "prefill_ranks", "synced", "left", "comp_sum")
 
-    def __init__(self, reqs: list[Request], ranks: list[int], prefills: list[Request],
+    def __init__(self, reqs: list[Request], cols: np.ndarray, last: np.ndarray, prefills: list[Request],
                  prefill_ranks: list[int]) -> None:
-        n = len(reqs)
+        """The lane of decodes ``reqs`` with their columns ``cols`` (5 x n: IDS, COMP, GEN, OUT, RANK) and last
+        token times ``last``, beside the requests still in their prefill."""
         self.reqs = reqs
-        flat = np.fromiter((x for r, rank in zip(reqs, ranks)
-                            for x in (r.req_id, r.num_computed_tokens, r.num_generated, r.output_len, rank)),
-                           np.int64, 5 * n)
-        self.cols = np.ascontiguousarray(flat.reshape(n, 5).T)
-        self.last: np.ndarray | None = np.fromiter((r.last_token_s for r in reqs), np.float64, n)
+        self.cols = cols
+        self.last: np.ndarray | None = last
         self.last_all = 0.0
         self.prefills = prefills
         self.prefill_ranks = prefill_ranks
@@ -64,12 +63,23 @@ class DecodeLane:
     def build(running: list[Request], prefilling: set[int], ranks: dict[int, int]) -> DecodeLane | None:
         """The lane of ``running`` (None when a request that is not prefilling has other than one token
         to compute: the general path handles that step)."""
-        reqs = [r for r in running if r.req_id not in prefilling]
-        for r in reqs:
-            if r.num_generated <= 0 or r.prompt_len + r.num_generated - r.num_computed_tokens != 1:
+        reqs = [r for r in running if r.req_id not in prefilling] if prefilling else list(running)
+        n = len(reqs)
+        cols = np.empty((5, n), dtype=np.int64)
+        last = np.empty(n, dtype=np.float64)
+        if native is not None:   # (compiled: the columns and every request's check in one pass)
+            if not native.lane_columns(reqs, ranks, cols, last):
                 return None
+        else:
+            for r in reqs:
+                if r.num_generated <= 0 or r.prompt_len + r.num_generated - r.num_computed_tokens != 1:
+                    return None
+            cols[:] = np.fromiter((x for r in reqs for x in (r.req_id, r.num_computed_tokens, r.num_generated,
+                                                             r.output_len, ranks[r.req_id])),
+                                  np.int64, 5 * n).reshape(n, 5).T
+            last[:] = np.fromiter((r.last_token_s for r in reqs), np.float64, n)
         prefills = [r for r in running if r.req_id in prefilling] if prefilling else []
-        return DecodeLane(reqs, [ranks[r.req_id] for r in reqs], prefills, [ranks[r.req_id] for r in prefills])
+        return DecodeLane(reqs, cols, last, prefills, [ranks[r.req_id] for r in prefills])
 
     def __len__(self) -> int:
         return len(self.reqs)
