@@ -440,7 +440,7 @@ class DecodeRunner(DecodeRunApplier):
             k, bs = run.k, self.sched.manager.block_size
             step_ends = run.ends[1: k + 1].tolist()
             rem, l0 = run.rem.tolist(), run.l0.tolist()
-            if len(run.batch) <= SMALL_BATCH:
+            if len(run.batch) <= SMALL_BATCH or (native is not None and run.c0a is not None):
                 pos, taken_at, finals = small_batch_events(run, k, bs)
                 run._events = (pos, taken_at, finals)
             else:

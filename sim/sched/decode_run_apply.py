@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from sim.sched.decode_run import PendingRun
 
 SMALL_BATCH = 32   # a run of at most this many requests is worked out per request in plain Python, a larger
-                   # one with numpy (a numpy call costs about a microsecond whatever its size)
+                   # one with numpy (a numpy call costs about a microsecond whatever its size); the compiled
+                   # loops, where built, find and take any run's block events
 
 
 def boundary_steps(c0: np.ndarray, l0: np.ndarray, rem: np.ndarray, k: int, bs: int) -> tuple[np.ndarray, np.ndarray]:
@@ -287,7 +288,7 @@ class DecodeRunApplier:
         leaving the pool in one call."""
         k, bs = run.k, self.sched.manager.block_size
         # a request's most KV tokens: prompt + output - 1 = c0 + rem (a decode computes c0 = prompt + g0 - 1)
-        if len(run.batch) <= SMALL_BATCH:
+        if len(run.batch) <= SMALL_BATCH or (native is not None and run.c0a is not None):   # (compiled: any batch)
             if run._events is None:
                 pos, steps, finals = small_batch_events(run, k, bs)
             else:   # found for more steps (a router asked before the run was cut): those before k
