@@ -2,7 +2,9 @@
 updated through it must equal the per-request loop bit for bit: every shipped scenario (trimmed), the
 multi-step stress scenarios and a hundred fuzzer cases are run with the lane off and with it on for
 batches of any size (LANE_MIN_BATCH = 1), with the integrity checks (which compare the lane with one
-rebuilt from the requests) on where the caches are small."""
+rebuilt from the requests) on where the caches are small. In the stress scenarios decode runs are
+planned from the lane and move it on (``DecodeLane.advance``), checked against a rebuilt lane after
+each run."""
 
 from __future__ import annotations
 
@@ -31,17 +33,24 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def lane_steps(monkeypatch) -> dict[str, int]:
-    """Lanes for every batch size; counts the steps planned through one."""
+    """Lanes for every batch size; counts the steps planned through one and the decode runs it followed
+    (planned from its arrays and moved on by them, not rebuilt)."""
     monkeypatch.setattr(continuous, "LANE_MIN_BATCH", 1)
-    counts = {"steps": 0}
+    counts = {"steps": 0, "runs": 0}
     take = continuous.ContinuousScheduler._take_lane
+    advance = DecodeLane.advance
 
     def counting(self, budget, chunked):
         lane = take(self, budget, chunked)
         counts["steps"] += lane is not None
         return lane
 
+    def advancing(self, k, end, keep):
+        counts["runs"] += 1
+        advance(self, k, end, keep)
+
     monkeypatch.setattr(continuous.ContinuousScheduler, "_take_lane", counting)
+    monkeypatch.setattr(DecodeLane, "advance", advancing)
     return counts
 
 
@@ -74,6 +83,7 @@ def test_stress_scenarios_equal(name, lane_steps, monkeypatch):
                                                       check_integrity=check))
     assert_same(off, on)
     assert lane_steps["steps"] > 0, "no step went through a lane"
+    assert lane_steps["runs"] > 0, "no decode run followed the lane"
 
 
 def test_fuzz_cases_equal(lane_steps, monkeypatch):

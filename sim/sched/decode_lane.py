@@ -10,7 +10,9 @@ samples one; the few at a block boundary (c0_i % block_size == 0) call ``allocat
 order, exactly where the per-request loop would; the executor reads the lane's size and context sum;
 ``update`` advances the arrays at once. The requests' own counters are written back lazily (``sync``):
 for the requests that finish or take a block, as they do, and for all whenever the lane is dropped or
-anything else is about to read them (a decode run's planning, the integrity checks, the run's end).
+anything else is about to read them (a decode run planned from the requests, the integrity checks, the
+run's end). A decode run of the lane's batch is planned from its arrays and moves them on as it applies
+(``advance``: k tokens each, its finished requests out), its own write-back syncing them.
 
 Invariants while the lane is held (``ContinuousScheduler._lane``):
 - ``reqs`` are the running requests not in their prefill, in running order (ascending ``rank``: the
@@ -20,8 +22,8 @@ Invariants while the lane is held (``ContinuousScheduler._lane``):
 - ``last`` is every request's last token time, or None with ``last_all`` their common time;
 - ``left == min(out - gen)`` over the decodes (tokens still to sample; 0 after the step that finishes one);
 - ``comp_sum == sum(comp)`` (the lane's contexts summed, exact: the pricers read it every step).
-Whatever else changes the batch (preemption, rotation, swap, a decode run, forks) drops the lane; the
-scheduler rebuilds it from ``running`` at its next step.
+Whatever else changes the batch (preemption, rotation, swap, forks, a decode run planned without the
+lane) drops the lane; the scheduler rebuilds it from ``running`` at its next step.
 """
 
 from __future__ import annotations
@@ -177,6 +179,23 @@ class DecodeLane:
         self.left -= 1
         self.last = None
         self.last_all = now
+        self.synced = False
+
+    def advance(self, k: int, end: float, keep: np.ndarray) -> None:
+        """A decode run of ``k`` steps (sim/sched/decode_run_apply.py) moved every decode ``k`` tokens on, all
+        sampled last at ``end``; those where ``keep`` is False finished in it and leave. The requests'
+        counters are the run's to write (``synced`` False until it does)."""
+        cols = self.cols
+        if not keep.all():
+            reqs = self.reqs
+            for i in reversed((~keep).nonzero()[0].tolist()):
+                del reqs[i]
+            cols = cols[:, keep]
+        self.cols = cols + k * _STEP
+        self.comp_sum = int(self.cols[COMP].sum())
+        self.last = None
+        self.last_all = end
+        self.left = self._fewest_left()
         self.synced = False
 
     def sync(self) -> None:

@@ -34,6 +34,7 @@ import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from itertools import chain
+from typing import Any
 
 import numpy as np
 
@@ -81,6 +82,9 @@ class PendingRun:
     blocked_head: Request | None = None   # the queue's head, whose failed allocation creates its empty table
     last_token: float | None = None   # every request's last token time (a chained run), else read them
     eager: bool = False        # applied at plan time inside a chain: counters of survivors not written
+    lane: Any = None           # the scheduler's decode lane, when it holds the batch (in order) and follows the
+                               # run: planned from its arrays, advanced as the run applies, never rebuilt
+    lane_last: float | None = None   # every request's last token time as that lane holds it (not yet synced)
     c0a: np.ndarray | None = None     # c0 and g0 as arrays (carried to the next run of a chain)
     g0a: np.ndarray | None = None
     seqs: np.ndarray | None = None    # requests in each priced step, where some finish inside the run
@@ -297,8 +301,21 @@ class DecodeRunner(DecodeRunApplier):
 
     def _plan_batch(self, now: float, next_arrival: float, limit: int, step: int,
                     batch: list[Request], min_steps: int) -> PendingRun | None:
-        self.sched.sync_lane()   # the counters are read here
-        chained = not len(self.sched.waiting)
+        sched = self.sched
+        chained = not len(sched.waiting)
+        lane = sched._lane
+        if lane is not None and lane.last is None and not lane.prefills and len(lane) == len(batch):
+            # the lane holds the batch (the running decodes, in running order): its arrays, no pass over the
+            # requests; each table covers its computed tokens exactly (the scheduler's invariant)
+            if not chained and lane.left < min_steps:
+                return None
+            c0 = lane.comp
+            run = self._price(now, next_arrival, limit, step, batch, c0, lane.gen, -(-c0 // sched.manager.block_size),
+                              lane.out - lane.gen, 1 if chained else min_steps, None, chained)
+            if run is not None:
+                run.lane, run.lane_last = lane, lane.last_all
+            return run
+        sched.sync_lane()   # the counters are read here
         cols = self._batch_columns(batch, None if chained else min_steps)
         if cols is None:
             return None
@@ -348,8 +365,11 @@ class DecodeRunner(DecodeRunApplier):
         bs = sched.manager.block_size
         end = run.end
         limit = self._arrival_limit(end, self._bound(next_arrival), float(run.durations[k - 1]))
-        return self._price(end, next_arrival, limit, step, batch, c0, run.g0a[keep] + k, -(-c0 // bs),
-                           run.rem[keep] - k, 1, end, True)
+        nxt = self._price(end, next_arrival, limit, step, batch, c0, run.g0a[keep] + k, -(-c0 // bs),
+                          run.rem[keep] - k, 1, end, True)
+        if nxt is not None and run.lane is not None and run.lane is sched._lane:   # (it followed the run)
+            nxt.lane = run.lane
+        return nxt
 
     def _price(self, now: float, next_arrival: float, limit: int, step: int, batch: list[Request],
                c0: np.ndarray, g0: np.ndarray, l0: np.ndarray, rem: np.ndarray, min_steps: int,

@@ -102,7 +102,7 @@ class DecodeRunApplier:
         if int(np.minimum.reduce(run.rem)) < run.k:
             return self._apply_through_finishes(run)
         sched = self.sched
-        sched.drop_lane()   # the run moves the requests' counters past the decode lane's arrays
+        self._follow_lane(run)
         mgr = sched.manager
         k, batch, n = run.k, run.batch, len(run.batch)
         waiting, swapped = run.waiting, run.swapped
@@ -152,7 +152,7 @@ class DecodeRunApplier:
         peaks) are those of single stepping: after the step's allocations, before (sums, peaks) or after
         (rows) its finishes."""
         sched = self.sched
-        sched.drop_lane()
+        self._follow_lane(run)
         mgr = sched.manager
         k, batch, n0 = run.k, run.batch, len(run.batch)
         rem, ends = run.rem, run.ends
@@ -234,7 +234,11 @@ class DecodeRunApplier:
         """Write the counters of the requests ``run`` did not finish (at once for a run applied after its
         wait; at the end of a chain for runs applied eagerly)."""
         k, end = run.k, run.end
-        self.sched.drop_lane()
+        lane = self.sched._lane
+        if lane is not None and run.lane is lane:   # (the lane followed the run: the same counters)
+            lane.synced = True
+        else:
+            self.sched.drop_lane()
         if native is not None:
             native.write_counters(run.batch, run.c0, run.g0, run.rem, k, end)
             return
@@ -243,6 +247,18 @@ class DecodeRunApplier:
                 req.num_computed_tokens = c + k
                 req.num_generated = g + k
                 req.last_token_s = end
+
+    def _follow_lane(self, run: PendingRun) -> None:
+        """The decode lane past ``run`` as it applies: moved k tokens on, its finished requests out, where it
+        held the run's batch (``run.lane``); else dropped (rebuilt when next needed)."""
+        sched = self.sched
+        lane = sched._lane
+        if lane is None:
+            return
+        if run.lane is not lane:
+            sched.drop_lane()
+            return
+        lane.advance(run.k, run.end, run.rem > run.k)
 
     def _allocate(self, run: PendingRun) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Call allocate_slots where single stepping would (a request at a block boundary), in step then
@@ -319,10 +335,11 @@ class DecodeRunApplier:
             regular = back == ends[:k]
             b0, irregular = float(back[0]), k - 1 - int(np.count_nonzero(regular[1:]))
         # step 0: each request's last token time decides
-        if run.last_token is not None:   # chained: every request sampled at the previous run's end
-            num0 = n if run.last_token == b0 else 0
+        common = run.last_token if run.last_token is not None else run.lane_last
+        if common is not None:   # chained, or read off the lane: every request sampled at one time
+            num0 = n if common == b0 else 0
             if num0 < n:
-                gaps.other_gaps.extend([float(ends[1] - run.last_token)] * n)
+                gaps.other_gaps.extend([float(ends[1] - common)] * n)
         else:
             e1 = float(ends[1])
             late = [e1 - t for t in [r.last_token_s for r in run.batch] if t != b0]
