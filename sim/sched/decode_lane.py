@@ -36,6 +36,17 @@ from sim.request import Request
 # the integer columns, rows of one (5, n) array: a request joins or leaves all of them in one numpy call
 IDS, COMP, GEN, OUT, RANK = range(5)
 _STEP = np.array([[0], [1], [1], [0], [0]], dtype=np.int64)   # a decode step: computed and generated + 1
+_STEPS: dict[int, np.ndarray] = {}   # lane size -> _STEP as a full (5, n) array (numpy adds it in half the
+                                     # time of a broadcast); at most one per batch size
+
+
+def _step_of(n: int) -> np.ndarray:
+    """``_STEP`` broadcast to a lane of ``n`` decodes (cached, never written)."""
+    step = _STEPS.get(n)
+    if step is None:
+        step = _STEPS[n] = np.repeat(_STEP, n, axis=1)
+        step.flags.writeable = False
+    return step
 
 
 class DecodeLane:
@@ -174,7 +185,7 @@ class DecodeLane:
 
     def step(self, now: float) -> None:
         """Every decode computed one token and sampled one at ``now`` (the arrays; the requests at ``sync``)."""
-        self.cols = self.cols + _STEP   # (a new array: the step's plan keeps its contexts)
+        self.cols = self.cols + _step_of(self.cols.shape[1])   # (a new array: the step's plan keeps its contexts)
         self.comp_sum += self.cols.shape[1]
         self.left -= 1
         self.last = None
