@@ -28,6 +28,37 @@ static int read_int(PyObject *obj, PyObject *name, long long *value)
     return *value == -1 && PyErr_Occurred() ? -1 : 0;
 }
 
+/* a request's computed, generated, prompt and output tokens and its req_id */
+static int read_counters(PyObject *req, long long *c, long long *g, long long *p, long long *out, long long *id)
+{
+    return read_int(req, s_computed, c) < 0 || read_int(req, s_generated, g) < 0 || read_int(req, s_prompt, p) < 0
+           || read_int(req, s_output, out) < 0 || read_int(req, s_req_id, id) < 0 ? -1 : 0;
+}
+
+/* column i of a 5 x row int64 table o (row-major: one row per field) */
+static inline void put5(int64_t *o, Py_ssize_t row, Py_ssize_t i, long long a, long long b, long long c, long long d,
+                        long long e)
+{
+    o[i] = a;
+    o[row + i] = b;
+    o[2 * row + i] = c;
+    o[3 * row + i] = d;
+    o[4 * row + i] = e;
+}
+
+/* d[id] (borrowed), or NULL with KeyError "<fn>: request <id> has no <what>" (or d's own error) */
+static PyObject *item_of(PyObject *d, long long id, const char *fn, const char *what)
+{
+    PyObject *key = PyLong_FromLongLong(id);
+    if (!key)
+        return NULL;
+    PyObject *item = PyDict_GetItemWithError(d, key);
+    Py_DECREF(key);
+    if (!item && !PyErr_Occurred())
+        PyErr_Format(PyExc_KeyError, "%s: request %lld has no %s", fn, id, what);
+    return item;
+}
+
 PyObject *kv_batch_columns(PyObject *self, PyObject *args)
 {
     PyObject *batch, *tables, *out_o;
@@ -44,27 +75,15 @@ PyObject *kv_batch_columns(PyObject *self, PyObject *args)
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *req = PyList_GET_ITEM(batch, i);
         long long c, g, p, out, id;
-        if (read_int(req, s_computed, &c) < 0 || read_int(req, s_generated, &g) < 0 || read_int(req, s_prompt, &p) < 0
-            || read_int(req, s_output, &out) < 0 || read_int(req, s_req_id, &id) < 0)
+        if (read_counters(req, &c, &g, &p, &out, &id) < 0)
             goto done;
-        PyObject *key = PyLong_FromLongLong(id);
-        if (!key)
+        PyObject *table = item_of(tables, id, "batch_columns", "block table");   /* borrowed */
+        if (!table)
             goto done;
-        PyObject *table = PyDict_GetItemWithError(tables, key);   /* borrowed */
-        Py_DECREF(key);
-        if (!table) {
-            if (!PyErr_Occurred())
-                PyErr_Format(PyExc_KeyError, "batch_columns: request %lld has no block table", id);
-            goto done;
-        }
         const Py_ssize_t len = PyObject_Length(table);
         if (len < 0)
             goto done;
-        o[i] = c;
-        o[row + i] = g;
-        o[2 * row + i] = p;
-        o[3 * row + i] = out;
-        o[4 * row + i] = len;
+        put5(o, row, i, c, g, p, out, len);
         if (g <= 0 || p + g - c != 1) {   /* not one token from its next sample: no run */
             result = PyLong_FromLong(-1);
             goto done;
@@ -143,23 +162,15 @@ PyObject *kv_lane_columns(PyObject *self, PyObject *args)
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *req = PyList_GET_ITEM(reqs, i);
         long long c, g, p, out, id, rank;
-        if (read_int(req, s_computed, &c) < 0 || read_int(req, s_generated, &g) < 0 || read_int(req, s_prompt, &p) < 0
-            || read_int(req, s_output, &out) < 0 || read_int(req, s_req_id, &id) < 0)
+        if (read_counters(req, &c, &g, &p, &out, &id) < 0)
             goto done;
         if (g <= 0 || p + g - c != 1) {   /* not one token from its next sample: no lane */
             result = Py_NewRef(Py_False);
             goto done;
         }
-        PyObject *key = PyLong_FromLongLong(id);
-        if (!key)
+        PyObject *r = item_of(ranks, id, "lane_columns", "rank");   /* borrowed */
+        if (!r)
             goto done;
-        PyObject *r = PyDict_GetItemWithError(ranks, key);   /* borrowed */
-        Py_DECREF(key);
-        if (!r) {
-            if (!PyErr_Occurred())
-                PyErr_Format(PyExc_KeyError, "lane_columns: request %lld has no rank", id);
-            goto done;
-        }
         rank = PyLong_AsLongLong(r);
         if (rank == -1 && PyErr_Occurred())
             goto done;
@@ -170,11 +181,7 @@ PyObject *kv_lane_columns(PyObject *self, PyObject *args)
         Py_DECREF(t);
         if (last[i] == -1.0 && PyErr_Occurred())
             goto done;
-        o[i] = id;
-        o[row + i] = c;
-        o[2 * row + i] = g;
-        o[3 * row + i] = out;
-        o[4 * row + i] = rank;
+        put5(o, row, i, id, c, g, out, rank);
     }
     result = Py_NewRef(Py_True);
 done:

@@ -307,6 +307,13 @@ class ContinuousScheduler(SchedulerBase):
         super().check_integrity()
         order = [self._ranks[r.req_id] for r in self.running]
         assert order == sorted(order) and len(self._ranks) == len(order), "running is not in rank order"
+        manager = self.manager
+        if isinstance(manager, KVCacheManager) and not self._multi_seq:   # (decode runs read table lengths so)
+            bs = manager.block_size
+            for req in self.running:
+                have = len(manager.block_tables.get(req.req_id, ()))
+                assert have == -(-req.num_computed_tokens // bs), (
+                    f"request {req.req_id}: {have} blocks for {req.num_computed_tokens} computed tokens")
         lane = self._lane
         if lane is not None:   # the lane agrees with a fresh one built from the requests
             fresh = DecodeLane.build(self.running, self._prefilling, self._ranks)
