@@ -1,8 +1,7 @@
 /* A run's requests (sim/sched/decode_run.py, decode_run_apply.py): batch_columns reads their counters
 and table lengths into int64 columns as a run is planned; write_counters writes the counters of those
 that did not finish back when it is applied. The decode lane's (sim/sched/decode_lane.py): lane_columns
-reads them into the lane's arrays as it is built. Attributes are read
-and set by name, as Python would. */
+reads them into the lane's arrays as it is built. Attributes are read and set by name, as Python would. */
 #include "native.h"
 
 static PyObject *s_computed, *s_generated, *s_prompt, *s_output, *s_req_id, *s_last_token;
@@ -189,4 +188,3 @@ done:
     PyBuffer_Release(&lv);
     return result;
 }
-
