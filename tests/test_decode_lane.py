@@ -125,8 +125,9 @@ def test_a_prefilled_request_joins_the_decodes_at_its_running_position():
     assert [r.req_id for r in lane.reqs] == [1, 4, 2, 3]   # rank 1: between a and b
     assert lane.comp.tolist() == [13, 30, 21, 12] and lane.rank.tolist() == [0, 1, 2, 3]
     assert lane.last_times().tolist() == [2.0] * 4
-    lane.drop([1, 3], np.array([True, False, True, False]))
+    lane.drop([1, 3])
     assert [r.req_id for r in lane.reqs] == [1, 2] and lane.out.tolist() == [50, 50]
+    assert lane.comp.tolist() == [13, 21] and lane.comp_sum == 34 and lane.left == 46   # a: 50 - 4
 
 
 
@@ -144,8 +145,8 @@ def test_the_lane_counts_down_to_its_next_finish():
     assert lane.left == 5 and lane.last is None and lane.last_times().tolist() == [2.0] * 4
     for t in range(5):
         lane.step(3.0 + t)
-    assert lane.left == 0 and (lane.gen >= lane.out).tolist() == [False, True, False, False]
-    lane.drop([1], np.array([True, False, True, True]))   # pre finished: a, b, c have 41, 43, 37 left
+    assert lane.left == 0 and lane.finished() == [1]
+    lane.drop([1])   # pre finished: a, b, c have 41, 43, 37 left
     assert lane.left == 37
 
 def test_a_request_with_more_than_one_token_to_compute_gets_no_lane():

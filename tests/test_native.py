@@ -560,6 +560,39 @@ def test_compiled_lane_columns_read_the_decodes_as_the_lane_holds_them(monkeypat
 
 
 @needs_native
+def test_compiled_lane_finish_drops_the_finished_columns():
+    """The decode lane's finished positions (generated reached output) and its columns without them, the
+    fewest tokens the others have left and the contexts that leave: against numpy's comparison and boolean
+    take, and a lane of one finishing decode worked by hand."""
+    rng = np.random.default_rng(16)
+    for _ in range(200):
+        n = int(rng.integers(1, 60))
+        cols = np.empty((5, n), dtype=np.int64)
+        cols[0] = rng.permutation(1000)[:n]                # ids
+        cols[2] = rng.integers(1, 300, n)                  # generated
+        cols[3] = cols[2] + rng.integers(0, 3, n)          # output: 0 left where equal
+        cols[1] = cols[2] + rng.integers(5, 900, n)        # computed
+        cols[4] = np.sort(rng.permutation(5000)[:n])       # ranks
+        at = native.lane_finished(cols[2], cols[3])
+        assert at == (cols[2] >= cols[3]).nonzero()[0].tolist()
+        if not at:
+            continue
+        keep = cols[2] < cols[3]
+        new = np.empty((5, n - len(at)), dtype=np.int64)
+        left, gone = native.lane_compact(cols, at, new)
+        assert new.tolist() == cols[:, keep].tolist()
+        assert gone == int(cols[1][~keep].sum())
+        assert left == (int((cols[3] - cols[2])[keep].min()) if keep.any() else 1 << 62)
+    cols = np.array([[7, 8, 9], [110, 205, 64], [11, 6, 5], [20, 6, 9], [0, 1, 2]], dtype=np.int64)
+    assert native.lane_finished(cols[2], cols[3]) == [1]     # 6 of 6 sampled
+    new = np.empty((5, 2), dtype=np.int64)
+    assert native.lane_compact(cols, [1], new) == (4, 205)   # left: min(20 - 11, 9 - 5)
+    assert new.tolist() == [[7, 9], [110, 64], [11, 5], [20, 9], [0, 2]]
+    with pytest.raises(ValueError):   # positions out of order: nothing written
+        native.lane_compact(cols, [2, 1], np.empty((5, 1), dtype=np.int64))
+
+
+@needs_native
 def test_compiled_write_counters_move_the_survivors_k_steps_on():
     from sim.request import Request
 

@@ -1,5 +1,5 @@
 /* The extension module sim._native: its method table (the functions live in pricing.c, requests.c,
-blocks.c and recording.c; sim/native.py loads the module, or None where it was not built). */
+blocks.c, lane.c and recording.c; sim/native.py loads the module, or None where it was not built). */
 #include "native.h"
 
 static PyMethodDef methods[] = {
@@ -46,6 +46,13 @@ static PyMethodDef methods[] = {
      "lane_columns(reqs, ranks, cols, last) -> bool: the decode lane's columns (5 x n int64: req_id, computed, "
      "generated, output tokens, ranks[req_id]) and last token times (n float64) of reqs; False, as far as "
      "written, where a request is not one token from its next sample (sim/sched/decode_lane.py build)."},
+    {"lane_finished", kv_lane_finished, METH_VARARGS,
+     "lane_finished(gen, out) -> [i, ...]: the decode lane's positions whose generated count reached its output "
+     "length (gen >= out), ascending (sim/sched/decode_lane.py finished)."},
+    {"lane_compact", kv_lane_compact, METH_VARARGS,
+     "lane_compact(cols, at, new) -> (left, gone): new (5 x (n - len(at)) int64) gets the lane's columns cols "
+     "(5 x n) but those at the ascending positions at; left is the fewest out - gen among those kept (1 << 62 "
+     "when none), gone the computed counts at at summed (sim/sched/decode_lane.py drop)."},
     {"lane_boundary", kv_lane_boundary, METH_VARARGS,
      "lane_boundary(comp, gen, out, bs) -> (at, computed, finals): the decode lane's requests at a block "
      "boundary (comp % bs == 0: positions and computed counts) and those among them whose next block is "

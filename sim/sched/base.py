@@ -264,12 +264,11 @@ class SchedulerBase:
         if lane is not self._lane:   # dropped while this step was planned: nobody else writes it back
             lane.sync()
         if lane.left <= 0:   # some decode sampled its last token
-            over = lane.gen >= lane.out
             reqs = lane.reqs
-            at = over.nonzero()[0].tolist()
+            at = lane.finished()
             lane.write(at)
             done.extend(reqs[i] for i in at)
-            lane.drop(at, ~over)
+            lane.drop(at)
         return regular, n, n
 
     def sync_lane(self) -> None:

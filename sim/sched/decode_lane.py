@@ -171,14 +171,31 @@ class DecodeLane:
         del self.prefill_ranks[i]
         return True
 
-    def drop(self, at: list[int], mask: np.ndarray) -> None:
-        """Drop the decodes at positions ``at`` (ascending; ``mask`` is False exactly there): they finished."""
+    def finished(self) -> list[int]:
+        """Positions of the decodes that sampled their last token (generated == output), ascending."""
+        cols = self.cols
+        if native is not None:   # (compiled: one pass)
+            return native.lane_finished(cols[GEN], cols[OUT])
+        return (cols[GEN] >= cols[OUT]).nonzero()[0].tolist()
+
+    def drop(self, at: list[int]) -> None:
+        """Drop the decodes at positions ``at`` (ascending, not empty): they finished."""
         reqs = self.reqs
-        comp = self.cols[COMP]
         for i in reversed(at):
             del reqs[i]
+        cols = self.cols
+        if native is not None and self.last is None and cols.flags.c_contiguous:   # (compiled: one pass)
+            new = np.empty((5, cols.shape[1] - len(at)), dtype=np.int64)
+            self.left, gone = native.lane_compact(cols, at, new)
+            self.comp_sum -= gone
+            self.cols = new
+            return
+        comp = cols[COMP]
+        for i in at:
             self.comp_sum -= comp.item(i)
-        self.cols = self.cols[:, mask]
+        mask = np.ones(cols.shape[1], dtype=bool)
+        mask[at] = False
+        self.cols = cols[:, mask]
         if self.last is not None:
             self.last = self.last[mask]
         self.left = self._fewest_left()
