@@ -93,6 +93,20 @@ done:
     return result;
 }
 
+/* The free queue's ids (at least n of them) and the pool's reference counts, both held on success (0);
+neither on failure (-1). */
+static int queue_buffers(PyObject *ids_o, PyObject *refs_o, Py_ssize_t n, const char *what, Py_buffer *ids,
+                         Py_buffer *refs)
+{
+    if (get_buffer(ids_o, ids, "l", 8, n, what) < 0)
+        return -1;
+    if (get_buffer(refs_o, refs, "l", 8, 0, "refs") < 0) {
+        PyBuffer_Release(ids);
+        return -1;
+    }
+    return 0;
+}
+
 PyObject *kv_grow_tables(PyObject *self, PyObject *args)
 {
     PyObject *tables, *pos, *steps, *ids_o, *refs_o, *used_o, *logical_o;
@@ -105,10 +119,7 @@ PyObject *kv_grow_tables(PyObject *self, PyObject *args)
     Py_buffer ids, refs, used, logical;
     int got = 0;
     PyObject *result = NULL;
-    if (get_buffer(ids_o, &ids, "l", 8, head + n, "ids") < 0)
-        goto done;
-    got = 1;
-    if (get_buffer(refs_o, &refs, "l", 8, 0, "refs") < 0)
+    if (queue_buffers(ids_o, refs_o, head + n, "ids", &ids, &refs) < 0)
         goto done;
     got = 2;
     if (get_buffer(used_o, &used, "l", 8, 0, "used") < 0)
@@ -288,10 +299,7 @@ PyObject *kv_lane_grow(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "lane_grow: ids, comp, gen and out of one length, bs > 0 expected");
         goto done;
     }
-    if (get_buffer(qids_o, &qids, "l", 8, head + size, "queue_ids") < 0)
-        goto done;
-    got = 1;
-    if (get_buffer(refs_o, &refs, "l", 8, 0, "refs") < 0)
+    if (queue_buffers(qids_o, refs_o, head + size, "queue_ids", &qids, &refs) < 0)
         goto done;
     got = 2;
     const int64_t *qp = (const int64_t *)qids.buf;
