@@ -304,24 +304,26 @@ class DecodeRunner(DecodeRunApplier):
         sched = self.sched
         chained = not len(sched.waiting)
         lane = sched._lane
-        if lane is not None and lane.last is None and not lane.prefills and len(lane) == len(batch):
+        if lane is not None and (lane.last is not None or lane.prefills or len(lane) != len(batch)):
+            lane = None
+        if lane is not None:
             # the lane holds the batch (the running decodes, in running order): its arrays, no pass over the
             # requests; each table covers its computed tokens exactly (the scheduler's invariant)
             if not chained and lane.left < min_steps:
                 return None
-            c0 = lane.comp
-            run = self._price(now, next_arrival, limit, step, batch, c0, lane.gen, -(-c0 // sched.manager.block_size),
-                              lane.out - lane.gen, 1 if chained else min_steps, None, chained)
-            if run is not None:
-                run.lane, run.lane_last = lane, lane.last_all
-            return run
-        sched.sync_lane()   # the counters are read here
-        cols = self._batch_columns(batch, None if chained else min_steps)
-        if cols is None:
-            return None
-        c0, g0, out, l0 = cols
-        return self._price(now, next_arrival, limit, step, batch, c0, g0, l0, out - g0,
-                           1 if chained else min_steps, None, chained)
+            c0, g0, out = lane.comp, lane.gen, lane.out
+            l0 = -(-c0 // sched.manager.block_size)
+        else:
+            sched.sync_lane()   # the counters are read here
+            cols = self._batch_columns(batch, None if chained else min_steps)
+            if cols is None:
+                return None
+            c0, g0, out, l0 = cols
+        run = self._price(now, next_arrival, limit, step, batch, c0, g0, l0, out - g0,
+                          1 if chained else min_steps, None, chained)
+        if run is not None and lane is not None:
+            run.lane, run.lane_last = lane, lane.last_all
+        return run
 
     def _batch_columns(self, batch: list[Request], min_left: int | None) -> tuple[np.ndarray, ...] | None:
         """(computed, generated, output, table length) of each request of ``batch`` as int64 arrays; None
