@@ -6,6 +6,7 @@ requests, 100 prompts cycled, exactly output_len tokens) and from hand arithmeti
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -17,9 +18,10 @@ import pandas as pd
 import pytest
 
 from sim.errors import KvsimError
-from sim.fidelity.evaluate import StageResult, stage_figures
+from sim.fidelity.evaluate import StageResult, evaluate, stage_figures
 from sim.fidelity.goals import check_goals
 from sim.fidelity.rebuild import arrivals, build_requests, prompt_lengths, run_scenario_for
+from sim.fidelity.report import text_table
 from sim.fidelity.runs import group_runs, model_preset, read_runs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,6 +111,42 @@ def test_rebuilt_scenario_names_only_the_server_settings():
     assert scn.model_spec.max_model_len == 4096
 
 
+
+def _llama_params(layers: int, hidden: int, kv_heads: int, head_dim: int, inter: int, vocab: int) -> int:
+    """Parameters of a Llama-style model from its config.json (untied embeddings, gated MLP, RMSNorm)."""
+    kv = kv_heads * head_dim
+    per_layer = 2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * inter + 2 * hidden
+    return 2 * vocab * hidden + layers * per_layer + hidden
+
+
+def _blocks_by_hand(tp: int, params: int, layers: int, kv_heads: int, head_dim: int, non_kv_gib: float) -> int:
+    """KV blocks of 16 tokens (fp16) in tp x 80 GiB at 0.9 utilisation after the weights and non_kv_gib a GPU."""
+    gib = 2**30
+    free = 0.9 * 80 * gib * tp - 2 * params - int(non_kv_gib * tp * gib)
+    return int(free // (16 * layers * 2 * kv_heads * head_dim * 2))
+
+
+def test_unlogged_servers_get_what_the_7b_log_leaves_per_gpu():
+    """The 7B's logged 7,463 blocks leave 1.14 GiB a GPU beside the weights at 0.9 utilisation (6.74e9
+    parameters: 12.55 GiB); a server without a logged count keeps that much a GPU (not kvsim's generic 5%
+    of the card), and the 7B rebuilt without its log gets its logged count back."""
+    from sim.fidelity.rebuild import NON_KV_GIB_PER_GPU
+    from sim.runner import gpu_blocks
+    p7 = _llama_params(32, 4096, 32, 128, 11008, 32000)
+    assert p7 == 6_738_415_616   # Llama-2-7B's published parameter count
+    assert _blocks_by_hand(1, p7, 32, 32, 128, NON_KV_GIB_PER_GPU) == 7463
+    stages = read_runs(RUNS)
+    unlogged = [dataclasses.replace(s, num_gpu_blocks=None) for s in group_runs(stages)["llama-2-7b-tp1-codegen"]]
+    scn, _, _ = run_scenario_for(unlogged, seed=0)
+    assert gpu_blocks(scn) == 7463
+    p70 = _llama_params(80, 8192, 8, 128, 28672, 32000)
+    scn, _, _ = run_scenario_for(group_runs(stages)["llama-2-70b-tp4-general"], seed=0)
+    assert gpu_blocks(scn) == _blocks_by_hand(4, p70, 80, 8, 128, NON_KV_GIB_PER_GPU)
+    assert gpu_blocks(scn) > _blocks_by_hand(4, p70, 80, 8, 128, 0.05 * 0.9 * 80)   # the generic reserve
+    result = evaluate(stages, seeds=[0], max_duration_s=5, runs=["llama-2-70b-tp4-general"])[0]
+    assert (result.kv_blocks, result.kv_blocks_estimated) == (gpu_blocks(scn), True)
+    assert f"{result.kv_blocks:,} KV blocks (estimated)" in text_table([result])
+
 def test_stage_figures_by_hand():
     # two requests in the stage, one after it; output_len 5
     df = pd.DataFrame({"arrival_s": [1.0, 2.0, 11.0], "status": ["FINISHED"] * 3,
@@ -168,6 +206,7 @@ def test_cli_quick_subset_meets_the_decode_goal(tmp_path):
         assert lo <= s["predicted"]["decode_per_token"] <= hi
         assert abs(s["error"]["decode_per_token"]) <= 0.10
         assert not s["falsely_saturated"]
+        assert (s["kv_blocks"], s["kv_blocks_estimated"]) == (7463, False)   # the server log's count
     assert {p.name for p in out.iterdir()} == {"fidelity.csv", "fidelity.json", "parity.png"}
     table = pd.read_csv(out / "fidelity.csv")
     assert len(table) == 2 * 10 and set(table["metric"]) >= {"ttft_mean", "decode_per_token", "req_per_s"}

@@ -23,7 +23,7 @@ import pandas as pd
 
 from sim.fidelity.rebuild import run_scenario_for
 from sim.fidelity.runs import METRIC_COLUMNS, MeasuredStage, group_runs
-from sim.runner import run_scenario
+from sim.runner import gpu_blocks, run_scenario
 
 METRICS = list(METRIC_COLUMNS)
 _NOTHING = pd.DataFrame({"arrival_s": [], "status": [], "ttft_s": [], "e2e_s": []})   # no request served
@@ -36,6 +36,8 @@ class StageResult:
     stage: MeasuredStage
     predictions: list[dict[str, float]] = field(default_factory=list)   # one per seed
     refused: list[int] = field(default_factory=list)   # per seed: requests the API server refuses (too long)
+    kv_blocks: int | None = None       # the replayed server's GPU KV blocks (None: nothing replayed)
+    kv_blocks_estimated: bool = False  # sized from HBM (no logged or given count)
 
     def predicted(self, metric: str) -> float:
         return float(np.mean([p[metric] for p in self.predictions]))
@@ -59,6 +61,7 @@ class StageResult:
                 "spread": {m: list(self.spread(m)) for m in METRICS},
                 "error": {m: self.error(m) for m in METRICS},
                 "falsely_saturated": self.falsely_saturated, "refused": self.refused,
+                "kv_blocks": self.kv_blocks, "kv_blocks_estimated": self.kv_blocks_estimated,
                 "seeds": self.predictions}
 
 
@@ -101,6 +104,8 @@ def evaluate(stages: list[MeasuredStage], seeds: list[int], overrides: list[str]
             for sr, window, n in zip(stage_results, windows, refused):
                 sr.predictions.append(stage_figures(served, window, sr.stage.output_len))
                 sr.refused.append(n)
+                if scn is not None:
+                    sr.kv_blocks, sr.kv_blocks_estimated = gpu_blocks(scn), scn.kv_cache.num_gpu_blocks is None
         results.extend(stage_results)
     return results
 

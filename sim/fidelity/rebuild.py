@@ -22,8 +22,9 @@ The load, as the client (inference-perf) generated it (docs/fidelity.md):
 
 The server: the model preset with the run's max_model_len, the hardware preset with its
 tensor_parallel, block size 16, prefix caching and chunked prefill on, the run's max_num_seqs and
-max_num_batched_tokens, the logged GPU block count when known (else kvsim's estimate at 0.9
-utilisation). Nothing else: the step model and the frontend are the hardware's defaults.
+max_num_batched_tokens, the logged GPU block count when known, else what fits at 0.9 utilisation
+beside the weights and ``NON_KV_GIB_PER_GPU`` per GPU. Nothing else: the step model and the frontend are
+the hardware's defaults.
 """
 
 from __future__ import annotations
@@ -35,6 +36,14 @@ import numpy as np
 from sim.fidelity.runs import MeasuredStage
 from sim.scenario import Scenario, scenario_from_dict
 from sim.specs import HardwareSpec, ModelSpec
+
+# GPU memory vLLM keeps per GPU besides the weights and the KV cache (its profiling pass's activations, the
+# CUDA context, communication and graph buffers), from the one run whose log gives its block count, the
+# Llama-2-7B at TP 1 on H100 (vllm_h100_runs.csv): 0.9 x 80 GiB - 12.551 GiB of weights - 7,463 blocks x
+# 8 MiB = 1.144 GiB (1.136-1.144 GiB give 7,463 blocks). It is a few percent of a card, whatever the
+# model: the activations of a 2,048-token pass are a few hundred MB, sharded by tensor parallelism.
+# kvsim's generic reserve, 5% of the usable HBM (3.6 GiB a card), would size the 7B at 7,148 blocks.
+NON_KV_GIB_PER_GPU = 1.14
 
 
 def prompt_lengths(q: dict[str, float], count: int) -> np.ndarray:
@@ -104,6 +113,8 @@ def server_settings(stage: MeasuredStage) -> dict[str, Any]:
     kv: dict[str, Any] = {"block_size": 16, "prefix_caching": True}
     if stage.num_gpu_blocks:
         kv["num_gpu_blocks"] = stage.num_gpu_blocks
+    else:   # (activation_reserve_gb is the whole tensor-parallel group's)
+        kv["activation_reserve_gb"] = NON_KV_GIB_PER_GPU * stage.tensor_parallel
     return {"model": model, "hardware": hardware, "kv_cache": kv,
             "scheduler": {"max_num_seqs": stage.max_num_seqs, "chunked_prefill": True,
                           "max_num_batched_tokens": stage.max_num_batched_tokens}}

@@ -30,8 +30,10 @@ def text_table(results: list[StageResult]) -> str:
     """A plain-text table: a block per stage, a line per metric."""
     lines = []
     for r in results:
+        kv = "" if r.kv_blocks is None else \
+            f", {r.kv_blocks:,} KV blocks{' (estimated)' if r.kv_blocks_estimated else ''}"
         lines.append(f"{r.stage.run}  stage {r.stage.stage}  ({r.stage.rate_req_s:g} req/s, "
-                     f"{len(r.predictions)} seed(s))")
+                     f"{len(r.predictions)} seed(s){kv})")
         lines.append(f"  {'metric':<14}{'measured':>12}{'predicted':>12}{'seed spread':>24}{'error':>9}")
         for m in METRICS:
             lo, hi = r.spread(m)
