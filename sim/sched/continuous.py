@@ -53,6 +53,9 @@ class ContinuousScheduler(SchedulerBase):
     # the running decodes are kept as arrays (sim/sched/decode_lane.py) where the policy allows: same
     # plans and results as the per-request loop, at numpy cost per step
     use_lane: bool = True
+    # a waiting head that could not get its blocks is not tried again until something it depends on changes
+    # (``_blocked_head``): same plans and results as trying at every step
+    remember_blocked_head: bool = True
 
     def __init__(self, config, manager: KVCacheManager, max_model_len: int) -> None:
         super().__init__(config, manager, max_model_len)
@@ -64,6 +67,12 @@ class ContinuousScheduler(SchedulerBase):
         # a lane where the batch order is running order (the priority policy sorts it) and the manager is
         # the paged one (a decode token inside its last block needs no call)
         self._lane_policy = self.use_lane and config.policy != "priority" and isinstance(manager, KVCacheManager)
+        # (the waiting head, the token budget, its computed tokens, the free blocks) when that head could not
+        # get its blocks as the first admission of a step: with the same head, budget and computed count
+        # and no more free blocks it cannot get them at a later step either (paged blocks, no prefix cache:
+        # nothing else decides), so that step's admission stops at once (a saturated engine tries every step)
+        self._blocked_head: tuple[Request, int, int, int] | None = None
+        self._note_blocked = self.remember_blocked_head and isinstance(manager, KVCacheManager)
 
     def _enqueue(self, req: Request) -> None:
         self.waiting.push(req)
@@ -368,6 +377,14 @@ class ContinuousScheduler(SchedulerBase):
                stats: StepStats) -> None:
         waiting = self.waiting
         manager = self.manager
+        blocked = self._blocked_head
+        if blocked is not None:
+            head = waiting.peek()
+            if (blocked[0] is head and blocked[1] == budget and blocked[2] == head.num_computed_tokens
+                    and manager.pool.num_free <= blocked[3]):
+                return
+            self._blocked_head = None
+        first_budget = budget
         max_seqs = self.config.max_num_seqs
         seats = len(self.running)
         if self._multi_seq:  # a request with n samples or beams takes that many seats
@@ -394,6 +411,8 @@ class ContinuousScheduler(SchedulerBase):
                 if self.config.chunked_prefill:
                     num_new = budget
             if not manager.allocate_slots(req, num_new, cached):
+                if budget == first_budget and self._note_blocked and not caching and width == 1:   # (first try)
+                    self._blocked_head = (req, budget, req.num_computed_tokens, manager.pool.num_free)
                 break
             waiting.pop()
             seats += width
