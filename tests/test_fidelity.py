@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 from sim.errors import KvsimError
-from sim.fidelity.evaluate import StageResult, evaluate, stage_figures
+from sim.fidelity.evaluate import StageResult, evaluate, stage_engine, stage_figures
 from sim.fidelity.goals import check_goals
 from sim.fidelity.rebuild import arrivals, build_requests, prompt_lengths, run_scenario_for
 from sim.fidelity.report import text_table
@@ -158,6 +158,20 @@ def test_stage_figures_by_hand():
     assert f["e2e_p50"] == pytest.approx(1.5)
 
 
+
+def test_stage_engine_by_hand():
+    """Steps starting in [10, 20): durations 1, 3 with 4 and 8 running -> (4 x 1 + 8 x 3) / 4 = 7; the
+    peak KV share of those two; their preemptions summed. Steps outside the window do not count."""
+    steps = pd.DataFrame({"start_s": [9.0, 10.0, 11.0, 20.0], "duration_s": [1.0, 1.0, 3.0, 1.0],
+                          "num_running": [50, 4, 8, 50], "kv_usage": [0.9, 0.25, 0.5, 0.99],
+                          "num_preempted": [5, 1, 2, 7]})
+    assert stage_engine(steps, (10.0, 20.0)) == {"running_mean": 7.0, "kv_usage_peak": 0.5, "preemptions": 3}
+    assert stage_engine(steps, (30.0, 40.0))["preemptions"] == 0
+    r = StageResult(read_runs(RUNS)[0], engine=[{"running_mean": 7.0, "kv_usage_peak": 0.5, "preemptions": 3},
+                                                  {"running_mean": 9.0, "kv_usage_peak": 0.25, "preemptions": 5}])
+    r.predictions = [dict.fromkeys(r.stage.measured, 1.0)] * 2
+    assert "replayed engine: 8.0 requests running (time mean), KV peak 50.0%, 3..5 preemptions" in text_table([r])
+
 def test_goals_flag_false_saturation():
     stage = read_runs(RUNS)[3]                     # 70B at 20 req/s: measured mean TTFT 0.121 s
     r = StageResult(stage, [dict(stage.measured) | {"ttft_mean": 3 * 0.12127 + 0.06}])
@@ -207,6 +221,7 @@ def test_cli_quick_subset_meets_the_decode_goal(tmp_path):
         assert abs(s["error"]["decode_per_token"]) <= 0.10
         assert not s["falsely_saturated"]
         assert (s["kv_blocks"], s["kv_blocks_estimated"]) == (7463, False)   # the server log's count
+        assert len(s["engine"]) == 2 and all(e["preemptions"] == 0 and 0 < e["kv_usage_peak"] < 1 for e in s["engine"])
     assert {p.name for p in out.iterdir()} == {"fidelity.csv", "fidelity.json", "parity.png"}
     table = pd.read_csv(out / "fidelity.csv")
     assert len(table) == 2 * 10 and set(table["metric"]) >= {"ttft_mean", "decode_per_token", "req_per_s"}

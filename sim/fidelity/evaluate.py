@@ -10,6 +10,10 @@ not fitting max_model_len), as the client measured them:
 Error = (predicted - measured) / measured, with the prediction averaged over the seeds; the spread is
 the seeds' min and max. A stage is *falsely saturated* when the predicted mean TTFT exceeds 3x the
 measured one plus 50 ms.
+
+What the replayed engine did in each stage (steps that started inside its window), to say why a figure
+is off: requests running (time-weighted mean over the steps), the peak share of KV blocks in use, and
+preemptions.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ class StageResult:
     stage: MeasuredStage
     predictions: list[dict[str, float]] = field(default_factory=list)   # one per seed
     refused: list[int] = field(default_factory=list)   # per seed: requests the API server refuses (too long)
+    engine: list[dict[str, float]] = field(default_factory=list)   # per seed: ``stage_engine``
     kv_blocks: int | None = None       # the replayed server's GPU KV blocks (None: nothing replayed)
     kv_blocks_estimated: bool = False  # sized from HBM (no logged or given count)
 
@@ -61,7 +66,7 @@ class StageResult:
                 "spread": {m: list(self.spread(m)) for m in METRICS},
                 "error": {m: self.error(m) for m in METRICS},
                 "falsely_saturated": self.falsely_saturated, "refused": self.refused,
-                "kv_blocks": self.kv_blocks, "kv_blocks_estimated": self.kv_blocks_estimated,
+                "kv_blocks": self.kv_blocks, "kv_blocks_estimated": self.kv_blocks_estimated, "engine": self.engine,
                 "seeds": self.predictions}
 
 
@@ -85,6 +90,19 @@ def stage_figures(requests: pd.DataFrame, window: tuple[float, float], output_le
     return out
 
 
+def stage_engine(steps: pd.DataFrame, window: tuple[float, float]) -> dict[str, float]:
+    """What the engine did in the steps that started in ``window``: running requests (mean over the
+    steps, weighted by their durations), the peak share of KV blocks in use, and preemptions."""
+    start, end = window
+    inside = steps[(steps["start_s"] >= start) & (steps["start_s"] < end)]
+    if inside.empty:
+        return {"running_mean": 0.0, "kv_usage_peak": 0.0, "preemptions": 0}
+    d = inside["duration_s"].to_numpy(dtype=float)
+    running = float((inside["num_running"].to_numpy(dtype=float) * d).sum() / d.sum())
+    return {"running_mean": running, "kv_usage_peak": float(inside["kv_usage"].max()),
+            "preemptions": int(inside["num_preempted"].sum())}
+
+
 def evaluate(stages: list[MeasuredStage], seeds: list[int], overrides: list[str] | None = None,
              max_duration_s: float | None = None, runs: list[str] | None = None) -> list[StageResult]:
     """Replay every run (all stages back to back) once per seed; one StageResult per stage.
@@ -100,11 +118,13 @@ def evaluate(stages: list[MeasuredStage], seeds: list[int], overrides: list[str]
         stage_results = [StageResult(s) for s in run_stages]
         for seed in seeds:
             scn, windows, refused = run_scenario_for(run_stages, seed, overrides, source=f"<fidelity {name}>")
-            served = run_scenario(scn, check_integrity=False).requests if scn is not None else _NOTHING
+            result = run_scenario(scn, check_integrity=False) if scn is not None else None
+            served = result.requests if result is not None else _NOTHING
             for sr, window, n in zip(stage_results, windows, refused):
                 sr.predictions.append(stage_figures(served, window, sr.stage.output_len))
                 sr.refused.append(n)
-                if scn is not None:
+                if result is not None:
+                    sr.engine.append(stage_engine(result.steps, window))
                     sr.kv_blocks, sr.kv_blocks_estimated = gpu_blocks(scn), scn.kv_cache.num_gpu_blocks is None
         results.extend(stage_results)
     return results

@@ -40,6 +40,12 @@ def text_table(results: list[StageResult]) -> str:
             scale, unit = (1.0, "") if m == "req_per_s" else (1e3, " ms")
             lines.append(f"  {LABELS[m]:<14}{r.stage.measured[m] * scale:>9.4g}{unit:3}{r.predicted(m) * scale:>9.4g}"
                          f"{unit:3}{f'{lo * scale:.4g} .. {hi * scale:.4g}':>21}{unit:3}{r.error(m):>+9.1%}")
+        if r.engine:
+            running = sum(e["running_mean"] for e in r.engine) / len(r.engine)
+            kv = max(e["kv_usage_peak"] for e in r.engine)
+            lo, hi = min(e["preemptions"] for e in r.engine), max(e["preemptions"] for e in r.engine)
+            lines.append(f"  replayed engine: {running:.1f} requests running (time mean), KV peak {kv:.1%}, "
+                         f"{lo if lo == hi else f'{lo}..{hi}'} preemptions")
         if r.falsely_saturated:
             lines.append("  ! falsely saturated: predicted mean TTFT above 3x measured + 50 ms")
         if any(r.refused):
