@@ -9,7 +9,7 @@ import random
 from pathlib import Path
 
 import pytest
-from result_compare import assert_same
+from result_compare import assert_same, assert_same_outcome, off_and_on
 from test_multi_step import STRESS
 
 import sim.sched.continuous as continuous
@@ -36,14 +36,7 @@ def skipped(monkeypatch) -> list[int]:
 
 
 def _both(monkeypatch, run):
-    out = []
-    for on in (False, True):
-        monkeypatch.setattr(continuous.ContinuousScheduler, "remember_blocked_head", on)
-        try:
-            out.append(run())
-        except Exception as e:  # noqa: BLE001 - a case that fails must fail the same way both ways
-            out.append(f"{type(e).__name__}: {e}")
-    return out[0], out[1]
+    return off_and_on(monkeypatch, continuous.ContinuousScheduler, "remember_blocked_head", run)
 
 
 def test_a_blocked_head_is_tried_once_until_blocks_are_freed(monkeypatch):
@@ -118,8 +111,5 @@ def test_saturated_fuzz_cases_equal(skipped, monkeypatch):
         data = _saturated(random.Random(f"blocked-head:{i}"), i)
         off, on = _both(monkeypatch, lambda d=data: run_scenario(scenario_from_dict(copy.deepcopy(d), source="<fuzz>"),
                                                                  check_integrity=True))
-        if isinstance(off, str) or isinstance(on, str):
-            assert off == on, f"case {i}"
-        else:
-            assert_same(off, on)
+        assert_same_outcome(off, on, f"case {i}")
     assert skipped[0] > 100, "the saturated cases seldom met a remembered head"

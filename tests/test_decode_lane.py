@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from result_compare import assert_same
+from result_compare import assert_same, assert_same_outcome, off_and_on
 from test_multi_step import NOT_COMPARABLE, STRESS
 
 import sim.sched.continuous as continuous
@@ -55,14 +55,7 @@ def lane_steps(monkeypatch) -> dict[str, int]:
 
 
 def _both(monkeypatch, run) -> tuple[Result | str, Result | str]:
-    out = []
-    for on in (False, True):
-        monkeypatch.setattr(continuous.ContinuousScheduler, "use_lane", on)
-        try:
-            out.append(run())
-        except Exception as e:  # noqa: BLE001 - a case that fails must fail the same way both ways
-            out.append(f"{type(e).__name__}: {e}")
-    return out[0], out[1]
+    return off_and_on(monkeypatch, continuous.ContinuousScheduler, "use_lane", run)
 
 
 @pytest.mark.parametrize("path", sorted(glob.glob(str(ROOT / "scenarios" / "*.yaml"))), ids=lambda p: Path(p).name)
@@ -91,10 +84,7 @@ def test_fuzz_cases_equal(lane_steps, monkeypatch):
         data = draw_scenario(random.Random(f"decode-lane:{i}"), i)
         off, on = _both(monkeypatch, lambda d=data: run_scenario(scenario_from_dict(copy.deepcopy(d), source="<fuzz>"),
                                                                  check_integrity=True))
-        if isinstance(off, str) or isinstance(on, str):
-            assert off == on, f"case {i}"
-        else:
-            assert_same(off, on)
+        assert_same_outcome(off, on, f"case {i}")
     assert lane_steps["steps"] > 0
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from result_compare import assert_same
+from result_compare import assert_same, assert_same_outcome, outcome
 from test_multi_step import STRESS
 
 import sim.executors.cost_model as cost_model
@@ -139,16 +139,11 @@ def test_every_module_using_the_compiled_loops_is_switched_off_by_the_tests():
 
 
 def _on_and_off(monkeypatch, run):
-    out = []
-    for off in (False, True):
-        if off:
-            native_off(monkeypatch)
-        try:
-            out.append(run())
-        except Exception as e:  # noqa: BLE001 - a case that fails must fail the same way both ways
-            out.append(f"{type(e).__name__}: {e}")
+    on = outcome(run)
+    native_off(monkeypatch)
+    off = outcome(run)
     monkeypatch.undo()
-    return out
+    return on, off
 
 
 @needs_native
@@ -167,10 +162,7 @@ def test_stress_and_fuzz_cases_are_the_same_with_the_compiled_loops_off(lanes, m
         monkeypatch.setattr(continuous.ContinuousScheduler, "use_lane", lanes)
         on, off = _on_and_off(monkeypatch, lambda d=data, c=check: run_scenario(
             scenario_from_dict(copy.deepcopy(d), source="<t>"), check_integrity=c))
-        if isinstance(on, str) or isinstance(off, str):
-            assert on == off, name
-        else:
-            assert_same(on, off)
+        assert_same_outcome(on, off, name)
 
 
 SCENARIOS = [
