@@ -584,6 +584,37 @@ def test_compiled_lane_finish_drops_the_finished_columns():
         native.lane_compact(cols, [2, 1], np.empty((5, 1), dtype=np.int64))
 
 
+
+@needs_native
+def test_compiled_lane_advance_moves_the_kept_decodes_k_on():
+    """A decode run's advance (``lane_compact`` with k): the kept columns with computed and generated k
+    on, the fewest tokens left after the run, the contexts that leave; against numpy (the boolean take
+    plus k x [0, 1, 1, 0, 0] of the numpy path) and a lane worked by hand."""
+    rng = np.random.default_rng(17)
+    step = np.array([[0], [1], [1], [0], [0]], dtype=np.int64)
+    for _ in range(200):
+        n = int(rng.integers(1, 60))
+        k = int(rng.integers(1, 200))
+        cols = np.empty((5, n), dtype=np.int64)
+        cols[0] = rng.permutation(1000)[:n]
+        cols[2] = rng.integers(1, 300, n)
+        cols[3] = cols[2] + rng.integers(1, 2 * k, n)     # some finish within the k steps
+        cols[1] = cols[2] + rng.integers(5, 900, n)
+        cols[4] = np.sort(rng.permutation(5000)[:n])
+        keep = cols[3] - cols[2] > k
+        at = (~keep).nonzero()[0].tolist()
+        new = np.empty((5, int(keep.sum())), dtype=np.int64)
+        left, gone = native.lane_compact(cols, at, new, k)
+        moved = cols[:, keep] + k * step
+        assert new.tolist() == moved.tolist()
+        assert gone == int(cols[1][~keep].sum())
+        assert left == (int((moved[3] - moved[2]).min()) if keep.any() else 1 << 62)
+    cols = np.array([[7, 8, 9], [110, 205, 64], [11, 6, 5], [20, 8, 9], [0, 1, 2]], dtype=np.int64)
+    new = np.empty((5, 2), dtype=np.int64)   # 3 steps: request 8 (2 left) finishes, 7 and 9 go 3 tokens on
+    assert native.lane_compact(cols, [1], new, 3) == (1, 205)   # left: min(20 - 14, 9 - 8)
+    assert new.tolist() == [[7, 9], [113, 67], [14, 8], [20, 9], [0, 2]]
+
+
 @needs_native
 def test_compiled_write_counters_move_the_survivors_k_steps_on():
     from sim.request import Request

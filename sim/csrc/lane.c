@@ -1,7 +1,8 @@
 /* The decode lane's finishes (sim/sched/decode_lane.py): lane_finished finds the decodes that sampled
 their last token, lane_compact copies the lane's columns without them into a new array and finds the
 fewest tokens the others have left. What numpy's comparison, nonzero, boolean take and minimum do, in
-two calls. */
+two calls. Given k, lane_compact also moves the kept decodes k tokens on (computed and generated + k:
+a decode run's DecodeLane.advance). */
 #include "native.h"
 
 #define FEWEST_NONE ((int64_t)1 << 62)   /* DecodeLane._fewest_left of an empty lane */
@@ -41,8 +42,13 @@ done:
 PyObject *kv_lane_compact(PyObject *self, PyObject *args)
 {
     PyObject *cols_o, *at_o, *new_o;
-    if (!PyArg_ParseTuple(args, "OO!O", &cols_o, &PyList_Type, &at_o, &new_o))
+    long long k = 0;
+    if (!PyArg_ParseTuple(args, "OO!O|L", &cols_o, &PyList_Type, &at_o, &new_o, &k))
         return NULL;
+    if (k < 0) {
+        PyErr_SetString(PyExc_ValueError, "lane_compact: k must be >= 0");
+        return NULL;
+    }
     const Py_ssize_t m = PyList_GET_SIZE(at_o);
     Py_buffer cv, nv;
     if (get_buffer(cols_o, &cv, "l", 8, 0, "cols") < 0)
@@ -83,7 +89,9 @@ PyObject *kv_lane_compact(PyObject *self, PyObject *args)
         }
         for (int r = 0; r < 5; r++)
             o[r * kept + j] = c[r * n + i];
-        const int64_t left = c[3 * n + i] - c[2 * n + i];   /* OUT - GEN */
+        o[kept + j] += k;       /* COMP */
+        o[2 * kept + j] += k;   /* GEN */
+        const int64_t left = o[3 * kept + j] - o[2 * kept + j];   /* OUT - GEN */
         if (left < fewest)
             fewest = left;
         j++;

@@ -50,9 +50,10 @@ static PyMethodDef methods[] = {
      "lane_finished(gen, out) -> [i, ...]: the decode lane's positions whose generated count reached its output "
      "length (gen >= out), ascending (sim/sched/decode_lane.py finished)."},
     {"lane_compact", kv_lane_compact, METH_VARARGS,
-     "lane_compact(cols, at, new) -> (left, gone): new (5 x (n - len(at)) int64) gets the lane's columns cols "
-     "(5 x n) but those at the ascending positions at; left is the fewest out - gen among those kept (1 << 62 "
-     "when none), gone the computed counts at at summed (sim/sched/decode_lane.py drop)."},
+     "lane_compact(cols, at, new, k=0) -> (left, gone): new (5 x (n - len(at)) int64) gets the lane's columns "
+     "cols (5 x n) but those at the ascending positions at, computed and generated k on; left is the fewest "
+     "out - gen among those kept, after the k (1 << 62 when none), gone the computed counts at at summed "
+     "(before the k) (sim/sched/decode_lane.py drop and advance)."},
     {"lane_boundary", kv_lane_boundary, METH_VARARGS,
      "lane_boundary(comp, gen, out, bs) -> (at, computed, finals): the decode lane's requests at a block "
      "boundary (comp % bs == 0: positions and computed counts) and those among them whose next block is "

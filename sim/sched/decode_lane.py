@@ -214,16 +214,23 @@ class DecodeLane:
         sampled last at ``end``; those where ``keep`` is False finished in it and leave. The requests'
         counters are the run's to write (``synced`` False until it does)."""
         cols = self.cols
-        if not keep.all():
-            reqs = self.reqs
-            for i in reversed((~keep).nonzero()[0].tolist()):
-                del reqs[i]
-            cols = cols[:, keep]
-        self.cols = cols + k * _STEP
-        self.comp_sum = int(self.cols[COMP].sum())
+        at = [] if np.count_nonzero(keep) == len(keep) else (~keep).nonzero()[0].tolist()
+        reqs = self.reqs
+        for i in reversed(at):
+            del reqs[i]
+        if native is not None and cols.flags.c_contiguous:   # (compiled: the kept columns moved on in one pass)
+            new = np.empty((5, cols.shape[1] - len(at)), dtype=np.int64)
+            self.left, gone = native.lane_compact(cols, at, new, k)
+            self.comp_sum += k * new.shape[1] - gone
+            self.cols = new
+        else:
+            if at:
+                cols = cols[:, keep]
+            self.cols = cols + k * _STEP
+            self.comp_sum = int(self.cols[COMP].sum())
+            self.left = self._fewest_left()
         self.last = None
         self.last_all = end
-        self.left = self._fewest_left()
         self.synced = False
 
     def sync(self) -> None:
