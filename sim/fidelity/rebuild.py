@@ -40,9 +40,10 @@ from sim.specs import HardwareSpec, ModelSpec
 # GPU memory vLLM keeps per GPU besides the weights and the KV cache (its profiling pass's activations, the
 # CUDA context, communication and graph buffers), from the one run whose log gives its block count, the
 # Llama-2-7B at TP 1 on H100 (vllm_h100_runs.csv): 0.9 x 80 GiB - 12.551 GiB of weights - 7,463 blocks x
-# 8 MiB = 1.144 GiB (1.136-1.144 GiB give 7,463 blocks). It is a few percent of a card, whatever the
-# model: the activations of a 2,048-token pass are a few hundred MB, sharded by tensor parallelism.
-# kvsim's generic reserve, 5% of the usable HBM (3.6 GiB a card), would size the 7B at 7,148 blocks.
+# 8 MiB = 1.144 GiB (1.136-1.144 GiB give 7,463 blocks). Taken as the same for the other models, an
+# assumption no logged run checks: the activations of a 2,048-token pass are a few hundred MB for each of
+# them, sharded by tensor parallelism. kvsim's generic reserve, 5% of the usable HBM (3.6 GiB a card),
+# would size the 7B at 7,148 blocks.
 NON_KV_GIB_PER_GPU = 1.14
 
 
