@@ -160,17 +160,21 @@ def test_stage_figures_by_hand():
 
 
 def test_stage_engine_by_hand():
-    """Steps starting in [10, 20): durations 1, 3 with 4 and 8 running -> (4 x 1 + 8 x 3) / 4 = 7; the
-    peak KV share of those two; their preemptions summed. Steps outside the window do not count."""
+    """Steps starting in [10, 20): durations 1, 3 with 4 and 8 running -> (4 x 1 + 8 x 3) / 4 = 7, with
+    2 and 0 waiting -> 2 / 4 = 0.5; the peak KV share of those two; their preemptions summed. Steps outside
+    the window do not count."""
     steps = pd.DataFrame({"start_s": [9.0, 10.0, 11.0, 20.0], "duration_s": [1.0, 1.0, 3.0, 1.0],
-                          "num_running": [50, 4, 8, 50], "kv_usage": [0.9, 0.25, 0.5, 0.99],
-                          "num_preempted": [5, 1, 2, 7]})
-    assert stage_engine(steps, (10.0, 20.0)) == {"running_mean": 7.0, "kv_usage_peak": 0.5, "preemptions": 3}
+                          "num_running": [50, 4, 8, 50], "num_waiting": [9, 2, 0, 9],
+                          "kv_usage": [0.9, 0.25, 0.5, 0.99], "num_preempted": [5, 1, 2, 7]})
+    assert stage_engine(steps, (10.0, 20.0)) == {"running_mean": 7.0, "waiting_mean": 0.5, "kv_usage_peak": 0.5,
+                                                 "preemptions": 3}
     assert stage_engine(steps, (30.0, 40.0))["preemptions"] == 0
-    r = StageResult(read_runs(RUNS)[0], engine=[{"running_mean": 7.0, "kv_usage_peak": 0.5, "preemptions": 3},
-                                                  {"running_mean": 9.0, "kv_usage_peak": 0.25, "preemptions": 5}])
+    r = StageResult(read_runs(RUNS)[0], engine=[
+        {"running_mean": 7.0, "waiting_mean": 0.5, "kv_usage_peak": 0.5, "preemptions": 3},
+        {"running_mean": 9.0, "waiting_mean": 1.5, "kv_usage_peak": 0.25, "preemptions": 5}])
     r.predictions = [dict.fromkeys(r.stage.measured, 1.0)] * 2
-    assert "replayed engine: 8.0 requests running (time mean), KV peak 50.0%, 3..5 preemptions" in text_table([r])
+    assert ("replayed engine: 8.0 requests running, 1.0 waiting (time means), KV peak 50.0%, 3..5 preemptions"
+            in text_table([r]))
 
 def test_goals_flag_false_saturation():
     stage = read_runs(RUNS)[3]                     # 70B at 20 req/s: measured mean TTFT 0.121 s

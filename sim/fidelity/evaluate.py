@@ -12,8 +12,8 @@ the seeds' min and max. A stage is *falsely saturated* when the predicted mean T
 measured one plus 50 ms.
 
 What the replayed engine did in each stage (steps that started inside its window), to say why a figure
-is off: requests running (time-weighted mean over the steps), the peak share of KV blocks in use, and
-preemptions.
+is off: requests running and waiting (time-weighted means over the steps), the peak share of KV blocks
+in use, and preemptions.
 """
 
 from __future__ import annotations
@@ -91,15 +91,16 @@ def stage_figures(requests: pd.DataFrame, window: tuple[float, float], output_le
 
 
 def stage_engine(steps: pd.DataFrame, window: tuple[float, float]) -> dict[str, float]:
-    """What the engine did in the steps that started in ``window``: running requests (mean over the
-    steps, weighted by their durations), the peak share of KV blocks in use, and preemptions."""
+    """What the engine did in the steps that started in ``window``: requests running and waiting (means
+    over the steps, weighted by their durations), the peak share of KV blocks in use, and preemptions."""
     start, end = window
     inside = steps[(steps["start_s"] >= start) & (steps["start_s"] < end)]
     if inside.empty:
-        return {"running_mean": 0.0, "kv_usage_peak": 0.0, "preemptions": 0}
+        return {"running_mean": 0.0, "waiting_mean": 0.0, "kv_usage_peak": 0.0, "preemptions": 0}
     d = inside["duration_s"].to_numpy(dtype=float)
     running = float((inside["num_running"].to_numpy(dtype=float) * d).sum() / d.sum())
-    return {"running_mean": running, "kv_usage_peak": float(inside["kv_usage"].max()),
+    waiting = float((inside["num_waiting"].to_numpy(dtype=float) * d).sum() / d.sum())
+    return {"running_mean": running, "waiting_mean": waiting, "kv_usage_peak": float(inside["kv_usage"].max()),
             "preemptions": int(inside["num_preempted"].sum())}
 
 

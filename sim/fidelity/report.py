@@ -42,10 +42,11 @@ def text_table(results: list[StageResult]) -> str:
                          f"{unit:3}{f'{lo * scale:.4g} .. {hi * scale:.4g}':>21}{unit:3}{r.error(m):>+9.1%}")
         if r.engine:
             running = sum(e["running_mean"] for e in r.engine) / len(r.engine)
+            waiting = sum(e["waiting_mean"] for e in r.engine) / len(r.engine)
             kv = max(e["kv_usage_peak"] for e in r.engine)
             lo, hi = min(e["preemptions"] for e in r.engine), max(e["preemptions"] for e in r.engine)
-            lines.append(f"  replayed engine: {running:.1f} requests running (time mean), KV peak {kv:.1%}, "
-                         f"{lo if lo == hi else f'{lo}..{hi}'} preemptions")
+            lines.append(f"  replayed engine: {running:.1f} requests running, {waiting:.1f} waiting (time means), "
+                         f"KV peak {kv:.1%}, {lo if lo == hi else f'{lo}..{hi}'} preemptions")
         if r.falsely_saturated:
             lines.append("  ! falsely saturated: predicted mean TTFT above 3x measured + 50 ms")
         if any(r.refused):
