@@ -183,13 +183,9 @@ class DecodeLane:
         reqs = self.reqs
         for i in reversed(at):
             del reqs[i]
-        cols = self.cols
-        if native is not None and self.last is None and cols.flags.c_contiguous:   # (compiled: one pass)
-            new = np.empty((5, cols.shape[1] - len(at)), dtype=np.int64)
-            self.left, gone = native.lane_compact(cols, at, new)
-            self.comp_sum -= gone
-            self.cols = new
+        if self.last is None and self._compact(at):
             return
+        cols = self.cols
         comp = cols[COMP]
         for i in at:
             self.comp_sum -= comp.item(i)
@@ -199,6 +195,19 @@ class DecodeLane:
         if self.last is not None:
             self.last = self.last[mask]
         self.left = self._fewest_left()
+
+    def _compact(self, at: list[int], k: int = 0) -> bool:
+        """The columns without the decodes at positions ``at`` (ascending), the others ``k`` tokens on, with
+        ``left`` and ``comp_sum`` to match, in one compiled pass; False, nothing done, where it is not built
+        (or the columns are not contiguous): the caller's numpy path applies."""
+        cols = self.cols
+        if native is None or not cols.flags.c_contiguous:
+            return False
+        new = np.empty((5, cols.shape[1] - len(at)), dtype=np.int64)
+        self.left, gone = native.lane_compact(cols, at, new, k)
+        self.comp_sum += k * new.shape[1] - gone
+        self.cols = new
+        return True
 
     def step(self, now: float) -> None:
         """Every decode computed one token and sampled one at ``now`` (the arrays; the requests at ``sync``)."""
@@ -218,12 +227,7 @@ class DecodeLane:
         reqs = self.reqs
         for i in reversed(at):
             del reqs[i]
-        if native is not None and cols.flags.c_contiguous:   # (compiled: the kept columns moved on in one pass)
-            new = np.empty((5, cols.shape[1] - len(at)), dtype=np.int64)
-            self.left, gone = native.lane_compact(cols, at, new, k)
-            self.comp_sum += k * new.shape[1] - gone
-            self.cols = new
-        else:
+        if not self._compact(at, k):
             if at:
                 cols = cols[:, keep]
             self.cols = cols + k * _STEP
