@@ -14,6 +14,7 @@ import pandas as pd
 from sim.engine import Engine
 from sim.errors import KvsimError
 from sim.executors.base import make_executor
+from sim.gc_pause import gc_paused
 from sim.kv import make_kv_manager
 from sim.limits import MAX_BLOCKS
 from sim.metrics import Recorder, requests_frame, summarize
@@ -117,7 +118,9 @@ def run_scenario(scn: Scenario, check_integrity: bool | None = None, progress: b
     taken ``progress_after_s`` seconds of wall time (so short runs show none). ``step_stream``: a
     ``sim.step_stream.StepTableStream`` that writes the per-step table while the engine runs (one engine;
     a cluster's is left untouched: its table is written afterwards)."""
-    with small_pages():   # (filling the large per-step tables is erratic on huge pages: sim/small_pages.py)
+    # (filling the large per-step tables is erratic on huge pages: sim/small_pages.py; the cyclic collector
+    # finds next to nothing in a run: sim/gc_pause.py)
+    with small_pages(), gc_paused():
         if scn.cluster is not None:   # replicas behind a router (sim/cluster/)
             from sim.cluster.runner import run_cluster
 
