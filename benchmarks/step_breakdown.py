@@ -1,4 +1,5 @@
-"""Where the engine loop's time goes: wall time per call of the functions a step or a decode run goes through.
+"""Where the SimPy engine loop's time goes: wall time per call of the functions a step or a decode run goes
+through (the loop that runs what the compiled core, sim/engine_core.py, does not cover; the core is off here).
 
     python benchmarks/step_breakdown.py                         # the Azure conversation hour (engine_bench's)
     python benchmarks/step_breakdown.py --workload quickstart   # the quickstart settings over the hour
@@ -18,6 +19,7 @@ from collections.abc import Callable
 
 from engine_bench import ROOT, add_workload_args, workload_data
 
+import sim.engine_core as engine_core
 from sim import run_scenario, scenario_from_dict
 from sim.executors.cost_model import CostModelExecutor
 from sim.kv.manager import KVCacheManager
@@ -66,9 +68,14 @@ def _timed(fn: Callable, tally: list[float]) -> Callable:
 
 
 def breakdown(data: dict) -> tuple[float, float, int, int, list[tuple[str, str, int, float]]]:
-    """(plain simulate s, wrapped simulate s, steps, decode runs, [(group, function, calls, seconds)])."""
+    """(plain simulate s, wrapped simulate s, steps, decode runs, [(group, function, calls, seconds)]), the
+    compiled core off."""
     def simulate() -> dict:
-        return run_scenario(scenario_from_dict(data, base_dir=ROOT / "scenarios"), check_integrity=False).profile
+        core, engine_core.enabled = engine_core.enabled, False
+        try:
+            return run_scenario(scenario_from_dict(data, base_dir=ROOT / "scenarios"), check_integrity=False).profile
+        finally:
+            engine_core.enabled = core
 
     plain = simulate()["simulate_s"]
     tallies: list[list[float]] = []

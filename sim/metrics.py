@@ -265,6 +265,17 @@ class Recorder:
         m = len(starts)
         self.cols.extend([starts, durations, batch_size, 0, num_decode_tokens, num_running, num_waiting,
                           num_swapped, kv_blocks_used, 0, 0, 0, 0, *slots])
+        self._extend_breakdown(breakdown, m)
+
+    def record_columns(self, rows: np.ndarray, breakdown: dict[str, np.ndarray]) -> None:
+        """Steps given as columns: ``rows`` (one row per column of ``STEP_COLUMNS``, in its order, one column
+        a step) and the breakdown's arrays (sim/engine_core.py hands over a chunk of steps at a time)."""
+        m = rows.shape[1]
+        self.cols.extend(list(rows), m)
+        self._extend_breakdown(breakdown, m)
+
+    def _extend_breakdown(self, breakdown: dict[str, Any], m: int) -> None:
+        """The breakdown of ``m`` steps just recorded (arrays of m, or numbers)."""
         if breakdown:
             if self.breakdown is None:
                 self._start_breakdown(list(breakdown))

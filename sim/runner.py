@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from sim.engine import Engine
+from sim.engine_core import core_supported, run_core
 from sim.errors import KvsimError
 from sim.executors.base import make_executor
 from sim.gc_pause import gc_paused
@@ -147,17 +148,31 @@ def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, pro
     check = _integrity_default() if check_integrity is None else check_integrity
     bar = _progress_bar(len(workload.requests), progress_after_s) if progress else None
     fe_in, fe_out, fe_token = scn.frontend.latencies()
-    engine = Engine(workload.requests, scheduler, executor, recorder, check_integrity=check,
-                    max_steps_without_progress=scn.scheduler.max_steps_without_progress,
-                    async_scheduling=scn.scheduler.async_scheduling, arrival_delay_s=fe_in,
-                    multi_step=scn.scheduler.multi_step,
-                    on_step=(lambda _s, bar=bar, sched=scheduler: bar.update(sched)) if bar else None)
-    t_load = time.perf_counter()
-    try:
-        engine.run()
-    finally:
-        if bar:
-            bar.close()
+    engine = None
+    if core_supported(scheduler, manager, executor, workload.requests):   # compiled (sim/engine_core.py)
+        t_load = time.perf_counter()
+        try:
+            ran = run_core(workload.requests, scheduler, executor, recorder, arrival_delay_s=fe_in,
+                           async_scheduling=scn.scheduler.async_scheduling,
+                           max_stall=scn.scheduler.max_steps_without_progress, progress=bar.at if bar else None,
+                           check_integrity=check)
+        finally:
+            if bar:
+                bar.close()
+        runs, waits = 0, ran.waits
+    else:
+        engine = Engine(workload.requests, scheduler, executor, recorder, check_integrity=check,
+                        max_steps_without_progress=scn.scheduler.max_steps_without_progress,
+                        async_scheduling=scn.scheduler.async_scheduling, arrival_delay_s=fe_in,
+                        multi_step=scn.scheduler.multi_step,
+                        on_step=(lambda _s, bar=bar, sched=scheduler: bar.update(sched)) if bar else None)
+        t_load = time.perf_counter()
+        try:
+            engine.run()
+        finally:
+            if bar:
+                bar.close()
+        runs, waits = engine.num_runs, engine.num_waits
     t_sim = time.perf_counter()
     recorder.finish_stream()
     reqs = requests_frame(workload.requests, output_latency_s=fe_out, token_latency_s=fe_token)
@@ -169,8 +184,8 @@ def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, pro
     counters = _Counters(scheduler.num_truncated, scheduler.num_preemptions, scheduler.swapped_blocks,
                          scheduler.gaps)
     transitions = getattr(scheduler, "transitions", None)
-    profile = {"steps": recorder.num_steps, "decode_runs": engine.num_runs, "engine_waits": engine.num_waits,
-               "arrivals": len(workload.requests)}
+    profile = {"steps": recorder.num_steps, "decode_runs": runs, "engine_waits": waits,
+               "arrivals": len(workload.requests), "compiled_core": engine is None}
     stats = dict(workload.stats)
     del workload, engine, scheduler, manager, executor, bar
     gc.collect()   # the engine's SimPy processes refer back to it: a cycle
@@ -243,10 +258,14 @@ class _progress_bar:
     def update(self, sched) -> None:
         self._n += 1
         if self._n % 500 == 0:
-            if not self._started and time.perf_counter() >= self._start_at:
-                self._show()
-            if self._started:
-                self._p.update(self._task, completed=len(sched.finished) + len(sched.rejected))
+            self.at(len(sched.finished) + len(sched.rejected))
+
+    def at(self, done: int) -> None:
+        """``done`` requests have finished or been rejected (shown once the bar's delay has passed)."""
+        if not self._started and time.perf_counter() >= self._start_at:
+            self._show()
+        if self._started:
+            self._p.update(self._task, completed=done)
 
     def close(self) -> None:
         if self._started:

@@ -3,6 +3,8 @@
 import gc
 import os
 
+import pytest
+
 os.environ.setdefault("KVSIM_CHECK_INTEGRITY", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
@@ -19,3 +21,13 @@ def pytest_sessionfinish(session, exitstatus):
     """Hand the frozen objects back, so that the interpreter's exit frees them as usual."""
     gc.unfreeze()
     gc.collect()
+
+
+@pytest.fixture
+def simpy_loop(monkeypatch):
+    """Every scenario runs the SimPy engine loop (sim/engine.py), the compiled core off
+    (sim/engine_core.py): for the tests of the loop's own paths (decode runs, the decode lane, eager
+    steps, the blocked head, the compiled loops), which the core would otherwise stand in for."""
+    import sim.engine_core
+
+    monkeypatch.setattr(sim.engine_core, "enabled", False)

@@ -17,6 +17,8 @@ from sim.fuzz import draw_scenario
 from sim.runner import run_scenario
 from sim.scenario import load_scenario, scenario_from_dict
 
+pytestmark = pytest.mark.usefixtures("simpy_loop")   # the SimPy loop's own paths (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

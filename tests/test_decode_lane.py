@@ -28,6 +28,8 @@ from sim.sched.decode_lane import DecodeLane
 from sim.sched.plan import LaneEntries, ScheduledRequest, StepPlan
 from sim.specs import HardwareSpec, ModelSpec
 
+pytestmark = pytest.mark.usefixtures("simpy_loop")   # the SimPy loop's own paths (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

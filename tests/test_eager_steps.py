@@ -15,6 +15,8 @@ from sim.engine import Engine
 from sim.runner import Result, run_scenario
 from sim.scenario import load_scenario
 
+pytestmark = pytest.mark.usefixtures("simpy_loop")   # the SimPy loop's own paths (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

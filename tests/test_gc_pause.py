@@ -59,22 +59,28 @@ def test_overlapping_blocks_switch_it_back_once_the_last_one_ends(collector):
     assert seen == [False] and gc.isenabled()
 
 
-def test_run_scenario_runs_its_engine_without_the_collector(collector, monkeypatch, tmp_path):
+@pytest.mark.parametrize("core", [True, False], ids=["compiled-core", "simpy-loop"])
+def test_run_scenario_runs_its_engine_without_the_collector(collector, monkeypatch, tmp_path, core):
+    import sim.engine_core
+    import sim.runner
     from sim import run_scenario, scenario_from_dict
     from sim.engine import Engine
 
+    monkeypatch.setattr(sim.engine_core, "enabled", core)
     gc.enable()
     seen = []
-    run = Engine.run
 
-    def watched(self):
-        seen.append(gc.isenabled())
-        run(self)
+    def watched(run):
+        def wrapper(*args, **kwargs):
+            seen.append(gc.isenabled())
+            return run(*args, **kwargs)
+        return wrapper
 
-    monkeypatch.setattr(Engine, "run", watched)
+    monkeypatch.setattr(Engine, "run", watched(Engine.run))
+    monkeypatch.setattr(sim.runner, "run_core", watched(sim.runner.run_core))
     scn = scenario_from_dict({"name": "t", "model": "llama-2-7b", "hardware": "a100-80gb", "workload": {
         "synthetic": {"num_requests": 4, "prompt_len": {"dist": "fixed", "value": 32},
                       "output_len": {"dist": "fixed", "value": 8}}}}, base_dir=tmp_path)
     result = run_scenario(scn, check_integrity=False)
     assert seen == [False] and gc.isenabled()
-    assert result.summary["num_finished"] == 4
+    assert result.summary["num_finished"] == 4 and result.profile["compiled_core"] is core

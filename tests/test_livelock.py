@@ -136,7 +136,7 @@ def test_watchdog_turns_a_real_livelock_into_an_error():
     assert "livelock" in err.value.what
 
 
-def test_watchdog_error_is_one_line_on_the_cli(tmp_path, monkeypatch, capsys):
+def test_watchdog_error_is_one_line_on_the_cli(tmp_path, monkeypatch, capsys, simpy_loop):
     import sim.engine
     from sim.cli import main as kvsim_main
 

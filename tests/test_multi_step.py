@@ -24,6 +24,8 @@ from sim.fuzz import draw_scenario
 from sim.runner import Result, run_scenario
 from sim.scenario import load_scenario, scenario_from_dict
 
+pytestmark = pytest.mark.usefixtures("simpy_loop")   # the SimPy loop's own paths (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 NOT_COMPARABLE = {"quickstart_gpu_cpu.yaml": "times real kernels: two runs differ anyway",
                   "sweep_example.yaml": "a sweep file, not a scenario"}

@@ -27,6 +27,8 @@ from sim.sched.decode_run import _shrinking_segments
 from sim.sched.plan import ScheduledRequest, StepPlan
 from sim.specs import HardwareSpec
 
+pytestmark = pytest.mark.usefixtures("simpy_loop")   # the SimPy loop's own paths (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 needs_native = pytest.mark.skipif(native is None, reason="sim._native is not built (pip install -e . builds it)")
 
@@ -122,7 +124,7 @@ def test_bad_buffers_are_refused():
                              exe._native_consts)
 
 
-NATIVE_USERS = ["sim.executors.cost_model", "sim.kv.block_pool", "sim.kv.free_queue", "sim.metrics",
+NATIVE_USERS = ["sim.engine_core", "sim.executors.cost_model", "sim.kv.block_pool", "sim.kv.free_queue", "sim.metrics",
                 "sim.sched.continuous", "sim.sched.decode_lane", "sim.sched.decode_run", "sim.sched.decode_run_apply"]
 
 

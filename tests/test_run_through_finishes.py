@@ -18,6 +18,8 @@ from sim.native import native
 from sim.scenario import ExecutorConfig, scenario_from_dict
 from sim.sched.decode_run_apply import boundary_events, boundary_steps
 
+pytestmark = pytest.mark.usefixtures("simpy_loop")   # the SimPy loop's own paths (tests/conftest.py)
+
 
 @pytest.fixture
 def through_count(monkeypatch) -> dict[str, int]:

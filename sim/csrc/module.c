@@ -1,5 +1,5 @@
 /* The extension module sim._native: its method table (the functions live in pricing.c, requests.c,
-blocks.c, lane.c and recording.c; sim/native.py loads the module, or None where it was not built). */
+blocks.c, lane.c, recording.c and core.c; sim/native.py loads the module, or None where it was not built). */
 #include "native.h"
 
 static PyMethodDef methods[] = {
@@ -71,6 +71,10 @@ static PyMethodDef methods[] = {
      "put_columns(chunk, at, m, cols) -> bool: chunk[i, at:at + m] = cols[i] for each column (an int64 or float64 "
      "array of m, or a number; a zero is left as it is), as sim/metrics.py's Columns.extend writes them. "
      "False, with nothing written, where a column is neither."},
+    {"run_core", kv_run_core, METH_VARARGS,
+     "run_core(n, requests, arrivals, settings, lag, pricing, terms, sink, progress, chunk, counters, times) -> "
+     "(error, records, totals): one engine's whole run (sim/engine_core.py, which prepares the arguments and "
+     "reads the results)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -65,5 +65,7 @@ PyObject *kv_finish_counters(PyObject *self, PyObject *args);
 PyObject *kv_step_backs(PyObject *self, PyObject *args);
 PyObject *kv_put_columns(PyObject *self, PyObject *args);
 PyObject *kv_put_rows(PyObject *self, PyObject *args);
+/* core.c: one engine's whole run (sim/engine_core.py) */
+PyObject *kv_run_core(PyObject *self, PyObject *args);
 
 #endif

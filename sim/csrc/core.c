@@ -1,0 +1,995 @@
+/* The compiled engine core (sim/engine_core.py decides when it runs): one engine's whole run, arrivals,
+scheduler, paged KV accounting, pricing and recording, over typed arrays instead of Python objects.
+
+It computes what sim/engine.py's SimPy loop computes with a ContinuousScheduler (FCFS, recompute
+preemption), a KVCacheManager without prefix caching or forked sequences and the cost model, stepping one
+step per event as the plain loop does (no decode runs: a step here costs about a microsecond):
+
+  - two processes, the arrival process and the engine loop, ordered as SimPy orders their events: by time,
+    then priority (a process's start is urgent), then the order in which they were scheduled;
+  - the scheduler's step (sim/sched/continuous.py schedule, _admit, _preempt; base.py update, _finish),
+    the manager's block and slot counters (sim/kv/manager.py, sharing.py: only counts matter without
+    sharing, so a table is its length), the recorder's row (sim/metrics.py record_step), the timeline's
+    state changes and the inter-token gaps (sim/sched/records.py), the watchdog (sim/engine.py);
+  - the cost model's step (sim/executors/cost_model.py execute): the same float operations in the same
+    order; the terms that depend only on a step's size come from the executor itself (a Python call on
+    the first step of each size, then a table lookup).
+
+Rows go to the caller a chunk at a time (``sink``); everything else comes back at the end. */
+#include "native.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum { ST_WAITING = 0, ST_RUNNING = 1, ST_PREEMPTED = 2, ST_FINISHED = 4 };
+enum { PH_WAITING = 0, PH_PREFILL = 1, PH_DECODE = 2, PH_PREEMPTED = 3, PH_DONE = 6 };
+enum { MAIN_COLS = 18, BD_COLS = 7 };
+enum { ERR_NONE = 0, ERR_DEADLOCK = 1, ERR_DURATION = 2, ERR_LIVELOCK = 3 };
+enum { URGENT = 0, NORMAL = 1 };
+
+/* a growable array of fixed-size items */
+typedef struct {
+    char *p;
+    size_t n, cap, item;
+} Vec;
+
+static int vec_push(Vec *v, const void *x)
+{
+    if (v->n == v->cap) {
+        size_t cap = v->cap ? v->cap * 2 : 1024;
+        char *p = realloc(v->p, cap * v->item);
+        if (!p) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        v->p = p;
+        v->cap = cap;
+    }
+    memcpy(v->p + v->n * v->item, x, v->item);
+    v->n++;
+    return 0;
+}
+
+/* size terms of a step (the executor's), by (tokens, seqs, has_prefill), open addressing */
+typedef struct {
+    int64_t *keys;
+    double *vals;
+    size_t cap, n;
+    int width;
+} Terms;
+
+/* a pending event of one process */
+typedef struct {
+    double t;
+    int prio;
+    int64_t eid;
+    int active;
+    int at_int;   /* scheduled at SimPy's integer start time 0 with no delay (its time is the int 0) */
+} Event;
+
+typedef struct {
+    Py_ssize_t N;
+    const int64_t *rid, *prompt, *output, *accepted;
+    const double *arrival;
+    int64_t bs, num_blocks, max_seqs, max_batched, max_stall, progress_every;
+    int chunked, staging, victim_generated, check;
+    double lag;
+    /* requests */
+    int64_t *comp, *gen, *tlen, *beyond, *furthest, *npre;
+    int8_t *stat, *in_pre;
+    int64_t *int_zero;   /* bit 0: first scheduled, bit 1: rejected, while the clock was SimPy's int 0 */
+    double *fsched, *ftok, *ltok, *fin, *rej;
+    /* queues: running (in rank order), waiting (a ring: preempted requests go to its front), staged */
+    int64_t *running, *order, *done, *wq, *staged;
+    double *staged_t;
+    Py_ssize_t nrun, wq_head, wq_len, nstaged;
+    /* the plan being made: entries (request, new tokens, context) and its counters */
+    int64_t *e_idx, *e_new, *e_ctx;
+    Py_ssize_t ne;
+    int64_t st_prefill, st_decode, st_preempted;
+    /* KV counters (sim/kv/manager.py) */
+    int64_t free_blocks, held, beyond_final, logical, peak_used, peak_logical, sum_used, sum_logical;
+    int64_t n_prefilling, num_preemptions, finished, rejected;
+    /* results */
+    Vec tr_rid, tr_time, tr_phase, gap_d, gap_n, other;
+    double *main, *bd;
+    Py_ssize_t fill, chunk;
+    int64_t steps, waits;
+    PyObject *sink, *progress, *terms_fn;
+    /* pricing */
+    int engine;
+    double c[14];
+    int64_t layers, new_bytes;
+    Terms terms;
+    /* processes */
+    Event ev_a, ev_e;
+    int64_t eid;
+    Py_ssize_t ai;        /* the next request the arrival process hands over */
+    int a_holds;          /* the arrival process waits to hand over request ai */
+    int arrivals_done, busy, e_wakes;   /* e_wakes: the engine waits for an arrival (an untriggered wake) */
+    int e_state;          /* 0: start, 1: after a wake, 2: after a step */
+    int int_clock;        /* the clock is still SimPy's initial int 0 (no event with a float time yet) */
+    double now, start, end, d, bdv[7];
+    int64_t stall;
+    /* an error: its kind and what its message says */
+    int err;
+    double err_t, err_d;
+    int64_t err_step, err_waiting, err_running, err_stall;
+} Core;
+
+/* ------------------------------------------------------------------ records */
+static int mark(Core *c, int64_t i, int8_t phase, double t)
+{
+    if (vec_push(&c->tr_rid, &c->rid[i]) < 0 || vec_push(&c->tr_time, &t) < 0 || vec_push(&c->tr_phase, &phase) < 0)
+        return -1;
+    if (phase == PH_PREFILL) {
+        if (!c->in_pre[i]) {
+            c->in_pre[i] = 1;
+            c->n_prefilling++;
+        }
+    } else if (c->in_pre[i]) {
+        c->in_pre[i] = 0;
+        c->n_prefilling--;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ KV counters */
+static void note_beyond(Core *c, int64_t i)
+{
+    const int64_t bs = c->bs, maxkv = c->prompt[i] + c->output[i] - 1;
+    const int64_t last = (maxkv - 1) / bs, per = (last + 1) * bs - maxkv;
+    const int64_t b = (per && c->tlen[i] > last) ? per : 0;
+    if (b != c->beyond[i]) {
+        c->beyond_final += b - c->beyond[i];
+        c->beyond[i] = b;
+    }
+}
+
+/* KVCacheManager.allocate_slots without sharing: room for comp + n tokens; 0 where blocks ran out */
+static int allocate(Core *c, int64_t i, int64_t n)
+{
+    const int64_t old = c->tlen[i];
+    const int64_t need = (c->comp[i] + n + c->bs - 1) / c->bs - old;
+    if (need > c->free_blocks)
+        return 0;
+    if (need > 0 || old == 0) {
+        if (need > 0) {
+            c->tlen[i] = old + need;
+            c->free_blocks -= need;
+        }
+        c->logical += c->tlen[i] - old;
+        note_beyond(c, i);
+        const int64_t used = c->num_blocks - c->free_blocks;
+        if (used > c->peak_used)
+            c->peak_used = used;
+        if (c->logical > c->peak_logical)
+            c->peak_logical = c->logical;
+    }
+    return 1;
+}
+
+static void release(Core *c, int64_t i)
+{
+    const int64_t cap = c->tlen[i] * c->bs, comp = c->comp[i] > 0 ? c->comp[i] : 0;
+    c->held -= comp < cap ? comp : cap;
+    c->logical -= c->tlen[i];
+    c->free_blocks += c->tlen[i];
+    c->tlen[i] = 0;
+    c->beyond_final -= c->beyond[i];
+    c->beyond[i] = 0;
+}
+
+/* ------------------------------------------------------------------ queues */
+static void wq_push_back(Core *c, int64_t i)
+{
+    c->wq[(c->wq_head + c->wq_len) % (c->N + 1)] = i;
+    c->wq_len++;
+}
+
+static void wq_push_front(Core *c, int64_t i)
+{
+    c->wq_head = (c->wq_head + c->N) % (c->N + 1);
+    c->wq[c->wq_head] = i;
+    c->wq_len++;
+}
+
+static int64_t wq_peek(Core *c) { return c->wq[c->wq_head]; }
+
+static void wq_pop(Core *c)
+{
+    c->wq_head = (c->wq_head + 1) % (c->N + 1);
+    c->wq_len--;
+}
+
+/* SchedulerBase.add_request (the output cap and the reasons to reject were applied beforehand): 1 queued */
+static int add_request(Core *c, int64_t i, double t)
+{
+    if (!c->accepted[i]) {
+        c->rej[i] = t;
+        c->int_zero[i] |= c->int_clock && t == 0.0 ? 2 : 0;
+        c->rejected++;
+        return 0;
+    }
+    c->stat[i] = ST_WAITING;
+    if (mark(c, i, PH_WAITING, t) < 0)
+        return -1;
+    wq_push_back(c, i);
+    return 1;
+}
+
+static int admit_staged(Core *c)
+{
+    for (Py_ssize_t j = 0; j < c->nstaged; j++)
+        if (add_request(c, c->staged[j], c->staged_t[j]) < 0)
+            return -1;
+    c->nstaged = 0;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ the step's plan */
+static void add_entry(Core *c, int64_t i, int64_t n)
+{
+    c->e_idx[c->ne] = i;
+    c->e_new[c->ne] = n;
+    c->e_ctx[c->ne] = c->comp[i];
+    c->ne++;
+}
+
+/* SchedulerBase._add: the entry and its tokens counted as prefill or decode */
+static void add_planned(Core *c, int64_t i, int64_t n)
+{
+    add_entry(c, i, n);
+    if (n == 1 && c->gen[i] > 0 && c->comp[i] + 1 == c->prompt[i] + c->gen[i])
+        c->st_decode += 1;
+    else
+        c->st_prefill += n;
+}
+
+static int64_t pick_victim(Core *c, const int64_t *order, Py_ssize_t from, Py_ssize_t n)
+{
+    int64_t best = -1;
+    for (Py_ssize_t j = from; j < n; j++) {
+        const int64_t r = order[j];
+        if (c->stat[r] != ST_RUNNING)
+            continue;
+        if (best < 0) {
+            best = r;
+            continue;
+        }
+        int greater;
+        if (c->victim_generated && c->gen[r] != c->gen[best])
+            greater = c->gen[r] > c->gen[best];
+        else if (c->arrival[r] != c->arrival[best])
+            greater = c->arrival[r] > c->arrival[best];
+        else
+            greater = c->rid[r] > c->rid[best];
+        if (greater)
+            best = r;
+    }
+    return best;
+}
+
+static int preempt(Core *c, int64_t i, double now)
+{
+    c->npre[i]++;
+    c->num_preemptions++;
+    c->st_preempted++;
+    release(c, i);
+    c->comp[i] = 0;
+    c->stat[i] = ST_PREEMPTED;
+    if (mark(c, i, PH_PREEMPTED, now) < 0)
+        return -1;
+    wq_push_front(c, i);
+    return 0;
+}
+
+static int admit(Core *c, double now, int64_t budget)
+{
+    Py_ssize_t seats = c->nrun;
+    while (c->wq_len && seats < c->max_seqs && budget > 0) {
+        const int64_t r = wq_peek(c);
+        int64_t num_new = c->prompt[r] + c->gen[r] - c->comp[r];
+        if (num_new > budget) {
+            if (!c->chunked && c->ne)
+                break;
+            if (c->chunked)
+                num_new = budget;
+        }
+        if (!allocate(c, r, num_new))
+            break;
+        wq_pop(c);
+        seats++;
+        if (isnan(c->fsched[r])) {
+            c->fsched[r] = now;
+            c->int_zero[r] |= c->int_clock ? 1 : 0;
+        }
+        c->stat[r] = ST_RUNNING;
+        c->running[c->nrun++] = r;
+        if (mark(c, r, PH_PREFILL, now) < 0)
+            return -1;
+        add_planned(c, r, num_new);
+        budget -= num_new;
+    }
+    return 0;
+}
+
+/* ContinuousScheduler.schedule under FCFS without swap or forks */
+static int schedule(Core *c, double now)
+{
+    c->st_prefill = c->st_decode = c->st_preempted = 0;
+    c->ne = 0;
+    int64_t budget = c->max_batched;
+    const int64_t *order = c->running;
+    const Py_ssize_t n = c->nrun;
+    if (c->chunked && c->n_prefilling) {   /* decodes first, then the prefills, each in running order */
+        Py_ssize_t k = 0;
+        for (Py_ssize_t j = 0; j < n; j++)
+            if (!c->in_pre[c->running[j]])
+                c->order[k++] = c->running[j];
+        for (Py_ssize_t j = 0; j < n; j++)
+            if (c->in_pre[c->running[j]])
+                c->order[k++] = c->running[j];
+        order = c->order;
+    }
+    int64_t num_decode = 0;
+    const int64_t bs = c->bs;
+    for (Py_ssize_t idx = 0; idx < n; idx++) {
+        const int64_t r = order[idx];
+        if (c->stat[r] != ST_RUNNING)
+            continue;   /* preempted earlier in this step */
+        const int64_t computed = c->comp[r];
+        int64_t num_new = c->prompt[r] + c->gen[r] - computed;
+        if (num_new == 1 && budget > 0 && c->gen[r] && (computed % bs || allocate(c, r, 1))) {
+            add_entry(c, r, 1);
+            num_decode++;
+            budget--;
+            continue;
+        }
+        if (c->chunked && num_new > budget)
+            num_new = budget;
+        if (num_new <= 0 || num_new > budget)
+            continue;
+        int ok = allocate(c, r, num_new);
+        while (!ok) {
+            const int64_t victim = pick_victim(c, order, idx, n);
+            if (preempt(c, victim, now) < 0)
+                return -1;
+            if (victim == r)
+                break;
+            ok = allocate(c, r, num_new);
+        }
+        if (ok) {
+            add_planned(c, r, num_new);
+            budget -= num_new;
+        }
+    }
+    if (c->st_preempted) {   /* (order may be running itself: filter after the loop) */
+        Py_ssize_t k = 0;
+        for (Py_ssize_t j = 0; j < c->nrun; j++)
+            if (c->stat[c->running[j]] == ST_RUNNING)
+                c->running[k++] = c->running[j];
+        c->nrun = k;
+    }
+    c->st_decode += num_decode;
+    if (c->st_preempted == 0 && c->wq_len)
+        return admit(c, now, budget);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ pricing (CostModelExecutor.execute) */
+static const double *size_terms(Core *c, int64_t tokens, int64_t seqs, int has_prefill)
+{
+    Terms *t = &c->terms;
+    const int64_t key = (tokens << 24) ^ (seqs << 1) ^ (int64_t)has_prefill;
+    if (t->n * 2 >= t->cap) {   /* grow (and rehash) */
+        size_t cap = t->cap ? t->cap * 2 : 1024;
+        int64_t *keys = malloc(cap * sizeof(int64_t));
+        double *vals = malloc(cap * t->width * sizeof(double));
+        if (!keys || !vals) {
+            free(keys);
+            free(vals);
+            PyErr_NoMemory();
+            return NULL;
+        }
+        for (size_t j = 0; j < cap; j++)
+            keys[j] = -1;
+        for (size_t j = 0; j < t->cap; j++) {
+            if (t->keys[j] < 0)
+                continue;
+            size_t h = ((uint64_t)t->keys[j] * 0x9E3779B97F4A7C15ull) & (cap - 1);
+            while (keys[h] >= 0)
+                h = (h + 1) & (cap - 1);
+            keys[h] = t->keys[j];
+            memcpy(vals + h * t->width, t->vals + j * t->width, t->width * sizeof(double));
+        }
+        free(t->keys);
+        free(t->vals);
+        t->keys = keys;
+        t->vals = vals;
+        t->cap = cap;
+    }
+    size_t h = ((uint64_t)key * 0x9E3779B97F4A7C15ull) & (t->cap - 1);
+    while (t->keys[h] >= 0) {
+        if (t->keys[h] == key)
+            return t->vals + h * t->width;
+        h = (h + 1) & (t->cap - 1);
+    }
+    PyObject *res = PyObject_CallFunction(c->terms_fn, "LLO", (long long)tokens, (long long)seqs,
+                                          has_prefill ? Py_True : Py_False);
+    if (!res)
+        return NULL;
+    double *dst = t->vals + h * t->width;
+    const int bad = read_doubles(res, dst, t->width, "the step's size terms");
+    Py_DECREF(res);
+    if (bad < 0)
+        return NULL;
+    t->keys[h] = key;
+    t->n++;
+    return dst;
+}
+
+static inline double py_max(double a, double b) { return b > a ? b : a; }   /* Python's max(a, b) */
+
+static int price(Core *c)
+{
+    int64_t tokens = 0, seqs = 0, pairs = 0, pre_new = 0, pre_ctx = 0, dec_seqs = 0, dec_ctx = 0;
+    for (Py_ssize_t j = 0; j < c->ne; j++) {
+        const int64_t n = c->e_new[j], ctx = c->e_ctx[j];
+        tokens += n;
+        seqs++;
+        if (n == 1 && ctx > 0) {
+            dec_seqs++;
+            dec_ctx += ctx + 1;
+        } else {
+            pre_new += n;
+            pre_ctx += ctx;
+            pairs += n * ctx + n * (n + 1) / 2;
+        }
+    }
+    const double *k = c->c;
+    double *bd = c->bdv;
+    if (c->engine) {
+        /* k: fpp, attn_peak, attn_bw, kv_s, kernel_latency, half, eng_kv_s, qo_s, sampler, step_gap, overlap */
+        const double *t = size_terms(c, tokens, seqs, pre_new > 0);
+        if (!t)
+            return -1;
+        const double linear = t[0], comm = t[1], elementwise = t[2], k_attn = t[3], cpu = t[4];
+        double per_layer = 0.0;
+        if (pre_new)
+            per_layer = per_layer + (py_max(k[0] * (double)pairs / k[1],
+                                            (double)(c->new_bytes * pre_new) / k[2] + k[3] * (double)pre_ctx) + k[4]);
+        if (dec_seqs)
+            per_layer = per_layer + (((double)dec_ctx + (double)dec_seqs * k[5]) * k[6] + (double)dec_seqs * k[7]
+                                     + k_attn);
+        const double attention = (double)c->layers * per_layer;
+        const double gpu = linear + attention + elementwise + comm + k[8];
+        const double busy = k[10] != 0.0 ? py_max(gpu, cpu) : gpu + cpu;
+        const double duration = busy + k[9] + 0.0 + 0.0;
+        bd[0] = linear;
+        bd[1] = attention;
+        bd[2] = elementwise;
+        bd[3] = comm;
+        bd[4] = 0.0;
+        bd[5] = 0.0;
+        bd[6] = duration - (linear + attention + elementwise + comm + 0.0 + 0.0);
+        c->d = duration;
+        return 0;
+    }
+    /* k: fpp, attn_peak, attn_bw, kv_s, kernel_latency, attn_seq, attn_pre_seq, elem_s, elem_fixed, overhead */
+    double linear = 0.0, attention = 0.0, elementwise = 0.0, comm = 0.0;
+    if (tokens) {
+        const double *t = size_terms(c, tokens, seqs, 0);
+        if (!t)
+            return -1;
+        linear = t[0];
+        comm = t[1];
+        double per_layer = 0.0;
+        if (pre_new)
+            per_layer = per_layer + (py_max(k[0] * (double)pairs / k[1],
+                                            (double)(c->new_bytes * pre_new) / k[2] + k[3] * (double)pre_ctx) + k[4]);
+        if (dec_seqs)
+            per_layer = per_layer + (py_max(k[0] * (double)dec_ctx / k[1],
+                                            k[3] * (double)dec_ctx + (double)(c->new_bytes * dec_seqs) / k[2]) + k[4]);
+        attention = (double)c->layers * (per_layer + (double)dec_seqs * k[5] + (double)(seqs - dec_seqs) * k[6]);
+        elementwise = (double)c->layers * ((double)tokens * k[7] + k[8]);
+    }
+    bd[0] = linear;
+    bd[1] = attention;
+    bd[2] = elementwise;
+    bd[3] = comm;
+    bd[4] = 0.0;
+    bd[5] = 0.0;
+    bd[6] = k[9];
+    c->d = linear + attention + elementwise + comm + 0.0 + 0.0 + k[9];
+    return 0;
+}
+
+/* ------------------------------------------------------------------ the step's update */
+static int update(Core *c, double now, int *progressed)
+{
+    const double step_start = now - c->d;
+    int64_t regular = 0, computed = 0, sampled = 0;
+    Py_ssize_t ndone = 0;
+    for (Py_ssize_t j = 0; j < c->ne; j++) {
+        const int64_t r = c->e_idx[j];
+        const int64_t cc = c->comp[r] += c->e_new[j];
+        computed += c->e_new[j];
+        if (cc < c->prompt[r] + c->gen[r])
+            continue;   /* a prefill chunk: no token sampled yet */
+        const int64_t g = ++c->gen[r];
+        sampled++;
+        if (c->in_pre[r] && mark(c, r, PH_DECODE, now) < 0)
+            return -1;
+        if (g == 1) {
+            c->ftok[r] = now;
+        } else if (c->ltok[r] == step_start) {
+            regular++;
+        } else {
+            const double gap = now - c->ltok[r];
+            if (vec_push(&c->other, &gap) < 0)
+                return -1;
+        }
+        c->ltok[r] = now;
+        if (g >= c->output[r])
+            c->done[ndone++] = r;
+    }
+    c->held += computed;
+    c->sum_used += c->num_blocks - c->free_blocks;
+    c->sum_logical += c->logical;
+    if (regular && (vec_push(&c->gap_d, &c->d) < 0 || vec_push(&c->gap_n, &regular) < 0))
+        return -1;
+    for (Py_ssize_t j = 0; j < ndone; j++) {
+        const int64_t r = c->done[j];
+        c->stat[r] = ST_FINISHED;
+        c->fin[r] = now;
+        release(c, r);
+        c->finished++;
+        if (mark(c, r, PH_DONE, now) < 0)
+            return -1;
+    }
+    if (ndone) {
+        Py_ssize_t k = 0;
+        for (Py_ssize_t j = 0; j < c->nrun; j++)
+            if (c->stat[c->running[j]] != ST_FINISHED)
+                c->running[k++] = c->running[j];
+        c->nrun = k;
+    }
+    *progressed = sampled || ndone;
+    return 0;
+}
+
+/* Engine._advanced: whether a scheduled request computed past its furthest computed token so far */
+static int advanced(Core *c)
+{
+    int moved = 0;
+    for (Py_ssize_t j = 0; j < c->ne; j++) {
+        const int64_t r = c->e_idx[j], reached = c->e_ctx[j] + c->e_new[j];
+        if (reached > c->furthest[r]) {
+            c->furthest[r] = reached;
+            moved = 1;
+        }
+    }
+    return moved;
+}
+
+static int flush_rows(Core *c)
+{
+    if (!c->fill)
+        return 0;
+    PyObject *m = PyMemoryView_FromMemory((char *)c->main, MAIN_COLS * c->chunk * sizeof(double), PyBUF_READ);
+    PyObject *b = m ? PyMemoryView_FromMemory((char *)c->bd, BD_COLS * c->chunk * sizeof(double), PyBUF_READ) : NULL;
+    PyObject *res = b ? PyObject_CallFunction(c->sink, "OOn", m, b, c->fill) : NULL;
+    Py_XDECREF(m);
+    Py_XDECREF(b);
+    if (!res)
+        return -1;
+    Py_DECREF(res);
+    c->fill = 0;
+    return 0;
+}
+
+static int record(Core *c)
+{
+    const Py_ssize_t f = c->fill, w = c->chunk;
+    const int64_t used = c->num_blocks - c->free_blocks, bs = c->bs;
+    const double row[MAIN_COLS] = {
+        c->start, c->d, (double)c->ne, (double)c->st_prefill, (double)c->st_decode, (double)c->nrun,
+        (double)c->wq_len, 0.0, (double)used, (double)c->st_preempted, 0.0, 0.0, 0.0, (double)c->held,
+        (double)(used * bs - c->held - c->beyond_final), (double)c->beyond_final, 0.0,
+        (double)(c->free_blocks * bs)};
+    for (int j = 0; j < MAIN_COLS; j++)
+        c->main[j * w + f] = row[j];
+    for (int j = 0; j < BD_COLS; j++)
+        c->bd[j * w + f] = c->bdv[j];
+    c->fill = f + 1;
+    c->steps++;
+    if (c->fill == w && flush_rows(c) < 0)
+        return -1;
+    if (c->progress != Py_None && c->steps % c->progress_every == 0) {
+        PyObject *res = PyObject_CallFunction(c->progress, "L", (long long)(c->finished + c->rejected));
+        if (!res)
+            return -1;
+        Py_DECREF(res);
+    }
+    if ((c->steps & 8191) == 0 && PyErr_CheckSignals() < 0)
+        return -1;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ integrity (check_integrity) */
+static int fail(const char *what, int64_t a, int64_t b)
+{
+    PyErr_Format(PyExc_AssertionError, "engine core: %s (%lld against %lld)", what, (long long)a, (long long)b);
+    return -1;
+}
+
+/* The invariants KVCacheManager.check_integrity and ContinuousScheduler.check_integrity assert, on the
+core's counters: blocks held add up, slots add up to the capacity, each running request's table covers
+exactly its computed tokens, nobody else holds a block. */
+static int check_integrity(Core *c)
+{
+    int64_t tables = 0, held = 0, beyond = 0, pre = 0;
+    const int64_t bs = c->bs;
+    for (Py_ssize_t j = 0; j < c->nrun; j++) {
+        const int64_t r = c->running[j];
+        if (c->stat[r] != ST_RUNNING)
+            return fail("a request in running is not running", c->rid[r], c->stat[r]);
+        if (c->comp[r] > c->prompt[r] + c->gen[r])
+            return fail("a request computed past its tokens", c->comp[r], c->prompt[r] + c->gen[r]);
+        if (c->tlen[r] != (c->comp[r] + bs - 1) / bs)
+            return fail("a running request's blocks do not cover its computed tokens", c->tlen[r], c->comp[r]);
+        pre += c->in_pre[r];
+    }
+    for (Py_ssize_t i = 0; i < c->N; i++) {
+        tables += c->tlen[i];
+        beyond += c->beyond[i];
+        if (c->tlen[i]) {
+            if (c->stat[i] != ST_RUNNING)
+                return fail("a request that is not running holds blocks", c->rid[i], c->tlen[i]);
+            held += c->comp[i] < c->tlen[i] * bs ? c->comp[i] : c->tlen[i] * bs;
+        }
+    }
+    if (c->free_blocks < 0 || c->free_blocks + tables != c->num_blocks)
+        return fail("free + held blocks is not the pool", c->free_blocks + tables, c->num_blocks);
+    if (tables != c->logical)
+        return fail("logical blocks differ from the tables", c->logical, tables);
+    if (held != c->held)
+        return fail("held slots differ from the computed tokens", c->held, held);
+    if (beyond != c->beyond_final)
+        return fail("slots beyond final lengths differ", c->beyond_final, beyond);
+    const int64_t reserved = (c->num_blocks - c->free_blocks) * bs - c->held - c->beyond_final;
+    if (reserved < 0 || c->held < 0 || c->beyond_final < 0)
+        return fail("a negative slot count", reserved, c->beyond_final);
+    if (pre != c->n_prefilling)
+        return fail("prefilling requests miscounted", c->n_prefilling, pre);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ the two processes */
+/* an event at t; ``delayed``: a timeout (a float delay: its time is a float even from the int 0) */
+static void schedule_event(Core *c, Event *ev, double t, int prio, int delayed)
+{
+    ev->t = t;
+    ev->prio = prio;
+    ev->eid = c->eid++;
+    ev->active = 1;
+    ev->at_int = c->int_clock && !delayed;
+}
+
+static void trigger_wake(Core *c)
+{
+    if (c->e_wakes) {
+        c->e_wakes = 0;
+        schedule_event(c, &c->ev_e, c->now, NORMAL, 0);
+    }
+}
+
+/* Engine._arrivals from where it waits (on its start or on the timeout of request ai) */
+static int arrivals_resume(Core *c)
+{
+    c->ev_a.active = 0;
+    for (;;) {
+        if (c->a_holds) {
+            c->a_holds = 0;
+            const int64_t i = c->ai++;
+            if (c->staging && c->busy) {
+                c->staged[c->nstaged] = i;
+                c->staged_t[c->nstaged++] = c->now;
+            } else {
+                const int q = add_request(c, i, c->now);
+                if (q < 0)
+                    return -1;
+                if (q)
+                    trigger_wake(c);
+            }
+        }
+        if (c->ai == c->N) {
+            c->arrivals_done = 1;
+            trigger_wake(c);
+            return 0;
+        }
+        const double delay = c->arrival[c->ai] + c->lag - c->now;
+        c->a_holds = 1;
+        if (delay > 0) {
+            schedule_event(c, &c->ev_a, c->now + delay, NORMAL, 1);
+            return 0;
+        }
+    }
+}
+
+static int has_work(Core *c) { return c->nrun > 0 || c->wq_len > 0; }
+
+/* Engine._loop (one timeout a step) from where it waits */
+static int engine_resume(Core *c)
+{
+    c->ev_e.active = 0;
+    if (c->e_state == 2) {   /* the step has run: update and record it */
+        c->busy = 0;
+        int progressed;
+        if (update(c, c->end, &progressed) < 0 || record(c) < 0 || (c->check && check_integrity(c) < 0))
+            return -1;
+        c->stall = (progressed || advanced(c)) ? 0 : c->stall + 1;
+        if (c->stall >= c->max_stall) {
+            c->err = ERR_LIVELOCK;
+            c->err_stall = c->stall;
+            c->err_t = c->now;
+            c->err_waiting = c->wq_len;
+            c->err_running = c->nrun;
+            return 0;
+        }
+    }
+    for (;;) {
+        if (c->nstaged && !has_work(c) && admit_staged(c) < 0)
+            return -1;
+        if (!has_work(c)) {
+            if (c->arrivals_done)
+                return 0;   /* the engine stops */
+            c->e_wakes = 1;
+            c->e_state = 1;
+            return 0;
+        }
+        c->start = c->now;
+        if (schedule(c, c->start) < 0)
+            return -1;
+        if (c->nstaged && admit_staged(c) < 0)
+            return -1;
+        if (c->ne == 0) {
+            c->err = ERR_DEADLOCK;
+            c->err_t = c->start;
+            c->err_waiting = c->wq_len;
+            c->err_running = c->nrun;
+            return 0;
+        }
+        if (price(c) < 0)
+            return -1;
+        if (!(c->d > 0)) {
+            c->err = ERR_DURATION;
+            c->err_step = c->steps;
+            c->err_d = c->d;
+            return 0;
+        }
+        c->end = c->start + c->d;
+        c->busy = 1;
+        c->waits++;
+        schedule_event(c, &c->ev_e, c->now + c->d, NORMAL, 1);
+        c->e_state = 2;
+        return 0;
+    }
+}
+
+static int before(const Event *a, const Event *b)
+{
+    if (a->t != b->t)
+        return a->t < b->t;
+    if (a->prio != b->prio)
+        return a->prio < b->prio;
+    return a->eid < b->eid;
+}
+
+static int run(Core *c)
+{
+    c->int_clock = 1;
+    schedule_event(c, &c->ev_a, 0.0, URGENT, 0);   /* the arrival process starts first, then the engine loop */
+    schedule_event(c, &c->ev_e, 0.0, URGENT, 0);
+    while (!c->err && (c->ev_a.active || c->ev_e.active)) {
+        const int a = c->ev_a.active && (!c->ev_e.active || before(&c->ev_a, &c->ev_e));
+        c->now = a ? c->ev_a.t : c->ev_e.t;
+        c->int_clock = a ? c->ev_a.at_int : c->ev_e.at_int;
+        if ((a ? arrivals_resume(c) : engine_resume(c)) < 0)
+            return -1;
+    }
+    return c->err ? 0 : flush_rows(c);
+}
+
+/* ------------------------------------------------------------------ the module function */
+static PyObject *vec_bytes(const Vec *v) { return PyBytes_FromStringAndSize(v->p ? v->p : "", v->n * v->item); }
+
+static void *alloc_n(Py_ssize_t n, size_t item, int *failed)
+{
+    void *p = calloc(n > 0 ? (size_t)n : 1, item);
+    if (!p)
+        *failed = 1;
+    return p;
+}
+
+PyObject *kv_run_core(PyObject *self, PyObject *args)
+{
+    PyObject *ints_obj, *arrival_obj, *cfg, *pricing, *terms_fn, *sink, *progress, *out_i_obj, *out_f_obj;
+    double lag;
+    Py_ssize_t N, chunk;
+    if (!PyArg_ParseTuple(args, "nOOO!dO!OOOnOO", &N, &ints_obj, &arrival_obj, &PyTuple_Type, &cfg, &lag,
+                          &PyTuple_Type, &pricing, &terms_fn, &sink, &progress, &chunk, &out_i_obj, &out_f_obj))
+        return NULL;
+    if (N < 0 || chunk < 1 || PyTuple_GET_SIZE(cfg) != 11 || PyTuple_GET_SIZE(pricing) < 3) {
+        PyErr_SetString(PyExc_ValueError, "run_core: bad sizes or settings");
+        return NULL;
+    }
+    Core c;
+    memset(&c, 0, sizeof c);
+    Py_buffer ib, ab, oib, ofb;
+    int got = 0;
+    PyObject *result = NULL;
+    if (get_buffer(ints_obj, &ib, "q", 8, 4 * N, "requests") < 0)
+        return NULL;
+    got = 1;
+    if (get_buffer(arrival_obj, &ab, "d", 8, N, "arrivals") < 0)
+        goto done;
+    got = 2;
+    if (get_buffer(out_i_obj, &oib, "q", 8, 5 * N, "request counters") < 0)
+        goto done;
+    got = 3;
+    if (get_buffer(out_f_obj, &ofb, "d", 8, 5 * N, "request times") < 0)
+        goto done;
+    got = 4;
+    int64_t cv[11];
+    for (int j = 0; j < 11; j++) {
+        cv[j] = PyLong_AsLongLong(PyTuple_GET_ITEM(cfg, j));
+        if (cv[j] == -1 && PyErr_Occurred())
+            goto done;
+    }
+    c.N = N;
+    const int64_t *iv = ib.buf;
+    c.rid = iv;
+    c.prompt = iv + N;
+    c.output = iv + 2 * N;
+    c.accepted = iv + 3 * N;
+    c.arrival = ab.buf;
+    c.bs = cv[0];
+    c.num_blocks = cv[1];
+    c.max_seqs = cv[2];
+    c.max_batched = cv[3];
+    c.chunked = (int)cv[4];
+    c.staging = (int)cv[5];
+    c.victim_generated = (int)cv[6];
+    c.max_stall = cv[7];
+    c.progress_every = cv[8] > 0 ? cv[8] : 1;
+    c.free_blocks = cv[9] >= 0 ? cv[9] : c.num_blocks;
+    c.check = (int)cv[10];
+    c.lag = lag;
+    if (c.bs < 1 || c.num_blocks < 0) {
+        PyErr_SetString(PyExc_ValueError, "run_core: bad block settings");
+        goto done;
+    }
+    c.engine = (int)PyLong_AsLong(PyTuple_GET_ITEM(pricing, 0));
+    c.layers = PyLong_AsLongLong(PyTuple_GET_ITEM(pricing, 1));
+    c.new_bytes = PyLong_AsLongLong(PyTuple_GET_ITEM(pricing, 2));
+    if (PyErr_Occurred())
+        goto done;
+    {
+        const Py_ssize_t nk = PyTuple_GET_SIZE(pricing) - 3;
+        if (nk != (c.engine ? 11 : 10)) {
+            PyErr_SetString(PyExc_ValueError, "run_core: pricing constants of the wrong length");
+            goto done;
+        }
+        for (Py_ssize_t j = 0; j < nk; j++) {
+            c.c[j] = PyFloat_AsDouble(PyTuple_GET_ITEM(pricing, 3 + j));
+            if (c.c[j] == -1.0 && PyErr_Occurred())
+                goto done;
+        }
+    }
+    c.terms.width = c.engine ? 5 : 2;
+    c.terms_fn = terms_fn;
+    c.sink = sink;
+    c.progress = progress;
+    c.chunk = chunk;
+    int failed = 0;
+    c.comp = alloc_n(N, 8, &failed);
+    c.gen = alloc_n(N, 8, &failed);
+    c.tlen = alloc_n(N, 8, &failed);
+    c.beyond = alloc_n(N, 8, &failed);
+    c.furthest = alloc_n(N, 8, &failed);
+    c.npre = alloc_n(N, 8, &failed);
+    c.stat = alloc_n(N, 1, &failed);
+    c.int_zero = alloc_n(N, 8, &failed);
+    c.in_pre = alloc_n(N, 1, &failed);
+    c.rej = alloc_n(N, 8, &failed);
+    c.running = alloc_n(N, 8, &failed);
+    c.order = alloc_n(N, 8, &failed);
+    c.done = alloc_n(N, 8, &failed);
+    c.wq = alloc_n(N + 1, 8, &failed);
+    c.staged = alloc_n(N, 8, &failed);
+    c.staged_t = alloc_n(N, 8, &failed);
+    c.e_idx = alloc_n(N, 8, &failed);
+    c.e_new = alloc_n(N, 8, &failed);
+    c.e_ctx = alloc_n(N, 8, &failed);
+    c.main = alloc_n(MAIN_COLS * chunk, 8, &failed);
+    c.bd = alloc_n(BD_COLS * chunk, 8, &failed);
+    if (failed) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    double *of = ofb.buf;
+    c.fsched = of;
+    c.ftok = of + N;
+    c.ltok = of + 2 * N;
+    c.fin = of + 3 * N;
+    for (Py_ssize_t j = 0; j < 4 * N; j++)
+        of[j] = NAN;
+    for (Py_ssize_t j = 0; j < N; j++)
+        c.rej[j] = NAN;
+    c.tr_rid.item = 8;
+    c.tr_time.item = 8;
+    c.tr_phase.item = 1;
+    c.gap_d.item = 8;
+    c.gap_n.item = 8;
+    c.other.item = 8;
+    if (run(&c) < 0)
+        goto done;
+    {
+        int64_t *oi = oib.buf;
+        for (Py_ssize_t j = 0; j < N; j++) {
+            oi[j] = c.stat[j];
+            oi[N + j] = c.comp[j];
+            oi[2 * N + j] = c.gen[j];
+            oi[3 * N + j] = c.npre[j];
+            oi[4 * N + j] = c.int_zero[j];
+            of[4 * N + j] = c.rej[j];
+        }
+    }
+    result = Py_BuildValue("(iddLLLL)(NNNNNN)(LLLLLLL)", c.err, c.err_t, c.err_d, (long long)c.err_step,
+                           (long long)c.err_waiting, (long long)c.err_running, (long long)c.err_stall,
+                           vec_bytes(&c.tr_rid), vec_bytes(&c.tr_time), vec_bytes(&c.tr_phase),
+                           vec_bytes(&c.gap_d), vec_bytes(&c.gap_n), vec_bytes(&c.other),
+                           (long long)c.num_preemptions, (long long)c.peak_used, (long long)c.peak_logical,
+                           (long long)c.sum_used, (long long)c.sum_logical, (long long)c.steps, (long long)c.waits);
+done:
+    free(c.comp);
+    free(c.gen);
+    free(c.tlen);
+    free(c.beyond);
+    free(c.furthest);
+    free(c.npre);
+    free(c.stat);
+    free(c.int_zero);
+    free(c.in_pre);
+    free(c.rej);
+    free(c.running);
+    free(c.order);
+    free(c.done);
+    free(c.wq);
+    free(c.staged);
+    free(c.staged_t);
+    free(c.e_idx);
+    free(c.e_new);
+    free(c.e_ctx);
+    free(c.main);
+    free(c.bd);
+    free(c.terms.keys);
+    free(c.terms.vals);
+    free(c.tr_rid.p);
+    free(c.tr_time.p);
+    free(c.tr_phase.p);
+    free(c.gap_d.p);
+    free(c.gap_n.p);
+    free(c.other.p);
+    if (got >= 4)
+        PyBuffer_Release(&ofb);
+    if (got >= 3)
+        PyBuffer_Release(&oib);
+    if (got >= 2)
+        PyBuffer_Release(&ab);
+    if (got >= 1)
+        PyBuffer_Release(&ib);
+    return result;
+}

@@ -1,0 +1,196 @@
+"""The compiled engine core (sim/engine_core.py, sim/csrc/core.c) against the SimPy engine loop
+(sim/engine.py) as the reference: the same results bit for bit (summary.json apart from wall_time_s, the
+per-step, per-request and timeline tables) on every shipped scenario, on stress cases that preempt,
+reject, truncate and chunk, and on the fuzzer's cases, with the integrity checks on where the loop's
+are affordable; and what the core does not cover runs the loop."""
+
+from __future__ import annotations
+
+import copy
+import glob
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from result_compare import assert_same, assert_same_outcome, off_and_on
+from test_multi_step import NOT_COMPARABLE, STRESS
+
+import sim.engine_core as engine_core
+from sim.fuzz import draw_scenario
+from sim.metrics import Columns
+from sim.native import native
+from sim.runner import run_scenario
+from sim.scenario import load_scenario, scenario_from_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(native is None, reason="sim._native is not built (pip install -e . builds it)")
+
+
+def _both(monkeypatch, run):
+    """(the SimPy loop's outcome, the core's) of ``run``."""
+    return off_and_on(monkeypatch, engine_core, "enabled", run)
+
+
+def _scenario(data: dict, **scheduler) -> dict:
+    d = copy.deepcopy(data)
+    d.setdefault("scheduler", {}).update(scheduler)
+    d["output"] = {"plots": False}
+    return d
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(str(ROOT / "scenarios" / "*.yaml"))), ids=lambda p: Path(p).name)
+def test_shipped_scenarios_equal(path, monkeypatch):
+    if Path(path).name in NOT_COMPARABLE:
+        pytest.skip(NOT_COMPARABLE[Path(path).name])
+    loop, core = _both(monkeypatch, lambda: run_scenario(load_scenario(path, ["workload.limit=250"]),
+                                                         check_integrity=False))   # big caches: the check is slow
+    assert_same(loop, core)
+    assert not loop.profile.get("compiled_core")
+
+
+def test_the_azure_hour_settings_run_in_the_core_and_equal(monkeypatch):
+    """engine_bench.py's workload (Llama-3.1-8B on an H100, chunked prefill, async scheduling, the
+    frontend's latencies) over the trace's first 2,000 requests."""
+    data = {"name": "azure", "model": "llama-3.1-8b", "hardware": "h100-80gb", "kv_cache": {"block_size": 16},
+            "scheduler": {"chunked_prefill": True, "max_num_seqs": 256, "max_num_batched_tokens": 2048},
+            "workload": {"trace": str(ROOT / "scenarios" / "traces" / "azure_llm_2023_conv.csv"), "format": "azure",
+                         "limit": 2000}, "output": {"plots": False}}
+    loop, core = _both(monkeypatch, lambda: run_scenario(scenario_from_dict(data), check_integrity=False))
+    assert_same(loop, core)
+    assert core.profile["compiled_core"] and core.summary["num_finished"] == 2000
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+@pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "whole-prompts"])
+def test_long_decodes_equal(monkeypatch, async_scheduling, chunked):
+    data = _scenario(STRESS["long_decodes"], async_scheduling=async_scheduling, chunked_prefill=chunked)
+    loop, core = _both(monkeypatch, lambda: run_scenario(scenario_from_dict(data), check_integrity=True))
+    assert_same(loop, core)
+    assert core.profile["compiled_core"]
+
+
+# a cache of 48 blocks of 4 tokens under 12 seats: requests are preempted (recompute) again and again, some
+# are refused (a prompt longer than the model's context, one that cannot fit the cache) or cut (output past
+# the context), arrivals coincide with step ends (whole-second arrivals, whole-millisecond steps)
+PRESSURE = {"name": "pressure", "model": "tiny-llama", "hardware": "a100-80gb", "seed": 3,
+            "kv_cache": {"block_size": 4, "num_gpu_blocks": 48, "swap_space_gb": 0.0001},
+            "executor": {"calibration": "roofline", "step_overhead_s": 0.001},
+            "scheduler": {"max_num_seqs": 12, "max_num_batched_tokens": 64},
+            "workload": {"requests": [
+                {"arrival": float(i // 3), "prompt_len": 5 + (7 * i) % 60, "output_len": 3 + (11 * i) % 70}
+                for i in range(60)] + [
+                {"arrival": 2.0, "prompt_len": 5000, "output_len": 4},     # past max_model_len: refused
+                {"arrival": 2.0, "prompt_len": 150, "output_len": 200},    # never fits 48 x 4 slots: refused
+                {"arrival": 3.0, "prompt_len": 4090, "output_len": 30}]}}  # cut at the context (4,096), then refused
+
+
+@pytest.mark.parametrize("victim", ["latest_arrival", "most_generated"])
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+@pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "whole-prompts"])
+def test_preemption_rejection_and_ties_equal(monkeypatch, victim, async_scheduling, chunked):
+    data = _scenario(PRESSURE, victim=victim, async_scheduling=async_scheduling, chunked_prefill=chunked)
+    loop, core = _both(monkeypatch, lambda: run_scenario(scenario_from_dict(data), check_integrity=True))
+    assert_same(loop, core)
+    s = core.summary
+    assert core.profile["compiled_core"] and s["num_preemptions"] >= 5 and s["num_rejected"] >= 1
+    assert (core.requests.status == "REJECTED").sum() == s["num_rejected"] == 3 and s["num_truncated"] == 1
+
+
+def _into_core(data: dict) -> dict:
+    """A fuzz case moved inside what the core covers: FCFS, recompute, continuous batching, the paged
+    manager without prefix caching, one sequence a request outside shared-prefix groups."""
+    d = copy.deepcopy(data)
+    d["scheduler"].update(policy="fcfs", preemption="recompute", batching="continuous")
+    d["kv_cache"].update(allocator="paged", prefix_caching=False)
+    work = d["workload"]
+    for r in work.get("requests", []):
+        for key in ("n", "beam_width", "prefix_group", "prefix_len"):
+            r.pop(key, None)
+    for key in ("n", "beam_width", "shared_prefix"):
+        work.get("synthetic", {}).pop(key, None)
+    return d
+
+
+def test_fuzz_cases_equal(monkeypatch):
+    covered = 0
+    for i in range(120):
+        drawn = draw_scenario(random.Random(f"engine-core:{i}"), i)
+        for data in (drawn, _into_core(drawn)):
+            loop, core = _both(monkeypatch, lambda d=data: run_scenario(
+                scenario_from_dict(copy.deepcopy(d), source="<fuzz>"), check_integrity=True))
+            assert_same_outcome(loop, core, f"case {i}")
+            covered += not isinstance(core, str) and bool(core.profile.get("compiled_core"))
+    assert covered >= 100, f"only {covered} fuzz cases ran in the core"
+
+
+def test_rows_handed_over_in_many_chunks_equal(monkeypatch, tmp_path):
+    """Chunks of 64 rows: the core hands the recorder many (and the step table is streamed to disk as they
+    fill, as ``kvsim run --out`` does)."""
+    monkeypatch.setattr(Columns, "CHUNK_ROWS", 64)
+    data = _scenario(STRESS["long_decodes"])
+    loop, core = _both(monkeypatch, lambda: run_scenario(scenario_from_dict(data), check_integrity=False))
+    assert_same(loop, core)
+    assert core.summary["num_steps"] > 20 * 64
+
+
+def test_progress_is_reported_every_few_hundred_steps(monkeypatch):
+    calls: list[int] = []
+    monkeypatch.setattr(engine_core, "PROGRESS_EVERY", 50)
+    data = _scenario(STRESS["long_decodes"])
+    scn = scenario_from_dict(data)
+    import sim.runner as runner
+
+    class Bar:   # the progress bar's interface (sim/runner.py _progress_bar)
+        def __init__(self, total, after_s=0.0):
+            self.total = total
+
+        def at(self, done):
+            calls.append(done)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(runner, "_progress_bar", Bar)
+    res = run_scenario(scn, progress=True, check_integrity=False)
+    steps = res.summary["num_steps"]
+    assert len(calls) == steps // 50
+    assert calls == sorted(calls) and 0 < calls[-1] <= 300   # requests finished or rejected so far
+
+
+def test_what_the_core_does_not_cover_runs_the_loop():
+    base = _scenario(STRESS["long_decodes"])
+    base["workload"]["synthetic"]["num_requests"] = 20
+    cases = {
+        "round robin": {"scheduler": {"policy": "round_robin"}},
+        "priority": {"scheduler": {"policy": "priority"}},
+        "swap": {"scheduler": {"preemption": "swap"}},
+        "static batching": {"scheduler": {"batching": "static", "chunked_prefill": False}},
+        "prefix caching": {"kv_cache": {"prefix_caching": True}},
+        "contiguous": {"kv_cache": {"allocator": "contiguous-max"}},
+        "parallel samples": {"workload": {"synthetic": {"n": 2}}},
+    }
+    assert run_scenario(scenario_from_dict(base), check_integrity=False).profile["compiled_core"]
+    for label, change in cases.items():
+        d = copy.deepcopy(base)
+        for section, values in change.items():
+            for key, value in values.items():
+                if isinstance(value, dict):
+                    d[section][key].update(value)
+                else:
+                    d.setdefault(section, {})[key] = value
+        res = run_scenario(scenario_from_dict(d), check_integrity=False)
+        assert not res.profile["compiled_core"], label
+
+
+def test_an_integrity_check_failure_is_an_assertion(monkeypatch):
+    """The core's own checks (check_integrity) see a corrupted counter: here every block the pool hands
+    out is counted twice as free, through a pool that starts with more free blocks than it has."""
+    data = _scenario(STRESS["long_decodes"])
+    data["workload"]["synthetic"]["num_requests"] = 5
+    scn = scenario_from_dict(data)
+    from sim.kv.block_pool import BlockPool
+
+    monkeypatch.setattr(BlockPool, "num_free", property(lambda self: int(np.count_nonzero(self.refs == 0)) + 1))
+    with pytest.raises(AssertionError, match="engine core: free \\+ held blocks is not the pool"):
+        run_scenario(scn, check_integrity=True)
