@@ -5,13 +5,19 @@
     python benchmarks/engine_bench.py --double-output       # every output length doubled
     python benchmarks/engine_bench.py --output-scaling      # as given, then doubled, in this process
     python benchmarks/engine_bench.py --synthetic 1000000 --rate 30
-    python benchmarks/engine_bench.py --compare             # multi-step on and off, in this one process
+    python benchmarks/engine_bench.py --core-compare --repeat 3   # the compiled core against the SimPy loop
+    python benchmarks/engine_bench.py --no-core             # the SimPy loop (sim/engine.py) for every run
+    python benchmarks/engine_bench.py --compare             # multi-step on and off (SimPy loop), in this process
     python benchmarks/engine_bench.py --compare --repeat 3  # alternating, the fastest of each mode
     python benchmarks/engine_bench.py --batch-scaling       # wall time per step at batch 8 and 256
     python benchmarks/engine_bench.py --no-lane             # the decode lane off (sim/sched/decode_lane.py)
     python benchmarks/engine_bench.py --stream-compare --repeat 3   # the step table written after / during the run
+    python benchmarks/engine_bench.py --yaml hour.yaml      # write the scenario, for `kvsim run hour.yaml`
+    python benchmarks/engine_bench.py --yaml hour_x2.yaml --double-output   # ... its trace's outputs doubled
 
-Prints, per run: requests, steps, decode runs (multi-step), engine waits (SimPy timeouts the engine
+A scenario the compiled engine core covers (sim/engine_core.py: all of these) runs there unless
+``--no-core``; the options about decode runs, the decode lane and multi-step measure the SimPy loop, so they
+turn the core off. Prints, per run: whether the core ran it, requests, steps, decode runs (multi-step), engine waits (SimPy timeouts the engine
 yielded: its events), arrivals, wall seconds per phase, steps per wall second and peak RSS. As ``kvsim run
 --out``, the per-step table is written while the engine runs (on a second thread: sim/step_stream.py), so
 "simulate" includes whatever that costs the engine and "write" is what is left after the run (the stream's
@@ -32,6 +38,7 @@ from pathlib import Path
 
 import yaml
 
+import sim.engine_core as engine_core
 import sim.runner as runner
 from sim import run_scenario, scenario_from_dict
 
@@ -119,10 +126,11 @@ def outputs_doubled(on: bool = True) -> Iterator[None]:
         runner.build_workload = build
 
 
-def measure(data: dict, multi_step: bool, write: bool, plot: bool, double_output: bool, stream: bool = True) -> dict:
+def measure(data: dict, multi_step: bool, write: bool, plot: bool, double_output: bool, stream: bool = True,
+            core: bool = True) -> dict:
     """One run's phases. With ``write``, as ``kvsim run --out`` does it: the per-step table is written while
     the engine runs (sim/step_stream.py, on a second thread), the rest after it; without ``stream``, all of
-    it after the run."""
+    it after the run. ``core``: the compiled engine core where it covers the scenario (else the SimPy loop)."""
     from sim.commands.run import results_stage, write_results
 
     data = copy.deepcopy(data)
@@ -130,11 +138,16 @@ def measure(data: dict, multi_step: bool, write: bool, plot: bool, double_output
     scn = scenario_from_dict(data, base_dir=ROOT / "scenarios")
     with tempfile.TemporaryDirectory() as tmp, results_stage(Path(tmp) / "w" if write else None) as (stage, stream_obj):
         t0 = time.perf_counter()
-        with outputs_doubled(double_output):
-            res = run_scenario(scn, check_integrity=False, step_stream=stream_obj if stream else None)
+        was, engine_core.enabled = engine_core.enabled, core and engine_core.enabled
+        try:
+            with outputs_doubled(double_output):
+                res = run_scenario(scn, check_integrity=False, step_stream=stream_obj if stream else None)
+        finally:
+            engine_core.enabled = was
         total = time.perf_counter() - t0
         p = res.profile
-        row = {"name": data["name"] + (" x2out" if double_output else ""), "multi_step": multi_step, "stream": stream,
+        row = {"name": data["name"] + (" x2out" if double_output else ""), "core": p["compiled_core"],
+               "multi_step": multi_step, "stream": stream,
                "requests": res.summary["num_requests"], "steps": p["steps"], "decode_runs": p["decode_runs"],
                "engine_waits": p["engine_waits"], "arrivals": p["arrivals"],
                "load_s": p["load_s"], "simulate_s": p["simulate_s"], "summarise_s": p["summarise_s"]}
@@ -152,6 +165,25 @@ def measure(data: dict, multi_step: bool, write: bool, plot: bool, double_output
     row["steps_per_s"] = p["steps"] / total
     row["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return row
+
+
+def write_yaml(data: dict, path: Path, double_output: bool) -> None:
+    """``data`` as a scenario file at ``path``; ``double_output``: its Azure trace copied beside it (PATH's
+    name + .csv) with every GeneratedTokens doubled, and the scenario reading that copy."""
+    data = copy.deepcopy(data)
+    trace = data.get("workload", {}).get("trace")
+    if double_output:
+        if trace is None or data["workload"].get("format") != "azure":
+            raise SystemExit("--double-output with --yaml needs an Azure trace workload")
+        import pandas as pd
+
+        df = pd.read_csv(trace)
+        df["GeneratedTokens"] *= 2
+        copy_path = path.with_suffix(".csv")
+        df.to_csv(copy_path, index=False)
+        data["workload"]["trace"] = str(copy_path.resolve())
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    print(f"wrote {path}")
 
 
 def add_workload_args(ap: argparse.ArgumentParser) -> None:
@@ -178,7 +210,10 @@ def main() -> None:
     ap.add_argument("--output-scaling", action="store_true",
                     help="the outputs as given, then doubled, alternating (--repeat times); prints the ratio")
     ap.add_argument("--single-step", action="store_true", help="multi-step off")
-    ap.add_argument("--compare", action="store_true", help="multi-step off then on, in this process")
+    ap.add_argument("--compare", action="store_true", help="multi-step off then on (SimPy loop), in this process")
+    ap.add_argument("--core-compare", action="store_true",
+                    help="the SimPy loop then the compiled core, alternating (--repeat times); prints the ratio")
+    ap.add_argument("--no-core", action="store_true", help="the SimPy loop for every run (the compiled core off)")
     ap.add_argument("--repeat", type=int, default=1,
                     help="with --compare: alternate off/on this many times; the ratio uses each mode's fastest")
     ap.add_argument("--no-write", action="store_true", help="skip writing the tables")
@@ -188,6 +223,9 @@ def main() -> None:
     ap.add_argument("--plots", action="store_true", help="also draw the figures")
     ap.add_argument("--no-lane", action="store_true",
                     help="decode lane off (the per-request loop plans and updates every step)")
+    ap.add_argument("--yaml", metavar="PATH",
+                    help="write the workload's scenario as YAML (with --double-output, beside a copy of the trace "
+                         "with every output doubled) and stop")
     ap.add_argument("--batch-scaling", action="store_true",
                     help="wall time per step at batch 8 and 256, decode lane off and on (--repeat times)")
     args = ap.parse_args()
@@ -198,7 +236,12 @@ def main() -> None:
         import sim.sched.continuous as continuous
 
         continuous.ContinuousScheduler.use_lane = False
+    if args.no_core or args.no_lane or args.compare or args.single_step:   # (they measure the SimPy loop)
+        engine_core.enabled = False
     data = workload_data(args)
+    if args.yaml:
+        write_yaml(data, Path(args.yaml), args.double_output)
+        return
     if args.output_scaling:
         runs = [(not args.single_step, doubled, True) for doubled in (False, True)] * args.repeat
     elif args.stream_compare:
@@ -206,11 +249,18 @@ def main() -> None:
     else:
         modes = [False, True] * args.repeat if args.compare else [not args.single_step]
         runs = [(m, args.double_output, True) for m in modes]
-    rows = [measure(data, m, not args.no_write, args.plots, doubled, stream) for m, doubled, stream in runs]
+    cores = [False, True] * args.repeat if args.core_compare else [True] * len(runs)
+    if args.core_compare:
+        runs = [(not args.single_step, args.double_output, True)] * len(cores)
+    rows = [measure(data, m, not args.no_write, args.plots, doubled, stream, core)
+            for (m, doubled, stream), core in zip(runs, cores)]
     cols = list(rows[0])
     print(" | ".join(f"{c:>12}" for c in cols))
     for r in rows:
         print(" | ".join(f"{r[c]:>12.3f}" if isinstance(r[c], float) else f"{r[c]!s:>12}" for c in cols))
+    if args.core_compare:
+        best = {c: min(r["simulate_s"] for r in rows if r["core"] == c) for c in (False, True)}
+        print(f"simulate time, compiled core / SimPy loop (fastest of {args.repeat}): {best[True] / best[False]:.3f}")
     if args.compare:
         best = {m: min(r["simulate_s"] for r in rows if r["multi_step"] == m) for m in (False, True)}
         print(f"simulate time, multi-step on / off (fastest of {args.repeat}): {best[True] / best[False]:.3f}")
