@@ -106,12 +106,60 @@ def _pricing(ex: CostModelExecutor) -> tuple[tuple, Callable[[int, int, bool], t
     return consts, linear_terms
 
 
+@dataclass
+class EngineParts:
+    """What the core runs one engine with: its requests (in the order they are handed to it), scheduler,
+    executor and recorder, and its loop's settings."""
+
+    requests: list[Request]
+    scheduler: ContinuousScheduler
+    executor: CostModelExecutor
+    recorder: Recorder
+    async_scheduling: bool
+    max_stall: int
+    check_integrity: bool = False
+
+
 def run_core(requests: list[Request], scheduler: ContinuousScheduler, executor: CostModelExecutor,
              recorder: Recorder, *, arrival_delay_s: float, async_scheduling: bool, max_stall: int,
              progress: Callable[[int], None] | None = None, check_integrity: bool = False) -> CoreRun:
     """Run the engine over ``requests`` (handed over at arrival + ``arrival_delay_s``); ``progress`` is
     called every ``PROGRESS_EVERY`` steps with the requests finished or rejected so far;
     ``check_integrity`` checks the KV and scheduler invariants after every step (an AssertionError)."""
+    parts = EngineParts(requests, scheduler, executor, recorder, async_scheduling, max_stall, check_integrity)
+    return run_engines(requests, [0] * len(requests), [parts], arrival_delay_s, progress)[0]
+
+
+def run_engines(requests: list[Request], dest: list[int], engines: list[EngineParts], lag: float,
+                progress: Callable[[int], None] | None = None) -> list[CoreRun]:
+    """Several engines fed by one arrival process: ``requests`` in hand-over order, request g handed to
+    ``engines[dest[g]]`` at its arrival + ``lag`` (as a cluster's router made the choices ahead); each
+    engine's ``requests`` are its own, in the same order. Errors are raised as the SimPy loop raises them."""
+    n = len(requests)
+    where = np.asarray(dest, dtype=np.int64)
+    local = np.zeros(n, dtype=np.int64)
+    for e in range(len(engines)):
+        mine = np.flatnonzero(where == e)
+        local[mine] = np.arange(len(mine), dtype=np.int64)
+    arrival = np.fromiter((r.arrival_s for r in requests), dtype=np.float64, count=n)
+    specs, outs = [], []
+    for parts in engines:
+        spec, out = _engine_spec(parts)
+        specs.append(spec)
+        outs.append(out)
+    results = native.run_core(n, arrival, where, local, float(lag), progress, PROGRESS_EVERY, specs)
+    for parts, (err, _, _) in zip(engines, results):
+        _raise(err, parts.scheduler)
+    runs = []
+    for parts, (counters, times), (_, records, totals) in zip(engines, outs, results):
+        write_back(parts.requests, parts.scheduler, counters, times, records, totals)
+        runs.append(CoreRun(steps=totals[5], waits=totals[6]))
+    return runs
+
+
+def _engine_spec(parts: EngineParts) -> tuple[tuple, tuple[np.ndarray, np.ndarray]]:
+    """(core.c's tuple for one engine, its counters and times arrays, filled by the run)."""
+    requests, scheduler, recorder = parts.requests, parts.scheduler, parts.recorder
     n = len(requests)
     mgr = scheduler.manager
     cfg = scheduler.config
@@ -122,23 +170,19 @@ def run_core(requests: list[Request], scheduler: ContinuousScheduler, executor: 
     ints[2] = np.fromiter((r.output_len for r in requests), dtype=np.int64, count=n)
     arrival = np.fromiter((r.arrival_s for r in requests), dtype=np.float64, count=n)
     settings = (mgr.block_size, mgr.num_blocks, cfg.max_num_seqs, scheduler.max_num_batched_tokens,
-                int(cfg.chunked_prefill), int(async_scheduling), int(cfg.victim == "most_generated"), max_stall,
-                PROGRESS_EVERY, mgr.pool.num_free, int(check_integrity))
-    consts, terms = _pricing(executor)
+                int(cfg.chunked_prefill), int(parts.async_scheduling), int(cfg.victim == "most_generated"),
+                parts.max_stall, mgr.pool.num_free, int(parts.check_integrity))
+    consts, terms = _pricing(parts.executor)
     width, chunk = len(STEP_COLUMNS), Columns.CHUNK_ROWS
 
     def sink(main: memoryview, breakdown: memoryview, m: int) -> None:
         rows = np.frombuffer(main, dtype=np.float64).reshape(width, chunk)[:, :m]
-        parts = np.frombuffer(breakdown, dtype=np.float64).reshape(len(BREAKDOWN_PARTS), chunk)[:, :m]
-        recorder.record_columns(rows, dict(zip(BREAKDOWN_PARTS, parts)))
+        bd = np.frombuffer(breakdown, dtype=np.float64).reshape(len(BREAKDOWN_PARTS), chunk)[:, :m]
+        recorder.record_columns(rows, dict(zip(BREAKDOWN_PARTS, bd)))
 
     counters = np.empty((5, n), dtype=np.int64)
     times = np.empty((5, n), dtype=np.float64)
-    err, records, totals = native.run_core(n, ints, arrival, settings, float(arrival_delay_s), consts, terms, sink,
-                                           progress, chunk, counters, times)
-    _raise(err, scheduler)
-    write_back(requests, scheduler, counters, times, records, totals)
-    return CoreRun(steps=totals[5], waits=totals[6])
+    return (n, ints, arrival, settings, consts, terms, sink, chunk, counters, times), (counters, times)
 
 
 def _raise(err: tuple, scheduler: ContinuousScheduler) -> None:

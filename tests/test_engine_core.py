@@ -194,3 +194,29 @@ def test_an_integrity_check_failure_is_an_assertion(monkeypatch):
     monkeypatch.setattr(BlockPool, "num_free", property(lambda self: int(np.count_nonzero(self.refs == 0)) + 1))
     with pytest.raises(AssertionError, match="engine core: free \\+ held blocks is not the pool"):
         run_scenario(scn, check_integrity=True)
+
+
+@pytest.mark.parametrize("policy", ["round_robin", "random"])
+@pytest.mark.parametrize("case", ["long_decodes", "pressure"])
+def test_clusters_routed_ahead_run_in_the_core_and_equal(monkeypatch, policy, case):
+    """Replicas behind a router that reads no replica state: one arrival process feeds every replica's
+    engine, in SimPy's event order (arrivals tied with other replicas' step ends included)."""
+    import pandas as pd
+
+    data = _scenario(STRESS["long_decodes"] if case == "long_decodes" else PRESSURE)
+    if case == "long_decodes":
+        data["workload"]["synthetic"]["arrival"]["rate"] = 60.0
+    data["cluster"] = {"replicas": 3, "router": {"policy": policy}}
+    loop, core = _both(monkeypatch, lambda: run_scenario(scenario_from_dict(data), check_integrity=True))
+    assert_same(loop, core)
+    pd.testing.assert_frame_equal(loop.replicas, core.replicas, check_exact=True)
+    assert core.profile["compiled_core"] and not loop.profile["compiled_core"]
+    assert (core.replicas["requests"] > 0).all()
+
+
+def test_routers_that_read_replicas_run_the_loop():
+    data = _scenario(STRESS["long_decodes"])
+    data["workload"]["synthetic"]["num_requests"] = 30
+    for policy in ("least_requests", "least_kv", "power_of_two", "session"):
+        data["cluster"] = {"replicas": 2, "router": {"policy": policy}}
+        assert not run_scenario(scenario_from_dict(data), check_integrity=False).profile["compiled_core"], policy

@@ -67,13 +67,16 @@ typedef struct {
     int at_int;   /* scheduled at SimPy's integer start time 0 with no delay (its time is the int 0) */
 } Event;
 
+typedef struct World World;
+
+/* one engine: its requests (local positions 0..N-1), scheduler, KV counters, pricing and results */
 typedef struct {
+    World *w;
     Py_ssize_t N;
     const int64_t *rid, *prompt, *output, *accepted;
     const double *arrival;
-    int64_t bs, num_blocks, max_seqs, max_batched, max_stall, progress_every;
+    int64_t bs, num_blocks, max_seqs, max_batched, max_stall;
     int chunked, staging, victim_generated, check;
-    double lag;
     /* requests */
     int64_t *comp, *gen, *tlen, *beyond, *furthest, *npre;
     int8_t *stat, *in_pre;
@@ -95,27 +98,42 @@ typedef struct {
     double *main, *bd;
     Py_ssize_t fill, chunk;
     int64_t steps, waits;
-    PyObject *sink, *progress, *terms_fn;
+    PyObject *sink, *terms_fn;
     /* pricing */
     int engine;
     double c[14];
     int64_t layers, new_bytes;
     Terms terms;
-    /* processes */
-    Event ev_a, ev_e;
-    int64_t eid;
-    Py_ssize_t ai;        /* the next request the arrival process hands over */
-    int a_holds;          /* the arrival process waits to hand over request ai */
-    int arrivals_done, busy, e_wakes;   /* e_wakes: the engine waits for an arrival (an untriggered wake) */
+    /* the engine loop */
+    Event ev_e;
+    int busy, e_wakes;    /* e_wakes: the engine waits for an arrival (an untriggered wake) */
     int e_state;          /* 0: start, 1: after a wake, 2: after a step */
-    int int_clock;        /* the clock is still SimPy's initial int 0 (no event with a float time yet) */
-    double now, start, end, d, bdv[7];
+    double start, end, d, bdv[7];
     int64_t stall;
     /* an error: its kind and what its message says */
     int err;
     double err_t, err_d;
     int64_t err_step, err_waiting, err_running, err_stall;
 } Core;
+
+/* the clock, the arrival process (one for every engine: request g goes to engine dest[g], where it is
+request local[g]) and the engines, in the order their loops were started */
+struct World {
+    Py_ssize_t N, M;
+    const double *arrival;
+    const int64_t *dest, *local;
+    double lag, now;
+    int int_clock;        /* the clock is still SimPy's initial int 0 (no event with a float time yet) */
+    int arrivals_done;
+    Event ev_a;
+    int64_t eid;
+    Py_ssize_t ai;        /* the next request the arrival process hands over */
+    int a_holds;          /* the arrival process waits to hand over request ai */
+    Core *engines;
+    PyObject *progress;
+    int64_t progress_every, steps;
+    int err;              /* an engine stopped with an error */
+};
 
 /* ------------------------------------------------------------------ records */
 static int mark(Core *c, int64_t i, int8_t phase, double t)
@@ -207,7 +225,7 @@ static int add_request(Core *c, int64_t i, double t)
 {
     if (!c->accepted[i]) {
         c->rej[i] = t;
-        c->int_zero[i] |= c->int_clock && t == 0.0 ? 2 : 0;
+        c->int_zero[i] |= c->w->int_clock && t == 0.0 ? 2 : 0;
         c->rejected++;
         return 0;
     }
@@ -302,7 +320,7 @@ static int admit(Core *c, double now, int64_t budget)
         seats++;
         if (isnan(c->fsched[r])) {
             c->fsched[r] = now;
-            c->int_zero[r] |= c->int_clock ? 1 : 0;
+            c->int_zero[r] |= c->w->int_clock ? 1 : 0;
         }
         c->stat[r] = ST_RUNNING;
         c->running[c->nrun++] = r;
@@ -606,13 +624,18 @@ static int record(Core *c)
     c->steps++;
     if (c->fill == w && flush_rows(c) < 0)
         return -1;
-    if (c->progress != Py_None && c->steps % c->progress_every == 0) {
-        PyObject *res = PyObject_CallFunction(c->progress, "L", (long long)(c->finished + c->rejected));
+    World *world = c->w;
+    world->steps++;
+    if (world->progress != Py_None && world->steps % world->progress_every == 0) {
+        int64_t done = 0;
+        for (Py_ssize_t e = 0; e < world->M; e++)
+            done += world->engines[e].finished + world->engines[e].rejected;
+        PyObject *res = PyObject_CallFunction(world->progress, "L", (long long)done);
         if (!res)
             return -1;
         Py_DECREF(res);
     }
-    if ((c->steps & 8191) == 0 && PyErr_CheckSignals() < 0)
+    if ((world->steps & 8191) == 0 && PyErr_CheckSignals() < 0)
         return -1;
     return 0;
 }
@@ -666,53 +689,57 @@ static int check_integrity(Core *c)
     return 0;
 }
 
-/* ------------------------------------------------------------------ the two processes */
+/* ------------------------------------------------------------------ the processes */
 /* an event at t; ``delayed``: a timeout (a float delay: its time is a float even from the int 0) */
-static void schedule_event(Core *c, Event *ev, double t, int prio, int delayed)
+static void schedule_event(World *w, Event *ev, double t, int prio, int delayed)
 {
     ev->t = t;
     ev->prio = prio;
-    ev->eid = c->eid++;
+    ev->eid = w->eid++;
     ev->active = 1;
-    ev->at_int = c->int_clock && !delayed;
+    ev->at_int = w->int_clock && !delayed;
 }
 
 static void trigger_wake(Core *c)
 {
     if (c->e_wakes) {
         c->e_wakes = 0;
-        schedule_event(c, &c->ev_e, c->now, NORMAL, 0);
+        schedule_event(c->w, &c->ev_e, c->w->now, NORMAL, 0);
     }
 }
 
-/* Engine._arrivals from where it waits (on its start or on the timeout of request ai) */
-static int arrivals_resume(Core *c)
+/* the arrival process (Engine._arrivals; a cluster's _arrivals_ahead) from where it waits (its start, or
+the timeout of request ai): hands each request to its engine (Engine.submit), then ends the arrivals */
+static int arrivals_resume(World *w)
 {
-    c->ev_a.active = 0;
+    w->ev_a.active = 0;
     for (;;) {
-        if (c->a_holds) {
-            c->a_holds = 0;
-            const int64_t i = c->ai++;
+        if (w->a_holds) {
+            w->a_holds = 0;
+            const Py_ssize_t g = w->ai++;
+            Core *c = &w->engines[w->dest[g]];
+            const int64_t i = w->local[g];
             if (c->staging && c->busy) {
                 c->staged[c->nstaged] = i;
-                c->staged_t[c->nstaged++] = c->now;
+                c->staged_t[c->nstaged++] = w->now;
             } else {
-                const int q = add_request(c, i, c->now);
+                const int q = add_request(c, i, w->now);
                 if (q < 0)
                     return -1;
                 if (q)
                     trigger_wake(c);
             }
         }
-        if (c->ai == c->N) {
-            c->arrivals_done = 1;
-            trigger_wake(c);
+        if (w->ai == w->N) {
+            w->arrivals_done = 1;
+            for (Py_ssize_t e = 0; e < w->M; e++)
+                trigger_wake(&w->engines[e]);
             return 0;
         }
-        const double delay = c->arrival[c->ai] + c->lag - c->now;
-        c->a_holds = 1;
+        const double delay = w->arrival[w->ai] + w->lag - w->now;
+        w->a_holds = 1;
         if (delay > 0) {
-            schedule_event(c, &c->ev_a, c->now + delay, NORMAL, 1);
+            schedule_event(w, &w->ev_a, w->now + delay, NORMAL, 1);
             return 0;
         }
     }
@@ -723,6 +750,7 @@ static int has_work(Core *c) { return c->nrun > 0 || c->wq_len > 0; }
 /* Engine._loop (one timeout a step) from where it waits */
 static int engine_resume(Core *c)
 {
+    World *w = c->w;
     c->ev_e.active = 0;
     if (c->e_state == 2) {   /* the step has run: update and record it */
         c->busy = 0;
@@ -733,7 +761,7 @@ static int engine_resume(Core *c)
         if (c->stall >= c->max_stall) {
             c->err = ERR_LIVELOCK;
             c->err_stall = c->stall;
-            c->err_t = c->now;
+            c->err_t = w->now;
             c->err_waiting = c->wq_len;
             c->err_running = c->nrun;
             return 0;
@@ -743,13 +771,13 @@ static int engine_resume(Core *c)
         if (c->nstaged && !has_work(c) && admit_staged(c) < 0)
             return -1;
         if (!has_work(c)) {
-            if (c->arrivals_done)
+            if (w->arrivals_done)
                 return 0;   /* the engine stops */
             c->e_wakes = 1;
             c->e_state = 1;
             return 0;
         }
-        c->start = c->now;
+        c->start = w->now;
         if (schedule(c, c->start) < 0)
             return -1;
         if (c->nstaged && admit_staged(c) < 0)
@@ -772,7 +800,7 @@ static int engine_resume(Core *c)
         c->end = c->start + c->d;
         c->busy = 1;
         c->waits++;
-        schedule_event(c, &c->ev_e, c->now + c->d, NORMAL, 1);
+        schedule_event(w, &c->ev_e, w->now + c->d, NORMAL, 1);
         c->e_state = 2;
         return 0;
     }
@@ -787,19 +815,38 @@ static int before(const Event *a, const Event *b)
     return a->eid < b->eid;
 }
 
-static int run(Core *c)
+/* SimPy's event loop over the processes' pending events (at most one each) */
+static int run(World *w)
 {
-    c->int_clock = 1;
-    schedule_event(c, &c->ev_a, 0.0, URGENT, 0);   /* the arrival process starts first, then the engine loop */
-    schedule_event(c, &c->ev_e, 0.0, URGENT, 0);
-    while (!c->err && (c->ev_a.active || c->ev_e.active)) {
-        const int a = c->ev_a.active && (!c->ev_e.active || before(&c->ev_a, &c->ev_e));
-        c->now = a ? c->ev_a.t : c->ev_e.t;
-        c->int_clock = a ? c->ev_a.at_int : c->ev_e.at_int;
-        if ((a ? arrivals_resume(c) : engine_resume(c)) < 0)
+    w->int_clock = 1;
+    schedule_event(w, &w->ev_a, 0.0, URGENT, 0);   /* the arrival process starts first, then each engine loop */
+    for (Py_ssize_t e = 0; e < w->M; e++)
+        schedule_event(w, &w->engines[e].ev_e, 0.0, URGENT, 0);
+    for (;;) {
+        const Event *next = w->ev_a.active ? &w->ev_a : NULL;
+        Core *who = NULL;
+        for (Py_ssize_t e = 0; e < w->M; e++) {
+            Core *c = &w->engines[e];
+            if (c->ev_e.active && (!next || before(&c->ev_e, next))) {
+                next = &c->ev_e;
+                who = c;
+            }
+        }
+        if (!next)
+            break;
+        w->now = next->t;
+        w->int_clock = next->at_int;
+        if ((who ? engine_resume(who) : arrivals_resume(w)) < 0)
             return -1;
+        if (who && who->err) {
+            w->err = 1;
+            return 0;
+        }
     }
-    return c->err ? 0 : flush_rows(c);
+    for (Py_ssize_t e = 0; e < w->M; e++)
+        if (flush_rows(&w->engines[e]) < 0)
+            return -1;
+    return 0;
 }
 
 /* ------------------------------------------------------------------ the module function */
@@ -813,183 +860,253 @@ static void *alloc_n(Py_ssize_t n, size_t item, int *failed)
     return p;
 }
 
-PyObject *kv_run_core(PyObject *self, PyObject *args)
+/* the buffers one engine's arguments hold while the run goes */
+typedef struct {
+    Py_buffer ints, arrival, counters, times;
+    int got;
+} Held;
+
+static void release_held(Held *h)
 {
-    PyObject *ints_obj, *arrival_obj, *cfg, *pricing, *terms_fn, *sink, *progress, *out_i_obj, *out_f_obj;
-    double lag;
+    if (h->got >= 4)
+        PyBuffer_Release(&h->times);
+    if (h->got >= 3)
+        PyBuffer_Release(&h->counters);
+    if (h->got >= 2)
+        PyBuffer_Release(&h->arrival);
+    if (h->got >= 1)
+        PyBuffer_Release(&h->ints);
+    h->got = 0;
+}
+
+static void free_engine(Core *c)
+{
+    void *bufs[] = {c->comp, c->gen, c->tlen, c->beyond, c->furthest, c->npre, c->stat, c->int_zero, c->in_pre,
+                    c->rej, c->running, c->order, c->done, c->wq, c->staged, c->staged_t, c->e_idx, c->e_new,
+                    c->e_ctx, c->main, c->bd, c->terms.keys, c->terms.vals, c->tr_rid.p, c->tr_time.p,
+                    c->tr_phase.p, c->gap_d.p, c->gap_n.p, c->other.p};
+    for (size_t j = 0; j < sizeof bufs / sizeof bufs[0]; j++)
+        free(bufs[j]);
+}
+
+/* one engine from its tuple (n, requests, arrivals, settings, pricing, terms, sink, chunk, counters,
+times); its buffers are held in ``h`` */
+static int open_engine(Core *c, World *w, PyObject *spec, Held *h)
+{
     Py_ssize_t N, chunk;
-    if (!PyArg_ParseTuple(args, "nOOO!dO!OOOnOO", &N, &ints_obj, &arrival_obj, &PyTuple_Type, &cfg, &lag,
-                          &PyTuple_Type, &pricing, &terms_fn, &sink, &progress, &chunk, &out_i_obj, &out_f_obj))
-        return NULL;
-    if (N < 0 || chunk < 1 || PyTuple_GET_SIZE(cfg) != 11 || PyTuple_GET_SIZE(pricing) < 3) {
+    PyObject *ints_obj, *arrival_obj, *cfg, *pricing, *terms_fn, *sink, *out_i_obj, *out_f_obj;
+    if (!PyArg_ParseTuple(spec, "nOOO!O!OOnOO", &N, &ints_obj, &arrival_obj, &PyTuple_Type, &cfg, &PyTuple_Type,
+                          &pricing, &terms_fn, &sink, &chunk, &out_i_obj, &out_f_obj))
+        return -1;
+    if (N < 0 || chunk < 1 || PyTuple_GET_SIZE(cfg) != 10 || PyTuple_GET_SIZE(pricing) < 3) {
         PyErr_SetString(PyExc_ValueError, "run_core: bad sizes or settings");
-        return NULL;
+        return -1;
     }
-    Core c;
-    memset(&c, 0, sizeof c);
-    Py_buffer ib, ab, oib, ofb;
-    int got = 0;
-    PyObject *result = NULL;
-    if (get_buffer(ints_obj, &ib, "q", 8, 4 * N, "requests") < 0)
-        return NULL;
-    got = 1;
-    if (get_buffer(arrival_obj, &ab, "d", 8, N, "arrivals") < 0)
-        goto done;
-    got = 2;
-    if (get_buffer(out_i_obj, &oib, "q", 8, 5 * N, "request counters") < 0)
-        goto done;
-    got = 3;
-    if (get_buffer(out_f_obj, &ofb, "d", 8, 5 * N, "request times") < 0)
-        goto done;
-    got = 4;
-    int64_t cv[11];
-    for (int j = 0; j < 11; j++) {
+    if (get_buffer(ints_obj, &h->ints, "q", 8, 4 * N, "requests") < 0)
+        return -1;
+    h->got = 1;
+    if (get_buffer(arrival_obj, &h->arrival, "d", 8, N, "arrivals") < 0)
+        return -1;
+    h->got = 2;
+    if (get_buffer(out_i_obj, &h->counters, "q", 8, 5 * N, "request counters") < 0)
+        return -1;
+    h->got = 3;
+    if (get_buffer(out_f_obj, &h->times, "d", 8, 5 * N, "request times") < 0)
+        return -1;
+    h->got = 4;
+    int64_t cv[10];
+    for (int j = 0; j < 10; j++) {
         cv[j] = PyLong_AsLongLong(PyTuple_GET_ITEM(cfg, j));
         if (cv[j] == -1 && PyErr_Occurred())
-            goto done;
+            return -1;
     }
-    c.N = N;
-    const int64_t *iv = ib.buf;
-    c.rid = iv;
-    c.prompt = iv + N;
-    c.output = iv + 2 * N;
-    c.accepted = iv + 3 * N;
-    c.arrival = ab.buf;
-    c.bs = cv[0];
-    c.num_blocks = cv[1];
-    c.max_seqs = cv[2];
-    c.max_batched = cv[3];
-    c.chunked = (int)cv[4];
-    c.staging = (int)cv[5];
-    c.victim_generated = (int)cv[6];
-    c.max_stall = cv[7];
-    c.progress_every = cv[8] > 0 ? cv[8] : 1;
-    c.free_blocks = cv[9] >= 0 ? cv[9] : c.num_blocks;
-    c.check = (int)cv[10];
-    c.lag = lag;
-    if (c.bs < 1 || c.num_blocks < 0) {
+    c->w = w;
+    c->N = N;
+    const int64_t *iv = h->ints.buf;
+    c->rid = iv;
+    c->prompt = iv + N;
+    c->output = iv + 2 * N;
+    c->accepted = iv + 3 * N;
+    c->arrival = h->arrival.buf;
+    c->bs = cv[0];
+    c->num_blocks = cv[1];
+    c->max_seqs = cv[2];
+    c->max_batched = cv[3];
+    c->chunked = (int)cv[4];
+    c->staging = (int)cv[5];
+    c->victim_generated = (int)cv[6];
+    c->max_stall = cv[7];
+    c->free_blocks = cv[8] >= 0 ? cv[8] : c->num_blocks;
+    c->check = (int)cv[9];
+    if (c->bs < 1 || c->num_blocks < 0) {
         PyErr_SetString(PyExc_ValueError, "run_core: bad block settings");
-        goto done;
+        return -1;
     }
-    c.engine = (int)PyLong_AsLong(PyTuple_GET_ITEM(pricing, 0));
-    c.layers = PyLong_AsLongLong(PyTuple_GET_ITEM(pricing, 1));
-    c.new_bytes = PyLong_AsLongLong(PyTuple_GET_ITEM(pricing, 2));
+    c->engine = (int)PyLong_AsLong(PyTuple_GET_ITEM(pricing, 0));
+    c->layers = PyLong_AsLongLong(PyTuple_GET_ITEM(pricing, 1));
+    c->new_bytes = PyLong_AsLongLong(PyTuple_GET_ITEM(pricing, 2));
     if (PyErr_Occurred())
-        goto done;
-    {
-        const Py_ssize_t nk = PyTuple_GET_SIZE(pricing) - 3;
-        if (nk != (c.engine ? 11 : 10)) {
-            PyErr_SetString(PyExc_ValueError, "run_core: pricing constants of the wrong length");
-            goto done;
-        }
-        for (Py_ssize_t j = 0; j < nk; j++) {
-            c.c[j] = PyFloat_AsDouble(PyTuple_GET_ITEM(pricing, 3 + j));
-            if (c.c[j] == -1.0 && PyErr_Occurred())
-                goto done;
-        }
+        return -1;
+    const Py_ssize_t nk = PyTuple_GET_SIZE(pricing) - 3;
+    if (nk != (c->engine ? 11 : 10)) {
+        PyErr_SetString(PyExc_ValueError, "run_core: pricing constants of the wrong length");
+        return -1;
     }
-    c.terms.width = c.engine ? 5 : 2;
-    c.terms_fn = terms_fn;
-    c.sink = sink;
-    c.progress = progress;
-    c.chunk = chunk;
+    for (Py_ssize_t j = 0; j < nk; j++) {
+        c->c[j] = PyFloat_AsDouble(PyTuple_GET_ITEM(pricing, 3 + j));
+        if (c->c[j] == -1.0 && PyErr_Occurred())
+            return -1;
+    }
+    c->terms.width = c->engine ? 5 : 2;
+    c->terms_fn = terms_fn;
+    c->sink = sink;
+    c->chunk = chunk;
     int failed = 0;
-    c.comp = alloc_n(N, 8, &failed);
-    c.gen = alloc_n(N, 8, &failed);
-    c.tlen = alloc_n(N, 8, &failed);
-    c.beyond = alloc_n(N, 8, &failed);
-    c.furthest = alloc_n(N, 8, &failed);
-    c.npre = alloc_n(N, 8, &failed);
-    c.stat = alloc_n(N, 1, &failed);
-    c.int_zero = alloc_n(N, 8, &failed);
-    c.in_pre = alloc_n(N, 1, &failed);
-    c.rej = alloc_n(N, 8, &failed);
-    c.running = alloc_n(N, 8, &failed);
-    c.order = alloc_n(N, 8, &failed);
-    c.done = alloc_n(N, 8, &failed);
-    c.wq = alloc_n(N + 1, 8, &failed);
-    c.staged = alloc_n(N, 8, &failed);
-    c.staged_t = alloc_n(N, 8, &failed);
-    c.e_idx = alloc_n(N, 8, &failed);
-    c.e_new = alloc_n(N, 8, &failed);
-    c.e_ctx = alloc_n(N, 8, &failed);
-    c.main = alloc_n(MAIN_COLS * chunk, 8, &failed);
-    c.bd = alloc_n(BD_COLS * chunk, 8, &failed);
+    c->comp = alloc_n(N, 8, &failed);
+    c->gen = alloc_n(N, 8, &failed);
+    c->tlen = alloc_n(N, 8, &failed);
+    c->beyond = alloc_n(N, 8, &failed);
+    c->furthest = alloc_n(N, 8, &failed);
+    c->npre = alloc_n(N, 8, &failed);
+    c->stat = alloc_n(N, 1, &failed);
+    c->int_zero = alloc_n(N, 8, &failed);
+    c->in_pre = alloc_n(N, 1, &failed);
+    c->rej = alloc_n(N, 8, &failed);
+    c->running = alloc_n(N, 8, &failed);
+    c->order = alloc_n(N, 8, &failed);
+    c->done = alloc_n(N, 8, &failed);
+    c->wq = alloc_n(N + 1, 8, &failed);
+    c->staged = alloc_n(N, 8, &failed);
+    c->staged_t = alloc_n(N, 8, &failed);
+    c->e_idx = alloc_n(N, 8, &failed);
+    c->e_new = alloc_n(N, 8, &failed);
+    c->e_ctx = alloc_n(N, 8, &failed);
+    c->main = alloc_n(MAIN_COLS * chunk, 8, &failed);
+    c->bd = alloc_n(BD_COLS * chunk, 8, &failed);
     if (failed) {
         PyErr_NoMemory();
-        goto done;
+        return -1;
     }
-    double *of = ofb.buf;
-    c.fsched = of;
-    c.ftok = of + N;
-    c.ltok = of + 2 * N;
-    c.fin = of + 3 * N;
+    double *of = h->times.buf;
+    c->fsched = of;
+    c->ftok = of + N;
+    c->ltok = of + 2 * N;
+    c->fin = of + 3 * N;
     for (Py_ssize_t j = 0; j < 4 * N; j++)
         of[j] = NAN;
     for (Py_ssize_t j = 0; j < N; j++)
-        c.rej[j] = NAN;
-    c.tr_rid.item = 8;
-    c.tr_time.item = 8;
-    c.tr_phase.item = 1;
-    c.gap_d.item = 8;
-    c.gap_n.item = 8;
-    c.other.item = 8;
-    if (run(&c) < 0)
-        goto done;
-    {
-        int64_t *oi = oib.buf;
-        for (Py_ssize_t j = 0; j < N; j++) {
-            oi[j] = c.stat[j];
-            oi[N + j] = c.comp[j];
-            oi[2 * N + j] = c.gen[j];
-            oi[3 * N + j] = c.npre[j];
-            oi[4 * N + j] = c.int_zero[j];
-            of[4 * N + j] = c.rej[j];
-        }
+        c->rej[j] = NAN;
+    c->tr_rid.item = 8;
+    c->tr_time.item = 8;
+    c->tr_phase.item = 1;
+    c->gap_d.item = 8;
+    c->gap_n.item = 8;
+    c->other.item = 8;
+    return 0;
+}
+
+/* (error, records, totals) of one engine after the run; its counters and times written out */
+static PyObject *engine_result(Core *c, Held *h)
+{
+    int64_t *oi = h->counters.buf;
+    double *of = h->times.buf;
+    const Py_ssize_t N = c->N;
+    for (Py_ssize_t j = 0; j < N; j++) {
+        oi[j] = c->stat[j];
+        oi[N + j] = c->comp[j];
+        oi[2 * N + j] = c->gen[j];
+        oi[3 * N + j] = c->npre[j];
+        oi[4 * N + j] = c->int_zero[j];
+        of[4 * N + j] = c->rej[j];
     }
-    result = Py_BuildValue("(iddLLLL)(NNNNNN)(LLLLLLL)", c.err, c.err_t, c.err_d, (long long)c.err_step,
-                           (long long)c.err_waiting, (long long)c.err_running, (long long)c.err_stall,
-                           vec_bytes(&c.tr_rid), vec_bytes(&c.tr_time), vec_bytes(&c.tr_phase),
-                           vec_bytes(&c.gap_d), vec_bytes(&c.gap_n), vec_bytes(&c.other),
-                           (long long)c.num_preemptions, (long long)c.peak_used, (long long)c.peak_logical,
-                           (long long)c.sum_used, (long long)c.sum_logical, (long long)c.steps, (long long)c.waits);
+    return Py_BuildValue("(iddLLLL)(NNNNNN)(LLLLLLL)", c->err, c->err_t, c->err_d, (long long)c->err_step,
+                         (long long)c->err_waiting, (long long)c->err_running, (long long)c->err_stall,
+                         vec_bytes(&c->tr_rid), vec_bytes(&c->tr_time), vec_bytes(&c->tr_phase),
+                         vec_bytes(&c->gap_d), vec_bytes(&c->gap_n), vec_bytes(&c->other),
+                         (long long)c->num_preemptions, (long long)c->peak_used, (long long)c->peak_logical,
+                         (long long)c->sum_used, (long long)c->sum_logical, (long long)c->steps, (long long)c->waits);
+}
+
+PyObject *kv_run_core(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *arrival_obj, *dest_obj, *local_obj, *progress, *specs;
+    Py_ssize_t N, every;
+    double lag;
+    if (!PyArg_ParseTuple(args, "nOOOdOnO!", &N, &arrival_obj, &dest_obj, &local_obj, &lag, &progress, &every,
+                          &PyList_Type, &specs))
+        return NULL;
+    const Py_ssize_t M = PyList_GET_SIZE(specs);
+    if (N < 0 || M < 1) {
+        PyErr_SetString(PyExc_ValueError, "run_core: no engine");
+        return NULL;
+    }
+    World w;
+    memset(&w, 0, sizeof w);
+    Py_buffer ab, db, lb;
+    int got = 0;
+    PyObject *result = NULL;
+    Core *engines = calloc(M, sizeof(Core));
+    Held *held = calloc(M, sizeof(Held));
+    if (!engines || !held) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (get_buffer(arrival_obj, &ab, "d", 8, N, "arrivals") < 0)
+        goto done;
+    got = 1;
+    if (get_buffer(dest_obj, &db, "q", 8, N, "destinations") < 0)
+        goto done;
+    got = 2;
+    if (get_buffer(local_obj, &lb, "q", 8, N, "positions") < 0)
+        goto done;
+    got = 3;
+    w.N = N;
+    w.M = M;
+    w.arrival = ab.buf;
+    w.dest = db.buf;
+    w.local = lb.buf;
+    w.lag = lag;
+    w.engines = engines;
+    w.progress = progress;
+    w.progress_every = every > 0 ? every : 1;
+    for (Py_ssize_t e = 0; e < M; e++)
+        if (open_engine(&engines[e], &w, PyList_GET_ITEM(specs, e), &held[e]) < 0)
+            goto done;
+    for (Py_ssize_t g = 0; g < N; g++)
+        if (w.dest[g] < 0 || w.dest[g] >= M || w.local[g] < 0 || w.local[g] >= engines[w.dest[g]].N) {
+            PyErr_SetString(PyExc_ValueError, "run_core: a request's engine or position is out of range");
+            goto done;
+        }
+    if (run(&w) < 0)
+        goto done;
+    result = PyList_New(M);
+    if (!result)
+        goto done;
+    for (Py_ssize_t e = 0; e < M; e++) {
+        PyObject *one = engine_result(&engines[e], &held[e]);
+        if (!one) {
+            Py_CLEAR(result);
+            goto done;
+        }
+        PyList_SET_ITEM(result, e, one);
+    }
 done:
-    free(c.comp);
-    free(c.gen);
-    free(c.tlen);
-    free(c.beyond);
-    free(c.furthest);
-    free(c.npre);
-    free(c.stat);
-    free(c.int_zero);
-    free(c.in_pre);
-    free(c.rej);
-    free(c.running);
-    free(c.order);
-    free(c.done);
-    free(c.wq);
-    free(c.staged);
-    free(c.staged_t);
-    free(c.e_idx);
-    free(c.e_new);
-    free(c.e_ctx);
-    free(c.main);
-    free(c.bd);
-    free(c.terms.keys);
-    free(c.terms.vals);
-    free(c.tr_rid.p);
-    free(c.tr_time.p);
-    free(c.tr_phase.p);
-    free(c.gap_d.p);
-    free(c.gap_n.p);
-    free(c.other.p);
-    if (got >= 4)
-        PyBuffer_Release(&ofb);
+    if (engines) {
+        for (Py_ssize_t e = 0; e < M; e++)
+            free_engine(&engines[e]);
+    }
+    if (held) {
+        for (Py_ssize_t e = 0; e < M; e++)
+            release_held(&held[e]);
+    }
+    free(engines);
+    free(held);
     if (got >= 3)
-        PyBuffer_Release(&oib);
+        PyBuffer_Release(&lb);
     if (got >= 2)
-        PyBuffer_Release(&ab);
+        PyBuffer_Release(&db);
     if (got >= 1)
-        PyBuffer_Release(&ib);
+        PyBuffer_Release(&ab);
     return result;
 }
