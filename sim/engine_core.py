@@ -61,18 +61,19 @@ class CoreRun:
     waits: int
 
 
-def prepare(requests: list[Request], scheduler: ContinuousScheduler) -> np.ndarray:
-    """Apply ``add_request``'s output cap to every request (counting the truncated) and return which would
-    be queued (1) or rejected (0) when handed over: both depend on the request and the settings only.
-    Each rejected request gets its reason now (its status and time when handed over)."""
+def prepare(requests: list[Request], scheduler: ContinuousScheduler) -> tuple[np.ndarray, np.ndarray]:
+    """Apply ``add_request``'s output cap to every request and return (which would be queued (1) or
+    rejected (0) when handed over, which were cut): both depend on the request and the settings only,
+    and the cut are counted by the scheduler they are handed to (``count_truncated``). Each rejected
+    request gets its reason now (its status and time when handed over)."""
     n = len(requests)
     prompt = np.fromiter((r.prompt_len for r in requests), dtype=np.int64, count=n)
     out = np.fromiter((r.output_len for r in requests), dtype=np.int64, count=n)
     mml = scheduler.max_model_len
     capped = np.where((prompt + out > mml) & (prompt < mml), mml - prompt, out)
-    for i in np.flatnonzero(capped != out).tolist():
+    cut = capped != out
+    for i in np.flatnonzero(cut).tolist():
         requests[i].output_len = int(capped[i])
-        scheduler.num_truncated += 1
     mgr = scheduler.manager
     budget = scheduler.max_num_batched_tokens
     need = -(-(prompt + capped - 1) // mgr.block_size)
@@ -84,7 +85,7 @@ def prepare(requests: list[Request], scheduler: ContinuousScheduler) -> np.ndarr
         if not reason:
             raise AssertionError(f"engine core: request {requests[i].req_id} flagged as rejected without a reason")
         requests[i].reject_reason = reason
-    return (~bad).astype(np.int64)
+    return (~bad).astype(np.int64), cut
 
 
 def _pricing(ex: CostModelExecutor) -> tuple[tuple, Callable[[int, int, bool], tuple]]:
@@ -108,10 +109,8 @@ def _pricing(ex: CostModelExecutor) -> tuple[tuple, Callable[[int, int, bool], t
 
 @dataclass
 class EngineParts:
-    """What the core runs one engine with: its requests (in the order they are handed to it), scheduler,
-    executor and recorder, and its loop's settings."""
+    """What the core runs one engine with: its scheduler, executor and recorder, and its loop's settings."""
 
-    requests: list[Request]
     scheduler: ContinuousScheduler
     executor: CostModelExecutor
     recorder: Recorder
@@ -126,49 +125,97 @@ def run_core(requests: list[Request], scheduler: ContinuousScheduler, executor: 
     """Run the engine over ``requests`` (handed over at arrival + ``arrival_delay_s``); ``progress`` is
     called every ``PROGRESS_EVERY`` steps with the requests finished or rejected so far;
     ``check_integrity`` checks the KV and scheduler invariants after every step (an AssertionError)."""
-    parts = EngineParts(requests, scheduler, executor, recorder, async_scheduling, max_stall, check_integrity)
-    return run_engines(requests, [0] * len(requests), [parts], arrival_delay_s, progress)[0]
+    parts = EngineParts(scheduler, executor, recorder, async_scheduling, max_stall, check_integrity)
+    return run_engines(requests, [parts], arrival_delay_s, dest=[0] * len(requests), progress=progress)[0][0]
 
 
-def run_engines(requests: list[Request], dest: list[int], engines: list[EngineParts], lag: float,
-                progress: Callable[[int], None] | None = None) -> list[CoreRun]:
-    """Several engines fed by one arrival process: ``requests`` in hand-over order, request g handed to
-    ``engines[dest[g]]`` at its arrival + ``lag`` (as a cluster's router made the choices ahead); each
-    engine's ``requests`` are its own, in the same order. Errors are raised as the SimPy loop raises them."""
-    n = len(requests)
-    where = np.asarray(dest, dtype=np.int64)
-    local = np.zeros(n, dtype=np.int64)
-    for e in range(len(engines)):
-        mine = np.flatnonzero(where == e)
-        local[mine] = np.arange(len(mine), dtype=np.int64)
-    arrival = np.fromiter((r.arrival_s for r in requests), dtype=np.float64, count=n)
-    specs, outs = [], []
-    for parts in engines:
-        spec, out = _engine_spec(parts)
-        specs.append(spec)
-        outs.append(out)
-    results = native.run_core(n, arrival, where, local, float(lag), progress, PROGRESS_EVERY, specs)
-    for parts, (err, _, _) in zip(engines, results):
-        _raise(err, parts.scheduler)
-    runs = []
-    for parts, (counters, times), (_, records, totals) in zip(engines, outs, results):
-        write_back(parts.requests, parts.scheduler, counters, times, records, totals)
-        runs.append(CoreRun(steps=totals[5], waits=totals[6]))
-    return runs
+def same_admission(engines: list[EngineParts]) -> bool:
+    """Whether the engines cap and reject a request alike (the settings ``prepare`` reads): the replicas
+    of one pool."""
+    def key(p: EngineParts) -> tuple:
+        s, m = p.scheduler, p.scheduler.manager
+        return (s.max_model_len, s.max_num_batched_tokens, s.config.chunked_prefill, m.block_size, m.num_blocks)
+    return len({key(p) for p in engines}) == 1
 
 
-def _engine_spec(parts: EngineParts) -> tuple[tuple, tuple[np.ndarray, np.ndarray]]:
-    """(core.c's tuple for one engine, its counters and times arrays, filled by the run)."""
-    requests, scheduler, recorder = parts.requests, parts.scheduler, parts.recorder
-    n = len(requests)
-    mgr = scheduler.manager
-    cfg = scheduler.config
+def run_engines(requests: list[Request], engines: list[EngineParts], lag: float, *, dest: list[int] | None = None,
+                choose: Callable[[Request, list[ReplicaState]], int] | None = None,
+                progress: Callable[[int], None] | None = None) -> tuple[list[CoreRun], np.ndarray]:
+    """Several engines fed by one arrival process: ``requests`` in hand-over order, each at its arrival +
+    ``lag``, to the engine ``dest[g]`` (chosen ahead) or ``choose(request, states)`` (a router reading the
+    engines' ``ReplicaState`` as of that moment). The engines must admit alike (``same_admission``).
+    Returns each engine's run and the engine each request went to; errors are raised as the SimPy loop
+    raises them."""
+    if not same_admission(engines):
+        raise ValueError("run_engines: the engines cap or reject requests differently")
+    n, m = len(requests), len(engines)
     ints = np.empty((4, n), dtype=np.int64)
     ints[0] = np.fromiter((r.req_id for r in requests), dtype=np.int64, count=n)
     ints[1] = np.fromiter((r.prompt_len for r in requests), dtype=np.int64, count=n)
-    ints[3] = prepare(requests, scheduler)
+    ints[3], cut = prepare(requests, engines[0].scheduler)
     ints[2] = np.fromiter((r.output_len for r in requests), dtype=np.int64, count=n)
     arrival = np.fromiter((r.arrival_s for r in requests), dtype=np.float64, count=n)
+    where = np.full(n, -1, dtype=np.int64) if dest is None else np.array(dest, dtype=np.int64)
+    state = np.zeros((m, 3), dtype=np.int64)
+    route = None
+    if dest is None:
+        if choose is None:
+            raise ValueError("run_engines: give dest or choose")
+        views = [ReplicaState(state, e, p.scheduler.manager.num_blocks, p.scheduler.manager.block_size)
+                 for e, p in enumerate(engines)]
+
+        def route(g: int) -> int:
+            return choose(requests[g], views)
+
+    counters = np.empty((5, n), dtype=np.int64)
+    times = np.empty((5, n), dtype=np.float64)
+    results = native.run_core(n, ints, arrival, where, float(lag), route, state, progress, PROGRESS_EVERY,
+                              counters, times, [_engine_spec(p) for p in engines])
+    for parts, (err, _, _) in zip(engines, results):
+        _raise(err, parts.scheduler)
+    write_requests(requests, counters, times)
+    runs = []
+    for e, (parts, (_, records, totals)) in enumerate(zip(engines, results)):
+        mine = where == e
+        parts.scheduler.num_truncated += int(np.count_nonzero(cut & mine))
+        write_engine(parts.scheduler, [requests[g] for g in np.flatnonzero(mine).tolist()], records, totals)
+        runs.append(CoreRun(steps=totals[5], waits=totals[6]))
+    return runs, where
+
+
+class ReplicaState:
+    """What a router reads of an engine in the core (sim/cluster/replica.py Replica's ``load``,
+    ``submitted``, ``kv_usage``, ``block_size``; no prefix cache), as of the arrival being routed: core.c
+    writes ``state`` (per engine: handed over, finished or rejected, blocks in use) before each choice."""
+
+    def __init__(self, state: np.ndarray, index: int, num_blocks: int, block_size: int) -> None:
+        self._row = state[index]
+        self._num_blocks = num_blocks
+        self.block_size = block_size
+
+    @property
+    def submitted(self) -> int:
+        return int(self._row[0])
+
+    def load(self) -> int:
+        """Requests handed over and not yet finished or rejected."""
+        return int(self._row[0] - self._row[1])
+
+    def kv_usage(self) -> float:
+        return int(self._row[2]) / self._num_blocks
+
+    def has_prefix_cache(self) -> bool:
+        return False
+
+    def cached_prefix_blocks(self, req: Request, hashes: list[int]) -> int:
+        return 0
+
+
+def _engine_spec(parts: EngineParts) -> tuple:
+    """core.c's tuple for one engine: settings, pricing constants, per-size terms, the rows' sink."""
+    scheduler, recorder = parts.scheduler, parts.recorder
+    mgr = scheduler.manager
+    cfg = scheduler.config
     settings = (mgr.block_size, mgr.num_blocks, cfg.max_num_seqs, scheduler.max_num_batched_tokens,
                 int(cfg.chunked_prefill), int(parts.async_scheduling), int(cfg.victim == "most_generated"),
                 parts.max_stall, mgr.pool.num_free, int(parts.check_integrity))
@@ -180,9 +227,7 @@ def _engine_spec(parts: EngineParts) -> tuple[tuple, tuple[np.ndarray, np.ndarra
         bd = np.frombuffer(breakdown, dtype=np.float64).reshape(len(BREAKDOWN_PARTS), chunk)[:, :m]
         recorder.record_columns(rows, dict(zip(BREAKDOWN_PARTS, bd)))
 
-    counters = np.empty((5, n), dtype=np.int64)
-    times = np.empty((5, n), dtype=np.float64)
-    return (n, ints, arrival, settings, consts, terms, sink, chunk, counters, times), (counters, times)
+    return settings, consts, terms, sink, chunk
 
 
 def _raise(err: tuple, scheduler: ContinuousScheduler) -> None:
@@ -198,9 +243,32 @@ def _raise(err: tuple, scheduler: ContinuousScheduler) -> None:
                          "running): livelock")
 
 
-def write_back(requests: list[Request], scheduler: ContinuousScheduler, counters: np.ndarray, times: np.ndarray,
-               records: tuple, totals: tuple) -> None:
-    """The core's results where the SimPy loop leaves them: requests, timeline, gaps, manager counters."""
+def write_requests(requests: list[Request], counters: np.ndarray, times: np.ndarray) -> None:
+    """The core's per-request results onto the Requests, as the SimPy loop leaves them."""
+    status = [RequestStatus(s) for s in range(6)]
+    rejected = RequestStatus.REJECTED
+    for req, st, comp, gen, pre, int_zero, sched_s, first, last, fin, rej in zip(
+            requests, *counters.tolist(), *times.tolist()):
+        # a time taken while SimPy's clock was still its initial int 0 is that int (a column of them only is
+        # an int column)
+        if rej == rej:   # handed over and rejected (not NaN)
+            req.status = rejected
+            req.finish_s = 0 if int_zero & 2 else rej
+            continue
+        req.status = status[st]
+        req.num_computed_tokens = comp
+        req.num_generated = gen
+        req.num_preemptions = pre
+        req.first_scheduled_s = 0 if int_zero & 1 else sched_s
+        req.first_token_s = first
+        req.last_token_s = last
+        req.finish_s = fin
+
+
+def write_engine(scheduler: ContinuousScheduler, requests: list[Request], records: tuple, totals: tuple) -> None:
+    """One engine's results where the SimPy loop leaves them: its scheduler's timeline, gaps, counters and
+    finished and rejected requests (``requests``: those handed to it, in order), its manager's sums and
+    peaks."""
     tr_rid, tr_time, tr_phase, gap_d, gap_n, other = records
     tr = scheduler.transitions
     tr.req_id.frombytes(tr_rid)
@@ -217,25 +285,9 @@ def write_back(requests: list[Request], scheduler: ContinuousScheduler, counters
     mgr.peaks["logical"] = max(mgr.peaks["logical"], peak_logical)
     mgr._sum_used += sum_used
     mgr._sum_logical += sum_logical
-    status = [RequestStatus(s) for s in range(6)]
-    rejected = RequestStatus.REJECTED
     finished, refused = scheduler.finished, scheduler.rejected
-    for req, st, comp, gen, pre, int_zero, sched_s, first, last, fin, rej in zip(
-            requests, *counters.tolist(), *times.tolist()):
-        # a time taken while SimPy's clock was still its initial int 0 is that int (a column of them only is
-        # an int column)
-        if rej == rej:   # handed over and rejected (not NaN)
-            req.status = rejected
-            req.finish_s = 0 if int_zero & 2 else rej
-            refused.append(req)
-            continue
-        req.status = status[st]
-        req.num_computed_tokens = comp
-        req.num_generated = gen
-        req.num_preemptions = pre
-        req.first_scheduled_s = 0 if int_zero & 1 else sched_s
-        req.first_token_s = first
-        req.last_token_s = last
-        req.finish_s = fin
+    for req in requests:
         if req.status == RequestStatus.FINISHED:
             finished.append(req)
+        elif req.status == RequestStatus.REJECTED:
+            refused.append(req)

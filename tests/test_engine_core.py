@@ -196,11 +196,13 @@ def test_an_integrity_check_failure_is_an_assertion(monkeypatch):
         run_scenario(scn, check_integrity=True)
 
 
-@pytest.mark.parametrize("policy", ["round_robin", "random"])
+@pytest.mark.parametrize("policy", ["round_robin", "random", "least_requests", "least_kv", "power_of_two", "session",
+                                    "prefix_affinity"])
 @pytest.mark.parametrize("case", ["long_decodes", "pressure"])
-def test_clusters_routed_ahead_run_in_the_core_and_equal(monkeypatch, policy, case):
-    """Replicas behind a router that reads no replica state: one arrival process feeds every replica's
-    engine, in SimPy's event order (arrivals tied with other replicas' step ends included)."""
+def test_clusters_run_in_the_core_and_equal(monkeypatch, policy, case):
+    """Replicas behind every router that reads at most their loads and KV usage: one arrival process feeds
+    every replica's engine in SimPy's event order (arrivals tied with other replicas' step ends included),
+    the router called at each arrival (or its choices made ahead)."""
     import pandas as pd
 
     data = _scenario(STRESS["long_decodes"] if case == "long_decodes" else PRESSURE)
@@ -214,9 +216,9 @@ def test_clusters_routed_ahead_run_in_the_core_and_equal(monkeypatch, policy, ca
     assert (core.replicas["requests"] > 0).all()
 
 
-def test_routers_that_read_replicas_run_the_loop():
+def test_a_router_reading_prefix_caches_runs_the_loop():
     data = _scenario(STRESS["long_decodes"])
     data["workload"]["synthetic"]["num_requests"] = 30
-    for policy in ("least_requests", "least_kv", "power_of_two", "session"):
-        data["cluster"] = {"replicas": 2, "router": {"policy": policy}}
-        assert not run_scenario(scenario_from_dict(data), check_integrity=False).profile["compiled_core"], policy
+    data["kv_cache"] = {"prefix_caching": True}
+    data["cluster"] = {"replicas": 2, "router": {"policy": "prefix_affinity"}}
+    assert not run_scenario(scenario_from_dict(data), check_integrity=False).profile["compiled_core"]

@@ -7,9 +7,10 @@
                              then every replica of the pool is told that arrivals are over
     replicas:                each its own engine loop (sim/engine.py), idle on an event when it has no work
 
-A colocated pool behind a router that reads no replica state (round_robin, random: its choices are made
-ahead), whose replicas the compiled engine core covers, runs in the core instead (sim/engine_core.py
-run_engines: one arrival process, the replicas' loops, in SimPy's event order), with the same results.
+A colocated pool whose replicas the compiled engine core covers, behind a router that reads at most the
+replicas' loads and KV usage (every router but prefix_affinity over prefix caches), runs in the core
+instead (sim/engine_core.py run_engines: one arrival process, the replicas' loops, in SimPy's event
+order, the router called at each arrival or its choices made ahead), with the same results.
 
 Disaggregated (sim/cluster/disagg.py): the arrivals feed the prefill pool; finished prefills cross the
 link and enter the decode pool; the decode engines stop once the prefill engines have stopped and the
@@ -34,7 +35,7 @@ from sim.cluster.replica import Replica, build_pool, pool_scenario
 from sim.cluster.results import ClusterResult, cluster_result
 from sim.cluster.routers import Router, make_router
 from sim.engine import wake_times
-from sim.engine_core import EngineParts, core_supported, run_engines
+from sim.engine_core import EngineParts, core_supported, run_engines, same_admission
 from sim.errors import KvsimError
 from sim.request import Request, RequestStatus
 from sim.scenario import Scenario
@@ -118,19 +119,28 @@ def _observed(router: Router, pool: list[Replica], requests: list[Request], lag:
     return router
 
 
-def _run_in_core(pool: list[Replica], requests: list[Request], dest: list[int], lag: float,
+def _run_in_core(pool: list[Replica], requests: list[Request], router: Router, dest: list[int] | None, lag: float,
                  served: dict[int, int]) -> None:
-    """The colocated pool's run in the compiled engine core, its router's choices made ahead (``dest``):
-    what ``_arrivals_ahead`` and the replicas' engine loops do, with the same results."""
-    mine: list[list[Request]] = [[] for _ in pool]
-    for req, i in zip(requests, dest):
-        mine[i].append(req)
+    """The colocated pool's run in the compiled engine core: its router's choices made ahead (``dest``) or
+    at each arrival from the replicas' loads and KV usage, as ``_arrivals`` and the replicas' engine loops
+    make them, with the same results."""
+    parts = [EngineParts(rep.scheduler, rep.engine.executor, rep.engine.recorder, rep.engine.async_scheduling,
+                         rep.engine.max_stall, rep.engine.check_integrity) for rep in pool]
+    _, where = run_engines(requests, parts, lag, dest=dest, choose=router.choose)
+    counts = np.bincount(where, minlength=len(pool))
+    for rep, n in zip(pool, counts.tolist()):
+        rep.submitted = n
+    for req, i in zip(requests, where.tolist()):
         served[req.req_id] = pool[i].replica_id
-    parts = [EngineParts(reqs, rep.scheduler, rep.engine.executor, rep.engine.recorder, rep.engine.async_scheduling,
-                         rep.engine.max_stall, rep.engine.check_integrity) for rep, reqs in zip(pool, mine)]
-    run_engines(requests, dest, parts, lag)
-    for rep, reqs in zip(pool, mine):
-        rep.submitted = len(reqs)
+
+
+def _in_core(pool: list[Replica], requests: list[Request], router: Router) -> bool:
+    """Whether the compiled core runs this colocated pool: it covers every replica, they admit alike,
+    and the router reads at most the replicas' loads and KV usage (no prefix caches)."""
+    return (not router.reads_state and all(core_supported(rep.scheduler, rep.manager, rep.engine.executor, requests)
+                                           for rep in pool)
+            and same_admission([EngineParts(rep.scheduler, rep.engine.executor, rep.engine.recorder, True, 1)
+                                for rep in pool]))
 
 
 def _check_disaggregated(scn: Scenario, pools: list[Scenario], requests: list[Request]) -> None:
@@ -167,9 +177,8 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
         router = _observed(make_router(cfg.router, scn.seed), pool, requests, lag)
         reads = router.reads_load or router.reads_memory or router.reads_state
         ahead = None if reads else _route_ahead(router, requests, pool, lag)
-        if ahead is not None and all(core_supported(rep.scheduler, rep.manager, rep.engine.executor, requests)
-                                     for rep in pool):
-            _run_in_core(pool, requests, ahead, lag, served)   # compiled (sim/engine_core.py)
+        if _in_core(pool, requests, router):   # compiled (sim/engine_core.py)
+            _run_in_core(pool, requests, router, ahead, lag, served)
             res = cluster_result(scn, workload, pool, served, None, None, fe_out, fe_token, time.perf_counter() - t0)
             res.profile["compiled_core"] = True
             return res

@@ -72,7 +72,8 @@ typedef struct World World;
 /* one engine: its requests (local positions 0..N-1), scheduler, KV counters, pricing and results */
 typedef struct {
     World *w;
-    Py_ssize_t N;
+    Py_ssize_t N;         /* requests in the world (the per-request arrays are the world's, shared) */
+    int64_t index;        /* this engine's position in the world */
     const int64_t *rid, *prompt, *output, *accepted;
     const double *arrival;
     int64_t bs, num_blocks, max_seqs, max_batched, max_stall;
@@ -92,7 +93,7 @@ typedef struct {
     int64_t st_prefill, st_decode, st_preempted;
     /* KV counters (sim/kv/manager.py) */
     int64_t free_blocks, held, beyond_final, logical, peak_used, peak_logical, sum_used, sum_logical;
-    int64_t n_prefilling, num_preemptions, finished, rejected;
+    int64_t n_prefilling, num_preemptions, finished, rejected, submitted;
     /* results */
     Vec tr_rid, tr_time, tr_phase, gap_d, gap_n, other;
     double *main, *bd;
@@ -121,7 +122,9 @@ request local[g]) and the engines, in the order their loops were started */
 struct World {
     Py_ssize_t N, M;
     const double *arrival;
-    const int64_t *dest, *local;
+    int64_t *dest;        /* each request's engine: given (chosen ahead), or chosen at hand-over by ``route`` */
+    PyObject *route;      /* None, or route(g) -> engine, reading ``state`` (a router that reads replicas) */
+    int64_t *state;       /* per engine: requests handed over, finished or rejected, blocks in use */
     double lag, now;
     int int_clock;        /* the clock is still SimPy's initial int 0 (no event with a float time yet) */
     int arrivals_done;
@@ -665,6 +668,8 @@ static int check_integrity(Core *c)
         pre += c->in_pre[r];
     }
     for (Py_ssize_t i = 0; i < c->N; i++) {
+        if (c->w->dest[i] != c->index)
+            continue;
         tables += c->tlen[i];
         beyond += c->beyond[i];
         if (c->tlen[i]) {
@@ -708,6 +713,31 @@ static void trigger_wake(Core *c)
     }
 }
 
+/* a router that reads the replicas chooses request g's engine (Replica.load: handed over less finished or
+rejected; Replica.kv_usage: blocks in use) */
+static int route(World *w, Py_ssize_t g)
+{
+    for (Py_ssize_t e = 0; e < w->M; e++) {
+        const Core *c = &w->engines[e];
+        w->state[3 * e] = c->submitted;
+        w->state[3 * e + 1] = c->finished + c->rejected;
+        w->state[3 * e + 2] = c->num_blocks - c->free_blocks;
+    }
+    PyObject *res = PyObject_CallFunction(w->route, "n", g);
+    if (!res)
+        return -1;
+    const long e = PyLong_AsLong(res);
+    Py_DECREF(res);
+    if (e == -1 && PyErr_Occurred())
+        return -1;
+    if (e < 0 || e >= w->M) {
+        PyErr_Format(PyExc_ValueError, "run_core: the router chose engine %ld of %zd", e, w->M);
+        return -1;
+    }
+    w->dest[g] = e;
+    return 0;
+}
+
 /* the arrival process (Engine._arrivals; a cluster's _arrivals_ahead) from where it waits (its start, or
 the timeout of request ai): hands each request to its engine (Engine.submit), then ends the arrivals */
 static int arrivals_resume(World *w)
@@ -717,8 +747,11 @@ static int arrivals_resume(World *w)
         if (w->a_holds) {
             w->a_holds = 0;
             const Py_ssize_t g = w->ai++;
+            if (w->route != Py_None && route(w, g) < 0)
+                return -1;
             Core *c = &w->engines[w->dest[g]];
-            const int64_t i = w->local[g];
+            const int64_t i = g;
+            c->submitted++;
             if (c->staging && c->busy) {
                 c->staged[c->nstaged] = i;
                 c->staged_t[c->nstaged++] = w->now;
@@ -860,74 +893,37 @@ static void *alloc_n(Py_ssize_t n, size_t item, int *failed)
     return p;
 }
 
-/* the buffers one engine's arguments hold while the run goes */
-typedef struct {
-    Py_buffer ints, arrival, counters, times;
-    int got;
-} Held;
-
-static void release_held(Held *h)
-{
-    if (h->got >= 4)
-        PyBuffer_Release(&h->times);
-    if (h->got >= 3)
-        PyBuffer_Release(&h->counters);
-    if (h->got >= 2)
-        PyBuffer_Release(&h->arrival);
-    if (h->got >= 1)
-        PyBuffer_Release(&h->ints);
-    h->got = 0;
-}
-
 static void free_engine(Core *c)
 {
-    void *bufs[] = {c->comp, c->gen, c->tlen, c->beyond, c->furthest, c->npre, c->stat, c->int_zero, c->in_pre,
-                    c->rej, c->running, c->order, c->done, c->wq, c->staged, c->staged_t, c->e_idx, c->e_new,
-                    c->e_ctx, c->main, c->bd, c->terms.keys, c->terms.vals, c->tr_rid.p, c->tr_time.p,
-                    c->tr_phase.p, c->gap_d.p, c->gap_n.p, c->other.p};
+    void *bufs[] = {c->running, c->order, c->done, c->wq, c->staged, c->staged_t, c->e_idx, c->e_new, c->e_ctx,
+                    c->main, c->bd, c->terms.keys, c->terms.vals, c->tr_rid.p, c->tr_time.p, c->tr_phase.p,
+                    c->gap_d.p, c->gap_n.p, c->other.p};
     for (size_t j = 0; j < sizeof bufs / sizeof bufs[0]; j++)
         free(bufs[j]);
 }
 
-/* one engine from its tuple (n, requests, arrivals, settings, pricing, terms, sink, chunk, counters,
-times); its buffers are held in ``h`` */
-static int open_engine(Core *c, World *w, PyObject *spec, Held *h)
+/* one engine from its tuple (settings, pricing, terms, sink, chunk), over the world's requests */
+static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, const Core *shared)
 {
-    Py_ssize_t N, chunk;
-    PyObject *ints_obj, *arrival_obj, *cfg, *pricing, *terms_fn, *sink, *out_i_obj, *out_f_obj;
-    if (!PyArg_ParseTuple(spec, "nOOO!O!OOnOO", &N, &ints_obj, &arrival_obj, &PyTuple_Type, &cfg, &PyTuple_Type,
-                          &pricing, &terms_fn, &sink, &chunk, &out_i_obj, &out_f_obj))
+    Py_ssize_t chunk;
+    PyObject *cfg, *pricing, *terms_fn, *sink;
+    if (!PyArg_ParseTuple(spec, "O!O!OOn", &PyTuple_Type, &cfg, &PyTuple_Type, &pricing, &terms_fn, &sink, &chunk))
         return -1;
-    if (N < 0 || chunk < 1 || PyTuple_GET_SIZE(cfg) != 10 || PyTuple_GET_SIZE(pricing) < 3) {
+    if (chunk < 1 || PyTuple_GET_SIZE(cfg) != 10 || PyTuple_GET_SIZE(pricing) < 3) {
         PyErr_SetString(PyExc_ValueError, "run_core: bad sizes or settings");
         return -1;
     }
-    if (get_buffer(ints_obj, &h->ints, "q", 8, 4 * N, "requests") < 0)
-        return -1;
-    h->got = 1;
-    if (get_buffer(arrival_obj, &h->arrival, "d", 8, N, "arrivals") < 0)
-        return -1;
-    h->got = 2;
-    if (get_buffer(out_i_obj, &h->counters, "q", 8, 5 * N, "request counters") < 0)
-        return -1;
-    h->got = 3;
-    if (get_buffer(out_f_obj, &h->times, "d", 8, 5 * N, "request times") < 0)
-        return -1;
-    h->got = 4;
     int64_t cv[10];
     for (int j = 0; j < 10; j++) {
         cv[j] = PyLong_AsLongLong(PyTuple_GET_ITEM(cfg, j));
         if (cv[j] == -1 && PyErr_Occurred())
             return -1;
     }
+    const Py_ssize_t N = w->N;
+    *c = *shared;   /* the world's per-request arrays */
     c->w = w;
     c->N = N;
-    const int64_t *iv = h->ints.buf;
-    c->rid = iv;
-    c->prompt = iv + N;
-    c->output = iv + 2 * N;
-    c->accepted = iv + 3 * N;
-    c->arrival = h->arrival.buf;
+    c->index = index;
     c->bs = cv[0];
     c->num_blocks = cv[1];
     c->max_seqs = cv[2];
@@ -938,8 +934,8 @@ static int open_engine(Core *c, World *w, PyObject *spec, Held *h)
     c->max_stall = cv[7];
     c->free_blocks = cv[8] >= 0 ? cv[8] : c->num_blocks;
     c->check = (int)cv[9];
-    if (c->bs < 1 || c->num_blocks < 0) {
-        PyErr_SetString(PyExc_ValueError, "run_core: bad block settings");
+    if (c->bs < 1 || c->num_blocks < 0 || c->max_seqs < 1) {
+        PyErr_SetString(PyExc_ValueError, "run_core: bad block or batch settings");
         return -1;
     }
     c->engine = (int)PyLong_AsLong(PyTuple_GET_ITEM(pricing, 0));
@@ -961,41 +957,24 @@ static int open_engine(Core *c, World *w, PyObject *spec, Held *h)
     c->terms_fn = terms_fn;
     c->sink = sink;
     c->chunk = chunk;
+    /* running, a plan's entries and the finished of a step: at most max_num_seqs requests */
+    const Py_ssize_t batch = (N < c->max_seqs ? N : (Py_ssize_t)c->max_seqs) + 1;
     int failed = 0;
-    c->comp = alloc_n(N, 8, &failed);
-    c->gen = alloc_n(N, 8, &failed);
-    c->tlen = alloc_n(N, 8, &failed);
-    c->beyond = alloc_n(N, 8, &failed);
-    c->furthest = alloc_n(N, 8, &failed);
-    c->npre = alloc_n(N, 8, &failed);
-    c->stat = alloc_n(N, 1, &failed);
-    c->int_zero = alloc_n(N, 8, &failed);
-    c->in_pre = alloc_n(N, 1, &failed);
-    c->rej = alloc_n(N, 8, &failed);
-    c->running = alloc_n(N, 8, &failed);
-    c->order = alloc_n(N, 8, &failed);
-    c->done = alloc_n(N, 8, &failed);
+    c->running = alloc_n(batch, 8, &failed);
+    c->order = alloc_n(batch, 8, &failed);
+    c->done = alloc_n(batch, 8, &failed);
+    c->e_idx = alloc_n(batch, 8, &failed);
+    c->e_new = alloc_n(batch, 8, &failed);
+    c->e_ctx = alloc_n(batch, 8, &failed);
     c->wq = alloc_n(N + 1, 8, &failed);
     c->staged = alloc_n(N, 8, &failed);
     c->staged_t = alloc_n(N, 8, &failed);
-    c->e_idx = alloc_n(N, 8, &failed);
-    c->e_new = alloc_n(N, 8, &failed);
-    c->e_ctx = alloc_n(N, 8, &failed);
     c->main = alloc_n(MAIN_COLS * chunk, 8, &failed);
     c->bd = alloc_n(BD_COLS * chunk, 8, &failed);
     if (failed) {
         PyErr_NoMemory();
         return -1;
     }
-    double *of = h->times.buf;
-    c->fsched = of;
-    c->ftok = of + N;
-    c->ltok = of + 2 * N;
-    c->fin = of + 3 * N;
-    for (Py_ssize_t j = 0; j < 4 * N; j++)
-        of[j] = NAN;
-    for (Py_ssize_t j = 0; j < N; j++)
-        c->rej[j] = NAN;
     c->tr_rid.item = 8;
     c->tr_time.item = 8;
     c->tr_phase.item = 1;
@@ -1005,20 +984,9 @@ static int open_engine(Core *c, World *w, PyObject *spec, Held *h)
     return 0;
 }
 
-/* (error, records, totals) of one engine after the run; its counters and times written out */
-static PyObject *engine_result(Core *c, Held *h)
+/* (error, records, totals) of one engine after the run */
+static PyObject *engine_result(Core *c)
 {
-    int64_t *oi = h->counters.buf;
-    double *of = h->times.buf;
-    const Py_ssize_t N = c->N;
-    for (Py_ssize_t j = 0; j < N; j++) {
-        oi[j] = c->stat[j];
-        oi[N + j] = c->comp[j];
-        oi[2 * N + j] = c->gen[j];
-        oi[3 * N + j] = c->npre[j];
-        oi[4 * N + j] = c->int_zero[j];
-        of[4 * N + j] = c->rej[j];
-    }
     return Py_BuildValue("(iddLLLL)(NNNNNN)(LLLLLLL)", c->err, c->err_t, c->err_d, (long long)c->err_step,
                          (long long)c->err_waiting, (long long)c->err_running, (long long)c->err_stall,
                          vec_bytes(&c->tr_rid), vec_bytes(&c->tr_time), vec_bytes(&c->tr_phase),
@@ -1030,11 +998,11 @@ static PyObject *engine_result(Core *c, Held *h)
 PyObject *kv_run_core(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *arrival_obj, *dest_obj, *local_obj, *progress, *specs;
+    PyObject *ints_obj, *arrival_obj, *dest_obj, *route, *state_obj, *progress, *counters_obj, *times_obj, *specs;
     Py_ssize_t N, every;
     double lag;
-    if (!PyArg_ParseTuple(args, "nOOOdOnO!", &N, &arrival_obj, &dest_obj, &local_obj, &lag, &progress, &every,
-                          &PyList_Type, &specs))
+    if (!PyArg_ParseTuple(args, "nOOOdOOOnOOO!", &N, &ints_obj, &arrival_obj, &dest_obj, &lag, &route, &state_obj,
+                          &progress, &every, &counters_obj, &times_obj, &PyList_Type, &specs))
         return NULL;
     const Py_ssize_t M = PyList_GET_SIZE(specs);
     if (N < 0 || M < 1) {
@@ -1043,48 +1011,86 @@ PyObject *kv_run_core(PyObject *self, PyObject *args)
     }
     World w;
     memset(&w, 0, sizeof w);
-    Py_buffer ab, db, lb;
+    Core shared;
+    memset(&shared, 0, sizeof shared);
+    Py_buffer bufs[6];
     int got = 0;
     PyObject *result = NULL;
     Core *engines = calloc(M, sizeof(Core));
-    Held *held = calloc(M, sizeof(Held));
-    if (!engines || !held) {
+    if (!engines) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    struct {
+        PyObject *obj;
+        const char *fmt, *what;
+        Py_ssize_t n;
+    } want[6] = {{ints_obj, "q", "requests", 4 * N}, {arrival_obj, "d", "arrivals", N}, {dest_obj, "q", "engines", N},
+                 {state_obj, "q", "replica state", 3 * M}, {counters_obj, "q", "request counters", 5 * N},
+                 {times_obj, "d", "request times", 5 * N}};
+    for (; got < 6; got++)
+        if (get_buffer(want[got].obj, &bufs[got], want[got].fmt, 8, want[got].n, want[got].what) < 0)
+            goto done;
+    const int64_t *iv = bufs[0].buf;
+    shared.rid = iv;
+    shared.prompt = iv + N;
+    shared.output = iv + 2 * N;
+    shared.accepted = iv + 3 * N;
+    shared.arrival = bufs[1].buf;
+    int64_t *oi = bufs[4].buf;   /* status, computed, generated, preemptions, int-zero flags */
+    double *of = bufs[5].buf;    /* first scheduled, first token, last token, finish, rejected at */
+    shared.stat = NULL;
+    int failed = 0;
+    shared.tlen = alloc_n(N, 8, &failed);
+    shared.beyond = alloc_n(N, 8, &failed);
+    shared.furthest = alloc_n(N, 8, &failed);
+    shared.stat = alloc_n(N, 1, &failed);
+    shared.in_pre = alloc_n(N, 1, &failed);
+    if (failed) {
         PyErr_NoMemory();
         goto done;
     }
-    if (get_buffer(arrival_obj, &ab, "d", 8, N, "arrivals") < 0)
-        goto done;
-    got = 1;
-    if (get_buffer(dest_obj, &db, "q", 8, N, "destinations") < 0)
-        goto done;
-    got = 2;
-    if (get_buffer(local_obj, &lb, "q", 8, N, "positions") < 0)
-        goto done;
-    got = 3;
+    for (Py_ssize_t j = 0; j < 5 * N; j++)
+        oi[j] = 0;
+    for (Py_ssize_t j = 0; j < 5 * N; j++)
+        of[j] = NAN;
+    shared.comp = oi + N;
+    shared.gen = oi + 2 * N;
+    shared.npre = oi + 3 * N;
+    shared.int_zero = oi + 4 * N;
+    shared.fsched = of;
+    shared.ftok = of + N;
+    shared.ltok = of + 2 * N;
+    shared.fin = of + 3 * N;
+    shared.rej = of + 4 * N;
     w.N = N;
     w.M = M;
-    w.arrival = ab.buf;
-    w.dest = db.buf;
-    w.local = lb.buf;
+    w.arrival = bufs[1].buf;
+    w.dest = bufs[2].buf;
+    w.route = route;
+    w.state = bufs[3].buf;
     w.lag = lag;
     w.engines = engines;
     w.progress = progress;
     w.progress_every = every > 0 ? every : 1;
+    if (route == Py_None)
+        for (Py_ssize_t g = 0; g < N; g++)
+            if (w.dest[g] < 0 || w.dest[g] >= M) {
+                PyErr_SetString(PyExc_ValueError, "run_core: a request's engine is out of range");
+                goto done;
+            }
     for (Py_ssize_t e = 0; e < M; e++)
-        if (open_engine(&engines[e], &w, PyList_GET_ITEM(specs, e), &held[e]) < 0)
+        if (open_engine(&engines[e], &w, e, PyList_GET_ITEM(specs, e), &shared) < 0)
             goto done;
-    for (Py_ssize_t g = 0; g < N; g++)
-        if (w.dest[g] < 0 || w.dest[g] >= M || w.local[g] < 0 || w.local[g] >= engines[w.dest[g]].N) {
-            PyErr_SetString(PyExc_ValueError, "run_core: a request's engine or position is out of range");
-            goto done;
-        }
     if (run(&w) < 0)
         goto done;
+    for (Py_ssize_t j = 0; j < N; j++)
+        oi[j] = shared.stat[j];
     result = PyList_New(M);
     if (!result)
         goto done;
     for (Py_ssize_t e = 0; e < M; e++) {
-        PyObject *one = engine_result(&engines[e], &held[e]);
+        PyObject *one = engine_result(&engines[e]);
         if (!one) {
             Py_CLEAR(result);
             goto done;
@@ -1092,21 +1098,15 @@ PyObject *kv_run_core(PyObject *self, PyObject *args)
         PyList_SET_ITEM(result, e, one);
     }
 done:
-    if (engines) {
-        for (Py_ssize_t e = 0; e < M; e++)
-            free_engine(&engines[e]);
-    }
-    if (held) {
-        for (Py_ssize_t e = 0; e < M; e++)
-            release_held(&held[e]);
-    }
+    for (Py_ssize_t e = 0; e < M; e++)
+        free_engine(&engines[e]);
     free(engines);
-    free(held);
-    if (got >= 3)
-        PyBuffer_Release(&lb);
-    if (got >= 2)
-        PyBuffer_Release(&db);
-    if (got >= 1)
-        PyBuffer_Release(&ab);
+    free(shared.tlen);
+    free(shared.beyond);
+    free(shared.furthest);
+    free(shared.stat);
+    free(shared.in_pre);
+    while (got > 0)
+        PyBuffer_Release(&bufs[--got]);
     return result;
 }
