@@ -97,7 +97,7 @@ def cuts(cut_count, monkeypatch) -> dict[str, int]:  # noqa: F811  (the imported
     return cut_count
 
 
-def test_without_caches_runs_go_past_arrivals_with_the_same_results(cuts, monkeypatch) -> None:
+def test_without_caches_runs_go_past_arrivals_with_the_same_results(cuts, monkeypatch, simpy_loop) -> None:
     lazy = _run(multi_step=True)
     assert cuts["cuts"] > 0
     assert_same(_run(multi_step=False), lazy)
