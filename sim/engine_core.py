@@ -1,20 +1,23 @@
-"""The compiled engine core: a single engine's whole run in sim/csrc/core.c, where the scenario is one it
-covers, with the results of sim/engine.py's SimPy loop bit for bit.
+"""The compiled engine core: an engine's whole run in sim/csrc/core.c (or a colocated cluster's, its
+replicas behind one arrival process), where the scenario is one it covers, with the results of
+sim/engine.py's SimPy loop bit for bit.
 
 Covered (``core_supported``): continuous batching under FCFS with recompute preemption, the paged
 manager without prefix caching, requests of one sequence outside shared-prefix groups, the cost model as
-executor. There a step costs about a microsecond instead of tens: the requests'
-state lives in typed arrays, each step is planned, priced, updated and recorded without a Python object,
-and only the executor's per-size terms (on the first step of each size), the recorder (a chunk of rows at
-a time) and the progress bar are called back. Everything else (clusters, other policies, swap, prefix
-caching, forks, the GPU executor) runs the SimPy loop. ``KVSIM_CORE=0`` (or ``KVSIM_NATIVE=0``, or
-``enabled = False`` here) runs the SimPy loop for every scenario: tests/test_engine_core.py compares them.
+executor; in a cluster, a router that reads at most the replicas' loads and KV usage. There a step costs
+about a microsecond instead of tens: the requests' state lives in typed arrays, each step is planned,
+priced, updated and recorded without a Python object, and only the executor's per-size terms (on the
+first step of each size), the recorder (a chunk of rows at a time), the router (once per request, where
+it reads the replicas) and the progress bar are called back. Everything else (other policies, swap,
+prefix caching, forks, disaggregated pools, the GPU executor) runs the SimPy loop. ``KVSIM_CORE=0`` (or
+``KVSIM_NATIVE=0``, or ``enabled = False`` here) runs the SimPy loop for every scenario:
+tests/test_engine_core.py compares them.
 
 The core knows what a request's arrival does (the output cap, the reasons to reject it) only as flags:
-``prepare`` applies them to the requests as ``add_request`` would, the core says when each was handed over.
-After the run ``write_back`` puts the requests' counters and times, the timeline's state changes, the
-inter-token gaps and the manager's sums and peaks where the SimPy loop would have left them, so the
-summary and tables are built by the same code either way.
+``prepare`` applies them to the requests as ``add_request`` would, the core says when each was handed
+over. After the run ``write_requests`` and ``write_engine`` put the requests' counters and times, each
+scheduler's timeline and inter-token gaps and each manager's sums and peaks where the SimPy loop would
+have left them, so the summary and tables are built by the same code either way.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ class CoreRun:
 def prepare(requests: list[Request], scheduler: ContinuousScheduler) -> tuple[np.ndarray, np.ndarray]:
     """Apply ``add_request``'s output cap to every request and return (which would be queued (1) or
     rejected (0) when handed over, which were cut): both depend on the request and the settings only,
-    and the cut are counted by the scheduler they are handed to (``count_truncated``). Each rejected
+    and the cut are counted by the scheduler they are handed to (``run_engines``). Each rejected
     request gets its reason now (its status and time when handed over)."""
     n = len(requests)
     prompt = np.fromiter((r.prompt_len for r in requests), dtype=np.int64, count=n)
@@ -171,8 +174,8 @@ def run_engines(requests: list[Request], engines: list[EngineParts], lag: float,
     times = np.empty((5, n), dtype=np.float64)
     results = native.run_core(n, ints, arrival, where, float(lag), route, state, progress, PROGRESS_EVERY,
                               counters, times, [_engine_spec(p) for p in engines])
-    for parts, (err, _, _) in zip(engines, results):
-        _raise(err, parts.scheduler)
+    for err, _, _ in results:
+        _raise(err)
     write_requests(requests, counters, times)
     runs = []
     for e, (parts, (_, records, totals)) in enumerate(zip(engines, results)):
@@ -230,7 +233,7 @@ def _engine_spec(parts: EngineParts) -> tuple:
     return settings, consts, terms, sink, chunk
 
 
-def _raise(err: tuple, scheduler: ContinuousScheduler) -> None:
+def _raise(err: tuple) -> None:
     """The SimPy loop's errors, with its messages."""
     kind, t, d, step, waiting, running, stall = err
     if kind == 1:
