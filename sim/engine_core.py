@@ -2,13 +2,13 @@
 replicas behind one arrival process), where the scenario is one it covers, with the results of
 sim/engine.py's SimPy loop bit for bit.
 
-Covered (``core_supported``): continuous batching under FCFS with recompute preemption, the paged
+Covered (``core_supported``): continuous batching under FCFS with recompute or swap preemption, the paged
 manager without prefix caching, requests of one sequence outside shared-prefix groups, the cost model as
 executor; in a cluster, a router that reads at most the replicas' loads and KV usage. There a step costs
 about a microsecond instead of tens: the requests' state lives in typed arrays, each step is planned,
 priced, updated and recorded without a Python object, and only the executor's per-size terms (on the
 first step of each size), the recorder (a chunk of rows at a time), the router (once per request, where
-it reads the replicas) and the progress bar are called back. Everything else (other policies, swap,
+it reads the replicas) and the progress bar are called back. Everything else (other policies,
 prefix caching, forks, disaggregated pools, the GPU executor) runs the SimPy loop. ``KVSIM_CORE=0`` (or
 ``KVSIM_NATIVE=0``, or ``enabled = False`` here) runs the SimPy loop for every scenario:
 tests/test_engine_core.py compares them.
@@ -46,7 +46,7 @@ def core_supported(scheduler: Any, manager: Any, executor: Any, requests: list[R
     if not enabled or native is None or not hasattr(native, "run_core"):
         return False
     cfg = scheduler.config
-    if (type(scheduler) is not ContinuousScheduler or cfg.policy != "fcfs" or cfg.preemption != "recompute"
+    if (type(scheduler) is not ContinuousScheduler or cfg.policy != "fcfs"
             or getattr(cfg, "batching", "continuous") != "continuous"):
         return False
     if type(manager) is not KVCacheManager or manager.prefix_cache is not None:
@@ -99,14 +99,15 @@ def _pricing(ex: CostModelExecutor) -> tuple[tuple, Callable[[int, int, bool], t
     e = ex.engine
     if e is not None:
         consts = (1, *head, ex._eng_half, ex._eng_kv_s, ex._eng_qo_s, e.sampler_s, e.step_gap_s,
-                  1.0 if e.overlap_cpu else 0.0)
+                  1.0 if e.overlap_cpu else 0.0, ex._swap_s_per_block)
         return consts, ex._engine_fixed
 
     def linear_terms(tokens: int, seqs: int, _has_prefill: bool) -> tuple[float, float]:
         lin, comm = ex._linear(tokens)
         return lin + ex._lm_head(seqs), comm
 
-    consts = (0, *head, ex._attn_seq, ex._attn_pre_seq, ex._elem_s_per_token, ex._elem_fixed, ex._overhead)
+    consts = (0, *head, ex._attn_seq, ex._attn_pre_seq, ex._elem_s_per_token, ex._elem_fixed, ex._overhead,
+              ex._swap_s_per_block)
     return consts, linear_terms
 
 
@@ -221,7 +222,8 @@ def _engine_spec(parts: EngineParts) -> tuple:
     cfg = scheduler.config
     settings = (mgr.block_size, mgr.num_blocks, cfg.max_num_seqs, scheduler.max_num_batched_tokens,
                 int(cfg.chunked_prefill), int(parts.async_scheduling), int(cfg.victim == "most_generated"),
-                parts.max_stall, mgr.pool.num_free, int(parts.check_integrity))
+                parts.max_stall, mgr.pool.num_free, int(parts.check_integrity), int(cfg.preemption == "swap"),
+                mgr.swap.num_blocks - mgr.swap.num_used)
     consts, terms = _pricing(parts.executor)
     width, chunk = len(STEP_COLUMNS), Columns.CHUNK_ROWS
 
@@ -281,8 +283,9 @@ def write_engine(scheduler: ContinuousScheduler, requests: list[Request], record
     gaps.step_gaps.durations.frombytes(gap_d)
     gaps.step_gaps.counts.frombytes(gap_n)
     gaps.other_gaps.frombytes(other)
-    preemptions, peak_used, peak_logical, sum_used, sum_logical, _, _ = totals
+    preemptions, peak_used, peak_logical, sum_used, sum_logical, _, _, swapped_blocks = totals
     scheduler.num_preemptions += preemptions
+    scheduler.swapped_blocks += swapped_blocks
     mgr: KVCacheManager = scheduler.manager
     mgr.peaks["used"] = max(mgr.peaks["used"], peak_used)
     mgr.peaks["logical"] = max(mgr.peaks["logical"], peak_logical)

@@ -97,11 +97,26 @@ def test_preemption_rejection_and_ties_equal(monkeypatch, victim, async_scheduli
     assert (core.requests.status == "REJECTED").sum() == s["num_rejected"] == 3 and s["num_truncated"] == 1
 
 
+@pytest.mark.parametrize("swap_gb", [0.0001, 0.00006], ids=["room", "a-few-blocks"])
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+@pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "whole-prompts"])
+def test_preemption_by_swap_equals(monkeypatch, swap_gb, async_scheduling, chunked):
+    """Preemption by swap (26 CPU blocks of 4 KiB, or 15: then most fall back to recompute), swap-ins
+    before admissions, the blocks copied priced and recorded."""
+    data = _scenario(PRESSURE, preemption="swap", async_scheduling=async_scheduling, chunked_prefill=chunked)
+    data["kv_cache"]["swap_space_gb"] = swap_gb
+    loop, core = _both(monkeypatch, lambda: run_scenario(scenario_from_dict(data), check_integrity=True))
+    assert_same(loop, core)
+    s = core.summary
+    assert core.profile["compiled_core"] and s["swapped_blocks"] > 0 and s["num_preemptions"] >= 5
+    assert core.steps["blocks_swapped_in"].sum() == core.steps["blocks_swapped_out"].sum() == s["swapped_blocks"]
+
+
 def _into_core(data: dict) -> dict:
-    """A fuzz case moved inside what the core covers: FCFS, recompute, continuous batching, the paged
+    """A fuzz case moved inside what the core covers: FCFS, continuous batching, the paged
     manager without prefix caching, one sequence a request outside shared-prefix groups."""
     d = copy.deepcopy(data)
-    d["scheduler"].update(policy="fcfs", preemption="recompute", batching="continuous")
+    d["scheduler"].update(policy="fcfs", batching="continuous")
     d["kv_cache"].update(allocator="paged", prefix_caching=False)
     work = d["workload"]
     for r in work.get("requests", []):
@@ -164,7 +179,6 @@ def test_what_the_core_does_not_cover_runs_the_loop():
     cases = {
         "round robin": {"scheduler": {"policy": "round_robin"}},
         "priority": {"scheduler": {"policy": "priority"}},
-        "swap": {"scheduler": {"preemption": "swap"}},
         "static batching": {"scheduler": {"batching": "static", "chunked_prefill": False}},
         "prefix caching": {"kv_cache": {"prefix_caching": True}},
         "contiguous": {"kv_cache": {"allocator": "contiguous-max"}},

@@ -21,8 +21,8 @@ Rows go to the caller a chunk at a time (``sink``); everything else comes back a
 #include <stdlib.h>
 #include <string.h>
 
-enum { ST_WAITING = 0, ST_RUNNING = 1, ST_PREEMPTED = 2, ST_FINISHED = 4 };
-enum { PH_WAITING = 0, PH_PREFILL = 1, PH_DECODE = 2, PH_PREEMPTED = 3, PH_DONE = 6 };
+enum { ST_WAITING = 0, ST_RUNNING = 1, ST_PREEMPTED = 2, ST_SWAPPED = 3, ST_FINISHED = 4 };
+enum { PH_WAITING = 0, PH_PREFILL = 1, PH_DECODE = 2, PH_PREEMPTED = 3, PH_SWAPPED = 4, PH_DONE = 6 };
 enum { MAIN_COLS = 18, BD_COLS = 7 };
 enum { ERR_NONE = 0, ERR_DEADLOCK = 1, ERR_DURATION = 2, ERR_LIVELOCK = 3 };
 enum { URGENT = 0, NORMAL = 1 };
@@ -77,23 +77,24 @@ typedef struct {
     const int64_t *rid, *prompt, *output, *accepted;
     const double *arrival;
     int64_t bs, num_blocks, max_seqs, max_batched, max_stall;
-    int chunked, staging, victim_generated, check;
+    int chunked, staging, victim_generated, check, swap;   /* swap: preemption by swap where the CPU space has room */
     /* requests */
-    int64_t *comp, *gen, *tlen, *beyond, *furthest, *npre;
+    int64_t *comp, *gen, *tlen, *beyond, *furthest, *npre, *cpu_held;   /* cpu_held: CPU blocks while swapped */
     int8_t *stat, *in_pre;
     int64_t *int_zero;   /* bit 0: first scheduled, bit 1: rejected, while the clock was SimPy's int 0 */
     double *fsched, *ftok, *ltok, *fin, *rej;
     /* queues: running (in rank order), waiting (a ring: preempted requests go to its front), staged */
-    int64_t *running, *order, *done, *wq, *staged;
+    int64_t *running, *order, *done, *wq, *staged, *swapped;
     double *staged_t;
-    Py_ssize_t nrun, wq_head, wq_len, nstaged;
+    Py_ssize_t nrun, wq_head, wq_len, nstaged, nswapped;
     /* the plan being made: entries (request, new tokens, context) and its counters */
     int64_t *e_idx, *e_new, *e_ctx;
     Py_ssize_t ne;
-    int64_t st_prefill, st_decode, st_preempted;
+    int64_t st_prefill, st_decode, st_preempted, st_swap_out, st_swap_in;   /* swap: blocks copied this step */
     /* KV counters (sim/kv/manager.py) */
     int64_t free_blocks, held, beyond_final, logical, peak_used, peak_logical, sum_used, sum_logical;
-    int64_t n_prefilling, num_preemptions, finished, rejected, submitted;
+    int64_t n_prefilling, num_preemptions, finished, rejected, submitted, swapped_blocks;
+    int64_t cpu_blocks, cpu_free;
     /* results */
     Vec tr_rid, tr_time, tr_phase, gap_d, gap_n, other;
     double *main, *bd;
@@ -103,6 +104,7 @@ typedef struct {
     /* pricing */
     int engine;
     double c[14];
+    double swap_s_per_block;
     int64_t layers, new_bytes;
     Terms terms;
     /* the engine loop */
@@ -167,6 +169,19 @@ static void note_beyond(Core *c, int64_t i)
     }
 }
 
+/* SharingMixin._note_table: request i's table grew from ``old`` blocks: logical blocks, slots past its
+final length, peaks */
+static void note_table(Core *c, int64_t i, int64_t old)
+{
+    c->logical += c->tlen[i] - old;
+    note_beyond(c, i);
+    const int64_t used = c->num_blocks - c->free_blocks;
+    if (used > c->peak_used)
+        c->peak_used = used;
+    if (c->logical > c->peak_logical)
+        c->peak_logical = c->logical;
+}
+
 /* KVCacheManager.allocate_slots without sharing: room for comp + n tokens; 0 where blocks ran out */
 static int allocate(Core *c, int64_t i, int64_t n)
 {
@@ -179,13 +194,7 @@ static int allocate(Core *c, int64_t i, int64_t n)
             c->tlen[i] = old + need;
             c->free_blocks -= need;
         }
-        c->logical += c->tlen[i] - old;
-        note_beyond(c, i);
-        const int64_t used = c->num_blocks - c->free_blocks;
-        if (used > c->peak_used)
-            c->peak_used = used;
-        if (c->logical > c->peak_logical)
-            c->peak_logical = c->logical;
+        note_table(c, i, old);
     }
     return 1;
 }
@@ -296,6 +305,19 @@ static int preempt(Core *c, int64_t i, double now)
     c->npre[i]++;
     c->num_preemptions++;
     c->st_preempted++;
+    const int64_t blocks = c->tlen[i];
+    if (c->swap && blocks > 0 && blocks <= c->cpu_free) {   /* KVCacheManager.swap_out: its KV kept on the CPU */
+        c->cpu_held[i] = blocks;
+        c->cpu_free -= blocks;
+        c->st_swap_out += blocks;
+        c->swapped_blocks += blocks;
+        release(c, i);
+        c->stat[i] = ST_SWAPPED;
+        if (mark(c, i, PH_SWAPPED, now) < 0)
+            return -1;
+        c->swapped[c->nswapped++] = i;
+        return 0;
+    }
     release(c, i);
     c->comp[i] = 0;
     c->stat[i] = ST_PREEMPTED;
@@ -303,6 +325,67 @@ static int preempt(Core *c, int64_t i, double now)
         return -1;
     wq_push_front(c, i);
     return 0;
+}
+
+/* ContinuousScheduler._resume: swapped request r back with its next tokens (0: it does not fit now) */
+static int64_t resume(Core *c, int64_t r, double now, int64_t budget)
+{
+    if (c->nrun >= c->max_seqs || budget <= 0)
+        return 0;
+    int64_t num_new = c->prompt[r] + c->gen[r] - c->comp[r];
+    if (num_new > budget) {
+        if (!c->chunked)
+            return 0;
+        num_new = budget;
+    }
+    const int64_t held = c->cpu_held[r], blocks = (c->comp[r] + num_new + c->bs - 1) / c->bs;
+    if ((held > blocks ? held : blocks) > c->free_blocks)
+        return 0;
+    c->tlen[r] = held;   /* KVCacheManager.swap_in: its blocks back in fresh GPU blocks */
+    c->free_blocks -= held;
+    c->cpu_free += held;
+    c->cpu_held[r] = 0;
+    c->st_swap_in += held;
+    note_table(c, r, 0);
+    c->held += c->comp[r];
+    if (!allocate(c, r, num_new)) {
+        PyErr_SetString(PyExc_AssertionError, "engine core: swap-in checked the blocks it needs");
+        return -1;
+    }
+    c->stat[r] = ST_RUNNING;
+    c->running[c->nrun++] = r;
+    if (mark(c, r, c->comp[r] < c->prompt[r] ? PH_PREFILL : PH_DECODE, now) < 0)
+        return -1;
+    add_planned(c, r, num_new);
+    return num_new;
+}
+
+/* ContinuousScheduler._swap_in: swapped requests back, earliest arrival first, while they fit */
+static int64_t swap_in(Core *c, double now, int64_t budget)
+{
+    int64_t *sw = c->swapped;
+    for (Py_ssize_t a = 1; a < c->nswapped; a++) {   /* insertion sort by (arrival, req_id): a few */
+        const int64_t x = sw[a];
+        Py_ssize_t b = a;
+        while (b > 0 && (c->arrival[sw[b - 1]] > c->arrival[x]
+                         || (c->arrival[sw[b - 1]] == c->arrival[x] && c->rid[sw[b - 1]] > c->rid[x]))) {
+            sw[b] = sw[b - 1];
+            b--;
+        }
+        sw[b] = x;
+    }
+    Py_ssize_t n = 0;
+    for (; n < c->nswapped; n++) {
+        const int64_t got = resume(c, sw[n], now, budget);
+        if (got < 0)
+            return -1;
+        if (got == 0)
+            break;
+        budget -= got;
+    }
+    memmove(sw, sw + n, (c->nswapped - n) * sizeof(int64_t));
+    c->nswapped -= n;
+    return budget;
 }
 
 static int admit(Core *c, double now, int64_t budget)
@@ -338,7 +421,7 @@ static int admit(Core *c, double now, int64_t budget)
 /* ContinuousScheduler.schedule under FCFS without swap or forks */
 static int schedule(Core *c, double now)
 {
-    c->st_prefill = c->st_decode = c->st_preempted = 0;
+    c->st_prefill = c->st_decode = c->st_preempted = c->st_swap_out = c->st_swap_in = 0;
     c->ne = 0;
     int64_t budget = c->max_batched;
     const int64_t *order = c->running;
@@ -393,8 +476,12 @@ static int schedule(Core *c, double now)
         c->nrun = k;
     }
     c->st_decode += num_decode;
-    if (c->st_preempted == 0 && c->wq_len)
-        return admit(c, now, budget);
+    if (c->st_preempted == 0) {
+        if (c->nswapped && (budget = swap_in(c, now, budget)) < 0)
+            return -1;
+        if (!c->nswapped && c->wq_len)
+            return admit(c, now, budget);
+    }
     return 0;
 }
 
@@ -470,6 +557,7 @@ static int price(Core *c)
     }
     const double *k = c->c;
     double *bd = c->bdv;
+    const double swap = (double)(c->st_swap_out + c->st_swap_in) * c->swap_s_per_block;
     if (c->engine) {
         /* k: fpp, attn_peak, attn_bw, kv_s, kernel_latency, half, eng_kv_s, qo_s, sampler, step_gap, overlap */
         const double *t = size_terms(c, tokens, seqs, pre_new > 0);
@@ -486,14 +574,14 @@ static int price(Core *c)
         const double attention = (double)c->layers * per_layer;
         const double gpu = linear + attention + elementwise + comm + k[8];
         const double busy = k[10] != 0.0 ? py_max(gpu, cpu) : gpu + cpu;
-        const double duration = busy + k[9] + 0.0 + 0.0;
+        const double duration = busy + k[9] + swap + 0.0;
         bd[0] = linear;
         bd[1] = attention;
         bd[2] = elementwise;
         bd[3] = comm;
-        bd[4] = 0.0;
+        bd[4] = swap;
         bd[5] = 0.0;
-        bd[6] = duration - (linear + attention + elementwise + comm + 0.0 + 0.0);
+        bd[6] = duration - (linear + attention + elementwise + comm + swap + 0.0);
         c->d = duration;
         return 0;
     }
@@ -519,10 +607,10 @@ static int price(Core *c)
     bd[1] = attention;
     bd[2] = elementwise;
     bd[3] = comm;
-    bd[4] = 0.0;
+    bd[4] = swap;
     bd[5] = 0.0;
     bd[6] = k[9];
-    c->d = linear + attention + elementwise + comm + 0.0 + 0.0 + k[9];
+    c->d = linear + attention + elementwise + comm + swap + 0.0 + k[9];
     return 0;
 }
 
@@ -616,7 +704,8 @@ static int record(Core *c)
     const int64_t used = c->num_blocks - c->free_blocks, bs = c->bs;
     const double row[MAIN_COLS] = {
         c->start, c->d, (double)c->ne, (double)c->st_prefill, (double)c->st_decode, (double)c->nrun,
-        (double)c->wq_len, 0.0, (double)used, (double)c->st_preempted, 0.0, 0.0, 0.0, (double)c->held,
+        (double)c->wq_len, (double)c->nswapped, (double)used, (double)c->st_preempted, (double)c->st_swap_out,
+        (double)c->st_swap_in, 0.0, (double)c->held,
         (double)(used * bs - c->held - c->beyond_final), (double)c->beyond_final, 0.0,
         (double)(c->free_blocks * bs)};
     for (int j = 0; j < MAIN_COLS; j++)
@@ -691,6 +780,15 @@ static int check_integrity(Core *c)
         return fail("a negative slot count", reserved, c->beyond_final);
     if (pre != c->n_prefilling)
         return fail("prefilling requests miscounted", c->n_prefilling, pre);
+    int64_t cpu = 0;
+    for (Py_ssize_t j = 0; j < c->nswapped; j++) {
+        const int64_t r = c->swapped[j];
+        if (c->stat[r] != ST_SWAPPED || c->tlen[r] || !c->cpu_held[r])
+            return fail("a swapped request is not held on the CPU alone", c->rid[r], c->cpu_held[r]);
+        cpu += c->cpu_held[r];
+    }
+    if (c->cpu_free < 0 || c->cpu_free + cpu != c->cpu_blocks)
+        return fail("free + held CPU blocks is not the swap space", c->cpu_free + cpu, c->cpu_blocks);
     return 0;
 }
 
@@ -778,7 +876,7 @@ static int arrivals_resume(World *w)
     }
 }
 
-static int has_work(Core *c) { return c->nrun > 0 || c->wq_len > 0; }
+static int has_work(Core *c) { return c->nrun > 0 || c->wq_len > 0 || c->nswapped > 0; }
 
 /* Engine._loop (one timeout a step) from where it waits */
 static int engine_resume(Core *c)
@@ -895,7 +993,7 @@ static void *alloc_n(Py_ssize_t n, size_t item, int *failed)
 
 static void free_engine(Core *c)
 {
-    void *bufs[] = {c->running, c->order, c->done, c->wq, c->staged, c->staged_t, c->e_idx, c->e_new, c->e_ctx,
+    void *bufs[] = {c->running, c->order, c->done, c->wq, c->staged, c->staged_t, c->e_idx, c->e_new, c->e_ctx, c->swapped,
                     c->main, c->bd, c->terms.keys, c->terms.vals, c->tr_rid.p, c->tr_time.p, c->tr_phase.p,
                     c->gap_d.p, c->gap_n.p, c->other.p};
     for (size_t j = 0; j < sizeof bufs / sizeof bufs[0]; j++)
@@ -909,12 +1007,12 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
     PyObject *cfg, *pricing, *terms_fn, *sink;
     if (!PyArg_ParseTuple(spec, "O!O!OOn", &PyTuple_Type, &cfg, &PyTuple_Type, &pricing, &terms_fn, &sink, &chunk))
         return -1;
-    if (chunk < 1 || PyTuple_GET_SIZE(cfg) != 10 || PyTuple_GET_SIZE(pricing) < 3) {
+    if (chunk < 1 || PyTuple_GET_SIZE(cfg) != 12 || PyTuple_GET_SIZE(pricing) < 3) {
         PyErr_SetString(PyExc_ValueError, "run_core: bad sizes or settings");
         return -1;
     }
-    int64_t cv[10];
-    for (int j = 0; j < 10; j++) {
+    int64_t cv[12];
+    for (int j = 0; j < 12; j++) {
         cv[j] = PyLong_AsLongLong(PyTuple_GET_ITEM(cfg, j));
         if (cv[j] == -1 && PyErr_Occurred())
             return -1;
@@ -934,6 +1032,8 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
     c->max_stall = cv[7];
     c->free_blocks = cv[8] >= 0 ? cv[8] : c->num_blocks;
     c->check = (int)cv[9];
+    c->swap = (int)cv[10];
+    c->cpu_blocks = c->cpu_free = cv[11];
     if (c->bs < 1 || c->num_blocks < 0 || c->max_seqs < 1) {
         PyErr_SetString(PyExc_ValueError, "run_core: bad block or batch settings");
         return -1;
@@ -944,15 +1044,16 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
     if (PyErr_Occurred())
         return -1;
     const Py_ssize_t nk = PyTuple_GET_SIZE(pricing) - 3;
-    if (nk != (c->engine ? 11 : 10)) {
+    if (nk != (c->engine ? 12 : 11)) {
         PyErr_SetString(PyExc_ValueError, "run_core: pricing constants of the wrong length");
         return -1;
     }
-    for (Py_ssize_t j = 0; j < nk; j++) {
+    for (Py_ssize_t j = 0; j < nk; j++) {   /* the last: seconds a swapped block costs */
         c->c[j] = PyFloat_AsDouble(PyTuple_GET_ITEM(pricing, 3 + j));
         if (c->c[j] == -1.0 && PyErr_Occurred())
             return -1;
     }
+    c->swap_s_per_block = c->c[nk - 1];
     c->terms.width = c->engine ? 5 : 2;
     c->terms_fn = terms_fn;
     c->sink = sink;
@@ -966,6 +1067,7 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
     c->e_idx = alloc_n(batch, 8, &failed);
     c->e_new = alloc_n(batch, 8, &failed);
     c->e_ctx = alloc_n(batch, 8, &failed);
+    c->swapped = alloc_n(batch, 8, &failed);
     c->wq = alloc_n(N + 1, 8, &failed);
     c->staged = alloc_n(N, 8, &failed);
     c->staged_t = alloc_n(N, 8, &failed);
@@ -987,12 +1089,13 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
 /* (error, records, totals) of one engine after the run */
 static PyObject *engine_result(Core *c)
 {
-    return Py_BuildValue("(iddLLLL)(NNNNNN)(LLLLLLL)", c->err, c->err_t, c->err_d, (long long)c->err_step,
+    return Py_BuildValue("(iddLLLL)(NNNNNN)(LLLLLLLL)", c->err, c->err_t, c->err_d, (long long)c->err_step,
                          (long long)c->err_waiting, (long long)c->err_running, (long long)c->err_stall,
                          vec_bytes(&c->tr_rid), vec_bytes(&c->tr_time), vec_bytes(&c->tr_phase),
                          vec_bytes(&c->gap_d), vec_bytes(&c->gap_n), vec_bytes(&c->other),
                          (long long)c->num_preemptions, (long long)c->peak_used, (long long)c->peak_logical,
-                         (long long)c->sum_used, (long long)c->sum_logical, (long long)c->steps, (long long)c->waits);
+                         (long long)c->sum_used, (long long)c->sum_logical, (long long)c->steps, (long long)c->waits,
+                         (long long)c->swapped_blocks);
 }
 
 PyObject *kv_run_core(PyObject *self, PyObject *args)
@@ -1044,6 +1147,7 @@ PyObject *kv_run_core(PyObject *self, PyObject *args)
     shared.tlen = alloc_n(N, 8, &failed);
     shared.beyond = alloc_n(N, 8, &failed);
     shared.furthest = alloc_n(N, 8, &failed);
+    shared.cpu_held = alloc_n(N, 8, &failed);
     shared.stat = alloc_n(N, 1, &failed);
     shared.in_pre = alloc_n(N, 1, &failed);
     if (failed) {
@@ -1104,6 +1208,7 @@ done:
     free(shared.tlen);
     free(shared.beyond);
     free(shared.furthest);
+    free(shared.cpu_held);
     free(shared.stat);
     free(shared.in_pre);
     while (got > 0)
