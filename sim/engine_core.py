@@ -6,8 +6,8 @@ Covered (``core_supported``): continuous batching under FCFS with recompute or s
 manager without prefix caching, requests of one sequence outside shared-prefix groups, the cost model as
 executor; in a cluster, a router that reads at most the replicas' loads and KV usage. There a step costs
 about a microsecond instead of tens: the requests' state lives in typed arrays, each step is planned,
-priced, updated and recorded without a Python object, and only the executor's per-size terms (on the
-first step of each size), the recorder (a chunk of rows at a time), the router (once per request, where
+priced, updated and recorded without a Python object, and only the executor's GEMM, all-reduce and LM-head
+times (once per size), the recorder (a chunk of rows at a time), the router (once per request, where
 it reads the replicas) and the progress bar are called back. Everything else (other policies,
 prefix caching, forks, disaggregated pools, the GPU executor) runs the SimPy loop. ``KVSIM_CORE=0`` (or
 ``KVSIM_NATIVE=0``, or ``enabled = False`` here) runs the SimPy loop for every scenario:
@@ -31,6 +31,11 @@ import numpy as np
 
 from sim.errors import KvsimError
 from sim.executors.cost_model import BREAKDOWN_PARTS, CostModelExecutor
+from sim.executors.engine_params import (
+    ATTENTION_OPS_PER_LAYER,
+    EAGER_OPS_PER_LAYER,
+    FUSED_ELEMENTWISE_KERNELS,
+)
 from sim.kv.manager import KVCacheManager
 from sim.metrics import STEP_COLUMNS, Columns, Recorder
 from sim.native import native
@@ -91,24 +96,27 @@ def prepare(requests: list[Request], scheduler: ContinuousScheduler) -> tuple[np
     return (~bad).astype(np.int64), cut
 
 
-def _pricing(ex: CostModelExecutor) -> tuple[tuple, Callable[[int, int, bool], tuple]]:
-    """(the constants of ``CostModelExecutor.execute`` in core.c's order, the per-size terms' function)."""
+def _pricing(ex: CostModelExecutor) -> tuple:
+    """The cost model as core.c reads it: (mode, integer constants, float constants, the padded batch of
+    each token count under CUDA graphs, the GEMM and all-reduce times by token count and graph, the LM
+    head's by sequences), in ``CostModelExecutor.execute``'s and ``_engine_fixed_terms``' terms."""
     p = ex.params
-    head = (ex._layers, ex._attn_new_bytes, ex._attn_flops_per_pair, ex._attn_peak, ex._attn_bw, ex._attn_kv_s,
-            p.kernel_latency_s)
+    head = (ex._attn_flops_per_pair, ex._attn_peak, ex._attn_bw, ex._attn_kv_s, p.kernel_latency_s)
     e = ex.engine
     if e is not None:
-        consts = (1, *head, ex._eng_half, ex._eng_kv_s, ex._eng_qo_s, e.sampler_s, e.step_gap_s,
-                  1.0 if e.overlap_cpu else 0.0, ex._swap_s_per_block)
-        return consts, ex._engine_fixed
+        ints = (ex._layers, ex._attn_new_bytes, ex._graph_max, FUSED_ELEMENTWISE_KERNELS, ATTENTION_OPS_PER_LAYER,
+                EAGER_OPS_PER_LAYER)
+        floats = (*head, ex._eng_half, ex._eng_kv_s, ex._eng_qo_s, e.sampler_s, e.step_gap_s,
+                  1.0 if e.overlap_cpu else 0.0, ex._swap_s_per_block, ex._fused_s_per_token, e.graph_kernel_s,
+                  p.elementwise_latency_s, e.cpu_step_s, e.cpu_seq_s, e.eager_op_s)
+        return 1, ints, floats, np.array(ex._pad, dtype=np.int64), ex._engine_linear, ex._lm_head
 
-    def linear_terms(tokens: int, seqs: int, _has_prefill: bool) -> tuple[float, float]:
-        lin, comm = ex._linear(tokens)
-        return lin + ex._lm_head(seqs), comm
+    def linear(tokens: int, _graph: bool) -> tuple[float, float]:
+        return ex._linear(tokens)
 
-    consts = (0, *head, ex._attn_seq, ex._attn_pre_seq, ex._elem_s_per_token, ex._elem_fixed, ex._overhead,
+    floats = (*head, ex._attn_seq, ex._attn_pre_seq, ex._elem_s_per_token, ex._elem_fixed, ex._overhead,
               ex._swap_s_per_block)
-    return consts, linear_terms
+    return 0, (ex._layers, ex._attn_new_bytes, 0, 0, 0, 0), floats, None, linear, ex._lm_head
 
 
 @dataclass
@@ -224,7 +232,6 @@ def _engine_spec(parts: EngineParts) -> tuple:
                 int(cfg.chunked_prefill), int(parts.async_scheduling), int(cfg.victim == "most_generated"),
                 parts.max_stall, mgr.pool.num_free, int(parts.check_integrity), int(cfg.preemption == "swap"),
                 mgr.swap.num_blocks - mgr.swap.num_used)
-    consts, terms = _pricing(parts.executor)
     width, chunk = len(STEP_COLUMNS), Columns.CHUNK_ROWS
 
     def sink(main: memoryview, breakdown: memoryview, m: int) -> None:
@@ -232,7 +239,7 @@ def _engine_spec(parts: EngineParts) -> tuple:
         bd = np.frombuffer(breakdown, dtype=np.float64).reshape(len(BREAKDOWN_PARTS), chunk)[:, :m]
         recorder.record_columns(rows, dict(zip(BREAKDOWN_PARTS, bd)))
 
-    return settings, consts, terms, sink, chunk
+    return settings, _pricing(parts.executor), sink, chunk
 
 
 def _raise(err: tuple) -> None:

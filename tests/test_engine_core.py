@@ -239,20 +239,19 @@ def test_a_router_reading_prefix_caches_runs_the_loop():
 
 
 def test_a_non_positive_step_time_is_the_same_error(monkeypatch):
-    """The executor's terms made negative for steps that prefill 1,000 tokens or more (steps the SimPy loop
-    prices one at a time): both loops stop at the same step with the same message."""
+    """The per-operator model's GEMM time made negative for steps of 1,000 tokens or more (prefill steps,
+    which the SimPy loop prices one at a time): both loops stop at the same step with the same message."""
     from sim.executors.cost_model import CostModelExecutor
 
-    fixed = CostModelExecutor._engine_fixed
+    linear = CostModelExecutor._linear
 
-    def broken(self, tokens, seqs, has_prefill):
-        terms = fixed(self, tokens, seqs, has_prefill)
-        return (-1.0, *terms[1:4], -1.0) if has_prefill and tokens >= 1000 else terms
+    def broken(self, tokens):
+        lin, comm = linear(self, tokens)
+        return (-1.0, comm) if tokens >= 1000 else (lin, comm)
 
-    def run():
-        return run_scenario(scenario_from_dict(_scenario(STRESS["long_decodes"])), check_integrity=False)
-
-    monkeypatch.setattr(CostModelExecutor, "_engine_fixed", broken)
-    loop, core = _both(monkeypatch, run)
+    data = _scenario(STRESS["long_decodes"])
+    data["executor"] = {"calibration": "roofline"}
+    monkeypatch.setattr(CostModelExecutor, "_linear", broken)
+    loop, core = _both(monkeypatch, lambda: run_scenario(scenario_from_dict(data), check_integrity=False))
     assert isinstance(loop, str) and "returned a non-positive duration" in loop
     assert loop == core

@@ -100,13 +100,15 @@ typedef struct {
     double *main, *bd;
     Py_ssize_t fill, chunk;
     int64_t steps, waits;
-    PyObject *sink, *terms_fn;
-    /* pricing */
+    PyObject *sink, *linear_fn, *head_fn;
+    /* pricing: the cost model's constants; GEMM and all-reduce times by token count (and graph), the LM
+    head's by sequences, asked of the executor once each */
     int engine;
-    double c[14];
+    double c[24];
     double swap_s_per_block;
-    int64_t layers, new_bytes;
-    Terms terms;
+    int64_t layers, new_bytes, graph_max, n_fused, attn_ops, eager_ops;
+    int64_t *pad;         /* CUDA graphs: a batch of n tokens runs the graph captured for pad[n] (n <= graph_max) */
+    Terms lin, head;
     /* the engine loop */
     Event ev_e;
     int busy, e_wakes;    /* e_wakes: the engine waits for an arrival (an untriggered wake) */
@@ -486,10 +488,9 @@ static int schedule(Core *c, double now)
 }
 
 /* ------------------------------------------------------------------ pricing (CostModelExecutor.execute) */
-static const double *size_terms(Core *c, int64_t tokens, int64_t seqs, int has_prefill)
+/* the slot of ``key`` in ``t`` (grown as needed); *found says whether it holds a value already */
+static double *terms_slot(Terms *t, int64_t key, int *found)
 {
-    Terms *t = &c->terms;
-    const int64_t key = (tokens << 24) ^ (seqs << 1) ^ (int64_t)has_prefill;
     if (t->n * 2 >= t->cap) {   /* grow (and rehash) */
         size_t cap = t->cap ? t->cap * 2 : 1024;
         int64_t *keys = malloc(cap * sizeof(int64_t));
@@ -518,23 +519,76 @@ static const double *size_terms(Core *c, int64_t tokens, int64_t seqs, int has_p
         t->cap = cap;
     }
     size_t h = ((uint64_t)key * 0x9E3779B97F4A7C15ull) & (t->cap - 1);
-    while (t->keys[h] >= 0) {
-        if (t->keys[h] == key)
-            return t->vals + h * t->width;
+    while (t->keys[h] >= 0 && t->keys[h] != key)
         h = (h + 1) & (t->cap - 1);
+    *found = t->keys[h] == key;
+    if (!*found) {
+        t->keys[h] = key;
+        t->n++;
     }
-    PyObject *res = PyObject_CallFunction(c->terms_fn, "LLO", (long long)tokens, (long long)seqs,
-                                          has_prefill ? Py_True : Py_False);
+    return t->vals + h * t->width;
+}
+
+/* (GEMMs, all-reduces) over all layers on ``tokens`` tokens, in a graph or not: linear_fn's, once */
+static const double *linear_terms(Core *c, int64_t tokens, int graph)
+{
+    int found;
+    double *v = terms_slot(&c->lin, tokens * 2 + graph, &found);
+    if (!v || found)
+        return v;
+    PyObject *res = PyObject_CallFunction(c->linear_fn, "LO", (long long)tokens, graph ? Py_True : Py_False);
     if (!res)
         return NULL;
-    double *dst = t->vals + h * t->width;
-    const int bad = read_doubles(res, dst, t->width, "the step's size terms");
+    const int bad = read_doubles(res, v, 2, "the GEMM and all-reduce times");
     Py_DECREF(res);
-    if (bad < 0)
-        return NULL;
-    t->keys[h] = key;
-    t->n++;
-    return dst;
+    return bad < 0 ? NULL : v;
+}
+
+/* the LM head on ``seqs`` sampled tokens: head_fn's, once */
+static int head_term(Core *c, int64_t seqs, double *out)
+{
+    int found;
+    double *v = terms_slot(&c->head, seqs, &found);
+    if (!v)
+        return -1;
+    if (!found) {
+        PyObject *res = PyObject_CallFunction(c->head_fn, "L", (long long)seqs);
+        if (!res)
+            return -1;
+        v[0] = PyFloat_AsDouble(res);
+        Py_DECREF(res);
+        if (v[0] == -1.0 && PyErr_Occurred())
+            return -1;
+    }
+    *out = v[0];
+    return 0;
+}
+
+/* CostModelExecutor._engine_fixed_terms: (linear, allreduce, elementwise, attention kernel cost, cpu) of a
+step of ``tokens`` tokens and ``seqs`` sequences, its GEMMs on the padded batch inside a CUDA graph */
+static int engine_fixed(Core *c, int64_t tokens, int64_t seqs, int has_prefill, double *t)
+{
+    const double *k = c->c;
+    int64_t padded = tokens;
+    int graph = 0, full = 0;
+    if (tokens <= c->graph_max) {
+        padded = c->pad[tokens];
+        graph = 1;
+        full = !has_prefill;
+    }
+    const double *lc = linear_terms(c, padded, graph);
+    double head;
+    if (!lc || head_term(c, seqs, &head) < 0)
+        return -1;
+    /* k[12..17]: fused_s_per_token, graph_kernel_s, elementwise_latency_s, cpu_step_s, cpu_seq_s, eager_op_s */
+    const double k_elem = graph ? k[13] : k[14];
+    const int64_t eager_ops = full ? 0 : c->layers * (graph ? c->attn_ops : c->eager_ops);
+    t[0] = lc[0] + head;
+    t[1] = lc[1];
+    t[2] = (double)c->layers * ((double)padded * k[12] + (double)c->n_fused * k_elem);
+    t[3] = full ? k[13] : k[4];
+    t[4] = k[15] + k[16] * (double)seqs + k[17] * (double)eager_ops;
+    return 0;
 }
 
 static inline double py_max(double a, double b) { return b > a ? b : a; }   /* Python's max(a, b) */
@@ -560,8 +614,8 @@ static int price(Core *c)
     const double swap = (double)(c->st_swap_out + c->st_swap_in) * c->swap_s_per_block;
     if (c->engine) {
         /* k: fpp, attn_peak, attn_bw, kv_s, kernel_latency, half, eng_kv_s, qo_s, sampler, step_gap, overlap */
-        const double *t = size_terms(c, tokens, seqs, pre_new > 0);
-        if (!t)
+        double t[5];
+        if (engine_fixed(c, tokens, seqs, pre_new > 0, t) < 0)
             return -1;
         const double linear = t[0], comm = t[1], elementwise = t[2], k_attn = t[3], cpu = t[4];
         double per_layer = 0.0;
@@ -588,11 +642,12 @@ static int price(Core *c)
     /* k: fpp, attn_peak, attn_bw, kv_s, kernel_latency, attn_seq, attn_pre_seq, elem_s, elem_fixed, overhead */
     double linear = 0.0, attention = 0.0, elementwise = 0.0, comm = 0.0;
     if (tokens) {
-        const double *t = size_terms(c, tokens, seqs, 0);
-        if (!t)
+        const double *lc = linear_terms(c, tokens, 0);
+        double head;
+        if (!lc || head_term(c, seqs, &head) < 0)
             return -1;
-        linear = t[0];
-        comm = t[1];
+        linear = lc[0] + head;
+        comm = lc[1];
         double per_layer = 0.0;
         if (pre_new)
             per_layer = per_layer + (py_max(k[0] * (double)pairs / k[1],
@@ -994,7 +1049,8 @@ static void *alloc_n(Py_ssize_t n, size_t item, int *failed)
 static void free_engine(Core *c)
 {
     void *bufs[] = {c->running, c->order, c->done, c->wq, c->staged, c->staged_t, c->e_idx, c->e_new, c->e_ctx, c->swapped,
-                    c->main, c->bd, c->terms.keys, c->terms.vals, c->tr_rid.p, c->tr_time.p, c->tr_phase.p,
+                    c->main, c->bd, c->lin.keys, c->lin.vals, c->head.keys, c->head.vals, c->pad, c->tr_rid.p,
+                    c->tr_time.p, c->tr_phase.p,
                     c->gap_d.p, c->gap_n.p, c->other.p};
     for (size_t j = 0; j < sizeof bufs / sizeof bufs[0]; j++)
         free(bufs[j]);
@@ -1004,17 +1060,25 @@ static void free_engine(Core *c)
 static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, const Core *shared)
 {
     Py_ssize_t chunk;
-    PyObject *cfg, *pricing, *terms_fn, *sink;
-    if (!PyArg_ParseTuple(spec, "O!O!OOn", &PyTuple_Type, &cfg, &PyTuple_Type, &pricing, &terms_fn, &sink, &chunk))
+    PyObject *cfg, *ints, *floats, *pad, *linear_fn, *head_fn, *sink;
+    int mode;
+    if (!PyArg_ParseTuple(spec, "O!(iO!O!OOO)On", &PyTuple_Type, &cfg, &mode, &PyTuple_Type, &ints, &PyTuple_Type,
+                          &floats, &pad, &linear_fn, &head_fn, &sink, &chunk))
         return -1;
-    if (chunk < 1 || PyTuple_GET_SIZE(cfg) != 12 || PyTuple_GET_SIZE(pricing) < 3) {
-        PyErr_SetString(PyExc_ValueError, "run_core: bad sizes or settings");
+    if (chunk < 1 || PyTuple_GET_SIZE(cfg) != 12 || PyTuple_GET_SIZE(ints) != 6
+        || PyTuple_GET_SIZE(floats) != (mode ? 18 : 11)) {
+        PyErr_SetString(PyExc_ValueError, "run_core: bad sizes, settings or pricing constants");
         return -1;
     }
-    int64_t cv[12];
+    int64_t cv[12], iv[6];
     for (int j = 0; j < 12; j++) {
         cv[j] = PyLong_AsLongLong(PyTuple_GET_ITEM(cfg, j));
         if (cv[j] == -1 && PyErr_Occurred())
+            return -1;
+    }
+    for (int j = 0; j < 6; j++) {
+        iv[j] = PyLong_AsLongLong(PyTuple_GET_ITEM(ints, j));
+        if (iv[j] == -1 && PyErr_Occurred())
             return -1;
     }
     const Py_ssize_t N = w->N;
@@ -1038,24 +1102,38 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
         PyErr_SetString(PyExc_ValueError, "run_core: bad block or batch settings");
         return -1;
     }
-    c->engine = (int)PyLong_AsLong(PyTuple_GET_ITEM(pricing, 0));
-    c->layers = PyLong_AsLongLong(PyTuple_GET_ITEM(pricing, 1));
-    c->new_bytes = PyLong_AsLongLong(PyTuple_GET_ITEM(pricing, 2));
-    if (PyErr_Occurred())
-        return -1;
-    const Py_ssize_t nk = PyTuple_GET_SIZE(pricing) - 3;
-    if (nk != (c->engine ? 12 : 11)) {
-        PyErr_SetString(PyExc_ValueError, "run_core: pricing constants of the wrong length");
-        return -1;
-    }
-    for (Py_ssize_t j = 0; j < nk; j++) {   /* the last: seconds a swapped block costs */
-        c->c[j] = PyFloat_AsDouble(PyTuple_GET_ITEM(pricing, 3 + j));
+    c->engine = mode;
+    c->layers = iv[0];
+    c->new_bytes = iv[1];
+    c->graph_max = mode ? iv[2] : -1;
+    c->n_fused = iv[3];
+    c->attn_ops = iv[4];
+    c->eager_ops = iv[5];
+    const Py_ssize_t nk = PyTuple_GET_SIZE(floats);
+    for (Py_ssize_t j = 0; j < nk; j++) {
+        c->c[j] = PyFloat_AsDouble(PyTuple_GET_ITEM(floats, j));
         if (c->c[j] == -1.0 && PyErr_Occurred())
             return -1;
     }
-    c->swap_s_per_block = c->c[nk - 1];
-    c->terms.width = c->engine ? 5 : 2;
-    c->terms_fn = terms_fn;
+    c->swap_s_per_block = c->c[mode ? 11 : 10];
+    c->pad = NULL;
+    if (c->graph_max >= 0) {   /* the padded batch of each token count up to graph_max */
+        Py_buffer pb;
+        if (get_buffer(pad, &pb, "q", 8, c->graph_max + 1, "graph sizes") < 0)
+            return -1;
+        c->pad = malloc((c->graph_max + 1) * sizeof(int64_t));
+        if (c->pad)
+            memcpy(c->pad, pb.buf, (c->graph_max + 1) * sizeof(int64_t));
+        PyBuffer_Release(&pb);
+        if (!c->pad) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    c->lin.width = 2;
+    c->head.width = 1;
+    c->linear_fn = linear_fn;
+    c->head_fn = head_fn;
     c->sink = sink;
     c->chunk = chunk;
     /* running, a plan's entries and the finished of a step: at most max_num_seqs requests */
