@@ -13,29 +13,24 @@ one out restores that); the collector's next pass takes the few cycles made mean
 from __future__ import annotations
 
 import gc
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-_lock = threading.Lock()
-_open = 0                     # blocks open in this process
-_was_enabled: bool = False    # the collector's state before the first of them
+from sim.process_switch import ProcessSwitch
+
+
+def _collector_off() -> bool:
+    was = gc.isenabled()
+    gc.disable()
+    return was
+
+
+_collector = ProcessSwitch(_collector_off, lambda was: gc.enable() if was else None)
 
 
 @contextmanager
 def gc_paused() -> Iterator[None]:
     """The cyclic collector off inside the block (see the module docstring); explicit ``gc.collect()``
     still works."""
-    global _open, _was_enabled
-    with _lock:
-        if _open == 0:
-            _was_enabled = gc.isenabled()
-            gc.disable()
-        _open += 1
-    try:
+    with _collector.block():
         yield
-    finally:
-        with _lock:
-            _open -= 1
-            if _open == 0 and _was_enabled:
-                gc.enable()

@@ -12,15 +12,12 @@ overlap: the first one in saves the setting, the last one out restores it). A us
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import numpy as np
 
-_lock = threading.Lock()
-_open = 0                  # blocks open in this process
-_saved: bool | None = None  # numpy's setting before the first of them
+from sim.process_switch import ProcessSwitch
 
 
 def _switch():
@@ -28,23 +25,16 @@ def _switch():
     return getattr(getattr(np, "_core", np).multiarray, "_set_madvise_hugepage", None)
 
 
+# numpy's setting before the first block is kept and restored after the last (sim/process_switch.py)
+_advice = ProcessSwitch(lambda: _switch()(False), lambda saved: _switch()(saved))
+
+
 @contextmanager
 def small_pages() -> Iterator[None]:
     """numpy's huge-page advice off inside the block (where this numpy has the switch and the user has
     not chosen through ``NUMPY_MADVISE_HUGEPAGE``)."""
-    global _open, _saved
-    switch = _switch()
-    if switch is None or "NUMPY_MADVISE_HUGEPAGE" in os.environ:
+    if _switch() is None or "NUMPY_MADVISE_HUGEPAGE" in os.environ:
         yield
         return
-    with _lock:
-        if _open == 0:
-            _saved = switch(False)
-        _open += 1
-    try:
+    with _advice.block():
         yield
-    finally:
-        with _lock:
-            _open -= 1
-            if _open == 0:
-                switch(_saved)

@@ -593,6 +593,20 @@ static int engine_fixed(Core *c, int64_t tokens, int64_t seqs, int has_prefill, 
 
 static inline double py_max(double a, double b) { return b > a ? b : a; }   /* Python's max(a, b) */
 
+/* the step's breakdown (BREAKDOWN_PARTS: linear, attention, elementwise, allreduce, swap, copy, overhead;
+no copy-on-write without forks) */
+static void set_breakdown(double *bd, double linear, double attention, double elementwise, double comm, double swap,
+                          double overhead)
+{
+    bd[0] = linear;
+    bd[1] = attention;
+    bd[2] = elementwise;
+    bd[3] = comm;
+    bd[4] = swap;
+    bd[5] = 0.0;
+    bd[6] = overhead;
+}
+
 static int price(Core *c)
 {
     int64_t tokens = 0, seqs = 0, pairs = 0, pre_new = 0, pre_ctx = 0, dec_seqs = 0, dec_ctx = 0;
@@ -629,13 +643,8 @@ static int price(Core *c)
         const double gpu = linear + attention + elementwise + comm + k[8];
         const double busy = k[10] != 0.0 ? py_max(gpu, cpu) : gpu + cpu;
         const double duration = busy + k[9] + swap + 0.0;
-        bd[0] = linear;
-        bd[1] = attention;
-        bd[2] = elementwise;
-        bd[3] = comm;
-        bd[4] = swap;
-        bd[5] = 0.0;
-        bd[6] = duration - (linear + attention + elementwise + comm + swap + 0.0);
+        set_breakdown(bd, linear, attention, elementwise, comm, swap,
+                      duration - (linear + attention + elementwise + comm + swap + 0.0));
         c->d = duration;
         return 0;
     }
@@ -658,13 +667,7 @@ static int price(Core *c)
         attention = (double)c->layers * (per_layer + (double)dec_seqs * k[5] + (double)(seqs - dec_seqs) * k[6]);
         elementwise = (double)c->layers * ((double)tokens * k[7] + k[8]);
     }
-    bd[0] = linear;
-    bd[1] = attention;
-    bd[2] = elementwise;
-    bd[3] = comm;
-    bd[4] = swap;
-    bd[5] = 0.0;
-    bd[6] = k[9];
+    set_breakdown(bd, linear, attention, elementwise, comm, swap, k[9]);
     c->d = linear + attention + elementwise + comm + swap + 0.0 + k[9];
     return 0;
 }
