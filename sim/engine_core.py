@@ -141,13 +141,13 @@ def run_core(requests: list[Request], scheduler: ContinuousScheduler, executor: 
     return run_engines(requests, [parts], arrival_delay_s, dest=[0] * len(requests), progress=progress)[0][0]
 
 
-def same_admission(engines: list[EngineParts]) -> bool:
-    """Whether the engines cap and reject a request alike (the settings ``prepare`` reads): the replicas
+def same_admission(schedulers: list[ContinuousScheduler]) -> bool:
+    """Whether these engines cap and reject a request alike (the settings ``prepare`` reads): the replicas
     of one pool."""
-    def key(p: EngineParts) -> tuple:
-        s, m = p.scheduler, p.scheduler.manager
+    def key(s: ContinuousScheduler) -> tuple:
+        m = s.manager
         return (s.max_model_len, s.max_num_batched_tokens, s.config.chunked_prefill, m.block_size, m.num_blocks)
-    return len({key(p) for p in engines}) == 1
+    return len({key(s) for s in schedulers}) == 1
 
 
 def run_engines(requests: list[Request], engines: list[EngineParts], lag: float, *, dest: list[int] | None = None,
@@ -158,7 +158,7 @@ def run_engines(requests: list[Request], engines: list[EngineParts], lag: float,
     engines' ``ReplicaState`` as of that moment). The engines must admit alike (``same_admission``).
     Returns each engine's run and the engine each request went to; errors are raised as the SimPy loop
     raises them."""
-    if not same_admission(engines):
+    if not same_admission([p.scheduler for p in engines]):
         raise ValueError("run_engines: the engines cap or reject requests differently")
     n, m = len(requests), len(engines)
     ints = np.empty((4, n), dtype=np.int64)
@@ -224,7 +224,7 @@ class ReplicaState:
 
 
 def _engine_spec(parts: EngineParts) -> tuple:
-    """core.c's tuple for one engine: settings, pricing constants, per-size terms, the rows' sink."""
+    """core.c's tuple for one engine: settings, the cost model (``_pricing``), the rows' sink, the chunk size."""
     scheduler, recorder = parts.scheduler, parts.recorder
     mgr = scheduler.manager
     cfg = scheduler.config

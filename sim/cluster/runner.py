@@ -139,8 +139,7 @@ def _in_core(pool: list[Replica], requests: list[Request], router: Router) -> bo
     and the router reads at most the replicas' loads and KV usage (no prefix caches)."""
     return (not router.reads_state and all(core_supported(rep.scheduler, rep.manager, rep.engine.executor, requests)
                                            for rep in pool)
-            and same_admission([EngineParts(rep.scheduler, rep.engine.executor, rep.engine.recorder, True, 1)
-                                for rep in pool]))
+            and same_admission([rep.scheduler for rep in pool]))
 
 
 def _check_disaggregated(scn: Scenario, pools: list[Scenario], requests: list[Request]) -> None:
