@@ -2,13 +2,13 @@
 replicas behind one arrival process), where the scenario is one it covers, with the results of
 sim/engine.py's SimPy loop bit for bit.
 
-Covered (``core_supported``): continuous batching under FCFS with recompute or swap preemption, the paged
-manager without prefix caching, requests of one sequence outside shared-prefix groups, the cost model as
+Covered (``core_supported``): continuous batching under FCFS or priority with recompute or swap
+preemption, the paged manager without prefix caching, requests of one sequence outside shared-prefix groups, the cost model as
 executor; in a cluster, a router that reads at most the replicas' loads and KV usage. There a step costs
 about a microsecond instead of tens: the requests' state lives in typed arrays, each step is planned,
 priced, updated and recorded without a Python object, and only the executor's GEMM, all-reduce and LM-head
 times (once per size), the recorder (a chunk of rows at a time), the router (once per request, where
-it reads the replicas) and the progress bar are called back. Everything else (other policies,
+it reads the replicas) and the progress bar are called back. Everything else (round-robin,
 prefix caching, forks, disaggregated pools, the GPU executor) runs the SimPy loop. ``KVSIM_CORE=0`` (or
 ``KVSIM_NATIVE=0``, or ``enabled = False`` here) runs the SimPy loop for every scenario:
 tests/test_engine_core.py compares them.
@@ -51,7 +51,7 @@ def core_supported(scheduler: Any, manager: Any, executor: Any, requests: list[R
     if not enabled or native is None or not hasattr(native, "run_core"):
         return False
     cfg = scheduler.config
-    if (type(scheduler) is not ContinuousScheduler or cfg.policy != "fcfs"
+    if (type(scheduler) is not ContinuousScheduler or cfg.policy not in ("fcfs", "priority")
             or getattr(cfg, "batching", "continuous") != "continuous"):
         return False
     if type(manager) is not KVCacheManager or manager.prefix_cache is not None:
@@ -161,11 +161,12 @@ def run_engines(requests: list[Request], engines: list[EngineParts], lag: float,
     if not same_admission([p.scheduler for p in engines]):
         raise ValueError("run_engines: the engines cap or reject requests differently")
     n, m = len(requests), len(engines)
-    ints = np.empty((4, n), dtype=np.int64)
+    ints = np.empty((5, n), dtype=np.int64)
     ints[0] = np.fromiter((r.req_id for r in requests), dtype=np.int64, count=n)
     ints[1] = np.fromiter((r.prompt_len for r in requests), dtype=np.int64, count=n)
     ints[3], cut = prepare(requests, engines[0].scheduler)
     ints[2] = np.fromiter((r.output_len for r in requests), dtype=np.int64, count=n)
+    ints[4] = np.fromiter((r.priority for r in requests), dtype=np.int64, count=n)
     arrival = np.fromiter((r.arrival_s for r in requests), dtype=np.float64, count=n)
     where = np.full(n, -1, dtype=np.int64) if dest is None else np.array(dest, dtype=np.int64)
     state = np.zeros((m, 3), dtype=np.int64)
@@ -231,7 +232,7 @@ def _engine_spec(parts: EngineParts) -> tuple:
     settings = (mgr.block_size, mgr.num_blocks, cfg.max_num_seqs, scheduler.max_num_batched_tokens,
                 int(cfg.chunked_prefill), int(parts.async_scheduling), int(cfg.victim == "most_generated"),
                 parts.max_stall, mgr.pool.num_free, int(parts.check_integrity), int(cfg.preemption == "swap"),
-                mgr.swap.num_blocks - mgr.swap.num_used)
+                mgr.swap.num_blocks - mgr.swap.num_used, int(cfg.policy == "priority"))
     width, chunk = len(STEP_COLUMNS), Columns.CHUNK_ROWS
 
     def sink(main: memoryview, breakdown: memoryview, m: int) -> None:

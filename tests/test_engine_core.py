@@ -97,6 +97,19 @@ def test_preemption_rejection_and_ties_equal(monkeypatch, victim, async_scheduli
     assert (core.requests.status == "REJECTED").sum() == s["num_rejected"] == 3 and s["num_truncated"] == 1
 
 
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+@pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "whole-prompts"])
+def test_the_priority_policy_equals(monkeypatch, preemption, chunked):
+    """Priorities 0-3 on the pressure case: the batch sorted by priority each step, the waiting queue a
+    heap, the worst-ranked running request preempted, swapped requests back in rank order."""
+    data = _scenario(PRESSURE, policy="priority", preemption=preemption, chunked_prefill=chunked)
+    for i, r in enumerate(data["workload"]["requests"]):
+        r["priority"] = (5 * i) % 4
+    loop, core = _both(monkeypatch, lambda: run_scenario(scenario_from_dict(data), check_integrity=True))
+    assert_same(loop, core)
+    assert core.profile["compiled_core"] and core.summary["num_preemptions"] >= 5
+
+
 @pytest.mark.parametrize("swap_gb", [0.0001, 0.00006], ids=["room", "a-few-blocks"])
 @pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
 @pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "whole-prompts"])
@@ -113,10 +126,12 @@ def test_preemption_by_swap_equals(monkeypatch, swap_gb, async_scheduling, chunk
 
 
 def _into_core(data: dict) -> dict:
-    """A fuzz case moved inside what the core covers: FCFS, continuous batching, the paged
+    """A fuzz case moved inside what the core covers: FCFS or priority, continuous batching, the paged
     manager without prefix caching, one sequence a request outside shared-prefix groups."""
     d = copy.deepcopy(data)
-    d["scheduler"].update(policy="fcfs", batching="continuous")
+    if d["scheduler"].get("policy") not in ("fcfs", "priority"):
+        d["scheduler"]["policy"] = "fcfs"
+    d["scheduler"]["batching"] = "continuous"
     d["kv_cache"].update(allocator="paged", prefix_caching=False)
     work = d["workload"]
     for r in work.get("requests", []):
@@ -178,7 +193,6 @@ def test_what_the_core_does_not_cover_runs_the_loop():
     base["workload"]["synthetic"]["num_requests"] = 20
     cases = {
         "round robin": {"scheduler": {"policy": "round_robin"}},
-        "priority": {"scheduler": {"policy": "priority"}},
         "static batching": {"scheduler": {"batching": "static", "chunked_prefill": False}},
         "prefix caching": {"kv_cache": {"prefix_caching": True}},
         "contiguous": {"kv_cache": {"allocator": "contiguous-max"}},

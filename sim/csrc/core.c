@@ -74,17 +74,17 @@ typedef struct {
     World *w;
     Py_ssize_t N;         /* requests in the world (the per-request arrays are the world's, shared) */
     int64_t index;        /* this engine's position in the world */
-    const int64_t *rid, *prompt, *output, *accepted;
+    const int64_t *rid, *prompt, *output, *accepted, *prio;
     const double *arrival;
     int64_t bs, num_blocks, max_seqs, max_batched, max_stall;
-    int chunked, staging, victim_generated, check, swap;   /* swap: preemption by swap where the CPU space has room */
+    int chunked, staging, victim_generated, check, swap, priority;   /* priority: the priority policy */   /* swap: preemption by swap where the CPU space has room */
     /* requests */
     int64_t *comp, *gen, *tlen, *beyond, *furthest, *npre, *cpu_held;   /* cpu_held: CPU blocks while swapped */
     int8_t *stat, *in_pre;
     int64_t *int_zero;   /* bit 0: first scheduled, bit 1: rejected, while the clock was SimPy's int 0 */
     double *fsched, *ftok, *ltok, *fin, *rej;
     /* queues: running (in rank order), waiting (a ring: preempted requests go to its front), staged */
-    int64_t *running, *order, *done, *wq, *staged, *swapped;
+    int64_t *running, *order, *done, *wq, *staged, *swapped, *tmp;
     double *staged_t;
     Py_ssize_t nrun, wq_head, wq_len, nstaged, nswapped;
     /* the plan being made: entries (request, new tokens, context) and its counters */
@@ -213,25 +213,68 @@ static void release(Core *c, int64_t i)
 }
 
 /* ------------------------------------------------------------------ queues */
+/* the priority policy's order: lower priority value first, then earlier arrival, then lower req_id */
+static int ranks_before(const Core *c, int64_t a, int64_t b)
+{
+    if (c->prio[a] != c->prio[b])
+        return c->prio[a] < c->prio[b];
+    if (c->arrival[a] != c->arrival[b])
+        return c->arrival[a] < c->arrival[b];
+    return c->rid[a] < c->rid[b];
+}
+
+/* The waiting queue: FCFS a ring (a preempted request goes to its front); priority a binary heap on
+ranks_before (sim/sched/queues.py PriorityQueue: a preempted request keeps its rank) */
 static void wq_push_back(Core *c, int64_t i)
 {
-    c->wq[(c->wq_head + c->wq_len) % (c->N + 1)] = i;
-    c->wq_len++;
+    if (!c->priority) {
+        c->wq[(c->wq_head + c->wq_len) % (c->N + 1)] = i;
+        c->wq_len++;
+        return;
+    }
+    Py_ssize_t j = c->wq_len++;
+    while (j > 0 && ranks_before(c, i, c->wq[(j - 1) / 2])) {
+        c->wq[j] = c->wq[(j - 1) / 2];
+        j = (j - 1) / 2;
+    }
+    c->wq[j] = i;
 }
 
 static void wq_push_front(Core *c, int64_t i)
 {
+    if (c->priority) {
+        wq_push_back(c, i);
+        return;
+    }
     c->wq_head = (c->wq_head + c->N) % (c->N + 1);
     c->wq[c->wq_head] = i;
     c->wq_len++;
 }
 
-static int64_t wq_peek(Core *c) { return c->wq[c->wq_head]; }
+static int64_t wq_peek(Core *c) { return c->priority ? c->wq[0] : c->wq[c->wq_head]; }
 
 static void wq_pop(Core *c)
 {
-    c->wq_head = (c->wq_head + 1) % (c->N + 1);
-    c->wq_len--;
+    if (!c->priority) {
+        c->wq_head = (c->wq_head + 1) % (c->N + 1);
+        c->wq_len--;
+        return;
+    }
+    const int64_t last = c->wq[--c->wq_len];
+    Py_ssize_t j = 0;
+    for (;;) {
+        Py_ssize_t k = 2 * j + 1;
+        if (k >= c->wq_len)
+            break;
+        if (k + 1 < c->wq_len && ranks_before(c, c->wq[k + 1], c->wq[k]))
+            k++;
+        if (!ranks_before(c, c->wq[k], last))
+            break;
+        c->wq[j] = c->wq[k];
+        j = k;
+    }
+    if (c->wq_len)
+        c->wq[j] = last;
 }
 
 /* SchedulerBase.add_request (the output cap and the reasons to reject were applied beforehand): 1 queued */
@@ -292,6 +335,12 @@ static int64_t pick_victim(Core *c, const int64_t *order, Py_ssize_t from, Py_ss
         int greater;
         if (c->victim_generated && c->gen[r] != c->gen[best])
             greater = c->gen[r] > c->gen[best];
+        else if (c->victim_generated && c->arrival[r] != c->arrival[best])
+            greater = c->arrival[r] > c->arrival[best];
+        else if (c->victim_generated)
+            greater = c->rid[r] > c->rid[best];
+        else if (c->priority)
+            greater = ranks_before(c, best, r);   /* the worst rank: (priority, arrival, req_id) largest */
         else if (c->arrival[r] != c->arrival[best])
             greater = c->arrival[r] > c->arrival[best];
         else
@@ -369,8 +418,9 @@ static int64_t swap_in(Core *c, double now, int64_t budget)
     for (Py_ssize_t a = 1; a < c->nswapped; a++) {   /* insertion sort by (arrival, req_id): a few */
         const int64_t x = sw[a];
         Py_ssize_t b = a;
-        while (b > 0 && (c->arrival[sw[b - 1]] > c->arrival[x]
-                         || (c->arrival[sw[b - 1]] == c->arrival[x] && c->rid[sw[b - 1]] > c->rid[x]))) {
+        while (b > 0 && (c->priority ? ranks_before(c, x, sw[b - 1])
+                         : c->arrival[sw[b - 1]] > c->arrival[x]
+                               || (c->arrival[sw[b - 1]] == c->arrival[x] && c->rid[sw[b - 1]] > c->rid[x]))) {
             sw[b] = sw[b - 1];
             b--;
         }
@@ -420,7 +470,42 @@ static int admit(Core *c, double now, int64_t budget)
     return 0;
 }
 
-/* ContinuousScheduler.schedule under FCFS without swap or forks */
+/* (priority, chunked prefill and still prefilling, arrival, req_id) of a running request, as the priority
+policy sorts the batch */
+static int batch_before(const Core *c, int64_t a, int64_t b)
+{
+    if (c->prio[a] != c->prio[b])
+        return c->prio[a] < c->prio[b];
+    const int pa = c->chunked && c->in_pre[a], pb = c->chunked && c->in_pre[b];
+    if (pa != pb)
+        return pa < pb;
+    return ranks_before(c, a, b);
+}
+
+/* sort ``v`` (n requests, distinct keys) by batch_before: a bottom-up merge sort through c->tmp */
+static void sort_by_rank(const Core *c, int64_t *v, Py_ssize_t n)
+{
+    int64_t *src = v, *dst = c->tmp;
+    for (Py_ssize_t width = 1; width < n; width *= 2) {
+        for (Py_ssize_t lo = 0; lo < n; lo += 2 * width) {
+            const Py_ssize_t mid = lo + width < n ? lo + width : n, hi = lo + 2 * width < n ? lo + 2 * width : n;
+            Py_ssize_t a = lo, b = mid, k = lo;
+            while (a < mid && b < hi)
+                dst[k++] = batch_before(c, src[b], src[a]) ? src[b++] : src[a++];
+            while (a < mid)
+                dst[k++] = src[a++];
+            while (b < hi)
+                dst[k++] = src[b++];
+        }
+        int64_t *t = src;
+        src = dst;
+        dst = t;
+    }
+    if (src != v)
+        memcpy(v, src, n * sizeof(int64_t));
+}
+
+/* ContinuousScheduler.schedule under FCFS or priority, without rotation or forks */
 static int schedule(Core *c, double now)
 {
     c->st_prefill = c->st_decode = c->st_preempted = c->st_swap_out = c->st_swap_in = 0;
@@ -428,7 +513,11 @@ static int schedule(Core *c, double now)
     int64_t budget = c->max_batched;
     const int64_t *order = c->running;
     const Py_ssize_t n = c->nrun;
-    if (c->chunked && c->n_prefilling) {   /* decodes first, then the prefills, each in running order */
+    if (c->priority) {   /* best rank first (prefills after decodes of the same priority when chunked) */
+        memcpy(c->order, c->running, n * sizeof(int64_t));
+        sort_by_rank(c, c->order, n);
+        order = c->order;
+    } else if (c->chunked && c->n_prefilling) {   /* decodes first, then the prefills, each in running order */
         Py_ssize_t k = 0;
         for (Py_ssize_t j = 0; j < n; j++)
             if (!c->in_pre[c->running[j]])
@@ -1052,6 +1141,7 @@ static void *alloc_n(Py_ssize_t n, size_t item, int *failed)
 static void free_engine(Core *c)
 {
     void *bufs[] = {c->running, c->order, c->done, c->wq, c->staged, c->staged_t, c->e_idx, c->e_new, c->e_ctx, c->swapped,
+                    c->tmp,
                     c->main, c->bd, c->lin.keys, c->lin.vals, c->head.keys, c->head.vals, c->pad, c->tr_rid.p,
                     c->tr_time.p, c->tr_phase.p,
                     c->gap_d.p, c->gap_n.p, c->other.p};
@@ -1068,13 +1158,13 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
     if (!PyArg_ParseTuple(spec, "O!(iO!O!OOO)On", &PyTuple_Type, &cfg, &mode, &PyTuple_Type, &ints, &PyTuple_Type,
                           &floats, &pad, &linear_fn, &head_fn, &sink, &chunk))
         return -1;
-    if (chunk < 1 || PyTuple_GET_SIZE(cfg) != 12 || PyTuple_GET_SIZE(ints) != 6
+    if (chunk < 1 || PyTuple_GET_SIZE(cfg) != 13 || PyTuple_GET_SIZE(ints) != 6
         || PyTuple_GET_SIZE(floats) != (mode ? 18 : 11)) {
         PyErr_SetString(PyExc_ValueError, "run_core: bad sizes, settings or pricing constants");
         return -1;
     }
-    int64_t cv[12], iv[6];
-    for (int j = 0; j < 12; j++) {
+    int64_t cv[13], iv[6];
+    for (int j = 0; j < 13; j++) {
         cv[j] = PyLong_AsLongLong(PyTuple_GET_ITEM(cfg, j));
         if (cv[j] == -1 && PyErr_Occurred())
             return -1;
@@ -1101,6 +1191,7 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
     c->check = (int)cv[9];
     c->swap = (int)cv[10];
     c->cpu_blocks = c->cpu_free = cv[11];
+    c->priority = (int)cv[12];
     if (c->bs < 1 || c->num_blocks < 0 || c->max_seqs < 1) {
         PyErr_SetString(PyExc_ValueError, "run_core: bad block or batch settings");
         return -1;
@@ -1149,6 +1240,7 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
     c->e_new = alloc_n(batch, 8, &failed);
     c->e_ctx = alloc_n(batch, 8, &failed);
     c->swapped = alloc_n(batch, 8, &failed);
+    c->tmp = alloc_n(batch, 8, &failed);
     c->wq = alloc_n(N + 1, 8, &failed);
     c->staged = alloc_n(N, 8, &failed);
     c->staged_t = alloc_n(N, 8, &failed);
@@ -1209,7 +1301,7 @@ PyObject *kv_run_core(PyObject *self, PyObject *args)
         PyObject *obj;
         const char *fmt, *what;
         Py_ssize_t n;
-    } want[6] = {{ints_obj, "q", "requests", 4 * N}, {arrival_obj, "d", "arrivals", N}, {dest_obj, "q", "engines", N},
+    } want[6] = {{ints_obj, "q", "requests", 5 * N}, {arrival_obj, "d", "arrivals", N}, {dest_obj, "q", "engines", N},
                  {state_obj, "q", "replica state", 3 * M}, {counters_obj, "q", "request counters", 5 * N},
                  {times_obj, "d", "request times", 5 * N}};
     for (; got < 6; got++)
@@ -1220,6 +1312,7 @@ PyObject *kv_run_core(PyObject *self, PyObject *args)
     shared.prompt = iv + N;
     shared.output = iv + 2 * N;
     shared.accepted = iv + 3 * N;
+    shared.prio = iv + 4 * N;
     shared.arrival = bufs[1].buf;
     int64_t *oi = bufs[4].buf;   /* status, computed, generated, preemptions, int-zero flags */
     double *of = bufs[5].buf;    /* first scheduled, first token, last token, finish, rejected at */
