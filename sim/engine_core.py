@@ -2,13 +2,13 @@
 replicas behind one arrival process), where the scenario is one it covers, with the results of
 sim/engine.py's SimPy loop bit for bit.
 
-Covered (``core_supported``): continuous batching under FCFS or priority with recompute or swap
-preemption, the paged manager without prefix caching, requests of one sequence outside shared-prefix groups, the cost model as
+Covered (``core_supported``): continuous batching under FCFS, round-robin or priority with recompute or
+swap preemption, the paged manager without prefix caching, requests of one sequence outside shared-prefix groups, the cost model as
 executor; in a cluster, a router that reads at most the replicas' loads and KV usage. There a step costs
 about a microsecond instead of tens: the requests' state lives in typed arrays, each step is planned,
 priced, updated and recorded without a Python object, and only the executor's GEMM, all-reduce and LM-head
 times (once per size), the recorder (a chunk of rows at a time), the router (once per request, where
-it reads the replicas) and the progress bar are called back. Everything else (round-robin,
+it reads the replicas) and the progress bar are called back. Everything else (longest-prefix-first,
 prefix caching, forks, disaggregated pools, the GPU executor) runs the SimPy loop. ``KVSIM_CORE=0`` (or
 ``KVSIM_NATIVE=0``, or ``enabled = False`` here) runs the SimPy loop for every scenario:
 tests/test_engine_core.py compares them.
@@ -51,7 +51,7 @@ def core_supported(scheduler: Any, manager: Any, executor: Any, requests: list[R
     if not enabled or native is None or not hasattr(native, "run_core"):
         return False
     cfg = scheduler.config
-    if (type(scheduler) is not ContinuousScheduler or cfg.policy not in ("fcfs", "priority")
+    if (type(scheduler) is not ContinuousScheduler or cfg.policy not in ("fcfs", "priority", "round_robin")
             or getattr(cfg, "batching", "continuous") != "continuous"):
         return False
     if type(manager) is not KVCacheManager or manager.prefix_cache is not None:
@@ -232,7 +232,8 @@ def _engine_spec(parts: EngineParts) -> tuple:
     settings = (mgr.block_size, mgr.num_blocks, cfg.max_num_seqs, scheduler.max_num_batched_tokens,
                 int(cfg.chunked_prefill), int(parts.async_scheduling), int(cfg.victim == "most_generated"),
                 parts.max_stall, mgr.pool.num_free, int(parts.check_integrity), int(cfg.preemption == "swap"),
-                mgr.swap.num_blocks - mgr.swap.num_used, int(cfg.policy == "priority"))
+                mgr.swap.num_blocks - mgr.swap.num_used, int(cfg.policy == "priority"), int(cfg.policy == "round_robin"),
+                cfg.rr_quantum_steps)
     width, chunk = len(STEP_COLUMNS), Columns.CHUNK_ROWS
 
     def sink(main: memoryview, breakdown: memoryview, m: int) -> None:

@@ -98,6 +98,19 @@ def test_preemption_rejection_and_ties_equal(monkeypatch, victim, async_scheduli
 
 
 @pytest.mark.parametrize("preemption", ["recompute", "swap"])
+@pytest.mark.parametrize("quantum", [1, 4])
+@pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "whole-prompts"])
+def test_round_robin_equals(monkeypatch, preemption, quantum, chunked):
+    """Round-robin's time slice on the pressure case: expired turns rotate to the back of the queue (by
+    swap or recompute), a swapped request comes back at its turn, memory preemptions as under FCFS."""
+    data = _scenario(PRESSURE, policy="round_robin", rr_quantum_steps=quantum, preemption=preemption,
+                     chunked_prefill=chunked)
+    loop, core = _both(monkeypatch, lambda: run_scenario(scenario_from_dict(data), check_integrity=True))
+    assert_same(loop, core)
+    assert core.profile["compiled_core"] and core.summary["num_preemptions"] >= 20
+
+
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
 @pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "whole-prompts"])
 def test_the_priority_policy_equals(monkeypatch, preemption, chunked):
     """Priorities 0-3 on the pressure case: the batch sorted by priority each step, the waiting queue a
@@ -126,10 +139,10 @@ def test_preemption_by_swap_equals(monkeypatch, swap_gb, async_scheduling, chunk
 
 
 def _into_core(data: dict) -> dict:
-    """A fuzz case moved inside what the core covers: FCFS or priority, continuous batching, the paged
+    """A fuzz case moved inside what the core covers: FCFS, round-robin or priority, continuous batching, the paged
     manager without prefix caching, one sequence a request outside shared-prefix groups."""
     d = copy.deepcopy(data)
-    if d["scheduler"].get("policy") not in ("fcfs", "priority"):
+    if d["scheduler"].get("policy") not in ("fcfs", "priority", "round_robin"):
         d["scheduler"]["policy"] = "fcfs"
     d["scheduler"]["batching"] = "continuous"
     d["kv_cache"].update(allocator="paged", prefix_caching=False)
@@ -192,7 +205,7 @@ def test_what_the_core_does_not_cover_runs_the_loop():
     base = _scenario(STRESS["long_decodes"])
     base["workload"]["synthetic"]["num_requests"] = 20
     cases = {
-        "round robin": {"scheduler": {"policy": "round_robin"}},
+        "longest prefix first": {"scheduler": {"policy": "longest_prefix_first"}},
         "static batching": {"scheduler": {"batching": "static", "chunked_prefill": False}},
         "prefix caching": {"kv_cache": {"prefix_caching": True}},
         "contiguous": {"kv_cache": {"allocator": "contiguous-max"}},

@@ -77,9 +77,11 @@ typedef struct {
     const int64_t *rid, *prompt, *output, *accepted, *prio;
     const double *arrival;
     int64_t bs, num_blocks, max_seqs, max_batched, max_stall;
-    int chunked, staging, victim_generated, check, swap, priority;   /* priority: the priority policy */   /* swap: preemption by swap where the CPU space has room */
+    int chunked, staging, victim_generated, check, swap, priority, rr;   /* the priority, round-robin policies */
+    int64_t quantum, step_index;   /* round-robin: a turn's steps; schedule() calls so far */   /* swap: preemption by swap where the CPU space has room */
     /* requests */
     int64_t *comp, *gen, *tlen, *beyond, *furthest, *npre, *cpu_held;   /* cpu_held: CPU blocks while swapped */
+    int64_t *turn;       /* round-robin: the step at which a request's turn began */
     int8_t *stat, *in_pre;
     int64_t *int_zero;   /* bit 0: first scheduled, bit 1: rejected, while the clock was SimPy's int 0 */
     double *fsched, *ftok, *ltok, *fin, *rej;
@@ -94,6 +96,7 @@ typedef struct {
     /* KV counters (sim/kv/manager.py) */
     int64_t free_blocks, held, beyond_final, logical, peak_used, peak_logical, sum_used, sum_logical;
     int64_t n_prefilling, num_preemptions, finished, rejected, submitted, swapped_blocks;
+    int64_t num_swapped;   /* requests swapped out: in ``swapped``, or (round-robin) queued in ``wq`` */
     int64_t cpu_blocks, cpu_free;
     /* results */
     Vec tr_rid, tr_time, tr_phase, gap_d, gap_n, other;
@@ -351,7 +354,10 @@ static int64_t pick_victim(Core *c, const int64_t *order, Py_ssize_t from, Py_ss
     return best;
 }
 
-static int preempt(Core *c, int64_t i, double now)
+/* ContinuousScheduler._preempt: by swap where the CPU space has room, else by recompute; ``rotate``
+(round-robin's time slice) requeues at the back, otherwise a swapped request joins ``swapped`` and a
+recomputed one goes to the front of the queue */
+static int preempt(Core *c, int64_t i, double now, int rotate)
 {
     c->npre[i]++;
     c->num_preemptions++;
@@ -363,10 +369,14 @@ static int preempt(Core *c, int64_t i, double now)
         c->st_swap_out += blocks;
         c->swapped_blocks += blocks;
         release(c, i);
+        c->num_swapped++;
         c->stat[i] = ST_SWAPPED;
         if (mark(c, i, PH_SWAPPED, now) < 0)
             return -1;
-        c->swapped[c->nswapped++] = i;
+        if (rotate)
+            wq_push_back(c, i);
+        else
+            c->swapped[c->nswapped++] = i;
         return 0;
     }
     release(c, i);
@@ -374,7 +384,10 @@ static int preempt(Core *c, int64_t i, double now)
     c->stat[i] = ST_PREEMPTED;
     if (mark(c, i, PH_PREEMPTED, now) < 0)
         return -1;
-    wq_push_front(c, i);
+    if (rotate)
+        wq_push_back(c, i);
+    else
+        wq_push_front(c, i);
     return 0;
 }
 
@@ -397,6 +410,7 @@ static int64_t resume(Core *c, int64_t r, double now, int64_t budget)
     c->cpu_free += held;
     c->cpu_held[r] = 0;
     c->st_swap_in += held;
+    c->num_swapped--;
     note_table(c, r, 0);
     c->held += c->comp[r];
     if (!allocate(c, r, num_new)) {
@@ -404,6 +418,7 @@ static int64_t resume(Core *c, int64_t r, double now, int64_t budget)
         return -1;
     }
     c->stat[r] = ST_RUNNING;
+    c->turn[r] = c->step_index;
     c->running[c->nrun++] = r;
     if (mark(c, r, c->comp[r] < c->prompt[r] ? PH_PREFILL : PH_DECODE, now) < 0)
         return -1;
@@ -445,6 +460,16 @@ static int admit(Core *c, double now, int64_t budget)
     Py_ssize_t seats = c->nrun;
     while (c->wq_len && seats < c->max_seqs && budget > 0) {
         const int64_t r = wq_peek(c);
+        if (c->stat[r] == ST_SWAPPED) {   /* round-robin: a rotated request swapped out, back at its turn */
+            const int64_t got = resume(c, r, now, budget);
+            if (got < 0)
+                return -1;
+            if (got == 0)
+                break;
+            wq_pop(c);
+            budget -= got;
+            continue;
+        }
         int64_t num_new = c->prompt[r] + c->gen[r] - c->comp[r];
         if (num_new > budget) {
             if (!c->chunked && c->ne)
@@ -461,12 +486,70 @@ static int admit(Core *c, double now, int64_t budget)
             c->int_zero[r] |= c->w->int_clock ? 1 : 0;
         }
         c->stat[r] = ST_RUNNING;
+        c->turn[r] = c->step_index;
         c->running[c->nrun++] = r;
         if (mark(c, r, PH_PREFILL, now) < 0)
             return -1;
         add_planned(c, r, num_new);
         budget -= num_new;
     }
+    return 0;
+}
+
+/* ContinuousScheduler._head_fits: whether the next to come back or be admitted gets its blocks now */
+static int head_fits(Core *c)
+{
+    const int64_t r = c->nswapped ? c->swapped[0] : wq_peek(c);
+    const int64_t blocks = (c->prompt[r] + c->gen[r] + c->bs - 1) / c->bs;   /* all its tokens computed */
+    if (c->stat[r] == ST_SWAPPED)
+        return (c->cpu_held[r] > blocks ? c->cpu_held[r] : blocks) <= c->free_blocks;
+    return (blocks > c->tlen[r] ? blocks - c->tlen[r] : 0) <= c->free_blocks;
+}
+
+/* ContinuousScheduler._startable: how many queued requests this step's token budget could start (>= 1) */
+static int64_t startable(Core *c)
+{
+    int64_t budget = c->max_batched - c->nrun, n = 0;
+    for (Py_ssize_t j = 0; j < c->nswapped + c->wq_len; j++) {
+        const int64_t r = j < c->nswapped ? c->swapped[j] : c->wq[(c->wq_head + j - c->nswapped) % (c->N + 1)];
+        const int64_t need = c->stat[r] == ST_SWAPPED ? 1 : c->prompt[r] + c->gen[r] - c->comp[r];
+        if (budget <= 0 || (need > budget && !c->chunked))
+            break;
+        budget -= need;
+        n++;
+    }
+    return n > 1 ? n : 1;
+}
+
+/* ContinuousScheduler._rotate: when the batch is full, turns that have lasted the quantum (longest first,
+at most as many as can start) make way, to the back of the queue; a request still prefilling keeps its
+turn (every turn samples a token: no livelock) */
+static int rotate(Core *c, double now)
+{
+    if (c->nrun < c->max_seqs && head_fits(c))
+        return 0;
+    const int64_t limit = c->step_index - c->quantum, n = startable(c);
+    Py_ssize_t out = 0;
+    for (Py_ssize_t j = 0; j < c->nrun; j++) {   /* in turn order */
+        const int64_t r = c->running[j];
+        if (out == n || c->turn[r] > limit)
+            break;
+        if (!c->in_pre[r])
+            c->done[out++] = r;
+    }
+    if (!out)
+        return 0;
+    Py_ssize_t k = 0, o = 0;
+    for (Py_ssize_t j = 0; j < c->nrun; j++) {
+        if (o < out && c->running[j] == c->done[o])
+            o++;
+        else
+            c->running[k++] = c->running[j];
+    }
+    c->nrun = k;
+    for (Py_ssize_t j = 0; j < out; j++)
+        if (preempt(c, c->done[j], now, 1) < 0)
+            return -1;
     return 0;
 }
 
@@ -505,12 +588,16 @@ static void sort_by_rank(const Core *c, int64_t *v, Py_ssize_t n)
         memcpy(v, src, n * sizeof(int64_t));
 }
 
-/* ContinuousScheduler.schedule under FCFS or priority, without rotation or forks */
+/* ContinuousScheduler.schedule under FCFS, round-robin or priority, without forks */
 static int schedule(Core *c, double now)
 {
     c->st_prefill = c->st_decode = c->st_preempted = c->st_swap_out = c->st_swap_in = 0;
     c->ne = 0;
     int64_t budget = c->max_batched;
+    c->step_index++;
+    if (c->rr && c->nrun && (c->wq_len || c->nswapped) && rotate(c, now) < 0)
+        return -1;
+    const int64_t rotated = c->st_preempted;   /* (its preemptions do not hold back admissions) */
     const int64_t *order = c->running;
     const Py_ssize_t n = c->nrun;
     if (c->priority) {   /* best rank first (prefills after decodes of the same priority when chunked) */
@@ -548,7 +635,7 @@ static int schedule(Core *c, double now)
         int ok = allocate(c, r, num_new);
         while (!ok) {
             const int64_t victim = pick_victim(c, order, idx, n);
-            if (preempt(c, victim, now) < 0)
+            if (preempt(c, victim, now, 0) < 0)
                 return -1;
             if (victim == r)
                 break;
@@ -567,7 +654,7 @@ static int schedule(Core *c, double now)
         c->nrun = k;
     }
     c->st_decode += num_decode;
-    if (c->st_preempted == 0) {
+    if (c->st_preempted == rotated) {
         if (c->nswapped && (budget = swap_in(c, now, budget)) < 0)
             return -1;
         if (!c->nswapped && c->wq_len)
@@ -851,7 +938,7 @@ static int record(Core *c)
     const int64_t used = c->num_blocks - c->free_blocks, bs = c->bs;
     const double row[MAIN_COLS] = {
         c->start, c->d, (double)c->ne, (double)c->st_prefill, (double)c->st_decode, (double)c->nrun,
-        (double)c->wq_len, (double)c->nswapped, (double)used, (double)c->st_preempted, (double)c->st_swap_out,
+        (double)(c->wq_len - (c->num_swapped - c->nswapped)), (double)c->num_swapped, (double)used, (double)c->st_preempted, (double)c->st_swap_out,
         (double)c->st_swap_in, 0.0, (double)c->held,
         (double)(used * bs - c->held - c->beyond_final), (double)c->beyond_final, 0.0,
         (double)(c->free_blocks * bs)};
@@ -927,13 +1014,17 @@ static int check_integrity(Core *c)
         return fail("a negative slot count", reserved, c->beyond_final);
     if (pre != c->n_prefilling)
         return fail("prefilling requests miscounted", c->n_prefilling, pre);
-    int64_t cpu = 0;
-    for (Py_ssize_t j = 0; j < c->nswapped; j++) {
-        const int64_t r = c->swapped[j];
-        if (c->stat[r] != ST_SWAPPED || c->tlen[r] || !c->cpu_held[r])
-            return fail("a swapped request is not held on the CPU alone", c->rid[r], c->cpu_held[r]);
-        cpu += c->cpu_held[r];
+    int64_t cpu = 0, swapped = 0;
+    for (Py_ssize_t i = 0; i < c->N; i++) {
+        if (c->w->dest[i] != c->index || c->stat[i] != ST_SWAPPED)
+            continue;
+        if (c->tlen[i] || !c->cpu_held[i])
+            return fail("a swapped request is not held on the CPU alone", c->rid[i], c->cpu_held[i]);
+        cpu += c->cpu_held[i];
+        swapped++;
     }
+    if (swapped != c->num_swapped)
+        return fail("swapped requests miscounted", c->num_swapped, swapped);
     if (c->cpu_free < 0 || c->cpu_free + cpu != c->cpu_blocks)
         return fail("free + held CPU blocks is not the swap space", c->cpu_free + cpu, c->cpu_blocks);
     return 0;
@@ -1040,7 +1131,7 @@ static int engine_resume(Core *c)
             c->err = ERR_LIVELOCK;
             c->err_stall = c->stall;
             c->err_t = w->now;
-            c->err_waiting = c->wq_len;
+            c->err_waiting = c->wq_len - (c->num_swapped - c->nswapped);
             c->err_running = c->nrun;
             return 0;
         }
@@ -1063,7 +1154,7 @@ static int engine_resume(Core *c)
         if (c->ne == 0) {
             c->err = ERR_DEADLOCK;
             c->err_t = c->start;
-            c->err_waiting = c->wq_len;
+            c->err_waiting = c->wq_len - (c->num_swapped - c->nswapped);
             c->err_running = c->nrun;
             return 0;
         }
@@ -1158,13 +1249,13 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
     if (!PyArg_ParseTuple(spec, "O!(iO!O!OOO)On", &PyTuple_Type, &cfg, &mode, &PyTuple_Type, &ints, &PyTuple_Type,
                           &floats, &pad, &linear_fn, &head_fn, &sink, &chunk))
         return -1;
-    if (chunk < 1 || PyTuple_GET_SIZE(cfg) != 13 || PyTuple_GET_SIZE(ints) != 6
+    if (chunk < 1 || PyTuple_GET_SIZE(cfg) != 15 || PyTuple_GET_SIZE(ints) != 6
         || PyTuple_GET_SIZE(floats) != (mode ? 18 : 11)) {
         PyErr_SetString(PyExc_ValueError, "run_core: bad sizes, settings or pricing constants");
         return -1;
     }
-    int64_t cv[13], iv[6];
-    for (int j = 0; j < 13; j++) {
+    int64_t cv[15], iv[6];
+    for (int j = 0; j < 15; j++) {
         cv[j] = PyLong_AsLongLong(PyTuple_GET_ITEM(cfg, j));
         if (cv[j] == -1 && PyErr_Occurred())
             return -1;
@@ -1192,6 +1283,8 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
     c->swap = (int)cv[10];
     c->cpu_blocks = c->cpu_free = cv[11];
     c->priority = (int)cv[12];
+    c->rr = (int)cv[13];
+    c->quantum = cv[14];
     if (c->bs < 1 || c->num_blocks < 0 || c->max_seqs < 1) {
         PyErr_SetString(PyExc_ValueError, "run_core: bad block or batch settings");
         return -1;
@@ -1322,6 +1415,7 @@ PyObject *kv_run_core(PyObject *self, PyObject *args)
     shared.beyond = alloc_n(N, 8, &failed);
     shared.furthest = alloc_n(N, 8, &failed);
     shared.cpu_held = alloc_n(N, 8, &failed);
+    shared.turn = alloc_n(N, 8, &failed);
     shared.stat = alloc_n(N, 1, &failed);
     shared.in_pre = alloc_n(N, 1, &failed);
     if (failed) {
@@ -1383,6 +1477,7 @@ done:
     free(shared.beyond);
     free(shared.furthest);
     free(shared.cpu_held);
+    free(shared.turn);
     free(shared.stat);
     free(shared.in_pre);
     while (got > 0)
