@@ -1,19 +1,24 @@
-/* The compiled engine core (sim/engine_core.py decides when it runs): one engine's whole run, arrivals,
-scheduler, paged KV accounting, pricing and recording, over typed arrays instead of Python objects.
+/* The compiled engine core (sim/engine_core.py decides when it runs): an engine's whole run, or a
+colocated cluster's, arrivals, scheduling, paged KV accounting, pricing and recording, over typed arrays
+instead of Python objects.
 
-It computes what sim/engine.py's SimPy loop computes with a ContinuousScheduler (FCFS, recompute
-preemption), a KVCacheManager without prefix caching or forked sequences and the cost model, stepping one
-step per event as the plain loop does (no decode runs: a step here costs about a microsecond):
+It computes what sim/engine.py's SimPy loop computes (and sim/cluster/runner.py's, for several engines
+behind one arrival process) with a ContinuousScheduler (FCFS, round-robin or priority; preemption by
+recompute or by swap), a KVCacheManager without prefix caching or forked sequences and the cost model,
+stepping one step per event as the plain loop does (no decode runs: a step here costs about a
+microsecond):
 
-  - two processes, the arrival process and the engine loop, ordered as SimPy orders their events: by time,
-    then priority (a process's start is urgent), then the order in which they were scheduled;
-  - the scheduler's step (sim/sched/continuous.py schedule, _admit, _preempt; base.py update, _finish),
-    the manager's block and slot counters (sim/kv/manager.py, sharing.py: only counts matter without
-    sharing, so a table is its length), the recorder's row (sim/metrics.py record_step), the timeline's
-    state changes and the inter-token gaps (sim/sched/records.py), the watchdog (sim/engine.py);
-  - the cost model's step (sim/executors/cost_model.py execute): the same float operations in the same
-    order; the terms that depend only on a step's size come from the executor itself (a Python call on
-    the first step of each size, then a table lookup).
+  - the processes, the arrival process and each engine loop, ordered as SimPy orders their events: by
+    time, then priority (a process's start is urgent), then the order in which they were scheduled;
+  - the scheduler's step (sim/sched/continuous.py schedule, _rotate, _admit, _preempt, _swap_in; base.py
+    update, _finish), the manager's block, slot and swap counters (sim/kv/manager.py, sharing.py: only
+    counts matter without sharing, so a table is its length), the recorder's row (sim/metrics.py
+    record_step), the timeline's state changes and the inter-token gaps (sim/sched/records.py), the
+    watchdog (sim/engine.py);
+  - the cost model's step (sim/executors/cost_model.py execute, _engine_fixed_terms): the same float
+    operations in the same order; the GEMM, all-reduce and LM-head times come from the executor itself
+    (a Python call for the first step of each size, then a table lookup);
+  - a router that reads the replicas (sim/cluster/routers.py) is called at each arrival.
 
 Rows go to the caller a chunk at a time (``sink``); everything else comes back at the end. */
 #include "native.h"
