@@ -9,7 +9,7 @@
     python benchmarks/engine_bench.py --no-core             # the SimPy loop (sim/engine.py) for every run
     python benchmarks/engine_bench.py --compare             # multi-step on and off (SimPy loop), in this process
     python benchmarks/engine_bench.py --compare --repeat 3  # alternating, the fastest of each mode
-    python benchmarks/engine_bench.py --batch-scaling       # wall time per step at batch 8 and 256
+    python benchmarks/engine_bench.py --batch-scaling       # wall time per step at batch 8 and 256 (core, loop)
     python benchmarks/engine_bench.py --no-lane             # the decode lane off (sim/sched/decode_lane.py)
     python benchmarks/engine_bench.py --stream-compare --repeat 3   # the step table written after / during the run
     python benchmarks/engine_bench.py --yaml hour.yaml      # write the scenario, for `kvsim run hour.yaml`
@@ -87,22 +87,30 @@ def batch_scenario(batch: int) -> dict:
 
 
 def batch_scaling(repeat: int) -> None:
-    """Wall microseconds per step at batch 8 and 256, the decode lane off and on (fastest of ``repeat``)."""
+    """Wall microseconds per step at batch 8 and 256 (fastest of ``repeat``): the compiled core, and the
+    SimPy loop with the decode lane on and off."""
     import sim.sched.continuous as continuous
 
-    best: dict[tuple[int, bool], float] = {}
-    for _ in range(max(1, repeat)):
-        for lane in (False, True):
-            continuous.ContinuousScheduler.use_lane = lane
-            for batch in (8, 256):
-                scn = scenario_from_dict(batch_scenario(batch), base_dir=ROOT / "scenarios")
-                res = run_scenario(scn, check_integrity=False)
-                us = res.profile["simulate_s"] / res.profile["steps"] * 1e6
-                best[batch, lane] = min(best.get((batch, lane), math.inf), us)
-    continuous.ContinuousScheduler.use_lane = True
-    for lane in (False, True):
-        print(f"decode lane {'on ' if lane else 'off'}: batch 8 {best[8, lane]:6.1f} us/step, batch 256 "
-              f"{best[256, lane]:6.1f} us/step: {best[256, lane] / best[8, lane]:.2f}x")
+    modes = {"compiled core": (True, True), "SimPy loop, decode lane on": (False, True),
+             "SimPy loop, decode lane off": (False, False)}
+    best: dict[tuple[str, int], float] = {}
+    core_was = engine_core.enabled
+    try:
+        for _ in range(max(1, repeat)):
+            for name, (core, lane) in modes.items():
+                engine_core.enabled = core and core_was
+                continuous.ContinuousScheduler.use_lane = lane
+                for batch in (8, 256):
+                    scn = scenario_from_dict(batch_scenario(batch), base_dir=ROOT / "scenarios")
+                    res = run_scenario(scn, check_integrity=False)
+                    us = res.profile["simulate_s"] / res.profile["steps"] * 1e6
+                    best[name, batch] = min(best.get((name, batch), math.inf), us)
+    finally:
+        engine_core.enabled = core_was
+        continuous.ContinuousScheduler.use_lane = True
+    for name in modes:
+        print(f"{name:<28}: batch 8 {best[name, 8]:6.2f} us/step, batch 256 {best[name, 256]:6.2f} us/step: "
+              f"{best[name, 256] / best[name, 8]:.2f}x")
 
 
 @contextlib.contextmanager
@@ -227,7 +235,8 @@ def main() -> None:
                     help="write the workload's scenario as YAML (with --double-output, beside a copy of the trace "
                          "with every output doubled) and stop")
     ap.add_argument("--batch-scaling", action="store_true",
-                    help="wall time per step at batch 8 and 256, decode lane off and on (--repeat times)")
+                    help="wall time per step at batch 8 and 256: the core, the SimPy loop with the decode lane on "
+                         "and off (--repeat times)")
     args = ap.parse_args()
     if args.batch_scaling:
         batch_scaling(args.repeat)
