@@ -2,16 +2,17 @@
 replicas behind one arrival process), where the scenario is one it covers, with the results of
 sim/engine.py's SimPy loop bit for bit.
 
-Covered (``core_supported``): continuous batching under FCFS, round-robin or priority with recompute or
-swap preemption, the paged manager without prefix caching, requests of one sequence outside shared-prefix groups, the cost model as
-executor; in a cluster, a router that reads at most the replicas' loads and KV usage. There a step costs
-about a microsecond instead of tens: the requests' state lives in typed arrays, each step is planned,
-priced, updated and recorded without a Python object, and only the executor's GEMM, all-reduce and LM-head
-times (once per size), the recorder (a chunk of rows at a time), the router (once per request, where
-it reads the replicas) and the progress bar are called back. Everything else (longest-prefix-first,
-prefix caching, forks, disaggregated pools, the GPU executor) runs the SimPy loop. ``KVSIM_CORE=0`` (or
-``KVSIM_NATIVE=0``, or ``enabled = False`` here) runs the SimPy loop for every scenario:
-tests/test_engine_core.py compares them.
+Covered (``core_supported``): continuous batching under FCFS, round-robin or priority (or
+longest-prefix-first, which without a prefix cache is FCFS: every match is empty) with recompute or
+swap preemption, the paged manager without prefix caching, requests of one sequence outside
+shared-prefix groups, the cost model as executor; in a cluster, a router that reads at most the
+replicas' loads and KV usage. There a step costs about a microsecond instead of tens: the requests'
+state lives in typed arrays, each step is planned, priced, updated and recorded without a Python object,
+and only the executor's GEMM, all-reduce and LM-head times (once per size), the recorder (a chunk of rows
+at a time), the router (once per request, where it reads the replicas) and the progress bar are called
+back. Everything else (prefix caching, forks and beams, static batching, the contiguous allocators,
+disaggregated pools, the GPU executor) runs the SimPy loop. ``KVSIM_CORE=0`` (or ``KVSIM_NATIVE=0``, or
+``enabled = False`` here) runs the SimPy loop for every scenario: tests/test_engine_core.py compares them.
 
 The core knows what a request's arrival does (the output cap, the reasons to reject it) only as flags:
 ``prepare`` applies them to the requests as ``add_request`` would, the core says when each was handed
@@ -51,7 +52,7 @@ def core_supported(scheduler: Any, manager: Any, executor: Any, requests: list[R
     if not enabled or native is None or not hasattr(native, "run_core"):
         return False
     cfg = scheduler.config
-    if (type(scheduler) is not ContinuousScheduler or cfg.policy not in ("fcfs", "priority", "round_robin")
+    if (type(scheduler) is not ContinuousScheduler or cfg.policy not in ("fcfs", "priority", "round_robin", "longest_prefix_first")
             or getattr(cfg, "batching", "continuous") != "continuous"):
         return False
     if type(manager) is not KVCacheManager or manager.prefix_cache is not None:

@@ -97,6 +97,15 @@ def test_preemption_rejection_and_ties_equal(monkeypatch, victim, async_scheduli
     assert (core.requests.status == "REJECTED").sum() == s["num_rejected"] == 3 and s["num_truncated"] == 1
 
 
+def test_longest_prefix_first_without_a_cache_is_fcfs_in_the_core(monkeypatch):
+    """Without a prefix cache every match is empty, so longest-prefix-first admits in FCFS order: the
+    core runs it as FCFS, with the SimPy loop's results."""
+    data = _scenario(PRESSURE, policy="longest_prefix_first")
+    loop, core = _both(monkeypatch, lambda: run_scenario(scenario_from_dict(data), check_integrity=True))
+    assert_same(loop, core)
+    assert core.profile["compiled_core"] and core.summary["num_preemptions"] >= 5
+
+
 @pytest.mark.parametrize("preemption", ["recompute", "swap"])
 @pytest.mark.parametrize("quantum", [1, 4])
 @pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "whole-prompts"])
@@ -142,7 +151,7 @@ def _into_core(data: dict) -> dict:
     """A fuzz case moved inside what the core covers: FCFS, round-robin or priority, continuous batching, the paged
     manager without prefix caching, one sequence a request outside shared-prefix groups."""
     d = copy.deepcopy(data)
-    if d["scheduler"].get("policy") not in ("fcfs", "priority", "round_robin"):
+    if d["scheduler"].get("policy") not in ("fcfs", "priority", "round_robin", "longest_prefix_first"):
         d["scheduler"]["policy"] = "fcfs"
     d["scheduler"]["batching"] = "continuous"
     d["kv_cache"].update(allocator="paged", prefix_caching=False)
@@ -205,7 +214,6 @@ def test_what_the_core_does_not_cover_runs_the_loop():
     base = _scenario(STRESS["long_decodes"])
     base["workload"]["synthetic"]["num_requests"] = 20
     cases = {
-        "longest prefix first": {"scheduler": {"policy": "longest_prefix_first"}},
         "static batching": {"scheduler": {"batching": "static", "chunked_prefill": False}},
         "prefix caching": {"kv_cache": {"prefix_caching": True}},
         "contiguous": {"kv_cache": {"allocator": "contiguous-max"}},
