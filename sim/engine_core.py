@@ -47,8 +47,9 @@ enabled = os.environ.get("KVSIM_CORE", "1") != "0"
 PROGRESS_EVERY = 500   # steps between two calls of the progress callback (as the SimPy loop's bar reads)
 
 
-def core_supported(scheduler: Any, manager: Any, executor: Any, requests: list[Request]) -> bool:
-    """Whether the compiled core runs this engine (the module docstring lists what it covers)."""
+def core_supported(scheduler: Any, manager: Any, executor: Any, requests: list[Request] | None) -> bool:
+    """Whether the compiled core runs this engine (the module docstring lists what it covers) over
+    ``requests`` (None: they were checked already, ``requests_supported``)."""
     if not enabled or native is None or not hasattr(native, "run_core"):
         return False
     cfg = scheduler.config
@@ -59,6 +60,11 @@ def core_supported(scheduler: Any, manager: Any, executor: Any, requests: list[R
         return False
     if type(executor) is not CostModelExecutor or executor._native_consts is None:
         return False
+    return requests is None or requests_supported(requests)
+
+
+def requests_supported(requests: list[Request]) -> bool:
+    """Whether every request is one the core takes: one sequence, outside shared-prefix groups."""
     return all(r.n == 1 and r.beam_width == 1 and r.prefix_group < 0 for r in requests)
 
 

@@ -35,7 +35,7 @@ from sim.cluster.replica import Replica, build_pool, pool_scenario
 from sim.cluster.results import ClusterResult, cluster_result
 from sim.cluster.routers import Router, make_router
 from sim.engine import wake_times
-from sim.engine_core import EngineParts, core_supported, run_engines, same_admission
+from sim.engine_core import EngineParts, core_supported, requests_supported, run_engines, same_admission
 from sim.errors import KvsimError
 from sim.request import Request, RequestStatus
 from sim.scenario import Scenario
@@ -137,8 +137,8 @@ def _run_in_core(pool: list[Replica], requests: list[Request], router: Router, d
 def _in_core(pool: list[Replica], requests: list[Request], router: Router) -> bool:
     """Whether the compiled core runs this colocated pool: it covers every replica, they admit alike,
     and the router reads at most the replicas' loads and KV usage (no prefix caches)."""
-    return (not router.reads_state and all(core_supported(rep.scheduler, rep.manager, rep.engine.executor, requests)
-                                           for rep in pool)
+    return (not router.reads_state and requests_supported(requests)   # (the requests once, not once a replica)
+            and all(core_supported(rep.scheduler, rep.manager, rep.engine.executor, None) for rep in pool)
             and same_admission([rep.scheduler for rep in pool]))
 
 
