@@ -35,12 +35,19 @@ class CurveBank:
             self.exact.setdefault((int(n), int(k)), []).append(i)
         self._cache: dict[tuple[str, int, int], list[float]] = {}
 
+    def _own(self, n: int, k: int, op: str) -> list[int]:
+        return [i for i in self.exact.get((int(n), int(k)), []) if not op or not self.ops[i] or self.ops[i] == op]
+
+    def owns(self, n: int, k: int, op: str = "") -> bool:
+        """Whether (op, n, k) was measured: its curve is its own, not a mean of other shapes'."""
+        return bool(self._own(n, k, op))
+
     def curve(self, n: int, k: int, op: str = "") -> list[float]:
         """r on the grid for operator ``op`` ("" unknown) and shape (n, k); cached."""
         key = (op, int(n), int(k))
         hit = self._cache.get(key)
         if hit is None:
-            own = [i for i in self.exact.get(key[1:], []) if not op or not self.ops[i] or self.ops[i] == op]
+            own = self._own(n, k, op)
             if own:
                 hit = self.curves[own].mean(axis=0).tolist()
             elif len(self.curves):

@@ -1,0 +1,48 @@
+"""Scale-free features of a GEMM ``[M, K] x [K, N]`` for the learned correction's trees (tree_ensemble.py).
+
+Every feature is a function of (M, N, K) and the GPU's SM count only, so a shape's correction curve can be
+computed when a scenario loads, without the roofline's fitted parameters:
+
+- ln M, ln N, ln K, ln(M N K) and the arithmetic intensity ln(M N K / (M K + N K + M N));
+- per candidate output tile (tm x tn), the waves ceil(tiles / SMs), how full they are (tiles / (waves x
+  SMs)) and the tile's padded work relative to the best tile's (cuBLAS picks among such tiles; where they
+  tie or one wave spills, the measured time jumps);
+- M's filling of a 64-, 128- and 256-row tile, M modulo 16, 32 and 64 (alignment of the token count), and
+  N and K modulo 128.
+
+Invariant: the columns are in ``FEATURE_NAMES`` order; a stored tree ensemble indexes them by position, so
+the order and formulas may only change together with a refit of the shipped calibrations.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# candidate output tiles (rows x columns), as in the tile/wave roofline's search space
+TILES = ((64, 64), (128, 64), (64, 128), (128, 128), (128, 256), (256, 128), (64, 256))
+ROW_BLOCKS = (64, 128, 256)
+M_MODULI = (16, 32, 64)
+
+FEATURE_NAMES = (["ln_m", "ln_n", "ln_k", "ln_mnk", "ln_intensity"]
+                 + [f"{kind}_{tm}x{tn}" for tm, tn in TILES for kind in ("waves", "fill", "rel_work")]
+                 + [f"m_fill_{b}" for b in ROW_BLOCKS] + [f"m_mod_{d}" for d in M_MODULI]
+                 + ["n_mod_128", "k_mod_128"])
+
+
+def gemm_features(m: np.ndarray, n: np.ndarray, k: np.ndarray, num_sms: int) -> np.ndarray:
+    """Rows x ``len(FEATURE_NAMES)`` float64 features of the broadcast arrays m, n, k (positive)."""
+    m, n, k = (np.asarray(x, dtype=float) for x in np.broadcast_arrays(m, n, k))
+    cols = [np.log(m), np.log(n), np.log(k), np.log(m * n * k), np.log(m * n * k / (m * k + n * k + m * n))]
+    work = []
+    for tm, tn in TILES:
+        tiles = np.ceil(m / tm) * np.ceil(n / tn)
+        waves = np.ceil(tiles / num_sms)
+        work.append(waves * tm * tn)
+        cols += [waves, tiles / (waves * num_sms), None]
+    best = np.min(work, axis=0)
+    for i, w in enumerate(work):
+        cols[5 + 3 * i + 2] = w / best
+    cols += [m / (np.ceil(m / b) * b) for b in ROW_BLOCKS]
+    cols += [m % d for d in M_MODULI]
+    cols += [n % 128, k % 128]
+    return np.stack(cols, axis=1)

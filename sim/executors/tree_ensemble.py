@@ -1,0 +1,84 @@
+"""Gradient-boosted regression trees, fitted with scikit-learn and evaluated with numpy alone.
+
+The stored form (plain JSON, part of a calibration's ``gemm_correction["trees"]``) is
+
+    {"base": b,                    the constant the trees add to
+     "features": [name, ...],      the feature columns the trees index (gemm_features.FEATURE_NAMES)
+     "feature": [[f, ...], ...],   per tree, per node in depth-first order: the feature index, -1 at a leaf
+     "split": [[s, ...], ...],     per node: a split's threshold (go left when x[f] <= s), a leaf's value
+                                   (shrinkage included)
+     "right": [[r, ...], ...]}     per node: the index of a split's right child in its tree (0 at a leaf);
+                                   its left child is the next node
+
+    prediction(x) = b + sum over trees of value[leaf reached by x]
+
+Invariants: the fitted model's predictions and ``TreeEnsemble.predict`` agree to the stored rounding (5e-8
+on the values); fitting is deterministic for the same rows (no subsampling, no early stopping); numpy only
+at run time: scikit-learn is imported by ``fit_trees`` alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+# chosen once on the leave-one-model-out folds (README, "The cost model and its validation")
+TREE_SETTINGS = {"max_iter": 300, "learning_rate": 0.05, "max_depth": 6, "min_samples_leaf": 20,
+                 "l2_regularization": 1.0}
+
+
+def fit_trees(x: np.ndarray, y: np.ndarray, feature_names: list[str]) -> dict[str, Any]:
+    """The stored form of a least-squares boosted ensemble fitted to (x, y) with ``TREE_SETTINGS``."""
+    from sklearn.ensemble import HistGradientBoostingRegressor
+
+    model = HistGradientBoostingRegressor(random_state=0, early_stopping=False, **TREE_SETTINGS).fit(x, y)
+    out: dict[str, Any] = {"base": round(float(np.ravel(model._baseline_prediction)[0]), 8),
+                           "features": list(feature_names), "feature": [], "split": [], "right": []}
+    for (tree,) in model._predictors:
+        nodes = tree.nodes
+        leaf = nodes["is_leaf"].astype(bool)
+        split = np.flatnonzero(~leaf)
+        if not np.array_equal(nodes["left"][split], split + 1):
+            raise RuntimeError("scikit-learn's tree nodes are no longer in depth-first order")
+        out["feature"].append(np.where(leaf, -1, nodes["feature_idx"]).astype(int).tolist())
+        out["split"].append([round(float(v), 7) if is_leaf else float(t)
+                             for v, t, is_leaf in zip(nodes["value"], nodes["num_threshold"], leaf)])
+        out["right"].append(np.where(leaf, 0, nodes["right"]).astype(int).tolist())
+    return out
+
+
+class TreeEnsemble:
+    """Evaluates a stored ensemble over rows of features, all trees at once (one pass per tree level)."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.base = float(data["base"])
+        sizes = [len(f) for f in data["feature"]]
+        self.offsets = np.cumsum([0, *sizes[:-1]]).astype(np.int64)
+        flat = {key: np.concatenate([np.asarray(v) for v in data[key]]) if sizes else np.zeros(0)
+                for key in ("feature", "split", "right")}
+        feature = flat["feature"].astype(np.int64)
+        self.is_leaf = feature < 0
+        self.feature = np.where(self.is_leaf, 0, feature)
+        split = flat["split"].astype(float)
+        self.threshold = np.where(self.is_leaf, 0.0, split)
+        self.value = np.where(self.is_leaf, split, 0.0)
+        self.right = flat["right"].astype(np.int64)
+        self.n_features = len(data["features"])
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """base + the sum of every tree's leaf value, per row of ``x`` (rows x n_features)."""
+        x = np.asarray(x, dtype=float).reshape(-1, self.n_features)
+        if not len(self.offsets):
+            return np.full(len(x), self.base)
+        rows = np.arange(len(x))[None, :]
+        node = np.repeat(self.offsets[:, None], len(x), axis=1)  # trees x rows, global node index
+        local_base = node.copy()
+        while True:
+            inner = ~self.is_leaf[node]
+            if not inner.any():
+                break
+            go_left = x[rows, self.feature[node]] <= self.threshold[node]
+            child = np.where(go_left, node + 1, self.right[node] + local_base)
+            node = np.where(inner, child, node)
+        return self.base + self.value[node].sum(axis=0)

@@ -1,0 +1,88 @@
+"""The boosted trees of the GEMM correction: numpy evaluation by hand and against scikit-learn, the GEMM
+features by hand, and the blend into the correction of an unseen shape."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from sim.executors.gemm_features import FEATURE_NAMES, gemm_features
+from sim.executors.shape_correction import factor, factor_scalar
+from sim.executors.tree_ensemble import TreeEnsemble, fit_trees
+
+# two trees over two features, written by hand (nodes in depth-first order, a split's left child next):
+# tree 0: x0 <= 1.5 ? 0.1 : (x1 <= 0 ? -0.2 : 0.3); tree 1: a single leaf 0.05
+HAND = {"base": 1.0, "features": ["a", "b"],
+        "feature": [[0, -1, 1, -1, -1], [-1]], "split": [[1.5, 0.1, 0.0, -0.2, 0.3], [0.05]],
+        "right": [[2, 0, 4, 0, 0], [0]]}
+
+
+def test_hand_built_trees():
+    x = np.array([[1.0, 5.0], [1.5, -1.0], [2.0, -1.0], [2.0, 0.0], [2.0, 0.5]])
+    # row by row: leaf 0.1, 0.1 (1.5 <= 1.5 goes left), -0.2, -0.2 (0 <= 0), 0.3; plus base 1 and 0.05
+    expected = [1.15, 1.15, 0.85, 0.85, 1.35]
+    assert TreeEnsemble(HAND).predict(x) == pytest.approx(expected)
+
+
+def test_numpy_evaluation_matches_scikit_learn():
+    from sklearn.ensemble import HistGradientBoostingRegressor
+
+    from sim.executors.tree_ensemble import TREE_SETTINGS
+
+    rng = np.random.default_rng(7)
+    x = rng.uniform(-2, 2, size=(3000, 4))
+    y = np.sin(2 * x[:, 0]) + 0.5 * (x[:, 1] > 0.3) * x[:, 2] + 0.05 * rng.normal(size=len(x))
+    stored = fit_trees(x, y, ["a", "b", "c", "d"])
+    reference = HistGradientBoostingRegressor(random_state=0, early_stopping=False, **TREE_SETTINGS).fit(x, y)
+    probe = rng.uniform(-3, 3, size=(500, 4))
+    got = TreeEnsemble(stored).predict(probe)
+    assert np.abs(got - reference.predict(probe)).max() < 300 * 5e-8 + 1e-9  # leaf values stored to 7 decimals
+    assert len(stored["feature"]) == TREE_SETTINGS["max_iter"]
+    # deterministic: the same rows give the same stored trees
+    assert fit_trees(x, y, ["a", "b", "c", "d"]) == stored
+
+
+def test_gemm_features_by_hand():
+    # M = 100, N = 300, K = 64 on 108 SMs
+    f = dict(zip(FEATURE_NAMES, gemm_features(np.array([100]), 300, 64, 108)[0]))
+    assert f["ln_m"] == pytest.approx(math.log(100))
+    assert f["ln_mnk"] == pytest.approx(math.log(100 * 300 * 64))
+    assert f["ln_intensity"] == pytest.approx(math.log(100 * 300 * 64 / (100 * 64 + 300 * 64 + 100 * 300)))
+    # 64x64 tiles: 2 x 5 = 10 tiles, one wave, 10 / 108 full, padded work 1 x 64 x 64
+    assert f["waves_64x64"] == 1 and f["fill_64x64"] == pytest.approx(10 / 108)
+    # 256x128: 1 x 3 tiles, one wave of 256 x 128 = 8 x the 64x64 work (the least of every tile)
+    assert f["fill_256x128"] == pytest.approx(3 / 108) and f["rel_work_256x128"] == pytest.approx(8.0)
+    assert f["rel_work_64x64"] == pytest.approx(1.0)
+    assert f["m_fill_64"] == pytest.approx(100 / 128) and f["m_fill_256"] == pytest.approx(100 / 256)
+    assert (f["m_mod_16"], f["m_mod_32"], f["m_mod_64"]) == (4, 4, 36)
+    assert (f["n_mod_128"], f["k_mod_128"]) == (44, 64)
+    # 2,000 tiles of 64x64 over 108 SMs: 19 waves, the last one partly full
+    g = dict(zip(FEATURE_NAMES, gemm_features(np.array([6400]), 1280, 64, 108)[0]))
+    assert g["waves_64x64"] == 19 and g["fill_64x64"] == pytest.approx(2000 / (19 * 108))
+
+
+# a correction with one measured shape (1000, 1000) and the hand-built trees over the GEMM features: the
+# first split reads ln M (feature 0) at ln 50, the second ln N (feature 1) at ln 2000
+TREES = {"base": 0.0, "features": list(FEATURE_NAMES),
+         "feature": [[0, -1, 1, -1, -1]], "split": [[math.log(50), 0.1, math.log(2000), -0.2, 0.3]],
+         "right": [[2, 0, 4, 0, 0]]}
+CORR = {"grid_m": [1, 101], "shapes": [[1000, 1000]], "curves": [[0.0, 0.2]], "width_n": 1.0, "width_k": 1.0,
+        "prior_weight": 0.0, "trees": TREES, "tree_weight": 0.25, "num_sms": 108}
+
+
+def test_an_unseen_shape_blends_the_kernel_mean_and_the_trees():
+    # N = 3000: the kernel mean is the one curve [0, 0.2]; the trees give 0.1 at M = 1 and 0.3 at M = 101
+    # (ln 101 > ln 50, N = 3000 > 2000), so the blended curve is 0.75 x [0, 0.2] + 0.25 x [0.1, 0.3]
+    blended = [0.25 * 0.1, 0.75 * 0.2 + 0.25 * 0.3]
+    assert factor_scalar(CORR, 1, 3000, 1000) == pytest.approx(math.exp(blended[0]))
+    assert factor_scalar(CORR, 51, 3000, 1000) == pytest.approx(math.exp(sum(blended) / 2))
+    # N = 1500 < 2000: the trees' right branch gives -0.2 at M = 101
+    assert factor_scalar(CORR, 101, 1500, 1000) == pytest.approx(math.exp(0.75 * 0.2 - 0.25 * 0.2))
+    assert factor(CORR, np.array([1, 51]), 3000, 1000) == pytest.approx(np.exp([blended[0], sum(blended) / 2]))
+
+
+def test_a_measured_shape_ignores_the_trees():
+    assert factor_scalar(CORR, 101, 1000, 1000) == pytest.approx(math.exp(0.2))
+    assert factor_scalar({**CORR, "tree_weight": 0.0}, 101, 3000, 1000) == pytest.approx(math.exp(0.2))
