@@ -28,6 +28,7 @@ def test_hand_built_trees():
 
 def test_numpy_evaluation_matches_scikit_learn():
     from sklearn.ensemble import HistGradientBoostingRegressor
+    from threadpoolctl import threadpool_limits
 
     from sim.executors.tree_ensemble import TREE_SETTINGS
 
@@ -35,7 +36,8 @@ def test_numpy_evaluation_matches_scikit_learn():
     x = rng.uniform(-2, 2, size=(3000, 4))
     y = np.sin(2 * x[:, 0]) + 0.5 * (x[:, 1] > 0.3) * x[:, 2] + 0.05 * rng.normal(size=len(x))
     stored = fit_trees(x, y, ["a", "b", "c", "d"])
-    reference = HistGradientBoostingRegressor(random_state=0, early_stopping=False, **TREE_SETTINGS).fit(x, y)
+    with threadpool_limits(limits=1):
+        reference = HistGradientBoostingRegressor(random_state=0, early_stopping=False, **TREE_SETTINGS).fit(x, y)
     probe = rng.uniform(-3, 3, size=(500, 4))
     got = TreeEnsemble(stored).predict(probe)
     assert np.abs(got - reference.predict(probe)).max() < 300 * 5e-8 + 1e-9  # leaf values stored to 7 decimals
@@ -86,3 +88,8 @@ def test_an_unseen_shape_blends_the_kernel_mean_and_the_trees():
 def test_a_measured_shape_ignores_the_trees():
     assert factor_scalar(CORR, 101, 1000, 1000) == pytest.approx(math.exp(0.2))
     assert factor_scalar({**CORR, "tree_weight": 0.0}, 101, 3000, 1000) == pytest.approx(math.exp(0.2))
+
+
+def test_no_trees_is_the_base():
+    empty = {"base": 0.25, "features": ["a"], "feature": [], "split": [], "right": []}
+    assert TreeEnsemble(empty).predict(np.zeros((3, 1))).tolist() == [0.25, 0.25, 0.25]

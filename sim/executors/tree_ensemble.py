@@ -13,8 +13,8 @@ The stored form (plain JSON, part of a calibration's ``gemm_correction["trees"]`
     prediction(x) = b + sum over trees of value[leaf reached by x]
 
 Invariants: the fitted model's predictions and ``TreeEnsemble.predict`` agree to the stored rounding (5e-8
-on the values); fitting is deterministic for the same rows (no subsampling, no early stopping); numpy only
-at run time: scikit-learn is imported by ``fit_trees`` alone.
+on the values); fitting is deterministic for the same rows (no subsampling, no early stopping, one thread);
+numpy only at run time: scikit-learn is imported by ``fit_trees`` alone.
 """
 
 from __future__ import annotations
@@ -31,8 +31,12 @@ TREE_SETTINGS = {"max_iter": 300, "learning_rate": 0.05, "max_depth": 6, "min_sa
 def fit_trees(x: np.ndarray, y: np.ndarray, feature_names: list[str]) -> dict[str, Any]:
     """The stored form of a least-squares boosted ensemble fitted to (x, y) with ``TREE_SETTINGS``."""
     from sklearn.ensemble import HistGradientBoostingRegressor
+    from threadpoolctl import threadpool_limits
 
-    model = HistGradientBoostingRegressor(random_state=0, early_stopping=False, **TREE_SETTINGS).fit(x, y)
+    # one thread: as fast here as all of them, the same trees on any machine, and no OpenMP spinning against
+    # other processes (parallel test workers, a sweep's runs)
+    with threadpool_limits(limits=1):
+        model = HistGradientBoostingRegressor(random_state=0, early_stopping=False, **TREE_SETTINGS).fit(x, y)
     out: dict[str, Any] = {"base": round(float(np.ravel(model._baseline_prediction)[0]), 8),
                            "features": list(feature_names), "feature": [], "split": [], "right": []}
     for (tree,) in model._predictors:
@@ -54,16 +58,20 @@ class TreeEnsemble:
     def __init__(self, data: dict[str, Any]) -> None:
         self.base = float(data["base"])
         sizes = [len(f) for f in data["feature"]]
-        self.offsets = np.cumsum([0, *sizes[:-1]]).astype(np.int64)
+        self.offsets = np.cumsum([0, *sizes])[:-1].astype(np.int64)
         flat = {key: np.concatenate([np.asarray(v) for v in data[key]]) if sizes else np.zeros(0)
                 for key in ("feature", "split", "right")}
         feature = flat["feature"].astype(np.int64)
-        self.is_leaf = feature < 0
-        self.feature = np.where(self.is_leaf, 0, feature)
+        leaf = feature < 0
         split = flat["split"].astype(float)
-        self.threshold = np.where(self.is_leaf, 0.0, split)
-        self.value = np.where(self.is_leaf, split, 0.0)
-        self.right = flat["right"].astype(np.int64)
+        node = np.arange(len(feature), dtype=np.int64)
+        first = np.repeat(self.offsets, sizes)  # each node's tree's first node
+        # a leaf leads to itself both ways, so walking every row one level at a time settles at its leaf
+        self.feature = np.where(leaf, 0, feature)
+        self.threshold = np.where(leaf, 0.0, split)
+        self.value = np.where(leaf, split, 0.0)
+        self.left = np.where(leaf, node, node + 1)
+        self.right = np.where(leaf, node, flat["right"].astype(np.int64) + first)
         self.n_features = len(data["features"])
 
     def predict(self, x: np.ndarray) -> np.ndarray:
@@ -71,14 +79,12 @@ class TreeEnsemble:
         x = np.asarray(x, dtype=float).reshape(-1, self.n_features)
         if not len(self.offsets):
             return np.full(len(x), self.base)
-        rows = np.arange(len(x))[None, :]
+        flat_x = x.ravel()
+        row_start = (np.arange(len(x)) * self.n_features)[None, :]
         node = np.repeat(self.offsets[:, None], len(x), axis=1)  # trees x rows, global node index
-        local_base = node.copy()
         while True:
-            inner = ~self.is_leaf[node]
-            if not inner.any():
-                break
-            go_left = x[rows, self.feature[node]] <= self.threshold[node]
-            child = np.where(go_left, node + 1, self.right[node] + local_base)
-            node = np.where(inner, child, node)
-        return self.base + self.value[node].sum(axis=0)
+            left = flat_x[row_start + self.feature[node]] <= self.threshold[node]
+            nxt = np.where(left, self.left[node], self.right[node])
+            if np.array_equal(nxt, node):
+                return self.base + self.value[node].sum(axis=0)
+            node = nxt
