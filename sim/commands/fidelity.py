@@ -29,6 +29,8 @@ def add_parser(sub) -> None:
                    help="cut every stage to at most S seconds at the same rate (a quick look, not the study)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
                    help="override a scenario key in every replay (e.g. frontend.enabled=false)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="replay runs and seeds in this many processes (default 1; same results for any number)")
     p.add_argument("--out", help="folder for fidelity.csv, fidelity.json and parity.png")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.set_defaults(func=main)
@@ -39,13 +41,15 @@ def main(args: argparse.Namespace) -> int:
         raise KvsimError("--seeds", f"must be between 1 and 100, got {args.seeds}")
     if args.duration is not None and not (math.isfinite(args.duration) and args.duration > 0):
         raise KvsimError("--duration", f"must be a positive number of seconds, got {args.duration}")
+    if not 1 <= args.workers <= 256:
+        raise KvsimError("--workers", f"must be between 1 and 256, got {args.workers}")
     out = prepare_out_dir(args.out) if args.out else None
     stages = read_runs(args.runs)
     unknown = sorted(set(args.run) - {s.run for s in stages})
     if unknown:
         raise KvsimError("--run", f"no run named {', '.join(unknown)} in {args.runs}")
     results = evaluate(stages, list(range(args.seeds)), overrides=args.overrides, max_duration_s=args.duration,
-                       runs=args.run or None)
+                       runs=args.run or None, workers=args.workers)
     goals = check_goals(results)
     doc = {"runs_file": str(args.runs), "seeds": args.seeds, "duration_cut_s": args.duration,
            "overrides": args.overrides, "stages": [r.to_json() for r in results], "goals": goals,

@@ -91,7 +91,7 @@ class ShapeCorrection:
         self.trees = TreeEnsemble(data["trees"]) if data.get("trees") else None
         self.tree_weight = float(data.get("tree_weight", 0.0))
         self.num_sms = int(data.get("num_sms", 108))
-        self._blended: dict[tuple[str, int, int], list[float]] = {}
+        self._curves: dict[tuple[str, int, int], list[float]] = {}  # (op or "", n, k) -> curve on grid
         self.local: dict[tuple[str, int, int], LocalPoints] = {}
         for key, pts in data.get("local", {}).items():
             *op, n, k = key.split(",")
@@ -99,22 +99,22 @@ class ShapeCorrection:
 
     def curve(self, n: int, k: int, op: str | None = None) -> list[float]:
         """r on ``grid`` for operator ``op`` (None: unknown) and shape (n, k), without the local points."""
-        if not self.grid:
-            return []
+        key = (op or "", int(n), int(k))
+        hit = self._curves.get(key)
+        if hit is None:
+            hit = self._curves[key] = self._build_curve(*key) if self.grid else []
+        return hit
+
+    def _build_curve(self, op: str, n: int, k: int) -> list[float]:
         if op and self.by_op is not None and op in self.op_names:
             bank, name = self.by_op, op
         else:
             bank, name = self.blind, ""
         if self.trees is None or self.tree_weight <= 0.0 or bank.owns(n, k, name):
             return bank.curve(n, k, name)
-        key = (name, int(n), int(k))
-        hit = self._blended.get(key)
-        if hit is None:
-            x = gemm_features(np.asarray(self.grid), n, k, self.num_sms)
-            w = self.tree_weight
-            hit = ((1.0 - w) * np.asarray(bank.curve(n, k, name)) + w * self.trees.predict(x)).tolist()
-            self._blended[key] = hit
-        return hit
+        x = gemm_features(np.asarray(self.grid), n, k, self.num_sms)
+        w = self.tree_weight
+        return ((1.0 - w) * np.asarray(bank.curve(n, k, name)) + w * self.trees.predict(x)).tolist()
 
     def local_points(self, n: int, k: int, op: str | None = None) -> LocalPoints | None:
         """The local points of (op, n, k), else those of (n, k) for any operator, else None."""

@@ -105,30 +105,59 @@ def stage_engine(steps: pd.DataFrame, window: tuple[float, float]) -> dict[str, 
 
 
 def evaluate(stages: list[MeasuredStage], seeds: list[int], overrides: list[str] | None = None,
-             max_duration_s: float | None = None, runs: list[str] | None = None) -> list[StageResult]:
+             max_duration_s: float | None = None, runs: list[str] | None = None,
+             workers: int = 1) -> list[StageResult]:
     """Replay every run (all stages back to back) once per seed; one StageResult per stage.
 
     ``max_duration_s`` cuts each stage to at most that long (same rate): a quick check, not the study.
+    ``workers`` > 1 replays (run, seed) pairs in that many processes; each replay is seeded on its own, so
+    the results are the same, in the same order, for any number of workers.
     """
     results: list[StageResult] = []
+    tasks: list[tuple[list[MeasuredStage], int, list[str] | None, str]] = []
+    owners: list[list[StageResult]] = []
     for name, run_stages in group_runs(stages).items():
         if runs and name not in runs:
             continue
         if max_duration_s is not None:
             run_stages = [_cut(s, max_duration_s) for s in run_stages]
         stage_results = [StageResult(s) for s in run_stages]
-        for seed in seeds:
-            scn, windows, refused = run_scenario_for(run_stages, seed, overrides, source=f"<fidelity {name}>")
-            result = run_scenario(scn, check_integrity=False) if scn is not None else None
-            served = result.requests if result is not None else _NOTHING
-            for sr, window, n in zip(stage_results, windows, refused):
-                sr.predictions.append(stage_figures(served, window, sr.stage.output_len))
-                sr.refused.append(n)
-                if result is not None:
-                    sr.engine.append(stage_engine(result.steps, window))
-                    sr.kv_blocks, sr.kv_blocks_estimated = gpu_blocks(scn), scn.kv_cache.num_gpu_blocks is None
         results.extend(stage_results)
+        for seed in seeds:
+            tasks.append((run_stages, seed, overrides, name))
+            owners.append(stage_results)
+    for stage_results, replay in zip(owners, _map(_replay, tasks, workers)):
+        for sr, (figures, refused, engine, blocks) in zip(stage_results, replay):
+            sr.predictions.append(figures)
+            sr.refused.append(refused)
+            if engine is not None:
+                sr.engine.append(engine)
+                sr.kv_blocks, sr.kv_blocks_estimated = blocks
     return results
+
+
+def _replay(task: tuple[list[MeasuredStage], int, list[str] | None, str]
+            ) -> list[tuple[dict[str, float], int, dict[str, float] | None, tuple[int, bool]]]:
+    """One run with one seed: per stage (figures, refused requests, engine figures or None when nothing
+    was replayed, (KV blocks, estimated))."""
+    run_stages, seed, overrides, name = task
+    scn, windows, refused = run_scenario_for(run_stages, seed, overrides, source=f"<fidelity {name}>")
+    result = run_scenario(scn, check_integrity=False) if scn is not None else None
+    served = result.requests if result is not None else _NOTHING
+    blocks = (gpu_blocks(scn), scn.kv_cache.num_gpu_blocks is None) if scn is not None else (0, False)
+    return [(stage_figures(served, window, stage.output_len), n,
+             stage_engine(result.steps, window) if result is not None else None, blocks)
+            for stage, window, n in zip(run_stages, windows, refused)]
+
+
+def _map(fn, tasks: list, workers: int) -> list:
+    """``[fn(t) for t in tasks]``, in a process pool of ``workers`` when that is more than one."""
+    if workers <= 1 or len(tasks) <= 1:
+        return [fn(t) for t in tasks]
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=min(workers, len(tasks))) as pool:
+        return list(pool.map(fn, tasks))
 
 
 def _cut(stage: MeasuredStage, max_duration_s: float) -> MeasuredStage:
