@@ -29,17 +29,16 @@ was not measured, by a kernel-weighted mean in (ln N, ln K):
 
 With "trees", a shape that was not measured takes (1 - w_t) x that mean + w_t x the trees' prediction on
 the grid: the trees read the tile, wave and alignment features of (M, N, K) that the kernel mean, which only
-knows how far shapes are apart, cannot (together 5.84% -> 5.5% on A100 and 6.51% -> 5.8% on H100 leave one
-model out, README). A shape measured in training as the same operator takes its own curve instead: the
-correction reproduces what was measured and generalises only to what it has not seen. Plus, when ``local`` holds the exact
-shape, its deltas at M: interpolated linearly in ln M among the local points in the same block of 64
+knows how far shapes are apart, cannot (together 5.84% -> 5.57% on A100 and 6.51% -> 5.78% on H100, leave
+one model out, README). A shape measured in training as the same operator takes its own curve instead: the
+correction reproduces what was measured and generalises only to what it has not seen. Plus, when
+``local`` holds the exact shape, its deltas at M: interpolated linearly in ln M among the local points in the same block of 64
 token counts as M (ceil(M / 64) equal), or else of 128, or else of 256 (the tile heights: a GEMM's time
 steps where M crosses a tile boundary, so a point across one says little about M), or else among all of
 them; flat beyond the points used. The GEMM time is ``roofline x exp(r(M))``.
 
-Invariants: a curve is computed once per (operator, N, K) (numpy, about 50 us; 1-2 ms with the trees) and
-cached; afterwards one
-lookup costs a bisection and a linear interpolation (about 1 us). An empty dict is no correction (factor
+Invariants: a curve is computed once per (operator, N, K) (numpy, about 50 us; 4-6 ms through the trees)
+and cached; afterwards one lookup costs a bisection and a linear interpolation (about 1 us). An empty dict is no correction (factor
 1). Without the "op_*" keys every GEMM is priced operator-blind, as before they existed.
 """
 
