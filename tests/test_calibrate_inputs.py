@@ -115,3 +115,32 @@ def test_loo_without_hardware_and_calibrate_without_hardware(tmp_path: Path):
 def test_loo_needs_two_models():
     r = _run(["validate", "--loo", "--hardware", "a100-80gb", "--measurements", str(VIDUR)])
     _one_line(r, ["error: --measurements: leave-one-model-out needs projection rows of at least two models, found 1"])
+
+
+def _calibration_with(tmp: Path, edit) -> Path:
+    """The shipped H100 calibration with ``edit`` applied to its ``params.gemm_correction``."""
+    import json
+
+    from sim.executors.cost_model import shipped_calibration
+
+    doc = json.loads(shipped_calibration("h100-80gb").read_text())
+    edit(doc["params"]["gemm_correction"])
+    path = tmp / "calib.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.mark.parametrize("edit, what", [
+    (lambda c: c["trees"]["feature"][3].__setitem__(0, 99), "trees: tree 3 node 0: feature 99 (of 34)"),
+    (lambda c: c["trees"]["right"][0].__setitem__(0, 10_000), "trees: tree 0 node 0"),
+    (lambda c: c["trees"].pop("split"), "'split'"),
+    (lambda c: c["curves"][0].pop(), "curves: a curve of 258 points on a grid of 259 token counts"),
+])
+def test_malformed_correction_exits_2_naming_file_and_key(tmp_path: Path, edit, what: str):
+    calib = _calibration_with(tmp_path, edit)
+    r = subprocess.run([sys.executable, "-m", "sim.cli", "run", "scenarios/quickstart.yaml", "--set",
+                        f"executor.calibration={calib}", "--set", "workload.limit=5", "--no-plots"],
+                       capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert f"{calib}: params.gemm_correction:" in r.stderr and what in r.stderr

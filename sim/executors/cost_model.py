@@ -52,6 +52,7 @@ from sim.executors.engine_params import (
     graph_max_tokens_for,
 )
 from sim.executors.roofline import DEFAULT_NUM_SMS, CostParams, allreduce_time, gemm_time_scalar
+from sim.executors.shape_correction import check as check_correction
 from sim.native import native
 from sim.sched.plan import LaneEntries, StepPlan, StepResult
 from sim.specs import HardwareSpec, ModelSpec
@@ -105,9 +106,14 @@ def load_calibration(ref: str, base_dir: Path | None = None) -> tuple[CostParams
         path = shipped
     try:
         data = json.loads(path.read_text())
-        return CostParams.from_dict(data["params"]), data
+        params = CostParams.from_dict(data["params"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise KvsimError(str(path), f"not a kvsim calibration file ({exc})") from exc
+    try:
+        check_correction(params.gemm_correction)
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        raise KvsimError(str(path), f"params.gemm_correction: {exc}") from None
+    return params, data
 
 
 def default_params(hardware: HardwareSpec) -> CostParams:

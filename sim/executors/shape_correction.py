@@ -70,6 +70,11 @@ class ShapeCorrection:
         self.grid = [float(m) for m in data.get("grid_m", [])]
         shapes = [(int(n), int(k)) for n, k in data.get("shapes", [])]
         curves = data.get("curves", [])
+        for name, c in [*(("curves", c) for c in curves), *data.get("op_curves", {}).items()]:
+            if len(c) != len(self.grid):
+                raise ValueError(f"{name}: a curve of {len(c)} points on a grid of {len(self.grid)} token counts")
+        if len(curves) != len(shapes):
+            raise ValueError(f"{len(curves)} curves for {len(shapes)} shapes")
         self.blind = CurveBank(len(self.grid), [("", n, k) for n, k in shapes], curves,
                                float(data.get("width_n", 0.2)), float(data.get("width_k", 0.4)),
                                float(data.get("prior_weight", 0.3)))
@@ -176,6 +181,15 @@ def evaluator(data: dict[str, Any]) -> ShapeCorrection:
     else:
         _EVALUATORS.move_to_end(id(data))
     return hit[1]
+
+
+def check(data: dict[str, Any]) -> None:
+    """Build the evaluator of a stored correction now, so that a malformed one fails where it is read
+    (ValueError, KeyError, TypeError, IndexError or AttributeError) rather than at its first GEMM."""
+    if not isinstance(data, dict):
+        raise TypeError(f"expected a mapping, got {type(data).__name__}")
+    if data:
+        evaluator(data)
 
 
 def factor_scalar(data: dict[str, Any], m: float, n: int, k: int, op: str | None = None) -> float:

@@ -57,6 +57,8 @@ class TreeEnsemble:
 
     def __init__(self, data: dict[str, Any]) -> None:
         self.base = float(data["base"])
+        self.n_features = len(data["features"])
+        _check_trees(data, self.n_features)
         sizes = [len(f) for f in data["feature"]]
         self.offsets = np.cumsum([0, *sizes])[:-1].astype(np.int64)
         flat = {key: np.concatenate([np.asarray(v) for v in data[key]]) if sizes else np.zeros(0)
@@ -72,7 +74,6 @@ class TreeEnsemble:
         self.value = np.where(leaf, split, 0.0)
         self.left = np.where(leaf, node, node + 1)
         self.right = np.where(leaf, node, flat["right"].astype(np.int64) + first)
-        self.n_features = len(data["features"])
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         """base + the sum of every tree's leaf value, per row of ``x`` (rows x n_features)."""
@@ -88,3 +89,20 @@ class TreeEnsemble:
             if np.array_equal(nxt, node):
                 return self.base + self.value[node].sum(axis=0)
             node = nxt
+
+
+def _check_trees(data: dict[str, Any], n_features: int) -> None:
+    """ValueError naming the first tree that is not a well-formed depth-first tree over ``n_features``."""
+    trees = [data["feature"], data["split"], data["right"]]
+    if len({len(t) for t in trees}) != 1:
+        raise ValueError("trees: 'feature', 'split' and 'right' list different numbers of trees")
+    for i, (feature, split, right) in enumerate(zip(*trees)):
+        size = len(feature)
+        if size == 0 or len(split) != size or len(right) != size:
+            raise ValueError(f"trees: tree {i} has no nodes or lists of different lengths")
+        for node, (f, r) in enumerate(zip(feature, right)):
+            if f == -1:
+                continue
+            if not (isinstance(f, int) and 0 <= f < n_features and isinstance(r, int) and node + 1 < r < size):
+                raise ValueError(f"trees: tree {i} node {node}: feature {f!r} (of {n_features}) or right child "
+                                 f"{r!r} (of {size} nodes) out of range")
