@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-# candidate output tiles (rows x columns), as in the tile/wave roofline's search space
+# candidate output tiles (rows x columns): the tile/wave roofline's four (calibrate.TILES) and three narrower ones
 TILES = ((64, 64), (128, 64), (64, 128), (128, 128), (128, 256), (256, 128), (64, 256))
 ROW_BLOCKS = (64, 128, 256)
 M_MODULI = (16, 32, 64)
@@ -33,15 +33,12 @@ def gemm_features(m: np.ndarray, n: np.ndarray, k: np.ndarray, num_sms: int) -> 
     """Rows x ``len(FEATURE_NAMES)`` float64 features of the broadcast arrays m, n, k (positive)."""
     m, n, k = (np.asarray(x, dtype=float) for x in np.broadcast_arrays(m, n, k))
     cols = [np.log(m), np.log(n), np.log(k), np.log(m * n * k), np.log(m * n * k / (m * k + n * k + m * n))]
-    work = []
-    for tm, tn in TILES:
-        tiles = np.ceil(m / tm) * np.ceil(n / tn)
-        waves = np.ceil(tiles / num_sms)
-        work.append(waves * tm * tn)
-        cols += [waves, tiles / (waves * num_sms), None]
+    tiles = [np.ceil(m / tm) * np.ceil(n / tn) for tm, tn in TILES]
+    waves = [np.ceil(t / num_sms) for t in tiles]
+    work = [w * tm * tn for w, (tm, tn) in zip(waves, TILES)]
     best = np.min(work, axis=0)
-    for i, w in enumerate(work):
-        cols[5 + 3 * i + 2] = w / best
+    for t, w, wk in zip(tiles, waves, work):
+        cols += [w, t / (w * num_sms), wk / best]
     cols += [m / (np.ceil(m / b) * b) for b in ROW_BLOCKS]
     cols += [m % d for d in M_MODULI]
     cols += [n % 128, k % 128]
