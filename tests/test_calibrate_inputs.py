@@ -131,7 +131,9 @@ def _calibration_with(tmp: Path, edit) -> Path:
 
 
 @pytest.mark.parametrize("edit, what", [
-    (lambda c: c["trees"]["feature"][3].__setitem__(0, 99), "trees: tree 3 node 0: feature 99 (of 34)"),
+    # 38 features: 5 logs, 3 for each of 7 tiles, 3 row fills, 3 moduli of M, N and K modulo 128, 4 operators
+    (lambda c: c["trees"]["feature"][3].__setitem__(0, 99), "trees: tree 3 node 0: feature 99 (of 38)"),
+    (lambda c: c["trees"]["features"].reverse(), "trees: their features are not gemm_features.FEATURE_NAMES"),
     (lambda c: c["trees"]["right"][0].__setitem__(0, 10_000), "trees: tree 0 node 0"),
     (lambda c: c["trees"].pop("split"), "'split'"),
     (lambda c: c["curves"][0].pop(), "curves: a curve of 258 points on a grid of 259 token counts"),

@@ -93,3 +93,38 @@ def test_a_measured_shape_ignores_the_trees():
 def test_no_trees_is_the_base():
     empty = {"base": 0.25, "features": ["a"], "feature": [], "split": [], "right": []}
     assert TreeEnsemble(empty).predict(np.zeros((3, 1))).tolist() == [0.25, 0.25, 0.25]
+
+
+def test_operator_columns():
+    names = ["op_attn_pre_proj", "op_attn_post_proj", "op_mlp_up_proj", "op_mlp_down_proj"]
+    assert FEATURE_NAMES[-4:] == names
+    up = dict(zip(FEATURE_NAMES, gemm_features(np.array([8]), 4096, 4096, 132, "mlp_up_proj")[0]))
+    assert [up[n] for n in names] == [0, 0, 1, 0]
+    blind = gemm_features(np.array([8, 16]), 4096, 4096, 132)
+    assert (blind[:, -4:] == 0).all()
+    # one name per row
+    rows = gemm_features(np.array([8, 8]), 4096, 4096, 132, np.array(["attn_post_proj", "mlp_down_proj"], dtype=object))
+    assert rows[:, -4:].tolist() == [[0, 1, 0, 0], [0, 0, 0, 1]]
+    # the shape columns do not depend on the operator
+    assert (rows[:, :-4] == blind[:1, :-4]).all()
+
+
+# one tree over the operator column op_mlp_up_proj: 0.4 for an MLP up projection, else 0
+UP = FEATURE_NAMES.index("op_mlp_up_proj")
+OP_TREES = {"base": 0.0, "features": list(FEATURE_NAMES), "feature": [[UP, -1, -1]], "split": [[0.5, 0.0, 0.4]],
+            "right": [[2, 0, 0]]}
+OP_CORR = {**CORR, "trees": OP_TREES, "tree_weight": 0.5, "prior_weight": 1e-9}
+
+
+def test_the_trees_read_the_operator_and_average_over_the_four_without_one():
+    # N = 3000 is unseen: the kernel mean is the one curve [0, 0.2] (prior weight ~0); at M = 1 it is 0
+    assert factor_scalar(OP_CORR, 1, 3000, 1000, "mlp_up_proj") == pytest.approx(math.exp(0.5 * 0.4))
+    assert factor_scalar(OP_CORR, 1, 3000, 1000, "attn_pre_proj") == pytest.approx(1.0)
+    # the LM head (no projection): the mean of 0.4, 0, 0, 0
+    assert factor_scalar(OP_CORR, 1, 3000, 1000) == pytest.approx(math.exp(0.5 * 0.1))
+    assert factor_scalar(OP_CORR, 1, 3000, 1000, "lm_head") == pytest.approx(math.exp(0.5 * 0.1))
+
+
+def test_an_ensemble_fitted_before_the_operator_columns_reads_the_first_ones():
+    old = {**TREES, "features": list(FEATURE_NAMES[:-4])}
+    assert factor_scalar({**CORR, "trees": old}, 1, 3000, 1000) == pytest.approx(math.exp(0.25 * 0.1))

@@ -8,15 +8,26 @@ computed when a scenario loads, without the roofline's fitted parameters:
   SMs)) and the tile's padded work relative to the best tile's (cuBLAS picks among such tiles; where they
   tie or one wave spills, the measured time jumps);
 - M's filling of a 64-, 128- and 256-row tile, M modulo 16, 32 and 64 (alignment of the token count), and
-  N and K modulo 128.
+  N and K modulo 128;
+- which of the four projections the GEMM computes (one column each, 1 for its operator): in Vidur's tables
+  one (N, K) timed as a QKV projection and as an MLP up projection differs by 6-9%, and the trees learn
+  that offset across models (leave one model out: A100 5.57% -> 5.29%, H100 5.78% -> 5.44%, README). A GEMM
+  of no projection (the LM head) has zeros there; shape_correction.py averages the trees over the four
+  operators for it instead.
 
 Invariant: the columns are in ``FEATURE_NAMES`` order; a stored tree ensemble indexes them by position, so
-the order and formulas may only change together with a refit of the shipped calibrations.
+the order and formulas may only change together with a refit of the shipped calibrations. Columns are only
+ever appended: an ensemble over the first ``n`` of them (a calibration fitted before the operator columns)
+is evaluated on those ``n``.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+
+from sim.executors.measurements import LINEAR_OPS
 
 # candidate output tiles (rows x columns): the tile/wave roofline's four (calibrate.TILES) and three narrower ones
 TILES = ((64, 64), (128, 64), (64, 128), (128, 128), (128, 256), (256, 128), (64, 256))
@@ -26,12 +37,16 @@ M_MODULI = (16, 32, 64)
 FEATURE_NAMES = (["ln_m", "ln_n", "ln_k", "ln_mnk", "ln_intensity"]
                  + [f"{kind}_{tm}x{tn}" for tm, tn in TILES for kind in ("waves", "fill", "rel_work")]
                  + [f"m_fill_{b}" for b in ROW_BLOCKS] + [f"m_mod_{d}" for d in M_MODULI]
-                 + ["n_mod_128", "k_mod_128"])
+                 + ["n_mod_128", "k_mod_128"]
+                 + [f"op_{o}" for o in LINEAR_OPS])
 
 
-def gemm_features(m: np.ndarray, n: np.ndarray, k: np.ndarray, num_sms: int) -> np.ndarray:
-    """Rows x ``len(FEATURE_NAMES)`` float64 features of the broadcast arrays m, n, k (positive)."""
-    m, n, k = (np.asarray(x, dtype=float) for x in np.broadcast_arrays(m, n, k))
+def gemm_features(m: np.ndarray, n: np.ndarray, k: np.ndarray, num_sms: int, op: Any = None) -> np.ndarray:
+    """Rows x ``len(FEATURE_NAMES)`` float64 features of the broadcast arrays m, n, k (positive) and operator
+    names ``op`` (a name, an array of them, or None: no projection)."""
+    ops = np.asarray("" if op is None else op, dtype=object)
+    m, n, k, ops = np.broadcast_arrays(np.asarray(m, dtype=float), np.asarray(n, dtype=float),
+                                       np.asarray(k, dtype=float), ops)
     cols = [np.log(m), np.log(n), np.log(k), np.log(m * n * k), np.log(m * n * k / (m * k + n * k + m * n))]
     tiles = [np.ceil(m / tm) * np.ceil(n / tn) for tm, tn in TILES]
     waves = [np.ceil(t / num_sms) for t in tiles]
@@ -42,4 +57,5 @@ def gemm_features(m: np.ndarray, n: np.ndarray, k: np.ndarray, num_sms: int) -> 
     cols += [m / (np.ceil(m / b) * b) for b in ROW_BLOCKS]
     cols += [m % d for d in M_MODULI]
     cols += [n % 128, k % 128]
-    return np.stack(cols, axis=1)
+    cols += [(ops == o).astype(float) for o in LINEAR_OPS]
+    return np.stack([np.ravel(c) for c in cols], axis=1)

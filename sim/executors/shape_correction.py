@@ -28,9 +28,9 @@ was not measured, by a kernel-weighted mean in (ln N, ln K):
 - any other GEMM (the LM head, a router) or a correction without "ops": the pooled curves, operator-blind.
 
 With "trees", a shape that was not measured takes (1 - w_t) x that mean + w_t x the trees' prediction on
-the grid: the trees read the tile, wave and alignment features of (M, N, K) that the kernel mean, which only
-knows how far shapes are apart, cannot (together 5.84% -> 5.57% on A100 and 6.51% -> 5.78% on H100, leave
-one model out, README). A shape measured in training as the same operator takes its own curve instead: the
+the grid: the trees read the tile, wave and alignment features of (M, N, K) and the operator, which the
+kernel mean, knowing only how far shapes are apart, cannot (together 5.84% -> 5.29% on A100 and 6.51% ->
+5.44% on H100, leave one model out, README); for a GEMM of no projection, their mean over the four. A shape measured in training as the same operator takes its own curve instead: the
 correction reproduces what was measured and generalises only to what it has not seen. Plus, when
 ``local`` holds the exact shape, its deltas at M: interpolated linearly in ln M among the local points in the same block of 64
 token counts as M (ceil(M / 64) equal), or else of 128, or else of 256 (the tile heights: a GEMM's time
@@ -52,7 +52,8 @@ from typing import Any
 import numpy as np
 
 from sim.executors.curve_bank import CurveBank
-from sim.executors.gemm_features import gemm_features
+from sim.executors.gemm_features import FEATURE_NAMES, gemm_features
+from sim.executors.measurements import LINEAR_OPS
 from sim.executors.tree_ensemble import TreeEnsemble
 
 # id(stored dict) -> (the dict, its evaluator), the most recently used last; holding the dict keeps its id
@@ -93,6 +94,9 @@ class ShapeCorrection:
                                    float(data["op_width_k"]), float(data["op_prior_weight"]),
                                    float(data["op_weight"]))
         self.trees = TreeEnsemble(data["trees"]) if data.get("trees") else None
+        if self.trees is not None and data["trees"]["features"] != FEATURE_NAMES[:self.trees.n_features]:
+            raise ValueError("trees: their features are not gemm_features.FEATURE_NAMES (or its first ones): "
+                             "refit the calibration")
         self.tree_weight = float(data.get("tree_weight", 0.0))
         self.num_sms = int(data.get("num_sms", 108))
         self._curves: dict[tuple[str, int, int], list[float]] = {}  # (op or "", n, k) -> curve on grid
@@ -116,9 +120,18 @@ class ShapeCorrection:
             bank, name = self.blind, ""
         if self.trees is None or self.tree_weight <= 0.0 or bank.owns(n, k, name):
             return bank.curve(n, k, name)
-        x = gemm_features(np.asarray(self.grid), n, k, self.num_sms)
         w = self.tree_weight
-        return ((1.0 - w) * np.asarray(bank.curve(n, k, name)) + w * self.trees.predict(x)).tolist()
+        return ((1.0 - w) * np.asarray(bank.curve(n, k, name)) + w * self._tree_curve(op, n, k)).tolist()
+
+    def _tree_curve(self, op: str, n: int, k: int) -> np.ndarray:
+        """The trees on ``grid`` for (op, n, k); for a GEMM of no projection (or one the trees have no column
+        for), their mean over the four projections."""
+        assert self.trees is not None
+        used = self.trees.n_features
+        if op in LINEAR_OPS or used < len(FEATURE_NAMES):   # (an older ensemble reads no operator columns)
+            return self.trees.predict(gemm_features(np.asarray(self.grid), n, k, self.num_sms, op or None)[:, :used])
+        x = gemm_features(np.asarray(self.grid), n, k, self.num_sms, np.array(LINEAR_OPS, dtype=object)[:, None])
+        return self.trees.predict(x).reshape(len(LINEAR_OPS), len(self.grid)).mean(axis=0)
 
     def local_points(self, n: int, k: int, op: str | None = None) -> LocalPoints | None:
         """The local points of (op, n, k), else those of (n, k) for any operator, else None."""
