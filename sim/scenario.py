@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from sim import limits as L
 from sim.cluster.config import ClusterConfig
 from sim.errors import KvsimError
+from sim.hf_config import is_config_path, load_hf_config
 from sim.specs import HardwareSpec, ModelSpec, check_preset
 from sim.workload.config import WorkloadConfig
 from sim.yamlfile import parse_yaml, read_text_bounded
@@ -191,11 +192,14 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.split("."), value
 
 
-def _preset_mapping(section: str, name: Any) -> Any:
-    """A preset name (model or hardware) as its mapping, so one field of it can be overridden."""
+def _preset_mapping(section: str, name: Any, base_dir: Path | str = ".") -> Any:
+    """A preset name (model or hardware) or a model's config.json as its mapping, so one field of it can be
+    overridden."""
     if section not in ("model", "hardware") or not isinstance(name, str | None):
         return name
     name = name if name is not None else Scenario.model_fields[section].default
+    if section == "model" and is_config_path(name):
+        return load_hf_config(Path(base_dir) / name).model_dump()
     try:
         spec = ModelSpec.from_name(name) if section == "model" else HardwareSpec.from_name(name)
     except KeyError as e:
@@ -203,12 +207,13 @@ def _preset_mapping(section: str, name: Any) -> Any:
     return spec.model_dump()
 
 
-def apply_override(data: dict, path: list[str], value: Any) -> None:
-    """Set ``data[path...] = value``; a model or hardware preset name becomes its mapping first, so
-    ``hardware.tensor_parallel=2`` works on a scenario that names a preset."""
+def apply_override(data: dict, path: list[str], value: Any, base_dir: Path | str = ".") -> None:
+    """Set ``data[path...] = value``; a model or hardware preset name (or a model's config.json, relative to
+    ``base_dir``) becomes its mapping first, so ``hardware.tensor_parallel=2`` works on a scenario that
+    names a preset."""
     node = data
     if len(path) > 1:
-        node[path[0]] = _preset_mapping(path[0], node.get(path[0]))
+        node[path[0]] = _preset_mapping(path[0], node.get(path[0]), base_dir)
     for part in path[:-1]:
         child = node.get(part)
         if not isinstance(child, dict):
@@ -271,8 +276,10 @@ def scenario_from_dict(
     overridden: set[tuple] = set()
     for text in overrides or []:
         path, value = parse_override(text)
-        apply_override(data, path, value)
+        apply_override(data, path, value, base_dir)
         overridden.add(tuple(path))
+    if is_config_path(data.get("model")):   # a Hugging Face config.json (sim/hf_config.py)
+        data["model"] = load_hf_config(Path(base_dir) / data["model"]).model_dump()
     try:
         scn = Scenario.model_validate(data)
     except ValidationError as e:

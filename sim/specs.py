@@ -93,7 +93,8 @@ class ModelSpec(BaseModel):
     def from_name(cls, name: str) -> ModelSpec:
         key = name.lower()
         if key not in MODEL_PRESETS:
-            raise KeyError(f"unknown model preset {name!r}; known: {', '.join(sorted(MODEL_PRESETS))}")
+            raise KeyError(f"unknown model preset {name!r}; known: {', '.join(sorted(MODEL_PRESETS))} "
+                           "(or a Hugging Face config.json path)")
         return MODEL_PRESETS[key]
 
 
@@ -160,10 +161,10 @@ def kv_capacity_blocks(
 
 
 def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, inter: int, vocab: int, max_len: int,
-           **kw) -> ModelSpec:
+           head_dim: int | None = None, **kw) -> ModelSpec:
     return ModelSpec(name=name, num_layers=layers, hidden_size=hidden, num_heads=heads, num_kv_heads=kv,
-                     head_dim=hidden // heads, intermediate_size=inter, vocab_size=vocab, max_model_len=max_len,
-                     **kw)
+                     head_dim=head_dim or hidden // heads, intermediate_size=inter, vocab_size=vocab,
+                     max_model_len=max_len, **kw)
 
 
 # Model presets: numbers from each model's config.json on the Hugging Face Hub
@@ -196,6 +197,29 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     # mistralai/Mixtral-8x7B-v0.1 config.json: 8 experts of 14336, 2 a token (num_local_experts,
     # num_experts_per_tok), 32k context
     "mixtral-8x7b": _llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 32768, num_experts=8, experts_per_token=2),
+    # meta-llama/Llama-3.3-70B-Instruct: the Llama-3.1-70B shapes
+    "llama-3.3-70b": _llama("llama-3.3-70b", 80, 8192, 64, 8, 28672, 128256, 131072),
+    # meta-llama/Llama-3.2-1B(-Instruct) and -3B config.json: tied embeddings
+    "llama-3.2-1b": _llama("llama-3.2-1b", 16, 2048, 32, 8, 8192, 128256, 131072, tied_embeddings=True),
+    "llama-3.2-3b": _llama("llama-3.2-3b", 28, 3072, 24, 8, 8192, 128256, 131072, tied_embeddings=True),
+    # codellama/CodeLlama-7b-Instruct-hf and -13b config.json (Llama-2 shapes, 32,016 tokens, 16k context)
+    "codellama-7b": _llama("codellama-7b", 32, 4096, 32, 32, 11008, 32016, 16384),
+    "codellama-13b": _llama("codellama-13b", 40, 5120, 40, 40, 13824, 32016, 16384),
+    # Qwen/Qwen2.5-*-Instruct config.json (max_position_embeddings 32768; the QKV biases are not priced);
+    # the 1.5B and 3B tie their embeddings
+    "qwen2.5-1.5b": _llama("qwen2.5-1.5b", 28, 1536, 12, 2, 8960, 151936, 32768, tied_embeddings=True),
+    "qwen2.5-3b": _llama("qwen2.5-3b", 36, 2048, 16, 2, 11008, 151936, 32768, tied_embeddings=True),
+    "qwen2.5-7b": _llama("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, 32768),
+    "qwen2.5-14b": _llama("qwen2.5-14b", 48, 5120, 40, 8, 13824, 152064, 32768),
+    "qwen2.5-32b": _llama("qwen2.5-32b", 64, 5120, 40, 8, 27648, 152064, 32768),
+    "qwen2.5-72b": _llama("qwen2.5-72b", 80, 8192, 64, 8, 29568, 152064, 32768),
+    # mistralai/Mistral-Small-24B-Instruct-2501 config.json: head_dim 128 (not 5120 / 32)
+    "mistral-small-24b": _llama("mistral-small-24b", 40, 5120, 32, 8, 32768, 131072, 32768, head_dim=128),
+    # microsoft/phi-4 config.json (Phi3ForCausalLM: a fused, gated gate/up projection)
+    "phi-4": _llama("phi-4", 40, 5120, 40, 10, 17920, 100352, 16384),
+    # ibm-granite/granite-3.1-8b-instruct config.json (its embedding, attention and residual multipliers
+    # change no shape); tied embeddings
+    "granite-3.1-8b": _llama("granite-3.1-8b", 40, 4096, 32, 8, 12800, 49155, 131072, tied_embeddings=True),
     # A toy shape for running the real backend on a CPU: 2 layers, hidden 256, 4 heads, 2 KV heads
     "tiny-llama": _llama("tiny-llama", 2, 256, 4, 2, 512, 1024, 4096),
 }

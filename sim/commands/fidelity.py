@@ -1,4 +1,5 @@
 """kvsim fidelity RUNS.csv [--out DIR] [--json] [--seeds N] [--run NAME ...] [--duration S] [--set k=v ...]
+                         [--model ID=CONFIG.json ...]
 
 Replays measured serving runs (the format of sim/data/ground_truth/vllm_h100_runs.csv, docs/fidelity.md)
 as kvsim scenarios, several seeds each, and prints per run and stage the measured and predicted TTFT and
@@ -17,7 +18,9 @@ from sim.fidelity.evaluate import evaluate
 from sim.fidelity.goals import check_goals
 from sim.fidelity.report import parity_figure, results_frame, text_table
 from sim.fidelity.runs import read_runs
+from sim.hf_config import load_hf_config
 from sim.output import prepare_out_dir, write_atomic, write_text
+from sim.specs import ModelSpec
 
 
 def add_parser(sub) -> None:
@@ -27,6 +30,9 @@ def add_parser(sub) -> None:
     p.add_argument("--run", action="append", default=[], metavar="NAME", help="only this run (repeatable)")
     p.add_argument("--duration", type=float, default=None, metavar="S",
                    help="cut every stage to at most S seconds at the same rate (a quick look, not the study)")
+    p.add_argument("--model", dest="models", action="append", default=[], metavar="ID=CONFIG.json",
+                   help="a model of the runs file with no kvsim preset, from its Hugging Face config.json "
+                        "(repeatable)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
                    help="override a scenario key in every replay (e.g. frontend.enabled=false)")
     p.add_argument("--workers", type=int, default=1,
@@ -34,6 +40,17 @@ def add_parser(sub) -> None:
     p.add_argument("--out", help="folder for fidelity.csv, fidelity.json and parity.png")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.set_defaults(func=main)
+
+
+def _models(items: list[str]) -> dict[str, ModelSpec]:
+    """``--model ID=PATH`` options as {ID: the spec of the config.json at PATH}."""
+    out = {}
+    for item in items:
+        model_id, sep, path = item.partition("=")
+        if not sep or not model_id.strip() or not path.strip():
+            raise KvsimError("--model", f"expected MODEL_ID=path/to/config.json, got {item!r}")
+        out[model_id.strip()] = load_hf_config(path.strip(), name=model_id.strip())
+    return out
 
 
 def main(args: argparse.Namespace) -> int:
@@ -44,7 +61,7 @@ def main(args: argparse.Namespace) -> int:
     if not 1 <= args.workers <= 256:
         raise KvsimError("--workers", f"must be between 1 and 256, got {args.workers}")
     out = prepare_out_dir(args.out) if args.out else None
-    stages = read_runs(args.runs)
+    stages = read_runs(args.runs, models=_models(args.models))
     unknown = sorted(set(args.run) - {s.run for s in stages})
     if unknown:
         raise KvsimError("--run", f"no run named {', '.join(unknown)} in {args.runs}")

@@ -109,7 +109,8 @@ def build_requests(stages: list[MeasuredStage], seed: int
 
 def server_settings(stage: MeasuredStage) -> dict[str, Any]:
     """The scenario keys of the measured server (everything but the workload)."""
-    model = ModelSpec.from_name(stage.model).model_dump() | {"max_model_len": stage.max_model_len}
+    spec = stage.model_spec or ModelSpec.from_name(stage.model)
+    model = spec.model_dump() | {"max_model_len": stage.max_model_len}
     hardware = HardwareSpec.from_name(stage.hardware).model_dump() | {"tensor_parallel": stage.tensor_parallel}
     kv: dict[str, Any] = {"block_size": 16, "prefix_caching": True}
     if stage.num_gpu_blocks:

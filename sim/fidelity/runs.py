@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sim.errors import KvsimError
-from sim.specs import HARDWARE_PRESETS, MODEL_PRESETS
+from sim.specs import HARDWARE_PRESETS, MODEL_PRESETS, ModelSpec
 
 # measured metric name -> CSV column (seconds, except req_per_s)
 METRIC_COLUMNS = {
@@ -36,7 +36,7 @@ class MeasuredStage:
 
     run: str
     stage: int
-    model: str                 # kvsim preset name
+    model: str                 # kvsim preset name, or the runs file's model id where ``model_spec`` is given
     hardware: str              # kvsim preset name
     tensor_parallel: int
     max_model_len: int
@@ -50,6 +50,7 @@ class MeasuredStage:
     output_len: int
     prompt_quantiles: dict[str, float]   # mean, p10, p50, p90, p99 (server-side tokens)
     measured: dict[str, float]           # METRIC_COLUMNS keys
+    model_spec: ModelSpec | None = None  # a model with no preset (from its config.json, ``read_runs(models=)``)
 
     @property
     def num_requests(self) -> int:
@@ -58,12 +59,14 @@ class MeasuredStage:
 
 def model_preset(name: str) -> str | None:
     """'meta-llama/Llama-2-7b-hf' -> 'llama-2-7b'; 'codellama/CodeLlama-34b-Instruct-hf' -> 'codellama-34b';
-    'mistralai/Mixtral-8x7B-v0.1' -> 'mixtral-8x7b'."""
-    key = name.split("/")[-1].lower()
+    'mistralai/Mixtral-8x7B-v0.1' -> 'mixtral-8x7b'; 'Meta-Llama-3.1-8B-Instruct' -> 'llama-3.1-8b';
+    'mistralai/Mistral-Small-24B-Instruct-2501' -> 'mistral-small-24b'."""
+    key = name.strip().split("/")[-1].lower().removeprefix("meta-")
     for _ in range(3):   # e.g. CodeLlama-34b-Instruct-hf, Mixtral-8x7B-Instruct-v0.1
         for suffix in ("-hf", "-instruct", "-chat"):
             key = key.removesuffix(suffix)
         key = re.sub(r"-v\d+(\.\d+)*$", "", key)   # a release suffix: -v0.1
+        key = re.sub(r"-\d{4}$", "", key)             # a release date: -2501
     return key if key in MODEL_PRESETS else None
 
 
@@ -75,8 +78,9 @@ def hardware_preset(name: str) -> str | None:
     return key if key in HARDWARE_PRESETS else None
 
 
-def read_runs(path: str | Path) -> list[MeasuredStage]:
-    """Every (run, stage) row of a runs CSV, in file order."""
+def read_runs(path: str | Path, models: dict[str, ModelSpec] | None = None) -> list[MeasuredStage]:
+    """Every (run, stage) row of a runs CSV, in file order. ``models``: specs of model ids (as the file
+    names them, any case) that have no kvsim preset."""
     path = Path(path)
     if not path.is_file():
         raise KvsimError(str(path), "no such file" if not path.exists() else "not a regular file")
@@ -92,7 +96,7 @@ def read_runs(path: str | Path) -> list[MeasuredStage]:
                                       "sim/data/ground_truth/vllm_h100_runs.csv)")
     if not rows:
         raise KvsimError(str(path), "no runs (only a header)")
-    return [_stage(row, f"{path}:{i + 2}") for i, row in enumerate(rows)]
+    return [_stage(row, f"{path}:{i + 2}", models or {}) for i, row in enumerate(rows)]
 
 
 def _num(row: dict, col: str, where: str, kind: type) -> float:
@@ -106,12 +110,16 @@ def _num(row: dict, col: str, where: str, kind: type) -> float:
     return value
 
 
-def _stage(row: dict, where: str) -> MeasuredStage:
+def _stage(row: dict, where: str, models: dict[str, ModelSpec]) -> MeasuredStage:
     ints = {c: int(_num(row, c, where, int)) for c in INT_COLUMNS}
     floats = {c: _num(row, c, where, float) for c in FLOAT_COLUMNS}
-    model = model_preset(row["model"])
+    model, spec = model_preset(row["model"]), None
     if model is None:
-        raise KvsimError(where, f"model: no kvsim preset for {row['model']!r}; known: {', '.join(sorted(MODEL_PRESETS))}")
+        model = row["model"].strip()
+        spec = {k.lower(): v for k, v in models.items()}.get(model.lower())
+        if spec is None:
+            raise KvsimError(where, f"model: no kvsim preset for {model!r} (give its config.json: --model "
+                                    f"{model}=PATH); known: {', '.join(sorted(MODEL_PRESETS))}")
     hardware = hardware_preset(row["gpu"])
     if hardware is None:
         raise KvsimError(where, f"gpu: no kvsim preset for {row['gpu']!r}; known: {', '.join(sorted(HARDWARE_PRESETS))}")
@@ -134,7 +142,7 @@ def _stage(row: dict, where: str) -> MeasuredStage:
         num_gpu_blocks=blocks, rate_req_s=floats["rate_req_s"], duration_s=floats["duration_s"],
         num_prompts=ints["num_groups"] * ints["num_prompts_per_group"],
         system_prompt_len=ints["system_prompt_len"], output_len=ints["output_len"], prompt_quantiles=q,
-        measured={m: floats[c] for m, c in METRIC_COLUMNS.items()})
+        measured={m: floats[c] for m, c in METRIC_COLUMNS.items()}, model_spec=spec)
 
 
 def group_runs(stages: list[MeasuredStage]) -> dict[str, list[MeasuredStage]]:

@@ -1,0 +1,111 @@
+"""A model's shape from its Hugging Face ``config.json``, for models kvsim has no preset for.
+
+    model: models/Qwen2.5-7B-Instruct/config.json      # in a scenario (relative to the scenario file)
+    kvsim fidelity RUNS.csv --model Qwen/Qwen2.5-7B-Instruct=path/config.json
+
+The keys read (the transformers names; the first present wins):
+
+    layers             num_hidden_layers, n_layer, num_layers
+    hidden size        hidden_size, n_embd, d_model
+    attention heads    num_attention_heads, n_head
+    KV heads           num_key_value_heads, num_kv_heads, multi_query_group_num (else = attention heads)
+    head dim           head_dim (else hidden size / heads)
+    MLP width          intermediate_size, ffn_dim, n_inner (else 4 x hidden size)
+    vocabulary         vocab_size (padded_vocab_size)
+    context            max_position_embeddings, n_positions, seq_length, max_seq_len
+    tied embeddings    tie_word_embeddings (default false)
+    experts            num_local_experts or num_experts, with num_experts_per_tok (a mixture of experts)
+
+The MLP is gated (SwiGLU: gate, up, down) unless the config names a plain one: OPT's ``ffn_dim``, GPT-2's
+``n_inner``, or a model type with a two-matrix MLP (``PLAIN_MLP_TYPES``: OPT, GPT-2, GPT-NeoX, Falcon,
+Phi-1/2, StarCoder2, ...). The dtype is kvsim's default (fp16); a scenario may
+set ``model.dtype``. Mixture-of-experts configs whose experts differ in width from ``intermediate_size``
+(``moe_intermediate_size``) use that width.
+
+Invariant: a config missing a required key, or with a value that is not a positive integer, is an error that
+names the key; nothing is guessed beyond the defaults listed above.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from sim.errors import KvsimError
+from sim.specs import ModelSpec
+
+# model types whose MLP is two matrices (up, down) with a plain activation
+PLAIN_MLP_TYPES = {"opt", "gpt2", "gpt_neox", "gptj", "falcon", "bloom", "phi", "starcoder2", "gpt_bigcode",
+                   "mpt", "codegen"}
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def _first(cfg: dict[str, Any], keys: tuple[str, ...], what: str, default: Any = None) -> Any:
+    for k in keys:
+        if cfg.get(k) is not None:
+            v = cfg[k]
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ValueError(f"{k}: {what} must be a positive integer, got {v!r}")
+            return v
+    if default is None:
+        raise ValueError(f"no {what} ({' or '.join(keys)})")
+    return default
+
+
+def spec_from_hf_config(cfg: dict[str, Any], name: str) -> ModelSpec:
+    """The ModelSpec of a parsed config.json (ValueError naming the key on a missing or bad value)."""
+    if not isinstance(cfg, dict):
+        raise ValueError("expected a JSON object of config keys")
+    if isinstance(cfg.get("text_config"), dict):   # a multimodal wrapper: the language model's part
+        cfg = {**cfg["text_config"], **{k: v for k, v in cfg.items() if k == "tie_word_embeddings"}}
+    layers = _first(cfg, ("num_hidden_layers", "n_layer", "num_layers"), "layer count")
+    hidden = _first(cfg, ("hidden_size", "n_embd", "d_model"), "hidden size")
+    heads = _first(cfg, ("num_attention_heads", "n_head"), "attention head count")
+    kv = _first(cfg, ("num_key_value_heads", "num_kv_heads", "multi_query_group_num"), "KV head count", heads)
+    head_dim = _first(cfg, ("head_dim",), "head dim", hidden // heads)
+    experts = _first(cfg, ("num_local_experts", "num_experts"), "expert count", 0)
+    per_token = _first(cfg, ("num_experts_per_tok",), "experts per token", 0) if experts else 0
+    width_keys = ("moe_intermediate_size", "intermediate_size") if experts else ("intermediate_size",)
+    inter = _first(cfg, (*width_keys, "ffn_dim", "n_inner"), "MLP width", 4 * hidden)
+    vocab = _first(cfg, ("vocab_size", "padded_vocab_size"), "vocabulary size")
+    max_len = _first(cfg, ("max_position_embeddings", "n_positions", "seq_length", "max_seq_len"), "context length")
+    plain = str(cfg.get("model_type", "")).lower() in PLAIN_MLP_TYPES or "ffn_dim" in cfg or "n_inner" in cfg
+    tied = cfg.get("tie_word_embeddings", False)
+    if not isinstance(tied, bool):
+        raise ValueError(f"tie_word_embeddings: expected true or false, got {tied!r}")
+    try:
+        return ModelSpec(name=name, num_layers=layers, hidden_size=hidden, num_heads=heads, num_kv_heads=kv,
+                         head_dim=head_dim, intermediate_size=inter, vocab_size=vocab, max_model_len=max_len,
+                         gated_mlp=not plain, tied_embeddings=tied, num_experts=experts,
+                         experts_per_token=per_token)
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        raise ValueError(f"{loc + ': ' if loc else ''}{first['msg'].removeprefix('Value error, ')}") from None
+
+
+def load_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
+    """The ModelSpec of a config.json file; KvsimError naming the file (and the key) on any problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise KvsimError(str(path), "no such file" if not path.exists() else "not a regular file")
+    try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise KvsimError(str(path), f"larger than {MAX_CONFIG_BYTES} bytes: not a model config.json")
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise KvsimError(str(path), f"cannot read: {e}") from None
+    except json.JSONDecodeError as e:
+        raise KvsimError(f"{path}:{e.lineno}", f"not valid JSON: {e.msg}") from None
+    try:
+        return spec_from_hf_config(cfg, name or path.parent.name or "custom")
+    except ValueError as e:
+        raise KvsimError(str(path), str(e)) from None
+
+
+def is_config_path(value: Any) -> bool:
+    """Whether a scenario's ``model`` string names a config file rather than a preset."""
+    return isinstance(value, str) and value.lower().endswith(".json")

@@ -1,0 +1,143 @@
+"""A model from its Hugging Face config.json (sim/hf_config.py): the keys read, the defaults, the errors, and
+its use in a scenario (``model: path/config.json``) and in ``kvsim fidelity --model ID=PATH``.
+
+The configs below are the published config.json values of each model (the keys that matter), typed by hand."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sim.hf_config import load_hf_config, spec_from_hf_config
+from sim.specs import MODEL_PRESETS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+LLAMA_2_7B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+              "hidden_size": 4096, "intermediate_size": 11008, "max_position_embeddings": 4096,
+              "num_attention_heads": 32, "num_hidden_layers": 32, "vocab_size": 32000, "tie_word_embeddings": False}
+QWEN_2_5_7B = {"model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944, "num_attention_heads": 28,
+               "num_hidden_layers": 28, "num_key_value_heads": 4, "vocab_size": 152064,
+               "max_position_embeddings": 32768, "tie_word_embeddings": False}
+OPT_13B = {"model_type": "opt", "hidden_size": 5120, "ffn_dim": 20480, "num_attention_heads": 40,
+           "num_hidden_layers": 40, "vocab_size": 50272, "max_position_embeddings": 2048,
+           "activation_function": "relu", "tie_word_embeddings": True}
+MIXTRAL_8X7B = {"model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+                "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 32000,
+                "max_position_embeddings": 32768, "num_local_experts": 8, "num_experts_per_tok": 2}
+
+
+def test_a_config_gives_the_preset_typed_from_the_same_config():
+    spec = spec_from_hf_config(LLAMA_2_7B, "llama-2-7b")
+    assert spec == MODEL_PRESETS["llama-2-7b"]   # no num_key_value_heads: one KV head per head
+    assert spec_from_hf_config(OPT_13B, "opt-13b") == MODEL_PRESETS["opt-13b"]   # ffn_dim: a plain MLP
+    assert spec_from_hf_config(MIXTRAL_8X7B, "mixtral-8x7b") == MODEL_PRESETS["mixtral-8x7b"]
+
+
+def test_grouped_query_attention_and_head_dim():
+    spec = spec_from_hf_config(QWEN_2_5_7B, "qwen")
+    assert (spec.num_kv_heads, spec.head_dim, spec.gated_mlp) == (4, 128, True)   # 3584 / 28 = 128
+    assert spec.kv_bytes_per_token() == 2 * 28 * 4 * 128 * 2                     # 57,344 bytes in fp16
+    # a config that states its head dim (here 128, not 5120 / 64 = 80) keeps it
+    explicit = spec_from_hf_config({**QWEN_2_5_7B, "hidden_size": 5120, "num_attention_heads": 64,
+                                    "num_key_value_heads": 8, "head_dim": 128}, "q")
+    assert explicit.head_dim == 128 and explicit.q_size == 64 * 128
+
+
+def test_a_multimodal_config_reads_its_text_model():
+    spec = spec_from_hf_config({"model_type": "llava", "text_config": LLAMA_2_7B}, "llava")
+    assert (spec.num_layers, spec.hidden_size, spec.vocab_size) == (32, 4096, 32000)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: c.pop("num_hidden_layers"), "no layer count (num_hidden_layers or n_layer or num_layers)"),
+    (lambda c: c.__setitem__("hidden_size", "4096"), "hidden_size: hidden size must be a positive integer"),
+    (lambda c: c.__setitem__("num_key_value_heads", 5), "num_heads (32) must be a multiple of num_kv_heads (5)"),
+    (lambda c: c.__setitem__("tie_word_embeddings", "yes"), "tie_word_embeddings: expected true or false"),
+])
+def test_bad_configs_name_the_key(edit, message):
+    cfg = dict(LLAMA_2_7B)
+    edit(cfg)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        spec_from_hf_config(cfg, "x")
+
+
+def _kvsim(*args):
+    return subprocess.run([sys.executable, "-m", "sim.cli", *args], cwd=ROOT, capture_output=True, text=True)
+
+
+def test_a_scenario_names_a_config_file_relative_to_itself(tmp_path):
+    (tmp_path / "qwen").mkdir()
+    (tmp_path / "qwen" / "config.json").write_text(json.dumps(QWEN_2_5_7B))
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("model: qwen/config.json\nhardware: h100-80gb\n"
+                        "workload: {synthetic: {num_requests: 20, arrival: {process: poisson, rate: 5.0},\n"
+                        "  prompt_len: {dist: fixed, value: 200}, output_len: {dist: fixed, value: 20}}}\n")
+    r = _kvsim("run", str(scenario), "--no-plots", "--out", str(tmp_path / "a"))
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "a" / "summary.json").read_text())["num_finished"] == 20
+    # a field of the config's model overridden like a preset's
+    r = _kvsim("run", str(scenario), "--no-plots", "--out", str(tmp_path / "b"), "--set", "model.max_model_len=100")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "b" / "summary.json").read_text())["num_rejected"] == 20   # 200 + 20 > 100
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{", ":1: not valid JSON"),
+    (json.dumps({"hidden_size": 8}), "no layer count"),
+])
+def test_a_bad_config_file_exits_2_naming_it(tmp_path, text, message):
+    bad = tmp_path / "config.json"
+    bad.write_text(text)
+    r = _kvsim("run", "scenarios/quickstart.yaml", "--set", f"model={bad}", "--no-plots")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(bad) in lines[0] and message in lines[0]
+    r = _kvsim("run", "scenarios/quickstart.yaml", "--set", f"model={tmp_path / 'none.json'}", "--no-plots")
+    assert r.returncode == 2 and "none.json: no such file" in r.stderr
+
+
+def test_fidelity_replays_a_model_without_a_preset(tmp_path):
+    runs = (ROOT / "sim/data/ground_truth/vllm_h100_runs.csv").read_text()
+    f = tmp_path / "runs.csv"
+    f.write_text(runs.replace("meta-llama/Llama-2-7b-hf", "acme/Qwen-Like-7B"))   # no preset by that name
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(QWEN_2_5_7B))
+    r = _kvsim("fidelity", str(f), "--run", "llama-2-7b-tp1-codegen", "--seeds", "1", "--duration", "5", "--json",
+               "--model", f"ACME/qwen-like-7b={cfg}")   # any case
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["stages"]) == 2
+    r = _kvsim("fidelity", str(f), "--seeds", "1", "--duration", "5")
+    assert r.returncode == 2 and "--model acme/Qwen-Like-7B=PATH" in r.stderr
+
+
+def test_load_names_the_file(tmp_path):
+    cfg = tmp_path / "m" / "config.json"
+    cfg.parent.mkdir()
+    cfg.write_text(json.dumps(LLAMA_2_7B))
+    assert load_hf_config(cfg).name == "m"   # the folder's name, as a downloaded model's
+
+
+@pytest.mark.parametrize("preset, billions", [
+    # the parameter counts on the models' cards
+    ("qwen2.5-1.5b", 1.54), ("qwen2.5-3b", 3.09), ("qwen2.5-7b", 7.61), ("qwen2.5-14b", 14.7),
+    ("qwen2.5-72b", 72.7), ("llama-3.2-1b", 1.23), ("llama-3.2-3b", 3.21), ("phi-4", 14.7),
+])
+def test_new_presets_have_their_published_size(preset, billions):
+    assert MODEL_PRESETS[preset].num_params() / 1e9 == pytest.approx(billions, rel=0.01)
+
+
+@pytest.mark.parametrize("model_id, preset", [
+    ("Qwen/Qwen2.5-7B-Instruct", "qwen2.5-7b"), ("meta-llama/Meta-Llama-3.1-8B-Instruct", "llama-3.1-8b"),
+    ("mistralai/Mistral-Small-24B-Instruct-2501", "mistral-small-24b"), ("microsoft/phi-4", "phi-4"),
+    ("ibm-granite/granite-3.1-8b-instruct", "granite-3.1-8b"), ("meta-llama/Llama-3.3-70B-Instruct", "llama-3.3-70b"),
+    ("codellama/CodeLlama-13b-Instruct-hf", "codellama-13b"), ("acme/Giant-9000", None),
+])
+def test_runs_files_name_models_as_the_hub_does(model_id, preset):
+    from sim.fidelity.runs import model_preset
+
+    assert model_preset(model_id) == preset
