@@ -266,7 +266,7 @@ def load_sweep(path: str | Path) -> Sweep:
     def build(params: tuple[tuple[str, Any], ...]) -> dict:
         data = copy.deepcopy(base)
         for k, v in params:
-            apply_override(data, k.split("."), copy.deepcopy(v))
+            apply_override(data, k.split("."), copy.deepcopy(v), base_path.parent)
         return data
 
     # each value on its own first, so an error names the key and value at fault

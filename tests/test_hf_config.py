@@ -141,3 +141,13 @@ def test_runs_files_name_models_as_the_hub_does(model_id, preset):
     from sim.fidelity.runs import model_preset
 
     assert model_preset(model_id) == preset
+
+
+def test_an_override_of_a_config_models_field_reads_the_config_beside_the_scenario(tmp_path):
+    from sim.scenario import apply_override
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(QWEN_2_5_7B))
+    data = {"model": "m/config.json"}
+    apply_override(data, ["model", "max_model_len"], 8192, tmp_path)   # as sweeps and capacity searches do
+    assert data["model"]["max_model_len"] == 8192 and data["model"]["num_kv_heads"] == 4

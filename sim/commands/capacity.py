@@ -75,7 +75,7 @@ def main(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     for text in overrides:
         path, value = parse_override(text)
-        apply_override(data, path, value)
+        apply_override(data, path, value, Path(args.scenario).parent)
     cl = data.get("cluster")
     if args.search == "replicas" and (not isinstance(cl, dict) or not {"replicas", "prefill", "decode"} & set(cl)):
         overrides.append("cluster.replicas=1")            # e.g. only --set cluster.router.policy=...: a fleet
