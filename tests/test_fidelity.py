@@ -22,7 +22,7 @@ from sim.fidelity.evaluate import StageResult, evaluate, stage_engine, stage_fig
 from sim.fidelity.goals import check_goals
 from sim.fidelity.rebuild import arrivals, build_requests, prompt_lengths, run_scenario_for
 from sim.fidelity.report import text_table
-from sim.fidelity.runs import group_runs, model_preset, read_runs
+from sim.fidelity.runs import group_runs, hardware_preset, model_preset, read_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "sim" / "data" / "ground_truth" / "vllm_h100_runs.csv"
@@ -270,3 +270,12 @@ def test_workers_give_the_same_results_in_the_same_order():
 def test_workers_must_be_positive(tmp_path):
     r = kvsim("fidelity", str(RUNS), "--workers", "0")
     assert r.returncode == 2 and "--workers" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("gpu, preset", [
+    ("H100-80GB-SXM", "h100-80gb"), ("NVIDIA H100 80GB HBM3", "h100-80gb"), ("A100-SXM4-40GB", "a100-40gb"),
+    ("H200", "h200-141gb"), ("NVIDIA L40S", "l40s"),
+    ("H100 PCIe", None), ("NVIDIA H100 NVL", None),   # other bandwidth and clocks than the SXM presets
+])
+def test_runs_files_name_gpus_as_nvidia_smi_does(gpu, preset):
+    assert hardware_preset(gpu) == preset

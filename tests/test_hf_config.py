@@ -151,3 +151,4 @@ def test_an_override_of_a_config_models_field_reads_the_config_beside_the_scenar
     data = {"model": "m/config.json"}
     apply_override(data, ["model", "max_model_len"], 8192, tmp_path)   # as sweeps and capacity searches do
     assert data["model"]["max_model_len"] == 8192 and data["model"]["num_kv_heads"] == 4
+

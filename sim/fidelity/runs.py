@@ -70,11 +70,22 @@ def model_preset(name: str) -> str | None:
     return key if key in MODEL_PRESETS else None
 
 
+# a GPU named without its memory size: the size its SXM part ships with
+DEFAULT_MEMORY = {"a100": "a100-80gb", "h100": "h100-80gb", "h200": "h200-141gb"}
+
+
 def hardware_preset(name: str) -> str | None:
-    """'H100-80GB-SXM' -> 'h100-80gb'."""
-    key = name.lower()
-    for suffix in ("-sxm", "-pcie", "-sxm5", "-sxm4"):
-        key = key.removesuffix(suffix)
+    """'H100-80GB-SXM' -> 'h100-80gb'; 'NVIDIA H100 80GB HBM3' -> 'h100-80gb'; 'A100-SXM4-40GB' ->
+    'a100-40gb'; 'H200' -> 'h200-141gb'; 'NVIDIA L40S' -> 'l40s'. The presets are the SXM parts: a PCIe or
+    NVL card (other bandwidth, clocks and memory) has none."""
+    parts = [p for p in re.split(r"[\s_-]+", name.strip().lower()) if p]
+    if parts[:1] == ["nvidia"]:
+        parts = parts[1:]
+    if {"pcie", "nvl"} & set(parts):
+        return None
+    parts = [p for p in parts if not re.fullmatch(r"sxm\d?|hbm\d?e?", p)]
+    key = "-".join(parts)
+    key = DEFAULT_MEMORY.get(key, key)
     return key if key in HARDWARE_PRESETS else None
 
 
