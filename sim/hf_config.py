@@ -23,7 +23,8 @@ set ``model.dtype``. Mixture-of-experts configs whose experts differ in width fr
 (``moe_intermediate_size``) use that width.
 
 Invariant: a config missing a required key, or with a value that is not a positive integer, is an error that
-names the key; nothing is guessed beyond the defaults listed above.
+names the key; so is one of an architecture kvsim cannot price (``UNSUPPORTED_KEYS``: DeepSeek's latent
+attention, shared experts, state-space layers); nothing is guessed beyond the defaults listed above.
 """
 
 from __future__ import annotations
@@ -36,6 +37,18 @@ from pydantic import ValidationError
 
 from sim.errors import KvsimError
 from sim.specs import ModelSpec
+
+# config keys of architectures kvsim's ModelSpec cannot price: loading one is an error rather than a model
+# priced as something it is not
+UNSUPPORTED_KEYS = {
+    "kv_lora_rank": "multi-head latent attention (DeepSeek-V2/V3)",
+    "n_shared_experts": "shared experts",
+    "shared_expert_intermediate_size": "shared experts",
+    "first_k_dense_replace": "dense layers before the mixture of experts",
+    "ssm_state_size": "state-space (Mamba) layers",
+    "mamba_d_state": "state-space (Mamba) layers",
+    "layers_block_type": "hybrid attention and state-space layers",
+}
 
 # model types whose MLP is two matrices (up, down) with a plain activation
 PLAIN_MLP_TYPES = {"opt", "gpt2", "gpt_neox", "gptj", "falcon", "bloom", "phi", "starcoder2", "gpt_bigcode",
@@ -61,6 +74,9 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str) -> ModelSpec:
         raise ValueError("expected a JSON object of config keys")
     if isinstance(cfg.get("text_config"), dict):   # a multimodal wrapper: the language model's part
         cfg = {**cfg["text_config"], **{k: v for k, v in cfg.items() if k == "tie_word_embeddings"}}
+    for key, what in UNSUPPORTED_KEYS.items():
+        if cfg.get(key):
+            raise ValueError(f"{key}: {what} is not modelled by kvsim (a dense or Mixtral-style transformer is)")
     layers = _first(cfg, ("num_hidden_layers", "n_layer", "num_layers"), "layer count")
     hidden = _first(cfg, ("hidden_size", "n_embd", "d_model"), "hidden size")
     heads = _first(cfg, ("num_attention_heads", "n_head"), "attention head count")
