@@ -82,7 +82,8 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str) -> ModelSpec:
     heads = _first(cfg, ("num_attention_heads", "n_head"), "attention head count")
     kv = _first(cfg, ("num_key_value_heads", "num_kv_heads", "multi_query_group_num"), "KV head count", heads)
     head_dim = _first(cfg, ("head_dim",), "head dim", hidden // heads)
-    experts = _first(cfg, ("num_local_experts", "num_experts"), "expert count", 0)
+    moe = cfg.get("num_local_experts") or cfg.get("num_experts")   # (dense configs may say 0)
+    experts = _first(cfg, ("num_local_experts", "num_experts"), "expert count") if moe else 0
     per_token = _first(cfg, ("num_experts_per_tok",), "experts per token", 0) if experts else 0
     width_keys = ("moe_intermediate_size", "intermediate_size") if experts else ("intermediate_size",)
     inter = _first(cfg, (*width_keys, "ffn_dim", "n_inner"), "MLP width", 4 * hidden)

@@ -38,6 +38,10 @@ def test_a_config_gives_the_preset_typed_from_the_same_config():
     assert spec_from_hf_config(MIXTRAL_8X7B, "mixtral-8x7b") == MODEL_PRESETS["mixtral-8x7b"]
 
 
+def test_a_dense_config_may_state_zero_experts():
+    assert spec_from_hf_config({**QWEN_2_5_7B, "num_experts": 0, "num_experts_per_tok": 0}, "q").num_experts == 0
+
+
 def test_grouped_query_attention_and_head_dim():
     spec = spec_from_hf_config(QWEN_2_5_7B, "qwen")
     assert (spec.num_kv_heads, spec.head_dim, spec.gated_mlp) == (4, 128, True)   # 3584 / 28 = 128
