@@ -37,6 +37,7 @@ from pydantic import ValidationError
 
 from sim.errors import KvsimError
 from sim.specs import ModelSpec
+from sim.yamlfile import read_text_bounded
 
 # config keys of architectures kvsim's ModelSpec cannot price: loading one is an error rather than a model
 # priced as something it is not
@@ -107,14 +108,9 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str) -> ModelSpec:
 def load_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
     """The ModelSpec of a config.json file; KvsimError naming the file (and the key) on any problem."""
     path = Path(path)
-    if not path.is_file():
-        raise KvsimError(str(path), "no such file" if not path.exists() else "not a regular file")
+    text = read_text_bounded(path, "model config.json", MAX_CONFIG_BYTES)
     try:
-        if path.stat().st_size > MAX_CONFIG_BYTES:
-            raise KvsimError(str(path), f"larger than {MAX_CONFIG_BYTES} bytes: not a model config.json")
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as e:
-        raise KvsimError(str(path), f"cannot read: {e}") from None
+        cfg = json.loads(text)
     except json.JSONDecodeError as e:
         raise KvsimError(f"{path}:{e.lineno}", f"not valid JSON: {e.msg}") from None
     try:

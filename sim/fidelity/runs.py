@@ -107,7 +107,8 @@ def read_runs(path: str | Path, models: dict[str, ModelSpec] | None = None) -> l
                                       "sim/data/ground_truth/vllm_h100_runs.csv)")
     if not rows:
         raise KvsimError(str(path), "no runs (only a header)")
-    return [_stage(row, f"{path}:{i + 2}", models or {}) for i, row in enumerate(rows)]
+    by_id = {k.lower(): v for k, v in (models or {}).items()}
+    return [_stage(row, f"{path}:{i + 2}", by_id) for i, row in enumerate(rows)]
 
 
 def _num(row: dict, col: str, where: str, kind: type) -> float:
@@ -122,12 +123,13 @@ def _num(row: dict, col: str, where: str, kind: type) -> float:
 
 
 def _stage(row: dict, where: str, models: dict[str, ModelSpec]) -> MeasuredStage:
+    """One row as a stage; ``models``: specs of models with no preset, by lower-case model id."""
     ints = {c: int(_num(row, c, where, int)) for c in INT_COLUMNS}
     floats = {c: _num(row, c, where, float) for c in FLOAT_COLUMNS}
     model, spec = model_preset(row["model"]), None
     if model is None:
         model = row["model"].strip()
-        spec = {k.lower(): v for k, v in models.items()}.get(model.lower())
+        spec = models.get(model.lower())
         if spec is None:
             raise KvsimError(where, f"model: no kvsim preset for {model!r} (give its config.json: --model "
                                     f"{model}=PATH); known: {', '.join(sorted(MODEL_PRESETS))}")
