@@ -11,9 +11,9 @@ computed when a scenario loads, without the roofline's fitted parameters:
   N and K modulo 128;
 - which of the four projections the GEMM computes (one column each, 1 for its operator): in Vidur's tables
   one (N, K) timed as a QKV projection and as an MLP up projection differs by 6-9%, and the trees learn
-  that offset across models (leave one model out: A100 5.57% -> 5.29%, H100 5.78% -> 5.44%, README). A GEMM
-  of no projection (the LM head) has zeros there; shape_correction.py averages the trees over the four
-  operators for it instead.
+  that offset across models (leave one model out: A100 5.57% -> 5.29% on its three earlier tables, H100
+  5.78% -> 5.44%, README). A GEMM of no projection (the LM head) has zeros there; shape_correction.py
+  averages the trees over the four operators for it instead.
 
 Invariant: the columns are in ``FEATURE_NAMES`` order; a stored tree ensemble indexes them by position, so
 the order and formulas may only change together with a refit of the shipped calibrations. Columns are only

@@ -29,7 +29,7 @@ was not measured, by a kernel-weighted mean in (ln N, ln K):
 
 With "trees", a shape that was not measured takes (1 - w_t) x that mean + w_t x the trees' prediction on
 the grid: the trees read the tile, wave and alignment features of (M, N, K) and the operator, which the
-kernel mean, knowing only how far shapes are apart, cannot (together 5.84% -> 5.29% on A100 and 6.51% ->
+kernel mean, knowing only how far shapes are apart, cannot (together 5.46% -> 4.90% on A100 and 6.51% ->
 5.44% on H100, leave one model out, README); for a GEMM of no projection, their mean over the four. A shape measured in training as the same operator takes its own curve instead: the
 correction reproduces what was measured and generalises only to what it has not seen. Plus, when
 ``local`` holds the exact shape, its deltas at M: interpolated linearly in ln M among the local points in the same block of 64
