@@ -56,6 +56,21 @@ def test_loo_split_removes_the_heldout_shapes(tables):
     assert code.operator.isin(["mlp_up_proj", "mlp_down_proj"]).any()
 
 
+def test_llama_2_7b_and_llama_3_8b_leave_each_others_attention_shapes_out(tables):
+    """By hand: Llama-3-8B (hidden 4096, 32 heads and 8 KV heads of 128, intermediate 14336, gated) at TP 1 has
+    a fused QKV of N = (32 + 2 x 8) x 128 = 6144, K = 4096: Llama-2-7B's at TP 2 (N = 3 x 4096 / 2). Both output
+    projections are N = 4096, K = 4096 / t. Their MLPs differ (K = 11008 / t against 14336 / t for the down
+    projection), so those stay in training."""
+    train, test = loo_split(tables["a100"], "Llama-2-7b-hf")
+    llama3 = train[train.model == "Meta-Llama-3-8B"]
+    assert (6144, 4096) in set(zip(test.N, test.K)) and (6144, 4096) not in set(zip(train.N, train.K))
+    assert not llama3.operator.isin(["attn_post_proj"]).any()
+    # the QKV at TP 8 (N = 6 x 128 = 768) is Llama-3-8B's alone: it stays
+    qkv = llama3[llama3.operator == "attn_pre_proj"]
+    assert set(zip(qkv.N, qkv.K)) == {(768, 4096)}
+    assert set(llama3[llama3.operator == "mlp_down_proj"].K) == {14336, 7168, 3584, 1792}
+
+
 def test_one_shape_timed_as_two_operators_keeps_a_curve_per_operator(tables):
     """Qwen-72B (hidden 8192, 64 heads and 64 KV heads of 128, intermediate 24576, gated): its QKV projection at
     TP t (N = 3 x 8192 / t) has the shape of its MLP up projection at TP 2t (N = 2 x 24576 / 2t), K = 8192."""
