@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sim.executors.gemm_features import FEATURE_NAMES, gemm_features
-from sim.executors.shape_correction import factor, factor_scalar
+from sim.executors.shape_correction import extension, factor, factor_scalar
 from sim.executors.tree_ensemble import TreeEnsemble, fit_trees
 
 # two trees over two features, written by hand (nodes in depth-first order, a split's left child next):
@@ -128,3 +128,33 @@ def test_the_trees_read_the_operator_and_average_over_the_four_without_one():
 def test_an_ensemble_fitted_before_the_operator_columns_reads_the_first_ones():
     old = {**TREES, "features": list(FEATURE_NAMES[:-4])}
     assert factor_scalar({**CORR, "trees": old}, 1, 3000, 1000) == pytest.approx(math.exp(0.25 * 0.1))
+
+
+# one tree over ln M alone: 0 up to 400 tokens, 0.4 above; the correction's grid ends at 101 tokens
+STEP_TREES = {"base": 0.0, "features": list(FEATURE_NAMES), "feature": [[0, -1, -1]],
+              "split": [[math.log(400), 0.0, 0.4]], "right": [[2, 0, 0]]}
+STEP_CORR = {**CORR, "trees": STEP_TREES}
+
+
+def test_beyond_the_grid_the_trees_carry_a_curve_on():
+    # the measured shape: its own 0.2 at 101 tokens, plus 0.25 x the trees' change from 101 (0) to M
+    assert factor_scalar(STEP_CORR, 101, 1000, 1000) == pytest.approx(math.exp(0.2))
+    assert factor_scalar(STEP_CORR, 300, 1000, 1000) == pytest.approx(math.exp(0.2))
+    assert factor_scalar(STEP_CORR, 1000, 1000, 1000) == pytest.approx(math.exp(0.2 + 0.25 * 0.4))
+    assert factor_scalar(STEP_CORR, 1 << 22, 1000, 1000) == pytest.approx(math.exp(0.3))  # flat past 2^20
+    # an unseen shape: 0.75 x the kernel mean held at its last value 0.2, plus 0.25 x the trees at M
+    assert factor_scalar(STEP_CORR, 101, 3000, 1000) == pytest.approx(math.exp(0.75 * 0.2))
+    assert factor_scalar(STEP_CORR, 5000, 3000, 1000) == pytest.approx(math.exp(0.75 * 0.2 + 0.25 * 0.4))
+    # without trees (or with weight 0) every curve stays flat beyond its grid
+    assert factor_scalar({**STEP_CORR, "tree_weight": 0.0}, 5000, 1000, 1000) == pytest.approx(math.exp(0.2))
+    ms = np.array([50, 101, 300, 1000, 5000, 1 << 22])
+    for n in (1000, 3000):
+        assert factor(STEP_CORR, ms, n, 1000) == pytest.approx([factor_scalar(STEP_CORR, m, n, 1000) for m in ms])
+
+
+def test_the_token_counts_beyond_a_grid():
+    # 32 a doubling from 4,096 to 2^20: 8 doublings, 256 points, the first round(4096 x 1.021897) = 4186
+    ms = extension(4096)
+    assert len(ms) == 256 and ms[0] == 4186 and ms[-1] == 1 << 20
+    assert all(a < b for a, b in zip(ms, ms[1:]))
+    assert extension(1 << 20) == []

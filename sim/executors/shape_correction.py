@@ -29,7 +29,7 @@ was not measured, by a kernel-weighted mean in (ln N, ln K):
 
 With "trees", a shape that was not measured takes (1 - w_t) x that mean + w_t x the trees' prediction on
 the grid: the trees read the tile, wave and alignment features of (M, N, K) and the operator, which the
-kernel mean, knowing only how far shapes are apart, cannot (together 5.46% -> 4.90% on A100 and 6.51% ->
+kernel mean, knowing only how far shapes are apart, cannot (together 5.46% -> 4.76% on A100 and 6.51% ->
 5.44% on H100, leave one model out, README); for a GEMM of no projection, their mean over the four. A shape measured in training as the same operator takes its own curve instead: the
 correction reproduces what was measured and generalises only to what it has not seen. Plus, when
 ``local`` holds the exact shape, its deltas at M: interpolated linearly in ln M among the local points in the same block of 64
@@ -37,9 +37,16 @@ token counts as M (ceil(M / 64) equal), or else of 128, or else of 256 (the tile
 steps where M crosses a tile boundary, so a point across one says little about M), or else among all of
 them; flat beyond the points used. The GEMM time is ``roofline x exp(r(M))``.
 
+Beyond the grid's last token count M_g (4,096 on H100, 32,768 on A100), with trees, a curve goes on as
+r(M) = r(M_g) + w_t x (T(M) - T(M_g)), T the trees' prediction (for a shape that was not measured this is
+its blend with the kernel mean held flat), at token counts 2^(1/32) apart up to 2^20; without trees it stays
+flat. Held out of training on A100, Llama-3-8B's rows above 4,096 tokens: 5.15% flat, 4.23% carried on by
+the trees; its shapes trained up to 4,096 tokens only and scored above: 4.35% flat, 3.79% (README).
+
 Invariants: a curve is computed once per (operator, N, K) (numpy, about 50 us; 4-11 ms through the trees on
 a grid of 259-451 token counts, 21-44 ms for a GEMM of no projection, through the trees once per operator)
-and cached; afterwards one lookup costs a bisection and a linear interpolation (about 1 us). An empty dict is no correction (factor
+and cached, its part beyond the grid likewise when a GEMM first reaches it; afterwards one lookup costs a
+bisection and a linear interpolation (about 1 us). An empty dict is no correction (factor
 1). Without the "op_*" keys every GEMM is priced operator-blind, as before they existed.
 """
 
@@ -63,6 +70,9 @@ _EVALUATORS: OrderedDict[int, tuple[dict[str, Any], ShapeCorrection]] = OrderedD
 _MAX_EVALUATORS = 32
 # block sizes (token counts) the local points are grouped by, smallest first: the GEMM tile heights
 LOCAL_BLOCKS = (64, 128, 256)
+# beyond the stored grid, the token counts the trees carry a curve on at: 32 a doubling, up to 2^20 tokens
+EXTEND_RATIO = 2.0 ** (1 / 32)
+EXTEND_TO = 1 << 20
 
 
 class ShapeCorrection:
@@ -99,6 +109,10 @@ class ShapeCorrection:
             raise ValueError("trees: their features are not gemm_features.FEATURE_NAMES (or its first ones): "
                              "refit the calibration")
         self.tree_weight = float(data.get("tree_weight", 0.0))
+        # beyond the grid's last token count, where the trees carry the curves on (empty without trees)
+        self.beyond = ([self.grid[-1], *extension(self.grid[-1])]
+                       if self.grid and self.trees is not None and self.tree_weight > 0.0 else [])
+        self._beyond: dict[tuple[str, int, int], list[float]] = {}  # (op or "", n, k) -> curve on beyond
         self.num_sms = int(data.get("num_sms", 108))
         self._curves: dict[tuple[str, int, int], list[float]] = {}  # (op or "", n, k) -> curve on grid
         self.local: dict[tuple[str, int, int], LocalPoints] = {}
@@ -114,6 +128,16 @@ class ShapeCorrection:
             hit = self._curves[key] = self._build_curve(*key) if self.grid else []
         return hit
 
+    def curve_beyond(self, n: int, k: int, op: str | None = None) -> list[float]:
+        """r on ``beyond`` for operator ``op`` and shape (n, k): the curve's last value plus the tree weight
+        times the trees' change from the grid's last token count (built on first use, then cached)."""
+        key = (op or "", int(n), int(k))
+        hit = self._beyond.get(key)
+        if hit is None:
+            t = self._tree_curve(*key, self.beyond)
+            hit = self._beyond[key] = (self.curve(n, k, op)[-1] + self.tree_weight * (t - t[0])).tolist()
+        return hit
+
     def _build_curve(self, op: str, n: int, k: int) -> list[float]:
         if op and self.by_op is not None and op in self.op_names:
             bank, name = self.by_op, op
@@ -122,17 +146,18 @@ class ShapeCorrection:
         if self.trees is None or self.tree_weight <= 0.0 or bank.owns(n, k, name):
             return bank.curve(n, k, name)
         w = self.tree_weight
-        return ((1.0 - w) * np.asarray(bank.curve(n, k, name)) + w * self._tree_curve(op, n, k)).tolist()
+        return ((1.0 - w) * np.asarray(bank.curve(n, k, name)) + w * self._tree_curve(op, n, k, self.grid)).tolist()
 
-    def _tree_curve(self, op: str, n: int, k: int) -> np.ndarray:
-        """The trees on ``grid`` for (op, n, k); for a GEMM of no projection (or one the trees have no column
-        for), their mean over the four projections."""
+    def _tree_curve(self, op: str, n: int, k: int, ms: list[float]) -> np.ndarray:
+        """The trees at token counts ``ms`` for (op, n, k); for a GEMM of no projection (or one the trees have
+        no column for), their mean over the four projections."""
         assert self.trees is not None
         used = self.trees.n_features
+        m = np.asarray(ms, dtype=float)
         if op in LINEAR_OPS or used < len(FEATURE_NAMES):   # (an older ensemble reads no operator columns)
-            return self.trees.predict(gemm_features(np.asarray(self.grid), n, k, self.num_sms, op or None)[:, :used])
-        x = gemm_features(np.asarray(self.grid), n, k, self.num_sms, np.array(LINEAR_OPS, dtype=object)[:, None])
-        return self.trees.predict(x).reshape(len(LINEAR_OPS), len(self.grid)).mean(axis=0)
+            return self.trees.predict(gemm_features(m, n, k, self.num_sms, op or None)[:, :used])
+        x = gemm_features(m, n, k, self.num_sms, np.array(LINEAR_OPS, dtype=object)[:, None])
+        return self.trees.predict(x).reshape(len(LINEAR_OPS), len(m)).mean(axis=0)
 
     def local_points(self, n: int, k: int, op: str | None = None) -> LocalPoints | None:
         """The local points of (op, n, k), else those of (n, k) for any operator, else None."""
@@ -141,7 +166,9 @@ class ShapeCorrection:
     def log_ratio(self, m: float, n: int, k: int, op: str | None = None) -> float:
         """r(M) for one GEMM: the curve at m, plus the local points of (op, n, k) if any."""
         r = 0.0
-        if self.grid:
+        if self.beyond and m > self.beyond[0]:
+            r = _lerp(self.beyond, self.curve_beyond(n, k, op), float(m))
+        elif self.grid:
             r = _lerp(self.grid, self.curve(n, k, op), float(m))
         pts = self.local_points(n, k, op)
         if pts is not None:
@@ -172,6 +199,14 @@ class LocalPoints:
             if hit is not None:
                 return _lerp(hit[0], hit[1], math.log(m))
         return _lerp(self.all[0], self.all[1], math.log(m)) if self.all[0] else 0.0
+
+
+def extension(last: float) -> list[float]:
+    """Token counts beyond a grid ending at ``last``: ``EXTEND_RATIO`` apart (rounded to whole tokens), up to
+    ``EXTEND_TO``."""
+    steps = math.floor(math.log(EXTEND_TO / last) / math.log(EXTEND_RATIO)) if last < EXTEND_TO else 0
+    ms = {float(round(last * EXTEND_RATIO ** j)) for j in range(1, steps + 1)} | {float(EXTEND_TO)}
+    return sorted(m for m in ms if m > last)
 
 
 def _lerp(xs: list[float], ys: list[float], x: float) -> float:
@@ -229,7 +264,11 @@ def factor(data: dict[str, Any], m: Any, n: Any, k: Any, op: Any = None) -> Any:
     for j, (c_j, n_j, k_j) in enumerate(uniq.tolist()):
         sel = inv == j
         o_j = str(names[c_j]) or None
-        r = np.interp(mf[sel], ev.grid, ev.curve(n_j, k_j, o_j)) if ev.grid else np.zeros(int(sel.sum()))
+        ms = mf[sel]
+        r = np.interp(ms, ev.grid, ev.curve(n_j, k_j, o_j)) if ev.grid else np.zeros(len(ms))
+        if ev.beyond and ms.max() > ev.beyond[0]:
+            hi = ms > ev.beyond[0]
+            r[hi] = np.interp(ms[hi], ev.beyond, ev.curve_beyond(n_j, k_j, o_j))
         pts = ev.local_points(n_j, k_j, o_j)
         if pts is not None:
             ms, back = np.unique(mf[sel], return_inverse=True)
