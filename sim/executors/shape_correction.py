@@ -264,11 +264,11 @@ def factor(data: dict[str, Any], m: Any, n: Any, k: Any, op: Any = None) -> Any:
     for j, (c_j, n_j, k_j) in enumerate(uniq.tolist()):
         sel = inv == j
         o_j = str(names[c_j]) or None
-        ms = mf[sel]
-        r = np.interp(ms, ev.grid, ev.curve(n_j, k_j, o_j)) if ev.grid else np.zeros(len(ms))
-        if ev.beyond and ms.max() > ev.beyond[0]:
-            hi = ms > ev.beyond[0]
-            r[hi] = np.interp(ms[hi], ev.beyond, ev.curve_beyond(n_j, k_j, o_j))
+        m_j = mf[sel]
+        r = np.interp(m_j, ev.grid, ev.curve(n_j, k_j, o_j)) if ev.grid else np.zeros(len(m_j))
+        if ev.beyond and m_j.max() > ev.beyond[0]:
+            hi = m_j > ev.beyond[0]
+            r[hi] = np.interp(m_j[hi], ev.beyond, ev.curve_beyond(n_j, k_j, o_j))
         pts = ev.local_points(n_j, k_j, o_j)
         if pts is not None:
             ms, back = np.unique(mf[sel], return_inverse=True)
