@@ -40,8 +40,9 @@ them; flat beyond the points used. The GEMM time is ``roofline x exp(r(M))``.
 Beyond the grid's last token count M_g (4,096 on H100, 32,768 on A100), with trees, a curve goes on as
 r(M) = r(M_g) + w_t x (T(M) - T(M_g)), T the trees' prediction (for a shape that was not measured this is
 its blend with the kernel mean held flat), at token counts 2^(1/32) apart up to 2^20; without trees it stays
-flat. Held out of training on A100, Llama-3-8B's rows above 4,096 tokens: 5.15% flat, 4.23% carried on by
-the trees; its shapes trained up to 4,096 tokens only and scored above: 4.35% flat, 3.79% (README).
+flat. Fitted on token counts up to 2,048 and scored above (scripts/beyond_grid.py): H100 6.27% flat, 4.93%
+carried on, on shapes measured below the cut, 5.24% and 4.24% on held-out models; A100 4.38% / 3.99% and
+4.54% / 4.34%; Llama-3-8B's rows above A100's other tables' 4,096 tokens, held out: 5.15% / 4.23%.
 
 Invariants: a curve is computed once per (operator, N, K) (numpy, about 50 us; 4-11 ms through the trees on
 a grid of 259-451 token counts, 21-44 ms for a GEMM of no projection, through the trees once per operator)
