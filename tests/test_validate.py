@@ -175,3 +175,16 @@ def test_cli_calibrate_from_base_with_a_few_points_of_a_new_model(tmp_path: Path
     before, after = validate(base_doc, df).model["linear"], validate(doc, df).model["linear"]
     assert after < before
     assert np.isfinite(after)
+
+
+def test_beyond_the_trained_token_counts_the_trees_beat_a_flat_correction(tables):
+    """Fitted on H100 token counts up to 2,048 and scored on 2,049-4,096 (shapes measured below the cut): the
+    correction carried on by the trees must beat the correction held flat (flat: the reference, no trees)."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from beyond_grid import errors_above
+
+    df = tables["h100"]
+    rows = with_shapes(df)
+    errors = errors_above(df[df.num_tokens <= 2048], rows[rows.M > 2048], HardwareSpec.from_name("h100-80gb"))
+    assert errors["trees"].mean() < errors["flat"].mean() - 0.005
