@@ -1,0 +1,173 @@
+"""Variants of the learned GEMM correction tried on the leave-one-model-out folds and not kept (README, "The cost
+model and its validation"), and one bound, scored as ``kvsim validate --loo`` scores the shipped blend.
+
+    PYTHONPATH=. python scripts/loo_variants.py                        # both GPUs, every variant (about 10 min)
+    PYTHONPATH=. python scripts/loo_variants.py --hardware h100-80gb --only shipped bagged
+
+Per fold (one model held out, its GEMM shapes removed from training: ``opmodel.loo_split``) the blend is
+``roofline x exp((1 - w) x kernel mean + w x learner)`` with w = ``opmodel.TREE_WEIGHT``; a variant changes
+the learner, its features or targets, or the kernel mean's widths, and nothing else. Printed: MAPE of the
+held-out models' four projections per model and pooled over all held-out rows (the README's figure).
+"shipped" fits the trees on their own and must reproduce ``kvsim validate --loo`` (up to the rows beyond
+the grid's last token count, which the shipped curves carry on from the grid and this script does not).
+The "bound" line knows each held-out shape's measurements: it removes the shape's own median log error
+from the shipped blend, the most any per-shape offset could give. Needs scikit-learn (the ``fit`` extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pandas as pd
+from sklearn.ensemble import ExtraTreesRegressor, HistGradientBoostingRegressor, RandomForestRegressor
+
+from sim.executors import opmodel
+from sim.executors.calibrate import fit_gemm
+from sim.executors.gemm_features import gemm_features
+from sim.executors.measurements import read_measurements
+from sim.executors.roofline import DEFAULT_NUM_SMS, CostParams
+from sim.executors.shape_correction import ShapeCorrection
+from sim.executors.tree_ensemble import TREE_SETTINGS
+from sim.executors.validation import hardware_of, shipped_vidur
+from sim.specs import HardwareSpec
+
+SHAPE = ["operator", "N", "K"]
+
+
+@dataclass
+class Fold:
+    """One held-out model: training and test rows, their features, the roofline and the kernel-mean data."""
+
+    held: str
+    train: pd.DataFrame
+    test: pd.DataFrame
+    x_train: np.ndarray
+    x_test: np.ndarray
+    target: np.ndarray        # log(measured / roofline) of the training rows
+    roofline_test: np.ndarray
+    correction: dict          # opmodel.fit_correction's data (its trees are not used here)
+    num_sms: int
+
+
+def make_fold(df: pd.DataFrame, hw: HardwareSpec, held: str) -> Fold:
+    train, test = opmodel.loo_split(df, held)
+    roof = fit_gemm(train, hw, CostParams(num_sms=DEFAULT_NUM_SMS.get(hw.name, 108)))
+    plain = replace(roof, gemm_correction={})
+    target = np.log(train.time_s.to_numpy() / opmodel.predict_gemm(train, hw, plain))
+    feats = [gemm_features(d.M.to_numpy(), d.N.to_numpy(), d.K.to_numpy(), roof.num_sms, d.operator.to_numpy())
+             for d in (train, test)]
+    return Fold(held, train, test, *feats, target, opmodel.predict_gemm(test, hw, plain),
+                opmodel.fit_correction(train, hw, roof), roof.num_sms)
+
+
+def kernel_mean(fold: Fold, **widths: float) -> np.ndarray:
+    """The kernel mean's log ratio at each test row (no trees), with ``widths`` overriding the stored ones."""
+    bank = ShapeCorrection({**fold.correction, **widths, "trees": None, "tree_weight": 0.0})
+    out = np.empty(len(fold.test))
+    m = fold.test.M.to_numpy().astype(float)
+    for (op, n, k), idx in fold.test.reset_index(drop=True).groupby(SHAPE).indices.items():
+        out[idx] = np.interp(m[idx], bank.grid, bank.curve(int(n), int(k), op))
+    return out
+
+
+def extra_features(d: pd.DataFrame, kind: str, num_sms: int) -> np.ndarray:
+    """Columns appended to gemm_features for the feature variants."""
+    m, n, k = (d[c].to_numpy().astype(float) for c in "MNK")
+    if kind == "split_k":   # per tile: the K split that fills the SMs (at most one per 512 of K), ln K per split
+        cols = []
+        for tm, tn in ((64, 128), (128, 128), (128, 256)):
+            tiles = np.ceil(m / tm) * np.ceil(n / tn)
+            split = np.clip(np.floor(num_sms / tiles), 1, np.maximum(1, k // 512))
+            cols += [split, np.log(k / split)]
+        return np.stack(cols, axis=1)
+    if kind == "operand_sizes":
+        size = m * k + k * n + m * n
+        return np.stack([np.log(size), np.log(k * n / size)], axis=1)
+    return np.stack([np.log(m / n), np.log(m / k), np.log(n / k)], axis=1)   # "ratios"
+
+
+def boosted(x: np.ndarray, y: np.ndarray, xt: np.ndarray, **settings) -> np.ndarray:
+    params = {"random_state": 0, **TREE_SETTINGS, **settings}
+    return HistGradientBoostingRegressor(early_stopping=False, **params).fit(x, y).predict(xt)
+
+
+def subsampled(f: Fold) -> np.ndarray:
+    """Four boosted ensembles of 1,000 trees, each split choosing among a random 30% of the features."""
+    return np.mean([boosted(f.x_train, f.target, f.x_test, max_iter=1000, max_features=0.3, random_state=s)
+                    for s in range(4)], axis=0)
+
+
+def forest(f: Fold) -> np.ndarray:
+    return RandomForestRegressor(300, min_samples_leaf=5, max_features=0.3, n_jobs=2, random_state=0).fit(
+        f.x_train, f.target).predict(f.x_test)
+
+
+def rolling_median(f: Fold, window: int) -> np.ndarray:
+    """The training targets as a centred rolling median over ``window`` token counts, per model and shape."""
+    d = f.train.assign(r=f.target).reset_index(drop=True).sort_values(["model", *SHAPE, "M"])
+    smooth = d.groupby(["model", *SHAPE]).r.transform(lambda s: s.rolling(window, center=True, min_periods=1)
+                                                      .median())
+    return smooth.sort_index().to_numpy()
+
+
+# name -> (learner's log ratio at the test rows, kernel-mean widths)
+Learner = Callable[[Fold], np.ndarray]
+VARIANTS: dict[str, tuple[Learner, dict[str, float]]] = {
+    "shipped": (lambda f: boosted(f.x_train, f.target, f.x_test), {}),
+    "bagged": (lambda f: (boosted(f.x_train, f.target, f.x_test) + forest(f)) / 2, {}),
+    "extra_trees": (lambda f: (boosted(f.x_train, f.target, f.x_test) + ExtraTreesRegressor(
+        300, min_samples_leaf=10, max_features=0.5, n_jobs=2, random_state=0).fit(f.x_train, f.target)
+        .predict(f.x_test)) / 2, {}),
+    "subsampled": (subsampled, {}),
+    "subsampled_bagged": (lambda f: (subsampled(f) + forest(f)) / 2, {}),
+    **{f"features_{kind}": ((lambda f, kind=kind: boosted(
+        np.hstack([f.x_train, extra_features(f.train, kind, f.num_sms)]), f.target,
+        np.hstack([f.x_test, extra_features(f.test, kind, f.num_sms)]))), {})
+       for kind in ("split_k", "operand_sizes", "ratios")},
+    **{f"clipped_{c}": ((lambda f, c=c: boosted(f.x_train, np.clip(f.target, -c, c), f.x_test)), {})
+       for c in (0.2, 0.3)},
+    **{f"rolling_median_{w}": ((lambda f, w=w: boosted(f.x_train, rolling_median(f, w), f.x_test)), {})
+       for w in (3, 5, 9)},
+    **{f"kernel_n_{wn}": ((lambda f: boosted(f.x_train, f.target, f.x_test)),
+                          {"width_n": wn, "op_width_n": wn}) for wn in (1.0, 3.0)},
+}
+
+
+def score(folds: list[Fold], learner: Learner, widths: dict[str, float], bound: bool = False) -> dict[str, float]:
+    """MAPE (%) per held-out model and pooled ("all")."""
+    w = opmodel.TREE_WEIGHT
+    errs = {}
+    for f in folds:
+        log_err = (np.log(f.roofline_test) + (1 - w) * kernel_mean(f, **widths) + w * learner(f)
+                   - np.log(f.test.time_s.to_numpy()))
+        if bound:
+            log_err = log_err - pd.Series(log_err).groupby(pd.MultiIndex.from_frame(f.test[SHAPE])
+                                                          ).transform("median").to_numpy()
+        errs[f.held] = np.abs(np.expm1(log_err))
+    out = {held: 100 * e.mean() for held, e in errs.items()}
+    out["all"] = 100 * np.concatenate(list(errs.values())).mean()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--hardware", nargs="+", default=["h100-80gb", "a100-80gb"])
+    ap.add_argument("--only", nargs="+", choices=[*VARIANTS, "bound"], help="these variants (default: all)")
+    args = ap.parse_args()
+    names = args.only or [*VARIANTS, "bound"]
+    for name in args.hardware:
+        hw = hardware_of(name)
+        df = read_measurements(shipped_vidur(name.split("-")[0]))
+        folds = [make_fold(df, hw, held) for held in sorted(opmodel.with_shapes(df).model.unique())]
+        for variant in names:
+            learner, widths = VARIANTS["shipped" if variant == "bound" else variant]
+            res = score(folds, learner, widths, bound=variant == "bound")
+            per_model = ", ".join(f"{m} {v:.2f}" for m, v in res.items() if m != "all")
+            print(f"{name} {variant:22s} all held-out rows {res['all']:.2f}%  ({per_model})", flush=True)
+
+
+if __name__ == "__main__":
+    main()
