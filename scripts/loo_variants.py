@@ -17,12 +17,17 @@ from the shipped blend, the most any per-shape offset could give. Needs scikit-l
 from __future__ import annotations
 
 import argparse
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 from sklearn.ensemble import ExtraTreesRegressor, HistGradientBoostingRegressor, RandomForestRegressor
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.neural_network import MLPRegressor
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
 
 from sim.executors import opmodel
 from sim.executors.calibrate import fit_gemm
@@ -105,6 +110,14 @@ def forest(f: Fold) -> np.ndarray:
         f.x_train, f.target).predict(f.x_test)
 
 
+def network(f: Fold) -> np.ndarray:
+    """A small neural network (two hidden layers) on the standardised features."""
+    net = MLPRegressor(hidden_layer_sizes=(128, 64), alpha=1e-2, max_iter=300, random_state=0)
+    with warnings.catch_warnings():   # 300 passes, converged or not (scikit-learn warns when not)
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return make_pipeline(StandardScaler(), net).fit(f.x_train, f.target).predict(f.x_test)
+
+
 def rolling_median(f: Fold, window: int) -> np.ndarray:
     """The training targets as a centred rolling median over ``window`` token counts, per model and shape."""
     d = f.train.assign(r=f.target).reset_index(drop=True).sort_values(["model", *SHAPE, "M"])
@@ -121,6 +134,8 @@ VARIANTS: dict[str, tuple[Learner, dict[str, float]]] = {
     "extra_trees": (lambda f: (boosted(f.x_train, f.target, f.x_test) + ExtraTreesRegressor(
         300, min_samples_leaf=10, max_features=0.5, n_jobs=2, random_state=0).fit(f.x_train, f.target)
         .predict(f.x_test)) / 2, {}),
+    "network": (network, {}),
+    "network_averaged": (lambda f: (boosted(f.x_train, f.target, f.x_test) + network(f)) / 2, {}),
     "subsampled": (subsampled, {}),
     "subsampled_bagged": (lambda f: (subsampled(f) + forest(f)) / 2, {}),
     **{f"features_{kind}": ((lambda f, kind=kind: boosted(
