@@ -8,8 +8,9 @@ Per fold (one model held out, its GEMM shapes removed from training: ``opmodel.l
 ``roofline x exp((1 - w) x kernel mean + w x learner)`` with w = ``opmodel.TREE_WEIGHT``; a variant changes
 the learner, its features or targets, or the kernel mean's widths, and nothing else. Printed: MAPE of the
 held-out models' four projections per model and pooled over all held-out rows (the README's figure).
-"shipped" fits the trees on their own and must reproduce ``kvsim validate --loo`` (up to the rows beyond
-the grid's last token count, which the shipped curves carry on from the grid and this script does not).
+"shipped" fits the trees on their own and reproduces ``kvsim validate --loo`` (A100's Llama-3-8B to 0.01
+point: beyond the grid's last token count the shipped curves sample the trees 2^(1/32) apart in M, this
+script at each row's own token count).
 The "bound" line knows each held-out shape's measurements: it removes the shape's own median log error
 from the shipped blend, the most any per-shape offset could give. Needs scikit-learn (the ``fit`` extra).
 """
