@@ -220,6 +220,15 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     # ibm-granite/granite-3.1-8b-instruct config.json (its embedding, attention and residual multipliers
     # change no shape); tied embeddings
     "granite-3.1-8b": _llama("granite-3.1-8b", 40, 4096, 32, 8, 12800, 49155, 131072, tied_embeddings=True),
+    # Qwen/Qwen3-*B config.json (head_dim 128 everywhere, so the 4B's and 32B's query width is not the hidden
+    # size; max_position_embeddings 40960; the per-head QK norms are not priced); the 4B ties its embeddings
+    "qwen3-4b": _llama("qwen3-4b", 36, 2560, 32, 8, 9728, 151936, 40960, head_dim=128, tied_embeddings=True),
+    "qwen3-8b": _llama("qwen3-8b", 36, 4096, 32, 8, 12288, 151936, 40960, head_dim=128),
+    "qwen3-14b": _llama("qwen3-14b", 40, 5120, 40, 8, 17408, 151936, 40960, head_dim=128),
+    "qwen3-32b": _llama("qwen3-32b", 64, 5120, 64, 8, 25600, 151936, 40960, head_dim=128),
+    # Qwen/Qwen3-30B-A3B config.json: 128 experts of moe_intermediate_size 768, 8 a token
+    "qwen3-30b-a3b": _llama("qwen3-30b-a3b", 48, 2048, 32, 4, 768, 151936, 40960, head_dim=128, num_experts=128,
+                            experts_per_token=8),
     # A toy shape for running the real backend on a CPU: 2 layers, hidden 256, 4 heads, 2 KV heads
     "tiny-llama": _llama("tiny-llama", 2, 256, 4, 2, 512, 1024, 4096),
 }

@@ -133,6 +133,7 @@ def test_load_names_the_file(tmp_path):
     # the parameter counts on the models' cards
     ("qwen2.5-1.5b", 1.54), ("qwen2.5-3b", 3.09), ("qwen2.5-7b", 7.61), ("qwen2.5-14b", 14.7),
     ("qwen2.5-72b", 72.7), ("llama-3.2-1b", 1.23), ("llama-3.2-3b", 3.21), ("phi-4", 14.7),
+    ("qwen3-4b", 4.0), ("qwen3-8b", 8.2), ("qwen3-14b", 14.8), ("qwen3-32b", 32.8), ("qwen3-30b-a3b", 30.5),
 ])
 def test_new_presets_have_their_published_size(preset, billions):
     assert MODEL_PRESETS[preset].num_params() / 1e9 == pytest.approx(billions, rel=0.01)
@@ -143,6 +144,8 @@ def test_new_presets_have_their_published_size(preset, billions):
     ("mistralai/Mistral-Small-24B-Instruct-2501", "mistral-small-24b"), ("microsoft/phi-4", "phi-4"),
     ("ibm-granite/granite-3.1-8b-instruct", "granite-3.1-8b"), ("meta-llama/Llama-3.3-70B-Instruct", "llama-3.3-70b"),
     ("codellama/CodeLlama-13b-Instruct-hf", "codellama-13b"), ("acme/Giant-9000", None),
+    ("Qwen/Qwen3-8B", "qwen3-8b"), ("Qwen/Qwen3-14B-Base", "qwen3-14b"),
+    ("Qwen/Qwen3-30B-A3B-Instruct-2507", "qwen3-30b-a3b"),
 ])
 def test_runs_files_name_models_as_the_hub_does(model_id, preset):
     from sim.fidelity.runs import model_preset
