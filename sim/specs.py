@@ -101,7 +101,9 @@ class ModelSpec(BaseModel):
 class HardwareSpec(BaseModel):
     """One accelerator (or a tensor-parallel group of identical ones) and its host link.
 
-    Bandwidths are bytes/s, compute is dense fp16/bf16 FLOP/s without sparsity, memory in bytes.
+    Bandwidths are bytes/s, compute is dense fp16/bf16 FLOP/s without sparsity (``peak_flops``; ``peak_flops_fp8``
+    the dense fp8 rate of GPUs with fp8 tensor cores, 0 for one without: there fp8 weights are multiplied at the
+    fp16 rate, as weight-only fp8 kernels do), memory in bytes.
     With ``tensor_parallel = t`` each GPU holds 1/t of the weights and heads, and each layer adds
     all-reduces over the interconnect.
     """
@@ -112,6 +114,7 @@ class HardwareSpec(BaseModel):
     hbm_bytes: int = Field(gt=0, le=1 << 50)
     hbm_bandwidth: float = Field(gt=0, le=1e18)
     peak_flops: float = Field(gt=0, le=1e21)
+    peak_flops_fp8: float = Field(default=0.0, ge=0, le=1e21)
     host_link_bandwidth: float = Field(gt=0, le=1e18)
     interconnect_bandwidth: float = Field(default=0.0, ge=0, le=1e18)  # per-GPU NVLink bytes/s; 0: PCIe only
     interconnect_latency_s: float = Field(default=5e-6, ge=0, le=1.0)
@@ -233,7 +236,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     "tiny-llama": _llama("tiny-llama", 2, 256, 4, 2, 512, 1024, 4096),
 }
 
-# Hardware presets: vendor datasheets. Dense (no sparsity) fp16/bf16 tensor FLOP/s; one direction of
+# Hardware presets: vendor datasheets. Dense (no sparsity) fp16/bf16 and fp8 tensor FLOP/s; one direction of
 # the host link (PCIe x16); NVLink per-GPU bandwidth per direction.
 HARDWARE_PRESETS: dict[str, HardwareSpec] = {
     # NVIDIA A100 datasheet (SXM 40GB): 1,555 GB/s HBM2, 312 TFLOPS fp16, PCIe Gen4 32 GB/s, NVLink 600 GB/s
@@ -242,15 +245,17 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
     # NVIDIA A100 datasheet (SXM 80GB): 2,039 GB/s HBM2e
     "a100-80gb": HardwareSpec(name="a100-80gb", hbm_bytes=80 * GiB, hbm_bandwidth=2039e9, peak_flops=312e12,
                               host_link_bandwidth=32e9, interconnect_bandwidth=300e9),
-    # NVIDIA H100 datasheet (SXM): 3.35 TB/s HBM3, 989 TFLOPS bf16 dense, PCIe Gen5 64 GB/s, NVLink 900 GB/s
+    # NVIDIA H100 datasheet (SXM): 3.35 TB/s HBM3, 989 TFLOPS bf16 and 1,979 fp8 dense, PCIe Gen5 64 GB/s,
+    # NVLink 900 GB/s
     "h100-80gb": HardwareSpec(name="h100-80gb", hbm_bytes=80 * GiB, hbm_bandwidth=3.35e12, peak_flops=989e12,
-                              host_link_bandwidth=64e9, interconnect_bandwidth=450e9),
+                              peak_flops_fp8=1979e12, host_link_bandwidth=64e9, interconnect_bandwidth=450e9),
     # NVIDIA H200 datasheet (SXM): 141 GB HBM3e at 4.8 TB/s, same compute as H100 SXM
     "h200-141gb": HardwareSpec(name="h200-141gb", hbm_bytes=141 * 10**9, hbm_bandwidth=4.8e12,
-                               peak_flops=989e12, host_link_bandwidth=64e9, interconnect_bandwidth=450e9),
-    # NVIDIA L40S datasheet: 48 GB GDDR6 at 864 GB/s, 362 TFLOPS fp16 dense, PCIe Gen4, no NVLink
+                               peak_flops=989e12, peak_flops_fp8=1979e12, host_link_bandwidth=64e9,
+                               interconnect_bandwidth=450e9),
+    # NVIDIA L40S datasheet: 48 GB GDDR6 at 864 GB/s, 362 TFLOPS fp16 and 733 fp8 dense, PCIe Gen4, no NVLink
     "l40s": HardwareSpec(name="l40s", hbm_bytes=48 * 10**9, hbm_bandwidth=864e9, peak_flops=362e12,
-                         host_link_bandwidth=32e9, interconnect_bandwidth=0.0),
+                         peak_flops_fp8=733e12, host_link_bandwidth=32e9, interconnect_bandwidth=0.0),
     # A generic host CPU, for running the real backend's reference path; calibrate before trusting it
     "cpu": HardwareSpec(name="cpu", hbm_bytes=16 * GiB, hbm_bandwidth=20e9, peak_flops=2e11,
                         host_link_bandwidth=20e9, interconnect_bandwidth=0.0),

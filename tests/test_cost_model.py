@@ -107,3 +107,22 @@ def test_execute_is_fast_for_a_decode_batch():
         exe.execute(plan)
     per_call = (time.perf_counter() - t0) / n
     assert per_call < 100e-6  # target 20 us; generous for loaded CI machines
+
+
+def test_fp8_gemms_run_at_the_fp8_rate_where_the_gpu_has_fp8_tensor_cores():
+    # One layer of Llama-2-13B on 8,192 tokens, ideal efficiencies: per token 2 x 317,194,240 FLOPs (the
+    # layer's linear weights, above) = 5.204e15 FLOPs a layer. Compute-bound: fp16 on an H100 at 989e12
+    # FLOP/s, fp8 at 1,979e12 (datasheet, dense); attention is not a GEMM and keeps the fp16 rate.
+    fp8 = L13.model_copy(update={"dtype": "fp8"})
+    flops = 2 * 8192 * 317_194_240
+    h100 = HardwareSpec.from_name("h100-80gb")
+    assert CostModelExecutor(L13, h100, CostParams(**IDEAL)).layer_linear_time(8192) == pytest.approx(
+        flops / 989e12, rel=1e-9)
+    exe = CostModelExecutor(fp8, h100, CostParams(**IDEAL))
+    assert exe.layer_linear_time(8192) == pytest.approx(flops / 1979e12, rel=1e-9)
+    assert exe._attn_peak == 989e12
+    # an A100 has no fp8 tensor cores: fp8 weights are multiplied at the fp16 rate (312e12)
+    assert CostModelExecutor(fp8, A100, CostParams(**IDEAL)).layer_linear_time(8192) == pytest.approx(
+        flops / 312e12, rel=1e-9)
+    # decode stays bound by the weights' bytes, one a parameter in fp8: 317,194,240 bytes / 3.35e12 B/s
+    assert exe.layer_linear_time(1) == pytest.approx(317_194_240 / 3.35e12, rel=1e-3)

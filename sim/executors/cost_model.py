@@ -139,6 +139,10 @@ class CostModelExecutor:
         tp = hardware.tensor_parallel
         b = model.dtype_bytes
         self._peak, self._bw = hardware.peak_flops, hardware.hbm_bandwidth
+        # the GEMMs' rate: fp8 weights and activations on fp8 tensor cores where the GPU has them; attention
+        # stays at the fp16 rate (its kernels compute in fp16/bf16)
+        self._gemm_peak = (hardware.peak_flops_fp8 if model.dtype == "fp8" and hardware.peak_flops_fp8
+                           else hardware.peak_flops)
         self._layers = model.num_layers
         self._shapes = linear_shapes(model, tp)
         q = math.ceil(model.num_heads / tp) * model.head_dim
@@ -377,10 +381,10 @@ class CostModelExecutor:
     def layer_linear_time(self, tokens: int) -> float:
         """Seconds of one layer's four projections on ``tokens`` tokens (a mixture of experts: see
         ``_moe_mlp_time``)."""
-        p, b = self.params, self.model.dtype_bytes
+        p, b, peak = self.params, self.model.dtype_bytes, self._gemm_peak
         if not self.model.num_experts:
-            return sum(gemm_time_scalar(tokens, n, k, self._peak, self._bw, b, p, op) for op, k, n in self._shapes)
-        attn = sum(gemm_time_scalar(tokens, n, k, self._peak, self._bw, b, p, op) for op, k, n in self._shapes[:2])
+            return sum(gemm_time_scalar(tokens, n, k, peak, self._bw, b, p, op) for op, k, n in self._shapes)
+        attn = sum(gemm_time_scalar(tokens, n, k, peak, self._bw, b, p, op) for op, k, n in self._shapes[:2])
         return attn + self._moe_mlp_time(tokens)
 
     def _moe_mlp_time(self, tokens: int) -> float:
@@ -398,9 +402,9 @@ class CostModelExecutor:
         active = e * (1.0 - (1.0 - k_top / e) ** tokens)
         per = tokens * k_top / active
         (up, k_up, n_up), (down, k_down, n_down) = self._shapes[2], self._shapes[3]
-        one = (gemm_time_scalar(per, n_up, k_up, self._peak, self._bw, b, p, up)
-               + gemm_time_scalar(per, n_down, k_down, self._peak, self._bw, b, p, down))
-        router = gemm_time_scalar(tokens, e, m.hidden_size, self._peak, self._bw, b, p)
+        one = (gemm_time_scalar(per, n_up, k_up, self._gemm_peak, self._bw, b, p, up)
+               + gemm_time_scalar(per, n_down, k_down, self._gemm_peak, self._bw, b, p, down))
+        router = gemm_time_scalar(tokens, e, m.hidden_size, self._gemm_peak, self._bw, b, p)
         return router + active * one - (active - 1.0) * 2 * p.kernel_latency_s
 
     def _linear(self, tokens: int) -> tuple[float, float]:
@@ -419,7 +423,7 @@ class CostModelExecutor:
         hit = self._head_cache.get(seqs)
         if hit is None:
             hit = self._head_cache[seqs] = gemm_time_scalar(seqs, self._vocab_shard, self.model.hidden_size,
-                                                            self._peak, self._bw, self.model.dtype_bytes,
+                                                            self._gemm_peak, self._bw, self.model.dtype_bytes,
                                                             self.params)
         return hit
 
