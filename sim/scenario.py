@@ -42,6 +42,9 @@ class KVCacheConfig(_Strict):
     swap_space_gb: float = Field(default=4.0, ge=0, le=L.MAX_SWAP_GB)  # per GPU, as in vLLM
     allocator: Literal["paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle"] = "paged"
     prefix_caching: bool = False
+    # the cached K and V's element type (vLLM's --kv-cache-dtype): auto = the model's dtype; fp8 halves an fp16
+    # model's KV bytes (capacity, attention reads, swaps), the weights and activations keep the model's dtype
+    dtype: Literal["auto", "fp16", "bf16", "fp8", "fp32"] = "auto"
 
     @field_validator("block_size")
     @classmethod
@@ -132,7 +135,11 @@ class Scenario(_Strict):
 
     @property
     def model_spec(self) -> ModelSpec:
-        return ModelSpec.from_name(self.model) if isinstance(self.model, str) else self.model
+        """The model (a preset, or the mapping given), with ``kv_cache.dtype`` as its KV dtype unless auto."""
+        spec = ModelSpec.from_name(self.model) if isinstance(self.model, str) else self.model
+        if self.kv_cache.dtype == "auto":
+            return spec
+        return spec.model_copy(update={"kv_dtype": self.kv_cache.dtype})
 
     @property
     def hardware_spec(self) -> HardwareSpec:

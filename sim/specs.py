@@ -33,6 +33,9 @@ class ModelSpec(BaseModel):
     gated_mlp: bool = True  # SwiGLU (gate, up, down) vs a plain two-matrix MLP (OPT)
     tied_embeddings: bool = False
     dtype: str = "fp16"
+    # the KV cache's element type; None: the model's dtype (vLLM's kv_cache_dtype "auto"). Scenarios set it with
+    # kv_cache.dtype (scenario.py)
+    kv_dtype: str | None = None
     # mixture of experts (Mixtral): each layer's MLP is num_experts experts of intermediate_size, a router
     # sends every token to experts_per_token of them; 0 = a dense MLP
     num_experts: int = Field(default=0, ge=0, le=1024)
@@ -44,6 +47,8 @@ class ModelSpec(BaseModel):
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
         if self.dtype not in DTYPE_BYTES:
             raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}")
+        if self.kv_dtype is not None and self.kv_dtype not in DTYPE_BYTES:
+            raise ValueError(f"kv_dtype must be one of {sorted(DTYPE_BYTES)}, got {self.kv_dtype!r}")
         if self.num_experts and not 1 <= self.experts_per_token <= self.num_experts:
             raise ValueError(f"experts_per_token must be 1 .. num_experts ({self.num_experts}), "
                              f"got {self.experts_per_token}")
@@ -55,9 +60,15 @@ class ModelSpec(BaseModel):
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
 
+    @property
+    def kv_dtype_bytes(self) -> int:
+        """Bytes of one cached K or V element: ``kv_dtype``'s, else the model's dtype's."""
+        return DTYPE_BYTES[self.kv_dtype or self.dtype]
+
     def kv_bytes_per_token(self, dtype: str | None = None) -> int:
-        """2 x layers x kv_heads x head_dim x bytes: the K and V of one token in every layer."""
-        nbytes = DTYPE_BYTES[dtype] if dtype else self.dtype_bytes
+        """2 x layers x kv_heads x head_dim x bytes (of ``dtype``, else the KV dtype): the K and V of one token in
+        every layer."""
+        nbytes = DTYPE_BYTES[dtype] if dtype else self.kv_dtype_bytes
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * nbytes
 
     def kv_bytes_per_block(self, block_size: int, dtype: str | None = None) -> int:

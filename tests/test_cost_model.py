@@ -126,3 +126,19 @@ def test_fp8_gemms_run_at_the_fp8_rate_where_the_gpu_has_fp8_tensor_cores():
         flops / 312e12, rel=1e-9)
     # decode stays bound by the weights' bytes, one a parameter in fp8: 317,194,240 bytes / 3.35e12 B/s
     assert exe.layer_linear_time(1) == pytest.approx(317_194_240 / 3.35e12, rel=1e-3)
+
+
+def test_an_fp8_kv_cache_halves_the_bytes_decode_attention_reads():
+    # Llama-2-13B's KV in fp16 is 819,200 bytes a token (the seed); in fp8 409,600. One decode token at
+    # context 100 reads 101 tokens' K and V, the weights and Q/O stay in fp16.
+    fp8_kv = L13.model_copy(update={"kv_dtype": "fp8"})
+    assert fp8_kv.kv_bytes_per_token() == 409_600 and fp8_kv.weight_bytes() == L13.weight_bytes()
+    r16 = _exe().execute(_plan((1, 100)))
+    r8 = CostModelExecutor(fp8_kv, A100, CostParams(**IDEAL)).execute(_plan((1, 100)))
+    assert r8.breakdown["linear"] == r16.breakdown["linear"]
+    kv_read = 101 * 409_600 / 2039e9
+    assert kv_read < r8.breakdown["attention"] < kv_read * 1.10
+    # what the fp8 cache saves is exactly half of the fp16 cache's K and V traffic: the 101 tokens read and
+    # the new token's K and V written (2 x 5,120 elements a layer, 40 layers)
+    saved = r16.breakdown["attention"] - r8.breakdown["attention"]
+    assert saved == pytest.approx((101 * 819_200 - 101 * 409_600) / 2039e9 + 40 * 2 * 5120 / 2039e9, rel=1e-9)

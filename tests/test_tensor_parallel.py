@@ -1,10 +1,13 @@
 """Tensor parallelism end to end: the shipped TP=4 scenario, capacity and swap space derived by hand, and
-``--set hardware.tensor_parallel=N`` on a scenario that names a hardware preset."""
+``--set hardware.tensor_parallel=N`` on a scenario that names a hardware preset; an fp8 KV cache's capacity."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from sim.errors import KvsimError
 from sim.runner import cpu_blocks, gpu_blocks, run_scenario
 from sim.scenario import load_scenario
 
@@ -50,3 +53,24 @@ def test_set_tensor_parallel_on_a_preset():
     small = load_scenario(SCENARIOS / "quickstart.yaml", ["workload.limit=20", "hardware.tensor_parallel=2",
                                                           "kv_cache.num_gpu_blocks=600"])
     assert run_scenario(small, check_integrity=True).summary["num_finished"] == 20
+
+
+def test_an_fp8_kv_cache_holds_twice_the_tokens_of_the_same_memory():
+    # kv_cache.dtype: fp8 (vLLM's --kv-cache-dtype fp8): 1 byte a K or V element, so 409,600 bytes a token
+    # of Llama-2-13B (the seed's 819,200 in fp16); the weights stay fp16
+    scn = load_scenario(SCENARIOS / "quickstart.yaml", ["workload.limit=40", "kv_cache.dtype=fp8"])
+    weights = 2 * (40 * (5120 * 3 * 5120 + 5120 * 5120 + 3 * 5120 * 13824 + 2 * 5120) + 2 * 32000 * 5120 + 5120)
+    assert scn.model_spec.kv_bytes_per_token() == 409_600 and scn.model_spec.weight_bytes() == weights
+    assert gpu_blocks(scn) == int((0.95 * 80 * 2**30 * 0.9 - weights) // (16 * 409_600))
+    assert cpu_blocks(scn) == (4 * 2**30) // (16 * 409_600)
+    s = run_scenario(scn, check_integrity=True).summary
+    assert s["num_finished"] == 40
+
+
+def test_the_gpu_backend_refuses_an_fp8_kv_cache_it_would_not_keep():
+    from backend.executor import make_gpu_executor
+
+    scn = load_scenario(SCENARIOS / "quickstart.yaml", ["kv_cache.dtype=fp8"])
+    with pytest.raises(KvsimError, match="kv_cache.dtype: the GPU backend keeps K and V in the model's dtype"):
+        make_gpu_executor(model=scn.model_spec, hardware=scn.hardware_spec, config=None, kv=scn.kv_cache,
+                          num_gpu_blocks=1, num_cpu_blocks=0)

@@ -151,8 +151,9 @@ class CostModelExecutor:
         self._vocab_shard = math.ceil(model.vocab_size / tp)
         # attention constants (per layer, per shard)
         self._attn_flops_per_pair = 4.0 * model.head_dim * math.ceil(model.num_heads / tp)
-        self._attn_new_bytes = b * (2 * q + 2 * kv)     # Q and O, new K and V, per new token
-        self._attn_kv_bytes = b * 2 * kv                # cached K and V, per context token
+        kvb = model.kv_dtype_bytes
+        self._attn_new_bytes = b * 2 * q + kvb * 2 * kv  # Q and O, new K and V, per new token
+        self._attn_kv_bytes = kvb * 2 * kv               # cached K and V, per context token
         self._attn_peak = self._peak * params.attn_compute_eff
         self._attn_bw = self._bw * params.attn_memory_eff
         self._attn_seq = params.attn_seq_latency_s
