@@ -201,7 +201,8 @@ class CostModelExecutor:
         # fused elementwise kernels stream at the bandwidth of a copy (memory_eff); the low efficiencies
         # fitted to isolated small kernels are their launch latency, which a graph replaces
         act = (3 if self.model.gated_mlp else 2) * inter * max(1, self.model.experts_per_token)  # k experts a token
-        self._fused_s_per_token = b * (8 * h + 2 * (q + kv) + 4 * kv + act) \
+        # (the KV-cache write reads the new K and V in the model's dtype and stores them in the cache's)
+        self._fused_s_per_token = (b * (8 * h + 2 * (q + kv) + 2 * kv + act) + self.model.kv_dtype_bytes * 2 * kv) \
             / (self._bw * self.params.memory_eff)
         self._eng_linear_cache: dict[tuple[int, bool], tuple[float, float]] = {}
         self._eng_fixed_cache: dict[tuple[int, int, bool], tuple[float, float, float, float, float]] = {}
