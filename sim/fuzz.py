@@ -88,6 +88,7 @@ KNOBS: list[tuple[str, Callable[[random.Random], Any]]] = [
     ("scheduler.multi_step", _choice([False, True])),      # decode runs: must change nothing (test_multi_step)
     ("executor.engine", _choice([True, False])),           # engine-level step terms or isolated operators
     ("frontend.enabled", _choice([True, False])),          # frontend latencies before and after the engine
+    ("kv_cache.dtype", _maybe(0.3, _choice(["fp8", "fp32"]))),  # the cache's own element type (else auto)
 ]
 
 
@@ -224,7 +225,8 @@ def _capacity_and_parallelism(rng: random.Random, data: dict) -> None:
         hw = data["hardware"] if isinstance(data["hardware"], dict) else HardwareSpec.from_name(
             data["hardware"]).model_dump()
         blocks = kv.pop("num_gpu_blocks")
-        need = model.weight_bytes() + (blocks + 0.5) * model.kv_bytes_per_block(kv.get("block_size", 16))
+        need = model.weight_bytes() + (blocks + 0.5) * model.kv_bytes_per_block(kv.get("block_size", 16),
+                                                                                kv.get("dtype"))
         reserve = rng.choice([None, 0.0, 0.001])
         if reserve is None:
             usable = need / 0.95  # the default reserve is 5% of the usable memory
