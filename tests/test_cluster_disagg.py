@@ -104,3 +104,15 @@ def test_timeline_shows_each_transfer_between_prefill_and_decode() -> None:
         assert names.index("prefill") < names.index("transferring") < len(names) - 1 - names[::-1].index("decode")
         assert names.count("done") == 1 and names[-1] == "done"
         assert moving.loc[rid, "start_s"] >= reqs.loc[rid, "first_token_s"] - 1e-12
+
+
+def test_an_fp8_kv_cache_sends_half_the_bytes_and_both_pools_must_keep_it() -> None:
+    from sim.errors import KvsimError
+
+    fp8 = {**_pd(REQS, {"replicas": 2}, {"replicas": 3}), "kv_cache": {**TINY["kv_cache"], "dtype": "fp8"}}
+    decoded = sum(p for _, p, o in REQS if o > 1)
+    assert run_scenario(scenario_from_dict(fp8)).summary["cluster"]["transferred_kv_bytes"] == \
+        decoded * _kv_bytes_per_token() // 2                  # one byte a K or V element instead of two
+    mixed = _pd(REQS[:5], {"replicas": 1}, {"replicas": 1, "kv_cache": {"dtype": "fp8"}})
+    with pytest.raises(KvsimError, match="same KV bytes a token"):
+        run_scenario(scenario_from_dict(mixed))

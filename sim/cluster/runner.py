@@ -153,7 +153,8 @@ def _check_disaggregated(scn: Scenario, pools: list[Scenario], requests: list[Re
         raise KvsimError(where, f"request {wide.req_id} has n={wide.n}, beam_width={wide.beam_width}: "
                          "parallel samples and beams are not modelled across prefill/decode pools")
     if pools[0].model_spec.kv_bytes_per_token() != pools[1].model_spec.kv_bytes_per_token():
-        raise KvsimError(where, "the prefill and decode pools must serve the same model")
+        raise KvsimError(where, "the prefill and decode pools must serve the same model with the same KV bytes a "
+                                "token (kv_cache.dtype): the decode pool takes the prefill pool's KV as it is")
 
 
 def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bool = False) -> ClusterResult:
