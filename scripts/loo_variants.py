@@ -31,10 +31,8 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from sim.executors import opmodel
-from sim.executors.calibrate import fit_gemm
 from sim.executors.gemm_features import gemm_features
 from sim.executors.measurements import read_measurements
-from sim.executors.roofline import DEFAULT_NUM_SMS, CostParams
 from sim.executors.shape_correction import ShapeCorrection
 from sim.executors.tree_ensemble import TREE_SETTINGS
 from sim.executors.validation import hardware_of, shipped_vidur
@@ -59,14 +57,13 @@ class Fold:
 
 
 def make_fold(df: pd.DataFrame, hw: HardwareSpec, held: str) -> Fold:
-    train, test = opmodel.loo_split(df, held)
-    roof = fit_gemm(train, hw, CostParams(num_sms=DEFAULT_NUM_SMS.get(hw.name, 108)))
-    plain = replace(roof, gemm_correction={})
+    train, test, fits = opmodel.loo_fold(df, hw, held)
+    roof, plain = fits["roofline"], replace(fits["corrected"], gemm_correction={})
     target = np.log(train.time_s.to_numpy() / opmodel.predict_gemm(train, hw, plain))
     feats = [gemm_features(d.M.to_numpy(), d.N.to_numpy(), d.K.to_numpy(), roof.num_sms, d.operator.to_numpy())
              for d in (train, test)]
     return Fold(held, train, test, *feats, target, opmodel.predict_gemm(test, hw, plain),
-                opmodel.fit_correction(train, hw, roof), roof.num_sms)
+                fits["corrected"].gemm_correction, roof.num_sms)
 
 
 def kernel_mean(fold: Fold, **widths: float) -> np.ndarray:
