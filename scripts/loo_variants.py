@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -58,11 +58,11 @@ class Fold:
 
 def make_fold(df: pd.DataFrame, hw: HardwareSpec, held: str) -> Fold:
     train, test, fits = opmodel.loo_fold(df, hw, held)
-    roof, plain = fits["roofline"], replace(fits["corrected"], gemm_correction={})
-    target = np.log(train.time_s.to_numpy() / opmodel.predict_gemm(train, hw, plain))
+    roof = fits["roofline"]   # the tile/wave roofline without a correction
+    target = np.log(train.time_s.to_numpy() / opmodel.predict_gemm(train, hw, roof))
     feats = [gemm_features(d.M.to_numpy(), d.N.to_numpy(), d.K.to_numpy(), roof.num_sms, d.operator.to_numpy())
              for d in (train, test)]
-    return Fold(held, train, test, *feats, target, opmodel.predict_gemm(test, hw, plain),
+    return Fold(held, train, test, *feats, target, opmodel.predict_gemm(test, hw, roof),
                 fits["corrected"].gemm_correction, roof.num_sms)
 
 
