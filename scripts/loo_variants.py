@@ -6,8 +6,9 @@ model and its validation"), and one bound, scored as ``kvsim validate --loo`` sc
 
 Per fold (one model held out, its GEMM shapes removed from training: ``opmodel.loo_split``) the blend is
 ``roofline x exp((1 - w) x kernel mean + w x learner)`` with w = ``opmodel.TREE_WEIGHT``; a variant changes
-the learner, its features or targets, or the kernel mean's widths, and nothing else. Printed: MAPE of the
-held-out models' four projections per model and pooled over all held-out rows (the README's figure).
+the learner, its features, targets or training rows (``cross_gpu``: the other GPU's tables too), or the
+kernel mean's widths, and nothing else. Printed: MAPE of the held-out models' four projections per model and
+pooled over all held-out rows (the README's figure).
 "shipped" fits the trees on their own and reproduces ``kvsim validate --loo`` (A100's Llama-3-8B to 0.01
 point: beyond the grid's last token count the shipped curves sample the trees 2^(1/32) apart in M, this
 script at each row's own token count).
@@ -18,6 +19,7 @@ from the shipped blend, the most any per-shape offset could give. Needs scikit-l
 from __future__ import annotations
 
 import argparse
+import functools
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,9 +32,10 @@ from sklearn.neural_network import MLPRegressor
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from sim.executors import opmodel
+from sim.executors import calibrate, opmodel
 from sim.executors.gemm_features import gemm_features
 from sim.executors.measurements import read_measurements
+from sim.executors.roofline import DEFAULT_NUM_SMS, CostParams
 from sim.executors.shape_correction import ShapeCorrection
 from sim.executors.tree_ensemble import TREE_SETTINGS
 from sim.executors.validation import hardware_of, shipped_vidur
@@ -54,6 +57,7 @@ class Fold:
     roofline_test: np.ndarray
     correction: dict          # opmodel.fit_correction's data (its trees are not used here)
     num_sms: int
+    hardware: str
 
 
 def make_fold(df: pd.DataFrame, hw: HardwareSpec, held: str) -> Fold:
@@ -63,7 +67,7 @@ def make_fold(df: pd.DataFrame, hw: HardwareSpec, held: str) -> Fold:
     feats = [gemm_features(d.M.to_numpy(), d.N.to_numpy(), d.K.to_numpy(), roof.num_sms, d.operator.to_numpy())
              for d in (train, test)]
     return Fold(held, train, test, *feats, target, opmodel.predict_gemm(test, hw, roof),
-                fits["corrected"].gemm_correction, roof.num_sms)
+                fits["corrected"].gemm_correction, roof.num_sms, hw.name)
 
 
 def kernel_mean(fold: Fold, **widths: float) -> np.ndarray:
@@ -124,6 +128,31 @@ def rolling_median(f: Fold, window: int) -> np.ndarray:
     return smooth.sort_index().to_numpy()
 
 
+@functools.cache
+def projection_rows(hardware: str) -> pd.DataFrame:
+    """Every shipped projection row of one GPU (opmodel.with_shapes)."""
+    return opmodel.with_shapes(read_measurements(shipped_vidur(hardware.split("-")[0])))
+
+
+def cross_gpu(f: Fold) -> np.ndarray:
+    """Trees (600) fitted on the fold's rows and the other GPU's, each against its own GPU's tile/wave roofline,
+    with the SM count as one more feature. The other GPU's rows lose the held-out model and its shapes too."""
+    other = hardware_of(next(g for g in ("h100-80gb", "a100-80gb") if g != f.hardware))
+    rows = projection_rows(other.name)
+    shapes = pd.MultiIndex.from_frame(f.test[["N", "K"]].drop_duplicates())
+    rows = rows[(rows.model != f.held) & ~pd.MultiIndex.from_frame(rows[["N", "K"]]).isin(shapes)]
+    roof = calibrate.fit_gemm(rows, other, CostParams(num_sms=DEFAULT_NUM_SMS[other.name]))
+    target = np.log(rows.time_s.to_numpy() / opmodel.predict_gemm(rows, other, roof))
+    feats = gemm_features(rows.M.to_numpy(), rows.N.to_numpy(), rows.K.to_numpy(), roof.num_sms,
+                          rows.operator.to_numpy())
+
+    def with_sms(x: np.ndarray, sms: int) -> np.ndarray:
+        return np.hstack([x, np.full((len(x), 1), float(sms))])
+
+    x = np.vstack([with_sms(f.x_train, f.num_sms), with_sms(feats, roof.num_sms)])
+    return boosted(x, np.concatenate([f.target, target]), with_sms(f.x_test, f.num_sms), max_iter=600)
+
+
 # name -> (learner's log ratio at the test rows, kernel-mean widths)
 Learner = Callable[[Fold], np.ndarray]
 VARIANTS: dict[str, tuple[Learner, dict[str, float]]] = {
@@ -135,6 +164,8 @@ VARIANTS: dict[str, tuple[Learner, dict[str, float]]] = {
     "network": (network, {}),
     "network_averaged": (lambda f: (boosted(f.x_train, f.target, f.x_test) + network(f)) / 2, {}),
     "subsampled": (subsampled, {}),
+    "cross_gpu": (cross_gpu, {}),
+    "cross_gpu_averaged": (lambda f: (boosted(f.x_train, f.target, f.x_test) + cross_gpu(f)) / 2, {}),
     "subsampled_bagged": (lambda f: (subsampled(f) + forest(f)) / 2, {}),
     **{f"features_{kind}": ((lambda f, kind=kind: boosted(
         np.hstack([f.x_train, extra_features(f.train, kind, f.num_sms)]), f.target,
