@@ -159,9 +159,11 @@ def same_admission(schedulers: list[ContinuousScheduler]) -> bool:
 
 def run_engines(requests: list[Request], engines: list[EngineParts], lag: float, *, dest: list[int] | None = None,
                 choose: Callable[[Request, list[ReplicaState]], int] | None = None,
+                rule: tuple[int, np.ndarray | None, int] | None = None,
                 progress: Callable[[int], None] | None = None) -> tuple[list[CoreRun], np.ndarray]:
     """Several engines fed by one arrival process: ``requests`` in hand-over order, each at its arrival +
-    ``lag``, to the engine ``dest[g]`` (chosen ahead) or ``choose(request, states)`` (a router reading the
+    ``lag``, to the engine ``dest[g]`` (chosen ahead), by ``rule`` (a router's ``CoreRule.as_core_arg``,
+    applied by the core from the engines' counts) or ``choose(request, states)`` (a router reading the
     engines' ``ReplicaState`` as of that moment). The engines must admit alike (``same_admission``).
     Returns each engine's run and the engine each request went to; errors are raised as the SimPy loop
     raises them."""
@@ -178,7 +180,11 @@ def run_engines(requests: list[Request], engines: list[EngineParts], lag: float,
     where = np.full(n, -1, dtype=np.int64) if dest is None else np.array(dest, dtype=np.int64)
     state = np.zeros((m, 3), dtype=np.int64)
     route = None
-    if dest is None:
+    if dest is None and rule is not None:
+        if rule[1] is not None and len(rule[1]) != n:
+            raise ValueError("run_engines: the router's pairs are not one a request")
+        route = rule
+    elif dest is None:
         if choose is None:
             raise ValueError("run_engines: give dest or choose")
         views = [ReplicaState(state, e, p.scheduler.manager.num_blocks, p.scheduler.manager.block_size)

@@ -265,6 +265,68 @@ def test_clusters_run_in_the_core_and_equal(monkeypatch, policy, case):
     assert (core.replicas["requests"] > 0).all()
 
 
+@pytest.mark.parametrize("policy", ["least_requests", "least_kv", "power_of_two", "prefix_affinity"])
+@pytest.mark.parametrize("case", ["long_decodes", "pressure"])
+def test_routing_rules_applied_by_the_core_equal_the_routers_calls(monkeypatch, policy, case):
+    """The routers with a ``core_rule`` are applied by the core itself (sim/csrc/core.c ``rule_choice``): 8
+    replicas, a burst of arrivals at one instant (every load tied, then the submitted counts) and a pool
+    under memory pressure (KV usage apart), prefix_affinity with a slack of 1 and prompts of one block and
+    less: the same results as calling the router at each arrival, and the rule is what ran."""
+    import pandas as pd
+
+    from sim.cluster import routers
+
+    data = _scenario(STRESS["long_decodes"] if case == "long_decodes" else PRESSURE)
+    if case == "long_decodes":
+        data["workload"]["synthetic"]["arrival"]["rate"] = 200.0
+    else:
+        data["workload"]["requests"] += [{"arrival": 1.0, "prompt_len": 1 + i % 6, "output_len": 9} for i in range(40)]
+    data["cluster"] = {"replicas": 8, "router": {"policy": policy, "load_slack": 1}}
+    applied = []
+    real = engine_core.run_engines
+
+    def spy(*args, **kwargs):
+        applied.append(kwargs.get("rule"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine_core, "run_engines", spy)
+    monkeypatch.setattr("sim.cluster.runner.run_engines", spy)
+    by_rule = run_scenario(scenario_from_dict(data), check_integrity=True)
+    monkeypatch.setattr(routers.ROUTERS[policy], "core_rule", lambda self, n, m: None)
+    by_call = run_scenario(scenario_from_dict(data), check_integrity=True)
+    assert applied[0] is not None and applied[1] is None
+    assert by_rule.profile["compiled_core"] and by_call.profile["compiled_core"]
+    assert_same(by_call, by_rule)
+    pd.testing.assert_frame_equal(by_call.replicas, by_rule.replicas, check_exact=True)
+    assert (by_rule.replicas["requests"] > 0).sum() >= 4
+
+
+def test_power_of_two_hands_the_core_the_pairs_its_calls_would_read():
+    """``PowerOfTwo.core_rule`` draws the pairs ``choose`` would read, request by request, across blocks of
+    drawn pairs, and leaves the rest of the last block to later calls as ``choose`` would."""
+    from sim.cluster import routers
+    from sim.cluster.config import RouterConfig
+
+    n = 2 * routers.PowerOfTwo.BLOCK + 37
+    ahead = routers.PowerOfTwo(RouterConfig(policy="power_of_two"), seed=11)
+    called = routers.PowerOfTwo(RouterConfig(policy="power_of_two"), seed=11)
+    rule = ahead.core_rule(n, 5)
+    read = []
+    monkeypatch = pytest.MonkeyPatch()
+    with monkeypatch.context() as m:
+        m.setattr(routers, "least_loaded", lambda replicas, among=None, loads=None: read.append(among) or among[0])
+        for _ in range(n + 10):
+            called.choose(None, [None] * 5)
+        later = []
+        m.setattr(routers, "least_loaded", lambda replicas, among=None, loads=None: later.append(among) or among[0])
+        for _ in range(10):
+            ahead.choose(None, [None] * 5)
+    assert rule.kind == routers.CoreRule.PAIR and rule.pairs.shape == (n, 2)
+    assert [tuple(p) for p in rule.pairs.tolist()] == read[:n]
+    assert later == read[n:]
+    assert all(a < b for a, b in read)
+
+
 def test_a_router_reading_prefix_caches_runs_the_loop():
     data = _scenario(STRESS["long_decodes"])
     data["workload"]["synthetic"]["num_requests"] = 30

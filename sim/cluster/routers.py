@@ -25,7 +25,8 @@ sent the fewest requests so far, then to the lowest index.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
 
 import numpy as np
 
@@ -79,6 +80,32 @@ class Router:
     def choose(self, req: Request, replicas: Sequence[ReplicaView]) -> int:
         raise NotImplementedError
 
+    def core_rule(self, num_requests: int, num_replicas: int) -> CoreRule | None:
+        """This router's choices as a rule the compiled core applies itself (sim/csrc/core.c
+        ``rule_choice``: the same choices from the same counts, without a Python call per request), for the
+        next ``num_requests`` requests over ``num_replicas`` replicas of one block count; None: ``choose``
+        is called. Drawn randomness is used up as ``choose`` would use it."""
+        return None
+
+
+@dataclass(frozen=True)
+class CoreRule:
+    """A routing rule of the compiled core: ``kind`` (``LEAST_LOAD``: least_loaded over every replica;
+    ``LEAST_KV``: the least KV usage, then load; ``PAIR``: least_loaded over request g's pair ``pairs[g]``
+    (ascending); ``AFFINITY``: PrefixAffinity over replicas without prefix caches, with ``slack``)."""
+
+    LEAST_LOAD: ClassVar[int] = 1
+    LEAST_KV: ClassVar[int] = 2
+    PAIR: ClassVar[int] = 3
+    AFFINITY: ClassVar[int] = 4
+
+    kind: int
+    pairs: np.ndarray | None = None   # int64, num_requests x 2
+    slack: int = 0
+
+    def as_core_arg(self) -> tuple[int, np.ndarray | None, int]:
+        return self.kind, None if self.pairs is None else np.ascontiguousarray(self.pairs, dtype=np.int64), self.slack
+
 
 def least_loaded(replicas: Sequence[ReplicaView], among: Sequence[int] | None = None,
                  loads: Sequence[int] | None = None) -> int:
@@ -122,6 +149,9 @@ class LeastRequests(Router):
     def choose(self, req: Request, replicas: Sequence[ReplicaView]) -> int:
         return least_loaded(replicas)
 
+    def core_rule(self, num_requests: int, num_replicas: int) -> CoreRule | None:
+        return CoreRule(CoreRule.LEAST_LOAD)
+
 
 @register("least_kv")
 class LeastKV(Router):
@@ -132,6 +162,9 @@ class LeastKV(Router):
         low = min(usage)
         tied = [i for i, u in enumerate(usage) if u == low]   # loads read only to break a tie
         return tied[0] if len(tied) == 1 else min(tied, key=lambda i: (replicas[i].load(), i))
+
+    def core_rule(self, num_requests: int, num_replicas: int) -> CoreRule | None:
+        return CoreRule(CoreRule.LEAST_KV)
 
 
 @register("power_of_two")
@@ -153,12 +186,28 @@ class PowerOfTwo(Router):
         if n == 1:
             return 0
         if not self._pairs or self._pool != n:
-            a = self.rng.integers(n, size=self.BLOCK)
-            b = self.rng.integers(n - 1, size=self.BLOCK)
-            b += b >= a
-            self._pairs = list(zip(np.minimum(a, b).tolist(), np.maximum(a, b).tolist()))[::-1]
+            self._pairs = list(map(tuple, self._draw(n).tolist()))[::-1]
             self._pool = n
         return least_loaded(replicas, self._pairs.pop())
+
+    def _draw(self, n: int) -> np.ndarray:
+        """The next ``BLOCK`` pairs (rows, each ascending) for ``n`` replicas."""
+        a = self.rng.integers(n, size=self.BLOCK)
+        b = self.rng.integers(n - 1, size=self.BLOCK)
+        b += b >= a
+        return np.stack([np.minimum(a, b), np.maximum(a, b)], axis=1)
+
+    def core_rule(self, num_requests: int, num_replicas: int) -> CoreRule | None:
+        if num_replicas == 1:
+            return CoreRule(CoreRule.LEAST_LOAD)
+        if self._pairs:   # (some were drawn and not used: the calls go on from them)
+            return None
+        blocks = [self._draw(num_replicas) for _ in range(-(-num_requests // self.BLOCK))]
+        pairs = np.concatenate(blocks)[:num_requests] if blocks else np.empty((0, 2), dtype=np.int64)
+        left = np.concatenate(blocks)[num_requests:] if blocks else pairs
+        self._pairs = list(map(tuple, left.tolist()))[::-1]   # the rest of the last block, as choose leaves it
+        self._pool = num_replicas
+        return CoreRule(CoreRule.PAIR, pairs)
 
 
 @register("prefix_affinity")
@@ -184,6 +233,9 @@ class PrefixAffinity(Router):
         hashes = block_hashes(req, 0, max_blocks, bs, ROOT_HASH)
         hits = {i: replicas[i].cached_prefix_blocks(req, hashes) for i in among}
         return min(among, key=lambda i: (-hits[i], loads[i], i))
+
+    def core_rule(self, num_requests: int, num_replicas: int) -> CoreRule | None:
+        return None if self.reads_state else CoreRule(CoreRule.AFFINITY, slack=int(self.config.load_slack))
 
 
 @register("session")

@@ -10,7 +10,8 @@
 A colocated pool whose replicas the compiled engine core covers, behind a router that reads at most the
 replicas' loads and KV usage (every router but prefix_affinity over prefix caches), runs in the core
 instead (sim/engine_core.py run_engines: one arrival process, the replicas' loops, in SimPy's event
-order, the router called at each arrival or its choices made ahead), with the same results.
+order; the router's choices made ahead, applied by the core from the replicas' counts (``core_rule``) or
+made by calling it at each arrival), with the same results.
 
 Disaggregated (sim/cluster/disagg.py): the arrivals feed the prefill pool; finished prefills cross the
 link and enter the decode pool; the decode engines stop once the prefill engines have stopped and the
@@ -122,11 +123,14 @@ def _observed(router: Router, pool: list[Replica], requests: list[Request], lag:
 def _run_in_core(pool: list[Replica], requests: list[Request], router: Router, dest: list[int] | None, lag: float,
                  served: dict[int, int]) -> None:
     """The colocated pool's run in the compiled engine core: its router's choices made ahead (``dest``) or
-    at each arrival from the replicas' loads and KV usage, as ``_arrivals`` and the replicas' engine loops
-    make them, with the same results."""
+    at each arrival from the replicas' loads and KV usage (by the core itself where the router has a
+    ``core_rule``, else a call of ``choose``), as ``_arrivals`` and the replicas' engine loops make them,
+    with the same results."""
     parts = [EngineParts(rep.scheduler, rep.engine.executor, rep.engine.recorder, rep.engine.async_scheduling,
                          rep.engine.max_stall, rep.engine.check_integrity) for rep in pool]
-    _, where = run_engines(requests, parts, lag, dest=dest, choose=router.choose)
+    rule = None if dest is not None else router.core_rule(len(requests), len(pool))
+    _, where = run_engines(requests, parts, lag, dest=dest, choose=router.choose,
+                           rule=None if rule is None else rule.as_core_arg())
     counts = np.bincount(where, minlength=len(pool))
     for rep, n in zip(pool, counts.tolist()):
         rep.submitted = n

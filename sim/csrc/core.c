@@ -18,7 +18,9 @@ microsecond):
   - the cost model's step (sim/executors/cost_model.py execute, _engine_fixed_terms): the same float
     operations in the same order; the GEMM, all-reduce and LM-head times come from the executor itself
     (a Python call for the first step of each size, then a table lookup);
-  - a router that reads the replicas (sim/cluster/routers.py) is called at each arrival.
+  - a router that reads the replicas (sim/cluster/routers.py) is called at each arrival, or, for the
+    routers whose rule is one of ``RouteRule`` (``Router.core_rule``), its choice is made here from the
+    same counts.
 
 Rows go to the caller a chunk at a time (``sink``); everything else comes back at the end. */
 #include "native.h"
@@ -31,6 +33,9 @@ enum { PH_WAITING = 0, PH_PREFILL = 1, PH_DECODE = 2, PH_PREEMPTED = 3, PH_SWAPP
 enum { MAIN_COLS = 18, BD_COLS = 7 };
 enum { ERR_NONE = 0, ERR_DEADLOCK = 1, ERR_DURATION = 2, ERR_LIVELOCK = 3 };
 enum { URGENT = 0, NORMAL = 1 };
+/* routers chosen here (sim/cluster/routers.py, Router.core_rule): least_requests; least_kv; power_of_two
+over the pairs drawn ahead; prefix_affinity over a pool without prefix caches */
+enum { RULE_CALL = 0, RULE_LEAST_LOAD = 1, RULE_LEAST_KV = 2, RULE_PAIR = 3, RULE_AFFINITY = 4 };
 
 /* a growable array of fixed-size items */
 typedef struct {
@@ -136,6 +141,10 @@ struct World {
     const double *arrival;
     int64_t *dest;        /* each request's engine: given (chosen ahead), or chosen at hand-over by ``route`` */
     PyObject *route;      /* None, or route(g) -> engine, reading ``state`` (a router that reads replicas) */
+    int rule;             /* RULE_CALL (``route`` is called), or the router's rule, applied here */
+    const int64_t *pairs; /* RULE_PAIR: request g's two candidates, pairs[2g] < pairs[2g + 1] */
+    int64_t slack;        /* RULE_AFFINITY: the load slack */
+    const int64_t *prompt;   /* each request's prompt length (RULE_AFFINITY) */
     int64_t *state;       /* per engine: requests handed over, finished or rejected, blocks in use */
     double lag, now;
     int int_clock;        /* the clock is still SimPy's initial int 0 (no event with a float time yet) */
@@ -1054,10 +1063,74 @@ static void trigger_wake(Core *c)
     }
 }
 
-/* a router that reads the replicas chooses request g's engine (Replica.load: handed over less finished or
-rejected; Replica.kv_usage: blocks in use) */
+/* Replica.load: requests handed over, less those finished or rejected */
+static inline int64_t load_of(const Core *c)
+{
+    return c->submitted - (c->finished + c->rejected);
+}
+
+/* routers.least_loaded over engines a and b (b < 0: every engine): the least load, then the fewest
+submitted, then the lowest index */
+static Py_ssize_t least_loaded(const World *w, Py_ssize_t a, Py_ssize_t b)
+{
+    Py_ssize_t best = b < 0 ? 0 : a;
+    for (Py_ssize_t e = b < 0 ? 1 : b; e < (b < 0 ? w->M : b + 1); e++) {
+        const Core *c = &w->engines[e], *o = &w->engines[best];
+        const int64_t lc = load_of(c), lo = load_of(o);
+        if (lc < lo || (lc == lo && c->submitted < o->submitted))
+            best = e;
+    }
+    return best;
+}
+
+/* the choice of a router whose rule is applied here (RouteRule), in sim/cluster/routers.py's terms */
+static Py_ssize_t rule_choice(const World *w, Py_ssize_t g)
+{
+    const Core *E = w->engines;
+    if (w->rule == RULE_LEAST_LOAD)
+        return least_loaded(w, 0, -1);
+    if (w->rule == RULE_PAIR)
+        return least_loaded(w, w->pairs[2 * g], w->pairs[2 * g + 1]);
+    if (w->rule == RULE_LEAST_KV) {   /* the fewest blocks in use (one block count for all), then the load */
+        Py_ssize_t best = 0;
+        for (Py_ssize_t e = 1; e < w->M; e++) {
+            const int64_t ue = E[e].num_blocks - E[e].free_blocks, ub = E[best].num_blocks - E[best].free_blocks;
+            if (ue < ub || (ue == ub && load_of(&E[e]) < load_of(&E[best])))
+                best = e;
+        }
+        return best;
+    }
+    /* RULE_AFFINITY without prefix caches: the engines within the slack of the least load; of those the
+    least loaded (and fewest submitted, for a prompt of at most one block or one engine), else by load */
+    int64_t low = load_of(&E[0]);
+    for (Py_ssize_t e = 1; e < w->M; e++)
+        if (load_of(&E[e]) < low)
+            low = load_of(&E[e]);
+    const int64_t floor = low + w->slack;
+    Py_ssize_t among = 0, best = -1;
+    for (Py_ssize_t e = 0; e < w->M; e++)
+        if (load_of(&E[e]) <= floor)
+            among++;
+    const int by_submitted = (w->prompt[g] - 1) / E[0].bs <= 0 || among == 1;
+    for (Py_ssize_t e = 0; e < w->M; e++) {
+        const int64_t le = load_of(&E[e]);
+        if (le > floor)
+            continue;
+        if (best < 0 || le < load_of(&E[best])
+            || (by_submitted && le == load_of(&E[best]) && E[e].submitted < E[best].submitted))
+            best = e;
+    }
+    return best;
+}
+
+/* a router that reads the replicas chooses request g's engine: by its rule, or called with ``state`` as of
+now (Replica.load: handed over less finished or rejected; Replica.kv_usage: blocks in use) */
 static int route(World *w, Py_ssize_t g)
 {
+    if (w->rule != RULE_CALL) {
+        w->dest[g] = rule_choice(w, g);
+        return 0;
+    }
     for (Py_ssize_t e = 0; e < w->M; e++) {
         const Core *c = &w->engines[e];
         w->state[3 * e] = c->submitted;
@@ -1387,8 +1460,8 @@ PyObject *kv_run_core(PyObject *self, PyObject *args)
     memset(&w, 0, sizeof w);
     Core shared;
     memset(&shared, 0, sizeof shared);
-    Py_buffer bufs[6];
-    int got = 0;
+    Py_buffer bufs[6], pairs_buf;
+    int got = 0, got_pairs = 0;
     PyObject *result = NULL;
     Core *engines = calloc(M, sizeof(Core));
     if (!engines) {
@@ -1445,6 +1518,29 @@ PyObject *kv_run_core(PyObject *self, PyObject *args)
     w.arrival = bufs[1].buf;
     w.dest = bufs[2].buf;
     w.route = route;
+    w.prompt = shared.prompt;
+    if (PyTuple_Check(route)) {   /* (rule, pairs or None, slack): the router's rule, applied here */
+        PyObject *pairs_obj;
+        long long slack;
+        if (!PyArg_ParseTuple(route, "iOL", &w.rule, &pairs_obj, &slack))
+            goto done;
+        if (w.rule < RULE_LEAST_LOAD || w.rule > RULE_AFFINITY) {
+            PyErr_Format(PyExc_ValueError, "run_core: no routing rule %d", w.rule);
+            goto done;
+        }
+        w.slack = slack;
+        if (w.rule == RULE_PAIR) {
+            if (get_buffer(pairs_obj, &pairs_buf, "q", 8, 2 * N, "router pairs") < 0)
+                goto done;
+            got_pairs = 1;
+            w.pairs = pairs_buf.buf;
+            for (Py_ssize_t j = 0; j < 2 * N; j++)
+                if (w.pairs[j] < 0 || w.pairs[j] >= M || (j % 2 && w.pairs[j - 1] >= w.pairs[j])) {
+                    PyErr_SetString(PyExc_ValueError, "run_core: a router pair is out of range or not ascending");
+                    goto done;
+                }
+        }
+    }
     w.state = bufs[3].buf;
     w.lag = lag;
     w.engines = engines;
@@ -1487,5 +1583,7 @@ done:
     free(shared.in_pre);
     while (got > 0)
         PyBuffer_Release(&bufs[--got]);
+    if (got_pairs)
+        PyBuffer_Release(&pairs_buf);
     return result;
 }

@@ -72,9 +72,10 @@ static PyMethodDef methods[] = {
      "array of m, or a number; a zero is left as it is), as sim/metrics.py's Columns.extend writes them. "
      "False, with nothing written, where a column is neither."},
     {"run_core", kv_run_core, METH_VARARGS,
-     "run_core(n, requests, arrivals, settings, lag, pricing, terms, sink, progress, chunk, counters, times) -> "
-     "(error, records, totals): one engine's whole run (sim/engine_core.py, which prepares the arguments and "
-     "reads the results)."},
+     "run_core(n, requests, arrivals, dest, lag, route, state, progress, every, counters, times, specs) -> "
+     "[(error, records, totals), ...]: the whole run of one engine or of a colocated pool behind one arrival "
+     "process; route is None (dest chosen ahead), route(g) -> engine, or (rule, pairs, slack) for a router "
+     "applied here (sim/engine_core.py prepares the arguments and reads the results)."},
     {NULL, NULL, 0, NULL},
 };
 
