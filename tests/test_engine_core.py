@@ -265,23 +265,33 @@ def test_clusters_run_in_the_core_and_equal(monkeypatch, policy, case):
     assert (core.replicas["requests"] > 0).all()
 
 
-@pytest.mark.parametrize("policy", ["least_requests", "least_kv", "power_of_two", "prefix_affinity"])
-@pytest.mark.parametrize("case", ["long_decodes", "pressure"])
+@pytest.mark.parametrize("policy", ["least_requests", "least_kv", "power_of_two", "prefix_affinity", "session"])
+@pytest.mark.parametrize("case", ["long_decodes", "pressure", "conversations"])
 def test_routing_rules_applied_by_the_core_equal_the_routers_calls(monkeypatch, policy, case):
     """The routers with a ``core_rule`` are applied by the core itself (sim/csrc/core.c ``rule_choice``): 8
-    replicas, a burst of arrivals at one instant (every load tied, then the submitted counts) and a pool
+    replicas, a burst of arrivals at one instant (every load tied, then the submitted counts), a pool
     under memory pressure (KV usage apart), prefix_affinity with a slack of 1 and prompts of one block and
-    less: the same results as calling the router at each arrival, and the rule is what ran."""
+    less, and the Mooncake conversations (session follows earlier turns): the same results as calling the
+    router at each arrival, and the rule is what ran."""
     import pandas as pd
 
     from sim.cluster import routers
 
+    cluster = {"replicas": 8, "router": {"policy": policy, "load_slack": 1}}
     data = _scenario(STRESS["long_decodes"] if case == "long_decodes" else PRESSURE)
+    data["cluster"] = cluster
     if case == "long_decodes":
         data["workload"]["synthetic"]["arrival"]["rate"] = 200.0
-    else:
+    elif case == "pressure":
         data["workload"]["requests"] += [{"arrival": 1.0, "prompt_len": 1 + i % 6, "output_len": 9} for i in range(40)]
-    data["cluster"] = {"replicas": 8, "router": {"policy": policy, "load_slack": 1}}
+
+    def scenario():
+        if case != "conversations":
+            return scenario_from_dict(data)
+        return load_scenario(ROOT / "scenarios/mooncake_conversation.yaml", [
+            "kv_cache.prefix_caching=false", "workload.limit=300", "output.plots=false",
+            *(f"cluster.{k}={v}" for k, v in [("replicas", 8), ("router.policy", policy), ("router.load_slack", 1)])])
+
     applied = []
     real = engine_core.run_engines
 
@@ -291,9 +301,9 @@ def test_routing_rules_applied_by_the_core_equal_the_routers_calls(monkeypatch, 
 
     monkeypatch.setattr(engine_core, "run_engines", spy)
     monkeypatch.setattr("sim.cluster.runner.run_engines", spy)
-    by_rule = run_scenario(scenario_from_dict(data), check_integrity=True)
+    by_rule = run_scenario(scenario(), check_integrity=True)
     monkeypatch.setattr(routers.ROUTERS[policy], "core_rule", lambda self, n, m: None)
-    by_call = run_scenario(scenario_from_dict(data), check_integrity=True)
+    by_call = run_scenario(scenario(), check_integrity=True)
     assert applied[0] is not None and applied[1] is None
     assert by_rule.profile["compiled_core"] and by_call.profile["compiled_core"]
     assert_same(by_call, by_rule)
@@ -310,7 +320,7 @@ def test_power_of_two_hands_the_core_the_pairs_its_calls_would_read():
     n = 2 * routers.PowerOfTwo.BLOCK + 37
     ahead = routers.PowerOfTwo(RouterConfig(policy="power_of_two"), seed=11)
     called = routers.PowerOfTwo(RouterConfig(policy="power_of_two"), seed=11)
-    rule = ahead.core_rule(n, 5)
+    rule = ahead.core_rule([None] * n, 5)
     read = []
     monkeypatch = pytest.MonkeyPatch()
     with monkeypatch.context() as m:
@@ -321,8 +331,8 @@ def test_power_of_two_hands_the_core_the_pairs_its_calls_would_read():
         m.setattr(routers, "least_loaded", lambda replicas, among=None, loads=None: later.append(among) or among[0])
         for _ in range(10):
             ahead.choose(None, [None] * 5)
-    assert rule.kind == routers.CoreRule.PAIR and rule.pairs.shape == (n, 2)
-    assert [tuple(p) for p in rule.pairs.tolist()] == read[:n]
+    assert rule.kind == routers.CoreRule.PAIR and rule.choices.shape == (n, 2)
+    assert [tuple(p) for p in rule.choices.tolist()] == read[:n]
     assert later == read[n:]
     assert all(a < b for a, b in read)
 

@@ -80,31 +80,35 @@ class Router:
     def choose(self, req: Request, replicas: Sequence[ReplicaView]) -> int:
         raise NotImplementedError
 
-    def core_rule(self, num_requests: int, num_replicas: int) -> CoreRule | None:
+    def core_rule(self, requests: Sequence[Request], num_replicas: int) -> CoreRule | None:
         """This router's choices as a rule the compiled core applies itself (sim/csrc/core.c
-        ``rule_choice``: the same choices from the same counts, without a Python call per request), for the
-        next ``num_requests`` requests over ``num_replicas`` replicas of one block count; None: ``choose``
-        is called. Drawn randomness is used up as ``choose`` would use it."""
+        ``rule_choice``: the same choices from the same counts, without a Python call per request), for
+        ``requests`` (the next ones, in hand-over order) over ``num_replicas`` replicas of one block count;
+        None: ``choose`` is called. Drawn randomness is used up as ``choose`` would use it; what a router
+        remembers of its choices (session's homes) is not kept: it is not called after the run."""
         return None
 
 
 @dataclass(frozen=True)
 class CoreRule:
     """A routing rule of the compiled core: ``kind`` (``LEAST_LOAD``: least_loaded over every replica;
-    ``LEAST_KV``: the least KV usage, then load; ``PAIR``: least_loaded over request g's pair ``pairs[g]``
-    (ascending); ``AFFINITY``: PrefixAffinity over replicas without prefix caches, with ``slack``)."""
+    ``LEAST_KV``: the least KV usage, then load; ``PAIR``: least_loaded over request g's pair ``choices[g]``
+    (ascending); ``AFFINITY``: PrefixAffinity over replicas without prefix caches, with ``slack``;
+    ``FOLLOW``: where the earlier request ``choices[g]`` went, or least_loaded where it is -1)."""
 
     LEAST_LOAD: ClassVar[int] = 1
     LEAST_KV: ClassVar[int] = 2
     PAIR: ClassVar[int] = 3
     AFFINITY: ClassVar[int] = 4
+    FOLLOW: ClassVar[int] = 5
 
     kind: int
-    pairs: np.ndarray | None = None   # int64, num_requests x 2
+    choices: np.ndarray | None = None   # int64: PAIR num_requests x 2, FOLLOW num_requests
     slack: int = 0
 
     def as_core_arg(self) -> tuple[int, np.ndarray | None, int]:
-        return self.kind, None if self.pairs is None else np.ascontiguousarray(self.pairs, dtype=np.int64), self.slack
+        choices = None if self.choices is None else np.ascontiguousarray(self.choices, dtype=np.int64)
+        return self.kind, choices, self.slack
 
 
 def least_loaded(replicas: Sequence[ReplicaView], among: Sequence[int] | None = None,
@@ -149,7 +153,7 @@ class LeastRequests(Router):
     def choose(self, req: Request, replicas: Sequence[ReplicaView]) -> int:
         return least_loaded(replicas)
 
-    def core_rule(self, num_requests: int, num_replicas: int) -> CoreRule | None:
+    def core_rule(self, requests: Sequence[Request], num_replicas: int) -> CoreRule | None:
         return CoreRule(CoreRule.LEAST_LOAD)
 
 
@@ -163,7 +167,7 @@ class LeastKV(Router):
         tied = [i for i, u in enumerate(usage) if u == low]   # loads read only to break a tie
         return tied[0] if len(tied) == 1 else min(tied, key=lambda i: (replicas[i].load(), i))
 
-    def core_rule(self, num_requests: int, num_replicas: int) -> CoreRule | None:
+    def core_rule(self, requests: Sequence[Request], num_replicas: int) -> CoreRule | None:
         return CoreRule(CoreRule.LEAST_KV)
 
 
@@ -197,7 +201,8 @@ class PowerOfTwo(Router):
         b += b >= a
         return np.stack([np.minimum(a, b), np.maximum(a, b)], axis=1)
 
-    def core_rule(self, num_requests: int, num_replicas: int) -> CoreRule | None:
+    def core_rule(self, requests: Sequence[Request], num_replicas: int) -> CoreRule | None:
+        num_requests = len(requests)
         if num_replicas == 1:
             return CoreRule(CoreRule.LEAST_LOAD)
         if self._pairs:   # (some were drawn and not used: the calls go on from them)
@@ -234,7 +239,7 @@ class PrefixAffinity(Router):
         hits = {i: replicas[i].cached_prefix_blocks(req, hashes) for i in among}
         return min(among, key=lambda i: (-hits[i], loads[i], i))
 
-    def core_rule(self, num_requests: int, num_replicas: int) -> CoreRule | None:
+    def core_rule(self, requests: Sequence[Request], num_replicas: int) -> CoreRule | None:
         return None if self.reads_state else CoreRule(CoreRule.AFFINITY, slack=int(self.config.load_slack))
 
 
@@ -255,6 +260,16 @@ class Session(Router):
         ids = req.hash_ids
         if not ids:
             return least_loaded(replicas)
+        found, key = self._match(ids, self.home)
+        i = found if 0 <= found < len(replicas) else least_loaded(replicas)
+        if key is not None:
+            self.home[key] = i
+        return i
+
+    @staticmethod
+    def _match(ids: Sequence[int], home: dict[int, int]) -> tuple[int, int | None]:
+        """(what ``home`` holds under the longest prefix of ``ids`` it has, of two ids or more, else -1; the key
+        this request is remembered under: the chained hash of its ids but the last, None for fewer than 3)."""
         h = ROOT_HASH
         found = -1
         chain = []
@@ -262,11 +277,21 @@ class Session(Router):
             h = hash((h, x))
             chain.append(h)
             if k >= 1:
-                found = self.home.get(h, found)
-        i = found if 0 <= found < len(replicas) else least_loaded(replicas)
-        if len(ids) >= 3:
-            self.home[chain[-2]] = i
-        return i
+                found = home.get(h, found)
+        return found, chain[-2] if len(ids) >= 3 else None
+
+    def core_rule(self, requests: Sequence[Request], num_replicas: int) -> CoreRule | None:
+        """FOLLOW: ``choose``'s homes, each remembered as the request that set it (the core goes where it went)."""
+        if self.home:   # earlier choices the core does not know
+            return None
+        follow = np.full(len(requests), -1, dtype=np.int64)
+        setter: dict[int, int] = {}   # key -> the last request remembered under it
+        for g, req in enumerate(requests):
+            if req.hash_ids:
+                follow[g], key = self._match(req.hash_ids, setter)
+                if key is not None:
+                    setter[key] = g
+        return CoreRule(CoreRule.FOLLOW, follow)
 
 
 def make_router(config, seed: int) -> Router:

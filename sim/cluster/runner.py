@@ -128,7 +128,7 @@ def _run_in_core(pool: list[Replica], requests: list[Request], router: Router, d
     with the same results."""
     parts = [EngineParts(rep.scheduler, rep.engine.executor, rep.engine.recorder, rep.engine.async_scheduling,
                          rep.engine.max_stall, rep.engine.check_integrity) for rep in pool]
-    rule = None if dest is not None else router.core_rule(len(requests), len(pool))
+    rule = None if dest is not None else router.core_rule(requests, len(pool))
     _, where = run_engines(requests, parts, lag, dest=dest, choose=router.choose,
                            rule=None if rule is None else rule.as_core_arg())
     counts = np.bincount(where, minlength=len(pool))

@@ -19,7 +19,7 @@ microsecond):
     operations in the same order; the GEMM, all-reduce and LM-head times come from the executor itself
     (a Python call for the first step of each size, then a table lookup);
   - a router that reads the replicas (sim/cluster/routers.py) is called at each arrival, or, for the
-    routers whose rule is one of ``RouteRule`` (``Router.core_rule``), its choice is made here from the
+    routers with a rule (RULE_*: ``Router.core_rule``), its choice is made here from the
     same counts.
 
 Rows go to the caller a chunk at a time (``sink``); everything else comes back at the end. */
@@ -34,8 +34,9 @@ enum { MAIN_COLS = 18, BD_COLS = 7 };
 enum { ERR_NONE = 0, ERR_DEADLOCK = 1, ERR_DURATION = 2, ERR_LIVELOCK = 3 };
 enum { URGENT = 0, NORMAL = 1 };
 /* routers chosen here (sim/cluster/routers.py, Router.core_rule): least_requests; least_kv; power_of_two
-over the pairs drawn ahead; prefix_affinity over a pool without prefix caches */
-enum { RULE_CALL = 0, RULE_LEAST_LOAD = 1, RULE_LEAST_KV = 2, RULE_PAIR = 3, RULE_AFFINITY = 4 };
+over the pairs drawn ahead; prefix_affinity over a pool without prefix caches; session (each request
+follows an earlier one, found ahead, or goes to the least loaded) */
+enum { RULE_CALL = 0, RULE_LEAST_LOAD = 1, RULE_LEAST_KV = 2, RULE_PAIR = 3, RULE_AFFINITY = 4, RULE_FOLLOW = 5 };
 
 /* a growable array of fixed-size items */
 typedef struct {
@@ -142,7 +143,8 @@ struct World {
     int64_t *dest;        /* each request's engine: given (chosen ahead), or chosen at hand-over by ``route`` */
     PyObject *route;      /* None, or route(g) -> engine, reading ``state`` (a router that reads replicas) */
     int rule;             /* RULE_CALL (``route`` is called), or the router's rule, applied here */
-    const int64_t *pairs; /* RULE_PAIR: request g's two candidates, pairs[2g] < pairs[2g + 1] */
+    const int64_t *pairs; /* RULE_PAIR: request g's two candidates, pairs[2g] < pairs[2g + 1];
+                             RULE_FOLLOW: the earlier request g goes where it went (pairs[g] < g), or -1 */
     int64_t slack;        /* RULE_AFFINITY: the load slack */
     const int64_t *prompt;   /* each request's prompt length (RULE_AFFINITY) */
     int64_t *state;       /* per engine: requests handed over, finished or rejected, blocks in use */
@@ -1083,7 +1085,7 @@ static Py_ssize_t least_loaded(const World *w, Py_ssize_t a, Py_ssize_t b)
     return best;
 }
 
-/* the choice of a router whose rule is applied here (RouteRule), in sim/cluster/routers.py's terms */
+/* the choice of a router whose rule is applied here (RULE_*), in sim/cluster/routers.py's terms */
 static Py_ssize_t rule_choice(const World *w, Py_ssize_t g)
 {
     const Core *E = w->engines;
@@ -1091,6 +1093,8 @@ static Py_ssize_t rule_choice(const World *w, Py_ssize_t g)
         return least_loaded(w, 0, -1);
     if (w->rule == RULE_PAIR)
         return least_loaded(w, w->pairs[2 * g], w->pairs[2 * g + 1]);
+    if (w->rule == RULE_FOLLOW)
+        return w->pairs[g] >= 0 ? w->dest[w->pairs[g]] : least_loaded(w, 0, -1);
     if (w->rule == RULE_LEAST_KV) {   /* the fewest blocks in use (one block count for all), then the load */
         Py_ssize_t best = 0;
         for (Py_ssize_t e = 1; e < w->M; e++) {
@@ -1524,19 +1528,22 @@ PyObject *kv_run_core(PyObject *self, PyObject *args)
         long long slack;
         if (!PyArg_ParseTuple(route, "iOL", &w.rule, &pairs_obj, &slack))
             goto done;
-        if (w.rule < RULE_LEAST_LOAD || w.rule > RULE_AFFINITY) {
+        if (w.rule < RULE_LEAST_LOAD || w.rule > RULE_FOLLOW) {
             PyErr_Format(PyExc_ValueError, "run_core: no routing rule %d", w.rule);
             goto done;
         }
         w.slack = slack;
-        if (w.rule == RULE_PAIR) {
-            if (get_buffer(pairs_obj, &pairs_buf, "q", 8, 2 * N, "router pairs") < 0)
+        if (w.rule == RULE_PAIR || w.rule == RULE_FOLLOW) {
+            const int pair = w.rule == RULE_PAIR;
+            if (get_buffer(pairs_obj, &pairs_buf, "q", 8, pair ? 2 * N : N, "router choices") < 0)
                 goto done;
             got_pairs = 1;
             w.pairs = pairs_buf.buf;
-            for (Py_ssize_t j = 0; j < 2 * N; j++)
-                if (w.pairs[j] < 0 || w.pairs[j] >= M || (j % 2 && w.pairs[j - 1] >= w.pairs[j])) {
-                    PyErr_SetString(PyExc_ValueError, "run_core: a router pair is out of range or not ascending");
+            for (Py_ssize_t j = 0; j < (pair ? 2 * N : N); j++)
+                if (pair ? w.pairs[j] < 0 || w.pairs[j] >= M || (j % 2 && w.pairs[j - 1] >= w.pairs[j])
+                         : w.pairs[j] < -1 || w.pairs[j] >= j) {
+                    PyErr_SetString(PyExc_ValueError, pair ? "run_core: a router pair is out of range or not ascending"
+                                                           : "run_core: a request follows no earlier request");
                     goto done;
                 }
         }
