@@ -176,6 +176,27 @@ def test_fuzz_cases_equal(monkeypatch):
     assert covered >= 100, f"only {covered} fuzz cases ran in the core"
 
 
+def test_fuzzed_clusters_equal(monkeypatch):
+    """Fuzz cases moved inside the core, on 2 to 6 replicas behind every router (the routing rules the core
+    applies itself included, sim/cluster/routers.py ``core_rule``): the core and the SimPy loop agree."""
+    import pandas as pd
+
+    policies = ["round_robin", "random", "least_requests", "least_kv", "power_of_two", "session", "prefix_affinity"]
+    covered = 0
+    for i in range(42):
+        rng = random.Random(f"cluster-core:{i}")
+        data = _into_core(draw_scenario(rng, i))
+        data["cluster"] = {"replicas": rng.randint(2, 6),
+                           "router": {"policy": policies[i % len(policies)], "load_slack": rng.randint(0, 3)}}
+        loop, core = _both(monkeypatch, lambda d=data: run_scenario(
+            scenario_from_dict(copy.deepcopy(d), source="<fuzz>"), check_integrity=True))
+        assert_same_outcome(loop, core, f"case {i}")
+        if not isinstance(core, str):
+            pd.testing.assert_frame_equal(loop.replicas, core.replicas, check_exact=True)
+            covered += bool(core.profile.get("compiled_core"))
+    assert covered >= 36, f"only {covered} fuzzed clusters ran in the core"
+
+
 def test_rows_handed_over_in_many_chunks_equal(monkeypatch, tmp_path):
     """Chunks of 64 rows: the core hands the recorder many (and the step table is streamed to disk as they
     fill, as ``kvsim run --out`` does)."""
