@@ -306,10 +306,13 @@ class Engine:
                 stall = 0
                 continue
             plan = sched.schedule(start)
-            if staged:
+            arrived = bool(staged)
+            if arrived:
                 self._admit_staged()
             if plan.is_empty():
                 if self.may_block:   # cluster: blocks held by KV transfers; wake() when they are freed
+                    if sched.stats.num_preempted or arrived:   # made room, or requests came: plan again now
+                        continue
                     if now != env.now:
                         yield from self._wait_until(now)
                     self._wake = env.event()

@@ -28,9 +28,9 @@ def skipped(monkeypatch) -> list[int]:
     admit = continuous.ContinuousScheduler._admit
     count = [0]
 
-    def counting(self, now, scheduled, batch, budget, stats):
+    def counting(self, now, scheduled, batch, budget, stats, **kwargs):
         before, planned, tables = self._blocked_head, len(scheduled), len(self.manager.block_tables)
-        admit(self, now, scheduled, batch, budget, stats)
+        admit(self, now, scheduled, batch, budget, stats, **kwargs)
         count[0] += before is not None and self._blocked_head is before and len(scheduled) == planned \
             and len(self.manager.block_tables) == tables
     monkeypatch.setattr(continuous.ContinuousScheduler, "_admit", counting)

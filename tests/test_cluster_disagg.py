@@ -1,5 +1,6 @@
-"""Disaggregated prefill/decode: transferred bytes, transfer times, TTFT free of decode-side queueing,
-prefill blocks held until their transfer ends, all by hand."""
+"""Disaggregated prefill/decode: transferred bytes, transfer times, TTFT free of decode-side queueing when
+the KV is pushed, the decode side's seats and blocks holding prefills back when it is pulled, prefill
+blocks held until their transfer ends, all by hand; random small pools never stall."""
 
 from __future__ import annotations
 
@@ -22,9 +23,10 @@ def _kv_bytes_per_token() -> int:
     return 2 * m.num_layers * m.num_kv_heads * m.head_dim * 2
 
 
-def _pd(reqs: list[tuple[float, int, int]], prefill: dict, decode: dict, link=LINK, policy="round_robin") -> dict:
+def _pd(reqs: list[tuple[float, int, int]], prefill: dict, decode: dict, link=LINK, policy="round_robin",
+        mode: str = "pull") -> dict:
     return {**TINY, "workload": {"requests": [{"arrival": a, "prompt_len": p, "output_len": o} for a, p, o in reqs]},
-            "cluster": {"prefill": prefill, "decode": decode, "kv_transfer": {"link": link},
+            "cluster": {"prefill": prefill, "decode": decode, "kv_transfer": {"link": link, "mode": mode},
                         "router": {"policy": policy}}}
 
 
@@ -53,13 +55,13 @@ def test_a_lone_transfer_takes_bytes_over_bandwidth_plus_latency() -> None:
     assert r["finish_s"] > r["first_token_s"] + r["transfer_s"]
 
 
-def test_ttft_has_no_decode_side_queueing() -> None:
-    """The prefill side never waits for the decode side: a decode pool too small to hold more than one
-    request at a time changes TPOT, not one request's TTFT."""
-    roomy = run_scenario(scenario_from_dict(_pd(REQS, {"replicas": 1}, {"replicas": 2})))
+def test_pushed_kv_leaves_ttft_free_of_decode_side_queueing() -> None:
+    """Pushed (a KV store between the pools), the prefill side never waits for the decode side: a decode
+    pool too small to hold more than one request at a time changes TPOT, not one request's TTFT."""
+    roomy = run_scenario(scenario_from_dict(_pd(REQS, {"replicas": 1}, {"replicas": 2}, mode="push")))
     tight = run_scenario(scenario_from_dict(_pd(REQS, {"replicas": 1},
                                                 {"replicas": 1, "kv_cache": {"num_gpu_blocks": 12},
-                                                 "scheduler": {"max_num_seqs": 1}})))
+                                                 "scheduler": {"max_num_seqs": 1}}, mode="push")))
     assert np.array_equal(roomy.requests["ttft_s"].to_numpy(), tight.requests["ttft_s"].to_numpy())
     assert tight.summary["tpot_s"]["mean"] > roomy.summary["tpot_s"]["mean"]
 
@@ -116,3 +118,67 @@ def test_an_fp8_kv_cache_sends_half_the_bytes_and_both_pools_must_keep_it() -> N
     mixed = _pd(REQS[:5], {"replicas": 1}, {"replicas": 1, "kv_cache": {"dtype": "fp8"}})
     with pytest.raises(KvsimError, match="same KV bytes a token"):
         run_scenario(scenario_from_dict(mixed))
+
+
+def _transfer_starts(res) -> dict[int, float]:
+    tl = res.timeline
+    return tl[tl["phase"] == "transferring"].set_index("req_id")["start_s"].to_dict()
+
+
+def test_pulled_kv_waits_for_a_decode_seat_and_holds_the_prefill_back() -> None:
+    """Pulled (vLLM's connectors), the decode replica takes a request's KV only once it has a seat and
+    blocks for it, and the prefill replica holds the KV until then. One decode seat, a prefill cache that
+    holds one prompt (10 blocks + 1), three prompts at once: B's KV waits on its prefill replica until A
+    has finished decoding, so C's prefill starts only then. Pushed, B's KV leaves at once and C follows."""
+    reqs = [(0.0, 160, 60), (0.0, 160, 4), (0.0, 160, 4)]
+    fast = {"bandwidth_gb_s": 1000.0, "latency_s": 0.0}
+    runs = {mode: run_scenario(scenario_from_dict(_pd(reqs, {"replicas": 1, "kv_cache": {"num_gpu_blocks": 11}},
+                                                      {"replicas": 1, "scheduler": {"max_num_seqs": 1}},
+                                                      link=fast, mode=mode)), check_integrity=True)
+            for mode in ("pull", "push")}
+    pull, push = (runs[m].requests.set_index("req_id") for m in ("pull", "push"))
+    starts = _transfer_starts(runs["pull"])
+    assert starts[1] >= pull.loc[0, "finish_s"]                  # B's KV left once A's seat was free
+    assert pull.loc[2, "first_token_s"] > pull.loc[0, "finish_s"]  # and C's prefill waited for it
+    assert push.loc[2, "first_token_s"] < push.loc[0, "finish_s"]
+    assert _transfer_starts(runs["push"])[1] < push.loc[0, "finish_s"]
+    assert (pull["status"] == "FINISHED").all() and (push["status"] == "FINISHED").all()
+    # the same KV crosses the link either way
+    assert runs["pull"].summary["cluster"]["transferred_kv_bytes"] == \
+        runs["push"].summary["cluster"]["transferred_kv_bytes"] == 3 * 160 * _kv_bytes_per_token()
+
+
+def test_a_pulled_request_counts_in_its_decode_replicas_load_before_its_kv_arrives() -> None:
+    """least_requests over two decode replicas, two prefills ending together, a slow link: the second
+    request goes to the other replica, because the first one counts where it was routed while its KV is on
+    its way (pushed, both are routed as their transfers end, one after the other: also apart)."""
+    slow = {"bandwidth_gb_s": 0.01, "latency_s": 0.0}
+    data = _pd([(0.0, 100, 5), (0.0, 100, 5)], {"replicas": 2}, {"replicas": 2}, link=slow, policy="least_requests")
+    res = run_scenario(scenario_from_dict(data), check_integrity=True)
+    assert sorted(res.requests["replica"]) == [2, 3]
+
+
+@pytest.mark.parametrize("mode", ["pull", "push"])
+def test_small_random_pools_always_finish(mode: str) -> None:
+    """Random small prefill and decode pools (every scheduling policy, swap and recompute, async scheduling
+    or not, slow and fast links, one to 8 decode seats): every request finishes or is refused, with every KV
+    invariant checked after each step: no stall between the pools' seats, blocks and transfers."""
+    import random
+
+    for i in range(24):
+        rng = random.Random(f"pd:{mode}:{i}")
+        reqs = [(round(rng.random() * 0.5, 4), rng.randint(1, 200), rng.randint(1, 120)) for _ in range(rng.randint(5, 40))]
+        data = _pd(reqs, {"replicas": rng.randint(1, 2), "kv_cache": {"num_gpu_blocks": rng.randint(14, 60)}},
+                   {"replicas": rng.randint(1, 3), "kv_cache": {"num_gpu_blocks": rng.randint(14, 60)},
+                    "scheduler": {"max_num_seqs": rng.randint(1, 8),
+                                  "policy": rng.choice(["fcfs", "priority", "round_robin", "longest_prefix_first"]),
+                                  "preemption": rng.choice(["recompute", "swap"]),
+                                  "async_scheduling": rng.random() < 0.5}},
+                   link={"bandwidth_gb_s": rng.choice([0.01, 1.0, 50.0]), "latency_s": 0.001},
+                   policy=rng.choice(["round_robin", "least_requests", "least_kv", "power_of_two"]), mode=mode)
+        data["kv_cache"] = {**data["kv_cache"], "swap_space_gb": 0.001, "prefix_caching": rng.random() < 0.3}
+        data["scheduler"] = {"max_num_batched_tokens": rng.choice([64, 256, 2048]),
+                             "chunked_prefill": rng.random() < 0.7, "max_steps_without_progress": 5000}
+        res = run_scenario(scenario_from_dict(data), check_integrity=True)
+        assert set(res.requests["status"]) <= {"FINISHED", "REJECTED"}, i
+        assert (res.requests["status"] == "FINISHED").sum() == res.summary["num_finished"], i

@@ -7,7 +7,8 @@ Two shapes, exclusive:
               kv_transfer: {link: infiniband-400g}, router: {policy: least_requests}}
 
 A pool may override ``hardware``, ``tensor_parallel``, ``kv_cache`` and ``scheduler`` (the last two key
-by key over the scenario's own). A link is a preset name or ``{bandwidth_gb_s, latency_s}``.
+by key over the scenario's own). A link is a preset name or ``{bandwidth_gb_s, latency_s}``;
+``kv_transfer.mode`` is ``pull`` (the decode side allocates, then reads the KV) or ``push`` (sim/cluster/disagg.py).
 Invariants: at least one replica per pool; a prefill pool always has a decode pool and back;
 ``kv_transfer`` only with pools.
 """
@@ -53,6 +54,10 @@ class LinkConfig(_Strict):
 
 class KVTransferConfig(_Strict):
     link: str | LinkConfig = "infiniband-400g"
+    # pull (vLLM's KV connectors, e.g. NIXL): the decode replica first allocates blocks for the prompt and the
+    # next token, then reads the KV, which the prefill replica holds until then; push (a KV store between the
+    # pools, e.g. Mooncake's): the KV leaves as soon as the prefill ends, the decode side allocates on admission
+    mode: Literal["pull", "push"] = "pull"
 
     @field_validator("link")
     @classmethod

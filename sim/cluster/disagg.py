@@ -1,26 +1,40 @@
 """Disaggregated prefill/decode: the handoff of a request from a prefill replica to a decode replica.
 
     arrival -> router -> prefill replica: computes the prompt, samples the first token (TTFT ends here)
-            -> its KV blocks (prompt_len x the model's KV bytes per token) go over the link; the prefill
-               replica holds them until the transfer ends, then frees them
-            -> router -> decode replica: queued like any arrival, with num_computed_tokens = prompt_len
-               and one token generated; admitted when its blocks fit; decodes the rest
+            -> pull (default, vLLM's KV connectors): router -> decode replica, which allocates blocks for
+               the prompt and the next token (first come first served, once nothing of its own waits and
+               it has a seat and the blocks); then the KV (prompt_len x the model's KV bytes per token)
+               goes over the link; the prefill replica holds its blocks until the transfer ends, however
+               long the decode side keeps it waiting
+            -> push (a KV store between the pools): the KV goes over the link at once, the prefill replica
+               frees its blocks at the transfer's end; then router -> decode replica
+            -> decode replica: queued like any arrival, with num_computed_tokens = prompt_len and one token
+               generated; admitted (pull: its blocks are there) and decodes the rest
 
-The seam (vLLM's KV-connector hooks, done from outside the scheduler with its public entry points):
+The seam (vLLM's KV-connector hooks, done from outside the scheduler through its entry points):
 - on the prefill replica the request runs with ``output_len = 1``, so the scheduler finishes it after
   the first token; the prefill manager's ``free`` is wrapped so that, for such a request, the free is
   deferred to the end of its transfer (vLLM's ``request_finished`` returning "delay free");
+- pull: the decode manager's ``allocate_slots`` books the blocks before the transfer, and the prompt's KV
+  as held there (``note_computed``: the connector writes it into those blocks; vLLM's
+  ``update_state_after_alloc`` for a request waiting for remote KV), only while the replica has nothing
+  waiting and a seat for it (``_reserve``); the queue goes on after each decode step (the engine's
+  ``on_step``: finishes and frees applied, the next step not yet planned); a request whose KV has arrived
+  is queued ahead of everything (``ContinuousScheduler.ahead``, ``push_ahead``): it holds its blocks and
+  a seat, so nothing that waits can hold it back, and the replica always has work it can start;
 - the decode scheduler's ``add_request`` takes the request as it is; its admission (``match_prefix``
   returns nothing for a request with computed tokens) allocates blocks for its prompt plus the next
-  token; the decode manager's ``allocate_slots`` is wrapped to book the received prompt tokens as held
-  KV (``note_computed``), as a swap-in would.
+  token (pull: already there); push: the decode manager's ``allocate_slots`` is wrapped to book the
+  received prompt tokens as held KV (``note_computed``) then, as a swap-in would.
 Transferred bytes: every prompt token of every request that decodes (output_len > 1); the decode side's
 prefix cache is not consulted before the transfer (no deduplication). A request with one output token
-finishes on its prefill replica and transfers nothing.
+finishes on its prefill replica and transfers nothing; one the decode replica would reject reserves
+nothing and is rejected on arrival.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 
 import simpy
@@ -35,12 +49,17 @@ class Handoff:
     """Moves finished prefills to the decode pool; tells the decode pool when no more will come."""
 
     def __init__(self, env: simpy.Environment, decode: Sequence[Replica], router: Router, link: KVLink,
-                 kv_bytes_per_token: int) -> None:
+                 kv_bytes_per_token: int, pull: bool = True) -> None:
         self.env = env
         self.decode = decode
         self.router = router
         self.link = link
         self.kv_bytes_per_token = kv_bytes_per_token
+        self.pull = pull
+        # pull: per decode replica, the requests routed there waiting for their blocks (FIFO), and those
+        # holding blocks there whose KV is on its way (each will take a seat on arrival)
+        self._queued: list[deque[tuple[Request, Callable[[Request], None], Replica]]] = [deque() for _ in decode]
+        self._reserved = [0] * len(decode)
         self.output_len: dict[int, int] = {}      # req_id -> the request's own output_len
         self.cached_tokens: dict[int, int] = {}   # req_id -> prefix-cache hit at its prefill
         self.prefill_of: dict[int, int] = {}      # req_id -> prefill replica id
@@ -66,7 +85,10 @@ class Handoff:
                     _free(req)
                     return
                 self.in_flight += 1
-                self.env.process(self._transfer(req, _free, rep))
+                if self.pull:
+                    self._route(req, _free, rep)
+                else:
+                    self.env.process(self._transfer(req, _free, rep))
                 return
             _free(req)
 
@@ -77,26 +99,96 @@ class Handoff:
         req.output_len = 1
         rep.submit(req)
 
-    def _transfer(self, req: Request, free: Callable[[Request], None], src: Replica):
+    def _send(self, req: Request, free: Callable[[Request], None], src: Replica):
+        """The KV over the link; then the prefill side lets go of its blocks."""
         start = self.transfer_start[req.req_id] = self.env.now
         yield from self.link.send(req.prompt_len * self.kv_bytes_per_token)
         free(req)                                  # the prefill side lets go of the blocks now
         src.engine.wake()                          # a prefill waiting for memory may go on
-        req.output_len = self.output_len[req.req_id]
         self.transfer_s[req.req_id] = self.env.now - start
-        i = self.router.choose(req, self.decode)
+
+    def _transfer(self, req: Request, free: Callable[[Request], None], src: Replica):
+        """push: the KV leaves at once; the decode replica is chosen when it has landed."""
+        yield from self._send(req, free, src)
+        req.output_len = self.output_len[req.req_id]
+        self._hand_over(req, self.router.choose(req, self.decode))
+
+    def _pulled(self, req: Request, free: Callable[[Request], None], src: Replica, i: int, reserved: bool):
+        """pull: the decode replica ``i`` holds the request's blocks (``reserved``; else it will reject the
+        request); the KV comes."""
+        yield from self._send(req, free, src)
+        self.decode[i].incoming -= 1
+        if reserved:
+            self._reserved[i] -= 1
+            self.decode[i].scheduler.ahead.add(req.req_id)   # it holds its blocks: admitted before anything waiting
+        self._hand_over(req, i, booked=reserved)
+        if self._queued[i]:   # (a rejection takes no step: the queue goes on now)
+            self._reserve(i)
+
+    def _hand_over(self, req: Request, i: int, booked: bool = False) -> None:
+        """Submit ``req`` to decode replica ``i``; ``booked``: its received KV is already booked there."""
         self.decode_of[req.req_id] = self.decode[i].replica_id
-        self._incoming.add(req.req_id)
+        if not booked:
+            self._incoming.add(req.req_id)
         self.decode[i].submit(req)
         self.in_flight -= 1
         if not self.in_flight and self._drained is not None and not self._drained.triggered:
             self._drained.succeed()
+
+    def _route(self, req: Request, free: Callable[[Request], None], src: Replica) -> None:
+        """pull: choose the decode replica now (it counts the request in its load from now on) and queue
+        the request there for its blocks."""
+        req.output_len = self.output_len[req.req_id]
+        i = self.router.choose(req, self.decode)
+        self.decode[i].incoming += 1
+        self._queued[i].append((req, free, src))
+        self._reserve(i)
+
+    def _reserve(self, i: int) -> None:
+        """pull: the requests routed to decode replica ``i`` take their blocks there (prompt and next token),
+        oldest first, as vLLM's decode scheduler allocates for a request waiting for remote KV: while nothing
+        on the replica waits (its waiting and swapped requests come first), a seat is free for each
+        (running plus those whose KV is on its way) and the blocks fit; each one's transfer then starts."""
+        queued = self._queued[i]
+        sched = self.decode[i].scheduler
+        manager = sched.manager
+        seats = sched.config.max_num_seqs
+        while queued:
+            req, free, src = queued[0]
+            if len(sched.waiting) or sched.swapped or len(sched.running) + self._reserved[i] >= seats:
+                return
+            reserve = not sched.would_reject(req)
+            if reserve:
+                full = req.output_len
+                req.output_len = sched.served_output_len(req)   # the length admission will see (it cuts it)
+                ok = manager.allocate_slots(req, 1)
+                req.output_len = full
+                if not ok:
+                    return
+                manager.note_computed(req.num_computed_tokens)   # the prompt's KV is written there (pulled)
+                self._reserved[i] += 1
+            queued.popleft()
+            self.env.process(self._pulled(req, free, src, i, reserve))
 
     # ------------------------------------------------------------ decode side
     def attach_decode(self, rep: Replica) -> None:
         manager = rep.manager
         allocate = manager.allocate_slots
         incoming = self._incoming
+        if self.pull:   # after each of its steps (finishes and frees applied), the replica's queue goes on
+            # nothing startable may be a wait for a request whose KV is on its way into blocks it holds:
+            # its arrival (submit) wakes the engine
+            rep.engine.may_block = True
+            i = next(k for k, r in enumerate(self.decode) if r is rep)
+            before = rep.engine.on_step
+
+            def then_reserve(step: int, _before: Callable[[int], None] | None = before) -> None:
+                if _before is not None:
+                    _before(step)
+                if self._queued[i]:
+                    self._reserve(i)
+
+            rep.engine.on_step = then_reserve
 
         def allocate_received(req: Request, num_new_tokens: int, cached=None, _alloc=allocate) -> bool:
             ok = _alloc(req, num_new_tokens, cached)

@@ -53,6 +53,7 @@ class Replica:
     engine: Engine
     num_gpu_blocks: int
     submitted: int = 0
+    incoming: int = 0    # routed here and not yet submitted (a decode replica's KV on its way)
 
     def __post_init__(self) -> None:
         # what ``load`` reads at every arrival (the scheduler's lists are never replaced)
@@ -82,9 +83,10 @@ class Replica:
         self.engine.submit(req)
 
     def load(self) -> int:
-        """Requests submitted here and not yet finished or rejected (queued, staged or running), counting
-        the finishes of a decode run in progress by now."""
-        return self.submitted - len(self._finished) - len(self._rejected) - self._pending_finished()
+        """Requests submitted here (or routed here, their KV on its way) and not yet finished or rejected
+        (queued, staged or running), counting the finishes of a decode run in progress by now."""
+        return (self.submitted + self.incoming - len(self._finished) - len(self._rejected)
+                - self._pending_finished())
 
     def kv_usage(self) -> float:
         """Used blocks / blocks, counting those a decode run in progress holds by now (taken, less the

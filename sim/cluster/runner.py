@@ -201,7 +201,8 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
     decode = build_pool(d_scn, range(n_p, n_p + cfg.decode.replicas), "decode", env, check, 0.0)
     bw, lat = cfg.link.bandwidth_latency()
     link = KVLink(env, bw, lat)
-    handoff = Handoff(env, decode, make_router(cfg.router, scn.seed + 1), link, scn.model_spec.kv_bytes_per_token())
+    handoff = Handoff(env, decode, make_router(cfg.router, scn.seed + 1), link, scn.model_spec.kv_bytes_per_token(),
+                      pull=cfg.link.mode == "pull")
     for rep in prefill:
         handoff.attach_prefill(rep)
     for rep in decode:

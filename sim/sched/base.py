@@ -118,7 +118,7 @@ class SchedulerBase:
             return f"needs {need} KV blocks, the cache has {self.manager.num_blocks}"
         return ""
 
-    def _output_cap(self, req: Request) -> int:
+    def served_output_len(self, req: Request) -> int:
         """``req``'s output length as served: generation stops at the context limit."""
         if req.prompt_len + req.output_len > self.max_model_len and req.prompt_len < self.max_model_len:
             return self.max_model_len - req.prompt_len
@@ -127,7 +127,7 @@ class SchedulerBase:
     def would_reject(self, req: Request) -> bool:
         """Whether ``add_request`` would reject ``req`` now (nothing changes)."""
         out = req.output_len
-        req.output_len = self._output_cap(req)   # (as add_request cuts it; undone below)
+        req.output_len = self.served_output_len(req)   # (as add_request cuts it; undone below)
         try:
             return bool(self.reject_reason(req))
         finally:
@@ -135,7 +135,7 @@ class SchedulerBase:
 
     def add_request(self, req: Request, now: float) -> bool:
         """Queue a new arrival, or reject it with a reason. Returns whether it was queued."""
-        cap = self._output_cap(req)
+        cap = self.served_output_len(req)
         if cap != req.output_len:
             req.output_len = cap
             self.num_truncated += 1

@@ -73,9 +73,18 @@ class ContinuousScheduler(SchedulerBase):
         # nothing else decides), so that step's admission stops at once (a saturated engine tries every step)
         self._blocked_head: tuple[Request, int, int, int] | None = None
         self._note_blocked = self.remember_blocked_head and isinstance(manager, KVCacheManager)
+        # req_ids to queue ahead of everything when they arrive (``push_ahead``): a disaggregated decode
+        # replica's requests whose KV arrived into blocks they hold (sim/cluster/disagg.py, pull)
+        self.ahead: set[int] = set()
+        self._ahead_waiting: set[int] = set()   # those of them queued and not yet admitted
 
     def _enqueue(self, req: Request) -> None:
-        self.waiting.push(req)
+        if req.req_id in self.ahead:
+            self.ahead.discard(req.req_id)
+            self._ahead_waiting.add(req.req_id)
+            self.waiting.push_ahead(req)
+        else:
+            self.waiting.push(req)
 
     def has_work(self) -> bool:
         return bool(self.running) or len(self.waiting) > 0 or bool(self.swapped)
@@ -243,8 +252,11 @@ class ContinuousScheduler(SchedulerBase):
         if stats.num_preempted == rotated:
             if self.swapped:
                 budget = self._swap_in(now, scheduled, batch, budget, stats)
-            if not self.swapped and len(self.waiting):
+            # (requests queued ahead hold their blocks: they start even while swapped ones cannot return)
+            if len(self.waiting) and not self.swapped:
                 self._admit(now, scheduled, batch, budget, stats)
+            elif self._ahead_waiting and len(self.waiting):
+                self._admit(now, scheduled, batch, budget, stats, ahead_only=True)
         if self._multi_seq:
             plan.blocks_to_copy.extend(manager.take_copies())
         self._batch = batch
@@ -374,7 +386,9 @@ class ContinuousScheduler(SchedulerBase):
         return num_new
 
     def _admit(self, now: float, scheduled: list[ScheduledRequest], batch: list[Request], budget: int,
-               stats: StepStats) -> None:
+               stats: StepStats, ahead_only: bool = False) -> None:
+        """Start waiting requests in queue order while seats, token budget and blocks last (``ahead_only``:
+        only those queued ahead, ``push_ahead``)."""
         waiting = self.waiting
         manager = self.manager
         blocked = self._blocked_head
@@ -391,8 +405,11 @@ class ContinuousScheduler(SchedulerBase):
             seats = sum(max(r.n, r.beam_width) for r in self.running)
         caching = getattr(manager, "prefix_cache", None) is not None
         bs = manager.block_size
+        ahead = self._ahead_waiting
         while len(waiting) and seats < max_seqs and budget > 0:
             req = waiting.peek()
+            if ahead_only and req.req_id not in ahead:
+                break
             if req.status == _SWAPPED:  # round-robin: a rotated request swapped out, back at its turn
                 if not self._resume(req, now, scheduled, batch, budget, stats):
                     break
@@ -415,6 +432,8 @@ class ContinuousScheduler(SchedulerBase):
                     self._blocked_head = (req, budget, req.num_computed_tokens, manager.pool.num_free)
                 break
             waiting.pop()
+            if ahead:
+                ahead.discard(req.req_id)
             seats += width
             if req.first_scheduled_s != req.first_scheduled_s:  # NaN: first admission
                 req.first_scheduled_s = now

@@ -1,7 +1,9 @@
 """Waiting queues: the order in which waiting requests are admitted.
 
 Every queue supports ``push`` (new arrival, at the back), ``push_front`` (a preempted request, served
-next), ``peek``/``pop`` (the next to admit), ``remove`` and ``len``. Policies differ only in order.
+next), ``push_ahead`` (before everything, whatever the policy ranks: a disaggregated decode replica's
+request whose KV has arrived into blocks it holds), ``peek``/``pop`` (the next to admit), ``remove`` and
+``len``. Policies differ only in order.
 """
 
 from __future__ import annotations
@@ -15,24 +17,37 @@ from sim.request import Request
 
 
 class FCFSQueue:
-    """First come, first served; preempted requests go back to the front."""
+    """First come, first served; preempted requests go back to the front (behind those queued ahead)."""
 
     def __init__(self) -> None:
         self._q: deque[Request] = deque()
+        self._ahead = 0   # the first this many were queued ahead (``push_ahead``), in their order
 
     def push(self, req: Request) -> None:
         self._q.append(req)
 
     def push_front(self, req: Request) -> None:
-        self._q.appendleft(req)
+        if self._ahead:
+            self._q.insert(self._ahead, req)
+        else:
+            self._q.appendleft(req)
+
+    def push_ahead(self, req: Request) -> None:
+        """Before everything queued but those queued ahead earlier (see PriorityQueue.push_ahead)."""
+        self._q.insert(self._ahead, req)
+        self._ahead += 1
 
     def peek(self) -> Request:
         return self._q[0]
 
     def pop(self) -> Request:
+        if self._ahead:
+            self._ahead -= 1
         return self._q.popleft()
 
     def remove(self, req: Request) -> None:
+        if self._ahead and req in itertools.islice(self._q, self._ahead):
+            self._ahead -= 1
         self._q.remove(req)
 
     def __len__(self) -> int:
@@ -49,6 +64,7 @@ class PriorityQueue:
         self._heap: list[tuple[int, float, int, int, Request]] = []
         self._removed: set[int] = set()
         self._tie = itertools.count()
+        self._ahead: deque[Request] = deque()   # ``push_ahead``: served before the heap, in their order
 
     def _key(self, req: Request, front: bool) -> tuple[int, float, int, int, Request]:
         return (req.priority, req.arrival_s, req.req_id, next(self._tie), req)
@@ -59,26 +75,39 @@ class PriorityQueue:
 
     push_front = push  # rank is by priority and arrival, not by queue position
 
+    def push_ahead(self, req: Request) -> None:
+        """Before every ranked request, whatever its rank, after those queued ahead earlier (a disaggregated
+        decode replica's request whose KV has arrived into blocks it holds: sim/cluster/disagg.py)."""
+        self._ahead.append(req)
+
     def _prune(self) -> None:
         while self._heap and self._heap[0][2] in self._removed:
             self._removed.discard(heapq.heappop(self._heap)[2])
 
     def peek(self) -> Request:
+        if self._ahead:
+            return self._ahead[0]
         self._prune()
         return self._heap[0][-1]
 
     def pop(self) -> Request:
+        if self._ahead:
+            return self._ahead.popleft()
         self._prune()
         return heapq.heappop(self._heap)[-1]
 
     def remove(self, req: Request) -> None:
-        self._removed.add(req.req_id)
+        if req in self._ahead:
+            self._ahead.remove(req)
+        else:
+            self._removed.add(req.req_id)
 
     def __len__(self) -> int:
-        return len(self._heap) - len(self._removed)
+        return len(self._ahead) + len(self._heap) - len(self._removed)
 
     def __iter__(self) -> Iterator[Request]:
-        return (e[-1] for e in sorted(self._heap) if e[2] not in self._removed)
+        yield from self._ahead
+        yield from (e[-1] for e in sorted(self._heap) if e[2] not in self._removed)
 
 
 class LongestPrefixQueue(FCFSQueue):
@@ -97,10 +126,11 @@ class LongestPrefixQueue(FCFSQueue):
         self.max_bypass = max_bypass
         self._bypassed = 0   # times the current front request was overtaken
         self._head: Request | None = None
+        # (``_ahead`` from FCFSQueue: while any are queued ahead, they go first, unranked)
 
     def _best(self) -> int:
         q = self._q
-        if self._match is None or len(q) < 2 or self._bypassed >= self.max_bypass:
+        if self._match is None or len(q) < 2 or self._bypassed >= self.max_bypass or self._ahead:
             return 0
         best, best_len = 0, -1
         for i in range(min(len(q), self.window)):
@@ -119,6 +149,8 @@ class LongestPrefixQueue(FCFSQueue):
         if req is self._q[0]:
             self._q.popleft()
             self._bypassed = 0   # a new request is at the front
+            if self._ahead:
+                self._ahead -= 1
         else:
             self._q.remove(req)
             self._bypassed += 1
@@ -131,14 +163,20 @@ class LongestPrefixQueue(FCFSQueue):
 
     def push_front(self, req: Request) -> None:
         self._head = None
-        self._q.appendleft(req)
+        super().push_front(req)
+        self._bypassed = 0
+
+    def push_ahead(self, req: Request) -> None:
+        """Not overtaken by a better prefix match either (see PriorityQueue.push_ahead)."""
+        self._head = None
+        super().push_ahead(req)
         self._bypassed = 0
 
     def remove(self, req: Request) -> None:
         self._head = None
         if self._q and req is self._q[0]:
             self._bypassed = 0
-        self._q.remove(req)
+        super().remove(req)
 
 
 def make_queue(policy: str, manager=None) -> FCFSQueue | PriorityQueue:
