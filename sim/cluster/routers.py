@@ -208,9 +208,9 @@ class PowerOfTwo(Router):
         if self._pairs:   # (some were drawn and not used: the calls go on from them)
             return None
         blocks = [self._draw(num_replicas) for _ in range(-(-num_requests // self.BLOCK))]
-        pairs = np.concatenate(blocks)[:num_requests] if blocks else np.empty((0, 2), dtype=np.int64)
-        left = np.concatenate(blocks)[num_requests:] if blocks else pairs
-        self._pairs = list(map(tuple, left.tolist()))[::-1]   # the rest of the last block, as choose leaves it
+        drawn = np.concatenate(blocks) if blocks else np.empty((0, 2), dtype=np.int64)
+        pairs = drawn[:num_requests]
+        self._pairs = list(map(tuple, drawn[num_requests:].tolist()))[::-1]   # the last block's rest, as choose leaves it
         self._pool = num_replicas
         return CoreRule(CoreRule.PAIR, pairs)
 

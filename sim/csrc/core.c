@@ -1071,30 +1071,30 @@ static inline int64_t load_of(const Core *c)
     return c->submitted - (c->finished + c->rejected);
 }
 
-/* routers.least_loaded over engines a and b (b < 0: every engine): the least load, then the fewest
-submitted, then the lowest index */
-static Py_ssize_t least_loaded(const World *w, Py_ssize_t a, Py_ssize_t b)
+/* routers.least_loaded's order: the least load, then the fewest submitted (a tie keeps the lower index) */
+static inline int less_loaded(const Core *c, const Core *o)
 {
-    Py_ssize_t best = b < 0 ? 0 : a;
-    for (Py_ssize_t e = b < 0 ? 1 : b; e < (b < 0 ? w->M : b + 1); e++) {
-        const Core *c = &w->engines[e], *o = &w->engines[best];
-        const int64_t lc = load_of(c), lo = load_of(o);
-        if (lc < lo || (lc == lo && c->submitted < o->submitted))
-            best = e;
-    }
-    return best;
+    const int64_t lc = load_of(c), lo = load_of(o);
+    return lc < lo || (lc == lo && c->submitted < o->submitted);
 }
 
 /* the choice of a router whose rule is applied here (RULE_*), in sim/cluster/routers.py's terms */
 static Py_ssize_t rule_choice(const World *w, Py_ssize_t g)
 {
     const Core *E = w->engines;
-    if (w->rule == RULE_LEAST_LOAD)
-        return least_loaded(w, 0, -1);
-    if (w->rule == RULE_PAIR)
-        return least_loaded(w, w->pairs[2 * g], w->pairs[2 * g + 1]);
-    if (w->rule == RULE_FOLLOW)
-        return w->pairs[g] >= 0 ? w->dest[w->pairs[g]] : least_loaded(w, 0, -1);
+    if (w->rule == RULE_PAIR) {
+        const int64_t a = w->pairs[2 * g], b = w->pairs[2 * g + 1];
+        return less_loaded(&E[b], &E[a]) ? b : a;
+    }
+    if (w->rule == RULE_FOLLOW && w->pairs[g] >= 0)
+        return w->dest[w->pairs[g]];
+    if (w->rule == RULE_LEAST_LOAD || w->rule == RULE_FOLLOW) {
+        Py_ssize_t best = 0;
+        for (Py_ssize_t e = 1; e < w->M; e++)
+            if (less_loaded(&E[e], &E[best]))
+                best = e;
+        return best;
+    }
     if (w->rule == RULE_LEAST_KV) {   /* the fewest blocks in use (one block count for all), then the load */
         Py_ssize_t best = 0;
         for (Py_ssize_t e = 1; e < w->M; e++) {
@@ -1120,8 +1120,7 @@ static Py_ssize_t rule_choice(const World *w, Py_ssize_t g)
         const int64_t le = load_of(&E[e]);
         if (le > floor)
             continue;
-        if (best < 0 || le < load_of(&E[best])
-            || (by_submitted && le == load_of(&E[best]) && E[e].submitted < E[best].submitted))
+        if (best < 0 || (by_submitted ? less_loaded(&E[e], &E[best]) : le < load_of(&E[best])))
             best = e;
     }
     return best;
