@@ -72,8 +72,16 @@ def fit_correction(df: pd.DataFrame, hardware: HardwareSpec, params: CostParams)
     rows = with_shapes(df)
     if rows.empty:
         return {}
-    plain = replace(params, gemm_correction={})
-    r = rows.assign(r=np.log(rows.time_s.to_numpy() / predict_gemm(rows, hardware, plain)))
+    r = rows.assign(r=np.log(rows.time_s.to_numpy() / predict_gemm(rows, hardware, replace(params, gemm_correction={}))))
+    features = gemm_features(rows.M.to_numpy(), rows.N.to_numpy(), rows.K.to_numpy(), params.num_sms,
+                             rows.operator.to_numpy())
+    return {**curve_data(r), "num_sms": int(params.num_sms), "tree_weight": TREE_WEIGHT,
+            "trees": fit_trees(features, r.r.to_numpy(), FEATURE_NAMES)}
+
+
+def curve_data(r: pd.DataFrame) -> dict[str, Any]:
+    """The kernel mean's part of a stored correction (no trees) from projection rows (``with_shapes``) with
+    their log(measured / roofline) in column r."""
     grid, shapes, curves = _curves(r, ["N", "K"])
     ops = r.groupby(["N", "K"]).operator.unique()
     single = [str(ops[s][0]) if len(ops[s]) == 1 else "" for s in shapes]
@@ -82,13 +90,10 @@ def fit_correction(df: pd.DataFrame, hardware: HardwareSpec, params: CostParams)
     if not several.empty:
         _, index, per_op = _curves(several, ["operator", "N", "K"])
         op_curves = {f"{o},{n},{k}": c for (o, n, k), c in zip(index, per_op)}
-    features = gemm_features(rows.M.to_numpy(), rows.N.to_numpy(), rows.K.to_numpy(), params.num_sms,
-                             rows.operator.to_numpy())
     return {"grid_m": [int(m) for m in grid], "shapes": [[int(n), int(k)] for n, k in shapes], "curves": curves,
             "width_n": WIDTH_N, "width_k": WIDTH_K, "prior_weight": PRIOR_WEIGHT, "ops": single,
             "op_curves": op_curves, "op_width_n": OP_WIDTH_N, "op_width_k": OP_WIDTH_K, "op_weight": OP_WEIGHT,
-            "op_prior_weight": OP_PRIOR_WEIGHT, "num_sms": int(params.num_sms), "tree_weight": TREE_WEIGHT,
-            "trees": fit_trees(features, r.r.to_numpy(), FEATURE_NAMES)}
+            "op_prior_weight": OP_PRIOR_WEIGHT}
 
 
 def fit_local(df: pd.DataFrame, hardware: HardwareSpec, params: CostParams) -> dict[str, list[list[float]]]:
