@@ -18,7 +18,7 @@ from sim import limits as L
 from sim.cluster.config import ClusterConfig
 from sim.errors import KvsimError
 from sim.hf_config import is_config_path, load_hf_config
-from sim.specs import HardwareSpec, ModelSpec, check_preset
+from sim.specs import HardwareSpec, ModelSpec, check_preset, complete_from_preset
 from sim.workload.config import WorkloadConfig
 from sim.yamlfile import parse_yaml, read_text_bounded
 
@@ -122,6 +122,16 @@ class Scenario(_Strict):
 
     _base_dir: Path = PrivateAttr(default=Path("."))
     _source: str = PrivateAttr(default="<scenario>")
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model_from_preset(cls, v: Any) -> Any:
+        return complete_from_preset(v, ModelSpec)
+
+    @field_validator("hardware", mode="before")
+    @classmethod
+    def _hardware_from_preset(cls, v: Any) -> Any:
+        return complete_from_preset(v, HardwareSpec)
 
     @field_validator("model")
     @classmethod

@@ -139,6 +139,20 @@ class HardwareSpec(BaseModel):
         return HARDWARE_PRESETS[key]
 
 
+def complete_from_preset(value, spec: type[ModelSpec] | type[HardwareSpec]):
+    """A mapping whose ``name`` is a preset of ``spec`` (any case) as that preset's fields updated by the
+    mapping's own, under the preset's name (``hardware: {name: H100-80GB, tensor_parallel: 4}``: the
+    h100-80gb preset at TP 4, with its shipped calibration); anything else as it is (pydantic validators,
+    before the mapping is checked field by field)."""
+    if isinstance(value, dict) and isinstance(value.get("name"), str):
+        try:
+            preset = spec.from_name(value["name"])
+        except KeyError:
+            return value
+        return {**preset.model_dump(), **value, "name": preset.name}
+    return value
+
+
 def check_preset(value, spec: type[ModelSpec] | type[HardwareSpec]):
     """A preset name must name a preset of ``spec`` (else ValueError listing the known ones); a mapping or
     a spec passes through (pydantic validators of scenario keys that take either)."""

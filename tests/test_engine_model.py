@@ -155,3 +155,40 @@ def test_a_scenario_gets_its_hardwares_shipped_calibration():
     plain = make_cost_model_executor(model=scn.model_spec, hardware=scn.hardware_spec,
                                      config=ExecutorConfig(calibration="roofline"))
     assert plain.engine is None and plain.params.tiles == []
+
+
+def test_a_mapping_naming_a_preset_is_that_preset_with_its_fields_and_calibration(tmp_path):
+    # hardware: {name: H100-80GB, tensor_parallel: 4}: the h100-80gb preset at TP 4 (its datasheet numbers
+    # untouched), named as the preset, so the shipped H100 calibration prices it as it does the bare name
+    from sim.executors.cost_model import load_calibration
+    from sim.scenario import load_scenario
+
+    path = tmp_path / "s.yaml"
+    path.write_text("model: {name: llama-2-7b, max_model_len: 2048}\n"
+                    "hardware: {name: H100-80GB, tensor_parallel: 4}\n"
+                    "workload: {requests: [{prompt_len: 10, output_len: 2}]}\n"
+                    "cluster:\n  prefill: {replicas: 1, hardware: {name: a100-80gb, tensor_parallel: 2}}\n"
+                    "  decode: {replicas: 1}\n")
+    scn = load_scenario(path)
+    hw = scn.hardware_spec
+    assert hw.name == "h100-80gb" and hw.tensor_parallel == 4
+    assert (hw.hbm_bytes, hw.hbm_bandwidth, hw.peak_flops, hw.peak_flops_fp8) == (80 * 2**30, 3.35e12, 989e12, 1979e12)
+    assert scn.model_spec.max_model_len == 2048 and scn.model_spec.num_layers == 32 and scn.model_spec.hidden_size == 4096
+    assert scn.model_spec == ModelSpec.from_name("llama-2-7b").model_copy(update={"max_model_len": 2048})
+    assert scn.cluster.prefill.hardware == HardwareSpec.from_name("a100-80gb").model_copy(update={"tensor_parallel": 2})
+    exe = make_cost_model_executor(model=scn.model_spec, hardware=hw, config=scn.executor, scheduler=scn.scheduler)
+    assert exe.params.to_dict() == load_calibration("h100-80gb")[0].to_dict() and exe.engine is not None
+
+
+def test_a_mapping_of_another_name_still_gives_every_field(tmp_path):
+    from sim.errors import KvsimError
+    from sim.scenario import load_scenario
+
+    for text, message in (
+            ("hardware: {name: 4xa100, tensor_parallel: 4}", r"s.yaml:2: hardware.hbm_bytes: required key is missing"),
+            ("hardware: {name: a100-80gb, hbm_bytes: -1}", r"s.yaml:2: hardware.hbm_bytes: Input should be greater than 0"),
+            ("hardware: {name: a100-80gb, cores: 4}", r"s.yaml:2: hardware.cores: unknown key")):
+        path = tmp_path / "s.yaml"
+        path.write_text(f"model: llama-2-7b\n{text}\nworkload: {{requests: [{{prompt_len: 10, output_len: 2}}]}}\n")
+        with pytest.raises(KvsimError, match=message):
+            load_scenario(path)

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from sim.specs import HardwareSpec, check_preset
+from sim.specs import HardwareSpec, check_preset, complete_from_preset
 
 ROUTER_POLICIES = ("round_robin", "random", "least_requests", "least_kv", "power_of_two", "prefix_affinity",
                    "session")
@@ -100,6 +100,11 @@ class PoolConfig(_Strict):
     tensor_parallel: int | None = Field(default=None, ge=1)
     kv_cache: dict[str, Any] | None = None
     scheduler: dict[str, Any] | None = None
+
+    @field_validator("hardware", mode="before")
+    @classmethod
+    def _hardware_from_preset(cls, v: Any) -> Any:
+        return complete_from_preset(v, HardwareSpec)
 
     @field_validator("hardware")
     @classmethod
