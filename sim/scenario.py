@@ -289,6 +289,8 @@ def scenario_from_dict(
     overrides: list[str] | None = None,
 ) -> Scenario:
     """Validate a scenario given as a dict (notebooks build them this way)."""
+    if isinstance(data, dict) and "grid" in data and "workload" not in data:
+        raise KvsimError(source, "a sweep file (base, grid), not a scenario: run it with `kvsim sweep FILE`")
     data = copy.deepcopy(data)
     overridden: set[tuple] = set()
     for text in overrides or []:

@@ -228,6 +228,9 @@ def load_sweep(path: str | Path) -> Sweep:
     text, raw = _read_yaml(path, "sweep file")
     if not isinstance(raw, dict):
         raise KvsimError(str(path), "a sweep file must be a mapping with base, grid, repeats, out")
+    if "workload" in raw and "base" not in raw:
+        raise KvsimError(str(path), "a scenario, not a sweep file (base, grid): run it with `kvsim run FILE`, or "
+                                    "vary its keys with `kvsim compare FILE --vary KEY=A,B`")
     lines = _grid_lines(text)
     try:
         spec = SweepSpec.model_validate(raw)
