@@ -112,6 +112,21 @@ def test_loo_without_hardware_and_calibrate_without_hardware(tmp_path: Path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_calibrate_refuses_measurements_taken_on_another_kind_of_device(tmp_path: Path):
+    # a CPU profile says nothing of a GPU's kernels (and a GPU table nothing of the CPU's)
+    cpu = tmp_path / "cpu.csv"
+    cpu.write_text(HEADER + GOOD)
+    out = tmp_path / "c.json"
+    for hardware in (["--hardware", "h100-80gb"], ["--base", "a100-80gb"]):
+        r = _run(["calibrate", *hardware, "--measurements", str(cpu), "--out", str(out)])
+        _one_line(r, [f"error: {cpu}: measured on the CPU, not on ", "kvsim profile --device cuda"])
+    r = _run(["calibrate", "--hardware", "cpu", "--measurements", str(VIDUR), "--out", str(out)])
+    _one_line(r, [f"error: {VIDUR}: measured on device cuda, not on cpu"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cpu.csv"]
+    r = _run(["calibrate", "--hardware", "cpu", "--measurements", str(cpu), "--out", str(out)])
+    assert r.returncode == 0 and out.is_file(), r.stderr
+
+
 def test_loo_needs_two_models():
     r = _run(["validate", "--loo", "--hardware", "a100-80gb", "--measurements", str(VIDUR)])
     _one_line(r, ["error: --measurements: leave-one-model-out needs projection rows of at least two models, found 1"])

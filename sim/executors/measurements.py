@@ -12,8 +12,8 @@ Two formats, recognised by their columns:
   written by ``kvsim profile``; ``model`` is a preset name.
 
 The long table has one row per (point, operator): ``source, model, tp, kind, batch_size, num_tokens,
-context_len, operator, time_s`` and the model's shape ``hidden, heads, kv_heads, head_dim, inter, vocab,
-gated, dtype_bytes``.
+context_len, operator, time_s``, the model's shape ``hidden, heads, kv_heads, head_dim, inter, vocab,
+gated, dtype_bytes`` and ``device`` (the profile's ``cuda`` or ``cpu``; ``cuda`` for Vidur's GPU tables).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ PROFILE_OPS = LINEAR_OPS + ("attention", "step")
 VIDUR_SHAPE = ["n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size", "use_gated_mlp", "num_tokens",
                "num_tensor_parallel_workers"]
 COLUMNS = ["source", "model", "tp", "kind", "batch_size", "num_tokens", "context_len", "operator", "time_s",
-           "hidden", "heads", "kv_heads", "head_dim", "inter", "vocab", "gated", "dtype_bytes"]
+           "hidden", "heads", "kv_heads", "head_dim", "inter", "vocab", "gated", "dtype_bytes", "device"]
 
 
 def read_csv_checked(path: Path) -> pd.DataFrame:
@@ -135,12 +135,25 @@ def _profile(df: pd.DataFrame, path: Path) -> pd.DataFrame:
         "source": str(path), "model": df.model.astype(str), "tp": 1, "kind": df.kind.astype(str),
         "batch_size": df.batch_size.astype(int), "num_tokens": df.num_tokens.astype(int),
         "context_len": df.context_len.astype(int), "operator": df.operator.astype(str),
-        "time_s": df.time_ms.astype(float) / 1e3})
+        "time_s": df.time_ms.astype(float) / 1e3, "device": df.device.astype(str)})
     for col, attr in [("hidden", "hidden_size"), ("heads", "num_heads"), ("kv_heads", "num_kv_heads"),
                       ("head_dim", "head_dim"), ("inter", "intermediate_size"), ("vocab", "vocab_size"),
                       ("gated", "gated_mlp"), ("dtype_bytes", "dtype_bytes")]:
         out[col] = [getattr(specs[m], attr) for m in out.model]
     return out
+
+
+def check_device(df: pd.DataFrame, hardware: str) -> None:
+    """KvsimError unless every row of ``df`` was measured on the kind of device ``hardware`` names (the
+    CPU for ``cpu``, a GPU for any other preset): a CPU profile says nothing of a GPU's kernels."""
+    want_cpu = hardware.lower() == "cpu"
+    wrong = df[(df.device == "cpu") != want_cpu]
+    if len(wrong):
+        row = wrong.iloc[0]
+        where = "on the CPU" if row.device == "cpu" else f"on device {row.device}"
+        fix = ("profile on the GPU (kvsim profile --device cuda) or calibrate --hardware cpu" if row.device == "cpu"
+               else "give measurements taken on the CPU (kvsim profile --device cpu)")
+        raise KvsimError(str(row.source), f"measured {where}, not on {hardware}: {fix}")
 
 
 def read_measurements(paths: list[str | Path]) -> pd.DataFrame:
@@ -163,5 +176,7 @@ def read_measurements(paths: list[str | Path]) -> pd.DataFrame:
         else:
             raise KvsimError(str(path), "unrecognised columns: expected a Vidur per-operator CSV or "
                                         f"{','.join(PROFILE_COLUMNS)}")
-    out = pd.concat(frames, ignore_index=True)[COLUMNS]
+    out = pd.concat(frames, ignore_index=True)
+    out["device"] = out["device"].fillna("cuda") if "device" in out else "cuda"
+    out = out[COLUMNS]
     return out[np.isfinite(out.time_s) & (out.time_s > 0)].reset_index(drop=True)

@@ -20,7 +20,7 @@ import pandas as pd
 from sim.errors import KvsimError
 from sim.executors.calibrate import fit_baseline, fit_params, predict, score
 from sim.executors.cost_model import DATA_DIR, load_calibration
-from sim.executors.measurements import ELEMENTWISE_OPS, LINEAR_OPS, read_measurements
+from sim.executors.measurements import ELEMENTWISE_OPS, LINEAR_OPS, check_device, read_measurements
 from sim.executors.opmodel import fit_local
 from sim.executors.roofline import CostParams
 from sim.output import write_text
@@ -58,7 +58,9 @@ def calibrate_files(hardware_name: str, paths: list[str | Path], tp: int | None 
     df = read_measurements(paths)
     if tp is not None:
         df = df[(df.tp == tp) | (df.operator == "all_reduce")]
-    return calibrate(hardware_of(hardware_name), df, [Path(p).name for p in paths])
+    hw = hardware_of(hardware_name)
+    check_device(df, hw.name)
+    return calibrate(hw, df, [Path(p).name for p in paths])
 
 
 def calibrate_from_base(base_ref: str, paths: list[str | Path]) -> dict[str, Any]:
@@ -67,6 +69,7 @@ def calibrate_from_base(base_ref: str, paths: list[str | Path]) -> dict[str, Any
     params, base = load_calibration(base_ref)
     df = read_measurements(paths)
     hw = hardware_of(base.get("hardware", ""))
+    check_device(df, hw.name)
     local = fit_local(df, hw, params)
     if not local:
         raise KvsimError("--measurements", "no projection rows (attn_pre_proj, attn_post_proj, mlp_up_proj, "
