@@ -29,6 +29,10 @@ class GPUExecutor:
         self.step_overhead_s = step_overhead_s
         self.num_steps = 0
 
+    def describe(self) -> dict[str, Any]:
+        """What runs the steps (a run summary's ``step_model``)."""
+        return {"executor": "gpu", "device": str(getattr(self.runner, "device", "cuda"))}
+
     def execute(self, plan: StepPlan) -> StepResult:
         seqs = [SeqWork(s.num_new_tokens, s.num_context_tokens, s.block_ids) for s in plan.scheduled]
         timing = self.runner.run(seqs, plan.blocks_to_copy, plan.blocks_to_swap_out, plan.blocks_to_swap_in)

@@ -14,7 +14,7 @@ import pandas as pd
 from sim.engine import Engine
 from sim.engine_core import core_supported, run_core
 from sim.errors import KvsimError
-from sim.executors.base import make_executor
+from sim.executors.base import make_executor, step_model
 from sim.gc_pause import gc_paused
 from sim.kv import make_kv_manager
 from sim.limits import MAX_BLOCKS
@@ -187,6 +187,7 @@ def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, pro
     profile = {"steps": recorder.num_steps, "decode_runs": runs, "engine_waits": waits,
                "arrivals": len(workload.requests), "compiled_core": engine is None}
     stats = dict(workload.stats)
+    pricing = step_model(executor)
     del workload, engine, scheduler, manager, executor, bar
     gc.collect()   # the engine's SimPy processes refer back to it: a cycle
     # the timeline first (its transient arrays are the largest), then the per-step table
@@ -198,6 +199,7 @@ def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, pro
                         wall_time_s=time.perf_counter() - t0, prefix_cache_hit_rate=hit_rate)
     summary["num_gpu_blocks"] = num_gpu
     summary.update(sharing)
+    summary["step_model"] = pricing
     profile = {"load_s": t_load - t0, "simulate_s": t_sim - t_load, "summarise_s": time.perf_counter() - t_sim,
                **profile}
     return Result(scn, summary, reqs, steps, stats, timeline, profile)

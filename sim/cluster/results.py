@@ -27,6 +27,7 @@ import pandas as pd
 from sim.cluster.disagg import Handoff
 from sim.cluster.link import KVLink
 from sim.cluster.replica import Replica
+from sim.executors.base import step_model
 from sim.metrics import requests_frame, step_dtype, summarize
 from sim.runner import Result
 from sim.sched.records import TokenGaps
@@ -80,6 +81,16 @@ def _step_table(reps: list[Replica]) -> tuple[pd.DataFrame, list[int]]:
 def _dtype(name: str) -> type:
     """A step table column's dtype where every replica has it."""
     return np.int64 if name == "kv_bytes_used" else step_dtype(name)
+
+
+def _step_models(reps: list[Replica]) -> dict:
+    """What priced the replicas' steps: one description when every replica's is the same, else one a role
+    (prefill and decode pools may run on different hardware)."""
+    by_role = {}
+    for rep in reps:
+        by_role.setdefault(rep.role, step_model(rep.engine.executor))
+    models = list(by_role.values())
+    return models[0] if all(m == models[0] for m in models) else by_role
 
 
 def _hit_rate(reps: list[Replica]) -> float:
@@ -144,6 +155,7 @@ def cluster_result(scn, workload, reps: list[Replica], served: dict[int, int], h
         reqs["replica"] = pre
         reqs["prefill_replica"] = pre
         reqs["transfer_s"] = 0.0
+    summary["step_model"] = _step_models(reps)
     table = replicas_frame(reps, steps, bounds, summary["makespan_s"])
     if len(reps) > 1:
         summary["cluster"] = _cluster_block(scn, reps, reqs, handoff, link)

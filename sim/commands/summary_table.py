@@ -14,6 +14,8 @@ SHARING = ["kv_bytes_unshared_peak", "kv_sharing_saving", "prefix_kv_bytes_peak"
 
 
 def _fmt(v) -> str:
+    if isinstance(v, dict):   # e.g. step_model: "executor cost_model, calibration h100-80gb, engine_terms True"
+        return ", ".join(f"{k} {_fmt(x)}" if not isinstance(x, dict) else f"{k}: ({_fmt(x)})" for k, x in v.items())
     if isinstance(v, float):
         if math.isnan(v):
             return "-"

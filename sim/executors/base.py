@@ -54,6 +54,12 @@ def make_executor(name: str, **kwargs: Any) -> Executor:
 
 
 
+def step_model(executor: Any) -> dict[str, Any]:
+    """What priced a run's steps, for its summary: the executor's ``describe()``, else its class name."""
+    describe = getattr(executor, "describe", None)
+    return describe() if describe is not None else {"executor": type(executor).__name__}
+
+
 @dataclass
 class DecodeRun:
     """The prices of ``k`` consecutive all-decode steps: one array entry per step."""

@@ -134,8 +134,9 @@ class CostModelExecutor:
     shareable = True   # no state but memos of its own prices: the engines of one scenario may share one
 
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, params: CostParams, block_size: int = 16,
-                 engine: EngineParams | None = None) -> None:
+                 engine: EngineParams | None = None, calibration: str = "custom") -> None:
         self.model, self.hardware, self.params = model, hardware, params
+        self.calibration = calibration   # where params came from: a shipped name, a file, "roofline", "custom"
         tp = hardware.tensor_parallel
         b = model.dtype_bytes
         self._peak, self._bw = hardware.peak_flops, hardware.hbm_bandwidth
@@ -429,6 +430,10 @@ class CostModelExecutor:
                                                             self.params)
         return hit
 
+    def describe(self) -> dict[str, Any]:
+        """What prices the steps (a run summary's ``step_model``)."""
+        return {"executor": "cost_model", "calibration": self.calibration, "engine_terms": self.engine is not None}
+
     def execute(self, plan: StepPlan) -> StepResult:
         tokens = seqs = 0
         pairs = pre_new = pre_ctx = 0
@@ -490,6 +495,7 @@ def make_cost_model_executor(*, model: ModelSpec, hardware: HardwareSpec, config
         engine = engine_params_of(doc, str(ref))
     else:
         params = default_params(hardware)
+        ref = "roofline"
     overhead = getattr(config, "step_overhead_s", None)
     if overhead is not None:
         params.step_overhead_s = overhead
@@ -498,4 +504,5 @@ def make_cost_model_executor(*, model: ModelSpec, hardware: HardwareSpec, config
             engine = None   # executor.engine: false prices isolated operators (the per-operator model)
         elif scheduler is not None:
             engine.graph_max_tokens = min(engine.graph_max_tokens, graph_max_tokens_for(scheduler.max_num_seqs))
-    return CostModelExecutor(model, hardware, params, block_size=getattr(kv, "block_size", 16), engine=engine)
+    return CostModelExecutor(model, hardware, params, block_size=getattr(kv, "block_size", 16), engine=engine,
+                             calibration=str(ref))

@@ -40,6 +40,10 @@ class PairedExecutor:
     def __init__(self, real: Any, model: Any, default: Any) -> None:
         self.real, self.model, self.default = real, model, default
 
+    def describe(self) -> dict[str, Any]:
+        """The real executor's description, with the cost model it is checked against."""
+        return {**self.real.describe(), "predicted_by": self.model.describe()}
+
     def execute(self, plan: StepPlan) -> StepResult:
         measured = self.real.execute(plan)
         pred = self.model.execute(plan)

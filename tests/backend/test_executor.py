@@ -57,4 +57,5 @@ def test_quickstart_gpu_cpu_scenario_end_to_end():
                         ["workload.synthetic.num_requests=12", "output.plots=false"])
     result = run_scenario(scn)
     assert result.summary["num_finished"] == 12 and result.summary["num_rejected"] == 0
+    assert result.summary["step_model"] == {"executor": "gpu", "device": "cpu"}   # the real backend, on the CPU
     assert result.summary["num_steps"] > 0 and (result.steps["duration_s"] > 0).all()
