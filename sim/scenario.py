@@ -210,8 +210,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 
 def _preset_mapping(section: str, name: Any, base_dir: Path | str = ".") -> Any:
-    """A preset name (model or hardware) or a model's config.json as its mapping, so one field of it can be
-    overridden."""
+    """A preset name (model or hardware) as the mapping naming it, or a model's config.json as its mapping, so
+    one field of it can be overridden (``hardware.name`` then switches presets and keeps the other fields set)."""
     if section not in ("model", "hardware") or not isinstance(name, str | None):
         return name
     name = name if name is not None else Scenario.model_fields[section].default
@@ -221,23 +221,31 @@ def _preset_mapping(section: str, name: Any, base_dir: Path | str = ".") -> Any:
         spec = ModelSpec.from_name(name) if section == "model" else HardwareSpec.from_name(name)
     except KeyError as e:
         raise KvsimError("--set", f"{section}: {e.args[0]}") from None
-    return spec.model_dump()
+    return {"name": spec.name}   # completed from the preset when validated (specs.complete_from_preset)
 
 
 def apply_override(data: dict, path: list[str], value: Any, base_dir: Path | str = ".") -> None:
     """Set ``data[path...] = value``; a model or hardware preset name (or a model's config.json, relative to
-    ``base_dir``) becomes its mapping first, so ``hardware.tensor_parallel=2`` works on a scenario that
-    names a preset."""
+    ``base_dir``), a cluster pool's hardware preset too, becomes its mapping first, so
+    ``hardware.tensor_parallel=2`` works on a scenario that names a preset. ``hardware.name`` (``model.name``)
+    set to another preset switches to it, the fields set beside the name kept; set to a name that is no
+    preset, it renames the preset's fields."""
     node = data
     if len(path) > 1:
         node[path[0]] = _preset_mapping(path[0], node.get(path[0]), base_dir)
-    for part in path[:-1]:
+    for depth, part in enumerate(path[:-1]):
         child = node.get(part)
+        if part == "hardware" and depth > 0 and isinstance(child, str):   # a cluster pool's preset
+            child = node[part] = _preset_mapping(part, child, base_dir)
         if not isinstance(child, dict):
             child = {} if child is None else child
             if not isinstance(child, dict):
                 raise KvsimError("--set", f"{'.'.join(path)}: {part} is not a mapping")
             node[part] = child
+        if depth == len(path) - 2 and part in ("model", "hardware") and path[-1] == "name":
+            spec = ModelSpec if part == "model" else HardwareSpec
+            if complete_from_preset({"name": value}, spec) == {"name": value}:   # renamed, not a preset
+                child = node[part] = complete_from_preset(child, spec)
         node = child
     node[path[-1]] = value
 

@@ -10,6 +10,7 @@ import pytest
 from sim.errors import KvsimError
 from sim.runner import cpu_blocks, gpu_blocks, run_scenario
 from sim.scenario import load_scenario
+from sim.specs import HardwareSpec
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 
@@ -74,3 +75,24 @@ def test_the_gpu_backend_refuses_an_fp8_kv_cache_it_would_not_keep():
     with pytest.raises(KvsimError, match="kv_cache.dtype: the GPU backend keeps K and V in the model's dtype"):
         make_gpu_executor(model=scn.model_spec, hardware=scn.hardware_spec, config=None, kv=scn.kv_cache,
                           num_gpu_blocks=1, num_cpu_blocks=0)
+
+
+def test_set_hardware_name_switches_presets_or_renames():
+    a100, h100 = HardwareSpec.from_name("a100-80gb"), HardwareSpec.from_name("h100-80gb")
+    # another preset: its fields, with the ones set beside the name kept (either order)
+    for sets in (["hardware.tensor_parallel=2", "hardware.name=h100-80gb"],
+                 ["hardware.name=h100-80gb", "hardware.tensor_parallel=2"]):
+        assert load_scenario(SCENARIOS / "quickstart.yaml", sets).hardware_spec == h100.model_copy(
+            update={"tensor_parallel": 2})
+    # a mapping naming a preset in the file (TP 4 there) switches the same way
+    tp4 = load_scenario(SCENARIOS / "tensor_parallel_70b.yaml", ["hardware.name=H100-80GB"]).hardware_spec
+    assert tp4 == h100.model_copy(update={"tensor_parallel": 4})
+    # a name that is no preset renames the preset's fields (and so has no shipped calibration)
+    renamed = load_scenario(SCENARIOS / "quickstart.yaml", ["hardware.name=my-a100"]).hardware_spec
+    assert renamed == a100.model_copy(update={"name": "my-a100"})
+    model = load_scenario(SCENARIOS / "quickstart.yaml", ["model.name=my-13b"]).model_spec
+    assert model.name == "my-13b" and model.hidden_size == 5120 and model.num_layers == 40
+    # a cluster pool's hardware preset takes one field too
+    pool = load_scenario(SCENARIOS / "cluster_disaggregated.yaml",
+                         ["cluster.prefill.hardware=h100-80gb", "cluster.prefill.hardware.tensor_parallel=2"])
+    assert pool.cluster.prefill.hardware == h100.model_copy(update={"tensor_parallel": 2})
