@@ -18,7 +18,7 @@ from sim import limits as L
 from sim.cluster.config import ClusterConfig
 from sim.errors import KvsimError
 from sim.hf_config import is_config_path, load_hf_config
-from sim.specs import HardwareSpec, ModelSpec, check_preset, complete_from_preset
+from sim.specs import HardwareSpec, ModelSpec, check_preset, complete_from_preset, preset_named
 from sim.workload.config import WorkloadConfig
 from sim.yamlfile import parse_yaml, read_text_bounded
 
@@ -244,7 +244,7 @@ def apply_override(data: dict, path: list[str], value: Any, base_dir: Path | str
             node[part] = child
         if depth == len(path) - 2 and part in ("model", "hardware") and path[-1] == "name":
             spec = ModelSpec if part == "model" else HardwareSpec
-            if complete_from_preset({"name": value}, spec) == {"name": value}:   # renamed, not a preset
+            if preset_named(value, spec) is None:   # renamed: the current preset's fields under the new name
                 child = node[part] = complete_from_preset(child, spec)
         node = child
     node[path[-1]] = value

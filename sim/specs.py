@@ -9,6 +9,7 @@ Invariants:
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -144,13 +145,18 @@ def complete_from_preset(value, spec: type[ModelSpec] | type[HardwareSpec]):
     mapping's own, under the preset's name (``hardware: {name: H100-80GB, tensor_parallel: 4}``: the
     h100-80gb preset at TP 4, with its shipped calibration); anything else as it is (pydantic validators,
     before the mapping is checked field by field)."""
-    if isinstance(value, dict) and isinstance(value.get("name"), str):
-        try:
-            preset = spec.from_name(value["name"])
-        except KeyError:
-            return value
-        return {**preset.model_dump(), **value, "name": preset.name}
-    return value
+    preset = preset_named(value.get("name"), spec) if isinstance(value, dict) else None
+    return value if preset is None else {**preset.model_dump(), **value, "name": preset.name}
+
+
+def preset_named(name: Any, spec: type[ModelSpec] | type[HardwareSpec]) -> ModelSpec | HardwareSpec | None:
+    """The preset of ``spec`` called ``name`` (any case), or None when ``name`` is no such preset."""
+    if not isinstance(name, str):
+        return None
+    try:
+        return spec.from_name(name)
+    except KeyError:
+        return None
 
 
 def check_preset(value, spec: type[ModelSpec] | type[HardwareSpec]):

@@ -98,7 +98,7 @@ def _vidur(df: pd.DataFrame, path: Path) -> pd.DataFrame:
             "kv_heads": df.n_kv_head.astype(int), "head_dim": (df.n_embd // df.n_head).astype(int),
             "inter": df.n_expanded_embd.astype(int), "vocab": df.vocab_size.astype(int),
             "gated": df.use_gated_mlp.astype(str).str.lower().isin(["true", "1"]), "dtype_bytes": 2,
-        }))
+            "device": "cuda"}))
     if not parts:
         raise KvsimError(str(path), "Vidur CSV has no time_stats columns for the projections")
     return pd.concat(parts, ignore_index=True)
@@ -117,7 +117,7 @@ def _allreduce(df: pd.DataFrame, path: Path) -> pd.DataFrame:
         "source": str(path), "model": "all_reduce", "tp": g.num_workers.astype(int), "kind": "collective",
         "batch_size": 0, "num_tokens": g["size"].astype(int), "context_len": 0, "operator": "all_reduce",
         "time_s": g["time_stats.all_reduce.median"].astype(float) / 1e3, "hidden": 0, "heads": 0, "kv_heads": 0,
-        "head_dim": 0, "inter": 0, "vocab": 0, "gated": False, "dtype_bytes": 2})
+        "head_dim": 0, "inter": 0, "vocab": 0, "gated": False, "dtype_bytes": 2, "device": "cuda"})
 
 
 def _profile(df: pd.DataFrame, path: Path) -> pd.DataFrame:
@@ -176,7 +176,5 @@ def read_measurements(paths: list[str | Path]) -> pd.DataFrame:
         else:
             raise KvsimError(str(path), "unrecognised columns: expected a Vidur per-operator CSV or "
                                         f"{','.join(PROFILE_COLUMNS)}")
-    out = pd.concat(frames, ignore_index=True)
-    out["device"] = out["device"].fillna("cuda") if "device" in out else "cuda"
-    out = out[COLUMNS]
+    out = pd.concat(frames, ignore_index=True)[COLUMNS]
     return out[np.isfinite(out.time_s) & (out.time_s > 0)].reset_index(drop=True)

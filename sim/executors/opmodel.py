@@ -72,7 +72,8 @@ def fit_correction(df: pd.DataFrame, hardware: HardwareSpec, params: CostParams)
     rows = with_shapes(df)
     if rows.empty:
         return {}
-    r = rows.assign(r=np.log(rows.time_s.to_numpy() / predict_gemm(rows, hardware, replace(params, gemm_correction={}))))
+    plain = replace(params, gemm_correction={})
+    r = rows.assign(r=np.log(rows.time_s.to_numpy() / predict_gemm(rows, hardware, plain)))
     features = gemm_features(rows.M.to_numpy(), rows.N.to_numpy(), rows.K.to_numpy(), params.num_sms,
                              rows.operator.to_numpy())
     return {**curve_data(r), "num_sms": int(params.num_sms), "tree_weight": TREE_WEIGHT,
