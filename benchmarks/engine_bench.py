@@ -205,10 +205,14 @@ def add_workload_args(ap: argparse.ArgumentParser) -> None:
 def workload_data(args: argparse.Namespace) -> dict:
     """The scenario the workload options name."""
     if args.synthetic:
-        return synthetic_scenario(args.synthetic, args.rate)
-    if args.workload == "quickstart":
-        return quickstart_scenario(args.limit)
-    return azure_scenario(args.limit)
+        data = synthetic_scenario(args.synthetic, args.rate)
+    elif args.workload == "quickstart":
+        data = quickstart_scenario(args.limit)
+    else:
+        data = azure_scenario(args.limit)
+    if getattr(args, "prefix_caching", False):   # vLLM's default; an unhit cache on these workloads
+        data.setdefault("kv_cache", {})["prefix_caching"] = True
+    return data
 
 
 def main() -> None:
@@ -218,6 +222,8 @@ def main() -> None:
     ap.add_argument("--output-scaling", action="store_true",
                     help="the outputs as given, then doubled, alternating (--repeat times); prints the ratio")
     ap.add_argument("--single-step", action="store_true", help="multi-step off")
+    ap.add_argument("--prefix-caching", action="store_true",
+                    help="kv_cache.prefix_caching on (no request shares content: the core runs it, unhit)")
     ap.add_argument("--compare", action="store_true", help="multi-step off then on (SimPy loop), in this process")
     ap.add_argument("--core-compare", action="store_true",
                     help="the SimPy loop then the compiled core, alternating (--repeat times); prints the ratio")

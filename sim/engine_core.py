@@ -4,13 +4,15 @@ sim/engine.py's SimPy loop bit for bit.
 
 Covered (``core_supported``): continuous batching under FCFS, round-robin or priority (or
 longest-prefix-first, which without a prefix cache is FCFS: every match is empty) with recompute or
-swap preemption, the paged manager without prefix caching, requests of one sequence outside
-shared-prefix groups, the cost model as executor; in a cluster, a router that reads at most the
-replicas' loads and KV usage. There a step costs about a microsecond instead of tens: the requests'
+swap preemption, the paged manager without prefix caching or with one that no request can hit (none
+shares content: ``cache_unhit``; the core counts the cached blocks evicted, and a run that preempted is
+redone in the SimPy loop, since a request recomputed may find its own blocks: ``redo_in_simpy``),
+requests of one sequence outside shared-prefix groups, the cost model as executor; in a cluster, a
+router that reads at most the replicas' loads and KV usage. There a step costs about a microsecond instead of tens: the requests'
 state lives in typed arrays, each step is planned, priced, updated and recorded without a Python object,
 and only the executor's GEMM, all-reduce and LM-head times (once per size), the recorder (a chunk of rows
 at a time), the router (once per request, where it reads the replicas) and the progress bar are called
-back. Everything else (prefix caching, forks and beams, static batching, the contiguous allocators,
+back. Everything else (prefix caching over shared content, forks and beams, static batching, the contiguous allocators,
 disaggregated pools, the GPU executor) runs the SimPy loop. ``KVSIM_CORE=0`` (or ``KVSIM_NATIVE=0``, or
 ``enabled = False`` here) runs the SimPy loop for every scenario: tests/test_engine_core.py compares them.
 
@@ -47,20 +49,39 @@ enabled = os.environ.get("KVSIM_CORE", "1") != "0"
 PROGRESS_EVERY = 500   # steps between two calls of the progress callback (as the SimPy loop's bar reads)
 
 
-def core_supported(scheduler: Any, manager: Any, executor: Any, requests: list[Request] | None) -> bool:
+def core_supported(scheduler: Any, manager: Any, executor: Any, requests: list[Request] | None,
+                   unhit_cache: bool = False) -> bool:
     """Whether the compiled core runs this engine (the module docstring lists what it covers) over
-    ``requests`` (None: they were checked already, ``requests_supported``)."""
+    ``requests`` (None: they were checked already, ``requests_supported``). ``unhit_cache``: also with a
+    prefix cache, where no request shares content with another (``cache_unhit``); the caller redoes the
+    run in the SimPy loop if it preempted (``redo_in_simpy``)."""
     if not enabled or native is None or not hasattr(native, "run_core"):
         return False
     cfg = scheduler.config
     if (type(scheduler) is not ContinuousScheduler or cfg.policy not in ("fcfs", "priority", "round_robin", "longest_prefix_first")
             or getattr(cfg, "batching", "continuous") != "continuous"):
         return False
-    if type(manager) is not KVCacheManager or manager.prefix_cache is not None:
+    if type(manager) is not KVCacheManager:
+        return False
+    if manager.prefix_cache is not None and not (unhit_cache and (requests is None or cache_unhit(requests))):
         return False
     if type(executor) is not CostModelExecutor or executor._native_consts is None:
         return False
     return requests is None or requests_supported(requests)
+
+
+def cache_unhit(requests: list[Request]) -> bool:
+    """Whether a prefix cache can serve these requests nothing but a request's own blocks after it was
+    preempted by recompute: none shares a prefix group or Mooncake chunks (sim/workload/tokens.py). Run
+    without preemption, such a cache changes nothing but the count of cached blocks evicted, which the core
+    keeps."""
+    return all(r.prefix_group < 0 and not r.hash_ids for r in requests)
+
+
+def redo_in_simpy(scheduler: ContinuousScheduler) -> bool:
+    """Whether a core run with a prefix cache (``core_supported(unhit_cache=True)``) must be redone in the
+    SimPy loop: it preempted, and a request recomputed by then may find its own blocks still cached."""
+    return scheduler.manager.prefix_cache is not None and scheduler.num_preemptions > 0
 
 
 def requests_supported(requests: list[Request]) -> bool:
@@ -246,7 +267,7 @@ def _engine_spec(parts: EngineParts) -> tuple:
                 int(cfg.chunked_prefill), int(parts.async_scheduling), int(cfg.victim == "most_generated"),
                 parts.max_stall, mgr.pool.num_free, int(parts.check_integrity), int(cfg.preemption == "swap"),
                 mgr.swap.num_blocks - mgr.swap.num_used, int(cfg.policy == "priority"), int(cfg.policy == "round_robin"),
-                cfg.rr_quantum_steps)
+                cfg.rr_quantum_steps, int(mgr.prefix_cache is not None))
     width, chunk = len(STEP_COLUMNS), Columns.CHUNK_ROWS
 
     def sink(main: memoryview, breakdown: memoryview, m: int) -> None:
@@ -305,7 +326,7 @@ def write_engine(scheduler: ContinuousScheduler, requests: list[Request], record
     gaps.step_gaps.durations.frombytes(gap_d)
     gaps.step_gaps.counts.frombytes(gap_n)
     gaps.other_gaps.frombytes(other)
-    preemptions, peak_used, peak_logical, sum_used, sum_logical, _, _, swapped_blocks = totals
+    preemptions, peak_used, peak_logical, sum_used, sum_logical, _, _, swapped_blocks, evicted = totals
     scheduler.num_preemptions += preemptions
     scheduler.swapped_blocks += swapped_blocks
     mgr: KVCacheManager = scheduler.manager
@@ -319,3 +340,7 @@ def write_engine(scheduler: ContinuousScheduler, requests: list[Request], record
             finished.append(req)
         elif req.status == RequestStatus.REJECTED:
             refused.append(req)
+    cache = mgr.prefix_cache
+    if cache is not None:   # an unhit cache (cache_unhit): every admitted request looked up its prompt, found nothing
+        cache.num_evicted += evicted
+        cache.record_lookup(sum(r.prompt_len for r in requests if r.status == RequestStatus.FINISHED), 0)

@@ -149,12 +149,12 @@ def test_preemption_by_swap_equals(monkeypatch, swap_gb, async_scheduling, chunk
 
 def _into_core(data: dict) -> dict:
     """A fuzz case moved inside what the core covers: FCFS, round-robin or priority, continuous batching, the paged
-    manager without prefix caching, one sequence a request outside shared-prefix groups."""
+    manager (a prefix cache only unhit: ``cache_unhit``), one sequence a request outside shared-prefix groups."""
     d = copy.deepcopy(data)
     if d["scheduler"].get("policy") not in ("fcfs", "priority", "round_robin", "longest_prefix_first"):
         d["scheduler"]["policy"] = "fcfs"
     d["scheduler"]["batching"] = "continuous"
-    d["kv_cache"].update(allocator="paged", prefix_caching=False)
+    d["kv_cache"].update(allocator="paged")   # prefix caching as drawn: unhit without shared prefixes
     work = d["workload"]
     for r in work.get("requests", []):
         for key in ("n", "beam_width", "prefix_group", "prefix_len"):
@@ -236,7 +236,9 @@ def test_what_the_core_does_not_cover_runs_the_loop():
     base["workload"]["synthetic"]["num_requests"] = 20
     cases = {
         "static batching": {"scheduler": {"batching": "static", "chunked_prefill": False}},
-        "prefix caching": {"kv_cache": {"prefix_caching": True}},
+        "prefix caching over shared prefixes": {"kv_cache": {"prefix_caching": True},
+                                                "workload": {"synthetic": {"shared_prefix": {"groups": 2,
+                                                                                             "length": 64}}}},
         "contiguous": {"kv_cache": {"allocator": "contiguous-max"}},
         "parallel samples": {"workload": {"synthetic": {"n": 2}}},
     }
@@ -251,6 +253,61 @@ def test_what_the_core_does_not_cover_runs_the_loop():
                     d.setdefault(section, {})[key] = value
         res = run_scenario(scenario_from_dict(d), check_integrity=False)
         assert not res.profile["compiled_core"], label
+
+
+def _unhit(**kv) -> dict:
+    """PRESSURE's requests (no shared content) under a prefix cache: no hit but a preempted request's own."""
+    data = _scenario(PRESSURE)
+    data["kv_cache"].update(prefix_caching=True, **kv)
+    return data
+
+
+def test_an_unhit_prefix_cache_runs_in_the_core_and_counts_its_evictions(monkeypatch):
+    # room for everything: nothing preempted, so the cache changes nothing but the evictions it counts
+    data = _unhit(num_gpu_blocks=400)
+    loop, core = _both(monkeypatch, lambda: run_scenario(scenario_from_dict(data), check_integrity=True))
+    assert_same(loop, core)
+    assert core.profile["compiled_core"] and core.summary["num_preemptions"] == 0
+    assert core.summary["prefix_cache_evictions"] > 100 and core.summary["prefix_cache_hit_rate"] == 0
+
+
+def test_an_unhit_prefix_cache_that_preempts_is_redone_in_the_loop(monkeypatch):
+    # 48 blocks: preemptions by recompute, after which a request finds its own blocks still cached
+    loop, core = _both(monkeypatch, lambda: run_scenario(scenario_from_dict(_unhit()), check_integrity=True))
+    assert_same(loop, core)
+    assert not core.profile["compiled_core"] and core.summary["num_preemptions"] > 0
+
+
+@pytest.mark.parametrize("blocks, in_core", [(None, True), (300, False)])
+def test_a_cluster_with_an_unhit_prefix_cache(monkeypatch, blocks, in_core):
+    # 4 replicas behind round-robin over the Azure trace: in the core; with 300 blocks a replica preempts,
+    # and the run is redone in the loop
+    sets = ["kv_cache.prefix_caching=true", "workload.limit=400", "output.plots=false"]
+    if blocks:
+        sets.append(f"kv_cache.num_gpu_blocks={blocks}")
+    scn = ROOT / "scenarios" / "cluster_round_robin.yaml"
+    loop, core = _both(monkeypatch, lambda: run_scenario(load_scenario(scn, sets), check_integrity=False))
+    assert_same(loop, core)
+    import pandas as pd
+
+    pd.testing.assert_frame_equal(loop.replicas, core.replicas, check_exact=True)
+    assert core.profile["compiled_core"] == in_core and core.summary["prefix_cache_evictions"] > 0
+    assert (core.summary["num_preemptions"] > 0) != in_core
+
+
+@pytest.mark.parametrize("core_on", [False, True])
+def test_evictions_of_an_unhit_prefix_cache_by_hand(monkeypatch, core_on):
+    """Three requests one after another, 40 prompt tokens and 2 output tokens each (41 tokens of KV: 3 blocks
+    of 16, the first 2 full and cached when freed, tail first), on 4 blocks: the free queue (head first)
+    starts [4 free]; r0 takes 3 of them, frees 1 uncached + 2 cached: [1, 1, 2c]; r1 takes 1, 1 and 1 cached
+    (1 evicted), frees [1c, 1, 2c, 1, 2c]; r2 takes 1 cached, 1 and 1 cached (2 evicted): 3 in all."""
+    monkeypatch.setattr(engine_core, "enabled", core_on)
+    data = {"model": "tiny-llama", "hardware": "a100-80gb", "output": {"plots": False},
+            "kv_cache": {"block_size": 16, "num_gpu_blocks": 4, "prefix_caching": True},
+            "workload": {"requests": [{"arrival": float(i), "prompt_len": 40, "output_len": 2} for i in range(3)]}}
+    res = run_scenario(scenario_from_dict(data), check_integrity=True)
+    assert res.profile["compiled_core"] == core_on and res.summary["num_finished"] == 3
+    assert res.summary["prefix_cache_evictions"] == 3
 
 
 def test_an_integrity_check_failure_is_an_assertion(monkeypatch):

@@ -36,7 +36,15 @@ from sim.cluster.replica import Replica, build_pool, pool_scenario
 from sim.cluster.results import ClusterResult, cluster_result
 from sim.cluster.routers import Router, make_router
 from sim.engine import wake_times
-from sim.engine_core import EngineParts, core_supported, requests_supported, run_engines, same_admission
+from sim.engine_core import (
+    EngineParts,
+    cache_unhit,
+    core_supported,
+    redo_in_simpy,
+    requests_supported,
+    run_engines,
+    same_admission,
+)
 from sim.errors import KvsimError
 from sim.request import Request, RequestStatus
 from sim.scenario import Scenario
@@ -140,9 +148,12 @@ def _run_in_core(pool: list[Replica], requests: list[Request], router: Router, d
 
 def _in_core(pool: list[Replica], requests: list[Request], router: Router) -> bool:
     """Whether the compiled core runs this colocated pool: it covers every replica, they admit alike,
-    and the router reads at most the replicas' loads and KV usage (no prefix caches)."""
+    and the router reads at most the replicas' loads and KV usage (not their prefix caches, which no
+    request hits: ``cache_unhit``; the run is redone in the SimPy loop if it preempted)."""
     return (not router.reads_state and requests_supported(requests)   # (the requests once, not once a replica)
-            and all(core_supported(rep.scheduler, rep.manager, rep.engine.executor, None) for rep in pool)
+            and (cache_unhit(requests) or all(rep.manager.prefix_cache is None for rep in pool))
+            and all(core_supported(rep.scheduler, rep.manager, rep.engine.executor, None, unhit_cache=True)
+                    for rep in pool)
             and same_admission([rep.scheduler for rep in pool]))
 
 
@@ -183,9 +194,19 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
         ahead = None if reads else _route_ahead(router, requests, pool, lag)
         if _in_core(pool, requests, router):   # compiled (sim/engine_core.py)
             _run_in_core(pool, requests, router, ahead, lag, served)
-            res = cluster_result(scn, workload, pool, served, None, None, fe_out, fe_token, time.perf_counter() - t0)
-            res.profile["compiled_core"] = True
-            return res
+            if not any(redo_in_simpy(rep.scheduler) for rep in pool):
+                res = cluster_result(scn, workload, pool, served, None, None, fe_out, fe_token,
+                                     time.perf_counter() - t0)
+                res.profile["compiled_core"] = True
+                return res
+            # it preempted under a prefix cache: redone in the loop, from the start (engine_core.redo_in_simpy)
+            workload = build_workload(scn.workload, base_dir=scn.base_dir, seed=scn.seed, source=scn.source)
+            requests = workload.requests
+            env = simpy.Environment()
+            served = {}
+            pool = build_pool(scn, range(cfg.num_replicas), "colocated", env, check, lag)
+            router = _observed(make_router(cfg.router, scn.seed), pool, requests, lag)
+            ahead = None if reads else _route_ahead(router, requests, pool, lag)
         env.process(_arrivals(env, requests, lag, router, pool, Replica.submit, served, ahead))
         for rep in pool:
             rep.engine.start()

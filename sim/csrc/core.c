@@ -111,6 +111,13 @@ typedef struct {
     int64_t cpu_blocks, cpu_free;
     /* results */
     Vec tr_rid, tr_time, tr_phase, gap_d, gap_n, other;
+    /* a prefix cache no request can hit (no shared content; nothing preempted, else the run is redone in the
+    SimPy loop): the free queue as runs of blocks, +n uncached or -n cached (a freed table's full blocks),
+    head first, to count the cached blocks allocations evict (PrefixCache.num_evicted) */
+    int track_cache;
+    Vec fifo;
+    size_t fifo_head;
+    int64_t fifo_used, evicted;
     double *main, *bd;
     Py_ssize_t fill, chunk;
     int64_t steps, waits;
@@ -203,6 +210,30 @@ static void note_table(Core *c, int64_t i, int64_t old)
         c->peak_logical = c->logical;
 }
 
+/* the free queue's tail gets n blocks (cached: negative) */
+static int fifo_push(Core *c, int64_t n)
+{
+    return (c->track_cache && n) ? vec_push(&c->fifo, &n) : 0;
+}
+
+/* n blocks leave the free queue's head: the cached among them are evicted */
+static void fifo_pop(Core *c, int64_t n)
+{
+    const int64_t *run = (const int64_t *)c->fifo.p;
+    while (c->track_cache && n > 0 && c->fifo_head < c->fifo.n) {
+        const int64_t len = run[c->fifo_head] < 0 ? -run[c->fifo_head] : run[c->fifo_head];
+        const int64_t take = n < len - c->fifo_used ? n : len - c->fifo_used;
+        if (run[c->fifo_head] < 0)
+            c->evicted += take;
+        c->fifo_used += take;
+        n -= take;
+        if (c->fifo_used == len) {
+            c->fifo_head++;
+            c->fifo_used = 0;
+        }
+    }
+}
+
 /* KVCacheManager.allocate_slots without sharing: room for comp + n tokens; 0 where blocks ran out */
 static int allocate(Core *c, int64_t i, int64_t n)
 {
@@ -214,21 +245,27 @@ static int allocate(Core *c, int64_t i, int64_t n)
         if (need > 0) {
             c->tlen[i] = old + need;
             c->free_blocks -= need;
+            fifo_pop(c, need);
         }
         note_table(c, i, old);
     }
     return 1;
 }
 
-static void release(Core *c, int64_t i)
+static int release(Core *c, int64_t i)
 {
     const int64_t cap = c->tlen[i] * c->bs, comp = c->comp[i] > 0 ? c->comp[i] : 0;
+    /* freed tail first: the blocks past the computed full ones, then those (cached) */
+    const int64_t full = comp / c->bs < c->tlen[i] ? comp / c->bs : c->tlen[i];
+    if (fifo_push(c, c->tlen[i] - full) < 0 || fifo_push(c, -full) < 0)
+        return -1;
     c->held -= comp < cap ? comp : cap;
     c->logical -= c->tlen[i];
     c->free_blocks += c->tlen[i];
     c->tlen[i] = 0;
     c->beyond_final -= c->beyond[i];
     c->beyond[i] = 0;
+    return 0;
 }
 
 /* ------------------------------------------------------------------ queues */
@@ -384,7 +421,8 @@ static int preempt(Core *c, int64_t i, double now, int rotate)
         c->cpu_free -= blocks;
         c->st_swap_out += blocks;
         c->swapped_blocks += blocks;
-        release(c, i);
+        if (release(c, i) < 0)
+            return -1;
         c->num_swapped++;
         c->stat[i] = ST_SWAPPED;
         if (mark(c, i, PH_SWAPPED, now) < 0)
@@ -395,7 +433,8 @@ static int preempt(Core *c, int64_t i, double now, int rotate)
             c->swapped[c->nswapped++] = i;
         return 0;
     }
-    release(c, i);
+    if (release(c, i) < 0)
+        return -1;
     c->comp[i] = 0;
     c->stat[i] = ST_PREEMPTED;
     if (mark(c, i, PH_PREEMPTED, now) < 0)
@@ -423,6 +462,7 @@ static int64_t resume(Core *c, int64_t r, double now, int64_t budget)
         return 0;
     c->tlen[r] = held;   /* KVCacheManager.swap_in: its blocks back in fresh GPU blocks */
     c->free_blocks -= held;
+    fifo_pop(c, held);
     c->cpu_free += held;
     c->cpu_held[r] = 0;
     c->st_swap_in += held;
@@ -902,7 +942,8 @@ static int update(Core *c, double now, int *progressed)
         const int64_t r = c->done[j];
         c->stat[r] = ST_FINISHED;
         c->fin[r] = now;
-        release(c, r);
+        if (release(c, r) < 0)
+            return -1;
         c->finished++;
         if (mark(c, r, PH_DONE, now) < 0)
             return -1;
@@ -1316,7 +1357,7 @@ static void free_engine(Core *c)
                     c->tmp,
                     c->main, c->bd, c->lin.keys, c->lin.vals, c->head.keys, c->head.vals, c->pad, c->tr_rid.p,
                     c->tr_time.p, c->tr_phase.p,
-                    c->gap_d.p, c->gap_n.p, c->other.p};
+                    c->gap_d.p, c->gap_n.p, c->other.p, c->fifo.p};
     for (size_t j = 0; j < sizeof bufs / sizeof bufs[0]; j++)
         free(bufs[j]);
 }
@@ -1330,13 +1371,13 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
     if (!PyArg_ParseTuple(spec, "O!(iO!O!OOO)On", &PyTuple_Type, &cfg, &mode, &PyTuple_Type, &ints, &PyTuple_Type,
                           &floats, &pad, &linear_fn, &head_fn, &sink, &chunk))
         return -1;
-    if (chunk < 1 || PyTuple_GET_SIZE(cfg) != 15 || PyTuple_GET_SIZE(ints) != 6
+    if (chunk < 1 || PyTuple_GET_SIZE(cfg) != 16 || PyTuple_GET_SIZE(ints) != 6
         || PyTuple_GET_SIZE(floats) != (mode ? 18 : 11)) {
         PyErr_SetString(PyExc_ValueError, "run_core: bad sizes, settings or pricing constants");
         return -1;
     }
-    int64_t cv[15], iv[6];
-    for (int j = 0; j < 15; j++) {
+    int64_t cv[16], iv[6];
+    for (int j = 0; j < 16; j++) {
         cv[j] = PyLong_AsLongLong(PyTuple_GET_ITEM(cfg, j));
         if (cv[j] == -1 && PyErr_Occurred())
             return -1;
@@ -1366,6 +1407,7 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
     c->priority = (int)cv[12];
     c->rr = (int)cv[13];
     c->quantum = cv[14];
+    c->track_cache = (int)cv[15];
     if (c->bs < 1 || c->num_blocks < 0 || c->max_seqs < 1) {
         PyErr_SetString(PyExc_ValueError, "run_core: bad block or batch settings");
         return -1;
@@ -1430,19 +1472,22 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
     c->gap_d.item = 8;
     c->gap_n.item = 8;
     c->other.item = 8;
+    c->fifo.item = 8;
+    if (fifo_push(c, c->free_blocks) < 0)   /* the free queue at the start: every free block, none cached */
+        return -1;
     return 0;
 }
 
 /* (error, records, totals) of one engine after the run */
 static PyObject *engine_result(Core *c)
 {
-    return Py_BuildValue("(iddLLLL)(NNNNNN)(LLLLLLLL)", c->err, c->err_t, c->err_d, (long long)c->err_step,
+    return Py_BuildValue("(iddLLLL)(NNNNNN)(LLLLLLLLL)", c->err, c->err_t, c->err_d, (long long)c->err_step,
                          (long long)c->err_waiting, (long long)c->err_running, (long long)c->err_stall,
                          vec_bytes(&c->tr_rid), vec_bytes(&c->tr_time), vec_bytes(&c->tr_phase),
                          vec_bytes(&c->gap_d), vec_bytes(&c->gap_n), vec_bytes(&c->other),
                          (long long)c->num_preemptions, (long long)c->peak_used, (long long)c->peak_logical,
                          (long long)c->sum_used, (long long)c->sum_logical, (long long)c->steps, (long long)c->waits,
-                         (long long)c->swapped_blocks);
+                         (long long)c->swapped_blocks, (long long)c->evicted);
 }
 
 PyObject *kv_run_core(PyObject *self, PyObject *args)
