@@ -164,16 +164,17 @@ def _into_core(data: dict) -> dict:
     return d
 
 
-def test_fuzz_cases_equal(monkeypatch):
+@pytest.mark.parametrize("part", range(4))   # 4 x 30 cases: parallel test workers share them
+def test_fuzz_cases_equal(monkeypatch, part):
     covered = 0
-    for i in range(120):
+    for i in range(30 * part, 30 * part + 30):
         drawn = draw_scenario(random.Random(f"engine-core:{i}"), i)
         for data in (drawn, _into_core(drawn)):
             loop, core = _both(monkeypatch, lambda d=data: run_scenario(
                 scenario_from_dict(copy.deepcopy(d), source="<fuzz>"), check_integrity=True))
             assert_same_outcome(loop, core, f"case {i}")
             covered += not isinstance(core, str) and bool(core.profile.get("compiled_core"))
-    assert covered >= 100, f"only {covered} fuzz cases ran in the core"
+    assert covered >= 25, f"only {covered} of 60 fuzz runs ran in the core"
 
 
 def test_fuzzed_clusters_equal(monkeypatch):

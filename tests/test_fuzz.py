@@ -11,10 +11,11 @@ from sim.fuzz import _max_n, check_outcome, draw_scenario, fuzz, literal_choices
 from sim.scenario import SchedulerConfig, scenario_from_dict
 
 
-def test_seeded_fuzz_batch_passes():
-    report = fuzz(seed=20261130, count=400)
+@pytest.mark.parametrize("part", range(4))   # 4 x 100 cases: parallel test workers share them
+def test_seeded_fuzz_batch_passes(part):
+    report = fuzz(seed=20261130, count=100, start=100 * part)
     assert not report.failures, "\n\n".join(f"case {c.index}: {c.error}\n{c.scenario}" for c in report.failures[:3])
-    assert report.counts().get("ok", 0) >= 100  # enough of the batch ran the real code paths
+    assert report.counts().get("ok", 0) >= 25  # enough of the batch ran the real code paths
 
 
 def test_draws_are_valid_and_reproducible():
