@@ -49,6 +49,7 @@ from sim.errors import KvsimError
 from sim.request import Request, RequestStatus
 from sim.scenario import Scenario
 from sim.workload import build_workload
+from sim.workload.build import Workload
 
 
 def _arrivals(env: simpy.Environment, requests: list[Request], lag: float, router: Router,
@@ -150,11 +151,39 @@ def _in_core(pool: list[Replica], requests: list[Request], router: Router) -> bo
     """Whether the compiled core runs this colocated pool: it covers every replica, they admit alike,
     and the router reads at most the replicas' loads and KV usage (not their prefix caches, which no
     request hits: ``cache_unhit``; the run is redone in the SimPy loop if it preempted)."""
-    return (not router.reads_state and requests_supported(requests)   # (the requests once, not once a replica)
-            and (cache_unhit(requests) or all(rep.manager.prefix_cache is None for rep in pool))
-            and all(core_supported(rep.scheduler, rep.manager, rep.engine.executor, None, unhit_cache=True)
-                    for rep in pool)
+    if router.reads_state or not requests_supported(requests):   # (the requests once, not once a replica)
+        return False
+    unhit = cache_unhit(requests)
+    return (all(core_supported(rep.scheduler, rep.manager, rep.engine.executor, None, unhit_cache=unhit)
+                for rep in pool)
             and same_admission([rep.scheduler for rep in pool]))
+
+
+def _run_colocated(scn: Scenario, workload: Workload, check: bool, lag: float, fe_out: float, fe_token: float, t0: float,
+                   try_core: bool) -> ClusterResult | None:
+    """A colocated pool's run, in the compiled core where it covers the pool (``try_core``), else in the SimPy
+    loop; None where the core's run must be redone in the loop (``redo_in_simpy``)."""
+    cfg = scn.cluster
+    requests = workload.requests
+    env = simpy.Environment()
+    served: dict[int, int] = {}
+    pool = build_pool(scn, range(cfg.num_replicas), "colocated", env, check, lag)
+    router = _observed(make_router(cfg.router, scn.seed), pool, requests, lag)
+    reads = router.reads_load or router.reads_memory or router.reads_state
+    ahead = None if reads else _route_ahead(router, requests, pool, lag)
+    core = try_core and _in_core(pool, requests, router)
+    if core:   # compiled (sim/engine_core.py)
+        _run_in_core(pool, requests, router, ahead, lag, served)
+        if any(redo_in_simpy(rep.scheduler) for rep in pool):
+            return None
+    else:
+        env.process(_arrivals(env, requests, lag, router, pool, Replica.submit, served, ahead))
+        for rep in pool:
+            rep.engine.start()
+        env.run()
+    res = cluster_result(scn, workload, pool, served, None, None, fe_out, fe_token, time.perf_counter() - t0)
+    res.profile["compiled_core"] = core
+    return res
 
 
 def _check_disaggregated(scn: Scenario, pools: list[Scenario], requests: list[Request]) -> None:
@@ -188,31 +217,10 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
     served: dict[int, int] = {}
     if not cfg.disaggregated:
         _check_sequences_supported(scn, requests)
-        pool = build_pool(scn, range(cfg.num_replicas), "colocated", env, check, lag)
-        router = _observed(make_router(cfg.router, scn.seed), pool, requests, lag)
-        reads = router.reads_load or router.reads_memory or router.reads_state
-        ahead = None if reads else _route_ahead(router, requests, pool, lag)
-        if _in_core(pool, requests, router):   # compiled (sim/engine_core.py)
-            _run_in_core(pool, requests, router, ahead, lag, served)
-            if not any(redo_in_simpy(rep.scheduler) for rep in pool):
-                res = cluster_result(scn, workload, pool, served, None, None, fe_out, fe_token,
-                                     time.perf_counter() - t0)
-                res.profile["compiled_core"] = True
-                return res
-            # it preempted under a prefix cache: redone in the loop, from the start (engine_core.redo_in_simpy)
+        res = _run_colocated(scn, workload, check, lag, fe_out, fe_token, t0, try_core=True)
+        if res is None:   # the core's run preempted under a prefix cache: redone in the loop (engine_core.redo_in_simpy)
             workload = build_workload(scn.workload, base_dir=scn.base_dir, seed=scn.seed, source=scn.source)
-            requests = workload.requests
-            env = simpy.Environment()
-            served = {}
-            pool = build_pool(scn, range(cfg.num_replicas), "colocated", env, check, lag)
-            router = _observed(make_router(cfg.router, scn.seed), pool, requests, lag)
-            ahead = None if reads else _route_ahead(router, requests, pool, lag)
-        env.process(_arrivals(env, requests, lag, router, pool, Replica.submit, served, ahead))
-        for rep in pool:
-            rep.engine.start()
-        env.run()
-        res = cluster_result(scn, workload, pool, served, None, None, fe_out, fe_token, time.perf_counter() - t0)
-        res.profile["compiled_core"] = False
+            res = _run_colocated(scn, workload, check, lag, fe_out, fe_token, t0, try_core=False)
         return res
 
     p_scn, d_scn = pool_scenario(scn, cfg.prefill), pool_scenario(scn, cfg.decode)

@@ -219,8 +219,10 @@ static int fifo_push(Core *c, int64_t n)
 /* n blocks leave the free queue's head: the cached among them are evicted */
 static void fifo_pop(Core *c, int64_t n)
 {
+    if (!c->track_cache)
+        return;
     const int64_t *run = (const int64_t *)c->fifo.p;
-    while (c->track_cache && n > 0 && c->fifo_head < c->fifo.n) {
+    while (n > 0 && c->fifo_head < c->fifo.n) {
         const int64_t len = run[c->fifo_head] < 0 ? -run[c->fifo_head] : run[c->fifo_head];
         const int64_t take = n < len - c->fifo_used ? n : len - c->fifo_used;
         if (run[c->fifo_head] < 0)
