@@ -13,6 +13,12 @@ lane, chunked prefill with preemption) and a cluster behind each router:
     qs3000            the quickstart settings over the hour's first 3,000 requests
     c8-ROUTER         the quickstart's first 3,000 requests on 8 replicas behind ROUTER
     c4-ms-off         1,500 requests on 4 replicas behind least_kv, multi-step decode off
+    mc1500            the Mooncake conversation scenario's first 1,500 requests (prefix caching: hits,
+                      evictions, preemption by recompute)
+    mc300-big         scenarios/mooncake_prefix.yaml (300 requests) with 400,000 blocks: hits, no pressure
+    mc300-swap        the same with 12,000 blocks and preemption by swap
+    prompt2000        scenarios/shared_system_prompt.yaml with 2,000 requests at 20 req/s and 4 groups
+    beam-prefix       scenarios/beam_search.yaml with a prefix cache and 4 shared prefixes (forks and hits)
 """
 
 from __future__ import annotations
@@ -45,6 +51,15 @@ CASES: dict[str, Callable[[], Scenario]] = {
     "qs3000": lambda: scenario_from_dict(quickstart_scenario(3000), base_dir=ROOT / "scenarios"),
     **{f"c8-{r}": _cluster(3000, 8, r) for r in ROUTERS},
     "c4-ms-off": _cluster(1500, 4, "least_kv", "scheduler.multi_step=false"),
+    "mc1500": lambda: load_scenario(ROOT / "scenarios/mooncake_conversation.yaml", ["workload.limit=1500"]),
+    "mc300-big": lambda: load_scenario(ROOT / "scenarios/mooncake_prefix.yaml", ["kv_cache.num_gpu_blocks=400000"]),
+    "mc300-swap": lambda: load_scenario(ROOT / "scenarios/mooncake_prefix.yaml", [
+        "kv_cache.num_gpu_blocks=12000", "scheduler.preemption=swap"]),
+    "prompt2000": lambda: load_scenario(ROOT / "scenarios/shared_system_prompt.yaml", [
+        "workload.synthetic.num_requests=2000", "workload.synthetic.arrival.process=poisson",
+        "workload.synthetic.arrival.rate=20", "workload.synthetic.shared_prefix.groups=4"]),
+    "beam-prefix": lambda: load_scenario(ROOT / "scenarios/beam_search.yaml", [
+        "kv_cache.prefix_caching=true", "workload.synthetic.shared_prefix={groups: 4, length: 96}"]),
 }
 
 
