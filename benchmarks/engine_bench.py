@@ -2,6 +2,7 @@
 
     python benchmarks/engine_bench.py                       # the Azure conversation hour, Llama-3.1-8B on H100
     python benchmarks/engine_bench.py --workload quickstart # the quickstart settings (Llama-2-13B, A100) over the hour
+    python benchmarks/engine_bench.py --workload mooncake   # the Mooncake conversation hour, prefix caching hit
     python benchmarks/engine_bench.py --double-output       # every output length doubled
     python benchmarks/engine_bench.py --output-scaling      # as given, then doubled, in this process
     python benchmarks/engine_bench.py --synthetic 1000000 --rate 30
@@ -62,6 +63,16 @@ def quickstart_scenario(limit: int | None) -> dict:
     data["name"] = "quickstart-hour"
     data["workload"]["limit"] = limit
     data["workload"]["trace"] = TRACE
+    return data
+
+
+def mooncake_scenario(limit: int | None) -> dict:
+    """scenarios/mooncake_conversation.yaml (Llama-3.1-8B on H200, prefix caching over the trace's shared
+    512-token chunks) over the whole hour of the Mooncake conversation trace (or its first ``limit``)."""
+    data = yaml.safe_load((ROOT / "scenarios" / "mooncake_conversation.yaml").read_text())
+    data["name"] = "mooncake-conv-hour"
+    data["workload"]["limit"] = limit
+    data["workload"]["trace"] = str(ROOT / "scenarios" / data["workload"]["trace"])
     return data
 
 
@@ -196,7 +207,7 @@ def write_yaml(data: dict, path: Path, double_output: bool) -> None:
 
 def add_workload_args(ap: argparse.ArgumentParser) -> None:
     """The options that pick the benchmark's workload (``workload_data`` reads them)."""
-    ap.add_argument("--workload", choices=["azure", "quickstart"], default="azure")
+    ap.add_argument("--workload", choices=["azure", "quickstart", "mooncake"], default="azure")
     ap.add_argument("--limit", type=int, default=None, help="first N requests of the trace (default all)")
     ap.add_argument("--synthetic", type=int, default=0, help="run N synthetic requests instead of the trace")
     ap.add_argument("--rate", type=float, default=30.0, help="synthetic arrival rate (req/s)")
@@ -208,6 +219,8 @@ def workload_data(args: argparse.Namespace) -> dict:
         data = synthetic_scenario(args.synthetic, args.rate)
     elif args.workload == "quickstart":
         data = quickstart_scenario(args.limit)
+    elif args.workload == "mooncake":
+        data = mooncake_scenario(args.limit)
     else:
         data = azure_scenario(args.limit)
     if getattr(args, "prefix_caching", False):   # vLLM's default; an unhit cache on these workloads
