@@ -40,6 +40,7 @@ class BlockPool:
         self.refs = np.zeros(num_blocks, dtype=np.int64)    # live ref counts
         self._queue = FreeQueue(num_blocks)
         self.on_evict: Callable[[np.ndarray], None] | None = None   # set by the prefix cache
+        self._marks: np.ndarray | None = None   # scratch for _distinct, made when first needed
 
     # ------------------------------------------------------------ queries
     @property
@@ -101,6 +102,19 @@ class BlockPool:
             self._queue.remove(block_id)
         self.refs[block_id] = r + 1
 
+    def incref_distinct(self, blocks: np.ndarray) -> None:
+        """``incref`` of each of ``blocks`` (an int64 array; the caller knows no block appears twice), in
+        bulk: the free ones among them leave the free queue. Nothing changes where one cannot."""
+        refs = self.refs[blocks]
+        revive = blocks[refs == 0]
+        if len(revive):
+            queued = self._queue.contains_each(revive)
+            if not queued.all():
+                b = int(revive[np.argmin(queued)])
+                raise KeyError(f"block {b} has no references but is not in the free queue")
+            self._queue.remove_each(revive)
+        self.refs[blocks] = refs + 1
+
     def free(self, blocks: Iterable[int] | np.ndarray) -> None:
         """Drop one reference to each block; blocks reaching 0 go to the tail of the free queue, in order."""
         if not isinstance(blocks, np.ndarray):
@@ -110,11 +124,35 @@ class BlockPool:
                     self._free_one(blocks[0])
                 return
             blocks = np.array(blocks, dtype=np.int64)
-        if len(blocks) > 1 and np.count_nonzero(self.refs[blocks] != 1) == 0 and self._queue.push(blocks):
+        if len(blocks) <= 1:
+            if len(blocks):
+                self._free_one(int(blocks[0]))
+            return
+        refs = self.refs[blocks]
+        if np.count_nonzero(refs != 1) == 0 and self._queue.push(blocks):
             self.refs[blocks] = 0   # distinct blocks, each losing its last reference: in bulk
             return
-        for b in blocks.tolist():
+        if self._distinct(blocks):   # shared blocks among them (prefix-cache hits, forks): still in bulk
+            left = refs - 1
+            if np.count_nonzero(left < 0):
+                raise RuntimeError(f"block {int(blocks[np.argmin(left)])} freed more often than allocated")
+            self.refs[blocks] = left
+            last = blocks[left == 0]
+            if len(last) > 1:
+                self._queue.push(last, distinct=True)
+            elif len(last):
+                self._queue.push1(int(last[0]))
+            return
+        for b in blocks.tolist():   # a block given twice: one at a time
             self._free_one(b)
+
+    def _distinct(self, blocks: np.ndarray) -> bool:
+        """No block appears twice in ``blocks`` (a scratch array marks each one's last position)."""
+        if self._marks is None:
+            self._marks = np.empty(self.num_blocks, dtype=np.int64)
+        slots = np.arange(len(blocks))
+        self._marks[blocks] = slots
+        return not np.count_nonzero(self._marks[blocks] != slots)
 
     def free_last_refs(self, blocks: np.ndarray) -> None:
         """``free`` of blocks the caller knows each hold exactly one reference (skips that check, and the

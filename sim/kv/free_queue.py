@@ -174,6 +174,12 @@ class FreeQueue:
         self.size -= 1
         self.holes += 1
 
+    def remove_each(self, blocks: np.ndarray) -> None:
+        """``remove`` of each of ``blocks`` (distinct, all queued) at once."""
+        self._at[blocks] = -1
+        self.size -= len(blocks)
+        self.holes += len(blocks)
+
     def _compact(self) -> None:
         """Move the entries to the start of the array, holes dropped."""
         live = self._entries()

@@ -13,14 +13,20 @@ Lifetime of a cached block (the pool's free queue is the LRU list):
     in use (ref > 0) --free--> free but findable --hit (incref)--> in use
                                      |
                         allocate pops it from the head: on_evict forgets its hash
-                        (one call per allocation; a mask of cached blocks finds the few to forget)
+                        (one call per allocation; array operations only, see below)
 
 Tables are freed tail first, so a chain's tail is evicted before its head; a block freed earlier
 is evicted earlier (least recently used first).
 
-Invariants (``check_integrity``): the map hash -> block and the map block -> hash are inverse
-bijections; an evicted block's hash is in neither; a cached block is either referenced or free;
-``cached[b]`` is True exactly for the blocks of ``hash_of``.
+Representation: ``cached[b]`` (bool) and ``hash_at[b]`` (int64) per block are the truth: block b holds
+hash h exactly when ``cached[b] and hash_at[b] == h``. The dict ``_index`` (hash -> block) finds a
+block by hash; an eviction only clears ``cached`` (no dict work per evicted block), leaving its entry
+stale, so every lookup checks the entry against the arrays. When stale entries outnumber the live
+ones (plus 4,096) the dict is rebuilt from the arrays: amortised O(1) per eviction.
+
+Invariants (``check_integrity``): ``block_of`` (live hash -> block) and ``hash_of`` (cached block ->
+hash) are inverse bijections; an evicted block's hash is in neither; a cached block is either
+referenced or free; every cached block's entry in ``_index`` is live.
 Hit-rate counters are in tokens: ``query_tokens`` (prompt tokens looked up at first admission) and
 ``hit_tokens`` (those served from the cache).
 """
@@ -28,10 +34,13 @@ Hit-rate counters are in tokens: ``query_tokens`` (prompt tokens looked up at fi
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import repeat
 
 import numpy as np
 
 from sim.kv.block_pool import BlockPool
+
+_SPARE_STALE = 4096   # stale index entries tolerated beyond the live ones before a rebuild
 
 
 class PrefixCache:
@@ -39,30 +48,113 @@ class PrefixCache:
 
     def __init__(self, pool: BlockPool) -> None:
         self.pool = pool
-        self.block_of: dict[int, int] = {}   # hash -> block id
-        self.hash_of: dict[int, int] = {}    # block id -> hash
-        self.cached = np.zeros(pool.num_blocks, dtype=bool)   # block id -> in hash_of
+        self.cached = np.zeros(pool.num_blocks, dtype=bool)        # block id -> holds a findable hash
+        self.hash_at = np.zeros(pool.num_blocks, dtype=np.int64)   # block id -> that hash, where cached
+        self._index: dict[int, int] = {}   # hash -> block id; live where the arrays agree (see above)
+        self._num_cached = 0
+        self._runs: dict[int, tuple[np.ndarray, np.ndarray]] = {}   # key -> (blocks, their hashes): match
         self.query_tokens = 0
         self.hit_tokens = 0
         self.num_evicted = 0
         pool.on_evict = self._on_evict
 
-    def match(self, hashes: Sequence[int], max_blocks: int) -> list[int]:
-        """The blocks of the longest cached run ``hashes[0..k-1]`` (k <= max_blocks). No side effects."""
-        found = list(map(self.block_of.get, hashes[:max_blocks]))   # C-speed lookups, then cut at a miss
-        try:
-            return found[:found.index(None)]
-        except ValueError:
-            return found
+    # ------------------------------------------------------------ views
+    @property
+    def hash_of(self) -> dict[int, int]:
+        """Cached block id -> its hash (a new dict, block ids ascending)."""
+        live = np.flatnonzero(self.cached)
+        return dict(zip(live.tolist(), self.hash_at[live].tolist()))
 
+    @property
+    def block_of(self) -> dict[int, int]:
+        """Findable hash -> its block id (a new dict)."""
+        return {h: b for b, h in self.hash_of.items()}
+
+    def is_cached(self, block_id: int) -> bool:
+        return bool(self.cached[block_id])
+
+    def _live(self, hashes: Sequence[int], found: list[int]) -> np.ndarray:
+        """Whether each ``found[i]`` (an ``_index`` entry of ``hashes[i]``, or -1) is live."""
+        blocks = np.array(found, dtype=np.int64)
+        known = blocks >= 0
+        blocks[~known] = 0
+        return known & self.cached[blocks] & (self.hash_at[blocks] == np.array(hashes, dtype=np.int64))
+
+    # ------------------------------------------------------------ lookups
+    def match(self, hashes: Sequence[int], max_blocks: int, key: int | None = None) -> list[int]:
+        """The blocks of the longest cached run ``hashes[0..k-1]`` (k <= max_blocks). No side effects on
+        the cache. ``key`` (a request id): remember the run, and start from the last run remembered under
+        that key (for the same hash chain): its blocks still cached under the same hashes are checked
+        in one numpy pass, and lookups begin at the first that is not (a waiting request matched again
+        every step costs a few lookups, not one per block of its prompt)."""
+        end = min(len(hashes), max_blocks)
+        memo = self._runs.get(key) if key is not None else None
+        out: list[int] = []
+        start = 0
+        if memo is not None:
+            blocks, known = memo
+            head = blocks[:end]
+            ok = self.cached[head] & (self.hash_at[head] == known[:len(head)])
+            start = len(head) if ok.all() else int(ok.argmin())
+            out = head[:start].tolist()
+        found = self._lookup(hashes, start, end)
+        out += found
+        if key is not None and (memo is None or found or start < len(memo[0])):
+            known = memo[1] if memo is not None and len(memo[1]) >= len(out) else np.array(
+                hashes[:len(out)], dtype=np.int64)
+            self._runs[key] = (np.array(out, dtype=np.int64), known)
+        return out
+
+    def forget(self, key: int) -> None:
+        """Drop the run ``match`` remembered under ``key``."""
+        self._runs.pop(key, None)
+
+    def _lookup(self, hashes: Sequence[int], start: int, end: int) -> list[int]:
+        """The blocks of ``hashes[start:end]`` up to the first uncached one. Looks up slices of 8, 32, 128,
+        ... hashes (C-speed lookups), so a miss costs about as many lookups as the run found before it."""
+        get = self._index.get
+        out: list[int] = []
+        width = 8
+        while start < end:
+            part = hashes[start:min(end, start + width)]
+            found = list(map(get, part, repeat(-1)))
+            ok = self._live(part, found)
+            if not ok.all():
+                out += found[:int(ok.argmin())]
+                return out
+            out += found
+            start += width
+            width *= 4
+        return out
+
+    # ------------------------------------------------------------ changes
     def insert(self, block_id: int, h: int) -> None:
         """Make a newly filled block findable. A hash already cached keeps its block (the new one stays
         private); a block already cached keeps its hash."""
-        if h in self.block_of or block_id in self.hash_of:
+        self.insert_run([block_id], [h])
+
+    def insert_run(self, blocks: Sequence[int], hashes: Sequence[int]) -> None:
+        """``insert`` of each (block, hash) pair in order: the pairs whose hash and block are both uncached
+        go in at once, unless a hash or block repeats among them (then one pair at a time)."""
+        index = self._index
+        arr = np.array(blocks, dtype=np.int64)
+        fresh = ~self.cached[arr]
+        if not index.keys().isdisjoint(hashes):
+            fresh &= ~self._live(hashes, list(map(index.get, hashes, repeat(-1))))
+        if fresh.all():
+            new_blocks, new_hashes = blocks, hashes
+        else:
+            new_blocks = arr[fresh].tolist()
+            new_hashes = [h for h, f in zip(hashes, fresh.tolist()) if f]
+        n = len(new_blocks)
+        if n > 1 and (len(set(new_hashes)) < n or len(set(new_blocks)) < n):
+            for b, h in zip(blocks, hashes):   # a hash or block twice: the first pair takes it
+                self.insert_run([b], [h])
             return
-        self.block_of[h] = block_id
-        self.hash_of[block_id] = h
-        self.cached[block_id] = True
+        index.update(zip(new_hashes, new_blocks))
+        self.cached[new_blocks] = True
+        self.hash_at[new_blocks] = new_hashes
+        self._num_cached += n
 
     def _on_evict(self, blocks: np.ndarray) -> None:
         """The pool took ``blocks`` from its free queue: forget the hashes of the cached ones."""
@@ -70,10 +162,13 @@ class PrefixCache:
         if not len(gone):
             return
         self.cached[gone] = False
-        for b in gone.tolist():
-            del self.block_of[self.hash_of.pop(b)]
+        self._num_cached -= len(gone)
         self.num_evicted += len(gone)
+        if len(self._index) > 2 * self._num_cached + _SPARE_STALE:
+            live = np.flatnonzero(self.cached)
+            self._index = dict(zip(self.hash_at[live].tolist(), live.tolist()))
 
+    # ------------------------------------------------------------ counters
     def record_lookup(self, query_tokens: int, hit_tokens: int) -> None:
         self.query_tokens += query_tokens
         self.hit_tokens += hit_tokens
@@ -81,14 +176,12 @@ class PrefixCache:
     def hit_rate(self) -> float:
         return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
 
-    def is_cached(self, block_id: int) -> bool:
-        return block_id in self.hash_of
-
     def check_integrity(self) -> None:
-        assert len(self.block_of) == len(self.hash_of), "prefix cache maps differ in size"
-        assert sorted(self.hash_of) == np.flatnonzero(self.cached).tolist(), "cached mask differs from hash_of"
-        for b, h in self.hash_of.items():
-            assert self.block_of.get(h) == b, f"block {b}: hash {h} maps to {self.block_of.get(h)}"
-        cached = np.fromiter(self.hash_of, np.int64, len(self.hash_of))
-        lost = (self.pool.refs[cached] <= 0) & ~self.pool.are_free(cached)
-        assert not lost.any(), f"cached block {cached[np.argmax(lost)]} neither referenced nor free"
+        live = np.flatnonzero(self.cached)
+        hashes = self.hash_at[live]
+        assert len(live) == self._num_cached, f"{len(live)} cached blocks counted as {self._num_cached}"
+        assert len(np.unique(hashes)) == len(live), "two cached blocks hold one hash"
+        for b, h in zip(live.tolist(), hashes.tolist()):
+            assert self._index.get(h) == b, f"block {b}: hash {h} maps to {self._index.get(h)}"
+        lost = (self.pool.refs[live] <= 0) & ~self.pool.are_free(live)
+        assert not lost.any(), f"cached block {live[np.argmax(lost)]} neither referenced nor free"

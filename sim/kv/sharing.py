@@ -86,7 +86,7 @@ class SharingMixin:
         max_blocks = (req.prompt_len + req.num_generated - 1) // self.block_size
         if max_blocks <= 0:
             return []
-        return self.prefix_cache.match(self._hashes_upto(req, max_blocks), max_blocks)
+        return self.prefix_cache.match(self._hashes_upto(req, max_blocks), max_blocks, key=req.req_id)
 
     def _cache_full_blocks(self, req: Request, table: list[int], num_tokens: int) -> None:
         full = min(num_tokens // self.block_size, len(table))
@@ -94,9 +94,7 @@ class SharingMixin:
         if full <= done:
             return
         hashes = self._hashes_upto(req, full)
-        insert = self.prefix_cache.insert
-        for i in range(done, full):
-            insert(table[i], hashes[i])
+        self.prefix_cache.insert_run(table[done:full], hashes[done:full])
         self._cached_upto[req.req_id] = full
 
     def prefix_cache_hit_rate(self) -> float:
@@ -113,19 +111,20 @@ class SharingMixin:
         """Start ``req``'s table with the ``cached`` blocks (ref counts up) plus fresh ones for its new tokens."""
         bs = self.block_size
         pool = self.pool
-        revive = int(np.count_nonzero(pool.refs[cached] == 0))
+        blocks = np.array(cached, dtype=np.int64)   # distinct: the cache maps each block to one hash
+        revive = int(np.count_nonzero(pool.refs[blocks] == 0))
         need = -(-(len(cached) * bs + num_new_tokens) // bs) - len(cached)
         if need + revive > pool.num_free:
             return False
         self._held_tokens += revive * bs
-        for b in cached:
-            pool.incref(b)
+        pool.incref_distinct(blocks)
         table = self.block_tables[req.req_id] = list(cached)
         if need > 0:
             table.extend(pool.allocate(need))
         req.num_computed_tokens = len(cached) * bs
         self._first_lookup(req, req.num_computed_tokens)
         self._note_table(req, table)
+        self._cached_upto[req.req_id] = len(cached)   # the hits are cached under these very hashes
         self._cache_full_blocks(req, table, req.num_computed_tokens + num_new_tokens)
         return True
 
@@ -194,6 +193,8 @@ class SharingMixin:
         self.sibling_recompute.pop(rid, None)
         if req.num_generated >= req.output_len:
             self._hashes.pop(rid, None)
+            if self.prefix_cache is not None:
+                self.prefix_cache.forget(rid)
 
     # ------------------------------------------------------------ forked sequences
     def seq_tables(self, req_id: int) -> list[list[int]]:
