@@ -125,7 +125,8 @@ def test_bad_buffers_are_refused():
 
 
 NATIVE_USERS = ["sim.engine_core", "sim.executors.cost_model", "sim.kv.block_pool", "sim.kv.free_queue", "sim.metrics",
-                "sim.sched.continuous", "sim.sched.decode_lane", "sim.sched.decode_run", "sim.sched.decode_run_apply"]
+                "sim.sched.continuous", "sim.sched.decode_lane", "sim.sched.decode_run", "sim.sched.decode_run_apply",
+                "sim.workload.tokens"]
 
 
 def native_off(monkeypatch) -> None:

@@ -71,6 +71,11 @@ static PyMethodDef methods[] = {
      "put_columns(chunk, at, m, cols) -> bool: chunk[i, at:at + m] = cols[i] for each column (an int64 or float64 "
      "array of m, or a number; a zero is left as it is), as sim/metrics.py's Columns.extend writes them. "
      "False, with nothing written, where a column is neither."},
+    {"chain_hashes", kv_chain_hashes, METH_VARARGS,
+     "chain_hashes(parent, tag, a, b, start, step, count, chunks, c) -> [h, ...]: count chained hashes, "
+     "h = hash((previous h, key)) from parent, the key of block j (first token s = start + j * step) being "
+     "(tag, chunks[s // c], s % c) where chunks is a sequence, else (tag, a, s), or (tag, a, b, s) where b is not "
+     "None (sim/workload/tokens.py block_hashes)."},
     {"run_core", kv_run_core, METH_VARARGS,
      "run_core(n, requests, arrivals, dest, lag, route, state, progress, every, counters, times, specs) -> "
      "[(error, records, totals), ...]: the whole run of one engine or of a colocated pool behind one arrival "

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from sim.native import native
+
 _PREFIX, _CHUNK, _PROMPT, _OUTPUT = 1, 2, 3, 4
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -85,14 +87,35 @@ def _mixed_digest(req, start: int, end: int, seq: int) -> int:
 
 def block_hashes(req, first_block: int, end_block: int, block_size: int, parent: int, seq: int = 0) -> list[int]:
     """Chained hashes of full blocks ``first_block .. end_block-1``; ``parent`` is block first_block-1's
-    hash (``ROOT_HASH`` for block 0).
+    hash (``ROOT_HASH`` for block 0): block i's is ``hash((hash of block i-1, key of block i))``.
 
-    A block whose tokens all come from one source (see the table above) is digested as (source,
-    offset): its ids are a function of exactly that, so equal digests mean equal ids, without making
-    the ids. A block that straddles two sources digests its ids (one numpy pass)."""
+    A block whose tokens all come from one source (see the table above) is keyed by (source, offset):
+    its ids are a function of exactly that, so equal keys mean equal ids, without making the ids. A
+    block that straddles two sources is keyed by its ids' digest (one numpy pass). The blocks of a run
+    from one source are hashed in one call (compiled where sim._native is built: the same tuples, hashed
+    by the interpreter, so the same values)."""
     out: list[int] = []
     h = parent
     bs = block_size
+    for tag, a, b, start, count, chunks in _runs(req, first_block, end_block, bs, seq):
+        if tag == _MIXED:
+            h = hash((h, a))
+            out.append(h)
+        else:
+            part = _chain(h, tag, a, b, start, bs, count, chunks, req.hash_block_tokens)
+            out += part
+            h = part[-1]
+    return out
+
+
+_MIXED = 0   # a block's key is its ids' digest (``a`` in _runs)
+
+
+def _runs(req, first_block: int, end_block: int, bs: int, seq: int):
+    """(tag, a, b, first token, blocks, chunk ids or None) per run of blocks from one source, in order:
+
+    blocks:  [ prefix ... | chunk ... | own prompt ... | output ... ]   (a straddling block: _MIXED)
+    """
     prompt = req.prompt_len
     group = req.prefix_group
     plen = req.prefix_len if group >= 0 else 0
@@ -101,19 +124,45 @@ def block_hashes(req, first_block: int, end_block: int, block_size: int, parent:
     chunked_end = min(prompt, len(hashes) * c) if hashes else 0
     own_from = max(plen, chunked_end)
     rid = req.req_id
-    for i in range(first_block, end_block):
+    i = first_block
+    k = min(end_block, plen // bs)          # blocks inside the shared prefix
+    if i < k:
+        yield _PREFIX, group, None, i * bs, k - i, None
+        i = k
+    while i < end_block:
         start = i * bs
         end = start + bs
-        if start >= prompt:
-            key = (_OUTPUT, rid, seq, start)
-        elif end <= plen:
-            key = (_PREFIX, group, start)
-        elif start >= own_from and end <= prompt:
-            key = (_PROMPT, rid, start)
-        elif start >= plen and end <= chunked_end and start // c == (end - 1) // c:
-            key = (_CHUNK, hashes[start // c], start % c)
+        if start >= prompt:                  # generated tokens, to the end
+            yield _OUTPUT, rid, seq, start, end_block - i, None
+            return
+        if start >= own_from and end <= prompt:   # the request's own prompt tokens
+            k = min(end_block, prompt // bs)
+            yield _PROMPT, rid, None, start, k - i, None
+        elif start >= plen and end <= chunked_end and start // c == (end - 1) // c:   # inside one chunk
+            k = min(end_block, chunked_end // bs) if c % bs == 0 else i + 1   # (aligned: none straddles)
+            yield _CHUNK, 0, None, start, k - i, hashes
         else:
-            key = _mixed_digest(req, start, end, seq)
+            k = i + 1
+            yield _MIXED, _mixed_digest(req, start, end, seq), None, start, 1, None
+        i = k
+
+
+def _chain(parent: int, tag: int, a: int, b: int | None, start: int, step: int, count: int, chunks, c: int
+           ) -> list[int]:
+    """``count`` chained hashes from ``parent``; block j's key (first token s = start + j x step) is
+    (tag, chunks[s // c], s % c) with chunks, else (tag, a, s), or (tag, a, b, s) where b is given."""
+    if native is not None:
+        return native.chain_hashes(parent, tag, a, b, start, step, count, chunks, c or 0)
+    starts = range(start, start + count * step, step)
+    if chunks is not None:
+        keys = [(tag, chunks[s // c], s % c) for s in starts]
+    elif b is None:
+        keys = [(tag, a, s) for s in starts]
+    else:
+        keys = [(tag, a, b, s) for s in starts]
+    out: list[int] = []
+    h = parent
+    for key in keys:
         h = hash((h, key))
         out.append(h)
     return out
