@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from sim.kv.block_pool import BlockPool
-from sim.kv.prefix_cache import _SPARE_STALE, PrefixCache
+from sim.kv.prefix_cache import _SPARE_STALE, _STALE_RATIO, PrefixCache
 
 
 def test_free_of_shared_blocks_queues_the_last_references_in_order():
@@ -99,7 +99,7 @@ def test_evictions_leave_a_bounded_index_and_every_live_hash_findable():
         cache.insert_run(blocks, list(range(next_hash, next_hash + 8)))
         next_hash += 8
         pool.free(blocks[::-1])
-        assert len(cache._index) <= 2 * int(cache.cached.sum()) + _SPARE_STALE + 8
+        assert len(cache._index) <= _STALE_RATIO * int(cache.cached.sum()) + _SPARE_STALE + 8
     live = cache.hash_of
     assert len(live) == 64 and cache.num_evicted == 8_000 - 64
     assert cache.match(list(range(next_hash - 8, next_hash)), 8) == blocks   # the last run, still cached

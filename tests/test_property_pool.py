@@ -32,7 +32,8 @@ class PoolMachine(RuleBasedStateMachine):
         super().__init__()
         self.pool = BlockPool(N)
         self.evicted: list[int] = []
-        self.pool.on_evict = lambda blocks: self.evicted.extend(blocks.tolist())
+        # the hook gets the blocks of each allocation: an array, or the block id of a one-block allocation
+        self.pool.on_evict = lambda blocks: self.evicted.extend([blocks] if isinstance(blocks, int) else blocks.tolist())
         self.refs = [0] * N
         self.free_q = list(range(N))     # the reference free queue, head first
         self.handles: list[int] = []     # one entry per reference handed out

@@ -10,7 +10,8 @@ Invariants (``check_integrity``):
 - the queue starts as ``0 .. num_blocks-1`` in order; freed blocks join its tail in the order freed;
 - the free queue is also the eviction order for cached blocks: a freed block that the prefix cache
   still knows stays in the queue, findable by hash, until ``allocate`` takes it from the head, at which
-  point ``on_evict(blocks)`` (every block taken by that call, in order) lets the cache forget it.
+  point ``on_evict(blocks)`` (every block taken by that call, in order: an int64 array, or the block id
+  where the call took one) lets the cache forget it.
 
 Ref counts live in a numpy array (``refs``) and the queue in numpy slices (sim/kv/free_queue.py), so a
 bulk ``allocate``/``free`` is a handful of array operations whatever its length.
@@ -39,7 +40,7 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.refs = np.zeros(num_blocks, dtype=np.int64)    # live ref counts
         self._queue = FreeQueue(num_blocks)
-        self.on_evict: Callable[[np.ndarray], None] | None = None   # set by the prefix cache
+        self.on_evict: Callable[[np.ndarray | int], None] | None = None   # set by the prefix cache
         self._marks: np.ndarray | None = None   # scratch for _distinct, made when first needed
 
     # ------------------------------------------------------------ queries
@@ -79,7 +80,7 @@ class BlockPool:
             b = self._queue.pop1()
             self.refs[b] = 1
             if self.on_evict is not None:
-                self.on_evict(np.array((b,), dtype=np.int64))
+                self.on_evict(b)
             return [b]
         return self.allocate_array(n).tolist()
 

@@ -19,6 +19,7 @@ Invariants (``check_integrity``): every block's ref count equals the number of b
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -78,12 +79,13 @@ class KVCacheManager(SharingMixin):
     def can_allocate(self, req: Request, num_new_tokens: int) -> bool:
         return self.pool.can_allocate(self.blocks_needed(req, num_new_tokens))
 
-    def allocate_slots(self, req: Request, num_new_tokens: int, cached: list[int] | None = None) -> bool:
+    def allocate_slots(self, req: Request, num_new_tokens: int, cached: Sequence[int] | np.ndarray | None = None
+                       ) -> bool:
         """Grow ``req``'s table to hold its computed plus ``num_new_tokens`` tokens; False if blocks ran out.
-        ``cached``: prefix-cache blocks (from ``match_prefix``) that start a fresh table; a forked request
-        grows every sequence (copy-on-write pairs collect in ``copies``)."""
+        ``cached``: prefix-cache blocks (from ``match_prefix`` or ``match_prefix_blocks``) that start a fresh
+        table; a forked request grows every sequence (copy-on-write pairs collect in ``copies``)."""
         rid = req.req_id
-        if cached:
+        if cached is not None and len(cached):
             return self._allocate_cached(req, num_new_tokens, cached)
         if rid in self.groups:
             return self._allocate_group(req, num_new_tokens)

@@ -21,8 +21,8 @@ is evicted earlier (least recently used first).
 Representation: ``cached[b]`` (bool) and ``hash_at[b]`` (int64) per block are the truth: block b holds
 hash h exactly when ``cached[b] and hash_at[b] == h``. The dict ``_index`` (hash -> block) finds a
 block by hash; an eviction only clears ``cached`` (no dict work per evicted block), leaving its entry
-stale, so every lookup checks the entry against the arrays. When stale entries outnumber the live
-ones (plus 4,096) the dict is rebuilt from the arrays: amortised O(1) per eviction.
+stale, so every lookup checks the entry against the arrays. When the dict holds more than four times
+the live entries (plus 4,096) it is rebuilt from the arrays: amortised O(1) per eviction.
 
 Invariants (``check_integrity``): ``block_of`` (live hash -> block) and ``hash_of`` (cached block ->
 hash) are inverse bijections; an evicted block's hash is in neither; a cached block is either
@@ -40,7 +40,9 @@ import numpy as np
 
 from sim.kv.block_pool import BlockPool
 
-_SPARE_STALE = 4096   # stale index entries tolerated beyond the live ones before a rebuild
+_NONE = np.zeros(0, dtype=np.int64)
+_STALE_RATIO = 4      # the index is rebuilt when it holds more than 4x the live entries ...
+_SPARE_STALE = 4096   # ... plus these
 
 
 class PrefixCache:
@@ -83,27 +85,33 @@ class PrefixCache:
     # ------------------------------------------------------------ lookups
     def match(self, hashes: Sequence[int], max_blocks: int, key: int | None = None) -> list[int]:
         """The blocks of the longest cached run ``hashes[0..k-1]`` (k <= max_blocks). No side effects on
-        the cache. ``key`` (a request id): remember the run, and start from the last run remembered under
-        that key (for the same hash chain): its blocks still cached under the same hashes are checked
-        in one numpy pass, and lookups begin at the first that is not (a waiting request matched again
-        every step costs a few lookups, not one per block of its prompt)."""
+        the cache. ``key``: see ``match_blocks``."""
+        return self.match_blocks(hashes, max_blocks, key).tolist()
+
+    def match_blocks(self, hashes: Sequence[int], max_blocks: int, key: int | None = None) -> np.ndarray:
+        """``match`` as an int64 array (read-only: it may be the one remembered). ``key`` (a request id):
+        remember the run, and start from the last run remembered under that key (for the same hash
+        chain): its blocks still cached under the same hashes are checked in one numpy pass, and lookups
+        begin at the first that is not (a waiting request matched again every step costs a few lookups,
+        not one per block of its prompt)."""
         end = min(len(hashes), max_blocks)
         memo = self._runs.get(key) if key is not None else None
-        out: list[int] = []
         start = 0
+        head = _NONE
         if memo is not None:
             blocks, known = memo
             head = blocks[:end]
             ok = self.cached[head] & (self.hash_at[head] == known[:len(head)])
             start = len(head) if ok.all() else int(ok.argmin())
-            out = head[:start].tolist()
+            head = head[:start]
         found = self._lookup(hashes, start, end)
-        out += found
-        if key is not None and (memo is None or found or start < len(memo[0])):
-            known = memo[1] if memo is not None and len(memo[1]) >= len(out) else np.array(
-                hashes[:len(out)], dtype=np.int64)
-            self._runs[key] = (np.array(out, dtype=np.int64), known)
-        return out
+        if found:
+            head = np.concatenate([head, np.array(found, dtype=np.int64)])
+        if key is not None and (memo is None or len(head) != len(memo[0])):
+            known = memo[1] if memo is not None and len(memo[1]) >= len(head) else np.array(
+                hashes[:len(head)], dtype=np.int64)
+            self._runs[key] = (head, known)
+        return head
 
     def forget(self, key: int) -> None:
         """Drop the run ``match`` remembered under ``key``."""
@@ -137,6 +145,16 @@ class PrefixCache:
         """``insert`` of each (block, hash) pair in order: the pairs whose hash and block are both uncached
         go in at once, unless a hash or block repeats among them (then one pair at a time)."""
         index = self._index
+        if len(blocks) == 1:   # the usual case: a decode's block just filled
+            b, h = blocks[0], hashes[0]
+            other = index.get(h)
+            if self.cached[b] or (other is not None and self.cached[other] and self.hash_at[other] == h):
+                return
+            index[h] = b
+            self.cached[b] = True
+            self.hash_at[b] = h
+            self._num_cached += 1
+            return
         arr = np.array(blocks, dtype=np.int64)
         fresh = ~self.cached[arr]
         if not index.keys().isdisjoint(hashes):
@@ -156,15 +174,23 @@ class PrefixCache:
         self.hash_at[new_blocks] = new_hashes
         self._num_cached += n
 
-    def _on_evict(self, blocks: np.ndarray) -> None:
-        """The pool took ``blocks`` from its free queue: forget the hashes of the cached ones."""
-        gone = blocks[self.cached[blocks]]
-        if not len(gone):
-            return
-        self.cached[gone] = False
-        self._num_cached -= len(gone)
-        self.num_evicted += len(gone)
-        if len(self._index) > 2 * self._num_cached + _SPARE_STALE:
+    def _on_evict(self, blocks: np.ndarray | int) -> None:
+        """The pool took ``blocks`` (an array, or one block id) from its free queue: forget the hashes of
+        the cached ones."""
+        if isinstance(blocks, int):
+            if not self.cached[blocks]:
+                return
+            self.cached[blocks] = False
+            gone = 1
+        else:
+            cached = blocks[self.cached[blocks]]
+            gone = len(cached)
+            if not gone:
+                return
+            self.cached[cached] = False
+        self._num_cached -= gone
+        self.num_evicted += gone
+        if len(self._index) > _STALE_RATIO * self._num_cached + _SPARE_STALE:
             live = np.flatnonzero(self.cached)
             self._index = dict(zip(self.hash_at[live].tolist(), live.tolist()))
 

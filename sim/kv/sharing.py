@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +36,8 @@ import numpy as np
 from sim.kv.prefix_cache import PrefixCache
 from sim.request import Request
 from sim.workload.tokens import ROOT_HASH, block_hashes
+
+_NO_BLOCKS = np.zeros(0, dtype=np.int64)
 
 
 @dataclass(slots=True)
@@ -81,12 +84,16 @@ class SharingMixin:
 
     def match_prefix(self, req: Request) -> list[int]:
         """Cached blocks a fresh admission of ``req`` would reuse (at least one token is left to compute)."""
+        return self.match_prefix_blocks(req).tolist()
+
+    def match_prefix_blocks(self, req: Request) -> np.ndarray:
+        """``match_prefix`` as an int64 array (read-only), which ``allocate_slots`` takes as it is."""
         if self.prefix_cache is None or req.num_computed_tokens or self.block_tables.get(req.req_id):
-            return []   # only a request starting from nothing (new, or preempted by recompute) looks up
+            return _NO_BLOCKS   # only a request starting from nothing (new, or preempted by recompute) looks up
         max_blocks = (req.prompt_len + req.num_generated - 1) // self.block_size
         if max_blocks <= 0:
-            return []
-        return self.prefix_cache.match(self._hashes_upto(req, max_blocks), max_blocks, key=req.req_id)
+            return _NO_BLOCKS
+        return self.prefix_cache.match_blocks(self._hashes_upto(req, max_blocks), max_blocks, key=req.req_id)
 
     def _cache_full_blocks(self, req: Request, table: list[int], num_tokens: int) -> None:
         full = min(num_tokens // self.block_size, len(table))
@@ -107,18 +114,18 @@ class SharingMixin:
             self.prefix_cache.record_lookup(req.prompt_len, hit_tokens)
             req.num_cached_tokens = hit_tokens
 
-    def _allocate_cached(self, req: Request, num_new_tokens: int, cached: list[int]) -> bool:
+    def _allocate_cached(self, req: Request, num_new_tokens: int, cached: Sequence[int] | np.ndarray) -> bool:
         """Start ``req``'s table with the ``cached`` blocks (ref counts up) plus fresh ones for its new tokens."""
         bs = self.block_size
         pool = self.pool
-        blocks = np.array(cached, dtype=np.int64)   # distinct: the cache maps each block to one hash
+        blocks = np.asarray(cached, dtype=np.int64)   # distinct: the cache maps each block to one hash
         revive = int(np.count_nonzero(pool.refs[blocks] == 0))
-        need = -(-(len(cached) * bs + num_new_tokens) // bs) - len(cached)
+        need = -(-(len(blocks) * bs + num_new_tokens) // bs) - len(blocks)
         if need + revive > pool.num_free:
             return False
         self._held_tokens += revive * bs
         pool.incref_distinct(blocks)
-        table = self.block_tables[req.req_id] = list(cached)
+        table = self.block_tables[req.req_id] = blocks.tolist()
         if need > 0:
             table.extend(pool.allocate(need))
         req.num_computed_tokens = len(cached) * bs

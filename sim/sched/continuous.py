@@ -419,8 +419,8 @@ class ContinuousScheduler(SchedulerBase):
             width = max(req.n, req.beam_width) if self._multi_seq else 1
             if seats + width > max_seqs and seats:
                 break
-            cached = manager.match_prefix(req) if caching else None   # reused blocks skip their compute
-            num_new = req.num_tokens - req.num_computed_tokens - (len(cached) * bs if cached else 0)
+            cached = manager.match_prefix_blocks(req) if caching else None   # reused blocks skip their compute
+            num_new = req.num_tokens - req.num_computed_tokens - (len(cached) * bs if caching else 0)
             if num_new > budget:
                 # a recomputed prompt + output may exceed the budget: let it run alone rather than never
                 if not self.config.chunked_prefill and scheduled:

@@ -121,7 +121,8 @@ class LongestPrefixQueue(FCFSQueue):
 
     def __init__(self, manager, window: int = 128, max_bypass: int = 32) -> None:
         super().__init__()
-        self._match = getattr(manager, "match_prefix", None)
+        # the cached blocks of a request (only their number is read): as an array where the manager has it
+        self._match = getattr(manager, "match_prefix_blocks", None) or getattr(manager, "match_prefix", None)
         self.window = window
         self.max_bypass = max_bypass
         self._bypassed = 0   # times the current front request was overtaken
