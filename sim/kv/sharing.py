@@ -109,10 +109,13 @@ class SharingMixin:
         return self.prefix_cache.hit_rate() if self.prefix_cache is not None else 0.0
 
     def _first_lookup(self, req: Request, hit_tokens: int) -> None:
-        if self.prefix_cache is not None and req.req_id not in self._looked_up:
-            self._looked_up.add(req.req_id)
-            self.prefix_cache.record_lookup(req.prompt_len, hit_tokens)
-            req.num_cached_tokens = hit_tokens
+        """A fresh table was admitted: count its first lookup; its remembered match is of no more use."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.forget(req.req_id)
+            if req.req_id not in self._looked_up:
+                self._looked_up.add(req.req_id)
+                self.prefix_cache.record_lookup(req.prompt_len, hit_tokens)
+                req.num_cached_tokens = hit_tokens
 
     def _allocate_cached(self, req: Request, num_new_tokens: int, cached: Sequence[int] | np.ndarray) -> bool:
         """Start ``req``'s table with the ``cached`` blocks (ref counts up) plus fresh ones for its new tokens."""
@@ -200,8 +203,6 @@ class SharingMixin:
         self.sibling_recompute.pop(rid, None)
         if req.num_generated >= req.output_len:
             self._hashes.pop(rid, None)
-            if self.prefix_cache is not None:
-                self.prefix_cache.forget(rid)
 
     # ------------------------------------------------------------ forked sequences
     def seq_tables(self, req_id: int) -> list[list[int]]:
