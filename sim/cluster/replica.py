@@ -100,7 +100,7 @@ class Replica:
     def cached_prefix_blocks(self, req: Request, hashes: list[int]) -> int:
         """How many leading full blocks of the prompt this replica's prefix cache holds (read-only)."""
         cache = getattr(self.manager, "prefix_cache", None)
-        return len(cache.match(hashes, len(hashes))) if cache is not None else 0
+        return len(cache.match_blocks(hashes, len(hashes))) if cache is not None else 0
 
 
 def build_replica(scn: Scenario, replica_id: int, role: str, env: simpy.Environment, check_integrity: bool,
