@@ -105,3 +105,46 @@ def test_evictions_leave_a_bounded_index_and_every_live_hash_findable():
     assert cache.match(list(range(next_hash - 8, next_hash)), 8) == blocks   # the last run, still cached
     assert cache.match(list(range(1, 9)), 8) == []   # the first blocks' hashes are long gone
     cache.check_integrity()
+
+
+def test_remembered_matches_equal_a_reference_over_random_histories():
+    """20,000 random operations on 12 blocks and 10 hashes (allocations that evict, runs inserted, bulk
+    frees, hits); after each, every key's remembered match equals the longest cached run of its chain
+    in a plain dict model of the cache."""
+    rng = np.random.default_rng(11)
+    pool = BlockPool(12)
+    cache = PrefixCache(pool)
+    model: dict[int, int] = {}                 # hash -> block, kept by the rules of insert and eviction
+    held: list[int] = []                       # one entry per reference handed out
+    chains = {0: [0, 1, 2, 3, 4], 1: [5, 6, 7, 8, 9], 2: [0, 1, 7, 8, 9]}
+    for _ in range(20_000):
+        op = rng.integers(4)
+        if op == 0 and pool.num_free:
+            got = pool.allocate(int(rng.integers(1, min(3, pool.num_free) + 1)))
+            model = {h: b for h, b in model.items() if b not in got}
+            held += got
+        elif op == 1 and held:
+            blocks = [held[i] for i in rng.integers(0, len(held), int(rng.integers(1, 4)))]
+            hashes = rng.integers(0, 10, len(blocks)).tolist()
+            cache.insert_run(blocks, hashes)
+            for b, h in zip(blocks, hashes):
+                if h not in model and b not in model.values():
+                    model[h] = b
+        elif op == 2 and held:
+            picks = sorted(set(rng.integers(0, len(held), int(rng.integers(1, 4))).tolist()), reverse=True)
+            pool.free([held.pop(i) for i in picks])
+        elif op == 3:
+            key = int(rng.integers(3))
+            run = cache.match(chains[key], 5, key=key)
+            if run:
+                pool.incref_distinct(np.array(run, dtype=np.int64))
+                held += run
+        for key, chain in chains.items():
+            limit = int(rng.integers(6))
+            expect = []
+            for h in chain[:limit]:
+                if h not in model:
+                    break
+                expect.append(model[h])
+            assert cache.match(chain, limit, key=key) == expect
+    cache.check_integrity()
