@@ -143,3 +143,19 @@ def test_steps_csv_equals_the_parquet_table(tmp_path):
     pd.testing.assert_frame_equal(pd.read_parquet(out / "steps.parquet"), ref, check_exact=True)
     pd.testing.assert_frame_equal(pd.read_csv(out / "steps.csv"), ref, check_exact=False, rtol=1e-15,
                                   check_dtype=False)   # a column of zeros reads back as integers
+
+
+def test_json_prints_the_summary_alone_on_stdout(tmp_path):
+    f = tmp_path / "s.yaml"
+    f.write_text(INLINE)
+    out = tmp_path / "out"
+    r = kvsim("run", str(f), "--json", "--out", str(out), "--no-plots")
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)                     # nothing else on stdout: it parses whole
+    # the two requests worked by hand above: 5 steps, both finished, 8 tokens out
+    assert s["num_steps"] == 5 and s["num_finished"] == 2
+    assert s["output_throughput_tok_s"] == pytest.approx(8 / s["makespan_s"])
+    assert f"wrote 5 files to {out}/" in r.stderr
+    written = json.loads((out / "summary.json").read_text())
+    assert {k: v for k, v in s.items() if k != "wall_time_s"} == {
+        k: v for k, v in written.items() if k != "wall_time_s"}

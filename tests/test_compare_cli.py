@@ -47,3 +47,15 @@ def test_compare_bad_key_is_one_line_exit_2(tmp_path, capsys):
     assert rc == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "batchin" in err[0]
+
+
+def test_compare_json_is_one_object_a_run_and_nothing_else(capsys):
+    import json
+
+    rc = main(["compare", SEED, "--vary", "scheduler.batching=static,continuous", "--json"])
+    assert rc == 0
+    runs = json.loads(capsys.readouterr().out)
+    assert [r["run"] for r in runs] == ["batching=static", "batching=continuous"]
+    assert [r["varied"] for r in runs] == [{"scheduler.batching": "static"}, {"scheduler.batching": "continuous"}]
+    # the seed's four requests plus three more (scenarios/seed_four_requests.yaml): all finish either way
+    assert [r["summary"]["num_finished"] for r in runs] == [7, 7]

@@ -1,4 +1,4 @@
-"""kvsim compare SCENARIO.yaml --vary key.path=v1,v2[,...] [--vary ...] [--set ...] [--out DIR]
+"""kvsim compare SCENARIO.yaml --vary key.path=v1,v2[,...] [--vary ...] [--set ...] [--out DIR] [--json]
 
 One run per combination of the varied values (their cross product), a table of the main summary keys,
 and, in DIR: compare.csv (every summary key, flattened, one row a run), overlaid latency CDFs and KV
@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import math
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -19,7 +21,7 @@ import pandas as pd
 from sim.atomic_dir import replace_dir
 from sim.commands.trace_args import add_trace_args, check_trace_args, per_run_path
 from sim.errors import KvsimError
-from sim.output import flatten, prepare_results_dir
+from sim.output import flatten, prepare_results_dir, summary_json
 from sim.runner import Result, run_scenario
 from sim.scenario import load_scenario, parse_override
 
@@ -45,6 +47,8 @@ def add_parser(sub) -> None:
                    help="override a scenario key in every run (repeatable)")
     p.add_argument("--out", help="folder for compare.csv and the overlaid plots")
     p.add_argument("--no-plots", action="store_true", help="skip the figures")
+    p.add_argument("--json", action="store_true", help="print one JSON object a run (its label, the varied keys' "
+                   "values and its whole summary) instead of the table; other lines go to stderr")
     add_trace_args(p, per_run=True)
     p.set_defaults(func=main)
 
@@ -93,6 +97,14 @@ def compare_frame(results: dict[str, Result], vary: list[tuple[str, list[str]]])
     for (label, res), combo in zip(results.items(), combinations(vary)):
         rows.append({"run": label, **{k: v for k, v in combo}, **flatten(res.summary)})
     return pd.DataFrame(rows)
+
+
+def compare_json(results: dict[str, Result], vary: list[tuple[str, list[str]]]) -> str:
+    """A JSON list, one object a run in table order: ``run`` (its label), ``varied`` (each varied key's
+    value as given on the command line) and ``summary`` (summary.json's content, NaN as null)."""
+    rows = [{"run": label, "varied": dict(combo), "summary": json.loads(summary_json(res.summary))}
+            for (label, res), combo in zip(results.items(), combinations(vary))]
+    return json.dumps(rows, indent=2) + "\n"
 
 
 def _cell(summary: dict, key: str, field: str | None) -> str:
@@ -154,14 +166,18 @@ def main(args: argparse.Namespace) -> int:
     out = prepare_results_dir(args.out) if args.out else None
     trace = check_trace_args(args)
     results = run_all(args.scenario, vary, list(args.overrides))
-    print_table(results)
+    notes = sys.stderr if args.json else sys.stdout   # with --json, stdout holds the JSON alone
+    if args.json:
+        sys.stdout.write(compare_json(results, vary))
+    else:
+        print_table(results)
     if trace is not None:
         from sim.trace_events import write_trace_events
 
         for label, res in results.items():
             path = write_trace_events(per_run_path(trace, label), res.steps, intervals_of(res),
                                       request_limit=args.trace_events_limit, name=label)
-            print(f"wrote {path}")
+            print(f"wrote {path}", file=notes)
     if out is not None:
         frame = compare_frame(results, vary)
 
@@ -170,5 +186,5 @@ def main(args: argparse.Namespace) -> int:
             return ["compare.csv"] + ([] if args.no_plots else write_plots(results, stage))
 
         files = replace_dir(out, fill)
-        print(f"wrote {len(files)} files to {out}/")
+        print(f"wrote {len(files)} files to {out}/", file=notes)
     return 0

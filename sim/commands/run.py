@@ -1,10 +1,12 @@
-"""kvsim run SCENARIO.yaml [--out DIR] [--set key.path=value ...]: run one scenario, print its summary."""
+"""kvsim run SCENARIO.yaml [--out DIR] [--set key.path=value ...] [--json]: run one scenario, print its summary
+(a table, or with --json the text of summary.json on stdout and every other line on stderr)."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +30,8 @@ def add_parser(sub) -> None:
                    help="override a scenario key (repeatable)")
     p.add_argument("--no-plots", action="store_true", help="skip the figures")
     p.add_argument("--check", action="store_true", help="check every KV invariant after every step (slow)")
+    p.add_argument("--json", action="store_true",
+                   help="print the summary as JSON (summary.json's text) instead of the table; other lines go to stderr")
     add_progress_args(p)
     add_trace_args(p)
     p.set_defaults(func=main)
@@ -93,16 +97,20 @@ def main(args: argparse.Namespace) -> int:
     with results_stage(out) as (stage, stream):
         result = run_scenario(scn, check_integrity=True if args.check else None, progress=show,
                               progress_after_s=after_s, step_stream=stream)
-        print_summary(result.summary, title=f"{scn.name}  ({args.scenario})")
+        notes = sys.stderr if args.json else sys.stdout   # with --json, stdout holds the JSON alone
+        if args.json:
+            sys.stdout.write(summary_json(result.summary))
+        else:
+            print_summary(result.summary, title=f"{scn.name}  ({args.scenario})")
         if out is not None:
             files = write_results(result, out, plots=scn.output.plots and not args.no_plots, stage=stage,
                                   stream=stream)
-            print(f"wrote {len(files)} files to {out}/")
+            print(f"wrote {len(files)} files to {out}/", file=notes)
     if trace is not None:
         from sim.timeline import intervals_from_requests
         from sim.trace_events import write_trace_events
 
         intervals = result.timeline if result.timeline is not None else intervals_from_requests(result.requests)
         write_trace_events(trace, result.steps, intervals, request_limit=args.trace_events_limit, name=scn.name)
-        print(f"wrote {trace} (open it in https://ui.perfetto.dev or chrome://tracing)")
+        print(f"wrote {trace} (open it in https://ui.perfetto.dev or chrome://tracing)", file=notes)
     return 0
