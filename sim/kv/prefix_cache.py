@@ -126,6 +126,8 @@ class PrefixCache:
         while start < end:
             part = hashes[start:min(end, start + width)]
             found = list(map(get, part, repeat(-1)))
+            if found[0] < 0:   # (the usual miss: nothing to check)
+                return out
             ok = self._live(part, found)
             if not ok.all():
                 out += found[:int(ok.argmin())]
