@@ -40,7 +40,7 @@ import numpy as np
 
 from sim.kv.block_pool import BlockPool
 
-_NONE = np.zeros(0, dtype=np.int64)
+NO_BLOCKS = np.zeros(0, dtype=np.int64)   # an empty run of blocks (read-only)
 _STALE_RATIO = 4      # the index is rebuilt when it holds more than 4x the live entries ...
 _SPARE_STALE = 4096   # ... plus these
 
@@ -97,7 +97,7 @@ class PrefixCache:
         end = min(len(hashes), max_blocks)
         memo = self._runs.get(key) if key is not None else None
         start = 0
-        head = _NONE
+        head = NO_BLOCKS
         if memo is not None:
             blocks, known = memo
             head = blocks[:end]

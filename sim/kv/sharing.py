@@ -33,11 +33,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.kv.prefix_cache import PrefixCache
+from sim.kv.prefix_cache import NO_BLOCKS, PrefixCache
 from sim.request import Request
 from sim.workload.tokens import ROOT_HASH, block_hashes
-
-_NO_BLOCKS = np.zeros(0, dtype=np.int64)
 
 
 @dataclass(slots=True)
@@ -89,10 +87,10 @@ class SharingMixin:
     def match_prefix_blocks(self, req: Request) -> np.ndarray:
         """``match_prefix`` as an int64 array (read-only), which ``allocate_slots`` takes as it is."""
         if self.prefix_cache is None or req.num_computed_tokens or self.block_tables.get(req.req_id):
-            return _NO_BLOCKS   # only a request starting from nothing (new, or preempted by recompute) looks up
+            return NO_BLOCKS   # only a request starting from nothing (new, or preempted by recompute) looks up
         max_blocks = (req.prompt_len + req.num_generated - 1) // self.block_size
         if max_blocks <= 0:
-            return _NO_BLOCKS
+            return NO_BLOCKS
         return self.prefix_cache.match_blocks(self._hashes_upto(req, max_blocks), max_blocks, key=req.req_id)
 
     def _cache_full_blocks(self, req: Request, table: list[int], num_tokens: int) -> None:
@@ -131,10 +129,10 @@ class SharingMixin:
         table = self.block_tables[req.req_id] = blocks.tolist()
         if need > 0:
             table.extend(pool.allocate(need))
-        req.num_computed_tokens = len(cached) * bs
+        req.num_computed_tokens = len(blocks) * bs
         self._first_lookup(req, req.num_computed_tokens)
         self._note_table(req, table)
-        self._cached_upto[req.req_id] = len(cached)   # the hits are cached under these very hashes
+        self._cached_upto[req.req_id] = len(blocks)   # the hits are cached under these very hashes
         self._cache_full_blocks(req, table, req.num_computed_tokens + num_new_tokens)
         return True
 
