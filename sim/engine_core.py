@@ -3,18 +3,20 @@ replicas behind one arrival process), where the scenario is one it covers, with 
 sim/engine.py's SimPy loop bit for bit.
 
 Covered (``core_supported``): continuous batching under FCFS, round-robin or priority (or
-longest-prefix-first, which without a prefix cache is FCFS: every match is empty) with recompute or
-swap preemption, the paged manager without prefix caching or with one that no request can hit (none
-shares content: ``cache_unhit``; the core counts the cached blocks evicted, and a run that preempted is
-redone in the SimPy loop, since a request recomputed may find its own blocks: ``redo_in_simpy``),
-requests of one sequence outside shared-prefix groups, the cost model as executor; in a cluster, a
-router that reads at most the replicas' loads and KV usage. There a step costs about a microsecond instead of tens: the requests'
+longest-prefix-first without a prefix cache, where every match is empty and it is FCFS) with recompute or
+swap preemption, the paged manager with or without prefix caching (hits, evictions and a preempted
+request finding its own blocks again: blocks by identity in sim/csrc/kvpool.c, where the manager's are
+counts alone without a cache), requests of one sequence (shared-prefix groups included), the cost model
+as executor; in a cluster, a router that reads at most the replicas' loads and KV usage. There a step
+costs about a microsecond instead of tens: the requests'
 state lives in typed arrays, each step is planned, priced, updated and recorded without a Python object,
 and only the executor's GEMM, all-reduce and LM-head times (once per size), the recorder (a chunk of rows
-at a time), the router (once per request, where it reads the replicas) and the progress bar are called
-back. Everything else (prefix caching over shared content, forks and beams, static batching, the contiguous allocators,
-disaggregated pools, the GPU executor) runs the SimPy loop. ``KVSIM_CORE=0`` (or ``KVSIM_NATIVE=0``, or
-``enabled = False`` here) runs the SimPy loop for every scenario: tests/test_engine_core.py compares them.
+at a time), the router (once per request, where it reads the replicas), the block hashes of each request's
+shareable content (once per request: ``_hashes_of``) and the progress bar are called
+back. Everything else (longest-prefix-first over a prefix cache, forks and beams, static batching, the
+contiguous allocators, disaggregated pools, the GPU executor) runs the SimPy loop. ``KVSIM_CORE=0`` (or
+``KVSIM_NATIVE=0``, or ``enabled = False`` here) runs the SimPy loop for every scenario:
+tests/test_engine_core.py and tests/test_engine_core_prefix.py compare them.
 
 The core knows what a request's arrival does (the output cap, the reasons to reject it) only as flags:
 ``prepare`` applies them to the requests as ``add_request`` would, the core says when each was handed
@@ -40,21 +42,20 @@ from sim.executors.engine_params import (
     FUSED_ELEMENTWISE_KERNELS,
 )
 from sim.kv.manager import KVCacheManager
+from sim.kv.prefix_cache import NO_BLOCKS
 from sim.metrics import STEP_COLUMNS, Columns, Recorder
 from sim.native import native
 from sim.request import Request, RequestStatus
 from sim.sched.continuous import ContinuousScheduler
+from sim.workload.tokens import block_hash_array, shareable_blocks
 
 enabled = os.environ.get("KVSIM_CORE", "1") != "0"
 PROGRESS_EVERY = 500   # steps between two calls of the progress callback (as the SimPy loop's bar reads)
 
 
-def core_supported(scheduler: Any, manager: Any, executor: Any, requests: list[Request] | None,
-                   unhit_cache: bool = False) -> bool:
+def core_supported(scheduler: Any, manager: Any, executor: Any, requests: list[Request] | None) -> bool:
     """Whether the compiled core runs this engine (the module docstring lists what it covers) over
-    ``requests`` (None: they were checked already, ``requests_supported``). ``unhit_cache``: also with a
-    prefix cache, where no request shares content with another (``cache_unhit``); the caller redoes the
-    run in the SimPy loop if it preempted (``redo_in_simpy``)."""
+    ``requests`` (None: they were checked already, ``requests_supported``)."""
     if not enabled or native is None or not hasattr(native, "run_core"):
         return False
     cfg = scheduler.config
@@ -63,30 +64,18 @@ def core_supported(scheduler: Any, manager: Any, executor: Any, requests: list[R
         return False
     if type(manager) is not KVCacheManager:
         return False
-    if manager.prefix_cache is not None and not (unhit_cache and (requests is None or cache_unhit(requests))):
-        return False
+    cache = manager.prefix_cache
+    if cache is not None and (cfg.policy == "longest_prefix_first" or manager.pool.num_free != manager.num_blocks
+                              or cache.cached.any()):
+        return False   # (the core starts a cache from an unused pool, its free queue in id order)
     if type(executor) is not CostModelExecutor or executor._native_consts is None:
         return False
     return requests is None or requests_supported(requests)
 
 
-def cache_unhit(requests: list[Request]) -> bool:
-    """Whether a prefix cache can serve these requests nothing but a request's own blocks after it was
-    preempted by recompute: none shares a prefix group or Mooncake chunks (sim/workload/tokens.py). Run
-    without preemption, such a cache changes nothing but the count of cached blocks evicted, which the core
-    keeps."""
-    return all(r.prefix_group < 0 and not r.hash_ids for r in requests)
-
-
-def redo_in_simpy(scheduler: ContinuousScheduler) -> bool:
-    """Whether a core run with a prefix cache (``core_supported(unhit_cache=True)``) must be redone in the
-    SimPy loop: it preempted, and a request recomputed by then may find its own blocks still cached."""
-    return scheduler.manager.prefix_cache is not None and scheduler.num_preemptions > 0
-
-
 def requests_supported(requests: list[Request]) -> bool:
-    """Whether every request is one the core takes: one sequence, outside shared-prefix groups."""
-    return all(r.n == 1 and r.beam_width == 1 and r.prefix_group < 0 for r in requests)
+    """Whether every request is one the core takes: one sequence."""
+    return all(r.n == 1 and r.beam_width == 1 for r in requests)
 
 
 @dataclass
@@ -191,12 +180,13 @@ def run_engines(requests: list[Request], engines: list[EngineParts], lag: float,
     if not same_admission([p.scheduler for p in engines]):
         raise ValueError("run_engines: the engines cap or reject requests differently")
     n, m = len(requests), len(engines)
-    ints = np.empty((5, n), dtype=np.int64)
+    ints = np.empty((6, n), dtype=np.int64)
     ints[0] = np.fromiter((r.req_id for r in requests), dtype=np.int64, count=n)
     ints[1] = np.fromiter((r.prompt_len for r in requests), dtype=np.int64, count=n)
     ints[3], cut = prepare(requests, engines[0].scheduler)
     ints[2] = np.fromiter((r.output_len for r in requests), dtype=np.int64, count=n)
     ints[4] = np.fromiter((r.priority for r in requests), dtype=np.int64, count=n)
+    ints[5] = np.fromiter((r.prefix_len if r.prefix_group >= 0 else 0 for r in requests), dtype=np.int64, count=n)
     arrival = np.fromiter((r.arrival_s for r in requests), dtype=np.float64, count=n)
     where = np.full(n, -1, dtype=np.int64) if dest is None else np.array(dest, dtype=np.int64)
     state = np.zeros((m, 3), dtype=np.int64)
@@ -214,10 +204,12 @@ def run_engines(requests: list[Request], engines: list[EngineParts], lag: float,
         def route(g: int) -> int:
             return choose(requests[g], views)
 
-    counters = np.empty((5, n), dtype=np.int64)
+    counters = np.empty((6, n), dtype=np.int64)
     times = np.empty((5, n), dtype=np.float64)
+    caching = any(p.scheduler.manager.prefix_cache is not None for p in engines)
+    hashes = _hashes_of(requests, engines[0].scheduler.manager.block_size) if caching else None
     results = native.run_core(n, ints, arrival, where, float(lag), route, state, progress, PROGRESS_EVERY,
-                              counters, times, [_engine_spec(p) for p in engines])
+                              counters, times, [_engine_spec(p) for p in engines], hashes)
     for err, _, _ in results:
         _raise(err)
     write_requests(requests, counters, times)
@@ -258,6 +250,20 @@ class ReplicaState:
         return 0
 
 
+def _hashes_of(requests: list[Request], block_size: int) -> Callable[[int, int], np.ndarray]:
+    """core.c's ``hashes_of(g, full)``: the chained hashes (sim/workload/tokens.py) of request g's first
+    full blocks up to the first that holds a token of its own (``shareable_blocks``), at most ``full``. The
+    core gives a block past them a value of the request and the block alone: only equal hashes matter, and
+    such a block equals no other request's."""
+    def hashes_of(g: int, full: int) -> np.ndarray:
+        req = requests[g]
+        k = min(full, shareable_blocks(req, block_size))
+        if k <= 0:
+            return NO_BLOCKS
+        return block_hash_array(req, k, block_size)
+    return hashes_of
+
+
 def _engine_spec(parts: EngineParts) -> tuple:
     """core.c's tuple for one engine: settings, the cost model (``_pricing``), the rows' sink, the chunk size."""
     scheduler, recorder = parts.scheduler, parts.recorder
@@ -295,7 +301,7 @@ def write_requests(requests: list[Request], counters: np.ndarray, times: np.ndar
     """The core's per-request results onto the Requests, as the SimPy loop leaves them."""
     status = [RequestStatus(s) for s in range(6)]
     rejected = RequestStatus.REJECTED
-    for req, st, comp, gen, pre, int_zero, sched_s, first, last, fin, rej in zip(
+    for req, st, comp, gen, pre, int_zero, cached, sched_s, first, last, fin, rej in zip(
             requests, *counters.tolist(), *times.tolist()):
         # a time taken while SimPy's clock was still its initial int 0 is that int (a column of them only is
         # an int column)
@@ -307,6 +313,7 @@ def write_requests(requests: list[Request], counters: np.ndarray, times: np.ndar
         req.num_computed_tokens = comp
         req.num_generated = gen
         req.num_preemptions = pre
+        req.num_cached_tokens = cached
         req.first_scheduled_s = 0 if int_zero & 1 else sched_s
         req.first_token_s = first
         req.last_token_s = last
@@ -326,12 +333,15 @@ def write_engine(scheduler: ContinuousScheduler, requests: list[Request], record
     gaps.step_gaps.durations.frombytes(gap_d)
     gaps.step_gaps.counts.frombytes(gap_n)
     gaps.other_gaps.frombytes(other)
-    preemptions, peak_used, peak_logical, sum_used, sum_logical, _, _, swapped_blocks, evicted = totals
+    (preemptions, peak_used, peak_logical, sum_used, sum_logical, _, _, swapped_blocks, evicted, query_tokens,
+     hit_tokens, peak_prefix, peak_prefix_logical) = totals
     scheduler.num_preemptions += preemptions
     scheduler.swapped_blocks += swapped_blocks
     mgr: KVCacheManager = scheduler.manager
-    mgr.peaks["used"] = max(mgr.peaks["used"], peak_used)
-    mgr.peaks["logical"] = max(mgr.peaks["logical"], peak_logical)
+    peaks = mgr.peaks
+    for key, value in (("used", peak_used), ("logical", peak_logical), ("prefix", peak_prefix),
+                       ("prefix_logical", peak_prefix_logical)):
+        peaks[key] = max(peaks[key], value)
     mgr._sum_used += sum_used
     mgr._sum_logical += sum_logical
     finished, refused = scheduler.finished, scheduler.rejected
@@ -341,6 +351,6 @@ def write_engine(scheduler: ContinuousScheduler, requests: list[Request], record
         elif req.status == RequestStatus.REJECTED:
             refused.append(req)
     cache = mgr.prefix_cache
-    if cache is not None:   # an unhit cache (cache_unhit): every admitted request looked up its prompt, found nothing
+    if cache is not None:
         cache.num_evicted += evicted
-        cache.record_lookup(sum(r.prompt_len for r in requests if r.status == RequestStatus.FINISHED), 0)
+        cache.record_lookup(query_tokens, hit_tokens)

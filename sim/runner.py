@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from sim.engine import Engine
-from sim.engine_core import core_supported, redo_in_simpy, run_core
+from sim.engine_core import core_supported, run_core
 from sim.errors import KvsimError
 from sim.executors.base import make_executor, step_model
 from sim.gc_pause import gc_paused
@@ -147,28 +147,21 @@ def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, pro
     bar = _progress_bar(len(workload.requests), progress_after_s) if progress else None
     fe_in, fe_out, fe_token = scn.frontend.latencies()
     engine = None
-    in_core = core_supported(scheduler, manager, executor, workload.requests, unhit_cache=True)
-    # a run with a prefix cache may be redone in the SimPy loop (below): its rows are written after the run
-    if step_stream is not None and not (in_core and manager.prefix_cache is not None):
+    in_core = core_supported(scheduler, manager, executor, workload.requests)
+    if step_stream is not None:
         recorder.stream_to(step_stream, block_bytes)
     if in_core:   # compiled (sim/engine_core.py)
         t_load = time.perf_counter()
-        redo = False
         try:
             ran = run_core(workload.requests, scheduler, executor, recorder, arrival_delay_s=fe_in,
                            async_scheduling=scn.scheduler.async_scheduling,
                            max_stall=scn.scheduler.max_steps_without_progress, progress=bar.at if bar else None,
                            check_integrity=check)
-            redo = redo_in_simpy(scheduler)
         finally:
-            if bar and not redo:
+            if bar:
                 bar.close()
         runs, waits = 0, ran.waits
-        if redo:   # it preempted: a request recomputed may have found its own blocks in the cache
-            in_core = False
-            workload = build_workload(scn.workload, base_dir=scn.base_dir, seed=scn.seed, source=scn.source)
-            manager, scheduler, _, recorder = build_parts(scn, num_gpu, num_cpu, executor)
-    if not in_core:
+    else:
         engine = Engine(workload.requests, scheduler, executor, recorder, check_integrity=check,
                         max_steps_without_progress=scn.scheduler.max_steps_without_progress,
                         async_scheduling=scn.scheduler.async_scheduling, arrival_delay_s=fe_in,

@@ -38,9 +38,7 @@ from sim.cluster.routers import Router, make_router
 from sim.engine import wake_times
 from sim.engine_core import (
     EngineParts,
-    cache_unhit,
     core_supported,
-    redo_in_simpy,
     requests_supported,
     run_engines,
     same_admission,
@@ -149,20 +147,16 @@ def _run_in_core(pool: list[Replica], requests: list[Request], router: Router, d
 
 def _in_core(pool: list[Replica], requests: list[Request], router: Router) -> bool:
     """Whether the compiled core runs this colocated pool: it covers every replica, they admit alike,
-    and the router reads at most the replicas' loads and KV usage (not their prefix caches, which no
-    request hits: ``cache_unhit``; the run is redone in the SimPy loop if it preempted)."""
+    and the router reads at most the replicas' loads and KV usage (not their prefix caches)."""
     if router.reads_state or not requests_supported(requests):   # (the requests once, not once a replica)
         return False
-    unhit = cache_unhit(requests)
-    return (all(core_supported(rep.scheduler, rep.manager, rep.engine.executor, None, unhit_cache=unhit)
-                for rep in pool)
+    return (all(core_supported(rep.scheduler, rep.manager, rep.engine.executor, None) for rep in pool)
             and same_admission([rep.scheduler for rep in pool]))
 
 
-def _run_colocated(scn: Scenario, workload: Workload, check: bool, lag: float, fe_out: float, fe_token: float, t0: float,
-                   try_core: bool) -> ClusterResult | None:
-    """A colocated pool's run, in the compiled core where it covers the pool (``try_core``), else in the SimPy
-    loop; None where the core's run must be redone in the loop (``redo_in_simpy``)."""
+def _run_colocated(scn: Scenario, workload: Workload, check: bool, lag: float, fe_out: float, fe_token: float,
+                   t0: float) -> ClusterResult:
+    """A colocated pool's run, in the compiled core where it covers the pool, else in the SimPy loop."""
     cfg = scn.cluster
     requests = workload.requests
     env = simpy.Environment()
@@ -171,11 +165,9 @@ def _run_colocated(scn: Scenario, workload: Workload, check: bool, lag: float, f
     router = _observed(make_router(cfg.router, scn.seed), pool, requests, lag)
     reads = router.reads_load or router.reads_memory or router.reads_state
     ahead = None if reads else _route_ahead(router, requests, pool, lag)
-    core = try_core and _in_core(pool, requests, router)
+    core = _in_core(pool, requests, router)
     if core:   # compiled (sim/engine_core.py)
         _run_in_core(pool, requests, router, ahead, lag, served)
-        if any(redo_in_simpy(rep.scheduler) for rep in pool):
-            return None
     else:
         env.process(_arrivals(env, requests, lag, router, pool, Replica.submit, served, ahead))
         for rep in pool:
@@ -217,11 +209,7 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
     served: dict[int, int] = {}
     if not cfg.disaggregated:
         _check_sequences_supported(scn, requests)
-        res = _run_colocated(scn, workload, check, lag, fe_out, fe_token, t0, try_core=True)
-        if res is None:   # the core's run preempted under a prefix cache: redone in the loop (engine_core.redo_in_simpy)
-            workload = build_workload(scn.workload, base_dir=scn.base_dir, seed=scn.seed, source=scn.source)
-            res = _run_colocated(scn, workload, check, lag, fe_out, fe_token, t0, try_core=False)
-        return res
+        return _run_colocated(scn, workload, check, lag, fe_out, fe_token, t0)
 
     p_scn, d_scn = pool_scenario(scn, cfg.prefill), pool_scenario(scn, cfg.decode)
     _check_disaggregated(scn, [p_scn, d_scn], requests)

@@ -25,6 +25,8 @@ microsecond):
 Rows go to the caller a chunk at a time (``sink``); everything else comes back at the end. */
 #include "native.h"
 
+#include "kvpool.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -111,13 +113,20 @@ typedef struct {
     int64_t cpu_blocks, cpu_free;
     /* results */
     Vec tr_rid, tr_time, tr_phase, gap_d, gap_n, other;
-    /* a prefix cache no request can hit (no shared content; nothing preempted, else the run is redone in the
-    SimPy loop): the free queue as runs of blocks, +n uncached or -n cached (a freed table's full blocks),
-    head first, to count the cached blocks allocations evict (PrefixCache.num_evicted) */
-    int track_cache;
-    Vec fifo;
-    size_t fifo_head;
-    int64_t fifo_used, evicted;
+    /* shared-prefix regions (SharingMixin._prefix_refs): blocks of each request's first prefix_len // bs
+    (plen) in its table; distinct blocks and the sum of table entries, and their peaks */
+    const int64_t *plen_tok;
+    int64_t prefix_distinct, prefix_logical, peak_prefix, peak_prefix_logical;
+    /* a prefix cache (kv_cache.prefix_caching): blocks by identity in ``pool``; each request's table, the
+    blocks of it offered to the cache (upto), whether its first lookup was counted, the tokens it found
+    cached then (ncached), the hashes of its full blocks (hashes_of) */
+    int cache;
+    KvPool pool;
+    int64_t *pref;        /* per block: holders among shared-prefix regions */
+    int64_t **tbl, **own, *upto, *memo, *memo_at, *ncached, *hs;
+    int8_t *looked;
+    Py_buffer *hbuf;
+    int64_t query_tokens, hit_tokens;
     double *main, *bd;
     Py_ssize_t fill, chunk;
     int64_t steps, waits;
@@ -149,6 +158,7 @@ struct World {
     const double *arrival;
     int64_t *dest;        /* each request's engine: given (chosen ahead), or chosen at hand-over by ``route`` */
     PyObject *route;      /* None, or route(g) -> engine, reading ``state`` (a router that reads replicas) */
+    PyObject *hash_fn;    /* None, or hashes_of(g, full blocks) -> int64 hashes of request g's shareable blocks */
     int rule;             /* RULE_CALL (``route`` is called), or the router's rule, applied here */
     const int64_t *pairs; /* RULE_PAIR: request g's two candidates, pairs[2g] < pairs[2g + 1];
                              RULE_FOLLOW: the earlier request g goes where it went (pairs[g] < g), or -1 */
@@ -197,46 +207,199 @@ static void note_beyond(Core *c, int64_t i)
     }
 }
 
-/* SharingMixin._note_table: request i's table grew from ``old`` blocks: logical blocks, slots past its
-final length, peaks */
+/* blocks of request i's shared-prefix region its table holds */
+static inline int64_t prefix_blocks(const Core *c, int64_t i, int64_t tlen)
+{
+    const int64_t plen = c->plen_tok[i] / c->bs;
+    return tlen < plen ? tlen : plen;
+}
+
+/* SharingMixin._note_table: request i's table grew from ``old`` blocks: logical blocks, shared-prefix
+regions, slots past its final length, peaks */
 static void note_table(Core *c, int64_t i, int64_t old)
 {
     c->logical += c->tlen[i] - old;
+    const int64_t from = prefix_blocks(c, i, old), to = prefix_blocks(c, i, c->tlen[i]);
+    if (to > from) {
+        c->prefix_logical += to - from;
+        if (!c->cache)
+            c->prefix_distinct += to - from;   /* nothing shared: one table a block */
+        else
+            for (int64_t k = from; k < to; k++)
+                c->prefix_distinct += c->pref[c->tbl[i][k]]++ == 0;
+    }
     note_beyond(c, i);
     const int64_t used = c->num_blocks - c->free_blocks;
     if (used > c->peak_used)
         c->peak_used = used;
     if (c->logical > c->peak_logical)
         c->peak_logical = c->logical;
+    if (c->prefix_distinct > c->peak_prefix)
+        c->peak_prefix = c->prefix_distinct;
+    if (c->prefix_logical > c->peak_prefix_logical)
+        c->peak_prefix_logical = c->prefix_logical;
 }
 
-/* the free queue's tail gets n blocks (cached: negative) */
-static int fifo_push(Core *c, int64_t n)
+/* ------------------------------------------------------------------ the prefix cache */
+/* the hash of request i's full block k: given (sim/workload/tokens.py block_hashes) over the blocks whose
+content others may share (k < hs[i]: found through the pool's index), else a value of (i, k) alone: such a
+block holds tokens of request i's own (its own prompt or its output), so it equals no other request's
+block and only its own request finds it (after a preemption), which is all the hash's value decides. Those
+are found through the request's own array ``own[i][k]`` (the block last cached as its block k; live
+where that block is still cached so), kept in the pool as ``KV_OWN`` blocks, outside its index */
+static inline int64_t block_hash(const Core *c, int64_t i, int64_t k)
 {
-    return (c->track_cache && n) ? vec_push(&c->fifo, &n) : 0;
+    if (k < c->hs[i])
+        return ((const int64_t *)c->hbuf[i].buf)[k];
+    uint64_t x = ((uint64_t)i << 24) ^ (uint64_t)k;   /* (blocks a request < 2**24) splitmix64's finalizer */
+    x ^= x >> 30;
+    x *= 0xBF58476D1CE4E5B9ULL;
+    x ^= x >> 27;
+    x *= 0x94D049BB133111EBULL;
+    return (int64_t)(x ^ (x >> 31));
 }
 
-/* n blocks leave the free queue's head: the cached among them are evicted */
-static void fifo_pop(Core *c, int64_t n)
+/* whether block b is cached as request i's block k */
+static inline int holds(const Core *c, int64_t i, int64_t k, int64_t b)
 {
-    if (!c->track_cache)
+    return c->pool.cached[b] == (k < c->hs[i] ? KV_INDEXED : KV_OWN) && c->pool.hash_at[b] == block_hash(c, i, k);
+}
+
+/* the block cached as request i's block k, or -1 */
+static inline int64_t find_block(const Core *c, int64_t i, int64_t k)
+{
+    if (k < c->hs[i])
+        return kvpool_find(&c->pool, block_hash(c, i, k));
+    const int64_t b = c->own[i][k];
+    return holds(c, i, k, b) ? b : -1;
+}
+
+/* PrefixCache.insert of request i's block k, b: findable, unless b is cached already or another block
+holds that hash */
+static inline void insert_block(Core *c, int64_t i, int64_t k, int64_t b)
+{
+    if (k < c->hs[i]) {
+        kvpool_insert(&c->pool, b, block_hash(c, i, k));
         return;
-    const int64_t *run = (const int64_t *)c->fifo.p;
-    while (n > 0 && c->fifo_head < c->fifo.n) {
-        const int64_t len = run[c->fifo_head] < 0 ? -run[c->fifo_head] : run[c->fifo_head];
-        const int64_t take = n < len - c->fifo_used ? n : len - c->fifo_used;
-        if (run[c->fifo_head] < 0)
-            c->evicted += take;
-        c->fifo_used += take;
-        n -= take;
-        if (c->fifo_used == len) {
-            c->fifo_head++;
-            c->fifo_used = 0;
-        }
     }
+    if (c->pool.cached[b] || holds(c, i, k, c->own[i][k]))
+        return;
+    c->own[i][k] = b;
+    c->pool.cached[b] = KV_OWN;
+    c->pool.hash_at[b] = block_hash(c, i, k);
 }
 
-/* KVCacheManager.allocate_slots without sharing: room for comp + n tokens; 0 where blocks ran out */
+/* blocks request i can ever hold: its table's room (all its KV but the last token's) */
+static inline int64_t max_blocks_of(const Core *c, int64_t i)
+{
+    const int64_t n = (c->prompt[i] + c->output[i] - 1 + c->bs - 1) / c->bs;
+    return n > 1 ? n : 1;
+}
+
+/* a queued request's table room and the hashes of its shareable blocks (``hashes_of(i, blocks)``) */
+static int open_request(Core *c, int64_t i)
+{
+    if (!c->cache || c->tbl[i])
+        return 0;
+    c->tbl[i] = malloc(max_blocks_of(c, i) * sizeof(int64_t));
+    c->own[i] = calloc(max_blocks_of(c, i), sizeof(int64_t));   /* (block 0 where none: holds() says not) */
+    if (!c->tbl[i] || !c->own[i]) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    const int64_t full = (c->prompt[i] + c->output[i] - 1) / c->bs;
+    PyObject *got = PyObject_CallFunction(c->w->hash_fn, "nL", (Py_ssize_t)i, (long long)full);
+    if (!got)
+        return -1;
+    if (PyObject_GetBuffer(got, &c->hbuf[i], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        Py_DECREF(got);
+        return -1;
+    }
+    Py_DECREF(got);
+    const Py_ssize_t n = c->hbuf[i].itemsize ? c->hbuf[i].len / c->hbuf[i].itemsize : 0;
+    if (c->hbuf[i].itemsize != 8 || n > full) {
+        PyBuffer_Release(&c->hbuf[i]);
+        PyErr_SetString(PyExc_ValueError, "run_core: a request's block hashes are not int64, at most its full blocks");
+        return -1;
+    }
+    c->hs[i] = n;
+    return 0;
+}
+
+/* a finished request's table room and hashes go */
+static void close_request(Core *c, int64_t i)
+{
+    free(c->own[i]);
+    c->own[i] = NULL;
+    if (!c->tbl[i])
+        return;
+    free(c->tbl[i]);
+    c->tbl[i] = NULL;
+    if (c->hs[i] >= 0)
+        PyBuffer_Release(&c->hbuf[i]);
+    c->hs[i] = -1;
+}
+
+/* SharingMixin._cache_full_blocks: request i's full blocks among its first ``tokens`` offered to the cache */
+static void cache_full(Core *c, int64_t i, int64_t tokens)
+{
+    int64_t full = tokens / c->bs;
+    if (full > c->tlen[i])
+        full = c->tlen[i];
+    for (int64_t k = c->upto[i]; k < full; k++)
+        insert_block(c, i, k, c->tbl[i][k]);
+    if (full > c->upto[i])
+        c->upto[i] = full;
+}
+
+/* SharingMixin._first_lookup: request i's first admission counts its prompt and the tokens it found */
+static void first_lookup(Core *c, int64_t i, int64_t hit_tokens)
+{
+    if (c->looked[i])
+        return;
+    c->looked[i] = 1;
+    c->query_tokens += c->prompt[i];
+    c->hit_tokens += hit_tokens;
+    c->ncached[i] = hit_tokens;
+}
+
+/* SharingMixin.match_prefix_blocks: the cached blocks a fresh admission of request i reuses, at least one
+token left to compute, into its table's room (empty while it waits). The run found last time is
+remembered (``memo``): its blocks still cached under the same hashes are checked in the arrays, and
+lookups begin at the first that is not (a waiting head matched again every step costs a pass over
+its blocks, not a lookup each) */
+static int64_t match_prefix(Core *c, int64_t i)
+{
+    if (c->comp[i] || c->tlen[i])
+        return 0;
+    const int64_t end = (c->prompt[i] + c->gen[i] - 1) / c->bs;
+    int64_t *run = c->tbl[i], m = 0;
+    const int64_t known = c->memo[i] < end ? c->memo[i] : end;
+    if (c->memo_at[i] == c->pool.evicted)   /* nothing evicted since: every block of the run is still cached */
+        m = known;
+    while (m < known && holds(c, i, m, run[m]))
+        m++;
+    for (; m < end; m++) {
+        const int64_t b = find_block(c, i, m);
+        if (b < 0)
+            break;
+        run[m] = b;
+    }
+    c->memo[i] = m;
+    c->memo_at[i] = c->pool.evicted;
+    return m;
+}
+
+/* blocks from the free queue's head onto request i's table (from block ``at``) */
+static void take_blocks(Core *c, int64_t i, int64_t at, int64_t n)
+{
+    for (int64_t k = at; k < at + n; k++)
+        c->tbl[i][k] = kvpool_pop(&c->pool);
+    c->free_blocks = c->pool.num_free;
+}
+
+/* ------------------------------------------------------------------ KV allocation */
+/* KVCacheManager.allocate_slots without forks: room for comp + n tokens; 0 where blocks ran out */
 static int allocate(Core *c, int64_t i, int64_t n)
 {
     const int64_t old = c->tlen[i];
@@ -246,28 +409,84 @@ static int allocate(Core *c, int64_t i, int64_t n)
     if (need > 0 || old == 0) {
         if (need > 0) {
             c->tlen[i] = old + need;
-            c->free_blocks -= need;
-            fifo_pop(c, need);
+            if (c->cache)
+                take_blocks(c, i, old, need);
+            else
+                c->free_blocks -= need;
         }
         note_table(c, i, old);
+    }
+    if (c->cache) {
+        if (old == 0)
+            first_lookup(c, i, 0);
+        cache_full(c, i, c->comp[i] + n);
     }
     return 1;
 }
 
-static int release(Core *c, int64_t i)
+/* SharingMixin._allocate_cached: request i's table starts with the m blocks found (ref counts up) and
+gets fresh ones for its n new tokens; 0 where blocks ran out */
+static int allocate_cached(Core *c, int64_t i, int64_t n, int64_t m)
 {
-    const int64_t cap = c->tlen[i] * c->bs, comp = c->comp[i] > 0 ? c->comp[i] : 0;
-    /* freed tail first: the blocks past the computed full ones, then those (cached) */
-    const int64_t full = comp / c->bs < c->tlen[i] ? comp / c->bs : c->tlen[i];
-    if (fifo_push(c, c->tlen[i] - full) < 0 || fifo_push(c, -full) < 0)
-        return -1;
-    c->held -= comp < cap ? comp : cap;
-    c->logical -= c->tlen[i];
-    c->free_blocks += c->tlen[i];
+    const int64_t bs = c->bs;
+    const int64_t *run = c->tbl[i];   /* the blocks match_prefix found */
+    int64_t revive = 0;
+    for (int64_t k = 0; k < m; k++)
+        revive += c->pool.refs[run[k]] == 0;
+    const int64_t need = (m * bs + n + bs - 1) / bs - m;
+    if (need + revive > c->free_blocks)
+        return 0;
+    c->held += revive * bs;
+    for (int64_t k = 0; k < m; k++)
+        kvpool_incref(&c->pool, run[k]);
+    c->memo[i] = 0;
+    c->tlen[i] = m;
+    if (need > 0) {
+        take_blocks(c, i, m, need);
+        c->tlen[i] = m + need;
+    }
+    c->free_blocks = c->pool.num_free;
+    c->comp[i] = m * bs;
+    first_lookup(c, i, c->comp[i]);
+    note_table(c, i, 0);
+    c->upto[i] = m;   /* the hits are cached under these very hashes */
+    cache_full(c, i, c->comp[i] + n);
+    return 1;
+}
+
+/* KVCacheManager.free: request i's table released (its full computed blocks cached first), tail first */
+static void release(Core *c, int64_t i)
+{
+    const int64_t bs = c->bs, t = c->tlen[i], comp = c->comp[i] > 0 ? c->comp[i] : 0;
+    const int64_t pre = prefix_blocks(c, i, t);
+    c->prefix_logical -= pre;
+    if (!c->cache) {
+        c->prefix_distinct -= pre;
+        const int64_t cap = t * bs;
+        c->held -= comp < cap ? comp : cap;
+        c->free_blocks += t;
+    } else {
+        cache_full(c, i, comp);
+        const int64_t *tb = c->tbl[i];
+        for (int64_t k = 0; k < pre; k++)
+            c->prefix_distinct -= --c->pref[tb[k]] == 0;
+        for (int64_t k = 0; k < t; k++) {   /* a block losing its last reference gives back what i filled */
+            if (c->pool.refs[tb[k]] != 1)
+                continue;
+            const int64_t fill = comp - k * bs;
+            c->held -= fill < 0 ? 0 : (fill > bs ? bs : fill);
+        }
+        for (int64_t k = t - 1; k >= 0; k--)
+            kvpool_decref(&c->pool, tb[k]);
+        c->free_blocks = c->pool.num_free;
+        c->upto[i] = 0;
+        c->memo[i] = t;   /* the first run a lookup checks: a recomputed request's blocks may still be cached */
+        c->memo_at[i] = -1;
+    }
+    c->logical -= t;
     c->tlen[i] = 0;
     c->beyond_final -= c->beyond[i];
     c->beyond[i] = 0;
-    return 0;
 }
 
 /* ------------------------------------------------------------------ queues */
@@ -345,7 +564,7 @@ static int add_request(Core *c, int64_t i, double t)
         return 0;
     }
     c->stat[i] = ST_WAITING;
-    if (mark(c, i, PH_WAITING, t) < 0)
+    if (open_request(c, i) < 0 || mark(c, i, PH_WAITING, t) < 0)
         return -1;
     wq_push_back(c, i);
     return 1;
@@ -423,8 +642,7 @@ static int preempt(Core *c, int64_t i, double now, int rotate)
         c->cpu_free -= blocks;
         c->st_swap_out += blocks;
         c->swapped_blocks += blocks;
-        if (release(c, i) < 0)
-            return -1;
+        release(c, i);
         c->num_swapped++;
         c->stat[i] = ST_SWAPPED;
         if (mark(c, i, PH_SWAPPED, now) < 0)
@@ -435,8 +653,7 @@ static int preempt(Core *c, int64_t i, double now, int rotate)
             c->swapped[c->nswapped++] = i;
         return 0;
     }
-    if (release(c, i) < 0)
-        return -1;
+    release(c, i);
     c->comp[i] = 0;
     c->stat[i] = ST_PREEMPTED;
     if (mark(c, i, PH_PREEMPTED, now) < 0)
@@ -463,8 +680,10 @@ static int64_t resume(Core *c, int64_t r, double now, int64_t budget)
     if ((held > blocks ? held : blocks) > c->free_blocks)
         return 0;
     c->tlen[r] = held;   /* KVCacheManager.swap_in: its blocks back in fresh GPU blocks */
-    c->free_blocks -= held;
-    fifo_pop(c, held);
+    if (c->cache)
+        take_blocks(c, r, 0, held);
+    else
+        c->free_blocks -= held;
     c->cpu_free += held;
     c->cpu_held[r] = 0;
     c->st_swap_in += held;
@@ -528,14 +747,15 @@ static int admit(Core *c, double now, int64_t budget)
             budget -= got;
             continue;
         }
-        int64_t num_new = c->prompt[r] + c->gen[r] - c->comp[r];
+        const int64_t m = c->cache ? match_prefix(c, r) : 0;   /* reused blocks skip their compute */
+        int64_t num_new = c->prompt[r] + c->gen[r] - c->comp[r] - m * c->bs;
         if (num_new > budget) {
             if (!c->chunked && c->ne)
                 break;
             if (c->chunked)
                 num_new = budget;
         }
-        if (!allocate(c, r, num_new))
+        if (!(m ? allocate_cached(c, r, num_new, m) : allocate(c, r, num_new)))
             break;
         wq_pop(c);
         seats++;
@@ -944,8 +1164,9 @@ static int update(Core *c, double now, int *progressed)
         const int64_t r = c->done[j];
         c->stat[r] = ST_FINISHED;
         c->fin[r] = now;
-        if (release(c, r) < 0)
-            return -1;
+        release(c, r);
+        if (c->cache)
+            close_request(c, r);
         c->finished++;
         if (mark(c, r, PH_DONE, now) < 0)
             return -1;
@@ -1032,6 +1253,72 @@ static int fail(const char *what, int64_t a, int64_t b)
     return -1;
 }
 
+/* With a prefix cache: each block's ref count is the tables holding it, the free queue holds exactly the
+unreferenced blocks, a cached block is findable by its hash, the blocks' holders fill them alike;
+``held`` becomes the slots of distinct blocks (SharingMixin._check_sharing) */
+static int check_pool(Core *c, int64_t *held)
+{
+    const KvPool *p = &c->pool;
+    const int64_t nb = c->num_blocks, bs = c->bs;
+    int64_t *count = calloc(nb > 0 ? nb : 1, sizeof(int64_t)), *fill = malloc((nb > 0 ? nb : 1) * sizeof(int64_t));
+    int8_t *queued = calloc(nb > 0 ? nb : 1, 1);
+    int rc = -1;
+    if (!count || !fill || !queued) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (int64_t b = 0; b < nb; b++)
+        fill[b] = -1;
+    *held = 0;
+    for (Py_ssize_t i = 0; i < c->N; i++) {
+        if (c->w->dest[i] != c->index || !c->tlen[i])
+            continue;
+        for (int64_t k = 0; k < c->tlen[i]; k++) {
+            const int64_t b = c->tbl[i][k], f0 = c->comp[i] - k * bs, f = f0 < 0 ? 0 : (f0 > bs ? bs : f0);
+            count[b]++;
+            if (fill[b] < 0) {
+                fill[b] = f;
+                *held += f;
+            } else if (fill[b] != f) {
+                fail("a block filled differently by its holders", b, f);
+                goto out;
+            }
+        }
+    }
+    int64_t n = 0;
+    for (int64_t b = p->head, prev = -1; b >= 0; prev = b, b = p->next[b]) {
+        if (n++ > nb || p->prev[b] != prev || queued[b]) {
+            fail("the free queue is not a list of distinct blocks", b, n);
+            goto out;
+        }
+        queued[b] = 1;
+    }
+    if (n != p->num_free || p->num_free != c->free_blocks) {
+        fail("the free queue's length is not the free blocks", n, c->free_blocks);
+        goto out;
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        if (p->refs[b] != count[b]) {
+            fail("a block's ref count is not the tables holding it", b, p->refs[b]);
+            goto out;
+        }
+        if (queued[b] != (p->refs[b] == 0)) {
+            fail("a block is free exactly when unreferenced, not", b, p->refs[b]);
+            goto out;
+        }
+        if (p->cached[b] == KV_INDEXED && kvpool_find(p, p->hash_at[b]) != b) {
+            fail("a cached block is not found by its hash", b, p->hash_at[b]);
+            goto out;
+        }
+    }
+    rc = 0;
+out:
+    free(count);
+    free(fill);
+    free(queued);
+    return rc;
+}
+
 /* The invariants KVCacheManager.check_integrity and ContinuousScheduler.check_integrity assert, on the
 core's counters: blocks held add up, slots add up to the capacity, each running request's table covers
 exactly its computed tokens, nobody else holds a block. */
@@ -1060,8 +1347,12 @@ static int check_integrity(Core *c)
             held += c->comp[i] < c->tlen[i] * bs ? c->comp[i] : c->tlen[i] * bs;
         }
     }
-    if (c->free_blocks < 0 || c->free_blocks + tables != c->num_blocks)
+    if (c->cache) {
+        if (check_pool(c, &held) < 0)
+            return -1;
+    } else if (c->free_blocks < 0 || c->free_blocks + tables != c->num_blocks) {
         return fail("free + held blocks is not the pool", c->free_blocks + tables, c->num_blocks);
+    }
     if (tables != c->logical)
         return fail("logical blocks differ from the tables", c->logical, tables);
     if (held != c->held)
@@ -1359,9 +1650,10 @@ static void free_engine(Core *c)
                     c->tmp,
                     c->main, c->bd, c->lin.keys, c->lin.vals, c->head.keys, c->head.vals, c->pad, c->tr_rid.p,
                     c->tr_time.p, c->tr_phase.p,
-                    c->gap_d.p, c->gap_n.p, c->other.p, c->fifo.p};
+                    c->gap_d.p, c->gap_n.p, c->other.p, c->pref};
     for (size_t j = 0; j < sizeof bufs / sizeof bufs[0]; j++)
         free(bufs[j]);
+    kvpool_close(&c->pool);
 }
 
 /* one engine from its tuple (settings, pricing, terms, sink, chunk), over the world's requests */
@@ -1409,7 +1701,7 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
     c->priority = (int)cv[12];
     c->rr = (int)cv[13];
     c->quantum = cv[14];
-    c->track_cache = (int)cv[15];
+    c->cache = (int)cv[15];
     if (c->bs < 1 || c->num_blocks < 0 || c->max_seqs < 1) {
         PyErr_SetString(PyExc_ValueError, "run_core: bad block or batch settings");
         return -1;
@@ -1474,32 +1766,44 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
     c->gap_d.item = 8;
     c->gap_n.item = 8;
     c->other.item = 8;
-    c->fifo.item = 8;
-    if (fifo_push(c, c->free_blocks) < 0)   /* the free queue at the start: every free block, none cached */
-        return -1;
+    if (c->cache) {   /* a pristine pool (engine_core checks it): every block free, in id order, none cached */
+        if (c->free_blocks != c->num_blocks || !w->hash_fn) {
+            PyErr_SetString(PyExc_ValueError, "run_core: a prefix cache needs an unused pool and the requests' hashes");
+            return -1;
+        }
+        c->pref = alloc_n(c->num_blocks, 8, &failed);
+        if (failed) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        if (kvpool_open(&c->pool, c->num_blocks) < 0)
+            return -1;
+    }
     return 0;
 }
 
 /* (error, records, totals) of one engine after the run */
 static PyObject *engine_result(Core *c)
 {
-    return Py_BuildValue("(iddLLLL)(NNNNNN)(LLLLLLLLL)", c->err, c->err_t, c->err_d, (long long)c->err_step,
+    return Py_BuildValue("(iddLLLL)(NNNNNN)(LLLLLLLLLLLLL)", c->err, c->err_t, c->err_d, (long long)c->err_step,
                          (long long)c->err_waiting, (long long)c->err_running, (long long)c->err_stall,
                          vec_bytes(&c->tr_rid), vec_bytes(&c->tr_time), vec_bytes(&c->tr_phase),
                          vec_bytes(&c->gap_d), vec_bytes(&c->gap_n), vec_bytes(&c->other),
                          (long long)c->num_preemptions, (long long)c->peak_used, (long long)c->peak_logical,
                          (long long)c->sum_used, (long long)c->sum_logical, (long long)c->steps, (long long)c->waits,
-                         (long long)c->swapped_blocks, (long long)c->evicted);
+                         (long long)c->swapped_blocks, (long long)c->pool.evicted, (long long)c->query_tokens,
+                         (long long)c->hit_tokens, (long long)c->peak_prefix, (long long)c->peak_prefix_logical);
 }
 
 PyObject *kv_run_core(PyObject *self, PyObject *args)
 {
     (void)self;
     PyObject *ints_obj, *arrival_obj, *dest_obj, *route, *state_obj, *progress, *counters_obj, *times_obj, *specs;
+    PyObject *hash_fn;
     Py_ssize_t N, every;
     double lag;
-    if (!PyArg_ParseTuple(args, "nOOOdOOOnOOO!", &N, &ints_obj, &arrival_obj, &dest_obj, &lag, &route, &state_obj,
-                          &progress, &every, &counters_obj, &times_obj, &PyList_Type, &specs))
+    if (!PyArg_ParseTuple(args, "nOOOdOOOnOOO!O", &N, &ints_obj, &arrival_obj, &dest_obj, &lag, &route, &state_obj,
+                          &progress, &every, &counters_obj, &times_obj, &PyList_Type, &specs, &hash_fn))
         return NULL;
     const Py_ssize_t M = PyList_GET_SIZE(specs);
     if (N < 0 || M < 1) {
@@ -1522,8 +1826,8 @@ PyObject *kv_run_core(PyObject *self, PyObject *args)
         PyObject *obj;
         const char *fmt, *what;
         Py_ssize_t n;
-    } want[6] = {{ints_obj, "q", "requests", 5 * N}, {arrival_obj, "d", "arrivals", N}, {dest_obj, "q", "engines", N},
-                 {state_obj, "q", "replica state", 3 * M}, {counters_obj, "q", "request counters", 5 * N},
+    } want[6] = {{ints_obj, "q", "requests", 6 * N}, {arrival_obj, "d", "arrivals", N}, {dest_obj, "q", "engines", N},
+                 {state_obj, "q", "replica state", 3 * M}, {counters_obj, "q", "request counters", 6 * N},
                  {times_obj, "d", "request times", 5 * N}};
     for (; got < 6; got++)
         if (get_buffer(want[got].obj, &bufs[got], want[got].fmt, 8, want[got].n, want[got].what) < 0)
@@ -1534,8 +1838,9 @@ PyObject *kv_run_core(PyObject *self, PyObject *args)
     shared.output = iv + 2 * N;
     shared.accepted = iv + 3 * N;
     shared.prio = iv + 4 * N;
+    shared.plen_tok = iv + 5 * N;
     shared.arrival = bufs[1].buf;
-    int64_t *oi = bufs[4].buf;   /* status, computed, generated, preemptions, int-zero flags */
+    int64_t *oi = bufs[4].buf;   /* status, computed, generated, preemptions, int-zero flags, cached tokens */
     double *of = bufs[5].buf;    /* first scheduled, first token, last token, finish, rejected at */
     shared.stat = NULL;
     int failed = 0;
@@ -1546,11 +1851,21 @@ PyObject *kv_run_core(PyObject *self, PyObject *args)
     shared.turn = alloc_n(N, 8, &failed);
     shared.stat = alloc_n(N, 1, &failed);
     shared.in_pre = alloc_n(N, 1, &failed);
+    shared.tbl = alloc_n(N, sizeof(int64_t *), &failed);
+    shared.own = alloc_n(N, sizeof(int64_t *), &failed);
+    shared.upto = alloc_n(N, 8, &failed);
+    shared.memo = alloc_n(N, 8, &failed);
+    shared.memo_at = alloc_n(N, 8, &failed);
+    shared.hs = alloc_n(N, 8, &failed);
+    shared.looked = alloc_n(N, 1, &failed);
+    shared.hbuf = alloc_n(N, sizeof(Py_buffer), &failed);
     if (failed) {
         PyErr_NoMemory();
         goto done;
     }
-    for (Py_ssize_t j = 0; j < 5 * N; j++)
+    for (Py_ssize_t j = 0; j < N; j++)
+        shared.hs[j] = -1;
+    for (Py_ssize_t j = 0; j < 6 * N; j++)
         oi[j] = 0;
     for (Py_ssize_t j = 0; j < 5 * N; j++)
         of[j] = NAN;
@@ -1558,6 +1873,7 @@ PyObject *kv_run_core(PyObject *self, PyObject *args)
     shared.gen = oi + 2 * N;
     shared.npre = oi + 3 * N;
     shared.int_zero = oi + 4 * N;
+    shared.ncached = oi + 5 * N;
     shared.fsched = of;
     shared.ftok = of + N;
     shared.ltok = of + 2 * N;
@@ -1568,6 +1884,7 @@ PyObject *kv_run_core(PyObject *self, PyObject *args)
     w.arrival = bufs[1].buf;
     w.dest = bufs[2].buf;
     w.route = route;
+    w.hash_fn = hash_fn == Py_None ? NULL : hash_fn;
     w.prompt = shared.prompt;
     if (PyTuple_Check(route)) {   /* (rule, pairs or None, slack): the router's rule, applied here */
         PyObject *pairs_obj;
@@ -1634,6 +1951,17 @@ done:
     free(shared.turn);
     free(shared.stat);
     free(shared.in_pre);
+    if (shared.tbl && shared.own && shared.hs)
+        for (Py_ssize_t j = 0; j < N; j++)
+            close_request(&shared, j);
+    free(shared.tbl);
+    free(shared.own);
+    free(shared.upto);
+    free(shared.memo);
+    free(shared.memo_at);
+    free(shared.hs);
+    free(shared.looked);
+    free(shared.hbuf);
     while (got > 0)
         PyBuffer_Release(&bufs[--got]);
     if (got_pairs)

@@ -72,7 +72,8 @@ static PyMethodDef methods[] = {
      "array of m, or a number; a zero is left as it is), as sim/metrics.py's Columns.extend writes them. "
      "False, with nothing written, where a column is neither."},
     {"chain_hashes", kv_chain_hashes, METH_VARARGS,
-     "chain_hashes(parent, tag, a, b, start, step, count, chunks, c) -> [h, ...]: count chained hashes, "
+     "chain_hashes(parent, tag, a, b, start, step, count, chunks, c[, into]) -> [h, ...]: count chained hashes "
+     "(with into, an int64 array of count: written there, the last returned), "
      "h = hash((previous h, key)) from parent, the key of block j (first token s = start + j * step) being "
      "(tag, chunks[s // c], s % c) where chunks is a sequence, else (tag, a, s), or (tag, a, b, s) where b is not "
      "None (sim/workload/tokens.py block_hashes)."},

@@ -108,6 +108,33 @@ def block_hashes(req, first_block: int, end_block: int, block_size: int, parent:
     return out
 
 
+def shareable_blocks(req, block_size: int) -> int:
+    """Full blocks of ``req`` before the first that holds a token of its own (its own prompt's or its
+    output's, keyed by its req_id): only these can equal another request's blocks."""
+    own_from = req.prefix_len if req.prefix_group >= 0 else 0
+    if req.hash_ids:
+        own_from = max(own_from, min(req.prompt_len, len(req.hash_ids) * req.hash_block_tokens))
+    return own_from // block_size
+
+
+def block_hash_array(req, end_block: int, block_size: int) -> np.ndarray:
+    """``block_hashes(req, 0, end_block, block_size, ROOT_HASH)`` as an int64 array, each run of blocks
+    from one source written into it at once where sim._native is built (no Python int a hash)."""
+    if native is None:
+        return np.array(block_hashes(req, 0, end_block, block_size, ROOT_HASH), dtype=np.int64)
+    out = np.empty(end_block, dtype=np.int64)
+    h = ROOT_HASH
+    i = 0
+    for tag, a, b, start, count, chunks in _runs(req, 0, end_block, block_size, 0):
+        if tag == _MIXED:
+            h = out[i] = hash((h, a))
+        else:
+            h = native.chain_hashes(h, tag, a, b, start, block_size, count, chunks, req.hash_block_tokens or 0,
+                                    out[i:i + count])
+        i += count
+    return out
+
+
 _MIXED = 0   # a block's key is its ids' digest (``a`` in _runs)
 
 
