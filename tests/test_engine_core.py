@@ -420,7 +420,18 @@ def test_power_of_two_hands_the_core_the_pairs_its_calls_would_read():
     assert all(a < b for a, b in read)
 
 
-def test_a_router_reading_prefix_caches_runs_the_loop():
+def test_a_router_reading_prefix_caches_runs_the_loop(monkeypatch):
+    """A router of one's own that reads the replicas' prefix caches in ``choose`` (the core has no rule for
+    it): the SimPy loop; prefix_affinity's rule reads them in the core (tests/test_engine_core_prefix.py)."""
+    from sim.cluster import routers
+
+    class Greedy(routers.PrefixAffinity):
+        rule_reads_caches = False
+
+        def core_rule(self, requests, num_replicas):
+            return None
+
+    monkeypatch.setitem(routers.ROUTERS, "prefix_affinity", Greedy)
     data = _scenario(STRESS["long_decodes"])
     data["workload"]["synthetic"]["num_requests"] = 30
     data["kv_cache"] = {"prefix_caching": True}

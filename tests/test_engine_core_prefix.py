@@ -219,12 +219,13 @@ def test_shared_prefixes_without_a_cache_equal(monkeypatch, policy, quantum, chu
 
 # ---------------------------------------------------------------- 4. colocated clusters
 
-@pytest.mark.parametrize("router", ["round_robin", "least_requests", "least_kv"])
+@pytest.mark.parametrize("router", ["round_robin", "least_requests", "least_kv", "prefix_affinity"])
 @pytest.mark.parametrize("workload", ["mooncake", "shared-prefix"])
 def test_clusters_with_prefix_caches_equal(monkeypatch, router, workload):
-    """Replicas with prefix caches behind routers that read at most their loads and KV usage: 4 H200
-    replicas of 3,000 blocks over 200 Mooncake requests (scenarios/cluster_prefix_affinity.yaml, its
-    router replaced), or 3 replicas of 40 blocks over the shared-prefix workload arriving at 300 per second."""
+    """Replicas with prefix caches behind routers that read their loads and KV usage, or (prefix_affinity,
+    whose rule the core applies) their prefix caches: 4 H200 replicas of 3,000 blocks over 200 Mooncake
+    requests (scenarios/cluster_prefix_affinity.yaml, its router as given), or 3 replicas of 40 blocks over
+    the shared-prefix workload arriving at 300 per second."""
     if workload == "mooncake":
         run = _mooncake(3000, True, True, f"cluster.router.policy={router}",
                         path=ROOT / "scenarios" / "cluster_prefix_affinity.yaml", limit=200)

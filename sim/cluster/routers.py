@@ -68,6 +68,9 @@ class Router:
     reads_load = True
     reads_memory = True
     reads_state = True
+    # whether ``core_rule``'s rule reads the replicas' prefix caches itself (the core then runs a pool whose
+    # router reads them)
+    rule_reads_caches = False
 
     def __init__(self, config, seed: int) -> None:
         self.config = config
@@ -93,7 +96,7 @@ class Router:
 class CoreRule:
     """A routing rule of the compiled core: ``kind`` (``LEAST_LOAD``: least_loaded over every replica;
     ``LEAST_KV``: the least KV usage, then load; ``PAIR``: least_loaded over request g's pair ``choices[g]``
-    (ascending); ``AFFINITY``: PrefixAffinity over replicas without prefix caches, with ``slack``;
+    (ascending); ``AFFINITY``: PrefixAffinity with ``slack``, its hits read from the engines' prefix caches;
     ``FOLLOW``: where the earlier request ``choices[g]`` went, or least_loaded where it is -1)."""
 
     LEAST_LOAD: ClassVar[int] = 1
@@ -221,6 +224,7 @@ class PrefixAffinity(Router):
     then index) is read for its loads only, so its decode runs go past arrivals (sim/cluster/runner.py)."""
 
     reads_memory = False
+    rule_reads_caches = True
 
     def attach(self, replicas: Sequence[ReplicaView]) -> None:
         self.reads_state = any(r.has_prefix_cache() for r in replicas)
@@ -240,7 +244,7 @@ class PrefixAffinity(Router):
         return min(among, key=lambda i: (-hits[i], loads[i], i))
 
     def core_rule(self, requests: Sequence[Request], num_replicas: int) -> CoreRule | None:
-        return None if self.reads_state else CoreRule(CoreRule.AFFINITY, slack=int(self.config.load_slack))
+        return CoreRule(CoreRule.AFFINITY, slack=int(self.config.load_slack))   # (the core reads the caches too)
 
 
 @register("session")

@@ -8,7 +8,7 @@
     replicas:                each its own engine loop (sim/engine.py), idle on an event when it has no work
 
 A colocated pool whose replicas the compiled engine core covers, behind a router that reads at most the
-replicas' loads and KV usage (every router but prefix_affinity over prefix caches), runs in the core
+replicas' loads and KV usage, or their prefix caches through a rule the core applies (prefix_affinity), runs in the core
 instead (sim/engine_core.py run_engines: one arrival process, the replicas' loops, in SimPy's event
 order; the router's choices made ahead, applied by the core from the replicas' counts (``core_rule``) or
 made by calling it at each arrival), with the same results.
@@ -147,8 +147,9 @@ def _run_in_core(pool: list[Replica], requests: list[Request], router: Router, d
 
 def _in_core(pool: list[Replica], requests: list[Request], router: Router) -> bool:
     """Whether the compiled core runs this colocated pool: it covers every replica, they admit alike,
-    and the router reads at most the replicas' loads and KV usage (not their prefix caches)."""
-    if router.reads_state or not requests_supported(requests):   # (the requests once, not once a replica)
+    and the router reads at most the replicas' loads and KV usage, or their prefix caches through its core
+    rule (prefix_affinity)."""
+    if (router.reads_state and not router.rule_reads_caches) or not requests_supported(requests):
         return False
     return (all(core_supported(rep.scheduler, rep.manager, rep.engine.executor, None) for rep in pool)
             and same_admission([rep.scheduler for rep in pool]))

@@ -296,17 +296,11 @@ static inline int64_t max_blocks_of(const Core *c, int64_t i)
     return n > 1 ? n : 1;
 }
 
-/* a queued request's table room and the hashes of its shareable blocks (``hashes_of(i, blocks)``) */
-static int open_request(Core *c, int64_t i)
+/* the hashes of request i's shareable blocks (``hashes_of(i, full blocks)``), once */
+static int fetch_hashes(Core *c, int64_t i)
 {
-    if (!c->cache || c->tbl[i])
+    if (c->hs[i] >= 0)
         return 0;
-    c->tbl[i] = malloc(max_blocks_of(c, i) * sizeof(int64_t));
-    c->own[i] = calloc(max_blocks_of(c, i), sizeof(int64_t));   /* (block 0 where none: holds() says not) */
-    if (!c->tbl[i] || !c->own[i]) {
-        PyErr_NoMemory();
-        return -1;
-    }
     const int64_t full = (c->prompt[i] + c->output[i] - 1) / c->bs;
     PyObject *got = PyObject_CallFunction(c->w->hash_fn, "nL", (Py_ssize_t)i, (long long)full);
     if (!got)
@@ -326,13 +320,25 @@ static int open_request(Core *c, int64_t i)
     return 0;
 }
 
+/* a queued request's table room, own-block array and hashes */
+static int open_request(Core *c, int64_t i)
+{
+    if (!c->cache || c->tbl[i])
+        return 0;
+    c->tbl[i] = malloc(max_blocks_of(c, i) * sizeof(int64_t));
+    c->own[i] = calloc(max_blocks_of(c, i), sizeof(int64_t));   /* (block 0 where none: holds() says not) */
+    if (!c->tbl[i] || !c->own[i]) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return fetch_hashes(c, i);
+}
+
 /* a finished request's table room and hashes go */
 static void close_request(Core *c, int64_t i)
 {
     free(c->own[i]);
     c->own[i] = NULL;
-    if (!c->tbl[i])
-        return;
     free(c->tbl[i]);
     c->tbl[i] = NULL;
     if (c->hs[i] >= 0)
@@ -1413,9 +1419,22 @@ static inline int less_loaded(const Core *c, const Core *o)
 }
 
 /* the choice of a router whose rule is applied here (RULE_*), in sim/cluster/routers.py's terms */
-static Py_ssize_t rule_choice(const World *w, Py_ssize_t g)
+/* PrefixAffinity's hits: the leading blocks of request g's prompt (at most (prompt - 1) // bs) engine e's
+prefix cache holds (only its shareable ones can be there: g has not run yet) */
+static int64_t cached_prefix(const Core *e, Py_ssize_t g)
 {
-    const Core *E = w->engines;
+    const int64_t most = (e->prompt[g] - 1) / e->bs, n = e->hs[g] < most ? e->hs[g] : most;
+    const int64_t *h = e->hbuf[g].buf;
+    int64_t k = 0;
+    while (k < n && kvpool_find(&e->pool, h[k]) >= 0)
+        k++;
+    return k;
+}
+
+/* the engine the router's rule chooses for request g; -1 on an error (set) */
+static Py_ssize_t rule_choice(World *w, Py_ssize_t g)
+{
+    Core *E = w->engines;
     if (w->rule == RULE_PAIR) {
         const int64_t a = w->pairs[2 * g], b = w->pairs[2 * g + 1];
         return less_loaded(&E[b], &E[a]) ? b : a;
@@ -1438,8 +1457,9 @@ static Py_ssize_t rule_choice(const World *w, Py_ssize_t g)
         }
         return best;
     }
-    /* RULE_AFFINITY without prefix caches: the engines within the slack of the least load; of those the
-    least loaded (and fewest submitted, for a prompt of at most one block or one engine), else by load */
+    /* RULE_AFFINITY: the engines within the slack of the least load; of those the least loaded (and fewest
+    submitted, for a prompt of at most one block or one engine), else the most blocks of the prompt cached
+    (over prefix caches), then the load, then the index */
     int64_t low = load_of(&E[0]);
     for (Py_ssize_t e = 1; e < w->M; e++)
         if (load_of(&E[e]) < low)
@@ -1450,12 +1470,19 @@ static Py_ssize_t rule_choice(const World *w, Py_ssize_t g)
         if (load_of(&E[e]) <= floor)
             among++;
     const int by_submitted = (w->prompt[g] - 1) / E[0].bs <= 0 || among == 1;
+    if (!by_submitted && E[0].cache && fetch_hashes(&E[0], g) < 0)   /* over prefix caches: hits first */
+        return -1;
+    int64_t best_hits = 0;
     for (Py_ssize_t e = 0; e < w->M; e++) {
         const int64_t le = load_of(&E[e]);
         if (le > floor)
             continue;
-        if (best < 0 || (by_submitted ? less_loaded(&E[e], &E[best]) : le < load_of(&E[best])))
+        const int64_t hits = !by_submitted && E[e].cache ? cached_prefix(&E[e], g) : 0;
+        if (best < 0 || (by_submitted ? less_loaded(&E[e], &E[best])
+                         : hits > best_hits || (hits == best_hits && le < load_of(&E[best])))) {
             best = e;
+            best_hits = hits;
+        }
     }
     return best;
 }
@@ -1465,7 +1492,10 @@ now (Replica.load: handed over less finished or rejected; Replica.kv_usage: bloc
 static int route(World *w, Py_ssize_t g)
 {
     if (w->rule != RULE_CALL) {
-        w->dest[g] = rule_choice(w, g);
+        const Py_ssize_t e = rule_choice(w, g);
+        if (e < 0)
+            return -1;
+        w->dest[g] = e;
         return 0;
     }
     for (Py_ssize_t e = 0; e < w->M; e++) {
