@@ -278,10 +278,10 @@ def _into_core(data: dict, index: int) -> dict:
     return d
 
 
-FUZZ_PART = 30
+FUZZ_PART = 20
 
 
-@pytest.mark.parametrize("part", range(4))   # 4 x 30 cases: parallel test workers share them
+@pytest.mark.parametrize("part", range(4))   # 4 x 20 cases: parallel test workers share them
 def test_fuzz_cases_with_shared_prefixes_equal(monkeypatch, part):
     covered = hit = 0
     for i in range(FUZZ_PART * part, FUZZ_PART * part + FUZZ_PART):
@@ -292,7 +292,7 @@ def test_fuzz_cases_with_shared_prefixes_equal(monkeypatch, part):
         if not isinstance(core, str):
             covered += bool(core.profile.get("compiled_core"))
             hit += core.summary["prefix_cache_hit_rate"] > 0
-    assert hit >= 4, f"only {hit} of {FUZZ_PART} fuzz cases hit the prefix cache"
+    assert hit >= 3, f"only {hit} of {FUZZ_PART} fuzz cases hit the prefix cache"
     assert covered >= FUZZ_PART - 2, f"only {covered} of {FUZZ_PART} fuzz runs ran in the core"
 
 
