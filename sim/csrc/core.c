@@ -4,15 +4,17 @@ instead of Python objects.
 
 It computes what sim/engine.py's SimPy loop computes (and sim/cluster/runner.py's, for several engines
 behind one arrival process) with a ContinuousScheduler (FCFS, round-robin or priority; preemption by
-recompute or by swap), a KVCacheManager without prefix caching or forked sequences and the cost model,
+recompute or by swap), a KVCacheManager with or without prefix caching, without forked sequences, and the
+cost model,
 stepping one step per event as the plain loop does (no decode runs: a step here costs about a
 microsecond):
 
   - the processes, the arrival process and each engine loop, ordered as SimPy orders their events: by
     time, then priority (a process's start is urgent), then the order in which they were scheduled;
   - the scheduler's step (sim/sched/continuous.py schedule, _rotate, _admit, _preempt, _swap_in; base.py
-    update, _finish), the manager's block, slot and swap counters (sim/kv/manager.py, sharing.py: only
-    counts matter without sharing, so a table is its length), the recorder's row (sim/metrics.py
+    update, _finish), the manager's block, slot and swap counters (sim/kv/manager.py, sharing.py: without
+    a prefix cache only counts matter, so a table is its length; with one, blocks by identity, kvpool.c,
+    and the prefix cache's hits, inserts and evictions), the recorder's row (sim/metrics.py
     record_step), the timeline's state changes and the inter-token gaps (sim/sched/records.py), the
     watchdog (sim/engine.py);
   - the cost model's step (sim/executors/cost_model.py execute, _engine_fixed_terms): the same float
@@ -251,12 +253,7 @@ static inline int64_t block_hash(const Core *c, int64_t i, int64_t k)
 {
     if (k < c->hs[i])
         return ((const int64_t *)c->hbuf[i].buf)[k];
-    uint64_t x = ((uint64_t)i << 24) ^ (uint64_t)k;   /* (blocks a request < 2**24) splitmix64's finalizer */
-    x ^= x >> 30;
-    x *= 0xBF58476D1CE4E5B9ULL;
-    x ^= x >> 27;
-    x *= 0x94D049BB133111EBULL;
-    return (int64_t)(x ^ (x >> 31));
+    return (int64_t)kv_mix64(((uint64_t)i << 24) ^ (uint64_t)k);   /* (blocks a request < 2**24): injective */
 }
 
 /* whether block b is cached as request i's block k */

@@ -6,13 +6,7 @@
 
 static uint64_t slot_of(const KvPool *p, int64_t h)
 {
-    uint64_t x = (uint64_t)h;   /* splitmix64's finalizer: Python's hashes of small tuples cluster */
-    x ^= x >> 30;
-    x *= 0xBF58476D1CE4E5B9ULL;
-    x ^= x >> 27;
-    x *= 0x94D049BB133111EBULL;
-    x ^= x >> 31;
-    return x & p->mask;
+    return kv_mix64((uint64_t)h) & p->mask;   /* (mixed: Python's hashes of small tuples may cluster) */
 }
 
 int kvpool_open(KvPool *p, int64_t n)

@@ -19,6 +19,16 @@ half). */
 
 enum { KV_UNCACHED = 0, KV_INDEXED = 1, KV_OWN = 2 };
 
+/* splitmix64's finaliser: a bijection of 64-bit values that spreads neighbouring ones */
+static inline uint64_t kv_mix64(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= 0xBF58476D1CE4E5B9ULL;
+    x ^= x >> 27;
+    x *= 0x94D049BB133111EBULL;
+    return x ^ (x >> 31);
+}
+
 typedef struct {
     int64_t num_blocks;
     int64_t *refs;
