@@ -2,9 +2,8 @@
 replicas behind one arrival process), where the scenario is one it covers, with the results of
 sim/engine.py's SimPy loop bit for bit.
 
-Covered (``core_supported``): continuous batching under FCFS, round-robin or priority (or
-longest-prefix-first without a prefix cache, where every match is empty and it is FCFS) with recompute or
-swap preemption, the paged manager with or without prefix caching (hits, evictions and a preempted
+Covered (``core_supported``): continuous batching under FCFS, round-robin, priority or
+longest-prefix-first (without a prefix cache every match is empty: FCFS) with recompute or swap preemption, the paged manager with or without prefix caching (hits, evictions and a preempted
 request finding its own blocks again: blocks by identity in sim/csrc/kvpool.c, where the manager's are
 counts alone without a cache), requests of one sequence (shared-prefix groups included), the cost model
 as executor; in a cluster, a router that reads at most the replicas' loads and KV usage. There a step
@@ -13,8 +12,7 @@ state lives in typed arrays, each step is planned, priced, updated and recorded 
 and only the executor's GEMM, all-reduce and LM-head times (once per size), the recorder (a chunk of rows
 at a time), the router (once per request, where it reads the replicas), the block hashes of each request's
 shareable content (once per request: ``_hashes_of``) and the progress bar are called
-back. Everything else (longest-prefix-first over a prefix cache, forks and beams, static batching, the
-contiguous allocators, disaggregated pools, the GPU executor) runs the SimPy loop. ``KVSIM_CORE=0`` (or
+back. Everything else (forks and beams, static batching, the contiguous allocators, disaggregated pools, the GPU executor) runs the SimPy loop. ``KVSIM_CORE=0`` (or
 ``KVSIM_NATIVE=0``, or ``enabled = False`` here) runs the SimPy loop for every scenario:
 tests/test_engine_core.py and tests/test_engine_core_prefix.py compare them.
 
@@ -65,8 +63,7 @@ def core_supported(scheduler: Any, manager: Any, executor: Any, requests: list[R
     if type(manager) is not KVCacheManager:
         return False
     cache = manager.prefix_cache
-    if cache is not None and (cfg.policy == "longest_prefix_first" or manager.pool.num_free != manager.num_blocks
-                              or cache.cached.any()):
+    if cache is not None and (manager.pool.num_free != manager.num_blocks or cache.cached.any()):
         return False   # (the core starts a cache from an unused pool, its free queue in id order)
     if type(executor) is not CostModelExecutor or executor._native_consts is None:
         return False
@@ -273,7 +270,8 @@ def _engine_spec(parts: EngineParts) -> tuple:
                 int(cfg.chunked_prefill), int(parts.async_scheduling), int(cfg.victim == "most_generated"),
                 parts.max_stall, mgr.pool.num_free, int(parts.check_integrity), int(cfg.preemption == "swap"),
                 mgr.swap.num_blocks - mgr.swap.num_used, int(cfg.policy == "priority"), int(cfg.policy == "round_robin"),
-                cfg.rr_quantum_steps, int(mgr.prefix_cache is not None))
+                cfg.rr_quantum_steps, int(mgr.prefix_cache is not None), int(cfg.policy == "longest_prefix_first"),
+                getattr(scheduler.waiting, "window", 0), getattr(scheduler.waiting, "max_bypass", 0))
     width, chunk = len(STEP_COLUMNS), Columns.CHUNK_ROWS
 
     def sink(main: memoryview, breakdown: memoryview, m: int) -> None:

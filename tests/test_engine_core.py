@@ -238,10 +238,6 @@ def test_what_the_core_does_not_cover_runs_the_loop():
     base["workload"]["synthetic"]["num_requests"] = 20
     cases = {
         "static batching": {"scheduler": {"batching": "static", "chunked_prefill": False}},
-        "longest-prefix-first over a prefix cache": {"kv_cache": {"prefix_caching": True},
-                                                     "scheduler": {"policy": "longest_prefix_first"},
-                                                     "workload": {"synthetic": {"shared_prefix": {"groups": 2,
-                                                                                                  "length": 64}}}},
         "contiguous": {"kv_cache": {"allocator": "contiguous-max"}},
         "parallel samples": {"workload": {"synthetic": {"n": 2}}},
     }

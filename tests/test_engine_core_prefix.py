@@ -146,12 +146,12 @@ def _counting_rehits(monkeypatch, data: dict):
     return run, counts
 
 
-POLICIES = [("fcfs", 16), ("priority", 16), ("round_robin", 1), ("round_robin", 4)]
+POLICIES = [("fcfs", 16), ("priority", 16), ("round_robin", 1), ("round_robin", 4), ("longest_prefix_first", 16)]
 
 
 @pytest.mark.parametrize("length", [48, 40], ids=["prefix-48", "prefix-40"])
 @pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "whole-prompts"])
-@pytest.mark.parametrize("policy, quantum", POLICIES, ids=["fcfs", "priority", "rr-1", "rr-4"])
+@pytest.mark.parametrize("policy, quantum", POLICIES, ids=["fcfs", "priority", "rr-1", "rr-4", "lpf"])
 def test_shared_prefixes_preempted_by_recompute_equal(monkeypatch, policy, quantum, chunked, length):
     """Prefixes of 3 whole blocks (48 tokens) and of 2.5 (40: the third block mixes the prefix and a
     request's own tokens, so only 2 are shared); preempted requests come back and hit their blocks again."""
@@ -249,14 +249,14 @@ def test_clusters_with_prefix_caches_equal(monkeypatch, router, workload):
 # ---------------------------------------------------------------- 5. fuzzed cases
 
 def _into_core(data: dict, index: int) -> dict:
-    """A fuzz case moved inside what the extended core covers: FCFS, priority or round-robin
-    (longest-prefix-first and the rest become FCFS), continuous batching, the paged manager with prefix
+    """A fuzz case moved inside what the extended core covers: FCFS, priority, round-robin or
+    longest-prefix-first (the rest become FCFS), continuous batching, the paged manager with prefix
     caching, one sequence a request (n and beam_width dropped); shared prefixes, prefix groups and Mooncake
     hash ids are kept. The fuzzer gives few cases shared content (about 1 in 20 hits the cache), so where
     the draw has none a second seeded draw gives most of them some: a synthetic workload a shared prefix,
     inline requests prefix groups."""
     d = copy.deepcopy(data)
-    if d["scheduler"].get("policy") not in ("fcfs", "priority", "round_robin"):
+    if d["scheduler"].get("policy") not in ("fcfs", "priority", "round_robin", "longest_prefix_first"):
         d["scheduler"]["policy"] = "fcfs"
     d["scheduler"]["batching"] = "continuous"
     d["kv_cache"].update(allocator="paged", prefix_caching=True)
@@ -359,4 +359,17 @@ def test_a_whole_cached_prompt_leaves_a_block_to_compute_by_hand(monkeypatch, tm
         prefills = res.steps["num_prefill_tokens"]
         assert prefills[prefills > 0].tolist() == [64, 16, 536]
     assert_same(loop, core)
+    _ran_in_core(core)
+
+
+def test_longest_prefix_first_overtakes_in_the_core(monkeypatch):
+    """Longest-prefix-first over the prefix cache (sim/sched/queues.py LongestPrefixQueue, in core.c's
+    waiting queue): requests whose group's prefix is cached are admitted ahead of earlier arrivals, at most
+    32 times past one front request; the same admissions and results as the loop."""
+    data = _shared(48, policy="longest_prefix_first", chunked_prefill=True)
+    loop, core = _both(monkeypatch, lambda: run_scenario(scenario_from_dict(copy.deepcopy(data)), check_integrity=True))
+    assert_same(loop, core)
+    reqs = core.requests.sort_values("arrival_s")
+    first = reqs["first_scheduled_s"].to_numpy()
+    assert (first[1:] < first[:-1]).any(), "no request was admitted ahead of an earlier arrival"
     _ran_in_core(core)

@@ -93,6 +93,12 @@ typedef struct {
     const double *arrival;
     int64_t bs, num_blocks, max_seqs, max_batched, max_stall;
     int chunked, staging, victim_generated, check, swap, priority, rr;   /* the priority, round-robin policies */
+    /* longest-prefix-first over a prefix cache (sim/sched/queues.py LongestPrefixQueue): the first ``window``
+    of the queue ranked by cached blocks; the front overtaken at most ``max_bypass`` times; the position
+    the last peek chose */
+    int lpf;
+    int64_t lpf_window, lpf_max_bypass, bypassed;
+    Py_ssize_t lpf_at;
     int64_t quantum, step_index;   /* round-robin: a turn's steps; schedule() calls so far */   /* swap: preemption by swap where the CPU space has room */
     /* requests */
     int64_t *comp, *gen, *tlen, *beyond, *furthest, *npre, *cpu_held;   /* cpu_held: CPU blocks while swapped */
@@ -510,6 +516,7 @@ static void wq_push_back(Core *c, int64_t i)
     if (!c->priority) {
         c->wq[(c->wq_head + c->wq_len) % (c->N + 1)] = i;
         c->wq_len++;
+        c->lpf_at = -1;
         return;
     }
     Py_ssize_t j = c->wq_len++;
@@ -529,15 +536,60 @@ static void wq_push_front(Core *c, int64_t i)
     c->wq_head = (c->wq_head + c->N) % (c->N + 1);
     c->wq[c->wq_head] = i;
     c->wq_len++;
+    c->bypassed = 0;
+    c->lpf_at = -1;
 }
 
-static int64_t wq_peek(Core *c) { return c->priority ? c->wq[0] : c->wq[c->wq_head]; }
+static inline int64_t wq_at(const Core *c, Py_ssize_t j) { return c->wq[(c->wq_head + j) % (c->N + 1)]; }
 
+/* LongestPrefixQueue._best: the position of the queued request with the most cached blocks among the
+first ``window`` (ties: the earliest), or 0 (the front) when fewer than two wait or the front was overtaken
+``max_bypass`` times */
+static Py_ssize_t lpf_best(Core *c)
+{
+    if (c->wq_len < 2 || c->bypassed >= c->lpf_max_bypass)
+        return 0;
+    Py_ssize_t best = 0;
+    int64_t best_len = -1;
+    const Py_ssize_t n = c->wq_len < c->lpf_window ? c->wq_len : (Py_ssize_t)c->lpf_window;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        const int64_t m = match_prefix(c, wq_at(c, j));
+        if (m > best_len) {
+            best = j;
+            best_len = m;
+        }
+    }
+    return best;
+}
+
+static int64_t wq_peek(Core *c)
+{
+    if (c->priority)
+        return c->wq[0];
+    if (c->lpf) {
+        c->lpf_at = lpf_best(c);
+        return wq_at(c, c->lpf_at);
+    }
+    return c->wq[c->wq_head];
+}
+
+/* the request the last wq_peek returned (longest-prefix-first: chosen again where the queue grew since)
+leaves the queue */
 static void wq_pop(Core *c)
 {
+    const Py_ssize_t at = !c->lpf ? 0 : (c->lpf_at >= 0 ? c->lpf_at : lpf_best(c));
+    c->lpf_at = -1;
+    if (at > 0) {   /* overtaking the front: the rest of the queue closes up */
+        for (Py_ssize_t j = at; j + 1 < c->wq_len; j++)
+            c->wq[(c->wq_head + j) % (c->N + 1)] = wq_at(c, j + 1);
+        c->wq_len--;
+        c->bypassed++;
+        return;
+    }
     if (!c->priority) {
         c->wq_head = (c->wq_head + 1) % (c->N + 1);
         c->wq_len--;
+        c->bypassed = 0;   /* a new request is at the front */
         return;
     }
     const int64_t last = c->wq[--c->wq_len];
@@ -1692,13 +1744,13 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
     if (!PyArg_ParseTuple(spec, "O!(iO!O!OOO)On", &PyTuple_Type, &cfg, &mode, &PyTuple_Type, &ints, &PyTuple_Type,
                           &floats, &pad, &linear_fn, &head_fn, &sink, &chunk))
         return -1;
-    if (chunk < 1 || PyTuple_GET_SIZE(cfg) != 16 || PyTuple_GET_SIZE(ints) != 6
+    if (chunk < 1 || PyTuple_GET_SIZE(cfg) != 19 || PyTuple_GET_SIZE(ints) != 6
         || PyTuple_GET_SIZE(floats) != (mode ? 18 : 11)) {
         PyErr_SetString(PyExc_ValueError, "run_core: bad sizes, settings or pricing constants");
         return -1;
     }
-    int64_t cv[16], iv[6];
-    for (int j = 0; j < 16; j++) {
+    int64_t cv[19], iv[6];
+    for (int j = 0; j < 19; j++) {
         cv[j] = PyLong_AsLongLong(PyTuple_GET_ITEM(cfg, j));
         if (cv[j] == -1 && PyErr_Occurred())
             return -1;
@@ -1729,6 +1781,10 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
     c->rr = (int)cv[13];
     c->quantum = cv[14];
     c->cache = (int)cv[15];
+    c->lpf = (int)cv[16] && c->cache && !c->priority && !c->rr;
+    c->lpf_window = cv[17];
+    c->lpf_max_bypass = cv[18];
+    c->lpf_at = -1;
     if (c->bs < 1 || c->num_blocks < 0 || c->max_seqs < 1) {
         PyErr_SetString(PyExc_ValueError, "run_core: bad block or batch settings");
         return -1;
