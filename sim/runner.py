@@ -19,6 +19,7 @@ from sim.gc_pause import gc_paused
 from sim.kv import make_kv_manager
 from sim.limits import MAX_BLOCKS
 from sim.metrics import Recorder, requests_frame, summarize
+from sim.progress_bar import ProgressBar
 from sim.scenario import Scenario
 from sim.sched import make_scheduler
 from sim.sched.records import PHASE_NAMES, TokenGaps, Transitions, intervals_frame, transition_intervals
@@ -125,7 +126,8 @@ def run_scenario(scn: Scenario, check_integrity: bool | None = None, progress: b
         if scn.cluster is not None:   # replicas behind a router (sim/cluster/)
             from sim.cluster.runner import run_cluster
 
-            return run_cluster(scn, check_integrity=check_integrity, progress=progress)
+            return run_cluster(scn, check_integrity=check_integrity, progress=progress,
+                               progress_after_s=progress_after_s)
         return _run_engine(scn, check_integrity, progress, progress_after_s, step_stream)
 
 
@@ -144,7 +146,7 @@ def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, pro
     manager, scheduler, executor, recorder = build_parts(scn, num_gpu, num_cpu)
     block_bytes = model.kv_bytes_per_block(scn.kv_cache.block_size)
     check = _integrity_default() if check_integrity is None else check_integrity
-    bar = _progress_bar(len(workload.requests), progress_after_s) if progress else None
+    bar = ProgressBar(len(workload.requests), progress_after_s) if progress else None
     fe_in, fe_out, fe_token = scn.frontend.latencies()
     engine = None
     in_core = core_supported(scheduler, manager, executor, workload.requests)
@@ -166,7 +168,8 @@ def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, pro
                         max_steps_without_progress=scn.scheduler.max_steps_without_progress,
                         async_scheduling=scn.scheduler.async_scheduling, arrival_delay_s=fe_in,
                         multi_step=scn.scheduler.multi_step,
-                        on_step=(lambda _s, bar=bar, sched=scheduler: bar.update(sched)) if bar else None)
+                        on_step=bar.stepper(lambda s=scheduler: len(s.finished) + len(s.rejected))
+                        if bar else None)
         t_load = time.perf_counter()
         try:
             engine.run()
@@ -236,40 +239,3 @@ def timeline_with_frontend(transitions: Transitions, reqs: pd.DataFrame, fe_in: 
     end = end[order]
     del order
     return intervals_frame(rid, phase, start, end, [*PHASE_NAMES, "frontend"])
-
-
-class _progress_bar:
-    """A rich progress bar over finished requests, refreshed every few hundred steps; it appears only
-    once the run has lasted ``after_s`` seconds of wall time."""
-
-    def __init__(self, total: int, after_s: float = 0.0) -> None:
-        from rich.console import Console
-        from rich.progress import Progress
-
-        self._p = Progress(console=Console(stderr=True), transient=True)  # stderr: stdout stays the results
-        self._task = self._p.add_task("simulating", total=total)
-        self._start_at = time.perf_counter() + after_s
-        self._started = False
-        self._n = 0
-        if after_s <= 0:
-            self._show()
-
-    def _show(self) -> None:
-        self._p.start()
-        self._started = True
-
-    def update(self, sched) -> None:
-        self._n += 1
-        if self._n % 500 == 0:
-            self.at(len(sched.finished) + len(sched.rejected))
-
-    def at(self, done: int) -> None:
-        """``done`` requests have finished or been rejected (shown once the bar's delay has passed)."""
-        if not self._started and time.perf_counter() >= self._start_at:
-            self._show()
-        if self._started:
-            self._p.update(self._task, completed=done)
-
-    def close(self) -> None:
-        if self._started:
-            self._p.stop()

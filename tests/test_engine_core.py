@@ -216,7 +216,7 @@ def test_progress_is_reported_every_few_hundred_steps(monkeypatch):
     scn = scenario_from_dict(data)
     import sim.runner as runner
 
-    class Bar:   # the progress bar's interface (sim/runner.py _progress_bar)
+    class Bar:   # the progress bar's interface (sim/progress_bar.py ProgressBar)
         def __init__(self, total, after_s=0.0):
             self.total = total
 
@@ -226,7 +226,7 @@ def test_progress_is_reported_every_few_hundred_steps(monkeypatch):
         def close(self):
             pass
 
-    monkeypatch.setattr(runner, "_progress_bar", Bar)
+    monkeypatch.setattr(runner, "ProgressBar", Bar)
     res = run_scenario(scn, progress=True, check_integrity=False)
     steps = res.summary["num_steps"]
     assert len(calls) == steps // 50

@@ -67,6 +67,7 @@ class Handoff:
         self.transfer_s: dict[int, float] = {}
         self.transfer_start: dict[int, float] = {}   # req_id -> when its KV started over the link
         self.in_flight = 0
+        self.done_on_prefill = 0                  # requests of one output token, finished on their prefill replica
         self._drained: simpy.Event | None = None
         self._incoming: set[int] = set()          # handed to a decode replica, not yet admitted there
 
@@ -82,6 +83,7 @@ class Handoff:
                 self.prefill_of[rid] = rep.replica_id
                 self.cached_tokens[rid] = req.num_cached_tokens
                 if self.output_len[rid] <= 1:     # nothing to decode: done here
+                    self.done_on_prefill += 1
                     _free(req)
                     return
                 self.in_flight += 1

@@ -44,6 +44,7 @@ from sim.engine_core import (
     same_admission,
 )
 from sim.errors import KvsimError
+from sim.progress_bar import ProgressBar
 from sim.request import Request, RequestStatus
 from sim.scenario import Scenario
 from sim.workload import build_workload
@@ -128,7 +129,7 @@ def _observed(router: Router, pool: list[Replica], requests: list[Request], lag:
 
 
 def _run_in_core(pool: list[Replica], requests: list[Request], router: Router, dest: list[int] | None, lag: float,
-                 served: dict[int, int]) -> None:
+                 served: dict[int, int], bar: ProgressBar | None = None) -> None:
     """The colocated pool's run in the compiled engine core: its router's choices made ahead (``dest``) or
     at each arrival from the replicas' loads and KV usage (by the core itself where the router has a
     ``core_rule``, else a call of ``choose``), as ``_arrivals`` and the replicas' engine loops make them,
@@ -137,7 +138,7 @@ def _run_in_core(pool: list[Replica], requests: list[Request], router: Router, d
                          rep.engine.max_stall, rep.engine.check_integrity) for rep in pool]
     rule = None if dest is not None else router.core_rule(requests, len(pool))
     _, where = run_engines(requests, parts, lag, dest=dest, choose=router.choose,
-                           rule=None if rule is None else rule.as_core_arg())
+                           rule=None if rule is None else rule.as_core_arg(), progress=bar.at if bar else None)
     counts = np.bincount(where, minlength=len(pool))
     for rep, n in zip(pool, counts.tolist()):
         rep.submitted = n
@@ -156,8 +157,9 @@ def _in_core(pool: list[Replica], requests: list[Request], router: Router) -> bo
 
 
 def _run_colocated(scn: Scenario, workload: Workload, check: bool, lag: float, fe_out: float, fe_token: float,
-                   t0: float) -> ClusterResult:
-    """A colocated pool's run, in the compiled core where it covers the pool, else in the SimPy loop."""
+                   t0: float, bar: ProgressBar | None = None) -> ClusterResult:
+    """A colocated pool's run, in the compiled core where it covers the pool, else in the SimPy loop;
+    ``bar`` shows the requests done."""
     cfg = scn.cluster
     requests = workload.requests
     env = simpy.Environment()
@@ -168,8 +170,10 @@ def _run_colocated(scn: Scenario, workload: Workload, check: bool, lag: float, f
     ahead = None if reads else _route_ahead(router, requests, pool, lag)
     core = _in_core(pool, requests, router)
     if core:   # compiled (sim/engine_core.py)
-        _run_in_core(pool, requests, router, ahead, lag, served)
+        _run_in_core(pool, requests, router, ahead, lag, served, bar)
     else:
+        if bar is not None:
+            _show_progress(bar, pool, [])
         env.process(_arrivals(env, requests, lag, router, pool, Replica.submit, served, ahead))
         for rep in pool:
             rep.engine.start()
@@ -194,8 +198,25 @@ def _check_disaggregated(scn: Scenario, pools: list[Scenario], requests: list[Re
                                 "token (kv_cache.dtype): the decode pool takes the prefill pool's KV as it is")
 
 
-def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bool = False) -> ClusterResult:
-    """Run a scenario with a ``cluster`` section to completion."""
+def _show_progress(bar: ProgressBar, ends: list[Replica], prefill: list[Replica],
+                   handoff: Handoff | None = None) -> None:
+    """Each replica's steps move ``bar``: the requests done are those finished or rejected where they end
+    (``ends``: every replica of a colocated pool, the decode pool), rejected by a prefill replica, or done
+    there (one output token)."""
+    def done() -> int:
+        n = sum(len(r.scheduler.finished) + len(r.scheduler.rejected) for r in ends)
+        n += sum(len(r.scheduler.rejected) for r in prefill)
+        return n + (handoff.done_on_prefill if handoff is not None else 0)
+
+    on_step = bar.stepper(done)
+    for rep in [*prefill, *ends]:
+        rep.engine.on_step = on_step
+
+
+def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bool = False,
+                progress_after_s: float = 0.0) -> ClusterResult:
+    """Run a scenario with a ``cluster`` section to completion; ``progress``: a bar on stderr over the
+    requests done, shown once the run has lasted ``progress_after_s`` seconds of wall time."""
     from sim.runner import _check_sequences_supported, _integrity_default
 
     t0 = time.perf_counter()
@@ -208,9 +229,14 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
     lag = fe_in + cfg.router.overhead_s
     env = simpy.Environment()
     served: dict[int, int] = {}
+    bar = ProgressBar(len(requests), progress_after_s) if progress else None
     if not cfg.disaggregated:
         _check_sequences_supported(scn, requests)
-        return _run_colocated(scn, workload, check, lag, fe_out, fe_token, t0)
+        try:
+            return _run_colocated(scn, workload, check, lag, fe_out, fe_token, t0, bar)
+        finally:
+            if bar is not None:
+                bar.close()
 
     p_scn, d_scn = pool_scenario(scn, cfg.prefill), pool_scenario(scn, cfg.decode)
     _check_disaggregated(scn, [p_scn, d_scn], requests)
@@ -221,6 +247,8 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
     link = KVLink(env, bw, lat)
     handoff = Handoff(env, decode, make_router(cfg.router, scn.seed + 1), link, scn.model_spec.kv_bytes_per_token(),
                       pull=cfg.link.mode == "pull")
+    if bar is not None:   # (before attach_decode, which chains the decode engines' on_step)
+        _show_progress(bar, decode, prefill, handoff)
     for rep in prefill:
         handoff.attach_prefill(rep)
     for rep in decode:
@@ -231,7 +259,11 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
     for rep in decode:
         rep.engine.start()
     env.process(handoff.close_after(loops))
-    env.run()
+    try:
+        env.run()
+    finally:
+        if bar is not None:
+            bar.close()
     stuck = [r.req_id for r in requests if r.status not in (RequestStatus.FINISHED, RequestStatus.REJECTED)]
     if stuck:   # a prefill replica waited for memory that no transfer was going to free
         raise KvsimError("engine", f"deadlock: {len(stuck)} requests never finished (first: {stuck[0]})")
