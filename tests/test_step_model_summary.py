@@ -25,7 +25,8 @@ def _summary(tmp_path=None, **keys) -> dict:
     ({}, A100),   # no executor key: the hardware's shipped calibration, engine terms on
     ({"hardware": {"name": "A100-80GB", "tensor_parallel": 2}}, A100),   # a mapping naming the preset
     ({"executor": {"engine": False}}, {**A100, "engine_terms": False}),
-    ({"executor": {"calibration": "h100-80gb"}}, {**A100, "calibration": "h100-80gb"}),
+    # another GPU's calibration, as asked: named, with the hardware it was made for
+    ({"executor": {"calibration": "h100-80gb"}}, {**A100, "calibration": "h100-80gb", "calibrated_for": "h100-80gb"}),
     ({"executor": {"calibration": "roofline"}}, {**A100, "calibration": "roofline", "engine_terms": False}),
     # a hardware of another name has no shipped calibration: the uncalibrated roofline, said so
     ({"hardware": {**HardwareSpec.from_name("a100-80gb").model_dump(), "name": "my-a100"}},
@@ -38,7 +39,8 @@ def test_the_summary_names_what_priced_the_steps(keys, expected):
 def test_a_calibration_file_is_named_as_the_scenario_gave_it(tmp_path):
     shutil.copy(shipped_calibration("h100-80gb"), tmp_path / "mine.json")
     got = _summary(tmp_path, executor={"calibration": "mine.json"})["step_model"]
-    assert got == {"executor": "cost_model", "calibration": "mine.json", "engine_terms": True}
+    assert got == {"executor": "cost_model", "calibration": "mine.json", "engine_terms": True,
+                   "calibrated_for": "h100-80gb"}   # (the file says it was made for the H100)
 
 
 def test_a_cluster_says_it_per_role_when_its_pools_differ():

@@ -94,7 +94,9 @@ def engine_params_of(doc: dict[str, Any], source: str = "calibration") -> Engine
 
 
 def load_calibration(ref: str, base_dir: Path | None = None) -> tuple[CostParams, dict[str, Any]]:
-    """Read a calibration: a JSON path (relative to ``base_dir``) or a bare shipped hardware name."""
+    """Read a calibration: a JSON path (relative to ``base_dir``) or a bare shipped hardware name. A derived
+    calibration (``derived_from``: a shipped name; see ``derived_document``) reads as its source's
+    document with its own ``hardware``, ``derived_from`` and ``derivation``."""
     path = Path(ref)
     if not path.is_absolute() and base_dir is not None:
         path = base_dir / path
@@ -105,7 +107,7 @@ def load_calibration(ref: str, base_dir: Path | None = None) -> tuple[CostParams
                                                      f"named {ref!r}")
         path = shipped
     try:
-        data = json.loads(path.read_text())
+        data = derived_document(json.loads(path.read_text()), str(path))
         params = CostParams.from_dict(data["params"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise KvsimError(str(path), f"not a kvsim calibration file ({exc})") from exc
@@ -114,6 +116,25 @@ def load_calibration(ref: str, base_dir: Path | None = None) -> tuple[CostParams
     except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
         raise KvsimError(str(path), f"params.gemm_correction: {exc}") from None
     return params, data
+
+
+def derived_document(doc: dict[str, Any], source: str) -> dict[str, Any]:
+    """``doc`` itself, or for a derived calibration (a GPU with no measurements of its own, built on the
+    same chip as a measured one: ``{"hardware": H, "derived_from": S, "derivation": why}``, no params) the
+    shipped calibration S's document with ``doc``'s keys over it. Its fitted parameters price H's steps
+    against H's own peak rates, bandwidth and memory (scripts/derive_calibration.py checks the chip)."""
+    base = doc.get("derived_from")
+    if base is None:
+        return doc
+    if "params" in doc:
+        raise KvsimError(source, "derived_from: a derived calibration has no params of its own")
+    path = shipped_calibration(str(base))
+    if path is None:
+        raise KvsimError(source, f"derived_from: no shipped calibration named {base!r}")
+    src = json.loads(path.read_text())
+    if "derived_from" in src:
+        raise KvsimError(source, f"derived_from: {base!r} is derived itself (one step only)")
+    return {**src, **doc}
 
 
 def default_params(hardware: HardwareSpec) -> CostParams:
@@ -134,9 +155,12 @@ class CostModelExecutor:
     shareable = True   # no state but memos of its own prices: the engines of one scenario may share one
 
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, params: CostParams, block_size: int = 16,
-                 engine: EngineParams | None = None, calibration: str = "custom") -> None:
+                 engine: EngineParams | None = None, calibration: str = "custom", derived_from: str | None = None,
+                 calibrated_for: str | None = None) -> None:
         self.model, self.hardware, self.params = model, hardware, params
         self.calibration = calibration   # where params came from: a shipped name, a file, "roofline", "custom"
+        self.derived_from = derived_from   # a derived calibration's measured source (derived_document)
+        self.calibrated_for = calibrated_for   # the hardware the calibration was made for, where not this one
         tp = hardware.tensor_parallel
         b = model.dtype_bytes
         self._peak, self._bw = hardware.peak_flops, hardware.hbm_bandwidth
@@ -432,7 +456,12 @@ class CostModelExecutor:
 
     def describe(self) -> dict[str, Any]:
         """What prices the steps (a run summary's ``step_model``)."""
-        return {"executor": "cost_model", "calibration": self.calibration, "engine_terms": self.engine is not None}
+        out = {"executor": "cost_model", "calibration": self.calibration, "engine_terms": self.engine is not None}
+        if self.derived_from is not None:
+            out["derived_from"] = self.derived_from
+        if self.calibrated_for is not None:
+            out["calibrated_for"] = self.calibrated_for
+        return out
 
     def execute(self, plan: StepPlan) -> StepResult:
         tokens = seqs = 0
@@ -484,15 +513,19 @@ def make_cost_model_executor(*, model: ModelSpec, hardware: HardwareSpec, config
                              num_gpu_blocks: int = 0, num_cpu_blocks: int = 0, base_dir: Path | None = None,
                              scheduler: Any = None, **_: Any) -> CostModelExecutor:
     """Registry factory: params from ``config.calibration`` (a file or a shipped name); without one, the
-    calibration shipped for the hardware (by its name), else the uncalibrated roofline. ``calibration:
-    roofline`` asks for the uncalibrated roofline explicitly."""
+    calibration shipped for the hardware (by its name; for a GPU without measurements, derived from one on the
+    same chip), else the uncalibrated roofline. ``calibration: roofline`` asks for the uncalibrated roofline
+    explicitly. A calibration made for other hardware is used as given and named in ``describe()``
+    (``calibrated_for``)."""
     ref = getattr(config, "calibration", None)
     if ref is None and shipped_calibration(hardware.name) is not None:
         ref = hardware.name
-    engine = None
+    engine = derived = other = None
     if ref and ref != "roofline":
         params, doc = load_calibration(ref, base_dir)
         engine = engine_params_of(doc, str(ref))
+        derived = doc.get("derived_from")
+        other = doc.get("hardware") if doc.get("hardware") not in (None, hardware.name) else None
     else:
         params = default_params(hardware)
         ref = "roofline"
@@ -505,4 +538,4 @@ def make_cost_model_executor(*, model: ModelSpec, hardware: HardwareSpec, config
         elif scheduler is not None:
             engine.graph_max_tokens = min(engine.graph_max_tokens, graph_max_tokens_for(scheduler.max_num_seqs))
     return CostModelExecutor(model, hardware, params, block_size=getattr(kv, "block_size", 16), engine=engine,
-                             calibration=str(ref))
+                             calibration=str(ref), derived_from=derived, calibrated_for=other)

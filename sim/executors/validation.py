@@ -78,7 +78,9 @@ def calibrate_from_base(base_ref: str, paths: list[str | Path]) -> dict[str, Any
     params.gemm_correction = {**gc, "local": {**gc.get("local", {}), **local}}
     rows = df[df.operator.isin(LINEAR_OPS)]
     train = score(rows, hw, params)
-    doc = {k: v for k, v in base.items() if k not in ("params", "train_mape", "rows", "fitted_on", "base")}
+    # (a derived base is read as its source: the new file holds params of its own, so it is derived no more)
+    drop = ("params", "train_mape", "rows", "fitted_on", "base", "derived_from", "derivation")
+    doc = {k: v for k, v in base.items() if k not in drop}
     return {**doc, "params": params.to_dict(), "base": base_ref,
             "fitted_on": list(base.get("fitted_on", [])) + [Path(p).name for p in paths], "rows": int(len(rows)),
             "train_mape": {k: round(v, 5) for k, v in train.items()}}
