@@ -525,7 +525,8 @@ def make_cost_model_executor(*, model: ModelSpec, hardware: HardwareSpec, config
         params, doc = load_calibration(ref, base_dir)
         engine = engine_params_of(doc, str(ref))
         derived = doc.get("derived_from")
-        other = doc.get("hardware") if doc.get("hardware") not in (None, hardware.name) else None
+        made_for = doc.get("hardware")
+        other = made_for if made_for not in (None, hardware.name) else None
     else:
         params = default_params(hardware)
         ref = "roofline"
