@@ -104,8 +104,18 @@ def _imbalance(counts: list[int]) -> float:
     return max(counts) / mean if mean else math.nan
 
 
-def replicas_frame(reps: list[Replica], steps: pd.DataFrame, bounds: list[int], makespan: float) -> pd.DataFrame:
-    """One row per replica; replica i's steps are rows ``bounds[i]:bounds[i + 1]`` of ``steps``."""
+def replicas_frame(reps: list[Replica], steps: pd.DataFrame, bounds: list[int], makespan: float,
+                   reqs: pd.DataFrame, handoff: Handoff | None = None) -> pd.DataFrame:
+    """One row per replica; replica i's steps are rows ``bounds[i]:bounds[i + 1]`` of ``steps``. ``finished``:
+    the requests that finished there (``reqs``' ``replica``: a prefill replica's are those of one output
+    token), ``handed_off``: the prompts a prefill replica passed to the decode pool (0 elsewhere); each
+    request is finished or rejected on exactly one replica."""
+    finished = reqs.loc[reqs["status"] == "FINISHED", "replica"].value_counts()
+    handed: dict[int, int] = {}
+    if handoff is not None:
+        for rid, src in handoff.prefill_of.items():
+            if handoff.output_len[rid] > 1:
+                handed[src] = handed.get(src, 0) + 1
     rows = []
     for rep, lo, hi in zip(reps, bounds, bounds[1:]):
         st = steps.iloc[lo:hi]
@@ -115,7 +125,8 @@ def replicas_frame(reps: list[Replica], steps: pd.DataFrame, bounds: list[int], 
         rows.append({
             "replica": rep.replica_id, "role": rep.role, "hardware": hw.name, "tensor_parallel": hw.tensor_parallel,
             "num_gpu_blocks": rep.num_gpu_blocks, "requests": rep.submitted,
-            "finished": len(rep.scheduler.finished), "rejected": len(rep.scheduler.rejected),
+            "finished": int(finished.get(rep.replica_id, 0)), "handed_off": handed.get(rep.replica_id, 0),
+            "rejected": len(rep.scheduler.rejected),
             "busy_s": busy, "busy_fraction": busy / makespan if makespan else 0.0,
             "kv_usage_mean": float((st["kv_usage"] * w).sum() / busy) if busy else 0.0,
             "kv_usage_max": float(st["kv_usage"].max()) if len(st) else 0.0,
@@ -156,7 +167,7 @@ def cluster_result(scn, workload, reps: list[Replica], served: dict[int, int], h
         reqs["prefill_replica"] = pre
         reqs["transfer_s"] = 0.0
     summary["step_model"] = _step_models(reps)
-    table = replicas_frame(reps, steps, bounds, summary["makespan_s"])
+    table = replicas_frame(reps, steps, bounds, summary["makespan_s"], reqs, handoff)
     if len(reps) > 1:
         summary["cluster"] = _cluster_block(scn, reps, reqs, handoff, link)
     return ClusterResult(scn, summary, reqs, steps, dict(workload.stats), timeline, replicas=table)

@@ -178,9 +178,20 @@ def _run_colocated(scn: Scenario, workload: Workload, check: bool, lag: float, f
         for rep in pool:
             rep.engine.start()
         env.run()
+        _check_released(pool)
     res = cluster_result(scn, workload, pool, served, None, None, fe_out, fe_token, time.perf_counter() - t0)
     res.profile["compiled_core"] = core
     return res
+
+
+def _check_released(pool: list[Replica]) -> None:
+    """Every request has ended: each replica's KV blocks are all free again (cached ones count as free)."""
+    for rep in pool:
+        manager = rep.manager
+        held = manager.num_blocks - manager.num_free_blocks()
+        if held:
+            raise KvsimError("engine", f"replica {rep.replica_id} ({rep.role}) still holds {held} KV blocks "
+                             "after every request ended (a leak)")
 
 
 def _check_disaggregated(scn: Scenario, pools: list[Scenario], requests: list[Request]) -> None:
@@ -267,5 +278,6 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
     stuck = [r.req_id for r in requests if r.status not in (RequestStatus.FINISHED, RequestStatus.REJECTED)]
     if stuck:   # a prefill replica waited for memory that no transfer was going to free
         raise KvsimError("engine", f"deadlock: {len(stuck)} requests never finished (first: {stuck[0]})")
+    _check_released(prefill + decode)
     return cluster_result(scn, workload, prefill + decode, served, handoff, link, fe_out, fe_token,
                           time.perf_counter() - t0)

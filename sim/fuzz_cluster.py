@@ -1,0 +1,260 @@
+"""The cluster fuzzer: random small clusters, run with every invariant checked, then checks across replicas.
+
+    draw_cluster_scenario(rng)  -> dict        a random, valid cluster scenario (tiny caches, few requests):
+                                               colocated replicas behind any router, or prefill and decode
+                                               pools (pull or push, any link, pools with their own caches
+                                               and limits)
+    run_cluster_case(data)      -> CaseResult  run it three ways and check the outcome
+    fuzz_clusters(seed, count)  -> FuzzReport  many cases; failures keep the scenario, to replay with ``kvsim run``
+
+Each case runs as drawn (integrity checked after every step), again with decode runs off
+(``scheduler.multi_step: false``) and, colocated, again in the SimPy loop instead of the compiled core
+(``sim.engine_core.enabled``): the three must give the same requests and steps, bit for bit.
+
+End-of-run checks (``check_cluster_outcome``), computed from the run's tables:
+- every request is FINISHED, or REJECTED with a reason; finished + rejected = requests, in the summary too;
+- per finished request: arrival <= first scheduled <= first token <= finish, and every output token made;
+- its replicas: colocated, ``prefill_replica`` = ``replica``, one of the pool; disaggregated, a request of
+  more than one output token ran its prompt on a prefill replica and finished on a decode replica, after
+  a transfer of at least its KV over the link's bandwidth plus its latency; one of a single output token
+  finished where its prompt ran and sent nothing;
+- the bytes sent equal the prompt KV of the requests handed to the decode pool;
+- per replica, steps do not overlap, last a positive time and their memory slots add up to the
+  replica's capacity; the requests each replica finished equal those the requests table places there;
+- without preemptions, swaps, prefix hits or rejections after a prefill, the tokens computed over every
+  replica's steps equal, per finished request, prompt + output - 1.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import pandas as pd
+
+from sim.cluster.config import LINK_PRESETS, ClusterConfig, KVTransferConfig, RouterConfig
+from sim.fuzz import (
+    CaseResult,
+    FuzzReport,
+    _combination_problem,
+    _has_beams,
+    draw_scenario,
+    draw_workload,
+    literal_choices,
+)
+
+COLOCATED_P = 0.5   # share of colocated cases (the rest: prefill/decode pools)
+EPS = 1e-9
+
+
+def _valid(data: dict) -> dict:
+    """``data`` with every setting the schema refuses dropped back to its default (the cluster fuzzer
+    draws only accepted scenarios: the single-engine fuzzer covers refusals)."""
+    problem = _combination_problem(data)
+    while problem is not None:
+        section, key = problem[0].split(".")
+        data[section].pop(key, None)
+        problem = _combination_problem(data)
+    return data
+
+
+def _cache_tokens(data: dict) -> int:
+    kv = data["kv_cache"]
+    return kv["num_gpu_blocks"] * kv["block_size"] if "num_gpu_blocks" in kv else 64 * kv["block_size"]
+
+
+def _pool(rng: random.Random, data: dict, role: str) -> dict:
+    """One pool: 1-2 prefill or 1-3 decode replicas, sometimes with a cache or limits of its own."""
+    pool: dict[str, Any] = {"replicas": rng.randint(1, 2 if role == "prefill" else 3)}
+    kv = data["kv_cache"]
+    if "num_gpu_blocks" in kv and rng.random() < 0.4:
+        pool["kv_cache"] = {"num_gpu_blocks": rng.randint(1, 48)}
+    if rng.random() < 0.4:
+        sched: dict[str, Any] = {"max_num_seqs": rng.choice([1, 2, 4, 256])}
+        if rng.random() < 0.5:
+            sched["max_num_batched_tokens"] = rng.choice([8, 64, 2048])
+        pool["scheduler"] = sched
+    return pool
+
+
+def draw_cluster_scenario(rng: random.Random, index: int = 0) -> dict:
+    """One random cluster scenario (as the dict a YAML file would hold), always one the schema accepts."""
+    data = _valid(draw_scenario(rng, index))
+    data["name"] = f"fuzz-cluster-{index}"
+    router: dict[str, Any] = {"policy": rng.choice(literal_choices(RouterConfig, "policy"))}
+    if rng.random() < 0.2:
+        router["overhead_s"] = rng.choice([0.0001, 0.01])
+    if router["policy"] == "prefix_affinity" and rng.random() < 0.5:
+        router["load_slack"] = rng.choice([0, 1, 8])
+    if rng.random() < COLOCATED_P:
+        data["cluster"] = {"replicas": rng.randint(1, 4), "router": router}
+        return data
+    # prefill/decode pools: paged blocks, continuous batching, one sequence a request
+    data["kv_cache"]["allocator"] = "paged"
+    data["scheduler"]["batching"] = "continuous"
+    data = _valid(data)
+    data["workload"] = draw_workload(rng, _cache_tokens(data), multi_seq=False)
+    if rng.random() < 0.5:
+        link: Any = rng.choice(list(LINK_PRESETS))
+    else:
+        link = {"bandwidth_gb_s": rng.choice([0.1, 1.0, 100.0]), "latency_s": rng.choice([0.0, 1e-5, 0.05])}
+    data["cluster"] = {"prefill": _pool(rng, data, "prefill"), "decode": _pool(rng, data, "decode"),
+                       "kv_transfer": {"link": link, "mode": rng.choice(literal_choices(KVTransferConfig, "mode"))},
+                       "router": router}
+    return data
+
+
+# ---------------------------------------------------------------- checking
+
+
+def check_cluster_outcome(result, scn, beams: bool = False) -> list[str]:
+    """Conservation checks on a finished cluster run's tables; returns the problems found (empty: all good).
+    ``beams``: some request searches beams (its token count depends on the draws: that check is skipped)."""
+    bad: list[str] = []
+    reqs: pd.DataFrame = result.requests
+    steps: pd.DataFrame = result.steps
+    summary: dict = result.summary
+    status = reqs["status"]
+    if not status.isin(["FINISHED", "REJECTED"]).all():
+        bad.append(f"requests neither finished nor rejected: {reqs.loc[~status.isin(['FINISHED', 'REJECTED']), 'req_id'].tolist()[:10]}")
+    rej = reqs[status == "REJECTED"]
+    if (rej["reject_reason"].fillna("") == "").any():
+        bad.append("a request rejected without a reason")
+    if summary["num_finished"] + summary["num_rejected"] != len(reqs):
+        bad.append("num_finished + num_rejected != num_requests")
+    if summary["num_finished"] != int((status == "FINISHED").sum()):
+        bad.append("the summary's num_finished differs from the requests table")
+    done = reqs[status == "FINISHED"]
+    for a, b in (("arrival_s", "first_scheduled_s"), ("first_scheduled_s", "first_token_s"), ("first_token_s", "finish_s")):
+        wrong = done[~(done[b] >= done[a] - EPS)]
+        if len(wrong):
+            bad.append(f"{b} < {a} (or missing) for requests {wrong['req_id'].tolist()[:10]}")
+    if "generated_tokens" in done.columns and not (done["generated_tokens"] == done["output_tokens"]).all():
+        bad.append("generated tokens differ from the output length")
+    bad += _check_placement(reqs, done, scn, summary)
+    bad += _check_steps(steps, result.replicas, done, reqs, beams)
+    return bad
+
+
+def _check_placement(reqs: pd.DataFrame, done: pd.DataFrame, scn, summary: dict) -> list[str]:
+    """Where each finished request ran, its transfer, and the bytes sent."""
+    bad: list[str] = []
+    cfg: ClusterConfig = scn.cluster
+    if cfg.num_replicas == 1:
+        return bad   # the single engine's tables (no replica columns)
+    if not cfg.disaggregated:
+        if not (done["prefill_replica"] == done["replica"]).all():
+            bad.append("a colocated request's prefill replica differs from its replica")
+        if not done["replica"].between(0, cfg.num_replicas - 1).all():
+            bad.append("a request on a replica outside the pool")
+        return bad
+    n_p = cfg.prefill.replicas
+    many = done[done["output_tokens"] > 1]
+    one = done[done["output_tokens"] == 1]
+    if not (many["prefill_replica"].between(0, n_p - 1).all() and many["replica"].between(n_p, cfg.num_replicas - 1).all()):
+        bad.append("a request of several output tokens did not go from a prefill replica to a decode replica")
+    if not ((one["replica"] == one["prefill_replica"]).all() and one["transfer_s"].isna().all()):
+        bad.append("a request of one output token left its prefill replica or sent its KV")
+    bw, lat = cfg.link.bandwidth_latency()
+    per_token = scn.model_spec.kv_bytes_per_token()
+    least = many["prompt_tokens"] * per_token / bw + lat
+    if not (many["transfer_s"] >= least * (1 - 1e-9) - EPS).all():
+        bad.append("a transfer faster than the link's bandwidth and latency allow")
+    sent = reqs[reqs["transfer_s"].notna()]
+    expect = int(sent["prompt_tokens"].sum()) * per_token
+    got = summary["cluster"]["transferred_kv_bytes"]
+    if got != expect:
+        bad.append(f"bytes sent {got} != the prompt KV of the requests handed over {expect}")
+    return bad
+
+
+def _check_steps(steps: pd.DataFrame, replicas: pd.DataFrame | None, done: pd.DataFrame, reqs: pd.DataFrame,
+                 beams: bool) -> list[str]:
+    """Each replica's steps: in time order, positive, memory slots adding up; finishes where the table says."""
+    bad: list[str] = []
+    if not len(steps):
+        return ["requests finished without any step"] if len(done) else []
+    by = steps.groupby("replica") if "replica" in steps.columns else [(0, steps)]
+    slots_cols = ["slots_token_states", "slots_reserved", "slots_internal_frag", "slots_external_frag", "slots_free"]
+    for rid, rows in by:
+        start, end = rows["start_s"].to_numpy(), rows["end_s"].to_numpy()
+        if (rows["duration_s"] <= 0).any():
+            bad.append(f"replica {rid}: a step with a non-positive duration")
+        if (start[1:] < end[:-1] - EPS).any():
+            bad.append(f"replica {rid}: steps overlap or go back in time")
+        slots = rows[slots_cols].sum(axis=1)
+        if slots.nunique() != 1:
+            bad.append(f"replica {rid}: memory slots do not add up to one capacity in every step")
+    if replicas is not None:
+        ends = int(replicas["finished"].sum() + replicas["rejected"].sum())
+        if ends != len(reqs):
+            bad.append(f"replicas.csv: finished + rejected over the replicas {ends} != {len(reqs)} requests")
+        handed = int(replicas["handed_off"].sum())
+        sent = int(reqs["transfer_s"].notna().sum()) if "prefill" in set(replicas["role"]) else 0
+        if handed != sent:
+            bad.append(f"replicas.csv: {handed} prompts handed off, {sent} KV transfers")
+    plain = (not beams and int(reqs["num_preemptions"].sum()) == 0 and (reqs["num_cached_tokens"] == 0).all()
+             and not (reqs["status"].eq("REJECTED") & reqs["first_token_s"].notna()).any())
+    if plain:   # the prompt once, then each of the n sequences computes every output token but the last
+        computed = int(steps["num_prefill_tokens"].sum() + steps["num_decode_tokens"].sum())
+        expect = int((done["prompt_tokens"] + done["n"] * (done["output_tokens"] - 1)).sum())
+        if computed != expect:
+            bad.append(f"tokens computed over every replica's steps {computed} != sum of prompt + n x (output - 1) "
+                       f"= {expect}")
+    return bad
+
+
+# ---------------------------------------------------------------- running
+
+
+def _same(a, b, what: str) -> list[str]:
+    bad = []
+    for name, x, y in (("requests", a.requests, b.requests), ("steps", a.steps, b.steps)):
+        if not x.equals(y):
+            bad.append(f"{what}: the {name} table differs")
+    return bad
+
+
+def run_cluster_case(data: dict, index: int = 0) -> CaseResult:
+    """Validate and run one cluster scenario dict (integrity checks on) as drawn, with decode runs off and,
+    colocated, in the SimPy loop; check the outcome and that the three agree."""
+    import sim.engine_core as engine_core
+    from sim.errors import KvsimError
+    from sim.runner import run_scenario
+    from sim.scenario import scenario_from_dict
+
+    t0 = time.perf_counter()
+    try:
+        scn = scenario_from_dict(data, source=f"<fuzz cluster {index}>")
+        result = run_scenario(scn, check_integrity=True)
+        single = dict(data, scheduler={**data.get("scheduler", {}), "multi_step": False})
+        problems = _same(result, run_scenario(scenario_from_dict(single), check_integrity=True), "without decode runs")
+        if not scn.cluster.disaggregated:
+            engine_core.enabled = False
+            try:
+                problems += _same(result, run_scenario(scn, check_integrity=True), "in the SimPy loop")
+            finally:
+                engine_core.enabled = True
+    except KvsimError as e:
+        return CaseResult(index, data, "failed", f"KvsimError: {e}", time.perf_counter() - t0)
+    except Exception as e:  # noqa: BLE001 - the fuzzer reports every crash with its scenario
+        return CaseResult(index, data, "failed", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}",
+                          time.perf_counter() - t0)
+    problems += check_cluster_outcome(result, scn, beams=_has_beams(data))
+    return CaseResult(index, data, "failed" if problems else "ok", "; ".join(problems), time.perf_counter() - t0,
+                      int(result.summary["num_steps"]))
+
+
+def fuzz_clusters(seed: int, count: int, on_case: Callable[[CaseResult], None] | None = None,
+                  start: int = 0) -> FuzzReport:
+    """Run ``count`` random cluster scenarios drawn from ``seed`` (case i is reproducible from (seed, i))."""
+    report = FuzzReport()
+    for i in range(start, start + count):
+        case = run_cluster_case(draw_cluster_scenario(random.Random(f"cluster:{seed}:{i}"), i), i)
+        report.cases.append(case)
+        if on_case is not None:
+            on_case(case)
+    return report
