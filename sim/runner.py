@@ -24,7 +24,7 @@ from sim.scenario import Scenario
 from sim.sched import make_scheduler
 from sim.sched.records import PHASE_NAMES, TokenGaps, Transitions, intervals_frame, transition_intervals
 from sim.small_pages import small_pages
-from sim.specs import GiB, kv_capacity_blocks
+from sim.specs import GiB, group_kv_bytes_per_block, kv_capacity_blocks
 from sim.workload import build_workload
 
 
@@ -57,7 +57,7 @@ def gpu_blocks(scn: Scenario) -> int:
 def cpu_blocks(scn: Scenario) -> int:
     """Swap blocks: ``swap_space_gb`` is per GPU (as in vLLM), so a tensor-parallel group of t GPUs has
     t times the swap space; a block holds the K and V of all heads, split over the t GPUs."""
-    block_bytes = scn.model_spec.kv_bytes_per_block(scn.kv_cache.block_size)
+    block_bytes = group_kv_bytes_per_block(scn.model_spec, scn.hardware_spec, scn.kv_cache.block_size)
     total = scn.kv_cache.swap_space_gb * GiB * scn.hardware_spec.tensor_parallel
     return int(total // block_bytes)
 
@@ -144,7 +144,7 @@ def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, pro
     workload = build_workload(scn.workload, base_dir=scn.base_dir, seed=scn.seed, source=scn.source)
     _check_sequences_supported(scn, workload.requests)
     manager, scheduler, executor, recorder = build_parts(scn, num_gpu, num_cpu)
-    block_bytes = model.kv_bytes_per_block(scn.kv_cache.block_size)
+    block_bytes = group_kv_bytes_per_block(model, scn.hardware_spec, scn.kv_cache.block_size)
     check = _integrity_default() if check_integrity is None else check_integrity
     bar = ProgressBar(len(workload.requests), progress_after_s) if progress else None
     fe_in, fe_out, fe_token = scn.frontend.latencies()

@@ -317,7 +317,7 @@ def scenario_from_dict(
         path = tuple(key.split("."))
         line = next(((lines or {}).get(path[:n]) for n in range(len(path), 0, -1) if (lines or {}).get(path[:n])),
                     None)
-        via = " (from --set)" if path in overridden else ""
+        via = " (from --set)" if any(path[:n] in overridden for n in range(1, len(path) + 1)) else ""
         raise KvsimError(f"{source}:{line}" if line and not via else source, f"{key}: {what}{via}")
     scn._base_dir = Path(base_dir)
     scn._source = source
@@ -340,6 +340,25 @@ def unsupported_combination(scn: Scenario) -> tuple[str, str] | None:
     if kv.prefix_caching and kv.allocator != "paged":
         return "kv_cache.prefix_caching", f"needs kv_cache.allocator: paged (the {kv.allocator} allocator " \
                                           "reserves one region per request and shares nothing)"
+    return _tensor_parallel_problem(scn)
+
+
+def _tensor_parallel_problem(scn: Scenario) -> tuple[str, str] | None:
+    """(key, why) where a tensor-parallel degree, the scenario's or a pool's, cannot shard the model."""
+    model = scn.model_spec
+    why = model.tensor_parallel_problem(scn.hardware_spec.tensor_parallel)
+    if why:
+        return "hardware.tensor_parallel", why
+    cluster = scn.cluster
+    for role in ("prefill", "decode"):
+        pool = getattr(cluster, role) if cluster is not None else None
+        if pool is None:
+            continue
+        hw = pool.hardware if pool.hardware is not None else scn.hardware
+        tp = pool.tensor_parallel or (HardwareSpec.from_name(hw) if isinstance(hw, str) else hw).tensor_parallel
+        why = model.tensor_parallel_problem(tp)
+        if why:
+            return f"cluster.{role}.tensor_parallel", why
     return None
 
 

@@ -75,6 +75,25 @@ class ModelSpec(BaseModel):
     def kv_bytes_per_block(self, block_size: int, dtype: str | None = None) -> int:
         return block_size * self.kv_bytes_per_token(dtype)
 
+    def tensor_parallel_problem(self, tp: int) -> str | None:
+        """Why ``tp`` GPUs cannot shard this model the way vLLM does (None: they can). vLLM splits the
+        attention heads and the MLP's intermediate size evenly, and the KV heads evenly too, or, with more
+        GPUs than KV heads, gives each GPU a copy of one (``tp`` a multiple of them)."""
+        if self.num_heads % tp:
+            return f"{tp} does not divide {self.name}'s {self.num_heads} attention heads (vLLM shards them evenly)"
+        kv = self.num_kv_heads
+        if (kv % tp if tp <= kv else tp % kv):
+            return (f"{tp} GPUs cannot share {self.name}'s {kv} KV heads: vLLM splits them evenly, or with more "
+                    f"GPUs than KV heads copies one to each, so the GPU count must divide {kv} or be a multiple of it")
+        if self.intermediate_size % tp:
+            return f"{tp} does not divide {self.name}'s MLP intermediate size {self.intermediate_size}"
+        return None
+
+    def kv_replicas(self, tp: int) -> int:
+        """How many GPUs of a ``tp`` group hold each KV head: 1, or tp / KV heads when there are more GPUs
+        than KV heads (each holds a copy of one), which multiplies the group's KV bytes per token."""
+        return tp // self.num_kv_heads if tp > self.num_kv_heads else 1
+
     @property
     def q_size(self) -> int:
         return self.num_heads * self.head_dim
@@ -170,6 +189,12 @@ def check_preset(value, spec: type[ModelSpec] | type[HardwareSpec]):
     return value
 
 
+def group_kv_bytes_per_block(model: ModelSpec, hardware: HardwareSpec, block_size: int) -> int:
+    """The bytes one KV block takes over a tensor-parallel group: the model's, times the copies of each KV
+    head when the group has more GPUs than KV heads (``ModelSpec.kv_replicas``)."""
+    return model.kv_bytes_per_block(block_size) * model.kv_replicas(hardware.tensor_parallel)
+
+
 def kv_capacity_blocks(
     model: ModelSpec,
     hardware: HardwareSpec,
@@ -177,7 +202,7 @@ def kv_capacity_blocks(
     gpu_memory_utilization: float = 0.9,
     activation_reserve_bytes: int | None = None,
 ) -> int:
-    """Blocks that fit: (HBM x utilization x TP - weights - activation reserve) / block bytes.
+    """Blocks that fit: (HBM x utilization x TP - weights - activation reserve) / (block bytes x KV replicas).
 
     The activation reserve defaults to 5% of the usable HBM (vLLM profiles a dummy forward pass
     instead; its peak for a 13B model at 2k batched tokens is a few percent of an 80 GB card).
@@ -191,7 +216,7 @@ def kv_capacity_blocks(
             f"model weights ({model.weight_bytes() / GiB:.1f} GiB) do not fit in "
             f"{hardware.tensor_parallel} x {hardware.name} at gpu_memory_utilization={gpu_memory_utilization}"
         )
-    return math.floor(free / model.kv_bytes_per_block(block_size))
+    return math.floor(free / group_kv_bytes_per_block(model, hardware, block_size))
 
 
 def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, inter: int, vocab: int, max_len: int,

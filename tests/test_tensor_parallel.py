@@ -96,3 +96,39 @@ def test_set_hardware_name_switches_presets_or_renames():
     pool = load_scenario(SCENARIOS / "cluster_disaggregated.yaml",
                          ["cluster.prefill.hardware=h100-80gb", "cluster.prefill.hardware.tensor_parallel=2"])
     assert pool.cluster.prefill.hardware == h100.model_copy(update={"tensor_parallel": 2})
+
+
+@pytest.mark.parametrize("sets, key, fragment", [
+    (["hardware.tensor_parallel=3"], "hardware.tensor_parallel", "3 does not divide llama-2-13b's 40 attention heads"),
+    # Phi-4: 40 attention heads but 10 KV heads; 4 GPUs neither split 10 nor take a copy each
+    (["model=phi-4", "hardware.tensor_parallel=4"], "hardware.tensor_parallel",
+     "4 GPUs cannot share phi-4's 10 KV heads"),
+    (["cluster={prefill: {replicas: 1}, decode: {replicas: 1, tensor_parallel: 3}}"], "cluster.decode.tensor_parallel",
+     "3 does not divide llama-2-13b's 40 attention heads"),
+])
+def test_a_tensor_parallel_degree_that_cannot_shard_the_model_is_refused(sets, key, fragment):
+    with pytest.raises(KvsimError) as e:
+        load_scenario(SCENARIOS / "quickstart.yaml", sets)
+    assert e.value.one_line().startswith(f"error: {SCENARIOS / 'quickstart.yaml'}: {key}: {fragment}")
+    assert e.value.one_line().endswith("(from --set)")
+
+
+def test_more_gpus_than_kv_heads_hold_a_copy_each():
+    """Qwen2.5-1.5B has 2 KV heads: at TP 4 each GPU holds one of them, so a token's KV takes twice the
+    model's bytes over the group (vLLM replicates KV heads when there are more GPUs than heads)."""
+    sets = ["model=qwen2.5-1.5b", "workload.limit=20"]
+    per_token = 2 * 28 * 2 * 128 * 2            # K and V, 28 layers, 2 KV heads of 128, fp16: 28,672 bytes
+    for tp, copies in ((1, 1), (2, 1), (4, 2)):
+        scn = load_scenario(SCENARIOS / "quickstart.yaml", [*sets, f"hardware.tensor_parallel={tp}"])
+        usable = 80 * 2**30 * 0.9 * tp
+        weights = scn.model_spec.weight_bytes()
+        assert gpu_blocks(scn) == int((0.95 * usable - weights) // (16 * per_token * copies))
+        assert cpu_blocks(scn) == (4 * 2**30 * tp) // (16 * per_token * copies)
+    # each GPU's share of a swapped block: one KV head of the two, 16 tokens, every layer
+    from sim.runner import build_parts
+
+    scn = load_scenario(SCENARIOS / "quickstart.yaml", [*sets, "hardware.tensor_parallel=4"])
+    exe = build_parts(scn, 100, 10)[2]
+    share = 16 * 2 * 28 * 1 * 128 * 2
+    assert exe._swap_s_per_block - exe.params.swap_block_latency_s == pytest.approx(
+        share / scn.hardware_spec.host_link_bandwidth, rel=1e-12)

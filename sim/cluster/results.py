@@ -31,6 +31,7 @@ from sim.executors.base import step_model
 from sim.metrics import requests_frame, step_dtype, summarize
 from sim.runner import Result
 from sim.sched.records import TokenGaps
+from sim.specs import group_kv_bytes_per_block
 
 SLOT_COLS = ["slots_token_states", "slots_reserved", "slots_internal_frag", "slots_external_frag", "slots_free"]
 
@@ -71,7 +72,7 @@ def _step_table(reps: list[Replica]) -> tuple[pd.DataFrame, list[int]]:
     for rep, rec, at, has in zip(reps, recs, bounds, own):
         rows = slice(at, at + rec.num_steps)
         rec.read_steps(cols, at, release=True)
-        bpb = rep.scn.model_spec.kv_bytes_per_block(rep.block_size)
+        bpb = group_kv_bytes_per_block(rep.scn.model_spec, rep.scn.hardware_spec, rep.block_size)
         np.multiply(cols["kv_blocks_used"][rows], bpb, out=cols["kv_bytes_used"][rows])
         for name in set(names).difference(has):
             cols[name][rows] = np.nan
@@ -152,7 +153,8 @@ def cluster_result(scn, workload, reps: list[Replica], served: dict[int, int], h
                             prefix_cache_hit_rate=hit)
         summary["num_gpu_blocks"] = rep.num_gpu_blocks
         if hasattr(manager, "sharing_summary"):
-            summary.update(manager.sharing_summary(scn.model_spec.kv_bytes_per_block(rep.block_size)))
+            summary.update(manager.sharing_summary(group_kv_bytes_per_block(scn.model_spec, scn.hardware_spec,
+                                                                            rep.block_size)))
         timeline = sched.timeline_frame() if hasattr(sched, "timeline_frame") else None
     else:
         summary, timeline = _merged_summary(scn, reqs, reps, steps, bounds, handoff, wall_time_s)
@@ -189,7 +191,7 @@ def _merged_summary(scn, reqs, reps, steps: pd.DataFrame, bounds: list[int], han
     summary = summarize(reqs, share, merged, capacity_slots=1, wall_time_s=wall_time_s,
                         prefix_cache_hit_rate=_hit_rate(serving))
     summary["num_gpu_blocks"] = int(sum(r.num_gpu_blocks for r in reps))
-    parts = [r.manager.sharing_summary(scn.model_spec.kv_bytes_per_block(r.block_size))
+    parts = [r.manager.sharing_summary(group_kv_bytes_per_block(r.scn.model_spec, r.scn.hardware_spec, r.block_size))
              for r in reps if hasattr(r.manager, "sharing_summary")]
     if parts:
         for k in parts[0]:

@@ -195,7 +195,7 @@ class CostModelExecutor:
         self._elem_fixed = ELEMENTWISE_KERNELS * params.elementwise_latency_s
         self._act_bytes = b * model.hidden_size
         # block movement
-        block_bytes = model.kv_bytes_per_block(block_size) / tp
+        block_bytes = model.kv_bytes_per_block(block_size) * model.kv_replicas(tp) / tp   # one GPU's share
         self._swap_s_per_block = block_bytes / hardware.host_link_bandwidth + params.swap_block_latency_s
         self._copy_s_per_block = 2.0 * block_bytes / self._bw
         self._overhead = max(params.step_overhead_s, 1e-9)
