@@ -2,8 +2,8 @@
 
     draw_cluster_scenario(rng)  -> dict        a random, valid cluster scenario (tiny caches, few requests):
                                                colocated replicas behind any router, or prefill and decode
-                                               pools (pull or push, any link, pools with their own caches
-                                               and limits)
+                                               pools (pull or push, any link, pools with hardware, a
+                                               tensor-parallel degree, a cache and limits of their own)
     run_cluster_case(data)      -> CaseResult  run it three ways and check the outcome
     fuzz_clusters(seed, count)  -> FuzzReport  many cases; failures keep the scenario, to replay with ``kvsim run``
 
@@ -37,6 +37,7 @@ import pandas as pd
 
 from sim.cluster.config import LINK_PRESETS, ClusterConfig, KVTransferConfig, RouterConfig
 from sim.fuzz import (
+    HARDWARE,
     CaseResult,
     FuzzReport,
     _combination_problem,
@@ -45,6 +46,7 @@ from sim.fuzz import (
     draw_workload,
     literal_choices,
 )
+from sim.specs import ModelSpec
 
 COLOCATED_P = 0.5   # share of colocated cases (the rest: prefill/decode pools)
 EPS = 1e-9
@@ -67,8 +69,14 @@ def _cache_tokens(data: dict) -> int:
 
 
 def _pool(rng: random.Random, data: dict, role: str) -> dict:
-    """One pool: 1-2 prefill or 1-3 decode replicas, sometimes with a cache or limits of its own."""
+    """One pool: 1-2 prefill or 1-3 decode replicas, sometimes with hardware, a tensor-parallel degree, a cache
+    or limits of its own."""
     pool: dict[str, Any] = {"replicas": rng.randint(1, 2 if role == "prefill" else 3)}
+    if rng.random() < 0.25 and "num_gpu_blocks" in data["kv_cache"]:   # hardware of its own (a cache sized
+        pool["hardware"] = rng.choice(HARDWARE)                          # from HBM might not fit it)
+    if rng.random() < 0.2:
+        model = ModelSpec.from_name(data["model"])
+        pool["tensor_parallel"] = rng.choice([tp for tp in (1, 2, 4) if model.tensor_parallel_problem(tp) is None])
     kv = data["kv_cache"]
     if "num_gpu_blocks" in kv and rng.random() < 0.4:
         pool["kv_cache"] = {"num_gpu_blocks": rng.randint(1, 48)}
