@@ -166,6 +166,9 @@ def _check_placement(reqs: pd.DataFrame, done: pd.DataFrame, scn, summary: dict)
         bad.append("a request of several output tokens did not go from a prefill replica to a decode replica")
     if not ((one["replica"] == one["prefill_replica"]).all() and one["transfer_s"].isna().all()):
         bad.append("a request of one output token left its prefill replica or sent its KV")
+    waits = many["kv_wait_s"]
+    if not (waits >= 0).all() or (cfg.link.mode == "push" and not (waits == 0).all()):
+        bad.append("a KV wait below zero, or one where the KV is pushed")
     bw, lat = cfg.link.bandwidth_latency()
     per_token = scn.model_spec.kv_bytes_per_token()
     least = many["prompt_tokens"] * per_token / bw + lat

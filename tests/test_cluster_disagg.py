@@ -182,3 +182,26 @@ def test_small_random_pools_always_finish(mode: str) -> None:
         res = run_scenario(scenario_from_dict(data), check_integrity=True)
         assert set(res.requests["status"]) <= {"FINISHED", "REJECTED"}, i
         assert (res.requests["status"] == "FINISHED").sum() == res.summary["num_finished"], i
+
+
+def test_kv_wait_is_the_time_from_a_prefills_end_to_its_transfer() -> None:
+    """The scenario above: pulled, B's KV waits from the end of its prefill (its first token) until A has
+    finished decoding and frees the one seat; C's until B has (or none, if its prefill ends later); A's not
+    at all. Pushed, nothing waits. The timeline shows the wait as its own phase."""
+    reqs = [(0.0, 160, 60), (0.0, 160, 4), (0.0, 160, 4)]
+    fast = {"bandwidth_gb_s": 1000.0, "latency_s": 0.0}
+    runs = {mode: run_scenario(scenario_from_dict(_pd(reqs, {"replicas": 1, "kv_cache": {"num_gpu_blocks": 11}},
+                                                      {"replicas": 1, "scheduler": {"max_num_seqs": 1}},
+                                                      link=fast, mode=mode)))
+            for mode in ("pull", "push")}
+    pull = runs["pull"].requests.set_index("req_id")
+    expect = [0.0, pull.loc[0, "finish_s"] - pull.loc[1, "first_token_s"],
+              max(0.0, pull.loc[1, "finish_s"] - pull.loc[2, "first_token_s"])]
+    np.testing.assert_allclose(pull["kv_wait_s"].to_numpy(), expect, rtol=1e-12, atol=1e-15)
+    assert expect[1] > 0.0                                       # A decodes 59 more tokens meanwhile
+    assert runs["pull"].summary["cluster"]["kv_wait_s_mean"] == pytest.approx(sum(expect) / 3, rel=1e-12)
+    assert (runs["push"].requests["kv_wait_s"] == 0.0).all()
+    tl = runs["pull"].timeline
+    wait = tl[(tl["req_id"] == 1) & (tl["phase"] == "awaiting_decode")]
+    assert len(wait) == 1 and wait["start_s"].iloc[0] == pytest.approx(pull.loc[1, "first_token_s"], rel=1e-12)
+    assert wait["end_s"].iloc[0] == pytest.approx(_transfer_starts(runs["pull"])[1], rel=1e-12)

@@ -77,6 +77,7 @@ def _broken(fn):
     (lambda r: r.requests.loc.__setitem__((1, "transfer_s"), 0.5), "one output token"),
     (lambda r: r.requests.loc.__setitem__((0, "transfer_s"), 1e-6), "faster than the link"),
     (lambda r: r.summary["cluster"].__setitem__("transferred_kv_bytes", 1), "bytes sent"),
+    (lambda r: r.requests.loc.__setitem__((0, "kv_wait_s"), -0.1), "KV wait below zero"),
     (lambda r: r.steps.loc.__setitem__((0, "slots_free"), 0), "memory slots"),
     (lambda r: r.steps.loc.__setitem__((1, "start_s"), -1.0), "overlap or go back"),
     (lambda r: r.steps.loc.__setitem__((0, "num_prefill_tokens"), 1), "tokens computed"),

@@ -66,6 +66,7 @@ class Handoff:
         self.decode_of: dict[int, int] = {}       # req_id -> decode replica id
         self.transfer_s: dict[int, float] = {}
         self.transfer_start: dict[int, float] = {}   # req_id -> when its KV started over the link
+        self.prefill_end: dict[int, float] = {}      # req_id -> when its prefill ended (handed over then)
         self.in_flight = 0
         self.done_on_prefill = 0                  # requests of one output token, finished on their prefill replica
         self._drained: simpy.Event | None = None
@@ -87,6 +88,7 @@ class Handoff:
                     _free(req)
                     return
                 self.in_flight += 1
+                self.prefill_end[rid] = self.env.now
                 if self.pull:
                     self._route(req, _free, rep)
                 else:

@@ -3,8 +3,10 @@ replicas.csv (one row per replica), and summary.json with a ``cluster`` block.
 
 Definitions:
 - requests: ``replica`` (where it finished: its decode replica under prefill/decode), ``prefill_replica``
-  (where its prompt ran; the same replica when colocated), ``transfer_s`` (KV transfer, from the end of
-  its prefill to the last byte's arrival; 0 colocated, empty when nothing was sent).
+  (where its prompt ran; the same replica when colocated), ``kv_wait_s`` (from the end of its prefill to
+  the start of its KV transfer: pulled, the wait for a decode replica's seat and blocks; 0 pushed),
+  ``transfer_s`` (from the start of the transfer to the last byte's arrival: the link's queue, its wire
+  time and latency); both 0 colocated, empty when nothing was sent.
 - per replica: ``busy_fraction`` = time executing steps / the cluster's makespan; ``kv_usage_mean``
   weighted by step duration; ``prefix_hit_rate`` its own cache's hit rate (0 on decode replicas, which
   receive prompts rather than look them up).
@@ -163,10 +165,13 @@ def cluster_result(scn, workload, reps: list[Replica], served: dict[int, int], h
     if handoff is not None:
         reqs["replica"] = [handoff.decode_of.get(int(i), p) for i, p in zip(ids, pre)]
         reqs["prefill_replica"] = pre
+        reqs["kv_wait_s"] = [handoff.transfer_start[int(i)] - handoff.prefill_end[int(i)]
+                             if int(i) in handoff.transfer_s else math.nan for i in ids]
         reqs["transfer_s"] = [handoff.transfer_s.get(int(i), math.nan) for i in ids]
     else:
         reqs["replica"] = pre
         reqs["prefill_replica"] = pre
+        reqs["kv_wait_s"] = 0.0
         reqs["transfer_s"] = 0.0
     summary["step_model"] = _step_models(reps)
     table = replicas_frame(reps, steps, bounds, summary["makespan_s"], reqs, handoff)
@@ -200,12 +205,16 @@ def _merged_summary(scn, reqs, reps, steps: pd.DataFrame, bounds: list[int], han
     timeline = None
     tls = [r.scheduler.timeline_frame() for r in reps if hasattr(r.scheduler, "timeline_frame")]
     if tls:
-        if handoff is not None:   # between its prefill and its decode replica, a request's KV is on the link
-            ids = [i for i in handoff.transfer_start if i in handoff.transfer_s]
+        if handoff is not None:   # between its prefill and its decode replica: the wait for a decode seat
+            ids = [i for i in handoff.transfer_start if i in handoff.transfer_s]   # (pulled), then the link
             start = np.array([handoff.transfer_start[i] for i in ids], dtype=float)
             end = start + np.array([handoff.transfer_s[i] for i in ids], dtype=float)
+            ended = np.array([handoff.prefill_end[i] for i in ids], dtype=float)
             moving = pd.DataFrame({"req_id": ids, "phase": "transferring", "start_s": start, "end_s": end})
-            tls = [_without_handed_done(tl, handoff.transfer_start) for tl in tls] + [moving]
+            waited = ended < start
+            waiting = pd.DataFrame({"req_id": np.array(ids, dtype=np.int64)[waited], "phase": "awaiting_decode",
+                                    "start_s": ended[waited], "end_s": start[waited]})
+            tls = [_without_handed_done(tl, handoff.transfer_start) for tl in tls] + [waiting, moving]
         timeline = pd.concat(tls).sort_values(["req_id", "start_s"], kind="stable").reset_index(drop=True)
     return summary, timeline
 
@@ -234,17 +243,20 @@ def _cluster_block(scn, reps: list[Replica], reqs: pd.DataFrame, handoff: Handof
     block = {"replicas": len(reps), "router": cfg.router.policy, "requests_per_replica": counts}
     if handoff is None:
         block["load_imbalance"] = _imbalance(counts)
-        block.update(prefill_replicas=0, decode_replicas=0, transferred_kv_bytes=0, transfer_s_mean=0.0,
-                     transfer_s_p90=0.0, link_busy_fraction=0.0)
+        block.update(prefill_replicas=0, decode_replicas=0, transferred_kv_bytes=0, kv_wait_s_mean=0.0,
+                     kv_wait_s_p90=0.0, transfer_s_mean=0.0, transfer_s_p90=0.0, link_busy_fraction=0.0)
         return block
     pre = [r.submitted for r in reps if r.role == "prefill"]
     dec = [r.submitted for r in reps if r.role == "decode"]
     t = reqs["transfer_s"].dropna().to_numpy(dtype=float)
+    w = reqs["kv_wait_s"].dropna().to_numpy(dtype=float)
     makespan = float(np.nanmax(reqs["finish_s"].to_numpy(dtype=float)) - reqs["arrival_s"].min()) if len(reqs) else 0.0
     block.update(
         prefill_replicas=len(pre), decode_replicas=len(dec),
         load_imbalance=max(_imbalance(pre), _imbalance(dec)),
         transferred_kv_bytes=int(link.bytes_sent),
+        kv_wait_s_mean=float(w.mean()) if w.size else 0.0,
+        kv_wait_s_p90=float(np.percentile(w, 90)) if w.size else 0.0,
         transfer_s_mean=float(t.mean()) if t.size else 0.0,
         transfer_s_p90=float(np.percentile(t, 90)) if t.size else 0.0,
         link_busy_fraction=link.busy_s / makespan if makespan > 0 else 0.0,
