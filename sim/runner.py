@@ -56,7 +56,8 @@ def gpu_blocks(scn: Scenario) -> int:
 
 def cpu_blocks(scn: Scenario) -> int:
     """Swap blocks: ``swap_space_gb`` is per GPU (as in vLLM), so a tensor-parallel group of t GPUs has
-    t times the swap space; a block holds the K and V of all heads, split over the t GPUs."""
+    t times the swap space; a block holds the K and V of all heads, split over the t GPUs (with more GPUs
+    than KV heads, each holds a copy of one: sim.specs.group_kv_bytes_per_block)."""
     block_bytes = group_kv_bytes_per_block(scn.model_spec, scn.hardware_spec, scn.kv_cache.block_size)
     total = scn.kv_cache.swap_space_gb * GiB * scn.hardware_spec.tensor_parallel
     return int(total // block_bytes)
