@@ -202,6 +202,6 @@ def test_kv_wait_is_the_time_from_a_prefills_end_to_its_transfer() -> None:
     assert runs["pull"].summary["cluster"]["kv_wait_s_mean"] == pytest.approx(sum(expect) / 3, rel=1e-12)
     assert (runs["push"].requests["kv_wait_s"] == 0.0).all()
     tl = runs["pull"].timeline
-    wait = tl[(tl["req_id"] == 1) & (tl["phase"] == "awaiting_decode")]
+    wait = tl[(tl["req_id"] == 1) & (tl["phase"] == "kv_wait")]
     assert len(wait) == 1 and wait["start_s"].iloc[0] == pytest.approx(pull.loc[1, "first_token_s"], rel=1e-12)
     assert wait["end_s"].iloc[0] == pytest.approx(_transfer_starts(runs["pull"])[1], rel=1e-12)

@@ -212,7 +212,7 @@ def _merged_summary(scn, reqs, reps, steps: pd.DataFrame, bounds: list[int], han
             ended = np.array([handoff.prefill_end[i] for i in ids], dtype=float)
             moving = pd.DataFrame({"req_id": ids, "phase": "transferring", "start_s": start, "end_s": end})
             waited = ended < start
-            waiting = pd.DataFrame({"req_id": np.array(ids, dtype=np.int64)[waited], "phase": "awaiting_decode",
+            waiting = pd.DataFrame({"req_id": np.array(ids, dtype=np.int64)[waited], "phase": "kv_wait",
                                     "start_s": ended[waited], "end_s": start[waited]})
             tls = [_without_handed_done(tl, handoff.transfer_start) for tl in tls] + [waiting, moving]
         timeline = pd.concat(tls).sort_values(["req_id", "start_s"], kind="stable").reset_index(drop=True)
