@@ -72,9 +72,11 @@ def _pool(rng: random.Random, data: dict, role: str) -> dict:
     """One pool: 1-2 prefill or 1-3 decode replicas, sometimes with hardware, a tensor-parallel degree, a cache
     or limits of its own."""
     pool: dict[str, Any] = {"replicas": rng.randint(1, 2 if role == "prefill" else 3)}
-    if rng.random() < 0.25 and "num_gpu_blocks" in data["kv_cache"]:   # hardware of its own (a cache sized
-        pool["hardware"] = rng.choice(HARDWARE)                          # from HBM might not fit it)
-    if rng.random() < 0.2:
+    # hardware and a tensor-parallel degree of its own (where the cache is sized from HBM, the weights might
+    # not fit them)
+    if rng.random() < 0.25 and "num_gpu_blocks" in data["kv_cache"]:
+        pool["hardware"] = rng.choice(HARDWARE)
+    if rng.random() < 0.2 and "num_gpu_blocks" in data["kv_cache"]:
         model = ModelSpec.from_name(data["model"])
         pool["tensor_parallel"] = rng.choice([tp for tp in (1, 2, 4) if model.tensor_parallel_problem(tp) is None])
     kv = data["kv_cache"]

@@ -205,3 +205,14 @@ def test_kv_wait_is_the_time_from_a_prefills_end_to_its_transfer() -> None:
     wait = tl[(tl["req_id"] == 1) & (tl["phase"] == "kv_wait")]
     assert len(wait) == 1 and wait["start_s"].iloc[0] == pytest.approx(pull.loc[1, "first_token_s"], rel=1e-12)
     assert wait["end_s"].iloc[0] == pytest.approx(_transfer_starts(runs["pull"])[1], rel=1e-12)
+
+
+def test_a_pool_whose_hardware_cannot_hold_the_weights_is_named() -> None:
+    """Llama-2-13B's 24.2 GiB of weights on a decode pool of 16 GiB CPUs: the error names the pool."""
+    from sim.errors import KvsimError
+
+    data = {**_pd(REQS[:3], {"replicas": 1}, {"replicas": 1, "hardware": "cpu"}), "model": "llama-2-13b",
+            "kv_cache": {"block_size": 16}}
+    with pytest.raises(KvsimError) as e:
+        run_scenario(scenario_from_dict(data, source="pd.yaml"))
+    assert e.value.one_line().startswith("error: pd.yaml: cluster.decode: model weights (24.2 GiB) do not fit in 1 x cpu")

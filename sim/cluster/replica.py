@@ -109,7 +109,12 @@ def build_replica(scn: Scenario, replica_id: int, role: str, env: simpy.Environm
     another replica of the same scenario, shared: sim.runner.shared_executor)."""
     from sim.runner import build_parts, cpu_blocks, gpu_blocks
 
-    num_gpu = gpu_blocks(scn)
+    try:
+        num_gpu = gpu_blocks(scn)
+    except KvsimError as e:   # a pool's own hardware or tensor_parallel: name the pool
+        if role == "colocated":
+            raise
+        raise KvsimError(f"{scn.source}: cluster.{role}", e.what) from None
     if num_gpu < 1:
         raise KvsimError(f"{scn.source}: kv_cache", f"no room for a single KV block on a {role} replica")
     num_cpu = cpu_blocks(scn)
