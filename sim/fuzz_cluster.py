@@ -14,6 +14,7 @@ Each case runs as drawn (integrity checked after every step), again with decode 
 End-of-run checks (``check_cluster_outcome``), computed from the run's tables:
 - every request is FINISHED, or REJECTED with a reason; finished + rejected = requests, in the summary too;
 - per finished request: arrival <= first scheduled <= first token <= finish, and every output token made;
+- its timeline's intervals add up to its life, from its arrival to its finish;
 - its replicas: colocated, ``prefill_replica`` = ``replica``, one of the pool; disaggregated, a request of
   more than one output token ran its prompt on a prefill replica and finished on a decode replica, after
   a transfer of at least its KV over the link's bandwidth plus its latency; one of a single output token
@@ -145,8 +146,24 @@ def check_cluster_outcome(result, scn, beams: bool = False) -> list[str]:
     if "generated_tokens" in done.columns and not (done["generated_tokens"] == done["output_tokens"]).all():
         bad.append("generated tokens differ from the output length")
     bad += _check_placement(reqs, done, scn, summary)
+    bad += _check_timeline(result.timeline, done)
     bad += _check_steps(steps, result.replicas, done, reqs, beams)
     return bad
+
+
+def _check_timeline(timeline: pd.DataFrame | None, done: pd.DataFrame) -> list[str]:
+    """Each finished request's timeline covers its life: its intervals follow one another from its arrival
+    to its finish (frontend, queues, prefill, a transfer's wait and the link, decode, preemptions; static
+    batching's ``idle``, a finished request holding its memory until its batch ends, comes after it)."""
+    if timeline is None or not len(done):
+        return []
+    tl = timeline[timeline["req_id"].isin(done["req_id"]) & (timeline["phase"] != "idle")]
+    span = (tl["end_s"] - tl["start_s"]).groupby(tl["req_id"]).sum().reindex(done["req_id"]).fillna(0.0)
+    life = (done["finish_s"] - done["arrival_s"]).to_numpy()
+    off = abs(span.to_numpy() - life) > 1e-9 * (1 + life)
+    if off.any():
+        return [f"the timeline of requests {done['req_id'][off].tolist()[:10]} does not add up to their lives"]
+    return []
 
 
 def _check_placement(reqs: pd.DataFrame, done: pd.DataFrame, scn, summary: dict) -> list[str]:

@@ -68,3 +68,17 @@ def test_replicas_sharing_one_cost_model_give_the_same_results(name: str, monkey
     monkeypatch.setattr(CostModelExecutor, "shareable", False)
     assert _summary(name, []) == shared
     assert len({id(p.engine.executor) for p in built}) == len(built)   # (one each)
+
+
+def test_one_replica_has_the_single_engines_timeline_frontend_included():
+    """The timeline too: each request's frontend interval (arrival to arrival + the frontend's input
+    latency) comes first, then the same states, in a cluster of one replica as in the single engine."""
+    quick = Path(__file__).resolve().parent.parent / "scenarios" / "quickstart.yaml"
+    scn = load_scenario(quick, ["workload.limit=200"])
+    one = run_scenario(scn).timeline
+    cluster = run_scenario(load_scenario(quick, ["workload.limit=200", "cluster={replicas: 1}"])).timeline
+    assert one.equals(cluster)
+    front = one[one["phase"] == "frontend"]
+    fe_in = scn.frontend.latencies()[0]
+    assert fe_in > 0 and len(front) == 200
+    assert ((front["end_s"] - front["start_s"]) - fe_in).abs().max() < 1e-12

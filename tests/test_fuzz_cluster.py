@@ -82,6 +82,8 @@ def _broken(fn):
     (lambda r: r.steps.loc.__setitem__((1, "start_s"), -1.0), "overlap or go back"),
     (lambda r: r.steps.loc.__setitem__((0, "num_prefill_tokens"), 1), "tokens computed"),
     (lambda r: r.replicas.loc.__setitem__((0, "finished"), 5), "finished + rejected over the replicas"),
+    (lambda r: r.timeline.loc.__setitem__(((r.timeline["req_id"] == 2) & (r.timeline["phase"] == "transferring"),
+                                           "phase"), "idle"), "timeline of requests [2]"),
     (lambda r: r.replicas.loc.__setitem__((0, "handed_off"), 0), "handed off"),
 ])
 def test_checker_bites(breakage, fragment):

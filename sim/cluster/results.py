@@ -140,7 +140,10 @@ def replicas_frame(reps: list[Replica], steps: pd.DataFrame, bounds: list[int], 
 
 
 def cluster_result(scn, workload, reps: list[Replica], served: dict[int, int], handoff: Handoff | None,
-                   link: KVLink | None, fe_out: float, fe_token: float, wall_time_s: float) -> ClusterResult:
+                   link: KVLink | None, fe_out: float, fe_token: float, wall_time_s: float,
+                   lag: float = 0.0) -> ClusterResult:
+    """``lag``: each request's frontend input latency and the router's decision time, from its arrival to
+    its replica (the timeline's ``frontend`` interval)."""
     requests = workload.requests
     if handoff is not None:   # the prefix-cache hit of a request is its prefill's
         for r in requests:
@@ -174,6 +177,8 @@ def cluster_result(scn, workload, reps: list[Replica], served: dict[int, int], h
         reqs["kv_wait_s"] = 0.0
         reqs["transfer_s"] = 0.0
     summary["step_model"] = _step_models(reps)
+    if timeline is not None and lag > 0:
+        timeline = _with_frontend(timeline, reqs, lag)
     table = replicas_frame(reps, steps, bounds, summary["makespan_s"], reqs, handoff)
     if len(reps) > 1:
         summary["cluster"] = _cluster_block(scn, reps, reqs, handoff, link)
@@ -217,6 +222,16 @@ def _merged_summary(scn, reqs, reps, steps: pd.DataFrame, bounds: list[int], han
             tls = [_without_handed_done(tl, handoff.transfer_start) for tl in tls] + [waiting, moving]
         timeline = pd.concat(tls).sort_values(["req_id", "start_s"], kind="stable").reset_index(drop=True)
     return summary, timeline
+
+
+def _with_frontend(timeline: pd.DataFrame, reqs: pd.DataFrame, lag: float) -> pd.DataFrame:
+    """``timeline`` with each request's ``frontend`` interval (arrival to arrival + ``lag``) ahead of its other
+    rows (at equal times the frontend first), as the single engine's (sim.runner.timeline_with_frontend)."""
+    arrive = reqs["arrival_s"].to_numpy(dtype=float)
+    front = pd.DataFrame({"req_id": reqs["req_id"].to_numpy(), "phase": "frontend", "start_s": arrive,
+                          "end_s": arrive + lag})
+    rows = pd.concat([front, timeline.astype({"phase": str})], ignore_index=True)
+    return rows.sort_values(["req_id", "start_s"], kind="stable").reset_index(drop=True)
 
 
 def _shares(slots: np.ndarray, reps: list[Replica], bounds: list[int]) -> np.ndarray:

@@ -179,7 +179,7 @@ def _run_colocated(scn: Scenario, workload: Workload, check: bool, lag: float, f
             rep.engine.start()
         env.run()
         _check_released(pool)
-    res = cluster_result(scn, workload, pool, served, None, None, fe_out, fe_token, time.perf_counter() - t0)
+    res = cluster_result(scn, workload, pool, served, None, None, fe_out, fe_token, time.perf_counter() - t0, lag)
     res.profile["compiled_core"] = core
     return res
 
@@ -280,4 +280,4 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
         raise KvsimError("engine", f"deadlock: {len(stuck)} requests never finished (first: {stuck[0]})")
     _check_released(prefill + decode)
     return cluster_result(scn, workload, prefill + decode, served, handoff, link, fe_out, fe_token,
-                          time.perf_counter() - t0)
+                          time.perf_counter() - t0, lag)
