@@ -125,7 +125,9 @@ def write_run_plots(requests: pd.DataFrame, steps: pd.DataFrame, summary: dict, 
            memory_breakdown({"run": summary["memory_breakdown"]}, out_dir / "memory_breakdown.png")]
     intervals = timeline if timeline is not None else tl.intervals_from_requests(requests)
     out.append(tl.timeline(intervals, out_dir / "timeline.png"))
+    from sim.latency_breakdown import latency_breakdown
     from sim.memory_plot import memory_over_time
 
     out.append(memory_over_time(steps, out_dir / "memory_over_time.png"))
+    out.append(latency_breakdown({"run": (intervals, requests)}, out_dir / "latency_breakdown.png"))
     return out

@@ -11,6 +11,7 @@ from matplotlib.figure import Figure
 
 from sim import plots
 from sim.cluster.output import kv_usage_per_replica, requests_per_replica
+from sim.latency_breakdown import latency_breakdown
 from sim.memory_plot import memory_over_time
 from sim.runner import run_scenario
 from sim.scenario import load_scenario
@@ -49,7 +50,7 @@ def test_single_run_figures(outside, tmp_path) -> None:
     steps = res.steps.copy()
     steps["num_waiting"] *= 1000    # five-digit tick labels on the batch figure
     plots.write_run_plots(res.requests, steps, res.summary, tmp_path, timeline=res.timeline)
-    assert len(list(tmp_path.glob("*.png"))) == 6
+    assert len(list(tmp_path.glob("*.png"))) == 7
     assert not outside, outside
 
 
@@ -60,6 +61,8 @@ def test_overlays_of_several_runs(outside, tmp_path) -> None:
     plots.memory_breakdown({k: r.summary["memory_breakdown"] for k, r in runs.items()}, tmp_path / "bd.png")
     timeline({k: r.timeline for k, r in runs.items()}, tmp_path / "tl.png")
     memory_over_time({k: r.steps for k, r in runs.items()}, tmp_path / "mem.png")
+    latency_breakdown({f"scheduler.policy={k}": (r.timeline, r.requests) for k, r in runs.items()},
+                      tmp_path / "lb.png")   # (compare's labels when more than one key varies)
     assert not outside, outside
 
 

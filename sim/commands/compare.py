@@ -141,6 +141,7 @@ def write_plots(results: dict[str, Result], out: Path) -> list[str]:
     """Overlays and side-by-side panels into ``out`` (the staging folder); with one varied key the legends
     show just its values. Returns the file names."""
     from sim import plots
+    from sim.latency_breakdown import latency_breakdown
     from sim.memory_plot import memory_over_time
     from sim.timeline import timeline
 
@@ -153,6 +154,8 @@ def write_plots(results: dict[str, Result], out: Path) -> list[str]:
                                out / "memory_breakdown.png"),
         timeline({k: intervals_of(r) for k, r in results.items()}, out / "timeline.png"),
         memory_over_time({k: r.steps for k, r in results.items()}, out / "memory_over_time.png"),
+        latency_breakdown({k: (intervals_of(r), r.requests) for k, r in results.items()},
+                          out / "latency_breakdown.png"),
     ]
     return [f.name for f in made]
 
