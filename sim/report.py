@@ -63,6 +63,14 @@ def report_html(result, figures: list[Path]) -> str:
         "<h2>Summary</h2>", _table(headline),
         "<h2>KV memory breakdown (time-weighted share of capacity)</h2>", _table(breakdown, ("part", "share")),
     ]
+    timeline = getattr(result, "timeline", None)
+    if timeline is not None:
+        from sim.latency_breakdown import phase_means
+
+        spent = list(phase_means(timeline, result.requests).items())
+        if spent:
+            parts += ["<h2>Where a request's time goes (mean seconds per finished request; they add up to the "
+                      "mean E2E)</h2>", _table(spent, ("state", "seconds"))]
     if figures:
         parts += ["<h2>Figures</h2>", *(_figure(f) for f in figures)]
     if result.workload_stats:

@@ -65,6 +65,11 @@ def test_run_writes_a_self_contained_report(tmp_path):
     assert float(cells["makespan_s"]) == pytest.approx(json.loads((out / "summary.json").read_text())["makespan_s"],
                                                        rel=1e-5)
     assert "max_num_seqs: 4" in doc.find(".//pre").text
+    # where a request's time goes: the states' mean seconds add up to the finished requests' mean E2E
+    from sim.latency_breakdown import PARTS
+
+    spent = sum(float(cells[k]) for k in PARTS if k in cells)
+    assert spent == pytest.approx(reqs.loc[reqs["status"] == "FINISHED", "e2e_s"].mean(), rel=1e-4)
 
 
 def test_report_without_figures_and_compare_memory_panels(tmp_path):
