@@ -7,7 +7,7 @@
 
 Invariant: the parts add up to the finished requests' mean E2E. A request's timeline covers its life
 from its arrival to its finish (the frontend's input side, queues, prefill, a disaggregated request's
-KV wait and transfer, decode, preemptions: checked by the cluster fuzzer); the rest of its E2E is the
+KV wait, transfer and decode replica's queue, decode, preemptions: checked by the cluster fuzzer); the rest of its E2E is the
 frontend's output side (``frontend_out``: output latency and per-token streaming). Static batching's
 ``idle`` (a finished request holding its memory until its batch ends) comes after the finish and is not
 part of the E2E.
@@ -27,9 +27,9 @@ import pandas as pd  # noqa: E402
 from sim.timeline import PHASE_COLORS  # noqa: E402
 
 # the states in the order a request passes through them, then the output side of the frontend
-PARTS = ["frontend", "waiting", "prefill", "kv_wait", "transferring", "decode", "preempted", "swapped",
-         "frontend_out"]
-COLORS = {**PHASE_COLORS, "frontend_out": "#adb5bd"}
+PARTS = ["frontend", "waiting", "prefill", "kv_wait", "transferring", "decode_waiting", "decode", "preempted",
+         "swapped", "frontend_out"]
+COLORS = {**PHASE_COLORS, "frontend_out": "#dee2e6"}
 
 
 def phase_means(timeline: pd.DataFrame, requests: pd.DataFrame) -> pd.Series:

@@ -208,7 +208,8 @@ def _merged_summary(scn, reqs, reps, steps: pd.DataFrame, bounds: list[int], han
             vals = [p[k] for p in parts]
             summary[k] = float(np.mean(vals)) if k == "kv_sharing_saving" else sum(vals)
     timeline = None
-    tls = [r.scheduler.timeline_frame() for r in reps if hasattr(r.scheduler, "timeline_frame")]
+    tls = [_decode_side(r.scheduler.timeline_frame()) if r.role == "decode" else r.scheduler.timeline_frame()
+           for r in reps if hasattr(r.scheduler, "timeline_frame")]
     if tls:
         if handoff is not None:   # between its prefill and its decode replica: the wait for a decode seat
             ids = [i for i in handoff.transfer_start if i in handoff.transfer_s]   # (pulled), then the link
@@ -241,6 +242,12 @@ def _shares(slots: np.ndarray, reps: list[Replica], bounds: list[int]) -> np.nda
     for rep, lo, hi in zip(reps, bounds, bounds[1:]):
         np.divide(slots[lo:hi], float(rep.manager.capacity_slots), out=out[lo:hi])
     return out
+
+
+def _decode_side(tl: pd.DataFrame) -> pd.DataFrame:
+    """A decode replica's timeline, its queue named ``decode_waiting`` (apart from the prefill side's)."""
+    phase = tl["phase"].astype(str)
+    return tl.assign(phase=phase.where(phase != "waiting", "decode_waiting"))
 
 
 def _without_handed_done(tl: pd.DataFrame, transfer_start: dict[int, float]) -> pd.DataFrame:
