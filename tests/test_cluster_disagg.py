@@ -216,3 +216,20 @@ def test_a_pool_whose_hardware_cannot_hold_the_weights_is_named() -> None:
     with pytest.raises(KvsimError) as e:
         run_scenario(scenario_from_dict(data, source="pd.yaml"))
     assert e.value.one_line().startswith("error: pd.yaml: cluster.decode: model weights (24.2 GiB) do not fit in 1 x cpu")
+
+
+@pytest.mark.parametrize("mode", ["pull", "push"])
+def test_a_handed_over_request_decodes_from_its_first_step_there(mode: str) -> None:
+    """On its decode replica a request holds its prompt's KV and one token: its first step there computes
+    that token's KV and samples the next, a decode; its timeline shows no prefill after its transfer."""
+    res = run_scenario(scenario_from_dict(_pd(REQS, {"replicas": 2}, {"replicas": 3}, mode=mode)))
+    assert res.summary["num_preemptions"] == 0
+    tl = res.timeline
+    landed = tl[tl["phase"] == "transferring"].set_index("req_id")["end_s"]
+    pre = tl[tl["phase"] == "prefill"]
+    late = pre[pre["start_s"] >= pre["req_id"].map(landed).fillna(float("inf"))]
+    assert late.empty, late
+    first = tl[tl["phase"] == "decode"].groupby("req_id")["start_s"].min()
+    reqs = res.requests.set_index("req_id")
+    for rid in landed.index[:10]:   # the prefill replica's decode phase is the first token's point: its
+        assert first[rid] == pytest.approx(reqs.loc[rid, "first_token_s"], rel=1e-12)   # decode starts there

@@ -73,3 +73,19 @@ def test_the_figure_one_bar_per_run(tmp_path):
         runs[policy] = (res.timeline, res.requests)
     path = latency_breakdown(runs, tmp_path / "lb.png")
     assert path.stat().st_size > 5000
+
+
+def test_disaggregated_ttft_is_the_prefill_sides_states():
+    """Pushed KV: a request's first token comes from its prefill replica, so its mean TTFT is the frontend in,
+    the prefill side's queue and prefill, and the frontend out; the decode replica's queue is a state of
+    its own (decode_waiting), after the transfer."""
+    scn = load_scenario(ROOT / "scenarios" / "quickstart.yaml", [
+        "workload.limit=150", "cluster={prefill: {replicas: 2}, decode: {replicas: 1, scheduler: {max_num_seqs: 4}}, "
+        "kv_transfer: {mode: push}}"])
+    res = run_scenario(scn)
+    done = res.requests[res.requests["status"] == "FINISHED"]
+    parts = phase_means(res.timeline, res.requests)
+    assert parts["decode_waiting"] > 1.0 and "preempted" not in parts.index
+    first_out = scn.frontend.latencies()[1]   # the first token's output latency (no streaming backlog yet)
+    ttft = parts["frontend"] + parts["waiting"] + parts["prefill"] + first_out
+    assert ttft == pytest.approx(float(done["ttft_s"].mean()), rel=1e-9)

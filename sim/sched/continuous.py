@@ -437,7 +437,8 @@ class ContinuousScheduler(SchedulerBase):
             seats += width
             if req.first_scheduled_s != req.first_scheduled_s:  # NaN: first admission
                 req.first_scheduled_s = now
-            self._start(req, now, Phase.PREFILL)
+            # (a request whose prompt's KV it received, a decode replica's, decodes from its first step)
+            self._start(req, now, Phase.PREFILL if req.num_computed_tokens < req.prompt_len else Phase.DECODE)
             self._add(scheduled, batch, req, num_new, stats)
             budget -= num_new
 
