@@ -51,6 +51,8 @@ class Request:
     finish_s: float = math.nan
     reject_reason: str = ""
     turn_start_step: int = 0               # round-robin: the step at which the current turn began
+    kv_received: bool = False              # prefill/decode: handed to a decode replica with its prompt's KV,
+                                           # not yet admitted there (its first step there is a decode)
 
     @property
     def num_tokens(self) -> int:

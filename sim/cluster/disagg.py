@@ -132,6 +132,7 @@ class Handoff:
     def _hand_over(self, req: Request, i: int, booked: bool = False) -> None:
         """Submit ``req`` to decode replica ``i``; ``booked``: its received KV is already booked there."""
         self.decode_of[req.req_id] = self.decode[i].replica_id
+        req.kv_received = True                     # its first step there decodes (ContinuousScheduler._admit)
         if not booked:
             self._incoming.add(req.req_id)
         self.decode[i].submit(req)

@@ -437,8 +437,9 @@ class ContinuousScheduler(SchedulerBase):
             seats += width
             if req.first_scheduled_s != req.first_scheduled_s:  # NaN: first admission
                 req.first_scheduled_s = now
-            # (a request whose prompt's KV it received, a decode replica's, decodes from its first step)
-            self._start(req, now, Phase.PREFILL if req.num_computed_tokens < req.prompt_len else Phase.DECODE)
+            # (a request handed to a decode replica with its prompt's KV decodes from its first step there)
+            self._start(req, now, Phase.DECODE if req.kv_received else Phase.PREFILL)
+            req.kv_received = False
             self._add(scheduled, batch, req, num_new, stats)
             budget -= num_new
 
