@@ -241,6 +241,22 @@ def _capacity_and_parallelism(rng: random.Random, data: dict) -> None:
             kv.pop("activation_reserve_gb", None)
 
 
+def drop_refused(data: dict) -> dict:
+    """``data`` with each setting the schema refuses dropped back to its default until none is left."""
+    problem = _combination_problem(data)
+    while problem is not None:
+        section, key = problem[0].split(".")
+        data[section].pop(key, None)
+        problem = _combination_problem(data)
+    return data
+
+
+def drawn_cache_tokens(data: dict) -> int:
+    """Tokens the drawn cache holds (for a cache sized from HBM, lengths on the scale of the small caches)."""
+    kv = data["kv_cache"]
+    return kv["num_gpu_blocks"] * kv["block_size"] if "num_gpu_blocks" in kv else 64 * kv["block_size"]
+
+
 def draw_scenario(rng: random.Random, index: int = 0) -> dict:
     """One random scenario (as the dict a YAML file would hold). A few (``REFUSED_P``) keep a combination
     of settings the schema refuses; ``run_case`` then expects that refusal."""
@@ -253,19 +269,11 @@ def draw_scenario(rng: random.Random, index: int = 0) -> dict:
     _set(data, "output.plots", False)
     _capacity_and_parallelism(rng, data)
     if rng.random() >= REFUSED_P:
-        problem = _combination_problem(data)
-        while problem is not None:  # drop the offending setting (back to its default) until none is left
-            section, key = problem[0].split(".")
-            data[section].pop(key, None)
-            problem = _combination_problem(data)
-    if "num_gpu_blocks" in data["kv_cache"]:
-        cache_tokens = data["kv_cache"]["num_gpu_blocks"] * data["kv_cache"]["block_size"]
-    else:
-        cache_tokens = 64 * data["kv_cache"]["block_size"]  # lengths on the scale of the small caches
+        drop_refused(data)
     # parallel samples and beams fork block tables: only paged + continuous batching accepts them
     multi_seq = (data["kv_cache"].get("allocator", "paged") == "paged"
                  and data["scheduler"].get("batching", "continuous") == "continuous")
-    data["workload"] = draw_workload(rng, cache_tokens, multi_seq)
+    data["workload"] = draw_workload(rng, drawn_cache_tokens(data), multi_seq)
     return data
 
 

@@ -41,32 +41,17 @@ from sim.fuzz import (
     HARDWARE,
     CaseResult,
     FuzzReport,
-    _combination_problem,
     _has_beams,
     draw_scenario,
     draw_workload,
+    drawn_cache_tokens,
+    drop_refused,
     literal_choices,
 )
 from sim.specs import ModelSpec
 
 COLOCATED_P = 0.5   # share of colocated cases (the rest: prefill/decode pools)
 EPS = 1e-9
-
-
-def _valid(data: dict) -> dict:
-    """``data`` with every setting the schema refuses dropped back to its default (the cluster fuzzer
-    draws only accepted scenarios: the single-engine fuzzer covers refusals)."""
-    problem = _combination_problem(data)
-    while problem is not None:
-        section, key = problem[0].split(".")
-        data[section].pop(key, None)
-        problem = _combination_problem(data)
-    return data
-
-
-def _cache_tokens(data: dict) -> int:
-    kv = data["kv_cache"]
-    return kv["num_gpu_blocks"] * kv["block_size"] if "num_gpu_blocks" in kv else 64 * kv["block_size"]
 
 
 def _pool(rng: random.Random, data: dict, role: str) -> dict:
@@ -93,7 +78,7 @@ def _pool(rng: random.Random, data: dict, role: str) -> dict:
 
 def draw_cluster_scenario(rng: random.Random, index: int = 0) -> dict:
     """One random cluster scenario (as the dict a YAML file would hold), always one the schema accepts."""
-    data = _valid(draw_scenario(rng, index))
+    data = drop_refused(draw_scenario(rng, index))
     data["name"] = f"fuzz-cluster-{index}"
     router: dict[str, Any] = {"policy": rng.choice(literal_choices(RouterConfig, "policy"))}
     if rng.random() < 0.2:
@@ -106,8 +91,8 @@ def draw_cluster_scenario(rng: random.Random, index: int = 0) -> dict:
     # prefill/decode pools: paged blocks, continuous batching, one sequence a request
     data["kv_cache"]["allocator"] = "paged"
     data["scheduler"]["batching"] = "continuous"
-    data = _valid(data)
-    data["workload"] = draw_workload(rng, _cache_tokens(data), multi_seq=False)
+    data = drop_refused(data)
+    data["workload"] = draw_workload(rng, drawn_cache_tokens(data), multi_seq=False)
     if rng.random() < 0.5:
         link: Any = rng.choice(list(LINK_PRESETS))
     else:
