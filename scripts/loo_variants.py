@@ -8,12 +8,12 @@ Per fold (one model held out, its GEMM shapes removed from training: ``opmodel.l
 ``roofline x exp((1 - w) x kernel mean + w x learner)`` with w = ``opmodel.TREE_WEIGHT``; a variant changes
 the learner, its features, targets or training rows (``cross_gpu``: the other GPU's tables too), or the
 kernel mean's widths, and nothing else; a variant that predicts the whole log ratio (``stacked``: trees that
-also read the kernel mean, out of fold for their training rows; averaged with the shipped blend) is scored
-as it is. Printed: MAPE of the held-out models' four projections per model and
-pooled over all held-out rows (the README's figure).
-"shipped" fits the trees on their own and reproduces ``kvsim validate --loo`` (A100's Llama-3-8B to 0.01
-point: beyond the grid's last token count the shipped curves sample the trees 2^(1/32) apart in M, this
-script at each row's own token count).
+also read the kernel mean, out of fold for their training rows) is scored as it is. Printed: MAPE of the
+held-out models' four projections per model and pooled over all held-out rows (the README's figure).
+"shipped" is the blend averaged with the stacked trees (``opmodel.STACKED_WEIGHT``) and reproduces ``kvsim
+validate --loo`` (A100's Llama-3-8B to 0.01 point: beyond the grid's last token count the shipped curves
+sample the trees 2^(1/32) apart in M, this script at each row's own token count); "unstacked" is the blend
+alone, as shipped until 2026-12-05.
 The "bound" line knows each held-out shape's measurements: it removes the shape's own median log error
 from the shipped blend, the most any per-shape offset could give. Needs scikit-learn (the ``fit`` extra).
 """
@@ -38,7 +38,6 @@ from sim.executors import calibrate, opmodel
 from sim.executors.gemm_features import gemm_features
 from sim.executors.measurements import read_measurements
 from sim.executors.roofline import DEFAULT_NUM_SMS, CostParams
-from sim.executors.shape_correction import ShapeCorrection
 from sim.executors.tree_ensemble import TREE_SETTINGS
 from sim.executors.validation import hardware_of, shipped_vidur
 from sim.specs import HardwareSpec
@@ -75,39 +74,14 @@ def make_fold(df: pd.DataFrame, hw: HardwareSpec, held: str) -> Fold:
 
 def kernel_mean(fold: Fold, **widths: float) -> np.ndarray:
     """The kernel mean's log ratio at each test row (no trees), with ``widths`` overriding the stored ones."""
-    return bank_at({**fold.correction, **widths}, fold.test)
-
-
-def bank_at(correction: dict, rows: pd.DataFrame) -> np.ndarray:
-    """The kernel mean of a stored correction (its trees ignored) at each of ``rows``."""
-    bank = ShapeCorrection({**correction, "trees": None, "tree_weight": 0.0})
-    out = np.empty(len(rows))
-    m = rows.M.to_numpy().astype(float)
-    for (op, n, k), idx in rows.reset_index(drop=True).groupby(SHAPE).indices.items():
-        out[idx] = np.interp(m[idx], bank.grid, bank.curve(int(n), int(k), op))
-    return out
-
-
-def inner_kernel_mean(f: Fold) -> np.ndarray:
-    """Per training row, the kernel mean of the other training models without its model's shapes (what the
-    held-out model's rows get from the whole training set: out of fold, as ``opmodel.loo_split`` splits)."""
-    train = f.train.reset_index(drop=True)
-    r = train.assign(r=f.target)
-    out = np.zeros(len(train))
-    for model in train.model.unique():
-        own = train.model == model
-        seen = pd.MultiIndex.from_frame(train[["N", "K"]]).isin(
-            pd.MultiIndex.from_frame(train.loc[own, ["N", "K"]].drop_duplicates()))
-        rest = r[~own & ~seen]
-        if not rest.empty:
-            out[own.to_numpy()] = bank_at(opmodel.curve_data(rest), train[own])
-    return out
+    return opmodel.kernel_mean_at({**fold.correction, **widths}, fold.test)
 
 
 def stacked(f: Fold) -> np.ndarray:
-    """Trees with one more feature, the kernel mean: out of fold for the training rows (``inner_kernel_mean``),
-    from the whole training set for the held-out rows. Their prediction is the whole log ratio (no blend)."""
-    x = np.hstack([f.x_train, inner_kernel_mean(f)[:, None]])
+    """Trees with one more feature, the kernel mean: out of fold for the training rows
+    (``opmodel.out_of_fold_kernel_mean``), from the whole training set for the held-out rows. Their prediction
+    is the whole log ratio (no blend)."""
+    x = np.hstack([f.x_train, opmodel.out_of_fold_kernel_mean(f.train.assign(r=f.target))[:, None]])
     return boosted(x, f.target, np.hstack([f.x_test, kernel_mean(f)[:, None]]))
 
 
@@ -118,7 +92,7 @@ def as_learner(f: Fold, whole: np.ndarray) -> np.ndarray:
 
 
 def shipped_blend(f: Fold) -> np.ndarray:
-    """The shipped blend's whole log ratio at the held-out rows."""
+    """The blend's whole log ratio at the held-out rows (without the stacked trees)."""
     w = opmodel.TREE_WEIGHT
     return (1 - w) * kernel_mean(f) + w * boosted(f.x_train, f.target, f.x_test)
 
@@ -199,7 +173,9 @@ def cross_gpu(f: Fold) -> np.ndarray:
 # name -> (learner's log ratio at the test rows, kernel-mean widths)
 Learner = Callable[[Fold], np.ndarray]
 VARIANTS: dict[str, tuple[Learner, dict[str, float]]] = {
-    "shipped": (lambda f: boosted(f.x_train, f.target, f.x_test), {}),
+    "shipped": (lambda f: as_learner(f, (1 - opmodel.STACKED_WEIGHT) * shipped_blend(f)
+                                     + opmodel.STACKED_WEIGHT * stacked(f)), {}),
+    "unstacked": (lambda f: boosted(f.x_train, f.target, f.x_test), {}),
     "bagged": (lambda f: (boosted(f.x_train, f.target, f.x_test) + forest(f)) / 2, {}),
     "extra_trees": (lambda f: (boosted(f.x_train, f.target, f.x_test) + ExtraTreesRegressor(
         300, min_samples_leaf=10, max_features=0.5, n_jobs=2, random_state=0).fit(f.x_train, f.target)
@@ -211,7 +187,6 @@ VARIANTS: dict[str, tuple[Learner, dict[str, float]]] = {
     "cross_gpu_averaged": (lambda f: (boosted(f.x_train, f.target, f.x_test) + cross_gpu(f)) / 2, {}),
     "subsampled_bagged": (lambda f: (subsampled(f) + forest(f)) / 2, {}),
     "stacked": (lambda f: as_learner(f, stacked(f)), {}),
-    "stacked_averaged": (lambda f: as_learner(f, (shipped_blend(f) + stacked(f)) / 2), {}),
     "stacked_cross_gpu_averaged": (lambda f: as_learner(f, (shipped_blend(f) + stacked(f) + cross_gpu(f)) / 3), {}),
     "all_averaged": (lambda f: as_learner(f, (shipped_blend(f) + stacked(f) + cross_gpu(f)) / 3
                                           + 0.7 * (subsampled(f) - boosted(f.x_train, f.target, f.x_test)) / 3), {}),

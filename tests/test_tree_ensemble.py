@@ -158,3 +158,33 @@ def test_the_token_counts_beyond_a_grid():
     assert len(ms) == 256 and ms[0] == 4186 and ms[-1] == 1 << 20
     assert all(a < b for a, b in zip(ms, ms[1:]))
     assert extension(1 << 20) == []
+
+
+# stacked trees: one tree over the kernel mean's column (the last one): 0.5 where the mean is at most 0.1,
+# else -0.5
+KM = len(FEATURE_NAMES)
+STACKED = {"base": 0.0, "features": [*FEATURE_NAMES, "kernel_mean"], "feature": [[KM, -1, -1]],
+           "split": [[0.1, 0.5, -0.5]], "right": [[2, 0, 0]]}
+STACKED_CORR = {**CORR, "stacked_trees": STACKED, "stacked_weight": 0.5}
+
+
+def test_an_unseen_projection_averages_the_blend_with_the_stacked_trees():
+    # N = 3000 is unseen: the blend is [0.025, 0.225] on the grid (above); the kernel mean [0, 0.2] sends
+    # M = 1 to 0.5 and M = 101 to -0.5 in the stacked tree; half of each
+    curve = [0.5 * 0.025 + 0.5 * 0.5, 0.5 * 0.225 - 0.5 * 0.5]
+    assert factor_scalar(STACKED_CORR, 1, 3000, 1000, "mlp_up_proj") == pytest.approx(math.exp(curve[0]))
+    assert factor_scalar(STACKED_CORR, 101, 3000, 1000, "attn_post_proj") == pytest.approx(math.exp(curve[1]))
+    assert factor(STACKED_CORR, np.array([1, 101]), 3000, 1000, "mlp_down_proj") == pytest.approx(np.exp(curve))
+    # a GEMM of no projection (the LM head) keeps the blend; a measured shape its own curve
+    assert factor_scalar(STACKED_CORR, 101, 3000, 1000) == pytest.approx(math.exp(0.225))
+    assert factor_scalar(STACKED_CORR, 101, 1000, 1000, "mlp_up_proj") == pytest.approx(math.exp(0.2))
+    # weight 0 is the blend alone
+    assert factor_scalar({**STACKED_CORR, "stacked_weight": 0.0}, 1, 3000, 1000, "mlp_up_proj") == pytest.approx(
+        math.exp(0.025))
+
+
+def test_stacked_trees_over_other_columns_are_refused():
+    from sim.executors.shape_correction import check
+
+    with pytest.raises(ValueError, match="stacked_trees"):
+        check({**STACKED_CORR, "stacked_trees": {**STACKED, "features": list(FEATURE_NAMES)}})

@@ -100,8 +100,15 @@ def test_loo_correction_beats_the_rooflines_on_every_unseen_model(loo_results, g
         assert r.few < r.corrected, r
 
 
+@pytest.mark.parametrize("gpu", ["a100", "h100"])
+def test_the_stacked_trees_improve_every_unseen_model(loo_results, gpu):
+    # the blend averaged with trees that read the kernel mean, against the blend alone (the same fit)
+    for r in loo_results[gpu]:
+        assert r.corrected < r.unstacked, r
+
+
 @pytest.mark.parametrize("gpu", ["a100", pytest.param("h100", marks=pytest.mark.xfail(strict=True,
-                                                                                     reason="5.44%: goal not met"))])
+                                                                                     reason="5.24%: goal not met"))])
 def test_loo_goal_five_percent_on_unseen_models(loo_results, gpu):
     assert pooled(loo_results[gpu])["corrected"] <= GOAL_UNSEEN
 

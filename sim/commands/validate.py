@@ -52,7 +52,7 @@ def pooled(results: list[LooResult]) -> dict[str, float]:
     rows = sum(r.rows for r in results)
     few_rows = sum(r.few_rows for r in results)
     out: dict[str, float] = {"rows": rows}
-    for key in ("plain", "roofline", "corrected"):
+    for key in ("plain", "roofline", "corrected", "unstacked"):
         out[key] = sum(getattr(r, key) * r.rows for r in results) / rows
     out["few"] = sum(r.few * r.few_rows for r in results if r.few_rows) / few_rows if few_rows else float("nan")
     return out
