@@ -41,7 +41,8 @@ def intervals_from_requests(requests: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(["req_id", "start_s"], kind="stable").reset_index(drop=True)[INTERVAL_COLUMNS]
 
 
-def _draw(ax, iv: pd.DataFrame, max_requests: int) -> int:
+def _draw(ax, iv: pd.DataFrame, max_requests: int) -> tuple[int, set[str]]:
+    """Draw the first ``max_requests`` requests' intervals; (requests shown, phases drawn)."""
     ids = np.sort(iv["req_id"].unique())[:max_requests]
     iv = iv[iv["req_id"].isin(ids) & (iv["end_s"] > iv["start_s"]) & iv["phase"].isin(list(PHASE_COLORS))]
     row = {rid: i for i, rid in enumerate(ids)}
@@ -58,7 +59,7 @@ def _draw(ax, iv: pd.DataFrame, max_requests: int) -> int:
     if len(ids) <= 30:
         ax.set_yticks(range(len(ids)), [str(r) for r in ids], fontsize=7)
     ax.set_ylabel("request")
-    return len(ids)
+    return len(ids), set(iv["phase"])
 
 
 def timeline(intervals: pd.DataFrame | Mapping[str, pd.DataFrame], path: Path, max_requests: int = 200) -> Path:
@@ -68,13 +69,16 @@ def timeline(intervals: pd.DataFrame | Mapping[str, pd.DataFrame], path: Path, m
     rows = max(min(int(df["req_id"].nunique()), max_requests) for df in runs.values()) if n else 1
     height = min(2 + 0.12 * rows, 9)
     fig, axes = plt.subplots(n, 1, figsize=(10, height * n if n > 1 else height), squeeze=False, sharex=True)
+    drawn: set[str] = set()
     for ax, (label, df) in zip(axes[:, 0], runs.items()):
-        shown = _draw(ax, df, max_requests)
+        shown, phases = _draw(ax, df, max_requests)
+        drawn |= phases
         total = int(df["req_id"].nunique())
         more = f" (first {shown} of {total} requests)" if shown < total else ""
         ax.set_title(f"{label}{more}" if label else f"request timeline{more}", fontsize=10)
     axes[-1, 0].set_xlabel("simulated time (s)")
-    handles = [Patch(color=c, label=p) for p, c in PHASE_COLORS.items()]
+    # the phases some panel shows, in PHASE_COLORS order (a single engine has no KV wait or transfer)
+    handles = [Patch(color=c, label=p) for p, c in PHASE_COLORS.items() if p in drawn or not drawn]
     axes[0, 0].legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     from sim.plots import fixed_margins
 

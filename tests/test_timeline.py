@@ -31,3 +31,15 @@ def test_transitions_cover_each_request_without_gaps(tmp_path):
 def test_big_runs_are_cut_to_the_first_requests(tmp_path):
     iv = pd.DataFrame({"req_id": range(1000), "phase": "decode", "start_s": 0.0, "end_s": 1.0})
     assert timeline(iv, tmp_path / "big.png", max_requests=200).stat().st_size > 1000
+
+
+def test_the_legend_names_the_phases_drawn(tmp_path, monkeypatch):
+    import sim.timeline as tl
+
+    figures = []
+    monkeypatch.setattr(tl.plt, "close", figures.append)
+    iv = pd.DataFrame({"req_id": [0, 0, 1, 1], "phase": ["waiting", "decode", "prefill", "kv_wait"],
+                       "start_s": [0.0, 1.0, 0.0, 2.0], "end_s": [1.0, 2.0, 2.0, 2.0]})   # kv_wait: empty
+    tl.timeline({"a": iv, "b": iv.assign(phase=["waiting", "decode", "prefill", "swapped"])}, tmp_path / "t.png")
+    labels = [t.get_text() for t in figures[0].axes[0].get_legend().get_texts()]
+    assert labels == ["waiting", "prefill", "decode"]   # in PHASE_COLORS order; no empty interval's phase
