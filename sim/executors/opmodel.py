@@ -44,7 +44,7 @@ OP_WIDTH_N, OP_WIDTH_K, OP_WEIGHT, OP_PRIOR_WEIGHT = 0.3, 0.4, 0.2, 0.35
 # correction flat beyond the grid; 4.76% at 0.7 since the trees carry it on there, shape_correction.py)
 TREE_WEIGHT = 0.7
 # the stacked trees' share of an unseen projection's curve, the other half the blend above: an even mean, not
-# tuned (leave one model out, H100 5.44% -> 5.24%, A100 4.76% -> 4.69%, every held-out model better; README)
+# tuned (kvsim validate --loo: H100 5.44% -> 5.24%, A100 4.76% -> 4.66%, every held-out model better; README)
 STACKED_WEIGHT = 0.5
 
 

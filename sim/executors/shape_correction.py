@@ -36,7 +36,8 @@ kernel mean, knowing only how far shapes are apart, cannot (together 5.46% -> 4.
 "stacked_trees" too, a projection's unseen curve is (1 - w_s) x that blend + w_s x the stacked trees, which
 read the kernel mean at each token count beside the features, and so learn where the neighbours' curves
 hold and where they mislead (fitted on the training rows' out-of-fold kernel mean, opmodel.py; 4.76% ->
-4.69% and 5.44% -> 5.24%, every held-out model better on both GPUs); a GEMM of no projection keeps the blend. A shape measured in training as the same operator takes its own curve instead: the
+4.66% and 5.44% -> 5.24%, every held-out model better on both GPUs); a GEMM of no projection keeps the
+blend. A shape measured in training as the same operator takes its own curve instead: the
 correction reproduces what was measured and generalises only to what it has not seen. Plus, when
 ``local`` holds the exact shape, its deltas at M: interpolated linearly in ln M among the local points in the same block of 64
 token counts as M (ceil(M / 64) equal), or else of 128, or else of 256 (the tile heights: a GEMM's time
