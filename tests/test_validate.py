@@ -22,7 +22,7 @@ from sim.cli import main as cli_main
 from sim.commands.validate import pooled
 from sim.executors.cost_model import load_calibration
 from sim.executors.measurements import LINEAR_OPS, read_measurements
-from sim.executors.opmodel import loo, loo_split, with_shapes
+from sim.executors.opmodel import loo, loo_fold, loo_split, with_shapes
 from sim.executors.validation import shipped_vidur, validate
 from sim.specs import HardwareSpec
 
@@ -198,3 +198,12 @@ def test_beyond_the_trained_token_counts_the_trees_beat_a_flat_correction(tables
     rows = with_shapes(df)
     errors = errors_above(df[df.num_tokens <= 2048], rows[rows.M > 2048], HardwareSpec.from_name("h100-80gb"))
     assert errors["trees"].mean() < errors["flat"].mean() - 0.005
+
+
+def test_a_fold_can_train_on_a_subset_of_the_other_models(tables):
+    df = tables["h100"]
+    train, test, fits = loo_fold(df, HardwareSpec.from_name("h100-80gb"), "Qwen-72B", ["Llama-2-7b-hf"])
+    assert set(train.model) == {"Llama-2-7b-hf"} and set(test.model) == {"Qwen-72B"}
+    assert not set(zip(train.N, train.K)) & set(zip(test.N, test.K))
+    # one training model: no other model's curves to stack on
+    assert "stacked_trees" not in fits["corrected"].gemm_correction and fits["corrected"].gemm_correction["trees"]

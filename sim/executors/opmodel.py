@@ -19,6 +19,7 @@ new model from a few of its own measured points.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -192,11 +193,13 @@ class LooResult:
     few_rows: int     # rows ``few`` is scored on (the held-out rows minus the measured sample)
 
 
-def loo_fold(df: pd.DataFrame, hardware: HardwareSpec, held: str
+def loo_fold(df: pd.DataFrame, hardware: HardwareSpec, held: str, train_models: Sequence[str] | None = None
              ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, CostParams]]:
     """One fold: (training rows, held-out rows, {"plain", "roofline", "corrected"} parameters fitted on the
-    training rows)."""
+    training rows); ``train_models``: train on these models only (default: every other one)."""
     train, test = loo_split(df, held)
+    if train_models is not None:
+        train = train[train.model.isin(train_models)]
     base = CostParams(num_sms=DEFAULT_NUM_SMS.get(hardware.name, 108))
     roof = fit_gemm(train, hardware, base)
     corr = replace(roof, gemm_correction=fit_correction(train, hardware, roof))
