@@ -1,5 +1,5 @@
-"""Variants of the learned GEMM correction tried on the leave-one-model-out folds and not kept (README, "The cost
-model and its validation"), and one bound, scored as ``kvsim validate --loo`` scores the shipped blend.
+"""Variants of the learned GEMM correction tried on the leave-one-model-out folds and not kept
+(docs/per_operator_experiments.md), and one bound, scored as ``kvsim validate --loo`` scores the shipped blend.
 
     PYTHONPATH=. python scripts/loo_variants.py                        # both GPUs, every variant (about 10 min)
     PYTHONPATH=. python scripts/loo_variants.py --hardware h100-80gb --only shipped bagged

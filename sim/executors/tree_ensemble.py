@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-# chosen once on the leave-one-model-out folds (README, "The cost model and its validation")
+# chosen once on the leave-one-model-out folds (docs/per_operator_experiments.md)
 TREE_SETTINGS = {"max_iter": 300, "learning_rate": 0.05, "max_depth": 6, "min_samples_leaf": 20,
                  "l2_regularization": 1.0}
 
