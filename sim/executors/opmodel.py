@@ -207,10 +207,13 @@ def loo_fold(df: pd.DataFrame, hardware: HardwareSpec, held: str, train_models: 
 
 
 def loo_rows(df: pd.DataFrame, hardware: HardwareSpec) -> pd.DataFrame:
-    """Every held-out projection row with its predictions (columns pred_plain, pred_roofline, pred_corrected)."""
+    """Every held-out projection row with its predictions (columns pred_plain, pred_roofline, pred_corrected,
+    and pred_unstacked: the correction without its stacked trees)."""
     parts = []
     for held in sorted(with_shapes(df).model.unique()):
         _, test, fits = loo_fold(df, hardware, held)
+        corr = fits["corrected"]
+        fits["unstacked"] = replace(corr, gemm_correction={**corr.gemm_correction, "stacked_weight": 0.0})
         parts.append(test.assign(**{f"pred_{k}": predict_gemm(test, hardware, p) for k, p in fits.items()}))
     return pd.concat(parts)
 
