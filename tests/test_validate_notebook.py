@@ -1,9 +1,8 @@
-"""The cost-model validation notebook executes top to bottom (nbclient) in well under a minute, and is stored
-with fresh outputs."""
+"""The cost-model validation notebook executes top to bottom (nbclient) and is stored with fresh outputs
+(about half a minute here; no time limit is asserted: this machine is shared, and speed is a benchmark's
+business)."""
 
 from __future__ import annotations
-
-import time
 
 import pytest
 
@@ -14,6 +13,4 @@ from notebook_util import execute_fresh  # noqa: E402
 
 
 def test_notebook_executes():
-    t0 = time.perf_counter()
     execute_fresh("cost_model_validation.ipynb")
-    assert time.perf_counter() - t0 < 90
