@@ -17,7 +17,7 @@ End-of-run checks (``check_cluster_outcome``), computed from the run's tables:
 - its timeline's intervals add up to its life, from its arrival to its finish;
 - its replicas: colocated, ``prefill_replica`` = ``replica``, one of the pool; disaggregated, a request of
   more than one output token ran its prompt on a prefill replica and finished on a decode replica, after
-  a transfer of at least its KV over the link's bandwidth plus its latency; one of a single output token
+  a transfer of at least its KV over the link's bandwidth plus its latency (layer-wise: its last layer); one of a single output token
   finished where its prompt ran and sent nothing;
 - the bytes sent equal the prompt KV of the requests handed to the decode pool;
 - per replica, steps do not overlap, last a positive time and their memory slots add up to the
@@ -97,9 +97,10 @@ def draw_cluster_scenario(rng: random.Random, index: int = 0) -> dict:
         link: Any = rng.choice(list(LINK_PRESETS))
     else:
         link = {"bandwidth_gb_s": rng.choice([0.1, 1.0, 100.0]), "latency_s": rng.choice([0.0, 1e-5, 0.05])}
+    mode = rng.choice(literal_choices(KVTransferConfig, "mode"))
+    transfer = {"link": link, "mode": mode, **({"layerwise": True} if mode == "push" and rng.random() < 0.5 else {})}
     data["cluster"] = {"prefill": _pool(rng, data, "prefill"), "decode": _pool(rng, data, "decode"),
-                       "kv_transfer": {"link": link, "mode": rng.choice(literal_choices(KVTransferConfig, "mode"))},
-                       "router": router}
+                       "kv_transfer": transfer, "router": router}
     return data
 
 
@@ -175,7 +176,8 @@ def _check_placement(reqs: pd.DataFrame, done: pd.DataFrame, scn, summary: dict)
         bad.append("a KV wait below zero, or one where the KV is pushed")
     bw, lat = cfg.link.bandwidth_latency()
     per_token = scn.model_spec.kv_bytes_per_token()
-    least = many["prompt_tokens"] * per_token / bw + lat
+    # layer-wise, at least the last layer leaves after the prefill (fewer bytes for a preempted prefill: all)
+    least = many["prompt_tokens"] * per_token / bw / (scn.model_spec.num_layers if cfg.link.layerwise else 1) + lat
     if not (many["transfer_s"] >= least * (1 - 1e-9) - EPS).all():
         bad.append("a transfer faster than the link's bandwidth and latency allow")
     sent = reqs[reqs["transfer_s"].notna()]

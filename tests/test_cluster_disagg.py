@@ -233,3 +233,56 @@ def test_a_handed_over_request_decodes_from_its_first_step_there(mode: str) -> N
     reqs = res.requests.set_index("req_id")
     for rid in landed.index[:10]:   # the prefill replica's decode phase is the first token's point: its
         assert first[rid] == pytest.approx(reqs.loc[rid, "first_token_s"], rel=1e-12)   # decode starts there
+
+
+def test_a_layerwise_link_by_hand() -> None:
+    """1 GB/s, no latency: a transfer asked for at its prefill's end counts the time the link stood idle
+    since its KV began to be written as already sent, but never sends its last layer before the end."""
+    import simpy
+
+    from sim.cluster.link import KVLink
+
+    env = simpy.Environment()
+    link = KVLink(env, 1e9, 0.0)
+    ends: dict[str, float] = {}
+
+    def send(name: str, at: float, nbytes: float, ready_from: float | None, tail: float):
+        yield env.timeout(at)
+        yield from link.send(nbytes, ready_from=ready_from, tail_bytes=tail)
+        ends[name] = env.now
+
+    # a: idle link, KV written from 4.0 to 5.0: 1 s of its 2 s already sent -> lands at 6.0
+    # b: asked at 5.5 while a holds the link: queues, overlaps nothing -> 2 s from 6.0 to 8.0
+    # c: at 10.0, written from 9.9 (the link idle since 8.0): 0.1 s of 1 s sent -> 10.9
+    # d: at 20.0, written long before: the whole transfer would be sent, but its last 0.1 GB leave after -> 20.1
+    for args in [("a", 5.0, 2e9, 4.0, 2e8), ("b", 5.5, 2e9, 5.0, 2e8), ("c", 10.0, 1e9, 9.9, 1e7),
+                 ("d", 20.0, 1e9, 0.0, 1e8)]:
+        env.process(send(*args))
+    env.run()
+    assert ends == pytest.approx({"a": 6.0, "b": 8.0, "c": 10.9, "d": 20.1})
+    assert link.busy_s == pytest.approx(6.0) and link.bytes_sent == 6e9
+
+
+def test_layerwise_push_overlaps_the_transfer_with_its_prefill() -> None:
+    """One request, tiny-llama (2 layers): what is left after the prefill is the transfer less the prefill's
+    time (slow link), or its last layer (fast link), plus the latency; everything else as pushed."""
+    for bw in (1.0, 1e-4):
+        data = _pd([(0.0, 300, 5)], {"replicas": 1}, {"replicas": 1},
+                   link={"bandwidth_gb_s": bw, "latency_s": 0.01}, mode="push")
+        plain = run_scenario(scenario_from_dict(data)).requests.iloc[0]
+        data["cluster"]["kv_transfer"]["layerwise"] = True
+        r = run_scenario(scenario_from_dict(data)).requests.iloc[0]
+        wire = 300 * _kv_bytes_per_token() / (bw * 1e9)
+        prefill = r["first_token_s"] - r["first_scheduled_s"]
+        assert r["transfer_s"] == pytest.approx(max(wire - prefill, wire / 2) + 0.01)
+        assert plain["transfer_s"] == pytest.approx(wire + 0.01)
+        assert r["ttft_s"] == plain["ttft_s"] and r["finish_s"] < plain["finish_s"]
+
+
+def test_layerwise_needs_pushed_kv() -> None:
+    from sim.errors import KvsimError
+
+    data = _pd(REQS[:5], {"replicas": 1}, {"replicas": 1})
+    data["cluster"]["kv_transfer"]["layerwise"] = True
+    with pytest.raises(KvsimError, match="layerwise: only with mode push"):
+        scenario_from_dict(data)

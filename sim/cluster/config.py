@@ -8,7 +8,8 @@ Two shapes, exclusive:
 
 A pool may override ``hardware``, ``tensor_parallel``, ``kv_cache`` and ``scheduler`` (the last two key
 by key over the scenario's own). A link is a preset name or ``{bandwidth_gb_s, latency_s}``;
-``kv_transfer.mode`` is ``pull`` (the decode side allocates, then reads the KV) or ``push`` (sim/cluster/disagg.py).
+``kv_transfer.mode`` is ``pull`` (the decode side allocates, then reads the KV) or ``push`` (sim/cluster/disagg.py);
+``kv_transfer.layerwise`` (push only) streams the KV layer by layer while the prefill runs.
 Invariants: at least one replica per pool; a prefill pool always has a decode pool and back;
 ``kv_transfer`` only with pools.
 """
@@ -58,6 +59,16 @@ class KVTransferConfig(_Strict):
     # next token, then reads the KV, which the prefill replica holds until then; push (a KV store between the
     # pools, e.g. Mooncake's): the KV leaves as soon as the prefill ends, the decode side allocates on admission
     mode: Literal["pull", "push"] = "pull"
+    # push only: each layer's KV leaves while the prefill computes the next (layer-wise connectors, e.g.
+    # LMCache's or vLLM's P2P NCCL one), so the transfer overlaps the prefill (sim/cluster/link.py)
+    layerwise: bool = False
+
+    @model_validator(mode="after")
+    def _layerwise_pushes(self) -> KVTransferConfig:
+        if self.layerwise and self.mode != "push":
+            raise ValueError("layerwise: only with mode push (pulled KV is read after the decode side has "
+                             "allocated for it, once the prefill has ended)")
+        return self
 
     @field_validator("link")
     @classmethod

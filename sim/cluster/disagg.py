@@ -7,7 +7,8 @@
                goes over the link; the prefill replica holds its blocks until the transfer ends, however
                long the decode side keeps it waiting
             -> push (a KV store between the pools): the KV goes over the link at once, the prefill replica
-               frees its blocks at the transfer's end; then router -> decode replica
+               frees its blocks at the transfer's end; then router -> decode replica (``layerwise``: the
+               layers went over the link while the prefill ran, so less of the transfer is left, link.py)
             -> decode replica: queued like any arrival, with num_computed_tokens = prompt_len and one token
                generated; admitted (pull: its blocks are there) and decodes the rest
 
@@ -49,13 +50,14 @@ class Handoff:
     """Moves finished prefills to the decode pool; tells the decode pool when no more will come."""
 
     def __init__(self, env: simpy.Environment, decode: Sequence[Replica], router: Router, link: KVLink,
-                 kv_bytes_per_token: int, pull: bool = True) -> None:
+                 kv_bytes_per_token: int, pull: bool = True, layers: int = 0) -> None:
         self.env = env
         self.decode = decode
         self.router = router
         self.link = link
         self.kv_bytes_per_token = kv_bytes_per_token
         self.pull = pull
+        self.layers = layers   # > 0: pushed KV leaves layer by layer during the prefill (link.py)
         # pull: per decode replica, the requests routed there waiting for their blocks (FIFO), and those
         # holding blocks there whose KV is on its way (each will take a seat on arrival)
         self._queued: list[deque[tuple[Request, Callable[[Request], None], Replica]]] = [deque() for _ in decode]
@@ -106,7 +108,11 @@ class Handoff:
     def _send(self, req: Request, free: Callable[[Request], None], src: Replica):
         """The KV over the link; then the prefill side lets go of its blocks."""
         start = self.transfer_start[req.req_id] = self.env.now
-        yield from self.link.send(req.prompt_len * self.kv_bytes_per_token)
+        nbytes = req.prompt_len * self.kv_bytes_per_token
+        if self.layers and not req.num_preemptions:   # (a preempted prefill's early KV was thrown away)
+            yield from self.link.send(nbytes, ready_from=req.first_scheduled_s, tail_bytes=nbytes / self.layers)
+        else:
+            yield from self.link.send(nbytes)
         free(req)                                  # the prefill side lets go of the blocks now
         src.engine.wake()                          # a prefill waiting for memory may go on
         self.transfer_s[req.req_id] = self.env.now - start

@@ -257,7 +257,7 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
     bw, lat = cfg.link.bandwidth_latency()
     link = KVLink(env, bw, lat)
     handoff = Handoff(env, decode, make_router(cfg.router, scn.seed + 1), link, scn.model_spec.kv_bytes_per_token(),
-                      pull=cfg.link.mode == "pull")
+                      pull=cfg.link.mode == "pull", layers=scn.model_spec.num_layers if cfg.link.layerwise else 0)
     if bar is not None:   # (before attach_decode, which chains the decode engines' on_step)
         _show_progress(bar, decode, prefill, handoff)
     for rep in prefill:
