@@ -2,7 +2,7 @@
 
     draw_cluster_scenario(rng)  -> dict        a random, valid cluster scenario (tiny caches, few requests):
                                                colocated replicas behind any router, or prefill and decode
-                                               pools (pull or push, any link, pools with hardware, a
+                                               pools (pull, push or layer-wise push, any link, pools with hardware, a
                                                tensor-parallel degree, a cache and limits of their own)
     run_cluster_case(data)      -> CaseResult  run it three ways and check the outcome
     fuzz_clusters(seed, count)  -> FuzzReport  many cases; failures keep the scenario, to replay with ``kvsim run``
