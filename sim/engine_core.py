@@ -6,13 +6,14 @@ Covered (``core_supported``): continuous batching under FCFS, round-robin, prior
 longest-prefix-first (without a prefix cache every match is empty: FCFS) with recompute or swap preemption, the paged manager with or without prefix caching (hits, evictions and a preempted
 request finding its own blocks again: blocks by identity in sim/csrc/kvpool.c, where the manager's are
 counts alone without a cache), requests of one sequence (shared-prefix groups included), the cost model
-as executor; in a cluster, a router that reads at most the replicas' loads and KV usage. There a step
+as executor; static batching (FCFS or priority, the paged manager, no prefix cache: sim/sched/static.py's
+batches, their finished members idle until the last one finishes); in a cluster, a router that reads at most the replicas' loads and KV usage. There a step
 costs about a microsecond instead of tens: the requests'
 state lives in typed arrays, each step is planned, priced, updated and recorded without a Python object,
 and only the executor's GEMM, all-reduce and LM-head times (once per size), the recorder (a chunk of rows
 at a time), the router (once per request, where it reads the replicas), the block hashes of each request's
 shareable content (once per request: ``_hashes_of``) and the progress bar are called
-back. Everything else (forks and beams, static batching, the contiguous allocators, disaggregated pools, the GPU executor) runs the SimPy loop. ``KVSIM_CORE=0`` (or
+back. Everything else (forks and beams, the contiguous allocators, disaggregated pools, the GPU executor) runs the SimPy loop. ``KVSIM_CORE=0`` (or
 ``KVSIM_NATIVE=0``, or ``enabled = False`` here) runs the SimPy loop for every scenario:
 tests/test_engine_core.py and tests/test_engine_core_prefix.py compare them.
 
@@ -45,6 +46,7 @@ from sim.metrics import STEP_COLUMNS, Columns, Recorder
 from sim.native import native
 from sim.request import Request, RequestStatus
 from sim.sched.continuous import ContinuousScheduler
+from sim.sched.static import StaticScheduler
 from sim.workload.tokens import block_hash_array, shareable_blocks
 
 enabled = os.environ.get("KVSIM_CORE", "1") != "0"
@@ -57,12 +59,16 @@ def core_supported(scheduler: Any, manager: Any, executor: Any, requests: list[R
     if not enabled or native is None or not hasattr(native, "run_core"):
         return False
     cfg = scheduler.config
-    if (type(scheduler) is not ContinuousScheduler or cfg.policy not in ("fcfs", "priority", "round_robin", "longest_prefix_first")
-            or getattr(cfg, "batching", "continuous") != "continuous"):
-        return False
     if type(manager) is not KVCacheManager:
         return False
     cache = manager.prefix_cache
+    if type(scheduler) is StaticScheduler:
+        if cache is not None:
+            return False
+    elif (type(scheduler) is not ContinuousScheduler
+          or cfg.policy not in ("fcfs", "priority", "round_robin", "longest_prefix_first")
+          or getattr(cfg, "batching", "continuous") != "continuous"):
+        return False
     if cache is not None and (manager.pool.num_free != manager.num_blocks or cache.cached.any()):
         return False   # (the core starts a cache from an unused pool, its free queue in id order)
     if type(executor) is not CostModelExecutor or executor._native_consts is None:
@@ -266,12 +272,14 @@ def _engine_spec(parts: EngineParts) -> tuple:
     scheduler, recorder = parts.scheduler, parts.recorder
     mgr = scheduler.manager
     cfg = scheduler.config
+    static = type(scheduler) is StaticScheduler   # (its queue: priority order, else FCFS; it never preempts)
     settings = (mgr.block_size, mgr.num_blocks, cfg.max_num_seqs, scheduler.max_num_batched_tokens,
                 int(cfg.chunked_prefill), int(parts.async_scheduling), int(cfg.victim == "most_generated"),
-                parts.max_stall, mgr.pool.num_free, int(parts.check_integrity), int(cfg.preemption == "swap"),
-                mgr.swap.num_blocks - mgr.swap.num_used, int(cfg.policy == "priority"), int(cfg.policy == "round_robin"),
-                cfg.rr_quantum_steps, int(mgr.prefix_cache is not None), int(cfg.policy == "longest_prefix_first"),
-                getattr(scheduler.waiting, "window", 0), getattr(scheduler.waiting, "max_bypass", 0))
+                parts.max_stall, mgr.pool.num_free, int(parts.check_integrity),
+                int(cfg.preemption == "swap" and not static), mgr.swap.num_blocks - mgr.swap.num_used,
+                int(cfg.policy == "priority"), int(cfg.policy == "round_robin" and not static), cfg.rr_quantum_steps,
+                int(mgr.prefix_cache is not None), int(cfg.policy == "longest_prefix_first" and not static),
+                getattr(scheduler.waiting, "window", 0), getattr(scheduler.waiting, "max_bypass", 0), int(static))
     width, chunk = len(STEP_COLUMNS), Columns.CHUNK_ROWS
 
     def sink(main: memoryview, breakdown: memoryview, m: int) -> None:

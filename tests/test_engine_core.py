@@ -97,6 +97,51 @@ def test_preemption_rejection_and_ties_equal(monkeypatch, victim, async_scheduli
     assert (core.requests.status == "REJECTED").sum() == s["num_rejected"] == 3 and s["num_truncated"] == 1
 
 
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+def test_static_batching_equals(monkeypatch, policy, async_scheduling):
+    """Static batching on the pressure case: batches formed in queue order while their prompt + output
+    reservations fit, finished members idle with their blocks until the batch's last one finishes, the same
+    refusals and cut; the queue in priority order under the priority policy."""
+    data = _scenario(PRESSURE, batching="static", chunked_prefill=False, policy=policy,
+                     async_scheduling=async_scheduling)
+    for i, r in enumerate(data["workload"]["requests"]):
+        r["priority"] = (5 * i) % 4
+    loop, core = _both(monkeypatch, lambda: run_scenario(scenario_from_dict(data), check_integrity=True))
+    assert_same(loop, core)
+    s = core.summary
+    assert core.profile["compiled_core"] and not loop.profile["compiled_core"]
+    assert s["num_rejected"] == 3 and s["num_truncated"] == 1 and s["num_finished"] == 60
+    assert (core.timeline.phase == "idle").sum() >= 20   # members that waited for their batch's last one
+
+
+def _static(data: dict) -> dict:
+    """A fuzz case under static batching (whole prompts, FCFS or priority, no prefix cache), in the core."""
+    d = _into_core(data)
+    d["scheduler"].update(batching="static", chunked_prefill=False)
+    if d["scheduler"].get("policy") not in ("fcfs", "priority"):
+        d["scheduler"]["policy"] = "fcfs"
+    d["kv_cache"]["prefix_caching"] = False
+    return d
+
+
+def test_fuzzed_static_batching_equals(monkeypatch):
+    """40 fuzz cases under static batching, alone and on 2 to 6 replicas behind every router: the core and the
+    SimPy loop agree."""
+    policies = ["round_robin", "random", "least_requests", "least_kv", "power_of_two", "session", "prefix_affinity"]
+    covered = 0
+    for i in range(40):
+        rng = random.Random(f"static-core:{i}")
+        data = _static(draw_scenario(rng, i))
+        if i % 2:
+            data["cluster"] = {"replicas": rng.randint(2, 6), "router": {"policy": policies[i % len(policies)]}}
+        loop, core = _both(monkeypatch, lambda d=data: run_scenario(
+            scenario_from_dict(copy.deepcopy(d), source="<fuzz>"), check_integrity=True))
+        assert_same_outcome(loop, core, f"case {i}")
+        covered += not isinstance(core, str) and bool(core.profile.get("compiled_core"))
+    assert covered >= 36, f"only {covered} of 40 static fuzz runs ran in the core"
+
+
 def test_longest_prefix_first_without_a_cache_is_fcfs_in_the_core(monkeypatch):
     """Without a prefix cache every match is empty, so longest-prefix-first admits in FCFS order: the
     core runs it as FCFS, with the SimPy loop's results."""
@@ -237,7 +282,6 @@ def test_what_the_core_does_not_cover_runs_the_loop():
     base = _scenario(STRESS["long_decodes"])
     base["workload"]["synthetic"]["num_requests"] = 20
     cases = {
-        "static batching": {"scheduler": {"batching": "static", "chunked_prefill": False}},
         "contiguous": {"kv_cache": {"allocator": "contiguous-max"}},
         "parallel samples": {"workload": {"synthetic": {"n": 2}}},
     }

@@ -4,8 +4,8 @@ instead of Python objects.
 
 It computes what sim/engine.py's SimPy loop computes (and sim/cluster/runner.py's, for several engines
 behind one arrival process) with a ContinuousScheduler (FCFS, round-robin or priority; preemption by
-recompute or by swap), a KVCacheManager with or without prefix caching, without forked sequences, and the
-cost model,
+recompute or by swap) or a StaticScheduler (FCFS or priority, no prefix cache: schedule_static), a
+KVCacheManager with or without prefix caching, without forked sequences, and the cost model,
 stepping one step per event as the plain loop does (no decode runs: a step here costs about a
 microsecond):
 
@@ -33,7 +33,7 @@ Rows go to the caller a chunk at a time (``sink``); everything else comes back a
 #include <string.h>
 
 enum { ST_WAITING = 0, ST_RUNNING = 1, ST_PREEMPTED = 2, ST_SWAPPED = 3, ST_FINISHED = 4 };
-enum { PH_WAITING = 0, PH_PREFILL = 1, PH_DECODE = 2, PH_PREEMPTED = 3, PH_SWAPPED = 4, PH_DONE = 6 };
+enum { PH_WAITING = 0, PH_PREFILL = 1, PH_DECODE = 2, PH_PREEMPTED = 3, PH_SWAPPED = 4, PH_IDLE = 5, PH_DONE = 6 };
 enum { MAIN_COLS = 18, BD_COLS = 7 };
 enum { ERR_NONE = 0, ERR_DEADLOCK = 1, ERR_DURATION = 2, ERR_LIVELOCK = 3 };
 enum { URGENT = 0, NORMAL = 1 };
@@ -41,6 +41,8 @@ enum { URGENT = 0, NORMAL = 1 };
 over the pairs drawn ahead; prefix_affinity over a pool without prefix caches; session (each request
 follows an earlier one, found ahead, or goes to the least loaded) */
 enum { RULE_CALL = 0, RULE_LEAST_LOAD = 1, RULE_LEAST_KV = 2, RULE_PAIR = 3, RULE_AFFINITY = 4, RULE_FOLLOW = 5 };
+
+static int fail(const char *what, int64_t a, int64_t b);
 
 /* a growable array of fixed-size items */
 typedef struct {
@@ -93,6 +95,12 @@ typedef struct {
     const double *arrival;
     int64_t bs, num_blocks, max_seqs, max_batched, max_stall;
     int chunked, staging, victim_generated, check, swap, priority, rr;   /* the priority, round-robin policies */
+    /* static batching (sim/sched/static.py): a batch formed when none runs, each member's prompt + output
+    reserved at once, its finished members idle with their blocks (``idle``, in finish order) until its last
+    one finishes */
+    int staticb;
+    int64_t *idle;
+    Py_ssize_t nidle;
     /* longest-prefix-first over a prefix cache (sim/sched/queues.py LongestPrefixQueue): the first ``window``
     of the queue ranked by cached blocks; the front overtaken at most ``max_bypass`` times; the position
     the last peek chose */
@@ -922,8 +930,54 @@ static void sort_by_rank(const Core *c, int64_t *v, Py_ssize_t n)
 }
 
 /* ContinuousScheduler.schedule under FCFS, round-robin or priority, without forks */
+/* StaticScheduler._form_batch: with no batch running, waiting requests in queue order join one while a
+seat is free, each reserving its prompt + output (its most KV tokens) at once; the first that does not fit
+(blocks, or after the first a prompt past the token budget left) ends the formation */
+static int form_batch(Core *c, double now)
+{
+    int64_t budget = c->max_batched;
+    while (c->wq_len && c->nrun < c->max_seqs) {
+        const int64_t r = wq_peek(c);
+        if (c->nrun && c->prompt[r] > budget)
+            break;
+        const int64_t maxkv = c->prompt[r] + c->output[r] - 1;
+        if ((maxkv + c->bs - 1) / c->bs - c->tlen[r] > c->free_blocks || !allocate(c, r, maxkv))
+            break;
+        wq_pop(c);
+        c->stat[r] = ST_RUNNING;
+        c->fsched[r] = now;
+        c->int_zero[r] = (c->int_zero[r] & ~(int64_t)1) | (c->w->int_clock ? 1 : 0);
+        c->running[c->nrun++] = r;
+        if (mark(c, r, PH_PREFILL, now) < 0)
+            return -1;
+        budget -= c->prompt[r];
+    }
+    return 0;
+}
+
+/* StaticScheduler.schedule: the batch (formed first if none runs) computes its next tokens, every member in
+running order, within the memory it reserved */
+static int schedule_static(Core *c, double now)
+{
+    c->st_prefill = c->st_decode = c->st_preempted = c->st_swap_out = c->st_swap_in = 0;
+    c->ne = 0;
+    c->step_index++;
+    if (!c->nrun && form_batch(c, now) < 0)
+        return -1;
+    for (Py_ssize_t j = 0; j < c->nrun; j++) {
+        const int64_t r = c->running[j];
+        const int64_t num_new = c->prompt[r] + c->gen[r] - c->comp[r];
+        if (!allocate(c, r, num_new))
+            return fail("static batching: a member outgrew its reserved memory", c->rid[r], num_new);
+        add_planned(c, r, num_new);
+    }
+    return 0;
+}
+
 static int schedule(Core *c, double now)
 {
+    if (c->staticb)
+        return schedule_static(c, now);
     c->st_prefill = c->st_decode = c->st_preempted = c->st_swap_out = c->st_swap_in = 0;
     c->ne = 0;
     int64_t budget = c->max_batched;
@@ -1219,6 +1273,13 @@ static int update(Core *c, double now, int *progressed)
         const int64_t r = c->done[j];
         c->stat[r] = ST_FINISHED;
         c->fin[r] = now;
+        if (c->staticb) {   /* StaticScheduler._finish: idle with its memory until the batch ends */
+            c->finished++;
+            c->idle[c->nidle++] = r;
+            if (mark(c, r, PH_IDLE, now) < 0)
+                return -1;
+            continue;
+        }
         release(c, r);
         if (c->cache)
             close_request(c, r);
@@ -1232,6 +1293,14 @@ static int update(Core *c, double now, int *progressed)
             if (c->stat[c->running[j]] != ST_FINISHED)
                 c->running[k++] = c->running[j];
         c->nrun = k;
+    }
+    if (c->staticb && ndone && !c->nrun) {   /* the batch is over: everyone's memory is released */
+        for (Py_ssize_t j = 0; j < c->nidle; j++) {
+            release(c, c->idle[j]);
+            if (mark(c, c->idle[j], PH_DONE, now) < 0)
+                return -1;
+        }
+        c->nidle = 0;
     }
     *progressed = sampled || ndone;
     return 0;
@@ -1379,7 +1448,7 @@ core's counters: blocks held add up, slots add up to the capacity, each running 
 exactly its computed tokens, nobody else holds a block. */
 static int check_integrity(Core *c)
 {
-    int64_t tables = 0, held = 0, beyond = 0, pre = 0;
+    int64_t tables = 0, held = 0, beyond = 0, pre = 0, idle = 0;
     const int64_t bs = c->bs;
     for (Py_ssize_t j = 0; j < c->nrun; j++) {
         const int64_t r = c->running[j];
@@ -1387,7 +1456,7 @@ static int check_integrity(Core *c)
             return fail("a request in running is not running", c->rid[r], c->stat[r]);
         if (c->comp[r] > c->prompt[r] + c->gen[r])
             return fail("a request computed past its tokens", c->comp[r], c->prompt[r] + c->gen[r]);
-        if (c->tlen[r] != (c->comp[r] + bs - 1) / bs)
+        if (!c->staticb && c->tlen[r] != (c->comp[r] + bs - 1) / bs)
             return fail("a running request's blocks do not cover its computed tokens", c->tlen[r], c->comp[r]);
         pre += c->in_pre[r];
     }
@@ -1397,8 +1466,9 @@ static int check_integrity(Core *c)
         tables += c->tlen[i];
         beyond += c->beyond[i];
         if (c->tlen[i]) {
-            if (c->stat[i] != ST_RUNNING)
+            if (c->stat[i] != ST_RUNNING && !(c->staticb && c->stat[i] == ST_FINISHED))
                 return fail("a request that is not running holds blocks", c->rid[i], c->tlen[i]);
+            idle += c->stat[i] == ST_FINISHED;
             held += c->comp[i] < c->tlen[i] * bs ? c->comp[i] : c->tlen[i] * bs;
         }
     }
@@ -1410,6 +1480,8 @@ static int check_integrity(Core *c)
     }
     if (tables != c->logical)
         return fail("logical blocks differ from the tables", c->logical, tables);
+    if (idle != c->nidle)
+        return fail("finished requests holding blocks are not the idle members of the batch", idle, c->nidle);
     if (held != c->held)
         return fail("held slots differ from the computed tokens", c->held, held);
     if (beyond != c->beyond_final)
@@ -1726,7 +1798,7 @@ static void *alloc_n(Py_ssize_t n, size_t item, int *failed)
 static void free_engine(Core *c)
 {
     void *bufs[] = {c->running, c->order, c->done, c->wq, c->staged, c->staged_t, c->e_idx, c->e_new, c->e_ctx, c->swapped,
-                    c->tmp,
+                    c->tmp, c->idle,
                     c->main, c->bd, c->lin.keys, c->lin.vals, c->head.keys, c->head.vals, c->pad, c->tr_rid.p,
                     c->tr_time.p, c->tr_phase.p,
                     c->gap_d.p, c->gap_n.p, c->other.p, c->pref};
@@ -1744,13 +1816,13 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
     if (!PyArg_ParseTuple(spec, "O!(iO!O!OOO)On", &PyTuple_Type, &cfg, &mode, &PyTuple_Type, &ints, &PyTuple_Type,
                           &floats, &pad, &linear_fn, &head_fn, &sink, &chunk))
         return -1;
-    if (chunk < 1 || PyTuple_GET_SIZE(cfg) != 19 || PyTuple_GET_SIZE(ints) != 6
+    if (chunk < 1 || PyTuple_GET_SIZE(cfg) != 20 || PyTuple_GET_SIZE(ints) != 6
         || PyTuple_GET_SIZE(floats) != (mode ? 18 : 11)) {
         PyErr_SetString(PyExc_ValueError, "run_core: bad sizes, settings or pricing constants");
         return -1;
     }
-    int64_t cv[19], iv[6];
-    for (int j = 0; j < 19; j++) {
+    int64_t cv[20], iv[6];
+    for (int j = 0; j < 20; j++) {
         cv[j] = PyLong_AsLongLong(PyTuple_GET_ITEM(cfg, j));
         if (cv[j] == -1 && PyErr_Occurred())
             return -1;
@@ -1785,6 +1857,11 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
     c->lpf_window = cv[17];
     c->lpf_max_bypass = cv[18];
     c->lpf_at = -1;
+    c->staticb = (int)cv[19];
+    if (c->staticb && (c->cache || c->rr || c->lpf || c->swap)) {
+        PyErr_SetString(PyExc_ValueError, "run_core: static batching takes no prefix cache, round-robin, longest-prefix-first or swap");
+        return -1;
+    }
     if (c->bs < 1 || c->num_blocks < 0 || c->max_seqs < 1) {
         PyErr_SetString(PyExc_ValueError, "run_core: bad block or batch settings");
         return -1;
@@ -1834,6 +1911,8 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
     c->e_ctx = alloc_n(batch, 8, &failed);
     c->swapped = alloc_n(batch, 8, &failed);
     c->tmp = alloc_n(batch, 8, &failed);
+    c->idle = alloc_n(batch, 8, &failed);
+    c->nidle = 0;
     c->wq = alloc_n(N + 1, 8, &failed);
     c->staged = alloc_n(N, 8, &failed);
     c->staged_t = alloc_n(N, 8, &failed);
