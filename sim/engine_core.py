@@ -7,13 +7,14 @@ longest-prefix-first (without a prefix cache every match is empty: FCFS) with re
 request finding its own blocks again: blocks by identity in sim/csrc/kvpool.c, where the manager's are
 counts alone without a cache), requests of one sequence (shared-prefix groups included), the cost model
 as executor; static batching (FCFS or priority, the paged manager, no prefix cache: sim/sched/static.py's
-batches, their finished members idle until the last one finishes); in a cluster, a router that reads at most the replicas' loads and KV usage. There a step
+batches, their finished members idle until the last one finishes); the contiguous allocators instead of
+the paged manager (sim/kv/contiguous.py: a region a request, first fit over the free extents); in a cluster, a router that reads at most the replicas' loads and KV usage. There a step
 costs about a microsecond instead of tens: the requests'
 state lives in typed arrays, each step is planned, priced, updated and recorded without a Python object,
 and only the executor's GEMM, all-reduce and LM-head times (once per size), the recorder (a chunk of rows
 at a time), the router (once per request, where it reads the replicas), the block hashes of each request's
 shareable content (once per request: ``_hashes_of``) and the progress bar are called
-back. Everything else (forks and beams, the contiguous allocators, disaggregated pools, the GPU executor) runs the SimPy loop. ``KVSIM_CORE=0`` (or
+back. Everything else (forks and beams, disaggregated pools, the GPU executor) runs the SimPy loop. ``KVSIM_CORE=0`` (or
 ``KVSIM_NATIVE=0``, or ``enabled = False`` here) runs the SimPy loop for every scenario:
 tests/test_engine_core.py and tests/test_engine_core_prefix.py compare them.
 
@@ -40,6 +41,7 @@ from sim.executors.engine_params import (
     EAGER_OPS_PER_LAYER,
     FUSED_ELEMENTWISE_KERNELS,
 )
+from sim.kv.contiguous import ContiguousKVManager
 from sim.kv.manager import KVCacheManager
 from sim.kv.prefix_cache import NO_BLOCKS
 from sim.metrics import STEP_COLUMNS, Columns, Recorder
@@ -50,6 +52,7 @@ from sim.sched.static import StaticScheduler
 from sim.workload.tokens import block_hash_array, shareable_blocks
 
 enabled = os.environ.get("KVSIM_CORE", "1") != "0"
+CONTIGUOUS_MODES = {"contiguous-max": 1, "contiguous-pow2": 2, "contiguous-oracle": 3}   # core.c's ``contig``
 PROGRESS_EVERY = 500   # steps between two calls of the progress callback (as the SimPy loop's bar reads)
 
 
@@ -59,9 +62,14 @@ def core_supported(scheduler: Any, manager: Any, executor: Any, requests: list[R
     if not enabled or native is None or not hasattr(native, "run_core"):
         return False
     cfg = scheduler.config
-    if type(manager) is not KVCacheManager:
+    if type(manager) is ContiguousKVManager:
+        if manager.space.num_free != manager.num_blocks:
+            return False   # (the core starts the space unused: one free extent)
+        cache = None
+    elif type(manager) is not KVCacheManager:
         return False
-    cache = manager.prefix_cache
+    else:
+        cache = manager.prefix_cache
     if type(scheduler) is StaticScheduler:
         if cache is not None:
             return False
@@ -104,7 +112,7 @@ def prepare(requests: list[Request], scheduler: ContinuousScheduler) -> tuple[np
         requests[i].output_len = int(capped[i])
     mgr = scheduler.manager
     budget = scheduler.max_num_batched_tokens
-    need = -(-(prompt + capped - 1) // mgr.block_size)
+    need = -(-_kv_slots(mgr, prompt, capped) // mgr.block_size)
     bad = (prompt >= mml) | (need > mgr.num_blocks) | (budget < 1)
     if not scheduler.config.chunked_prefill:
         bad |= prompt > budget
@@ -114,6 +122,20 @@ def prepare(requests: list[Request], scheduler: ContinuousScheduler) -> tuple[np
             raise AssertionError(f"engine core: request {requests[i].req_id} flagged as rejected without a reason")
         requests[i].reject_reason = reason
     return (~bad).astype(np.int64), cut
+
+
+def _kv_slots(mgr: Any, prompt: np.ndarray, output: np.ndarray) -> np.ndarray:
+    """The slots each request's KV takes at most: its final length (prompt + output - 1) in the paged manager, its
+    region under a contiguous allocator (ContiguousKVManager.region_tokens)."""
+    final = prompt + output - 1
+    if type(mgr) is not ContiguousKVManager:
+        return final
+    if mgr.mode == "contiguous-max":
+        return np.full_like(final, mgr.max_model_len)
+    if mgr.mode == "contiguous-pow2":
+        pow2 = np.left_shift(1, np.ceil(np.log2(np.maximum(prompt + output, 1))).astype(np.int64))
+        return np.minimum(pow2, np.maximum(mgr.max_model_len, final))
+    return final
 
 
 def _pricing(ex: CostModelExecutor) -> tuple:
@@ -209,7 +231,7 @@ def run_engines(requests: list[Request], engines: list[EngineParts], lag: float,
 
     counters = np.empty((6, n), dtype=np.int64)
     times = np.empty((5, n), dtype=np.float64)
-    caching = any(p.scheduler.manager.prefix_cache is not None for p in engines)
+    caching = any(getattr(p.scheduler.manager, "prefix_cache", None) is not None for p in engines)
     hashes = _hashes_of(requests, engines[0].scheduler.manager.block_size) if caching else None
     results = native.run_core(n, ints, arrival, where, float(lag), route, state, progress, PROGRESS_EVERY,
                               counters, times, [_engine_spec(p) for p in engines], hashes)
@@ -273,13 +295,16 @@ def _engine_spec(parts: EngineParts) -> tuple:
     mgr = scheduler.manager
     cfg = scheduler.config
     static = type(scheduler) is StaticScheduler   # (its queue: priority order, else FCFS; it never preempts)
+    contig = type(mgr) is ContiguousKVManager      # (its regions are never swapped: preemption recomputes)
     settings = (mgr.block_size, mgr.num_blocks, cfg.max_num_seqs, scheduler.max_num_batched_tokens,
                 int(cfg.chunked_prefill), int(parts.async_scheduling), int(cfg.victim == "most_generated"),
-                parts.max_stall, mgr.pool.num_free, int(parts.check_integrity),
-                int(cfg.preemption == "swap" and not static), mgr.swap.num_blocks - mgr.swap.num_used,
+                parts.max_stall, mgr.space.num_free if contig else mgr.pool.num_free, int(parts.check_integrity),
+                int(cfg.preemption == "swap" and not static and not contig),
+                0 if contig else mgr.swap.num_blocks - mgr.swap.num_used,
                 int(cfg.policy == "priority"), int(cfg.policy == "round_robin" and not static), cfg.rr_quantum_steps,
-                int(mgr.prefix_cache is not None), int(cfg.policy == "longest_prefix_first" and not static),
-                getattr(scheduler.waiting, "window", 0), getattr(scheduler.waiting, "max_bypass", 0), int(static))
+                int(getattr(mgr, "prefix_cache", None) is not None), int(cfg.policy == "longest_prefix_first" and not static),
+                getattr(scheduler.waiting, "window", 0), getattr(scheduler.waiting, "max_bypass", 0), int(static),
+                CONTIGUOUS_MODES.get(getattr(mgr, "mode", ""), 0), getattr(mgr, "max_model_len", 0))
     width, chunk = len(STEP_COLUMNS), Columns.CHUNK_ROWS
 
     def sink(main: memoryview, breakdown: memoryview, m: int) -> None:
@@ -343,20 +368,28 @@ def write_engine(scheduler: ContinuousScheduler, requests: list[Request], record
      hit_tokens, peak_prefix, peak_prefix_logical) = totals
     scheduler.num_preemptions += preemptions
     scheduler.swapped_blocks += swapped_blocks
-    mgr: KVCacheManager = scheduler.manager
+    mgr = scheduler.manager
+    if type(mgr) is not KVCacheManager:   # (a contiguous allocator keeps neither peaks nor sums: its rows say all)
+        _collect(scheduler, requests)
+        return
     peaks = mgr.peaks
     for key, value in (("used", peak_used), ("logical", peak_logical), ("prefix", peak_prefix),
                        ("prefix_logical", peak_prefix_logical)):
         peaks[key] = max(peaks[key], value)
     mgr._sum_used += sum_used
     mgr._sum_logical += sum_logical
+    _collect(scheduler, requests)
+    cache = mgr.prefix_cache
+    if cache is not None:
+        cache.num_evicted += evicted
+        cache.record_lookup(query_tokens, hit_tokens)
+
+
+def _collect(scheduler: Any, requests: list[Request]) -> None:
+    """The scheduler's finished and rejected lists from the requests handed to it (in that order)."""
     finished, refused = scheduler.finished, scheduler.rejected
     for req in requests:
         if req.status == RequestStatus.FINISHED:
             finished.append(req)
         elif req.status == RequestStatus.REJECTED:
             refused.append(req)
-    cache = mgr.prefix_cache
-    if cache is not None:
-        cache.num_evicted += evicted
-        cache.record_lookup(query_tokens, hit_tokens)

@@ -142,6 +142,52 @@ def test_fuzzed_static_batching_equals(monkeypatch):
     assert covered >= 36, f"only {covered} of 40 static fuzz runs ran in the core"
 
 
+# blocks of 4 tokens for each allocator on the pressure case: a few regions at a time (a max-length region is
+# 1,024 blocks), so that first fit leaves holes and admissions wait for a region to fit
+CONTIGUOUS_BLOCKS = {"contiguous-max": 3100, "contiguous-pow2": 150, "contiguous-oracle": 90}
+
+
+@pytest.mark.parametrize("allocator", sorted(CONTIGUOUS_BLOCKS))
+@pytest.mark.parametrize("mode", ["fcfs", "round_robin", "static"])
+def test_contiguous_allocators_equal(monkeypatch, allocator, mode):
+    """The pre-paging baselines on the pressure case: one region a request, reserved first fit over the free
+    extents at its admission and merged back at its end (round-robin's rotations free and re-reserve them;
+    static batching keeps a finished member's region until its batch ends); refusals by region size."""
+    static = mode == "static"
+    data = _scenario(PRESSURE, policy="fcfs" if static else mode, batching="static" if static else "continuous",
+                     chunked_prefill=not static)
+    data["kv_cache"].update(allocator=allocator, num_gpu_blocks=CONTIGUOUS_BLOCKS[allocator])
+    loop, core = _both(monkeypatch, lambda: run_scenario(scenario_from_dict(data), check_integrity=True))
+    assert_same(loop, core)
+    assert core.profile["compiled_core"] and not loop.profile["compiled_core"]
+    steps = core.steps
+    assert (steps.slots_internal_frag > 0).any() and (steps.num_waiting > 0).any()
+    if not static:   # (a static batch's regions are all given back at once: no hole outlives it)
+        assert (steps.slots_external_frag > 0).any()
+    if mode == "round_robin":
+        assert core.summary["num_preemptions"] >= 2
+
+
+def test_fuzzed_contiguous_allocators_equal(monkeypatch):
+    """40 fuzz cases under the three contiguous allocators, continuous or static, a quarter of them clusters:
+    the core and the SimPy loop agree."""
+    policies = ["round_robin", "random", "least_requests", "least_kv", "power_of_two", "session", "prefix_affinity"]
+    covered = 0
+    for i in range(40):
+        rng = random.Random(f"contig-core:{i}")
+        data = _static(draw_scenario(rng, i)) if i % 2 else _into_core(draw_scenario(rng, i))
+        if data["scheduler"].get("policy") == "longest_prefix_first":
+            data["scheduler"]["policy"] = "fcfs"
+        data["kv_cache"].update(allocator=sorted(CONTIGUOUS_BLOCKS)[i % 3], prefix_caching=False)
+        if i % 4 == 3:
+            data["cluster"] = {"replicas": rng.randint(2, 5), "router": {"policy": policies[i % len(policies)]}}
+        loop, core = _both(monkeypatch, lambda d=data: run_scenario(
+            scenario_from_dict(copy.deepcopy(d), source="<fuzz>"), check_integrity=True))
+        assert_same_outcome(loop, core, f"case {i}")
+        covered += not isinstance(core, str) and bool(core.profile.get("compiled_core"))
+    assert covered >= 36, f"only {covered} of 40 contiguous fuzz runs ran in the core"
+
+
 def test_longest_prefix_first_without_a_cache_is_fcfs_in_the_core(monkeypatch):
     """Without a prefix cache every match is empty, so longest-prefix-first admits in FCFS order: the
     core runs it as FCFS, with the SimPy loop's results."""
@@ -282,7 +328,6 @@ def test_what_the_core_does_not_cover_runs_the_loop():
     base = _scenario(STRESS["long_decodes"])
     base["workload"]["synthetic"]["num_requests"] = 20
     cases = {
-        "contiguous": {"kv_cache": {"allocator": "contiguous-max"}},
         "parallel samples": {"workload": {"synthetic": {"n": 2}}},
     }
     assert run_scenario(scenario_from_dict(base), check_integrity=False).profile["compiled_core"]

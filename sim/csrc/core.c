@@ -5,7 +5,8 @@ instead of Python objects.
 It computes what sim/engine.py's SimPy loop computes (and sim/cluster/runner.py's, for several engines
 behind one arrival process) with a ContinuousScheduler (FCFS, round-robin or priority; preemption by
 recompute or by swap) or a StaticScheduler (FCFS or priority, no prefix cache: schedule_static), a
-KVCacheManager with or without prefix caching, without forked sequences, and the cost model,
+KVCacheManager with or without prefix caching or a ContiguousKVManager (allocate_region, extent_take,
+extent_give), without forked sequences, and the cost model,
 stepping one step per event as the plain loop does (no decode runs: a step here costs about a
 microsecond):
 
@@ -101,6 +102,14 @@ typedef struct {
     int staticb;
     int64_t *idle;
     Py_ssize_t nidle;
+    /* a contiguous allocator (sim/kv/contiguous.py; ``contig``: 1 max, 2 pow2, 3 oracle, 0 paged): one region of
+    whole blocks a request, its size by the mode, reserved first fit at its first allocation over the free
+    extents (sorted by start, coalesced: ``ext_start``, ``ext_len``; ``largest`` cached, -1 when stale) and
+    given back at its free; a region's table length is its size, ``rstart`` its first block; ``beyond`` its
+    slots past the request's final length */
+    int contig;
+    int64_t max_model_len, *ext_start, *ext_len, *rstart, largest;
+    Py_ssize_t next;
     /* longest-prefix-first over a prefix cache (sim/sched/queues.py LongestPrefixQueue): the first ``window``
     of the queue ranked by cached blocks; the front overtaken at most ``max_bypass`` times; the position
     the last peek chose */
@@ -415,10 +424,120 @@ static void take_blocks(Core *c, int64_t i, int64_t at, int64_t n)
     c->free_blocks = c->pool.num_free;
 }
 
+/* ------------------------------------------------------------------ contiguous regions */
+/* ContiguousKVManager.region_tokens: the slots the allocator reserves for request i */
+static int64_t region_tokens(const Core *c, int64_t i)
+{
+    const int64_t maxkv = c->prompt[i] + c->output[i] - 1;
+    if (c->contig == 1)
+        return c->max_model_len;
+    if (c->contig == 2) {
+        int64_t p2 = 1;
+        while (p2 < c->prompt[i] + c->output[i])
+            p2 <<= 1;
+        const int64_t cap = c->max_model_len > maxkv ? c->max_model_len : maxkv;
+        return p2 < cap ? p2 : cap;
+    }
+    return maxkv;
+}
+
+static inline int64_t region_blocks(const Core *c, int64_t i) { return (region_tokens(c, i) + c->bs - 1) / c->bs; }
+
+/* ExtentAllocator.largest_free */
+static int64_t largest_free(Core *c)
+{
+    if (c->largest < 0) {
+        c->largest = 0;
+        for (Py_ssize_t j = 0; j < c->next; j++)
+            if (c->ext_len[j] > c->largest)
+                c->largest = c->ext_len[j];
+    }
+    return c->largest;
+}
+
+/* ExtentAllocator.allocate: the lowest start of n free blocks in a row, or -1 */
+static int64_t extent_take(Core *c, int64_t n)
+{
+    for (Py_ssize_t j = 0; j < c->next; j++) {
+        if (c->ext_len[j] < n)
+            continue;
+        const int64_t start = c->ext_start[j];
+        if (c->ext_len[j] == n) {
+            memmove(c->ext_start + j, c->ext_start + j + 1, (c->next - j - 1) * sizeof(int64_t));
+            memmove(c->ext_len + j, c->ext_len + j + 1, (c->next - j - 1) * sizeof(int64_t));
+            c->next--;
+        } else {
+            c->ext_start[j] += n;
+            c->ext_len[j] -= n;
+        }
+        c->free_blocks -= n;
+        c->largest = -1;
+        return start;
+    }
+    return -1;
+}
+
+/* ExtentAllocator.free: blocks start .. start + n - 1 back, merged with free neighbours */
+static void extent_give(Core *c, int64_t start, int64_t n)
+{
+    c->free_blocks += n;
+    c->largest = -1;
+    Py_ssize_t j = 0;   /* the first free extent after the run */
+    while (j < c->next && c->ext_start[j] < start)
+        j++;
+    const int right = j < c->next && start + n == c->ext_start[j];
+    const int left = j > 0 && c->ext_start[j - 1] + c->ext_len[j - 1] == start;
+    if (left && right) {
+        c->ext_len[j - 1] += n + c->ext_len[j];
+        memmove(c->ext_start + j, c->ext_start + j + 1, (c->next - j - 1) * sizeof(int64_t));
+        memmove(c->ext_len + j, c->ext_len + j + 1, (c->next - j - 1) * sizeof(int64_t));
+        c->next--;
+    } else if (left) {
+        c->ext_len[j - 1] += n;
+    } else if (right) {
+        c->ext_start[j] = start;
+        c->ext_len[j] += n;
+    } else {
+        memmove(c->ext_start + j + 1, c->ext_start + j, (c->next - j) * sizeof(int64_t));
+        memmove(c->ext_len + j + 1, c->ext_len + j, (c->next - j) * sizeof(int64_t));
+        c->ext_start[j] = start;
+        c->ext_len[j] = n;
+        c->next++;
+    }
+}
+
+/* ContiguousKVManager.allocate_slots: request i's whole region, first fit, at its first call; 0 where no
+free extent holds it */
+static int allocate_region(Core *c, int64_t i)
+{
+    if (c->tlen[i])
+        return 1;   /* (the region holds the request's every token) */
+    const int64_t n = region_blocks(c, i), start = extent_take(c, n);
+    if (start < 0)
+        return 0;
+    c->rstart[i] = start;
+    c->tlen[i] = n;
+    c->logical += n;
+    c->beyond[i] = n * c->bs - (c->prompt[i] + c->output[i] - 1);
+    c->beyond_final += c->beyond[i];
+    return 1;
+}
+
+/* the blocks request i still needs for comp + n tokens (KVCacheManager / ContiguousKVManager.blocks_needed) */
+static inline int64_t blocks_needed(const Core *c, int64_t i, int64_t n)
+{
+    if (c->contig)
+        return c->tlen[i] ? 0 : region_blocks(c, i);
+    const int64_t need = (c->comp[i] + n + c->bs - 1) / c->bs - c->tlen[i];
+    return need > 0 ? need : 0;
+}
+
 /* ------------------------------------------------------------------ KV allocation */
 /* KVCacheManager.allocate_slots without forks: room for comp + n tokens; 0 where blocks ran out */
 static int allocate(Core *c, int64_t i, int64_t n)
 {
+    if (c->contig)
+        return allocate_region(c, i);
     const int64_t old = c->tlen[i];
     const int64_t need = (c->comp[i] + n + c->bs - 1) / c->bs - old;
     if (need > c->free_blocks)
@@ -475,6 +594,17 @@ static int allocate_cached(Core *c, int64_t i, int64_t n, int64_t m)
 static void release(Core *c, int64_t i)
 {
     const int64_t bs = c->bs, t = c->tlen[i], comp = c->comp[i] > 0 ? c->comp[i] : 0;
+    if (c->contig) {   /* ContiguousKVManager.free */
+        if (!t)
+            return;
+        extent_give(c, c->rstart[i], t);
+        c->held -= comp;
+        c->logical -= t;
+        c->tlen[i] = 0;
+        c->beyond_final -= c->beyond[i];
+        c->beyond[i] = 0;
+        return;
+    }
     const int64_t pre = prefix_blocks(c, i, t);
     c->prefix_logical -= pre;
     if (!c->cache) {
@@ -841,6 +971,8 @@ static int admit(Core *c, double now, int64_t budget)
 static int head_fits(Core *c)
 {
     const int64_t r = c->nswapped ? c->swapped[0] : wq_peek(c);
+    if (c->contig)   /* ContiguousKVManager.can_allocate: its region fits the largest free extent */
+        return blocks_needed(c, r, 0) <= largest_free(c);
     const int64_t blocks = (c->prompt[r] + c->gen[r] + c->bs - 1) / c->bs;   /* all its tokens computed */
     if (c->stat[r] == ST_SWAPPED)
         return (c->cpu_held[r] > blocks ? c->cpu_held[r] : blocks) <= c->free_blocks;
@@ -941,7 +1073,7 @@ static int form_batch(Core *c, double now)
         if (c->nrun && c->prompt[r] > budget)
             break;
         const int64_t maxkv = c->prompt[r] + c->output[r] - 1;
-        if ((maxkv + c->bs - 1) / c->bs - c->tlen[r] > c->free_blocks || !allocate(c, r, maxkv))
+        if (blocks_needed(c, r, maxkv) > c->free_blocks || !allocate(c, r, maxkv))
             break;
         wq_pop(c);
         c->stat[r] = ST_RUNNING;
@@ -1344,8 +1476,9 @@ static int record(Core *c)
         c->start, c->d, (double)c->ne, (double)c->st_prefill, (double)c->st_decode, (double)c->nrun,
         (double)(c->wq_len - (c->num_swapped - c->nswapped)), (double)c->num_swapped, (double)used, (double)c->st_preempted, (double)c->st_swap_out,
         (double)c->st_swap_in, 0.0, (double)c->held,
-        (double)(used * bs - c->held - c->beyond_final), (double)c->beyond_final, 0.0,
-        (double)(c->free_blocks * bs)};
+        (double)(used * bs - c->held - c->beyond_final), (double)c->beyond_final,
+        c->contig ? (double)((c->free_blocks - largest_free(c)) * bs) : 0.0,
+        (double)((c->contig ? largest_free(c) : c->free_blocks) * bs)};
     for (int j = 0; j < MAIN_COLS; j++)
         c->main[j * w + f] = row[j];
     for (int j = 0; j < BD_COLS; j++)
@@ -1443,6 +1576,57 @@ out:
     return rc;
 }
 
+/* ExtentAllocator.check_integrity: the free extents are sorted, disjoint and not adjacent, add up to the free
+blocks, and with the regions tile the space */
+static int check_extents(Core *c)
+{
+    const int64_t nb = c->num_blocks;
+    int8_t *seen = calloc(nb > 0 ? nb : 1, 1);
+    if (!seen) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    int rc = -1;
+    int64_t total = 0;
+    for (Py_ssize_t j = 0; j < c->next; j++) {
+        if (c->ext_len[j] < 1 || (j && c->ext_start[j - 1] + c->ext_len[j - 1] >= c->ext_start[j])) {
+            fail("free extents are not sorted, disjoint and merged", c->ext_start[j], c->ext_len[j]);
+            goto out;
+        }
+        total += c->ext_len[j];
+    }
+    if (total != c->free_blocks) {
+        fail("the free extents are not the free blocks", total, c->free_blocks);
+        goto out;
+    }
+    for (Py_ssize_t i = -1; i < c->N; i++) {   /* -1: the free extents; then each region */
+        if (i >= 0 && (c->w->dest[i] != c->index || !c->tlen[i]))
+            continue;
+        const Py_ssize_t parts = i < 0 ? c->next : 1;
+        for (Py_ssize_t j = 0; j < parts; j++) {
+            const int64_t start = i < 0 ? c->ext_start[j] : c->rstart[i], n = i < 0 ? c->ext_len[j] : c->tlen[i];
+            if (start < 0 || start + n > nb) {
+                fail("a run is outside the space", start, n);
+                goto out;
+            }
+            for (int64_t b = start; b < start + n; b++)
+                if (seen[b]++) {
+                    fail("two runs share a block", b, start);
+                    goto out;
+                }
+        }
+    }
+    for (int64_t b = 0; b < nb; b++)
+        if (!seen[b]) {
+            fail("a block is in no run", b, nb);
+            goto out;
+        }
+    rc = 0;
+out:
+    free(seen);
+    return rc;
+}
+
 /* The invariants KVCacheManager.check_integrity and ContinuousScheduler.check_integrity assert, on the
 core's counters: blocks held add up, slots add up to the capacity, each running request's table covers
 exactly its computed tokens, nobody else holds a block. */
@@ -1456,7 +1640,7 @@ static int check_integrity(Core *c)
             return fail("a request in running is not running", c->rid[r], c->stat[r]);
         if (c->comp[r] > c->prompt[r] + c->gen[r])
             return fail("a request computed past its tokens", c->comp[r], c->prompt[r] + c->gen[r]);
-        if (!c->staticb && c->tlen[r] != (c->comp[r] + bs - 1) / bs)
+        if (!c->staticb && !c->contig && c->tlen[r] != (c->comp[r] + bs - 1) / bs)
             return fail("a running request's blocks do not cover its computed tokens", c->tlen[r], c->comp[r]);
         pre += c->in_pre[r];
     }
@@ -1472,6 +1656,8 @@ static int check_integrity(Core *c)
             held += c->comp[i] < c->tlen[i] * bs ? c->comp[i] : c->tlen[i] * bs;
         }
     }
+    if (c->contig && check_extents(c) < 0)
+        return -1;
     if (c->cache) {
         if (check_pool(c, &held) < 0)
             return -1;
@@ -1798,7 +1984,7 @@ static void *alloc_n(Py_ssize_t n, size_t item, int *failed)
 static void free_engine(Core *c)
 {
     void *bufs[] = {c->running, c->order, c->done, c->wq, c->staged, c->staged_t, c->e_idx, c->e_new, c->e_ctx, c->swapped,
-                    c->tmp, c->idle,
+                    c->tmp, c->idle, c->ext_start, c->ext_len,
                     c->main, c->bd, c->lin.keys, c->lin.vals, c->head.keys, c->head.vals, c->pad, c->tr_rid.p,
                     c->tr_time.p, c->tr_phase.p,
                     c->gap_d.p, c->gap_n.p, c->other.p, c->pref};
@@ -1816,13 +2002,13 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
     if (!PyArg_ParseTuple(spec, "O!(iO!O!OOO)On", &PyTuple_Type, &cfg, &mode, &PyTuple_Type, &ints, &PyTuple_Type,
                           &floats, &pad, &linear_fn, &head_fn, &sink, &chunk))
         return -1;
-    if (chunk < 1 || PyTuple_GET_SIZE(cfg) != 20 || PyTuple_GET_SIZE(ints) != 6
+    if (chunk < 1 || PyTuple_GET_SIZE(cfg) != 22 || PyTuple_GET_SIZE(ints) != 6
         || PyTuple_GET_SIZE(floats) != (mode ? 18 : 11)) {
         PyErr_SetString(PyExc_ValueError, "run_core: bad sizes, settings or pricing constants");
         return -1;
     }
-    int64_t cv[20], iv[6];
-    for (int j = 0; j < 20; j++) {
+    int64_t cv[22], iv[6];
+    for (int j = 0; j < 22; j++) {
         cv[j] = PyLong_AsLongLong(PyTuple_GET_ITEM(cfg, j));
         if (cv[j] == -1 && PyErr_Occurred())
             return -1;
@@ -1860,6 +2046,12 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
     c->staticb = (int)cv[19];
     if (c->staticb && (c->cache || c->rr || c->lpf || c->swap)) {
         PyErr_SetString(PyExc_ValueError, "run_core: static batching takes no prefix cache, round-robin, longest-prefix-first or swap");
+        return -1;
+    }
+    c->contig = (int)cv[20];
+    c->max_model_len = cv[21];
+    if (c->contig && (c->contig > 3 || c->cache || c->swap || c->free_blocks != c->num_blocks)) {
+        PyErr_SetString(PyExc_ValueError, "run_core: a contiguous allocator takes no prefix cache or swap and starts unused");
         return -1;
     }
     if (c->bs < 1 || c->num_blocks < 0 || c->max_seqs < 1) {
@@ -1913,6 +2105,10 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
     c->tmp = alloc_n(batch, 8, &failed);
     c->idle = alloc_n(batch, 8, &failed);
     c->nidle = 0;
+    c->ext_start = alloc_n(batch + 1, 8, &failed);   /* free extents: at most one more than the regions */
+    c->ext_len = alloc_n(batch + 1, 8, &failed);
+    c->next = 0;
+    c->largest = -1;
     c->wq = alloc_n(N + 1, 8, &failed);
     c->staged = alloc_n(N, 8, &failed);
     c->staged_t = alloc_n(N, 8, &failed);
@@ -1921,6 +2117,11 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
     if (failed) {
         PyErr_NoMemory();
         return -1;
+    }
+    if (c->contig && c->num_blocks > 0) {   /* the whole space, one free extent */
+        c->ext_start[0] = 0;
+        c->ext_len[0] = c->num_blocks;
+        c->next = 1;
     }
     c->tr_rid.item = 8;
     c->tr_time.item = 8;
@@ -2008,6 +2209,7 @@ PyObject *kv_run_core(PyObject *self, PyObject *args)
     int failed = 0;
     shared.tlen = alloc_n(N, 8, &failed);
     shared.beyond = alloc_n(N, 8, &failed);
+    shared.rstart = alloc_n(N, 8, &failed);
     shared.furthest = alloc_n(N, 8, &failed);
     shared.cpu_held = alloc_n(N, 8, &failed);
     shared.turn = alloc_n(N, 8, &failed);
@@ -2108,6 +2310,7 @@ done:
     free(engines);
     free(shared.tlen);
     free(shared.beyond);
+    free(shared.rstart);
     free(shared.furthest);
     free(shared.cpu_held);
     free(shared.turn);
