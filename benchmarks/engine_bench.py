@@ -7,6 +7,9 @@
     python benchmarks/engine_bench.py --output-scaling      # as given, then doubled, in this process
     python benchmarks/engine_bench.py --synthetic 1000000 --rate 30
     python benchmarks/engine_bench.py --core-compare --repeat 3   # the compiled core against the SimPy loop
+    python benchmarks/engine_bench.py --workload quickstart --core-compare --set kv_cache.allocator=contiguous-max
+    python benchmarks/engine_bench.py --workload quickstart --core-compare --set scheduler.batching=static \
+        --set scheduler.chunked_prefill=false           # (any scenario key, as kvsim run --set takes it)
     python benchmarks/engine_bench.py --no-core             # the SimPy loop (sim/engine.py) for every run
     python benchmarks/engine_bench.py --compare             # multi-step on and off (SimPy loop), in this process
     python benchmarks/engine_bench.py --compare --repeat 3  # alternating, the fastest of each mode
@@ -42,6 +45,7 @@ import yaml
 import sim.engine_core as engine_core
 import sim.runner as runner
 from sim import run_scenario, scenario_from_dict
+from sim.scenario import apply_override, parse_override
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = str(ROOT / "scenarios" / "traces" / "azure_llm_2023_conv.csv")
@@ -211,6 +215,8 @@ def add_workload_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--limit", type=int, default=None, help="first N requests of the trace (default all)")
     ap.add_argument("--synthetic", type=int, default=0, help="run N synthetic requests instead of the trace")
     ap.add_argument("--rate", type=float, default=30.0, help="synthetic arrival rate (req/s)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a scenario override, as kvsim run takes it (repeatable), e.g. scheduler.batching=static")
 
 
 def workload_data(args: argparse.Namespace) -> dict:
@@ -225,6 +231,9 @@ def workload_data(args: argparse.Namespace) -> dict:
         data = azure_scenario(args.limit)
     if getattr(args, "prefix_caching", False):   # vLLM's default; an unhit cache on these workloads
         data.setdefault("kv_cache", {})["prefix_caching"] = True
+    for text in getattr(args, "set", []):
+        path, value = parse_override(text)
+        apply_override(data, path, value, ROOT / "scenarios")
     return data
 
 
