@@ -5,8 +5,8 @@ instead of Python objects.
 It computes what sim/engine.py's SimPy loop computes (and sim/cluster/runner.py's, for several engines
 behind one arrival process) with a ContinuousScheduler (FCFS, round-robin or priority; preemption by
 recompute or by swap) or a StaticScheduler (FCFS or priority, no prefix cache: schedule_static), a
-KVCacheManager with or without prefix caching or a ContiguousKVManager (allocate_region, extent_take,
-extent_give), without forked sequences, and the cost model,
+KVCacheManager with or without prefix caching or a ContiguousKVManager (allocate_region over extents.c),
+without forked sequences, and the cost model,
 stepping one step per event as the plain loop does (no decode runs: a step here costs about a
 microsecond):
 
@@ -28,6 +28,7 @@ microsecond):
 Rows go to the caller a chunk at a time (``sink``); everything else comes back at the end. */
 #include "native.h"
 
+#include "extents.h"
 #include "kvpool.h"
 
 #include <stdlib.h>
@@ -104,12 +105,11 @@ typedef struct {
     Py_ssize_t nidle;
     /* a contiguous allocator (sim/kv/contiguous.py; ``contig``: 1 max, 2 pow2, 3 oracle, 0 paged): one region of
     whole blocks a request, its size by the mode, reserved first fit at its first allocation over the free
-    extents (sorted by start, coalesced: ``ext_start``, ``ext_len``; ``largest`` cached, -1 when stale) and
-    given back at its free; a region's table length is its size, ``rstart`` its first block; ``beyond`` its
+    extents (``ext``: extents.c) and given back at its free; a region's table length is its size, ``rstart`` its first block; ``beyond`` its
     slots past the request's final length */
     int contig;
-    int64_t max_model_len, *ext_start, *ext_len, *rstart, largest;
-    Py_ssize_t next;
+    int64_t max_model_len, *rstart;
+    Extents ext;
     /* longest-prefix-first over a prefix cache (sim/sched/queues.py LongestPrefixQueue): the first ``window``
     of the queue ranked by cached blocks; the front overtaken at most ``max_bypass`` times; the position
     the last peek chose */
@@ -443,78 +443,16 @@ static int64_t region_tokens(const Core *c, int64_t i)
 
 static inline int64_t region_blocks(const Core *c, int64_t i) { return (region_tokens(c, i) + c->bs - 1) / c->bs; }
 
-/* ExtentAllocator.largest_free */
-static int64_t largest_free(Core *c)
-{
-    if (c->largest < 0) {
-        c->largest = 0;
-        for (Py_ssize_t j = 0; j < c->next; j++)
-            if (c->ext_len[j] > c->largest)
-                c->largest = c->ext_len[j];
-    }
-    return c->largest;
-}
-
-/* ExtentAllocator.allocate: the lowest start of n free blocks in a row, or -1 */
-static int64_t extent_take(Core *c, int64_t n)
-{
-    for (Py_ssize_t j = 0; j < c->next; j++) {
-        if (c->ext_len[j] < n)
-            continue;
-        const int64_t start = c->ext_start[j];
-        if (c->ext_len[j] == n) {
-            memmove(c->ext_start + j, c->ext_start + j + 1, (c->next - j - 1) * sizeof(int64_t));
-            memmove(c->ext_len + j, c->ext_len + j + 1, (c->next - j - 1) * sizeof(int64_t));
-            c->next--;
-        } else {
-            c->ext_start[j] += n;
-            c->ext_len[j] -= n;
-        }
-        c->free_blocks -= n;
-        c->largest = -1;
-        return start;
-    }
-    return -1;
-}
-
-/* ExtentAllocator.free: blocks start .. start + n - 1 back, merged with free neighbours */
-static void extent_give(Core *c, int64_t start, int64_t n)
-{
-    c->free_blocks += n;
-    c->largest = -1;
-    Py_ssize_t j = 0;   /* the first free extent after the run */
-    while (j < c->next && c->ext_start[j] < start)
-        j++;
-    const int right = j < c->next && start + n == c->ext_start[j];
-    const int left = j > 0 && c->ext_start[j - 1] + c->ext_len[j - 1] == start;
-    if (left && right) {
-        c->ext_len[j - 1] += n + c->ext_len[j];
-        memmove(c->ext_start + j, c->ext_start + j + 1, (c->next - j - 1) * sizeof(int64_t));
-        memmove(c->ext_len + j, c->ext_len + j + 1, (c->next - j - 1) * sizeof(int64_t));
-        c->next--;
-    } else if (left) {
-        c->ext_len[j - 1] += n;
-    } else if (right) {
-        c->ext_start[j] = start;
-        c->ext_len[j] += n;
-    } else {
-        memmove(c->ext_start + j + 1, c->ext_start + j, (c->next - j) * sizeof(int64_t));
-        memmove(c->ext_len + j + 1, c->ext_len + j, (c->next - j) * sizeof(int64_t));
-        c->ext_start[j] = start;
-        c->ext_len[j] = n;
-        c->next++;
-    }
-}
-
 /* ContiguousKVManager.allocate_slots: request i's whole region, first fit, at its first call; 0 where no
 free extent holds it */
 static int allocate_region(Core *c, int64_t i)
 {
     if (c->tlen[i])
         return 1;   /* (the region holds the request's every token) */
-    const int64_t n = region_blocks(c, i), start = extent_take(c, n);
+    const int64_t n = region_blocks(c, i), start = extents_take(&c->ext, n);
     if (start < 0)
         return 0;
+    c->free_blocks = c->ext.num_free;
     c->rstart[i] = start;
     c->tlen[i] = n;
     c->logical += n;
@@ -590,20 +528,23 @@ static int allocate_cached(Core *c, int64_t i, int64_t n, int64_t m)
     return 1;
 }
 
-/* KVCacheManager.free: request i's table released (its full computed blocks cached first), tail first */
-static void release(Core *c, int64_t i)
+/* KVCacheManager.free: request i's table released (its full computed blocks cached first), tail first;
+ContiguousKVManager.free: its region given back. -1 (an AssertionError set) where the extents break */
+static int release(Core *c, int64_t i)
 {
     const int64_t bs = c->bs, t = c->tlen[i], comp = c->comp[i] > 0 ? c->comp[i] : 0;
     if (c->contig) {   /* ContiguousKVManager.free */
         if (!t)
-            return;
-        extent_give(c, c->rstart[i], t);
+            return 0;
+        if (extents_give(&c->ext, c->rstart[i], t) < 0)
+            return -1;
+        c->free_blocks = c->ext.num_free;
         c->held -= comp;
         c->logical -= t;
         c->tlen[i] = 0;
         c->beyond_final -= c->beyond[i];
         c->beyond[i] = 0;
-        return;
+        return 0;
     }
     const int64_t pre = prefix_blocks(c, i, t);
     c->prefix_logical -= pre;
@@ -634,6 +575,7 @@ static void release(Core *c, int64_t i)
     c->tlen[i] = 0;
     c->beyond_final -= c->beyond[i];
     c->beyond[i] = 0;
+    return 0;
 }
 
 /* ------------------------------------------------------------------ queues */
@@ -835,7 +777,8 @@ static int preempt(Core *c, int64_t i, double now, int rotate)
         c->cpu_free -= blocks;
         c->st_swap_out += blocks;
         c->swapped_blocks += blocks;
-        release(c, i);
+        if (release(c, i) < 0)
+            return -1;
         c->num_swapped++;
         c->stat[i] = ST_SWAPPED;
         if (mark(c, i, PH_SWAPPED, now) < 0)
@@ -846,7 +789,8 @@ static int preempt(Core *c, int64_t i, double now, int rotate)
             c->swapped[c->nswapped++] = i;
         return 0;
     }
-    release(c, i);
+    if (release(c, i) < 0)
+        return -1;
     c->comp[i] = 0;
     c->stat[i] = ST_PREEMPTED;
     if (mark(c, i, PH_PREEMPTED, now) < 0)
@@ -972,7 +916,7 @@ static int head_fits(Core *c)
 {
     const int64_t r = c->nswapped ? c->swapped[0] : wq_peek(c);
     if (c->contig)   /* ContiguousKVManager.can_allocate: its region fits the largest free extent */
-        return blocks_needed(c, r, 0) <= largest_free(c);
+        return blocks_needed(c, r, 0) <= extents_largest(&c->ext);
     const int64_t blocks = (c->prompt[r] + c->gen[r] + c->bs - 1) / c->bs;   /* all its tokens computed */
     if (c->stat[r] == ST_SWAPPED)
         return (c->cpu_held[r] > blocks ? c->cpu_held[r] : blocks) <= c->free_blocks;
@@ -1412,7 +1356,8 @@ static int update(Core *c, double now, int *progressed)
                 return -1;
             continue;
         }
-        release(c, r);
+        if (release(c, r) < 0)
+            return -1;
         if (c->cache)
             close_request(c, r);
         c->finished++;
@@ -1428,8 +1373,7 @@ static int update(Core *c, double now, int *progressed)
     }
     if (c->staticb && ndone && !c->nrun) {   /* the batch is over: everyone's memory is released */
         for (Py_ssize_t j = 0; j < c->nidle; j++) {
-            release(c, c->idle[j]);
-            if (mark(c, c->idle[j], PH_DONE, now) < 0)
+            if (release(c, c->idle[j]) < 0 || mark(c, c->idle[j], PH_DONE, now) < 0)
                 return -1;
         }
         c->nidle = 0;
@@ -1477,8 +1421,8 @@ static int record(Core *c)
         (double)(c->wq_len - (c->num_swapped - c->nswapped)), (double)c->num_swapped, (double)used, (double)c->st_preempted, (double)c->st_swap_out,
         (double)c->st_swap_in, 0.0, (double)c->held,
         (double)(used * bs - c->held - c->beyond_final), (double)c->beyond_final,
-        c->contig ? (double)((c->free_blocks - largest_free(c)) * bs) : 0.0,
-        (double)((c->contig ? largest_free(c) : c->free_blocks) * bs)};
+        c->contig ? (double)((c->free_blocks - extents_largest(&c->ext)) * bs) : 0.0,
+        (double)((c->contig ? extents_largest(&c->ext) : c->free_blocks) * bs)};
     for (int j = 0; j < MAIN_COLS; j++)
         c->main[j * w + f] = row[j];
     for (int j = 0; j < BD_COLS; j++)
@@ -1588,23 +1532,24 @@ static int check_extents(Core *c)
     }
     int rc = -1;
     int64_t total = 0;
-    for (Py_ssize_t j = 0; j < c->next; j++) {
-        if (c->ext_len[j] < 1 || (j && c->ext_start[j - 1] + c->ext_len[j - 1] >= c->ext_start[j])) {
-            fail("free extents are not sorted, disjoint and merged", c->ext_start[j], c->ext_len[j]);
+    const Extents *e = &c->ext;
+    for (Py_ssize_t j = 0; j < e->n; j++) {
+        if (e->len[j] < 1 || (j && e->start[j - 1] + e->len[j - 1] >= e->start[j])) {
+            fail("free extents are not sorted, disjoint and merged", e->start[j], e->len[j]);
             goto out;
         }
-        total += c->ext_len[j];
+        total += e->len[j];
     }
-    if (total != c->free_blocks) {
+    if (total != c->free_blocks || total != e->num_free) {
         fail("the free extents are not the free blocks", total, c->free_blocks);
         goto out;
     }
     for (Py_ssize_t i = -1; i < c->N; i++) {   /* -1: the free extents; then each region */
         if (i >= 0 && (c->w->dest[i] != c->index || !c->tlen[i]))
             continue;
-        const Py_ssize_t parts = i < 0 ? c->next : 1;
+        const Py_ssize_t parts = i < 0 ? e->n : 1;
         for (Py_ssize_t j = 0; j < parts; j++) {
-            const int64_t start = i < 0 ? c->ext_start[j] : c->rstart[i], n = i < 0 ? c->ext_len[j] : c->tlen[i];
+            const int64_t start = i < 0 ? e->start[j] : c->rstart[i], n = i < 0 ? e->len[j] : c->tlen[i];
             if (start < 0 || start + n > nb) {
                 fail("a run is outside the space", start, n);
                 goto out;
@@ -1984,13 +1929,14 @@ static void *alloc_n(Py_ssize_t n, size_t item, int *failed)
 static void free_engine(Core *c)
 {
     void *bufs[] = {c->running, c->order, c->done, c->wq, c->staged, c->staged_t, c->e_idx, c->e_new, c->e_ctx, c->swapped,
-                    c->tmp, c->idle, c->ext_start, c->ext_len,
+                    c->tmp, c->idle,
                     c->main, c->bd, c->lin.keys, c->lin.vals, c->head.keys, c->head.vals, c->pad, c->tr_rid.p,
                     c->tr_time.p, c->tr_phase.p,
                     c->gap_d.p, c->gap_n.p, c->other.p, c->pref};
     for (size_t j = 0; j < sizeof bufs / sizeof bufs[0]; j++)
         free(bufs[j]);
     kvpool_close(&c->pool);
+    extents_close(&c->ext);
 }
 
 /* one engine from its tuple (settings, pricing, terms, sink, chunk), over the world's requests */
@@ -2105,10 +2051,6 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
     c->tmp = alloc_n(batch, 8, &failed);
     c->idle = alloc_n(batch, 8, &failed);
     c->nidle = 0;
-    c->ext_start = alloc_n(batch + 1, 8, &failed);   /* free extents: at most one more than the regions */
-    c->ext_len = alloc_n(batch + 1, 8, &failed);
-    c->next = 0;
-    c->largest = -1;
     c->wq = alloc_n(N + 1, 8, &failed);
     c->staged = alloc_n(N, 8, &failed);
     c->staged_t = alloc_n(N, 8, &failed);
@@ -2118,11 +2060,8 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
         PyErr_NoMemory();
         return -1;
     }
-    if (c->contig && c->num_blocks > 0) {   /* the whole space, one free extent */
-        c->ext_start[0] = 0;
-        c->ext_len[0] = c->num_blocks;
-        c->next = 1;
-    }
+    if (c->contig && extents_open(&c->ext, c->num_blocks, batch + 1) < 0)   /* (regions held <= batch) */
+        return -1;
     c->tr_rid.item = 8;
     c->tr_time.item = 8;
     c->tr_phase.item = 1;
