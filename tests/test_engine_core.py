@@ -128,18 +128,30 @@ def _static(data: dict) -> dict:
 def test_fuzzed_static_batching_equals(monkeypatch):
     """40 fuzz cases under static batching, alone and on 2 to 6 replicas behind every router: the core and the
     SimPy loop agree."""
-    policies = ["round_robin", "random", "least_requests", "least_kv", "power_of_two", "session", "prefix_affinity"]
-    covered = 0
-    for i in range(40):
-        rng = random.Random(f"static-core:{i}")
+    def draw(i: int, rng: random.Random) -> dict:
         data = _static(draw_scenario(rng, i))
         if i % 2:
-            data["cluster"] = {"replicas": rng.randint(2, 6), "router": {"policy": policies[i % len(policies)]}}
+            data["cluster"] = {"replicas": rng.randint(2, 6), "router": {"policy": ROUTERS[i % len(ROUTERS)]}}
+        return data
+
+    covered = _fuzz_equal(monkeypatch, "static-core", draw)
+    assert covered >= 36, f"only {covered} of 40 static fuzz runs ran in the core"
+
+
+ROUTERS = ["round_robin", "random", "least_requests", "least_kv", "power_of_two", "session", "prefix_affinity"]
+
+
+def _fuzz_equal(monkeypatch, key: str, draw, count: int = 40) -> int:
+    """Cases ``draw(i, rng)`` (rng seeded by ``key`` and i) run by the SimPy loop and the core: the same
+    outcome each. Returns how many ran in the core."""
+    covered = 0
+    for i in range(count):
+        data = draw(i, random.Random(f"{key}:{i}"))
         loop, core = _both(monkeypatch, lambda d=data: run_scenario(
             scenario_from_dict(copy.deepcopy(d), source="<fuzz>"), check_integrity=True))
         assert_same_outcome(loop, core, f"case {i}")
         covered += not isinstance(core, str) and bool(core.profile.get("compiled_core"))
-    assert covered >= 36, f"only {covered} of 40 static fuzz runs ran in the core"
+    return covered
 
 
 # blocks of 4 tokens for each allocator on the pressure case: a few regions at a time (a max-length region is
@@ -171,20 +183,16 @@ def test_contiguous_allocators_equal(monkeypatch, allocator, mode):
 def test_fuzzed_contiguous_allocators_equal(monkeypatch):
     """40 fuzz cases under the three contiguous allocators, continuous or static, a quarter of them clusters:
     the core and the SimPy loop agree."""
-    policies = ["round_robin", "random", "least_requests", "least_kv", "power_of_two", "session", "prefix_affinity"]
-    covered = 0
-    for i in range(40):
-        rng = random.Random(f"contig-core:{i}")
+    def draw(i: int, rng: random.Random) -> dict:
         data = _static(draw_scenario(rng, i)) if i % 2 else _into_core(draw_scenario(rng, i))
         if data["scheduler"].get("policy") == "longest_prefix_first":
             data["scheduler"]["policy"] = "fcfs"
         data["kv_cache"].update(allocator=sorted(CONTIGUOUS_BLOCKS)[i % 3], prefix_caching=False)
         if i % 4 == 3:
-            data["cluster"] = {"replicas": rng.randint(2, 5), "router": {"policy": policies[i % len(policies)]}}
-        loop, core = _both(monkeypatch, lambda d=data: run_scenario(
-            scenario_from_dict(copy.deepcopy(d), source="<fuzz>"), check_integrity=True))
-        assert_same_outcome(loop, core, f"case {i}")
-        covered += not isinstance(core, str) and bool(core.profile.get("compiled_core"))
+            data["cluster"] = {"replicas": rng.randint(2, 5), "router": {"policy": ROUTERS[i % len(ROUTERS)]}}
+        return data
+
+    covered = _fuzz_equal(monkeypatch, "contig-core", draw)
     assert covered >= 36, f"only {covered} of 40 contiguous fuzz runs ran in the core"
 
 
