@@ -103,10 +103,10 @@ typedef struct {
     int staticb;
     int64_t *idle;
     Py_ssize_t nidle;
-    /* a contiguous allocator (sim/kv/contiguous.py; ``contig``: 1 max, 2 pow2, 3 oracle, 0 paged): one region of
-    whole blocks a request, its size by the mode, reserved first fit at its first allocation over the free
-    extents (``ext``: extents.c) and given back at its free; a region's table length is its size, ``rstart`` its first block; ``beyond`` its
-    slots past the request's final length */
+    /* a contiguous allocator (sim/kv/contiguous.py; ``contig``: 1 max, 2 pow2, 3 oracle, 0 paged): one region
+    of whole blocks a request, its size by the mode, reserved first fit at its first allocation over the free
+    extents (``ext``: extents.c) and given back at its free; a region's table length is its size, ``rstart``
+    its first block, ``beyond`` its slots past the request's final length */
     int contig;
     int64_t max_model_len, *rstart;
     Extents ext;
@@ -1005,7 +1005,6 @@ static void sort_by_rank(const Core *c, int64_t *v, Py_ssize_t n)
         memcpy(v, src, n * sizeof(int64_t));
 }
 
-/* ContinuousScheduler.schedule under FCFS, round-robin or priority, without forks */
 /* StaticScheduler._form_batch: with no batch running, waiting requests in queue order join one while a
 seat is free, each reserving its prompt + output (its most KV tokens) at once; the first that does not fit
 (blocks, or after the first a prompt past the token budget left) ends the formation */
@@ -1050,6 +1049,8 @@ static int schedule_static(Core *c, double now)
     return 0;
 }
 
+/* ContinuousScheduler.schedule under FCFS, round-robin or priority, without forks (StaticScheduler.schedule
+under static batching) */
 static int schedule(Core *c, double now)
 {
     if (c->staticb)
@@ -1991,13 +1992,15 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
     c->lpf_at = -1;
     c->staticb = (int)cv[19];
     if (c->staticb && (c->cache || c->rr || c->lpf || c->swap)) {
-        PyErr_SetString(PyExc_ValueError, "run_core: static batching takes no prefix cache, round-robin, longest-prefix-first or swap");
+        PyErr_SetString(PyExc_ValueError,
+                        "run_core: static batching takes no prefix cache, round-robin, longest-prefix-first or swap");
         return -1;
     }
     c->contig = (int)cv[20];
     c->max_model_len = cv[21];
     if (c->contig && (c->contig > 3 || c->cache || c->swap || c->free_blocks != c->num_blocks)) {
-        PyErr_SetString(PyExc_ValueError, "run_core: a contiguous allocator takes no prefix cache or swap and starts unused");
+        PyErr_SetString(PyExc_ValueError,
+                        "run_core: a contiguous allocator takes no prefix cache or swap and starts unused");
         return -1;
     }
     if (c->bs < 1 || c->num_blocks < 0 || c->max_seqs < 1) {
