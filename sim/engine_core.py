@@ -112,7 +112,8 @@ def prepare(requests: list[Request], scheduler: ContinuousScheduler) -> tuple[np
         requests[i].output_len = int(capped[i])
     mgr = scheduler.manager
     budget = scheduler.max_num_batched_tokens
-    need = -(-_kv_slots(mgr, prompt, capped) // mgr.block_size)
+    slots = mgr.region_tokens_of(prompt, capped) if type(mgr) is ContiguousKVManager else prompt + capped - 1
+    need = -(-slots // mgr.block_size)
     bad = (prompt >= mml) | (need > mgr.num_blocks) | (budget < 1)
     if not scheduler.config.chunked_prefill:
         bad |= prompt > budget
@@ -122,20 +123,6 @@ def prepare(requests: list[Request], scheduler: ContinuousScheduler) -> tuple[np
             raise AssertionError(f"engine core: request {requests[i].req_id} flagged as rejected without a reason")
         requests[i].reject_reason = reason
     return (~bad).astype(np.int64), cut
-
-
-def _kv_slots(mgr: Any, prompt: np.ndarray, output: np.ndarray) -> np.ndarray:
-    """The slots each request's KV takes at most: its final length (prompt + output - 1) in the paged manager, its
-    region under a contiguous allocator (ContiguousKVManager.region_tokens)."""
-    final = prompt + output - 1
-    if type(mgr) is not ContiguousKVManager:
-        return final
-    if mgr.mode == "contiguous-max":
-        return np.full_like(final, mgr.max_model_len)
-    if mgr.mode == "contiguous-pow2":
-        pow2 = np.left_shift(1, np.ceil(np.log2(np.maximum(prompt + output, 1))).astype(np.int64))
-        return np.minimum(pow2, np.maximum(mgr.max_model_len, final))
-    return final
 
 
 def _pricing(ex: CostModelExecutor) -> tuple:

@@ -206,14 +206,18 @@ def loo_fold(df: pd.DataFrame, hardware: HardwareSpec, held: str, train_models: 
     return train, test, {"plain": fit_baseline(train, hardware), "roofline": roof, "corrected": corr}
 
 
+def unstacked(params: CostParams) -> CostParams:
+    """``params`` with its correction's stacked trees weighted 0: the blend alone."""
+    return replace(params, gemm_correction={**params.gemm_correction, "stacked_weight": 0.0})
+
+
 def loo_rows(df: pd.DataFrame, hardware: HardwareSpec) -> pd.DataFrame:
     """Every held-out projection row with its predictions (columns pred_plain, pred_roofline, pred_corrected,
     and pred_unstacked: the correction without its stacked trees)."""
     parts = []
     for held in sorted(with_shapes(df).model.unique()):
         _, test, fits = loo_fold(df, hardware, held)
-        corr = fits["corrected"]
-        fits["unstacked"] = replace(corr, gemm_correction={**corr.gemm_correction, "stacked_weight": 0.0})
+        fits["unstacked"] = unstacked(fits["corrected"])
         parts.append(test.assign(**{f"pred_{k}": predict_gemm(test, hardware, p) for k, p in fits.items()}))
     return pd.concat(parts)
 
@@ -227,8 +231,7 @@ def loo(df: pd.DataFrame, hardware: HardwareSpec, points: int = 16) -> list[LooR
         corr = fits["corrected"]
         sample, rest = few_points(test, points)
         few = replace(corr, gemm_correction={**corr.gemm_correction, "local": fit_local(sample, hardware, corr)})
-        blend = replace(corr, gemm_correction={**corr.gemm_correction, "stacked_weight": 0.0})
         out.append(LooResult(held, len(test), len(train), *(mape(predict_gemm(test, hardware, p), t) for p in (
-            fits["plain"], fits["roofline"], corr, blend)),
+            fits["plain"], fits["roofline"], corr, unstacked(corr))),
                              mape(predict_gemm(rest, hardware, few), rest.time_s.to_numpy()), len(rest)))
     return out

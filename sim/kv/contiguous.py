@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 
+import numpy as np
+
 from sim.request import Request
 
 MODES = ("contiguous-max", "contiguous-pow2", "contiguous-oracle")
@@ -125,6 +127,16 @@ class ContiguousKVManager:
         if self.mode == "contiguous-pow2":
             return min(_next_pow2(req.prompt_len + req.output_len), max(self.max_model_len, req.max_kv_tokens))
         return req.max_kv_tokens
+
+    def region_tokens_of(self, prompt: np.ndarray, output: np.ndarray) -> np.ndarray:
+        """``region_tokens`` of many requests at once, from their prompt and output lengths (int64 arrays)."""
+        final = prompt + output - 1
+        if self.mode == "contiguous-max":
+            return np.full_like(final, self.max_model_len)
+        if self.mode == "contiguous-pow2":   # (log2 is exact enough far beyond any context length)
+            pow2 = np.left_shift(1, np.ceil(np.log2(prompt + output)).astype(np.int64))
+            return np.minimum(pow2, np.maximum(self.max_model_len, final))
+        return final
 
     def can_ever_fit(self, req: Request) -> bool:
         return self.blocks_for(self.region_tokens(req)) <= self.num_blocks
