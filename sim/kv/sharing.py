@@ -255,15 +255,13 @@ class SharingMixin:
     def _beam_step(self, req: Request, group: SeqGroup) -> None:
         k = len(group.tables)
         parents = sorted(group.rng.choices(range(k), k=k))
-        incref = self.pool.incref
         seen: set[int] = set()
         tables = []
         for p in parents:
             t = group.tables[p]
-            if p in seen:
+            if p in seen:   # a second child shares the parent's whole table (its blocks are distinct and held)
                 t = list(t)
-                for b in t:
-                    incref(b)
+                self.pool.incref_distinct(np.array(t, dtype=np.int64))
                 self._logical_blocks += len(t)
             seen.add(p)
             tables.append(t)
