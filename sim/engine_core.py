@@ -5,7 +5,7 @@ sim/engine.py's SimPy loop bit for bit.
 Covered (``core_supported``): continuous batching under FCFS, round-robin, priority or
 longest-prefix-first (without a prefix cache every match is empty: FCFS) with recompute or swap preemption, the paged manager with or without prefix caching (hits, evictions and a preempted
 request finding its own blocks again: blocks by identity in sim/csrc/kvpool.c, where the manager's are
-counts alone without a cache), requests of one sequence (shared-prefix groups included), the cost model
+counts alone without a cache; the cache's host tier in sim/csrc/hostlru.c), requests of one sequence (shared-prefix groups included), the cost model
 as executor; static batching (FCFS or priority, the paged manager, no prefix cache: sim/sched/static.py's
 batches, their finished members idle until the last one finishes); the contiguous allocators instead of
 the paged manager (sim/kv/contiguous.py: a region a request, first fit over the free extents); in a cluster, a router that reads at most the replicas' loads and KV usage. There a step
@@ -70,6 +70,8 @@ def core_supported(scheduler: Any, manager: Any, executor: Any, requests: list[R
         return False
     else:
         cache = manager.prefix_cache
+        if manager.host is not None and len(manager.host):
+            return False   # (the core starts a host tier empty)
     if type(scheduler) is StaticScheduler:
         if cache is not None:
             return False
@@ -291,7 +293,8 @@ def _engine_spec(parts: EngineParts) -> tuple:
                 int(cfg.policy == "priority"), int(cfg.policy == "round_robin" and not static), cfg.rr_quantum_steps,
                 int(getattr(mgr, "prefix_cache", None) is not None), int(cfg.policy == "longest_prefix_first" and not static),
                 getattr(scheduler.waiting, "window", 0), getattr(scheduler.waiting, "max_bypass", 0), int(static),
-                CONTIGUOUS_MODES.get(getattr(mgr, "mode", ""), 0), getattr(mgr, "max_model_len", 0))
+                CONTIGUOUS_MODES.get(getattr(mgr, "mode", ""), 0), getattr(mgr, "max_model_len", 0),
+                mgr.host.capacity if getattr(mgr, "host", None) is not None else 0)
     width, chunk = len(STEP_COLUMNS), Columns.CHUNK_ROWS
 
     def sink(main: memoryview, breakdown: memoryview, m: int) -> None:
@@ -352,7 +355,7 @@ def write_engine(scheduler: ContinuousScheduler, requests: list[Request], record
     gaps.step_gaps.counts.frombytes(gap_n)
     gaps.other_gaps.frombytes(other)
     (preemptions, peak_used, peak_logical, sum_used, sum_logical, _, _, swapped_blocks, evicted, query_tokens,
-     hit_tokens, peak_prefix, peak_prefix_logical) = totals
+     hit_tokens, peak_prefix, peak_prefix_logical, host_stored, host_evicted, host_loaded, host_hit_tokens) = totals
     scheduler.num_preemptions += preemptions
     scheduler.swapped_blocks += swapped_blocks
     mgr = scheduler.manager
@@ -370,6 +373,13 @@ def write_engine(scheduler: ContinuousScheduler, requests: list[Request], record
     if cache is not None:
         cache.num_evicted += evicted
         cache.record_lookup(query_tokens, hit_tokens)
+    host = mgr.host
+    if host is not None:   # (its hashes stay in the core: the counters say what it did)
+        host.stored += host_stored
+        host.evicted += host_evicted
+        host.loaded += host_loaded
+        host.query_tokens += query_tokens
+        host.hit_tokens += host_hit_tokens
 
 
 def _collect(scheduler: Any, requests: list[Request]) -> None:

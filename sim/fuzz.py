@@ -98,10 +98,12 @@ NOT_FUZZED: dict[str, str] = {
     "scheduler.max_steps_without_progress": "fixed to STALL_STEPS so a livelock fails fast",
 }
 # drawn by draw_scenario itself (they depend on each other): capacity from HBM instead of num_gpu_blocks
-DRAWN_IN_SCENARIO = ("kv_cache.gpu_memory_utilization", "kv_cache.activation_reserve_gb", "hardware.tensor_parallel")
+DRAWN_IN_SCENARIO = ("kv_cache.gpu_memory_utilization", "kv_cache.activation_reserve_gb", "hardware.tensor_parallel",
+                     "kv_cache.cpu_offload_gib")
 HBM_CAPACITY_P = 0.1   # share of cases sized from HBM (gpu_memory_utilization, activation reserve)
 TP_P = 0.15            # share of cases with tensor parallelism (2 or 4 GPUs)
 REFUSED_P = 0.05       # share of drawn unsupported combinations kept (they must be refused cleanly)
+HOST_TIER_P = 0.25     # share of cases with a host tier under the prefix cache (dropped without one)
 
 
 def _set(data: dict, path: str, value: Any) -> None:
@@ -241,6 +243,20 @@ def _capacity_and_parallelism(rng: random.Random, data: dict) -> None:
             kv.pop("activation_reserve_gb", None)
 
 
+def _host_tier(rng: random.Random, data: dict) -> None:
+    """Sometimes a host tier of 1 to 64 blocks (``cpu_offload_gib`` from the bytes of a block over the
+    group: at least that many, so small caches overflow it)."""
+    if rng.random() >= HOST_TIER_P:
+        return
+    from sim.specs import GiB, ModelSpec
+
+    kv = data["kv_cache"]
+    hw = data["hardware"]
+    tp = hw.get("tensor_parallel", 1) if isinstance(hw, dict) else 1   # (each GPU holds at most every head)
+    block = ModelSpec.from_name(data["model"]).kv_bytes_per_block(kv.get("block_size", 16), kv.get("dtype")) * tp
+    kv["cpu_offload_gib"] = (rng.randint(1, 64) + 0.5) * block / GiB
+
+
 def drop_refused(data: dict) -> dict:
     """``data`` with each setting the schema refuses dropped back to its default until none is left."""
     problem = _combination_problem(data)
@@ -268,6 +284,7 @@ def draw_scenario(rng: random.Random, index: int = 0) -> dict:
     _set(data, "scheduler.max_steps_without_progress", STALL_STEPS)
     _set(data, "output.plots", False)
     _capacity_and_parallelism(rng, data)
+    _host_tier(rng, data)
     if rng.random() >= REFUSED_P:
         drop_refused(data)
     # parallel samples and beams fork block tables: only paged + continuous batching accepts them

@@ -63,6 +63,23 @@ def cpu_blocks(scn: Scenario) -> int:
     return int(total // block_bytes)
 
 
+def host_blocks(scn: Scenario) -> int:
+    """Blocks of the prefix cache's host tier: ``cpu_offload_gib`` is the whole tensor-parallel group's (as
+    vLLM's ``--kv-offloading-size``), each block the group's K and V of its tokens."""
+    gib = scn.kv_cache.cpu_offload_gib
+    if not gib:
+        return 0
+    block_bytes = group_kv_bytes_per_block(scn.model_spec, scn.hardware_spec, scn.kv_cache.block_size)
+    blocks = int(gib * GiB // block_bytes)
+    if blocks > MAX_BLOCKS:
+        raise KvsimError(f"{scn.source}: kv_cache.cpu_offload_gib", f"{blocks:,} host blocks exceed the limit of "
+                         f"{MAX_BLOCKS:,}; use less host memory or a larger kv_cache.block_size")
+    if blocks < 1:
+        raise KvsimError(f"{scn.source}: kv_cache.cpu_offload_gib", f"{gib} GiB holds no block of "
+                         f"{block_bytes:,} bytes; use at least {block_bytes / GiB:.3g} GiB, or 0 for none")
+    return blocks
+
+
 def check_block_counts(scn: Scenario, num_gpu: int, num_cpu: int) -> None:
     """Refuse block counts beyond ``MAX_BLOCKS`` (memory for per-block state grows with them)."""
     if num_gpu > MAX_BLOCKS:
@@ -90,7 +107,7 @@ def build_parts(scn: Scenario, num_gpu: int, num_cpu: int, executor: Any = None)
     single engine's, and each cluster replica's). ``executor``: one already built for the same scenario
     and block counts, shared (a pure pricer: see ``shared_executor``)."""
     model = scn.model_spec
-    manager = make_kv_manager(scn.kv_cache, num_gpu, num_cpu, model.max_model_len)
+    manager = make_kv_manager(scn.kv_cache, num_gpu, num_cpu, model.max_model_len, host_blocks(scn))
     scheduler = make_scheduler(scn.scheduler, manager, model.max_model_len)
     if executor is not None:
         return manager, scheduler, executor, Recorder(num_gpu, manager.capacity_slots)

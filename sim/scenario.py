@@ -42,6 +42,9 @@ class KVCacheConfig(_Strict):
     swap_space_gb: float = Field(default=4.0, ge=0, le=L.MAX_SWAP_GB)  # per GPU, as in vLLM
     allocator: Literal["paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle"] = "paged"
     prefix_caching: bool = False
+    # host memory for CPU copies of the prefix cache's blocks (vLLM's --kv-offloading-size: the total over
+    # the tensor-parallel group, in GiB); a prefix evicted from the GPU is loaded back instead of recomputed
+    cpu_offload_gib: float = Field(default=0.0, ge=0, le=L.MAX_SWAP_GB)
     # the cached K and V's element type (vLLM's --kv-cache-dtype): auto = the model's dtype; fp8 halves an fp16
     # model's KV bytes (capacity, attention reads, swaps), the weights and activations keep the model's dtype
     dtype: Literal["auto", "fp16", "bf16", "fp8", "fp32"] = "auto"
@@ -337,6 +340,9 @@ def unsupported_combination(scn: Scenario) -> tuple[str, str] | None:
         if kv.prefix_caching:
             return "kv_cache.prefix_caching", "needs scheduler.batching: continuous (static batching reserves " \
                                               "each request's memory whole)"
+    if kv.cpu_offload_gib and not kv.prefix_caching:
+        return "kv_cache.cpu_offload_gib", "needs kv_cache.prefix_caching: true (the host tier holds copies of " \
+                                           "the prefix cache's blocks)"
     if kv.prefix_caching and kv.allocator != "paged":
         return "kv_cache.prefix_caching", f"needs kv_cache.allocator: paged (the {kv.allocator} allocator " \
                                           "reserves one region per request and shares nothing)"

@@ -122,6 +122,7 @@ def _static(data: dict) -> dict:
     if d["scheduler"].get("policy") not in ("fcfs", "priority"):
         d["scheduler"]["policy"] = "fcfs"
     d["kv_cache"]["prefix_caching"] = False
+    d["kv_cache"].pop("cpu_offload_gib", None)
     return d
 
 
@@ -188,6 +189,7 @@ def test_fuzzed_contiguous_allocators_equal(monkeypatch):
         if data["scheduler"].get("policy") == "longest_prefix_first":
             data["scheduler"]["policy"] = "fcfs"
         data["kv_cache"].update(allocator=sorted(CONTIGUOUS_BLOCKS)[i % 3], prefix_caching=False)
+        data["kv_cache"].pop("cpu_offload_gib", None)
         if i % 4 == 3:
             data["cluster"] = {"replicas": rng.randint(2, 5), "router": {"policy": ROUTERS[i % len(ROUTERS)]}}
         return data

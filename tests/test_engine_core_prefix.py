@@ -128,9 +128,9 @@ def _counting_rehits(monkeypatch, data: dict):
     counts: list[int] = []
     real = KVCacheManager._allocate_cached
 
-    def counting(self, req, num_new_tokens, cached):
+    def counting(self, req, num_new_tokens, cached, loaded=0):
         again = req.req_id in self._looked_up and len(cached) * self.block_size > req.prefix_len
-        ok = real(self, req, num_new_tokens, cached)
+        ok = real(self, req, num_new_tokens, cached, loaded)
         counts[-1] += bool(ok and again)
         return ok
 

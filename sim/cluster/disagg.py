@@ -201,8 +201,9 @@ class Handoff:
 
             rep.engine.on_step = then_reserve
 
-        def allocate_received(req: Request, num_new_tokens: int, cached=None, _alloc=allocate) -> bool:
-            ok = _alloc(req, num_new_tokens, cached)
+        def allocate_received(req: Request, num_new_tokens: int, cached=None, loaded: int = 0,
+                              _alloc=allocate) -> bool:
+            ok = _alloc(req, num_new_tokens, cached, loaded) if loaded else _alloc(req, num_new_tokens, cached)
             if ok and req.req_id in incoming:
                 incoming.discard(req.req_id)
                 manager.note_computed(req.num_computed_tokens)   # the received prompt KV is held here

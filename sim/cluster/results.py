@@ -203,10 +203,13 @@ def _merged_summary(scn, reqs, reps, steps: pd.DataFrame, bounds: list[int], han
     summary["num_gpu_blocks"] = int(sum(r.num_gpu_blocks for r in reps))
     parts = [r.manager.sharing_summary(group_kv_bytes_per_block(r.scn.model_spec, r.scn.hardware_spec, r.block_size))
              for r in reps if hasattr(r.manager, "sharing_summary")]
-    if parts:
-        for k in parts[0]:
-            vals = [p[k] for p in parts]
-            summary[k] = float(np.mean(vals)) if k == "kv_sharing_saving" else sum(vals)
+    for k in dict.fromkeys(key for p in parts for key in p):   # (a pool may have a host tier the other has not)
+        vals = [p.get(k, 0) for p in parts]
+        summary[k] = float(np.mean(vals)) if k == "kv_sharing_saving" else sum(vals)
+    hosts = [r.manager.host for r in reps if getattr(r.manager, "host", None) is not None]
+    if hosts:   # the host tiers' rate pools their tokens, as the prefix cache's does
+        query = sum(h.query_tokens for h in hosts)
+        summary["host_cache_hit_rate"] = sum(h.hit_tokens for h in hosts) / query if query else 0.0
     timeline = None
     tls = [_decode_side(r.scheduler.timeline_frame()) if r.role == "decode" else r.scheduler.timeline_frame()
            for r in reps if hasattr(r.scheduler, "timeline_frame")]

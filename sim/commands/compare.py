@@ -36,6 +36,8 @@ TABLE = [
     ("swapped", "swapped_blocks", None), ("Jain", "jain_fairness", None), ("wait max", "queue_wait_max_s", None),
     ("swap s", "swap_time_s", None), ("done", "num_finished", None), ("makespan", "makespan_s", None),
 ]
+# shown where a run has a prefix cache / a host tier under it
+CACHE_COLUMNS = [("prefix hit", "prefix_cache_hit_rate", None), ("host hit", "host_cache_hit_rate", None)]
 
 
 def add_parser(sub) -> None:
@@ -122,11 +124,14 @@ def print_table(results: dict[str, Result]) -> None:
 
     t = Table(title="kvsim compare", header_style="bold")
     t.add_column("run")
-    for head, _, _ in TABLE:
+    caching = [r.scenario.kv_cache.prefix_caching for r in results.values()]
+    hosts = ["host_cache_hit_rate" in r.summary for r in results.values()]
+    table = TABLE + [c for c, shown in zip(CACHE_COLUMNS, (any(caching), any(hosts))) if shown]
+    for head, _, _ in table:
         t.add_column(head, justify="right")
     for label, res in results.items():
-        t.add_row(label, *(_cell(res.summary, k, f) for _, k, f in TABLE))
-    Console(width=max(160, 12 * len(TABLE) + 30)).print(t)
+        t.add_row(label, *(_cell(res.summary, k, f) for _, k, f in table))
+    Console(width=max(160, 12 * len(table) + 30)).print(t)
 
 
 def intervals_of(res: Result) -> pd.DataFrame:

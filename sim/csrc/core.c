@@ -29,6 +29,7 @@ Rows go to the caller a chunk at a time (``sink``); everything else comes back a
 #include "native.h"
 
 #include "extents.h"
+#include "hostlru.h"
 #include "kvpool.h"
 
 #include <stdlib.h>
@@ -152,6 +153,11 @@ typedef struct {
     int8_t *looked;
     Py_buffer *hbuf;
     int64_t query_tokens, hit_tokens;
+    /* the cache's host tier (kv_cache.cpu_offload_gib; ``host.cap`` 0: none): hashes of blocks copied to host
+    memory (hostlru.h), the tokens its loads served at first admissions, the blocks loaded in all and in the
+    step being planned */
+    HostLru host;
+    int64_t host_hit_tokens, host_loaded, st_loaded;
     double *main, *bd;
     Py_ssize_t fill, chunk;
     int64_t steps, waits;
@@ -372,21 +378,26 @@ static void cache_full(Core *c, int64_t i, int64_t tokens)
     int64_t full = tokens / c->bs;
     if (full > c->tlen[i])
         full = c->tlen[i];
-    for (int64_t k = c->upto[i]; k < full; k++)
+    for (int64_t k = c->upto[i]; k < full; k++) {
         insert_block(c, i, k, c->tbl[i][k]);
+        if (c->host.cap)   /* written through to host memory */
+            hostlru_store(&c->host, block_hash(c, i, k));
+    }
     if (full > c->upto[i])
         c->upto[i] = full;
 }
 
-/* SharingMixin._first_lookup: request i's first admission counts its prompt and the tokens it found */
-static void first_lookup(Core *c, int64_t i, int64_t hit_tokens)
+/* SharingMixin._first_lookup: request i's first admission counts its prompt and the tokens it found in
+the GPU cache (hit_tokens) and loaded from the host tier (the host tier's queries are the cache's) */
+static void first_lookup(Core *c, int64_t i, int64_t hit_tokens, int64_t loaded_tokens)
 {
     if (c->looked[i])
         return;
     c->looked[i] = 1;
     c->query_tokens += c->prompt[i];
     c->hit_tokens += hit_tokens;
-    c->ncached[i] = hit_tokens;
+    c->host_hit_tokens += loaded_tokens;
+    c->ncached[i] = hit_tokens + loaded_tokens;
 }
 
 /* SharingMixin.match_prefix_blocks: the cached blocks a fresh admission of request i reuses, at least one
@@ -414,6 +425,28 @@ static int64_t match_prefix(Core *c, int64_t i)
     c->memo[i] = m;
     c->memo_at[i] = c->pool.evicted;
     return m;
+}
+
+/* SharingMixin.host_run: the blocks after request i's m GPU hits the host tier holds without a gap (at least
+one token left to compute); a query */
+static int64_t host_run(const Core *c, int64_t i, int64_t m)
+{
+    if (c->comp[i] || c->tlen[i])
+        return 0;
+    const int64_t end = (c->prompt[i] + c->gen[i] - 1) / c->bs;
+    int64_t k = m;
+    while (k < end && hostlru_has(&c->host, block_hash(c, i, k)))
+        k++;
+    return k - m;
+}
+
+/* SharingMixin._host_lookup: an admission from nothing looked request i's blocks up; those the host tier
+holds become its most recent */
+static void host_lookup(Core *c, int64_t i)
+{
+    const int64_t end = (c->prompt[i] + c->gen[i] - 1) / c->bs;
+    for (int64_t k = 0; k < end; k++)
+        hostlru_touch(&c->host, block_hash(c, i, k));
 }
 
 /* blocks from the free queue's head onto request i's table (from block ``at``) */
@@ -491,26 +524,29 @@ static int allocate(Core *c, int64_t i, int64_t n)
         note_table(c, i, old);
     }
     if (c->cache) {
-        if (old == 0)
-            first_lookup(c, i, 0);
+        if (old == 0) {
+            first_lookup(c, i, 0, 0);
+            if (c->host.cap && !c->comp[i])
+                host_lookup(c, i);
+        }
         cache_full(c, i, c->comp[i] + n);
     }
     return 1;
 }
 
-/* SharingMixin._allocate_cached: request i's table starts with the m blocks found (ref counts up) and
-gets fresh ones for its n new tokens; 0 where blocks ran out */
-static int allocate_cached(Core *c, int64_t i, int64_t n, int64_t m)
+/* SharingMixin._allocate_cached: request i's table starts with the m blocks found (ref counts up), then h
+fresh ones the host tier fills, then fresh ones for its n new tokens; 0 where blocks ran out */
+static int allocate_cached(Core *c, int64_t i, int64_t n, int64_t m, int64_t h)
 {
     const int64_t bs = c->bs;
     const int64_t *run = c->tbl[i];   /* the blocks match_prefix found */
     int64_t revive = 0;
     for (int64_t k = 0; k < m; k++)
         revive += c->pool.refs[run[k]] == 0;
-    const int64_t need = (m * bs + n + bs - 1) / bs - m;
+    const int64_t need = ((m + h) * bs + n + bs - 1) / bs - m;
     if (need + revive > c->free_blocks)
         return 0;
-    c->held += revive * bs;
+    c->held += (revive + h) * bs;
     for (int64_t k = 0; k < m; k++)
         kvpool_incref(&c->pool, run[k]);
     c->memo[i] = 0;
@@ -520,8 +556,12 @@ static int allocate_cached(Core *c, int64_t i, int64_t n, int64_t m)
         c->tlen[i] = m + need;
     }
     c->free_blocks = c->pool.num_free;
-    c->comp[i] = m * bs;
-    first_lookup(c, i, c->comp[i]);
+    c->comp[i] = (m + h) * bs;
+    first_lookup(c, i, m * bs, h * bs);
+    if (c->host.cap) {
+        c->host_loaded += h;
+        host_lookup(c, i);
+    }
     note_table(c, i, 0);
     c->upto[i] = m;   /* the hits are cached under these very hashes */
     cache_full(c, i, c->comp[i] + n);
@@ -885,16 +925,18 @@ static int admit(Core *c, double now, int64_t budget)
             continue;
         }
         const int64_t m = c->cache ? match_prefix(c, r) : 0;   /* reused blocks skip their compute */
-        int64_t num_new = c->prompt[r] + c->gen[r] - c->comp[r] - m * c->bs;
+        const int64_t h = c->host.cap ? host_run(c, r, m) : 0;   /* and so do those loaded back */
+        int64_t num_new = c->prompt[r] + c->gen[r] - c->comp[r] - (m + h) * c->bs;
         if (num_new > budget) {
             if (!c->chunked && c->ne)
                 break;
             if (c->chunked)
                 num_new = budget;
         }
-        if (!(m ? allocate_cached(c, r, num_new, m) : allocate(c, r, num_new)))
+        if (!(m || h ? allocate_cached(c, r, num_new, m, h) : allocate(c, r, num_new)))
             break;
         wq_pop(c);
+        c->st_loaded += h;
         seats++;
         if (isnan(c->fsched[r])) {
             c->fsched[r] = now;
@@ -1034,7 +1076,7 @@ static int form_batch(Core *c, double now)
 running order, within the memory it reserved */
 static int schedule_static(Core *c, double now)
 {
-    c->st_prefill = c->st_decode = c->st_preempted = c->st_swap_out = c->st_swap_in = 0;
+    c->st_prefill = c->st_decode = c->st_preempted = c->st_swap_out = c->st_swap_in = c->st_loaded = 0;
     c->ne = 0;
     c->step_index++;
     if (!c->nrun && form_batch(c, now) < 0)
@@ -1055,7 +1097,7 @@ static int schedule(Core *c, double now)
 {
     if (c->staticb)
         return schedule_static(c, now);
-    c->st_prefill = c->st_decode = c->st_preempted = c->st_swap_out = c->st_swap_in = 0;
+    c->st_prefill = c->st_decode = c->st_preempted = c->st_swap_out = c->st_swap_in = c->st_loaded = 0;
     c->ne = 0;
     int64_t budget = c->max_batched;
     c->step_index++;
@@ -1247,7 +1289,24 @@ static void set_breakdown(double *bd, double linear, double attention, double el
     bd[6] = overhead;
 }
 
+static int price_step(Core *c);
+
+/* CostModelExecutor.execute: the step's price, then the host tier's loads beside it (_with_loads) */
 static int price(Core *c)
+{
+    if (price_step(c) < 0)
+        return -1;
+    if (c->st_loaded) {
+        const double load = (double)c->st_loaded * c->swap_s_per_block;
+        if (load > c->d) {
+            c->bdv[4] = c->bdv[4] + load - c->d;
+            c->d = load;
+        }
+    }
+    return 0;
+}
+
+static int price_step(Core *c)
 {
     int64_t tokens = 0, seqs = 0, pairs = 0, pre_new = 0, pre_ctx = 0, dec_seqs = 0, dec_ctx = 0;
     for (Py_ssize_t j = 0; j < c->ne; j++) {
@@ -1580,6 +1639,8 @@ static int check_integrity(Core *c)
 {
     int64_t tables = 0, held = 0, beyond = 0, pre = 0, idle = 0;
     const int64_t bs = c->bs;
+    if (c->host.cap && hostlru_check(&c->host) < 0)
+        return -1;
     for (Py_ssize_t j = 0; j < c->nrun; j++) {
         const int64_t r = c->running[j];
         if (c->stat[r] != ST_RUNNING)
@@ -1938,6 +1999,7 @@ static void free_engine(Core *c)
         free(bufs[j]);
     kvpool_close(&c->pool);
     extents_close(&c->ext);
+    hostlru_close(&c->host);
 }
 
 /* one engine from its tuple (settings, pricing, terms, sink, chunk), over the world's requests */
@@ -1949,13 +2011,13 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
     if (!PyArg_ParseTuple(spec, "O!(iO!O!OOO)On", &PyTuple_Type, &cfg, &mode, &PyTuple_Type, &ints, &PyTuple_Type,
                           &floats, &pad, &linear_fn, &head_fn, &sink, &chunk))
         return -1;
-    if (chunk < 1 || PyTuple_GET_SIZE(cfg) != 22 || PyTuple_GET_SIZE(ints) != 6
+    if (chunk < 1 || PyTuple_GET_SIZE(cfg) != 23 || PyTuple_GET_SIZE(ints) != 6
         || PyTuple_GET_SIZE(floats) != (mode ? 18 : 11)) {
         PyErr_SetString(PyExc_ValueError, "run_core: bad sizes, settings or pricing constants");
         return -1;
     }
-    int64_t cv[22], iv[6];
-    for (int j = 0; j < 22; j++) {
+    int64_t cv[23], iv[6];
+    for (int j = 0; j < 23; j++) {
         cv[j] = PyLong_AsLongLong(PyTuple_GET_ITEM(cfg, j));
         if (cv[j] == -1 && PyErr_Occurred())
             return -1;
@@ -2084,20 +2146,30 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
         if (kvpool_open(&c->pool, c->num_blocks) < 0)
             return -1;
     }
+    if (cv[22] > 0) {   /* the cache's host tier (after the copy of ``shared``: nothing of it is shared) */
+        if (!c->cache) {
+            PyErr_SetString(PyExc_ValueError, "run_core: a host tier needs a prefix cache");
+            return -1;
+        }
+        if (hostlru_open(&c->host, cv[22]) < 0)
+            return -1;
+    }
     return 0;
 }
 
 /* (error, records, totals) of one engine after the run */
 static PyObject *engine_result(Core *c)
 {
-    return Py_BuildValue("(iddLLLL)(NNNNNN)(LLLLLLLLLLLLL)", c->err, c->err_t, c->err_d, (long long)c->err_step,
+    return Py_BuildValue("(iddLLLL)(NNNNNN)(LLLLLLLLLLLLLLLLL)", c->err, c->err_t, c->err_d, (long long)c->err_step,
                          (long long)c->err_waiting, (long long)c->err_running, (long long)c->err_stall,
                          vec_bytes(&c->tr_rid), vec_bytes(&c->tr_time), vec_bytes(&c->tr_phase),
                          vec_bytes(&c->gap_d), vec_bytes(&c->gap_n), vec_bytes(&c->other),
                          (long long)c->num_preemptions, (long long)c->peak_used, (long long)c->peak_logical,
                          (long long)c->sum_used, (long long)c->sum_logical, (long long)c->steps, (long long)c->waits,
                          (long long)c->swapped_blocks, (long long)c->pool.evicted, (long long)c->query_tokens,
-                         (long long)c->hit_tokens, (long long)c->peak_prefix, (long long)c->peak_prefix_logical);
+                         (long long)c->hit_tokens, (long long)c->peak_prefix, (long long)c->peak_prefix_logical,
+                         (long long)c->host.stored, (long long)c->host.evicted, (long long)c->host_loaded,
+                         (long long)c->host_hit_tokens);
 }
 
 PyObject *kv_run_core(PyObject *self, PyObject *args)

@@ -7,11 +7,14 @@ from sim.kv.contiguous import ContiguousKVManager
 from sim.kv.manager import KVCacheManager
 
 
-def make_kv_manager(kv_config, num_gpu_blocks: int, num_cpu_blocks: int, max_model_len: int) -> KVCacheManager:
-    """The KV manager a scenario's ``kv_cache`` section asks for."""
+def make_kv_manager(kv_config, num_gpu_blocks: int, num_cpu_blocks: int, max_model_len: int,
+                    host_blocks: int = 0) -> KVCacheManager:
+    """The KV manager a scenario's ``kv_cache`` section asks for (``host_blocks``: its prefix cache's host tier,
+    sim/kv/host_tier.py)."""
     if kv_config.allocator != "paged":
         return ContiguousKVManager(num_gpu_blocks, kv_config.block_size, kv_config.allocator, max_model_len)
-    return KVCacheManager(num_gpu_blocks, kv_config.block_size, num_cpu_blocks, kv_config.prefix_caching)
+    return KVCacheManager(num_gpu_blocks, kv_config.block_size, num_cpu_blocks, kv_config.prefix_caching,
+                          host_blocks)
 
 
 __all__ = ["BlockPool", "ContiguousKVManager", "KVCacheManager", "make_kv_manager"]

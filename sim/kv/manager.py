@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from sim.kv.block_pool import BlockPool
+from sim.kv.prefix_cache import NO_BLOCKS
 from sim.kv.sharing import SharingMixin, seq_width
 from sim.kv.swap import SwapSpace
 from sim.request import Request
@@ -40,7 +41,7 @@ class KVCacheManager(SharingMixin):
     forked sequences, copy-on-write) lives in ``SharingMixin`` (sim/kv/sharing.py)."""
 
     def __init__(self, num_blocks: int, block_size: int, num_cpu_blocks: int = 0,
-                 prefix_caching: bool = False) -> None:
+                 prefix_caching: bool = False, host_blocks: int = 0) -> None:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.pool = BlockPool(num_blocks)
@@ -53,7 +54,7 @@ class KVCacheManager(SharingMixin):
         # True while a decode token that lands inside a request's last block needs no manager call:
         # the block is exclusively the request's (no copy-on-write) and nothing is tracked per token.
         self.decode_fast_path = True
-        self._init_sharing(prefix_caching)
+        self._init_sharing(prefix_caching, host_blocks)
 
     # ------------------------------------------------------------ sizing
     def blocks_for(self, num_tokens: int) -> int:
@@ -79,14 +80,15 @@ class KVCacheManager(SharingMixin):
     def can_allocate(self, req: Request, num_new_tokens: int) -> bool:
         return self.pool.can_allocate(self.blocks_needed(req, num_new_tokens))
 
-    def allocate_slots(self, req: Request, num_new_tokens: int, cached: Sequence[int] | np.ndarray | None = None
-                       ) -> bool:
+    def allocate_slots(self, req: Request, num_new_tokens: int, cached: Sequence[int] | np.ndarray | None = None,
+                       loaded: int = 0) -> bool:
         """Grow ``req``'s table to hold its computed plus ``num_new_tokens`` tokens; False if blocks ran out.
         ``cached``: prefix-cache blocks (from ``match_prefix`` or ``match_prefix_blocks``) that start a fresh
-        table; a forked request grows every sequence (copy-on-write pairs collect in ``copies``)."""
+        table; ``loaded``: blocks after them the host tier fills (``host_run``); a forked request grows every
+        sequence (copy-on-write pairs collect in ``copies``)."""
         rid = req.req_id
-        if cached is not None and len(cached):
-            return self._allocate_cached(req, num_new_tokens, cached)
+        if (cached is not None and len(cached)) or loaded:
+            return self._allocate_cached(req, num_new_tokens, NO_BLOCKS if cached is None else cached, loaded)
         if rid in self.groups:
             return self._allocate_group(req, num_new_tokens)
         table = self.block_tables.get(rid)
@@ -105,6 +107,8 @@ class KVCacheManager(SharingMixin):
         if self.prefix_cache is not None:
             if fresh:
                 self._first_lookup(req, 0)
+                if self.host is not None and not req.num_computed_tokens:
+                    self._host_lookup(req)
             self._cache_full_blocks(req, table, end)
         return True
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sim.kv.host_tier import HostTier
 from sim.kv.prefix_cache import NO_BLOCKS, PrefixCache
 from sim.request import Request
 from sim.workload.tokens import ROOT_HASH, block_hashes
@@ -54,8 +55,10 @@ def seq_width(req: Request) -> int:
 class SharingMixin:
     """Mixed into KVCacheManager; uses its pool, block_size, block_tables and slot counters."""
 
-    def _init_sharing(self, prefix_caching: bool) -> None:
+    def _init_sharing(self, prefix_caching: bool, host_blocks: int = 0) -> None:
         self.prefix_cache = PrefixCache(self.pool) if prefix_caching else None
+        # CPU copies of the cached blocks (kv_cache.cpu_offload_gib: sim/kv/host_tier.py), under the prefix cache
+        self.host = HostTier(host_blocks) if prefix_caching and host_blocks > 0 else None
         self.groups: dict[int, SeqGroup] = {}
         self.copies: list[tuple[int, int]] = []   # copy-on-write pairs of the step being planned
         self._hashes: dict[int, list[int]] = {}   # req_id -> chained hashes of sequence 0's full blocks
@@ -93,6 +96,23 @@ class SharingMixin:
             return NO_BLOCKS
         return self.prefix_cache.match_blocks(self._hashes_upto(req, max_blocks), max_blocks, key=req.req_id)
 
+    def host_run(self, req: Request, gpu_blocks: int) -> int:
+        """Blocks the host tier would load for a fresh admission of ``req`` after its ``gpu_blocks`` GPU hits
+        (at least one token is left to compute); 0 without a host tier. A query: nothing changes."""
+        if self.host is None or req.num_computed_tokens or self.block_tables.get(req.req_id):
+            return 0
+        max_blocks = (req.prompt_len + req.num_generated - 1) // self.block_size
+        if max_blocks <= gpu_blocks:
+            return 0
+        return self.host.run_from(self._hashes_upto(req, max_blocks), gpu_blocks, max_blocks)
+
+    def _host_lookup(self, req: Request) -> None:
+        """An admission from nothing looked ``req``'s blocks up (vLLM's connector touches every one): those the
+        host tier holds become its most recent."""
+        max_blocks = (req.prompt_len + req.num_generated - 1) // self.block_size
+        if max_blocks > 0:
+            self.host.touch(self._hashes_upto(req, max_blocks)[:max_blocks])
+
     def _cache_full_blocks(self, req: Request, table: list[int], num_tokens: int) -> None:
         full = min(num_tokens // self.block_size, len(table))
         done = self._cached_upto.get(req.req_id, 0)
@@ -100,39 +120,51 @@ class SharingMixin:
             return
         hashes = self._hashes_upto(req, full)
         self.prefix_cache.insert_run(table[done:full], hashes[done:full])
+        if self.host is not None:   # written through to host memory
+            self.host.store(hashes[done:full])
         self._cached_upto[req.req_id] = full
 
     def prefix_cache_hit_rate(self) -> float:
         """Share of prompt tokens, over first admissions, served from the prefix cache."""
         return self.prefix_cache.hit_rate() if self.prefix_cache is not None else 0.0
 
-    def _first_lookup(self, req: Request, hit_tokens: int) -> None:
-        """A fresh table was admitted: count its first lookup; its remembered match is of no more use."""
+    def _first_lookup(self, req: Request, hit_tokens: int, loaded_tokens: int = 0) -> None:
+        """A fresh table was admitted: count its first lookup (``hit_tokens`` from the GPU cache,
+        ``loaded_tokens`` from the host tier); its remembered match is of no more use."""
         if self.prefix_cache is not None:
             self.prefix_cache.forget(req.req_id)
             if req.req_id not in self._looked_up:
                 self._looked_up.add(req.req_id)
                 self.prefix_cache.record_lookup(req.prompt_len, hit_tokens)
-                req.num_cached_tokens = hit_tokens
+                req.num_cached_tokens = hit_tokens + loaded_tokens   # (as vLLM's: local and external hits)
+                if self.host is not None:
+                    self.host.query_tokens += req.prompt_len
+                    self.host.hit_tokens += loaded_tokens
 
-    def _allocate_cached(self, req: Request, num_new_tokens: int, cached: Sequence[int] | np.ndarray) -> bool:
-        """Start ``req``'s table with the ``cached`` blocks (ref counts up) plus fresh ones for its new tokens."""
+    def _allocate_cached(self, req: Request, num_new_tokens: int, cached: Sequence[int] | np.ndarray,
+                         loaded: int = 0) -> bool:
+        """Start ``req``'s table with the ``cached`` blocks (ref counts up), then ``loaded`` fresh blocks the
+        host tier fills (``host_run``), then fresh ones for its new tokens."""
         bs = self.block_size
         pool = self.pool
         blocks = np.asarray(cached, dtype=np.int64)   # distinct: the cache maps each block to one hash
         revive = int(np.count_nonzero(pool.refs[blocks] == 0))
-        need = -(-(len(blocks) * bs + num_new_tokens) // bs) - len(blocks)
+        hits = len(blocks)
+        need = -(-((hits + loaded) * bs + num_new_tokens) // bs) - hits
         if need + revive > pool.num_free:
             return False
-        self._held_tokens += revive * bs
+        self._held_tokens += (revive + loaded) * bs
         pool.incref_distinct(blocks)
         table = self.block_tables[req.req_id] = blocks.tolist()
         if need > 0:
             table.extend(pool.allocate(need))
-        req.num_computed_tokens = len(blocks) * bs
-        self._first_lookup(req, req.num_computed_tokens)
+        req.num_computed_tokens = (hits + loaded) * bs
+        self._first_lookup(req, hits * bs, loaded * bs)
+        if self.host is not None:
+            self.host.loaded += loaded
+            self._host_lookup(req)
         self._note_table(req, table)
-        self._cached_upto[req.req_id] = len(blocks)   # the hits are cached under these very hashes
+        self._cached_upto[req.req_id] = hits   # the hits are cached under these very hashes (loads: next)
         self._cache_full_blocks(req, table, req.num_computed_tokens + num_new_tokens)
         return True
 
@@ -374,6 +406,7 @@ class SharingMixin:
             "prefix_kv_bytes_peak": p["prefix"] * block_bytes,
             "prefix_kv_bytes_unshared_peak": p["prefix_logical"] * block_bytes,
             "prefix_cache_evictions": self.prefix_cache.num_evicted if self.prefix_cache is not None else 0,
+            **(self.host.summary(self.block_size) if self.host is not None else {}),
         }
 
     def _check_sharing(self, holders: Counter[int]) -> None:
@@ -401,3 +434,5 @@ class SharingMixin:
         assert logical == self._logical_blocks, f"logical blocks {self._logical_blocks} != {logical}"
         if self.prefix_cache is not None:
             self.prefix_cache.check_integrity()
+        if self.host is not None:
+            assert len(self.host) <= self.host.capacity, f"host tier holds {len(self.host)} > {self.host.capacity}"

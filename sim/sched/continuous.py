@@ -404,6 +404,7 @@ class ContinuousScheduler(SchedulerBase):
         if self._multi_seq:  # a request with n samples or beams takes that many seats
             seats = sum(max(r.n, r.beam_width) for r in self.running)
         caching = getattr(manager, "prefix_cache", None) is not None
+        host = getattr(manager, "host", None) is not None
         bs = manager.block_size
         ahead = self._ahead_waiting
         while len(waiting) and seats < max_seqs and budget > 0:
@@ -420,20 +421,24 @@ class ContinuousScheduler(SchedulerBase):
             if seats + width > max_seqs and seats:
                 break
             cached = manager.match_prefix_blocks(req) if caching else None   # reused blocks skip their compute
-            num_new = req.num_tokens - req.num_computed_tokens - (len(cached) * bs if caching else 0)
+            loaded = manager.host_run(req, len(cached)) if host else 0      # and so do those loaded back
+            num_new = req.num_tokens - req.num_computed_tokens - ((len(cached) + loaded) * bs if caching else 0)
             if num_new > budget:
                 # a recomputed prompt + output may exceed the budget: let it run alone rather than never
                 if not self.config.chunked_prefill and scheduled:
                     break
                 if self.config.chunked_prefill:
                     num_new = budget
-            if not manager.allocate_slots(req, num_new, cached):
+            if not (manager.allocate_slots(req, num_new, cached, loaded) if loaded
+                    else manager.allocate_slots(req, num_new, cached)):
                 if budget == first_budget and self._note_blocked and not caching and width == 1:   # (first try)
                     self._blocked_head = (req, budget, req.num_computed_tokens, manager.pool.num_free)
                 break
             waiting.pop()
             if ahead:
                 ahead.discard(req.req_id)
+            if loaded:
+                self._plan.num_blocks_loaded += loaded
             seats += width
             if req.first_scheduled_s != req.first_scheduled_s:  # NaN: first admission
                 req.first_scheduled_s = now

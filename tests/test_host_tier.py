@@ -1,0 +1,108 @@
+"""The prefix cache's host tier (kv_cache.cpu_offload_gib, sim/kv/host_tier.py): an LRU of block hashes,
+written through from the GPU cache, read after the GPU cache's run at a fresh admission, loads priced
+beside the step.
+
+The scenario, by hand (Llama-2-13B on an A100 80GB: 40 layers x 5,120 x 2 (K, V) x 2 bytes = 819,200 bytes
+a token; blocks of 256 tokens = 209,715,200 bytes; 11 GPU blocks; one request at a time):
+  A (t=0)  prompt 1,025 = shared prefix 0 (4 full blocks) + 1 token, 1 token out: GPU blocks 0-4, then freed
+           tail first (free queue 5..10, 4, 3, 2, 1, 0); the GPU cache and the host tier hold A0..A3
+  B (t=1)  prompt 2,560 of its own (10 blocks): takes 5..10, 4, 3, 2, 1 from the queue's head, evicting A3,
+           A2, A1 from the GPU cache (A0, in block 0, stays); the host tier stores B0..B9 (14 stored)
+  C (t=2)  prompt 1,025 = prefix 0 + 1 token: the GPU cache has A0 (1 block), the host tier A1..A3 (3 blocks)
+           -> 1,024 tokens not computed (768 loaded), 1 token computed
+The load: 3 blocks x (209,715,200 B / 32 GB/s host link + 10 us a block) = 19.6908 ms, more than the
+one-token step it runs beside, so C's step lasts exactly that long.
+With a tier of 12 blocks, storing B8 and B9 drops A0 and A1 (the least recent): C's host run from its
+block 1 is empty, and it computes 769 tokens, as without a tier. Its lookup makes A2, A3 the most recent;
+its computed A1 is stored again, dropping B0 (15 stored, 3 dropped)."""
+
+from __future__ import annotations
+
+import pytest
+from result_compare import assert_same, off_and_on
+
+import sim.engine_core as engine_core
+from sim.errors import KvsimError
+from sim.kv.host_tier import HostTier
+from sim.native import native
+from sim.runner import run_scenario
+from sim.scenario import scenario_from_dict
+
+BLOCK_BYTES = 256 * 2 * 40 * 5120 * 2
+BLOCK_LOAD_S = BLOCK_BYTES / 32e9 + 1e-5   # the A100's host link, the calibration's swap latency a block
+GiB = 1 << 30
+
+
+def _scenario(host_blocks: float) -> dict:
+    return {
+        "name": "host-tier", "model": "llama-2-13b", "hardware": "a100-80gb",
+        "kv_cache": {"block_size": 256, "num_gpu_blocks": 11, "prefix_caching": True,
+                     "cpu_offload_gib": host_blocks * BLOCK_BYTES / GiB},
+        "scheduler": {"max_num_batched_tokens": 4096, "chunked_prefill": False},
+        "workload": {"requests": [
+            {"arrival": 0.0, "prompt_len": 1025, "output_len": 1, "prefix_group": 0, "prefix_len": 1024},
+            {"arrival": 1.0, "prompt_len": 2560, "output_len": 1},
+            {"arrival": 2.0, "prompt_len": 1025, "output_len": 1, "prefix_group": 0, "prefix_len": 1024}]},
+        "output": {"plots": False},
+    }
+
+
+def _run(host_blocks: float):
+    return run_scenario(scenario_from_dict(_scenario(host_blocks)), check_integrity=True)
+
+
+def test_lru_order_capacity_and_runs():
+    tier = HostTier(3)
+    tier.store([1, 2, 3])
+    tier.touch([1])              # order 2, 3, 1
+    tier.store([4])              # drops 2
+    assert 2 not in tier and len(tier) == 3
+    assert tier.run_from([1, 3, 2, 4], 0, 4) == 2   # 1, 3 held; 2 not: the run stops
+    assert tier.run_from([1, 3, 2, 4], 3, 4) == 1
+    tier.store([3, 5])           # 3 is held (no new copy); 5 drops the least recent, 1
+    assert (tier.stored, tier.evicted) == (5, 2) and 1 not in tier and {3, 4, 5} == {h for h in (3, 4, 5) if h in tier}
+    with pytest.raises(ValueError):
+        HostTier(0)
+
+
+def test_a_prefix_evicted_from_the_gpu_comes_back_from_host_memory():
+    r = _run(16)
+    s, reqs, steps = r.summary, r.requests, r.steps
+    c = reqs.set_index("req_id").loc[2]
+    assert c.num_cached_tokens == 1024                      # 256 from the GPU cache, 768 loaded
+    queried = 1025 + 2560 + 1025
+    assert s["prefix_cache_hit_rate"] == pytest.approx(256 / queried)
+    assert s["host_cache_hit_rate"] == pytest.approx(768 / queried)
+    assert (s["host_loaded_tokens"], s["host_stored_blocks"], s["host_evicted_blocks"], s["host_cache_blocks"]) \
+        == (768, 14, 0, 16)
+    last = steps.iloc[-1]
+    assert (last.num_prefill_tokens + last.num_decode_tokens) == 1          # one token computed
+    assert last.duration_s == pytest.approx(3 * BLOCK_LOAD_S, rel=1e-12)    # the load, beside a shorter step
+
+
+def test_a_tier_too_small_to_keep_the_prefix_loads_nothing():
+    small, none = _run(12.5), _run(0)
+    assert (small.summary["host_stored_blocks"], small.summary["host_evicted_blocks"],
+            small.summary["host_loaded_tokens"]) == (15, 3, 0)
+    for r in (small, none):
+        c = r.requests.set_index("req_id").loc[2]
+        assert c.num_cached_tokens == 256
+        assert r.steps.iloc[-1].num_prefill_tokens == 769
+    assert small.steps.duration_s.tolist() == none.steps.duration_s.tolist()
+
+
+@pytest.mark.skipif(native is None, reason="sim._native is not built")
+@pytest.mark.parametrize("host_blocks", [12.5, 16])
+def test_the_core_equals_the_simpy_loop(monkeypatch, host_blocks):
+    loop, core = off_and_on(monkeypatch, engine_core, "enabled", lambda: _run(host_blocks))
+    assert_same(loop, core)
+    assert core.profile["compiled_core"] and not loop.profile["compiled_core"]
+
+
+def test_bad_settings_are_refused():
+    data = _scenario(16)
+    data["kv_cache"]["prefix_caching"] = False
+    with pytest.raises(KvsimError, match="cpu_offload_gib.*prefix_caching"):
+        scenario_from_dict(data)
+    with pytest.raises(KvsimError, match="holds no block"):
+        _run(0.5)
