@@ -1,5 +1,6 @@
 /* The compiled core's host tier (hostlru.h says what it keeps). */
 #include "native.h"
+#include "dlist.h"
 #include "hostlru.h"
 #include "kvpool.h"   /* kv_mix64 */
 
@@ -53,30 +54,6 @@ static uint64_t find_slot(const HostLru *t, int64_t h)
 
 int hostlru_has(const HostLru *t, int64_t h) { return t->slot[find_slot(t, h)] >= 0; }
 
-static void unlink_node(HostLru *t, int64_t k)
-{
-    const int64_t a = t->prev[k], c = t->next[k];
-    if (a >= 0)
-        t->next[a] = c;
-    else
-        t->head = c;
-    if (c >= 0)
-        t->prev[c] = a;
-    else
-        t->tail = a;
-}
-
-static void append_node(HostLru *t, int64_t k)
-{
-    t->prev[k] = t->tail;
-    t->next[k] = -1;
-    if (t->tail >= 0)
-        t->next[t->tail] = k;
-    else
-        t->head = k;
-    t->tail = k;
-}
-
 /* the index's slot i emptied (backward-shift deletion: no tombstones) */
 static void clear_slot(HostLru *t, uint64_t i)
 {
@@ -98,8 +75,8 @@ void hostlru_touch(HostLru *t, int64_t h)
 {
     const int64_t k = t->slot[find_slot(t, h)];
     if (k >= 0 && k != t->tail) {
-        unlink_node(t, k);
-        append_node(t, k);
+        dlist_unlink(t->prev, t->next, &t->head, &t->tail, k);
+        dlist_append(t->prev, t->next, &t->head, &t->tail, k);
     }
 }
 
@@ -109,14 +86,14 @@ void hostlru_store(HostLru *t, int64_t h)
     if (t->slot[i] >= 0) {
         const int64_t k = t->slot[i];
         if (k != t->tail) {
-            unlink_node(t, k);
-            append_node(t, k);
+            dlist_unlink(t->prev, t->next, &t->head, &t->tail, k);
+            dlist_append(t->prev, t->next, &t->head, &t->tail, k);
         }
         return;
     }
     if (t->n == t->cap) {   /* full: the least recent goes (before the insert; Python drops it after: the same) */
         const int64_t old = t->head;
-        unlink_node(t, old);
+        dlist_unlink(t->prev, t->next, &t->head, &t->tail, old);
         clear_slot(t, find_slot(t, t->key[old]));
         t->next[old] = t->spare;
         t->spare = old;
@@ -128,7 +105,7 @@ void hostlru_store(HostLru *t, int64_t h)
     t->spare = t->next[k];
     t->key[k] = h;
     t->slot[i] = k;
-    append_node(t, k);
+    dlist_append(t->prev, t->next, &t->head, &t->tail, k);
     t->n++;
     t->stored++;
 }

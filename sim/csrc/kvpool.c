@@ -1,5 +1,6 @@
 /* The compiled core's block pool and prefix cache (kvpool.h says what it keeps). */
 #include "native.h"
+#include "dlist.h"
 #include "kvpool.h"
 
 #include <stdlib.h>
@@ -52,15 +53,7 @@ void kvpool_close(KvPool *p)
 
 static void unlink_block(KvPool *p, int64_t b)
 {
-    const int64_t a = p->prev[b], c = p->next[b];
-    if (a >= 0)
-        p->next[a] = c;
-    else
-        p->head = c;
-    if (c >= 0)
-        p->prev[c] = a;
-    else
-        p->tail = a;
+    dlist_unlink(p->prev, p->next, &p->head, &p->tail, b);
     p->num_free--;
 }
 
@@ -112,13 +105,7 @@ void kvpool_decref(KvPool *p, int64_t b)
 {
     if (--p->refs[b] > 0)
         return;
-    p->prev[b] = p->tail;
-    p->next[b] = -1;
-    if (p->tail >= 0)
-        p->next[p->tail] = b;
-    else
-        p->head = b;
-    p->tail = b;
+    dlist_append(p->prev, p->next, &p->head, &p->tail, b);
     p->num_free++;
 }
 
