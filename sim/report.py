@@ -24,7 +24,7 @@ img{max-width:100%;display:block;margin:.5em 0 1.5em}pre{background:#f8f9fa;padd
 HEADLINE = ["num_requests", "num_finished", "num_rejected", "makespan_s", "output_throughput_tok_s",
             "request_throughput", "ttft_s.p50", "ttft_s.p99", "tpot_s.mean", "e2e_s.p99",
             "normalized_latency_s_per_tok.mean", "kv_usage_mean", "kv_usage_max", "num_preemptions",
-            "prefix_cache_hit_rate", "jain_fairness", "queue_wait_max_s", "num_gpu_blocks"]
+            "prefix_cache_hit_rate", "host_cache_hit_rate", "jain_fairness", "queue_wait_max_s", "num_gpu_blocks"]
 
 
 def _fmt(v: Any) -> str:
