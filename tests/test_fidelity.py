@@ -279,3 +279,15 @@ def test_workers_must_be_positive(tmp_path):
 ])
 def test_runs_files_name_gpus_as_nvidia_smi_does(gpu, preset):
     assert hardware_preset(gpu) == preset
+
+
+def test_the_measured_servers_cpu_offload_changes_nothing_on_these_runs():
+    """The runs' server had 8 GiB of CPU KV offload; replayed with that host tier, every figure of the 7B run
+    (whose 8 GiB hold 1,024 blocks against its 7,463 GPU blocks, a cache that never fills) is unchanged
+    (docs/fidelity.md)."""
+    stages = read_runs(RUNS)
+    picked = ["llama-2-7b-tp1-codegen"]
+    plain = evaluate(stages, seeds=[0], max_duration_s=60, runs=picked)
+    offload = evaluate(stages, seeds=[0], max_duration_s=60, runs=picked, overrides=["kv_cache.cpu_offload_gib=8"])
+    for a, b in zip(plain, offload):
+        assert a.predictions == b.predictions and a.engine == b.engine
