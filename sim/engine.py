@@ -256,7 +256,7 @@ class Engine:
                 continue
             start = now
             run = None
-            if runner is not None and not staged:
+            if runner is not None and not staged and not sched.loading:   # (a load's end bounds no run)
                 if chain_from is not None:   # the last run ended at an arrival routed elsewhere: go on
                     run = runner.plan_next(chain_from, self._next_arrival, step)   # from its arrays
                 if run is None:
@@ -310,6 +310,16 @@ class Engine:
             if arrived:
                 self._admit_staged()
             if plan.is_empty():
+                if sched.loading:   # requests wait for loads from the host tier: on to the first one's end
+                    if sched.stats.num_preempted or arrived:   # made room, or requests came: plan again now
+                        continue
+                    if now != env.now:
+                        yield from self._wait_until(now)
+                    yield env.timeout(sched.loading[0][0] - now)
+                    now = env.now
+                    continue
+                if getattr(sched, "_held_waiting", None) and sched.release_held():   # (blocks held by loaded
+                    continue                                                          # prefixes: freed)
                 if self.may_block:   # cluster: blocks held by KV transfers; wake() when they are freed
                     if sched.stats.num_preempted or arrived:   # made room, or requests came: plan again now
                         continue

@@ -110,6 +110,7 @@ def build_parts(scn: Scenario, num_gpu: int, num_cpu: int, executor: Any = None)
     manager = make_kv_manager(scn.kv_cache, num_gpu, num_cpu, model.max_model_len, host_blocks(scn))
     scheduler = make_scheduler(scn.scheduler, manager, model.max_model_len)
     if executor is not None:
+        _price_loads(scheduler, executor)
         return manager, scheduler, executor, Recorder(num_gpu, manager.capacity_slots)
     try:
         executor = make_executor(scn.executor.kind, model=model, hardware=scn.hardware_spec, config=scn.executor,
@@ -117,7 +118,15 @@ def build_parts(scn: Scenario, num_gpu: int, num_cpu: int, executor: Any = None)
                                  base_dir=scn.base_dir, scheduler=scn.scheduler)
     except KeyError as e:
         raise KvsimError(f"{scn.source}: executor.kind", e.args[0]) from None
+    _price_loads(scheduler, executor)
     return manager, scheduler, executor, Recorder(num_gpu, manager.capacity_slots)
+
+
+def _price_loads(scheduler: Any, executor: Any) -> None:
+    """A host tier's loads take the executor's time for a block over the host link (a GPU executor has none:
+    they take no time there)."""
+    if getattr(scheduler.manager, "host", None) is not None:
+        scheduler.load_s_per_block = getattr(executor, "swap_s_per_block", 0.0)
 
 
 def shared_executor(executor: Any) -> Any:

@@ -46,6 +46,7 @@ follows an earlier one, found ahead, or goes to the least loaded) */
 enum { RULE_CALL = 0, RULE_LEAST_LOAD = 1, RULE_LEAST_KV = 2, RULE_PAIR = 3, RULE_AFFINITY = 4, RULE_FOLLOW = 5 };
 
 static int fail(const char *what, int64_t a, int64_t b);
+static inline double py_max(double a, double b) { return b > a ? b : a; }   /* Python's max(a, b) */
 
 /* a growable array of fixed-size items */
 typedef struct {
@@ -157,7 +158,14 @@ typedef struct {
     memory (hostlru.h), the tokens its loads served at first admissions, the blocks loaded in all and in the
     step being planned */
     HostLru host;
-    int64_t host_hit_tokens, host_loaded, st_loaded;
+    int64_t host_hit_tokens, host_loaded;
+    /* requests waiting for their loads (ContinuousScheduler.loading): a ring of N, in load order, each with
+    the time its load ends; the host link's next free time */
+    int64_t *ld_idx;
+    double *ld_ready, link_free;
+    Py_ssize_t ld_head, ld_len;
+    int64_t *hw;          /* back from their loads, queued, holding their blocks (in load order) */
+    Py_ssize_t nhw;
     double *main, *bd;
     Py_ssize_t fill, chunk;
     int64_t steps, waits;
@@ -173,7 +181,7 @@ typedef struct {
     /* the engine loop */
     Event ev_e;
     int busy, e_wakes;    /* e_wakes: the engine waits for an arrival (an untriggered wake) */
-    int e_state;          /* 0: start, 1: after a wake, 2: after a step */
+    int e_state;          /* 0: start, 1: after a wake, 2: after a step, 3: after a wait for a load */
     double start, end, d, bdv[7];
     int64_t stall;
     /* an error: its kind and what its message says */
@@ -181,6 +189,8 @@ typedef struct {
     double err_t, err_d;
     int64_t err_step, err_waiting, err_running, err_stall;
 } Core;
+
+static void unhold(Core *c, int64_t r);
 
 /* the clock, the arrival process (one for every engine: request g goes to engine dest[g], where it is
 request local[g]) and the engines, in the order their loops were started */
@@ -564,7 +574,8 @@ static int allocate_cached(Core *c, int64_t i, int64_t n, int64_t m, int64_t h)
     }
     note_table(c, i, 0);
     c->upto[i] = m;   /* the hits are cached under these very hashes */
-    cache_full(c, i, c->comp[i] + n);
+    if (!h)   /* (loaded blocks join the cache when the request computes after its load) */
+        cache_full(c, i, c->comp[i] + n);
     return 1;
 }
 
@@ -926,17 +937,28 @@ static int admit(Core *c, double now, int64_t budget)
         }
         const int64_t m = c->cache ? match_prefix(c, r) : 0;   /* reused blocks skip their compute */
         const int64_t h = c->host.cap ? host_run(c, r, m) : 0;   /* and so do those loaded back */
-        int64_t num_new = c->prompt[r] + c->gen[r] - c->comp[r] - (m + h) * c->bs;
+        if (h) {   /* its blocks now, its compute once they are loaded */
+            if (!allocate_cached(c, r, 0, m, h))
+                break;
+            wq_pop(c);
+            c->link_free = py_max(now, c->link_free) + (double)h * c->swap_s_per_block;
+            const Py_ssize_t at = (c->ld_head + c->ld_len++) % c->N;
+            c->ld_idx[at] = r;
+            c->ld_ready[at] = c->link_free;
+            continue;
+        }
+        int64_t num_new = c->prompt[r] + c->gen[r] - c->comp[r] - m * c->bs;
         if (num_new > budget) {
             if (!c->chunked && c->ne)
                 break;
             if (c->chunked)
                 num_new = budget;
         }
-        if (!(m || h ? allocate_cached(c, r, num_new, m, h) : allocate(c, r, num_new)))
+        if (!(m ? allocate_cached(c, r, num_new, m, 0) : allocate(c, r, num_new)))
             break;
         wq_pop(c);
-        c->st_loaded += h;
+        if (c->nhw)
+            unhold(c, r);
         seats++;
         if (isnan(c->fsched[r])) {
             c->fsched[r] = now;
@@ -951,6 +973,47 @@ static int admit(Core *c, double now, int64_t budget)
         budget -= num_new;
     }
     return 0;
+}
+
+/* ContinuousScheduler._loads_ended: the requests whose load has ended by ``now`` go back to the front of
+the queue, in load order */
+static void loads_ended(Core *c, double now)
+{
+    Py_ssize_t k = 0;
+    while (k < c->ld_len && c->ld_ready[(c->ld_head + k) % c->N] <= now)
+        k++;
+    for (Py_ssize_t j = k - 1; j >= 0; j--)
+        wq_push_front(c, c->ld_idx[(c->ld_head + j) % c->N]);
+    for (Py_ssize_t j = 0; j < k; j++)
+        c->hw[c->nhw++] = c->ld_idx[(c->ld_head + j) % c->N];
+    c->ld_head = (c->ld_head + k) % c->N;
+    c->ld_len -= k;
+}
+
+/* request r, admitted, holds its blocks as any running request does */
+static void unhold(Core *c, int64_t r)
+{
+    Py_ssize_t j = 0;
+    while (j < c->nhw && c->hw[j] != r)
+        j++;
+    if (j == c->nhw)
+        return;
+    memmove(c->hw + j, c->hw + j + 1, (size_t)(c->nhw - j - 1) * sizeof(int64_t));
+    c->nhw--;
+}
+
+/* ContinuousScheduler.release_held: nothing runs, nothing loads and nothing could start; the requests back
+from their loads give their blocks back. The number released; -1 on an error */
+static Py_ssize_t release_held(Core *c)
+{
+    const Py_ssize_t n = c->nhw;
+    c->nhw = 0;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        if (release(c, c->hw[j]) < 0)
+            return -1;
+        c->comp[c->hw[j]] = 0;
+    }
+    return n;
 }
 
 /* ContinuousScheduler._head_fits: whether the next to come back or be admitted gets its blocks now */
@@ -1076,7 +1139,7 @@ static int form_batch(Core *c, double now)
 running order, within the memory it reserved */
 static int schedule_static(Core *c, double now)
 {
-    c->st_prefill = c->st_decode = c->st_preempted = c->st_swap_out = c->st_swap_in = c->st_loaded = 0;
+    c->st_prefill = c->st_decode = c->st_preempted = c->st_swap_out = c->st_swap_in = 0;
     c->ne = 0;
     c->step_index++;
     if (!c->nrun && form_batch(c, now) < 0)
@@ -1097,10 +1160,12 @@ static int schedule(Core *c, double now)
 {
     if (c->staticb)
         return schedule_static(c, now);
-    c->st_prefill = c->st_decode = c->st_preempted = c->st_swap_out = c->st_swap_in = c->st_loaded = 0;
+    c->st_prefill = c->st_decode = c->st_preempted = c->st_swap_out = c->st_swap_in = 0;
     c->ne = 0;
     int64_t budget = c->max_batched;
     c->step_index++;
+    if (c->ld_len)
+        loads_ended(c, now);
     if (c->rr && c->nrun && (c->wq_len || c->nswapped) && rotate(c, now) < 0)
         return -1;
     const int64_t rotated = c->st_preempted;   /* (its preemptions do not hold back admissions) */
@@ -1273,7 +1338,6 @@ static int engine_fixed(Core *c, int64_t tokens, int64_t seqs, int has_prefill, 
     return 0;
 }
 
-static inline double py_max(double a, double b) { return b > a ? b : a; }   /* Python's max(a, b) */
 
 /* the step's breakdown (BREAKDOWN_PARTS: linear, attention, elementwise, allreduce, swap, copy, overhead;
 no copy-on-write without forks) */
@@ -1289,24 +1353,7 @@ static void set_breakdown(double *bd, double linear, double attention, double el
     bd[6] = overhead;
 }
 
-static int price_step(Core *c);
-
-/* CostModelExecutor.execute: the step's price, then the host tier's loads beside it (_with_loads) */
 static int price(Core *c)
-{
-    if (price_step(c) < 0)
-        return -1;
-    if (c->st_loaded) {
-        const double load = (double)c->st_loaded * c->swap_s_per_block;
-        if (load > c->d) {
-            c->bdv[4] = c->bdv[4] + load - c->d;
-            c->d = load;
-        }
-    }
-    return 0;
-}
-
-static int price_step(Core *c)
 {
     int64_t tokens = 0, seqs = 0, pairs = 0, pre_new = 0, pre_ctx = 0, dec_seqs = 0, dec_ctx = 0;
     for (Py_ssize_t j = 0; j < c->ne; j++) {
@@ -1325,7 +1372,7 @@ static int price_step(Core *c)
     const double *k = c->c;
     double *bd = c->bdv;
     const double swap = (double)(c->st_swap_out + c->st_swap_in) * c->swap_s_per_block;
-    if (c->engine) {
+    if (c->engine && tokens) {
         /* k: fpp, attn_peak, attn_bw, kv_s, kernel_latency, half, eng_kv_s, qo_s, sampler, step_gap, overlap */
         double t[5];
         if (engine_fixed(c, tokens, seqs, pre_new > 0, t) < 0)
@@ -1366,8 +1413,9 @@ static int price_step(Core *c)
         attention = (double)c->layers * (per_layer + (double)dec_seqs * k[5] + (double)(seqs - dec_seqs) * k[6]);
         elementwise = (double)c->layers * ((double)tokens * k[7] + k[8]);
     }
-    set_breakdown(bd, linear, attention, elementwise, comm, swap, k[9]);
-    c->d = linear + attention + elementwise + comm + swap + 0.0 + k[9];
+    const double overhead = c->engine ? k[18] : k[9];   /* (a step of no tokens in engine mode: swaps alone) */
+    set_breakdown(bd, linear, attention, elementwise, comm, swap, overhead);
+    c->d = linear + attention + elementwise + comm + swap + 0.0 + overhead;
     return 0;
 }
 
@@ -1478,7 +1526,7 @@ static int record(Core *c)
     const int64_t used = c->num_blocks - c->free_blocks, bs = c->bs;
     const double row[MAIN_COLS] = {
         c->start, c->d, (double)c->ne, (double)c->st_prefill, (double)c->st_decode, (double)c->nrun,
-        (double)(c->wq_len - (c->num_swapped - c->nswapped)), (double)c->num_swapped, (double)used, (double)c->st_preempted, (double)c->st_swap_out,
+        (double)(c->wq_len - (c->num_swapped - c->nswapped) + c->ld_len), (double)c->num_swapped, (double)used, (double)c->st_preempted, (double)c->st_swap_out,
         (double)c->st_swap_in, 0.0, (double)c->held,
         (double)(used * bs - c->held - c->beyond_final), (double)c->beyond_final,
         c->contig ? (double)((c->free_blocks - extents_largest(&c->ext)) * bs) : 0.0,
@@ -1657,7 +1705,10 @@ static int check_integrity(Core *c)
         tables += c->tlen[i];
         beyond += c->beyond[i];
         if (c->tlen[i]) {
-            if (c->stat[i] != ST_RUNNING && !(c->staticb && c->stat[i] == ST_FINISHED))
+            /* (besides running ones: a static batch's idle members; requests holding a prefix loaded, or
+            being loaded, from the host tier, waiting for their compute) */
+            if (c->stat[i] != ST_RUNNING && !(c->staticb && c->stat[i] == ST_FINISHED)
+                && !(c->host.cap && (c->stat[i] == ST_WAITING || c->stat[i] == ST_PREEMPTED)))
                 return fail("a request that is not running holds blocks", c->rid[i], c->tlen[i]);
             idle += c->stat[i] == ST_FINISHED;
             held += c->comp[i] < c->tlen[i] * bs ? c->comp[i] : c->tlen[i] * bs;
@@ -1873,7 +1924,7 @@ static int arrivals_resume(World *w)
     }
 }
 
-static int has_work(Core *c) { return c->nrun > 0 || c->wq_len > 0 || c->nswapped > 0; }
+static int has_work(Core *c) { return c->nrun > 0 || c->wq_len > 0 || c->nswapped > 0 || c->ld_len > 0; }
 
 /* Engine._loop (one timeout a step) from where it waits */
 static int engine_resume(Core *c)
@@ -1890,7 +1941,7 @@ static int engine_resume(Core *c)
             c->err = ERR_LIVELOCK;
             c->err_stall = c->stall;
             c->err_t = w->now;
-            c->err_waiting = c->wq_len - (c->num_swapped - c->nswapped);
+            c->err_waiting = c->wq_len - (c->num_swapped - c->nswapped) + c->ld_len;
             c->err_running = c->nrun;
             return 0;
         }
@@ -1908,12 +1959,28 @@ static int engine_resume(Core *c)
         c->start = w->now;
         if (schedule(c, c->start) < 0)
             return -1;
-        if (c->nstaged && admit_staged(c) < 0)
+        const int arrived = c->nstaged > 0;
+        if (arrived && admit_staged(c) < 0)
             return -1;
-        if (c->ne == 0) {
+        const int empty = c->ne == 0 && !c->st_swap_out && !c->st_swap_in;   /* (StepPlan.is_empty) */
+        if (empty && c->ld_len) {   /* requests wait for loads from the host tier */
+            if (c->st_preempted || arrived)   /* made room, or requests came: plan again now */
+                continue;
+            schedule_event(w, &c->ev_e, w->now + (c->ld_ready[c->ld_head] - w->now), NORMAL, 1);
+            c->e_state = 3;   /* on to the first one's end */
+            return 0;
+        }
+        if (empty && c->nhw) {   /* blocks held by loaded prefixes: freed */
+            const Py_ssize_t freed = release_held(c);
+            if (freed < 0)
+                return -1;
+            if (freed)
+                continue;
+        }
+        if (empty) {
             c->err = ERR_DEADLOCK;
             c->err_t = c->start;
-            c->err_waiting = c->wq_len - (c->num_swapped - c->nswapped);
+            c->err_waiting = c->wq_len - (c->num_swapped - c->nswapped) + c->ld_len;
             c->err_running = c->nrun;
             return 0;
         }
@@ -1994,7 +2061,7 @@ static void free_engine(Core *c)
                     c->tmp, c->idle,
                     c->main, c->bd, c->lin.keys, c->lin.vals, c->head.keys, c->head.vals, c->pad, c->tr_rid.p,
                     c->tr_time.p, c->tr_phase.p,
-                    c->gap_d.p, c->gap_n.p, c->other.p, c->pref};
+                    c->gap_d.p, c->gap_n.p, c->other.p, c->pref, c->ld_idx, c->ld_ready, c->hw};
     for (size_t j = 0; j < sizeof bufs / sizeof bufs[0]; j++)
         free(bufs[j]);
     kvpool_close(&c->pool);
@@ -2012,7 +2079,7 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
                           &floats, &pad, &linear_fn, &head_fn, &sink, &chunk))
         return -1;
     if (chunk < 1 || PyTuple_GET_SIZE(cfg) != 23 || PyTuple_GET_SIZE(ints) != 6
-        || PyTuple_GET_SIZE(floats) != (mode ? 18 : 11)) {
+        || PyTuple_GET_SIZE(floats) != (mode ? 19 : 11)) {
         PyErr_SetString(PyExc_ValueError, "run_core: bad sizes, settings or pricing constants");
         return -1;
     }
@@ -2149,6 +2216,13 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
     if (cv[22] > 0) {   /* the cache's host tier (after the copy of ``shared``: nothing of it is shared) */
         if (!c->cache) {
             PyErr_SetString(PyExc_ValueError, "run_core: a host tier needs a prefix cache");
+            return -1;
+        }
+        c->ld_idx = alloc_n(N, 8, &failed);
+        c->ld_ready = alloc_n(N, 8, &failed);
+        c->hw = alloc_n(N, 8, &failed);
+        if (failed) {
+            PyErr_NoMemory();
             return -1;
         }
         if (hostlru_open(&c->host, cv[22]) < 0)

@@ -20,8 +20,6 @@ bytes, H = hidden, I = intermediate, hd = head_dim, q = ceil(heads / t) x hd, kv
     swap       = (blocks out + blocks in) x (block bytes / t / host_link_bandwidth + swap_block_latency)
     copy       = blocks copied x 2 x block bytes / t / HBM bandwidth   (read the source, write the copy)
     overhead   = step_overhead_s
-    loads      = blocks loaded from the host tier x the swap time of a block, beside the rest: a step
-                 lasts max(its sum, loads), the excess counted as swap (sim/kv/host_tier.py)
 
 ``duration_s`` is the sum of the breakdown. ``gemm_time`` (roofline.py) holds the GEMM formulas.
 
@@ -312,7 +310,7 @@ class CostModelExecutor:
             if s.num_new_tokens != 1 or s.num_context_tokens <= 0:
                 raise ValueError("execute_decode_run needs an all-decode plan")
             ctx0 += s.num_context_tokens + 1
-        if plan.blocks_to_copy or plan.blocks_to_swap_in or plan.blocks_to_swap_out or plan.num_blocks_loaded:
+        if plan.blocks_to_copy or plan.blocks_to_swap_in or plan.blocks_to_swap_out:
             raise ValueError("execute_decode_run needs a plan without block movement")
         return self.execute_decode_sums(seqs, ctx0, k)
 
@@ -465,22 +463,12 @@ class CostModelExecutor:
             out["calibrated_for"] = self.calibrated_for
         return out
 
+    @property
+    def swap_s_per_block(self) -> float:
+        """A block's time over the host link (a swap, or a load from the prefix cache's host tier)."""
+        return self._swap_s_per_block
+
     def execute(self, plan: StepPlan) -> StepResult:
-        result = self._price(plan)
-        return self._with_loads(result, plan.num_blocks_loaded) if plan.num_blocks_loaded else result
-
-    def _with_loads(self, result: StepResult, blocks: int) -> StepResult:
-        """A step during which ``blocks`` prefix blocks come back from the host tier: the load runs beside
-        the step's compute (vLLM's offloading copies on a stream of their own), each block as a swapped one;
-        the step lasts at least as long as the load, whose excess counts as swap time."""
-        load = blocks * self._swap_s_per_block
-        if load <= result.duration_s:
-            return result
-        breakdown = dict(result.breakdown)
-        breakdown["swap"] = breakdown.get("swap", 0.0) + load - result.duration_s
-        return StepResult(duration_s=load, breakdown=breakdown)
-
-    def _price(self, plan: StepPlan) -> StepResult:
         tokens = seqs = 0
         pairs = pre_new = pre_ctx = 0
         dec_seqs = dec_ctx = 0

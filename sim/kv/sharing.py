@@ -144,7 +144,8 @@ class SharingMixin:
     def _allocate_cached(self, req: Request, num_new_tokens: int, cached: Sequence[int] | np.ndarray,
                          loaded: int = 0) -> bool:
         """Start ``req``'s table with the ``cached`` blocks (ref counts up), then ``loaded`` fresh blocks the
-        host tier fills (``host_run``), then fresh ones for its new tokens."""
+        host tier fills (``host_run``; they join the cache when the request computes after its load), then
+        fresh ones for its new tokens."""
         bs = self.block_size
         pool = self.pool
         blocks = np.asarray(cached, dtype=np.int64)   # distinct: the cache maps each block to one hash
@@ -164,8 +165,9 @@ class SharingMixin:
             self.host.loaded += loaded
             self._host_lookup(req)
         self._note_table(req, table)
-        self._cached_upto[req.req_id] = hits   # the hits are cached under these very hashes (loads: next)
-        self._cache_full_blocks(req, table, req.num_computed_tokens + num_new_tokens)
+        self._cached_upto[req.req_id] = hits   # the hits are cached under these very hashes
+        if not loaded:
+            self._cache_full_blocks(req, table, req.num_computed_tokens + num_new_tokens)
         return True
 
     # ------------------------------------------------------------ growth and release

@@ -17,6 +17,7 @@ state intervals for the plots.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -78,6 +79,8 @@ class SchedulerBase:
         # the one the last plan used
         self._lane = None
         self._plan_lane = None
+        # requests waiting for a load from the prefix cache's host tier (continuous batching: continuous.py)
+        self.loading: deque[tuple[float, Request]] = deque()
 
     # ------------------------------------------------------------ timeline
     def mark(self, req: Request, phase: Phase, now: float) -> None:

@@ -15,6 +15,11 @@ One step:
        first; only when none is left swapped are waiting requests admitted, in queue order, while the
        batch has a seat (``max_num_seqs``), the step has token budget (``max_num_batched_tokens``) and
        their blocks fit. The head of the queue blocks those behind it (no overtaking).
+       A request whose prefix the prefix cache's host tier holds (sim/kv/host_tier.py) takes blocks for its
+       GPU hits and the loaded blocks only, and waits aside (``loading``, no seat, no token budget) while
+       they come over the host link (one load at a time, each block at ``load_s_per_block``: vLLM's
+       WAITING_FOR_REMOTE_KVS); at the first step that starts after its load has ended, it goes back to
+       the front of the queue, its prefix computed, and is admitted as any request is.
 """
 
 from __future__ import annotations
@@ -77,6 +82,11 @@ class ContinuousScheduler(SchedulerBase):
         # replica's requests whose KV arrived into blocks they hold (sim/cluster/disagg.py, pull)
         self.ahead: set[int] = set()
         self._ahead_waiting: set[int] = set()   # those of them queued and not yet admitted
+        # (``loading``: requests waiting for their prefix from the host tier, (when the load ends, request), in
+        # load order)
+        self.load_s_per_block = 0.0   # a block's load over the host link (the executor's swap price)
+        self._link_free = 0.0         # when the last load queued on the host link ends
+        self._held_waiting: dict[int, Request] = {}   # back from their loads, queued, holding their blocks
 
     def _enqueue(self, req: Request) -> None:
         if req.req_id in self.ahead:
@@ -87,11 +97,35 @@ class ContinuousScheduler(SchedulerBase):
             self.waiting.push(req)
 
     def has_work(self) -> bool:
-        return bool(self.running) or len(self.waiting) > 0 or bool(self.swapped)
+        return bool(self.running) or len(self.waiting) > 0 or bool(self.swapped) or bool(self.loading)
 
     def num_waiting(self) -> int:
-        """Queued requests that are not swapped out (round-robin queues swapped ones too)."""
-        return len(self.waiting) - (self._num_swapped - len(self.swapped))
+        """Queued requests that are not swapped out (round-robin queues swapped ones too), and those
+        waiting for a load from the host tier."""
+        return len(self.waiting) - (self._num_swapped - len(self.swapped)) + len(self.loading)
+
+    def _loads_ended(self, now: float) -> None:
+        """The requests whose load has ended by ``now`` go back to the front of the queue, in load order."""
+        loading = self.loading
+        ready = []
+        while loading and loading[0][0] <= now:
+            ready.append(loading.popleft()[1])
+        for req in reversed(ready):
+            self.waiting.push_front(req)
+        for req in ready:
+            self._held_waiting[req.req_id] = req
+
+    def release_held(self) -> bool:
+        """Nothing runs, nothing loads and nothing could start: the requests back from their loads give their
+        blocks back (the loaded ones stay in the prefix cache, so a request finds them there when it starts
+        again), leaving the cache to what comes first (a swapped request, or the queue's head, which fits an
+        empty cache). False where none held any."""
+        held = list(self._held_waiting.values())
+        self._held_waiting.clear()
+        for req in held:
+            self.manager.free(req)
+            req.num_computed_tokens = 0
+        return bool(held)
 
     # ------------------------------------------------------------ preemption
     def _pick_victim(self, candidates: list[Request]) -> Request:
@@ -183,6 +217,8 @@ class ContinuousScheduler(SchedulerBase):
         plan = self._plan = StepPlan()
         scheduled = plan.scheduled
         self.step_index += 1
+        if self.loading:
+            self._loads_ended(now)
 
         # 0. round-robin rotation (its preemptions do not hold back admissions)
         if cfg.policy == "round_robin" and self.running and (len(self.waiting) or self.swapped):
@@ -422,23 +458,31 @@ class ContinuousScheduler(SchedulerBase):
                 break
             cached = manager.match_prefix_blocks(req) if caching else None   # reused blocks skip their compute
             loaded = manager.host_run(req, len(cached)) if host else 0      # and so do those loaded back
-            num_new = req.num_tokens - req.num_computed_tokens - ((len(cached) + loaded) * bs if caching else 0)
+            if loaded:   # its blocks now, its compute once they are loaded
+                if not manager.allocate_slots(req, 0, cached, loaded):
+                    break
+                waiting.pop()
+                if ahead:
+                    ahead.discard(req.req_id)
+                self._link_free = ready = max(now, self._link_free) + loaded * self.load_s_per_block
+                self.loading.append((ready, req))
+                continue
+            num_new = req.num_tokens - req.num_computed_tokens - (len(cached) * bs if caching else 0)
             if num_new > budget:
                 # a recomputed prompt + output may exceed the budget: let it run alone rather than never
                 if not self.config.chunked_prefill and scheduled:
                     break
                 if self.config.chunked_prefill:
                     num_new = budget
-            if not (manager.allocate_slots(req, num_new, cached, loaded) if loaded
-                    else manager.allocate_slots(req, num_new, cached)):
+            if not manager.allocate_slots(req, num_new, cached):
                 if budget == first_budget and self._note_blocked and not caching and width == 1:   # (first try)
                     self._blocked_head = (req, budget, req.num_computed_tokens, manager.pool.num_free)
                 break
             waiting.pop()
             if ahead:
                 ahead.discard(req.req_id)
-            if loaded:
-                self._plan.num_blocks_loaded += loaded
+            if self._held_waiting:
+                self._held_waiting.pop(req.req_id, None)
             seats += width
             if req.first_scheduled_s != req.first_scheduled_s:  # NaN: first admission
                 req.first_scheduled_s = now

@@ -59,7 +59,6 @@ class StepPlan:
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)      # copy-on-write (src, dst)
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (gpu block, cpu block)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)   # (cpu block, gpu block)
-    num_blocks_loaded: int = 0   # prefix blocks loaded back from the host tier (sim/kv/host_tier.py)
 
     @property
     def num_tokens(self) -> int:
