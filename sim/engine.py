@@ -318,8 +318,8 @@ class Engine:
                     yield env.timeout(sched.loading[0][0] - now)
                     now = env.now
                     continue
-                if getattr(sched, "_held_waiting", None) and sched.release_held():   # (blocks held by loaded
-                    continue                                                          # prefixes: freed)
+                if sched.release_held():   # (blocks held by loaded prefixes, freed: plan again now)
+                    continue
                 if self.may_block:   # cluster: blocks held by KV transfers; wake() when they are freed
                     if sched.stats.num_preempted or arrived:   # made room, or requests came: plan again now
                         continue

@@ -172,6 +172,11 @@ class SchedulerBase:
     def num_swapped(self) -> int:
         return self._num_swapped
 
+    def release_held(self) -> bool:
+        """Nothing runs and nothing could start: give back blocks that queued requests hold (True), if any
+        (continuous batching: the requests back from their loads from the host tier)."""
+        return False
+
     def _add(self, scheduled: list[ScheduledRequest], batch: list[Request], req: Request, num_new: int,
              stats: StepStats) -> None:
         """Put ``req`` in the plan with ``num_new`` tokens to compute (its blocks already allocated)."""

@@ -120,6 +120,8 @@ class ContinuousScheduler(SchedulerBase):
         blocks back (the loaded ones stay in the prefix cache, so a request finds them there when it starts
         again), leaving the cache to what comes first (a swapped request, or the queue's head, which fits an
         empty cache). False where none held any."""
+        if not self._held_waiting:
+            return False
         held = list(self._held_waiting.values())
         self._held_waiting.clear()
         for req in held:
