@@ -7,6 +7,8 @@
                                      yield timeout(result.duration_s)
                                      update(plan, result, now); record the step
                idle:                 wait on the event the next arrival triggers
+               idle but for loads from the host tier: the same, with a timeout that triggers it at
+                                     the first load's end (an arrival during the load is served at once)
 
 Async scheduling (vLLM v1's default): the plan of step n+1 is made while step n runs, so a request
 that reaches a busy engine during step n is first seen by the plan of step n+2:
@@ -108,6 +110,7 @@ class Engine:
         self.async_scheduling = async_scheduling
         self.arrival_delay_s = arrival_delay_s   # frontend input latency: client send -> engine
         self._wake: simpy.Event | None = None
+        self._alarm = False                       # a timeout is set to wake the engine at a load's end
         self._arrivals_done = False
         self._busy = False                        # a step is executing
         self._staged: list[tuple[Request, float]] = []   # (request, when it reached the engine) during a step
@@ -196,6 +199,11 @@ class Engine:
         """Something outside the scheduler changed (memory was freed): plan again if idle."""
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
+
+    def _load_ended(self, _alarm: simpy.Event) -> None:
+        """The alarm set for the end of the first load under way (host tier) has rung: plan again if idle."""
+        self._alarm = False
+        self.wake()
 
     def end_arrivals(self) -> None:
         """No more requests will be submitted: the engine stops once its work is done."""
@@ -315,7 +323,12 @@ class Engine:
                         continue
                     if now != env.now:
                         yield from self._wait_until(now)
-                    yield env.timeout(sched.loading[0][0] - now)
+                    if not self._alarm:   # (one at a time: a later load's is set when this one has rung)
+                        self._alarm = True
+                        env.timeout(sched.loading[0][0] - now).callbacks.append(self._load_ended)
+                    self._wake = env.event()   # the load's end, or an arrival, whichever comes first
+                    yield self._wake
+                    self._wake = None
                     now = env.now
                     continue
                 if sched.release_held():   # (blocks held by loaded prefixes, freed: plan again now)

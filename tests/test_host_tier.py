@@ -140,6 +140,26 @@ def test_a_load_waits_aside_while_others_run():
     assert len(during) >= 1 and (during.batch_size == 1).all() and (during.num_prefill_tokens == 0).all()
 
 
+def test_an_arrival_during_a_load_is_served_at_once():
+    """E (16 tokens of its own, 1 out) arrives 2 ms after C, while C's 3 blocks come over the link and
+    nothing runs: the idle engine plans at E's arrival (plus the frontend's input latency, as for every
+    arrival at an idle engine), not at the load's end; C computes from the first step start after its load."""
+    data = _scenario(16)
+    data["workload"]["requests"].append({"arrival": 2.002, "prompt_len": 16, "output_len": 1})
+    runs = off_and_on(pytest.MonkeyPatch(), engine_core, "enabled",
+                      lambda: run_scenario(scenario_from_dict(data), check_integrity=True))
+    assert_same(*runs)
+    r = runs[1]
+    reqs = r.requests.set_index("req_id")
+    lag = reqs.loc[0].first_scheduled_s - reqs.loc[0].arrival_s   # the idle engine plans an arrival then
+    c, e = reqs.loc[2], reqs.loc[3]
+    assert c.num_cached_tokens == 1024 and r.summary["host_loaded_tokens"] == 768
+    ready = c.arrival_s + lag + 3 * BLOCK_LOAD_S
+    assert e.first_scheduled_s == pytest.approx(e.arrival_s + lag, rel=1e-12) and e.first_scheduled_s < ready
+    starts = r.steps.start_s.to_numpy()
+    assert c.first_scheduled_s == pytest.approx(starts[starts >= ready - 1e-12].min(), rel=1e-12)
+
+
 def _host_heavy(i: int) -> dict:
     """A fuzz case with a prefix cache, a host tier of 1 to 64 blocks and requests of a few shared prefixes
     coming back at random (so that prefixes leave the GPU cache and come back from the host tier)."""

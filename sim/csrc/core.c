@@ -181,7 +181,8 @@ typedef struct {
     /* the engine loop */
     Event ev_e;
     int busy, e_wakes;    /* e_wakes: the engine waits for an arrival (an untriggered wake) */
-    int e_state;          /* 0: start, 1: after a wake, 2: after a step, 3: after a wait for a load */
+    int e_state;          /* 0: start, 1: after a wake, 2: after a step */
+    Event ev_l;           /* Engine._load_ended: the timeout set for the first load's end (one at a time) */
     double start, end, d, bdv[7];
     int64_t stall;
     /* an error: its kind and what its message says */
@@ -1966,8 +1967,10 @@ static int engine_resume(Core *c)
         if (empty && c->ld_len) {   /* requests wait for loads from the host tier */
             if (c->st_preempted || arrived)   /* made room, or requests came: plan again now */
                 continue;
-            schedule_event(w, &c->ev_e, w->now + (c->ld_ready[c->ld_head] - w->now), NORMAL, 1);
-            c->e_state = 3;   /* on to the first one's end */
+            if (!c->ev_l.active)
+                schedule_event(w, &c->ev_l, w->now + (c->ld_ready[c->ld_head] - w->now), NORMAL, 1);
+            c->e_wakes = 1;   /* on to the first one's end, or an arrival */
+            c->e_state = 1;
             return 0;
         }
         if (empty && c->nhw) {   /* blocks held by loaded prefixes: freed */
@@ -2026,11 +2029,20 @@ static int run(World *w)
                 next = &c->ev_e;
                 who = c;
             }
+            if (c->ev_l.active && (!next || before(&c->ev_l, next))) {
+                next = &c->ev_l;
+                who = c;
+            }
         }
         if (!next)
             break;
         w->now = next->t;
         w->int_clock = next->at_int;
+        if (who && next == &who->ev_l) {   /* a load's end: wake the engine if it waits */
+            who->ev_l.active = 0;
+            trigger_wake(who);
+            continue;
+        }
         if ((who ? engine_resume(who) : arrivals_resume(w)) < 0)
             return -1;
         if (who && who->err) {
