@@ -27,7 +27,7 @@ import pandas as pd  # noqa: E402
 from sim.timeline import PHASE_COLORS  # noqa: E402
 
 # the states in the order a request passes through them, then the output side of the frontend
-PARTS = ["frontend", "waiting", "prefill", "kv_wait", "transferring", "decode_waiting", "decode", "preempted",
+PARTS = ["frontend", "waiting", "host_load", "prefill", "kv_wait", "transferring", "decode_waiting", "decode", "preempted",
          "swapped", "frontend_out"]
 COLORS = {**PHASE_COLORS, "frontend_out": "#dee2e6"}
 

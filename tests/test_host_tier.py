@@ -29,6 +29,7 @@ import sim.engine_core as engine_core
 from sim.errors import KvsimError
 from sim.fuzz import draw_scenario
 from sim.kv.host_tier import HostTier
+from sim.latency_breakdown import phase_means
 from sim.native import native
 from sim.runner import run_scenario
 from sim.scenario import scenario_from_dict
@@ -86,6 +87,11 @@ def test_a_prefix_evicted_from_the_gpu_comes_back_from_host_memory():
     admitted = before.start_s + 1.0                                          # (arrivals 1 s apart, idle engine)
     assert last.start_s == pytest.approx(admitted + 3 * BLOCK_LOAD_S, rel=1e-12)   # after the load
     assert c.first_scheduled_s == last.start_s
+    tl = r.timeline[r.timeline.req_id == 2].set_index("phase")   # the load shows in C's timeline
+    assert tl.loc["host_load", "start_s"] == pytest.approx(admitted, rel=1e-12)
+    assert tl.loc["host_load", "end_s"] - tl.loc["host_load", "start_s"] == pytest.approx(3 * BLOCK_LOAD_S, rel=1e-9)
+    assert list(tl.index) == ["frontend", "waiting", "host_load", "waiting", "prefill", "decode", "done"]
+    assert phase_means(r.timeline, reqs)["host_load"] == pytest.approx(3 * BLOCK_LOAD_S / 3, rel=1e-9)
 
 
 def test_a_tier_too_small_to_keep_the_prefix_loads_nothing():

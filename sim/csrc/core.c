@@ -36,7 +36,8 @@ Rows go to the caller a chunk at a time (``sink``); everything else comes back a
 #include <string.h>
 
 enum { ST_WAITING = 0, ST_RUNNING = 1, ST_PREEMPTED = 2, ST_SWAPPED = 3, ST_FINISHED = 4 };
-enum { PH_WAITING = 0, PH_PREFILL = 1, PH_DECODE = 2, PH_PREEMPTED = 3, PH_SWAPPED = 4, PH_IDLE = 5, PH_DONE = 6 };
+enum { PH_WAITING = 0, PH_PREFILL = 1, PH_DECODE = 2, PH_PREEMPTED = 3, PH_SWAPPED = 4, PH_IDLE = 5, PH_DONE = 6,
+       PH_HOST_LOAD = 7 };
 enum { MAIN_COLS = 18, BD_COLS = 7 };
 enum { ERR_NONE = 0, ERR_DEADLOCK = 1, ERR_DURATION = 2, ERR_LIVELOCK = 3 };
 enum { URGENT = 0, NORMAL = 1 };
@@ -946,6 +947,8 @@ static int admit(Core *c, double now, int64_t budget)
             const Py_ssize_t at = (c->ld_head + c->ld_len++) % c->N;
             c->ld_idx[at] = r;
             c->ld_ready[at] = c->link_free;
+            if (mark(c, r, PH_HOST_LOAD, now) < 0)
+                return -1;
             continue;
         }
         int64_t num_new = c->prompt[r] + c->gen[r] - c->comp[r] - m * c->bs;
@@ -978,17 +981,23 @@ static int admit(Core *c, double now, int64_t budget)
 
 /* ContinuousScheduler._loads_ended: the requests whose load has ended by ``now`` go back to the front of
 the queue, in load order */
-static void loads_ended(Core *c, double now)
+static int loads_ended(Core *c, double now)
 {
     Py_ssize_t k = 0;
     while (k < c->ld_len && c->ld_ready[(c->ld_head + k) % c->N] <= now)
         k++;
     for (Py_ssize_t j = k - 1; j >= 0; j--)
         wq_push_front(c, c->ld_idx[(c->ld_head + j) % c->N]);
-    for (Py_ssize_t j = 0; j < k; j++)
-        c->hw[c->nhw++] = c->ld_idx[(c->ld_head + j) % c->N];
+    for (Py_ssize_t j = 0; j < k; j++) {   /* (queued again from its load's end: waiting, or preempted) */
+        const Py_ssize_t at = (c->ld_head + j) % c->N;
+        const int64_t r = c->ld_idx[at];
+        c->hw[c->nhw++] = r;
+        if (mark(c, r, c->npre[r] ? PH_PREEMPTED : PH_WAITING, c->ld_ready[at]) < 0)
+            return -1;
+    }
     c->ld_head = (c->ld_head + k) % c->N;
     c->ld_len -= k;
+    return 0;
 }
 
 /* request r, admitted, holds its blocks as any running request does */
@@ -1165,8 +1174,8 @@ static int schedule(Core *c, double now)
     c->ne = 0;
     int64_t budget = c->max_batched;
     c->step_index++;
-    if (c->ld_len)
-        loads_ended(c, now);
+    if (c->ld_len && loads_ended(c, now) < 0)
+        return -1;
     if (c->rr && c->nrun && (c->wq_len || c->nswapped) && rotate(c, now) < 0)
         return -1;
     const int64_t rotated = c->st_preempted;   /* (its preemptions do not hold back admissions) */

@@ -109,11 +109,12 @@ class ContinuousScheduler(SchedulerBase):
         loading = self.loading
         ready = []
         while loading and loading[0][0] <= now:
-            ready.append(loading.popleft()[1])
-        for req in reversed(ready):
+            ready.append(loading.popleft())
+        for _, req in reversed(ready):
             self.waiting.push_front(req)
-        for req in ready:
+        for at, req in ready:   # (queued again from its load's end, as before it: waiting, or preempted)
             self._held_waiting[req.req_id] = req
+            self.mark(req, Phase.PREEMPTED if req.num_preemptions else Phase.WAITING, at)
 
     def release_held(self) -> bool:
         """Nothing runs, nothing loads and nothing could start: the requests back from their loads give their
@@ -468,6 +469,7 @@ class ContinuousScheduler(SchedulerBase):
                     ahead.discard(req.req_id)
                 self._link_free = ready = max(now, self._link_free) + loaded * self.load_s_per_block
                 self.loading.append((ready, req))
+                self.mark(req, Phase.HOST_LOAD, now)
                 continue
             num_new = req.num_tokens - req.num_computed_tokens - (len(cached) * bs if caching else 0)
             if num_new > budget:

@@ -25,6 +25,7 @@ class Phase(IntEnum):
     SWAPPED = 4     # preempted by swap, its KV in CPU memory
     IDLE = 5        # finished but still holding its memory (static batching)
     DONE = 6        # finished, memory released
+    HOST_LOAD = 7   # its prefix coming back from the host tier (kv_cache.cpu_offload_gib), then queued again
 
 
 class StepGaps:
