@@ -68,6 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     except KvsimError as e:
         print(e.one_line(), file=sys.stderr)
         return 2
+    except OSError as e:   # a write that failed after the checks (a full disk, a folder removed meanwhile)
+        if e.filename is None:
+            raise
+        print(f"error: {e.filename}: {e.strerror or e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt as e:
         # a command that saved partial results says so in the exception; otherwise nothing was written
         what = e.args[0] if e.args and isinstance(e.args[0], str) else "no results were written"

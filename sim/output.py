@@ -136,22 +136,28 @@ def write_text(path: Path, text: str) -> Path:
     return write_atomic(path, lambda p: p.write_text(text))
 
 
+def writable_folder(path: Path, flag: str) -> None:
+    """Check, before anything runs, that files can be made where ``path`` goes (beside it: its folder, or
+    the nearest folder above that exists, where the missing ones will be made): by making one there, not
+    from permission bits (root passes every bit check, and some folders, /proc say, refuse every file)."""
+    probe = path.parent
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise KvsimError(flag, f"{probe} is a file, so no folder can be made under it for {path}")
+    try:
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as e:
+        raise KvsimError(flag, f"cannot make files in {probe} ({e.strerror}), where {path} goes") from None
+
+
 def prepare_out_dir(out: str | Path) -> Path:
     """Check, before anything runs, that ``out`` is (or can be made) a folder this process may write."""
     path = Path(out)
     if path.exists() and not path.is_dir():
         raise KvsimError(str(path), "--out must be a folder, and this is a file")
-    probe = path
-    while not probe.exists():  # the nearest existing ancestor must be a writable folder
-        if probe.parent == probe:
-            break
-        probe = probe.parent
-    if probe.exists() and not probe.is_dir():
-        raise KvsimError(str(path), f"--out: {probe} is a file, so no folder can be made under it")
-    if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
-        raise KvsimError(str(path), f"--out: no permission to write in {probe}")
-    if path.exists() and not os.access(path.parent if path.parent.exists() else path, os.W_OK | os.X_OK):
-        raise KvsimError(str(path), f"--out: no permission to write in {path.parent}")
+    writable_folder(path, "--out")
     return path
 
 

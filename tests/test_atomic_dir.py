@@ -179,7 +179,29 @@ def test_unwritable_out_is_refused_before_simulating(tmp_path, capsys):
     finally:
         locked.chmod(0o755)
     captured = capsys.readouterr()
-    assert code == 2 and captured.out == "" and "no permission to write" in captured.err
+    assert code == 2 and captured.out == "" and "cannot make files in" in captured.err
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc, where no file can be made")
+@pytest.mark.parametrize("args", [
+    ["run", "{scn}", "--out", "/proc/kvsim-out"],
+    ["run", "{scn}", "--out", "/proc/a/b/kvsim-out"],
+    ["run", "{scn}", "--out", "{tmp}/out", "--trace-events", "/proc/kvsim-trace.json"],
+    ["compare", "{scn}", "--vary", "seed=1,2", "--out", "/proc/kvsim-out"],
+    ["capacity", "{scn}", "--slo", "ttft_p99=1", "--out", "/proc/kvsim-out"],
+    ["sweep", "{sweep}", "--trace-events", "/proc/kvsim-traces", "--dry-run"],
+])
+def test_a_folder_that_takes_no_file_is_refused_before_simulating(tmp_path, capsys, args):
+    """Where files cannot be made whatever the permission bits say (root passes them all), the probe
+    finds out before anything runs: one line, exit 2, nothing written."""
+    path = tmp_path / "scn.yaml"
+    path.write_text(yaml.safe_dump(SCENARIO))
+    sweep = Path(__file__).resolve().parents[1] / "scenarios" / "sweep_example.yaml"
+    code = kvsim_main([a.format(scn=path, tmp=tmp_path, sweep=sweep) for a in args])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == "" and "cannot make files in /proc" in captured.err
+    assert len(captured.err.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["scn.yaml"]
 
 
 def test_results_of_an_older_kvsim_without_the_marker_are_replaced(previous, tmp_path):

@@ -52,6 +52,9 @@ def main(args: argparse.Namespace) -> int:
         import torch
         if not torch.cuda.is_available():
             raise KvsimError("--device", "cuda is not available here; use --device cpu")
+    from sim.executors.validation import check_out_path
+
+    check_out_path(args.out)
     grid = grid_from_args(args)
     t0 = time.perf_counter()
     rows = run_profile(spec, args.device, args.out, grid=grid, num_layers=args.num_layers)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from sim.errors import KvsimError
+from sim.output import writable_folder
 from sim.trace_events import DEFAULT_REQUEST_LIMIT
 
 MAX_WORKERS = 1024
@@ -40,6 +41,8 @@ def main(args: argparse.Namespace) -> int:
     trace_dir = Path(args.trace_events) if args.trace_events else None
     if trace_dir is not None and trace_dir.exists() and not trace_dir.is_dir():
         raise KvsimError("--trace-events", f"{trace_dir} is a file; sweep takes a folder for one trace per run")
+    if trace_dir is not None:
+        writable_folder(trace_dir / "TASK_ID.json", "--trace-events")
     sweep = load_sweep(args.sweep)
     if args.dry_run:
         for t in sweep.tasks:

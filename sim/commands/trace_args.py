@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from sim.errors import KvsimError
+from sim.output import writable_folder
 from sim.trace_events import DEFAULT_REQUEST_LIMIT
 
 
@@ -28,11 +29,7 @@ def check_trace_args(args: argparse.Namespace) -> Path | None:
     path = Path(args.trace_events)
     if path.is_dir() or str(args.trace_events).endswith(("/", "\\")):
         raise KvsimError("--trace-events", f"{path} is a folder; give a file name such as trace.json")
-    parent = path.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise KvsimError("--trace-events", f"{parent} is a file, so {path} cannot be written")
+    writable_folder(path, "--trace-events")
     return path
 
 

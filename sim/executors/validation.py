@@ -23,7 +23,7 @@ from sim.executors.cost_model import DATA_DIR, load_calibration
 from sim.executors.measurements import ELEMENTWISE_OPS, LINEAR_OPS, check_device, read_measurements
 from sim.executors.opmodel import fit_local
 from sim.executors.roofline import CostParams
-from sim.output import write_text
+from sim.output import writable_folder, write_text
 from sim.specs import HardwareSpec
 
 FORMAT = "kvsim-calibration/1"
@@ -91,6 +91,7 @@ def check_out_path(out: str | Path, flag: str = "--out") -> Path:
     path = Path(out)
     if path.is_dir():
         raise KvsimError(str(path), f"{flag} is a directory; give a file path")
+    writable_folder(path, flag)
     return path
 
 
