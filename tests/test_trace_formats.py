@@ -105,10 +105,10 @@ AZ_ROW = "2023-11-16 18:15:46.6805900,374,44\n"
 @pytest.mark.parametrize(("text", "fmt", "line", "problem"), [
     ("TIMESTAMP,ContextTokens\n2023-11-16 18:15:46.68,3\n", "azure", 1, "missing column: GeneratedTokens"),
     (AZ_HEADER + AZ_ROW + AZ_ROW + "2023-11-16 18:15:47.0,abc,4\n", "azure", 4, "ContextTokens: not a number"),
-    (AZ_HEADER + AZ_ROW + "2023-11-16 18:15:47.0,10,-4\n", "azure", 3, "GeneratedTokens: negative token count"),
+    (AZ_HEADER + AZ_ROW + "2023-11-16 18:15:47.0,10,-4\n", "azure", 3, "GeneratedTokens: negative token count -4"),
     (AZ_HEADER + AZ_ROW + "yesterday at noon,10,4\n", "azure", 3, "unparsable timestamp"),
     ("arrived_at,num_prefill_tokens,num_decode_tokens\n0,1,1\nsoon,2,2\n", "vidur", 3, "unparsable timestamp"),
-    ("Timestamp,Model,Request tokens,Response tokens\n1,ChatGPT,5,1.5\n", "burstgpt", 2, "not a whole number"),
+    ("Timestamp,Model,Request tokens,Response tokens\n1,ChatGPT,5,1.5\n", "burstgpt", 2, "not a whole number: 1.5"),
     ('{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": 1, "input_length": 5}\n',
      "mooncake", 2, "missing field: output_length"),
     ('{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": 1, "input_len\n',

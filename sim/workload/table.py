@@ -100,6 +100,11 @@ class LoadStats:
 # ---------------------------------------------------------------- checks on raw columns
 
 
+def shown(value: object) -> str:
+    """A cell as an error message shows it: its repr as plain Python (-3, not np.int64(-3))."""
+    return repr(value.item() if isinstance(value, np.generic) else value)
+
+
 def where(source: str, line: int | None) -> str:
     return f"{source}:{line}" if line is not None else source
 
@@ -124,21 +129,21 @@ def to_counts(values: pd.Series, column: str, source: str, lines: np.ndarray, mi
     bad = ~np.isfinite(arr)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise KvsimError(where(source, int(lines[i])), f"column {column}: not a number: {values.iloc[i]!r}")
+        raise KvsimError(where(source, int(lines[i])), f"column {column}: not a number: {shown(values.iloc[i])}")
     frac = arr != np.floor(arr)
     if frac.any():
         i = int(np.flatnonzero(frac)[0])
-        raise KvsimError(where(source, int(lines[i])), f"column {column}: not a whole number: {values.iloc[i]!r}")
+        raise KvsimError(where(source, int(lines[i])), f"column {column}: not a whole number: {shown(values.iloc[i])}")
     low = arr < minimum
     if low.any():
         i = int(np.flatnonzero(low)[0])
         kind = "negative" if arr[i] < 0 else f"below {minimum}"
-        raise KvsimError(where(source, int(lines[i])), f"column {column}: {kind} token count {values.iloc[i]!r}")
+        raise KvsimError(where(source, int(lines[i])), f"column {column}: {kind} token count {shown(values.iloc[i])}")
     high = arr > MAX_TOKENS
     if high.any():
         i = int(np.flatnonzero(high)[0])
         raise KvsimError(where(source, int(lines[i])),
-                         f"column {column}: token count {values.iloc[i]!r} is above the limit of {MAX_TOKENS:,}")
+                         f"column {column}: token count {shown(values.iloc[i])} is above the limit of {MAX_TOKENS:,}")
     return arr.astype(np.int64)
 
 
@@ -154,11 +159,11 @@ def to_seconds(values: pd.Series, column: str, source: str, lines: np.ndarray, u
         bad = ~np.isfinite(arr)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            raise KvsimError(where(source, int(lines[i])), f"column {column}: unparsable timestamp {values.iloc[i]!r}")
+            raise KvsimError(where(source, int(lines[i])), f"column {column}: unparsable timestamp {shown(values.iloc[i])}")
         neg = arr < 0
         if neg.any():
             i = int(np.flatnonzero(neg)[0])
-            raise KvsimError(where(source, int(lines[i])), f"column {column}: negative timestamp {values.iloc[i]!r}")
+            raise KvsimError(where(source, int(lines[i])), f"column {column}: negative timestamp {shown(values.iloc[i])}")
         return arr * unit_s
     return datetimes_to_seconds(values, column, source, lines)
 
@@ -177,7 +182,7 @@ def datetimes_ns(values: pd.Series, column: str, source: str, lines: np.ndarray,
     bad = ns == NAT
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise KvsimError(where(source, int(lines[i])), f"column {column}: unparsable timestamp {values.iloc[i]!r}")
+        raise KvsimError(where(source, int(lines[i])), f"column {column}: unparsable timestamp {shown(values.iloc[i])}")
     return ns
 
 

@@ -25,7 +25,7 @@ import pandas as pd
 from sim.errors import KvsimError
 from sim.limits import MAX_TRACE_BYTES
 from sim.workload.csvread import header_of, read_columns
-from sim.workload.table import Columns, LoadStats, datetimes_ns, to_counts, to_seconds
+from sim.workload.table import Columns, LoadStats, datetimes_ns, shown, to_counts, to_seconds
 
 FORMATS = ("azure", "mooncake", "vidur", "burstgpt", "csv", "jsonl")
 OPTIONAL_FIELDS = ("priority", "prefix_group", "prefix_len", "n", "beam_width")
@@ -189,7 +189,7 @@ def frame_to_columns(df: pd.DataFrame, lines: np.ndarray, names: dict[str, str],
             bad = ~np.isfinite(vals) | (vals != np.floor(vals))
             if bad.any():
                 i = int(np.flatnonzero(bad)[0])
-                raise KvsimError(f"{source}:{int(lines[i])}", f"column {col}: not a whole number: {df[col].iloc[i]!r}")
+                raise KvsimError(f"{source}:{int(lines[i])}", f"column {col}: not a whole number: {shown(df[col].iloc[i])}")
             opt[f] = vals.astype(np.int64)
         else:
             opt[f] = to_counts(df[col], col, source, lines, minimum=minimum)
