@@ -22,7 +22,9 @@ The core knows what a request's arrival does (the output cap, the reasons to rej
 ``prepare`` applies them to the requests as ``add_request`` would, the core says when each was handed
 over. After the run ``write_requests`` and ``write_engine`` put the requests' counters and times, each
 scheduler's timeline and inter-token gaps and each manager's sums and peaks where the SimPy loop would
-have left them, so the summary and tables are built by the same code either way.
+have left them, so the summary and tables are built by the same code either way; a single engine's run
+(``run_core(columns=True)``) takes its requests' table from the core's arrays instead (sim/core_requests.py,
+checked against the table read back from the Requests), and its Requests get only their status.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from sim.core_requests import request_columns
 from sim.errors import KvsimError
 from sim.executors.cost_model import BREAKDOWN_PARTS, CostModelExecutor
 from sim.executors.engine_params import (
@@ -93,10 +96,12 @@ def requests_supported(requests: list[Request]) -> bool:
 
 @dataclass
 class CoreRun:
-    """What the engine loop reports besides its results: steps taken and the events it waited on."""
+    """What the engine loop reports besides its results: steps taken and the events it waited on; asked
+    for (``run_core``), ``requests_frame``'s first columns (sim/core_requests.py)."""
 
     steps: int
     waits: int
+    columns: dict[str, Any] | None = None
 
 
 def prepare(requests: list[Request], scheduler: ContinuousScheduler) -> tuple[np.ndarray, np.ndarray]:
@@ -164,12 +169,16 @@ class EngineParts:
 
 def run_core(requests: list[Request], scheduler: ContinuousScheduler, executor: CostModelExecutor,
              recorder: Recorder, *, arrival_delay_s: float, async_scheduling: bool, max_stall: int,
-             progress: Callable[[int], None] | None = None, check_integrity: bool = False) -> CoreRun:
+             progress: Callable[[int], None] | None = None, check_integrity: bool = False,
+             columns: bool = False) -> CoreRun:
     """Run the engine over ``requests`` (handed over at arrival + ``arrival_delay_s``); ``progress`` is
     called every ``PROGRESS_EVERY`` steps with the requests finished or rejected so far;
-    ``check_integrity`` checks the KV and scheduler invariants after every step (an AssertionError)."""
+    ``check_integrity`` checks the KV and scheduler invariants after every step (an AssertionError);
+    ``columns``: the requests' results come back as the table's columns (``CoreRun.columns``), and the
+    Requests get only their status."""
     parts = EngineParts(scheduler, executor, recorder, async_scheduling, max_stall, check_integrity)
-    return run_engines(requests, [parts], arrival_delay_s, dest=[0] * len(requests), progress=progress)[0][0]
+    return run_engines(requests, [parts], arrival_delay_s, dest=[0] * len(requests), progress=progress,
+                       columns=columns)[0][0]
 
 
 def same_admission(schedulers: list[ContinuousScheduler]) -> bool:
@@ -184,13 +193,15 @@ def same_admission(schedulers: list[ContinuousScheduler]) -> bool:
 def run_engines(requests: list[Request], engines: list[EngineParts], lag: float, *, dest: list[int] | None = None,
                 choose: Callable[[Request, list[ReplicaState]], int] | None = None,
                 rule: tuple[int, np.ndarray | None, int] | None = None,
-                progress: Callable[[int], None] | None = None) -> tuple[list[CoreRun], np.ndarray]:
+                progress: Callable[[int], None] | None = None, columns: bool = False
+                ) -> tuple[list[CoreRun], np.ndarray]:
     """Several engines fed by one arrival process: ``requests`` in hand-over order, each at its arrival +
     ``lag``, to the engine ``dest[g]`` (chosen ahead), by ``rule`` (a router's ``CoreRule.as_core_arg``,
     applied by the core from the engines' counts) or ``choose(request, states)`` (a router reading the
     engines' ``ReplicaState`` as of that moment). The engines must admit alike (``same_admission``).
-    Returns each engine's run and the engine each request went to; errors are raised as the SimPy loop
-    raises them."""
+    Returns each engine's run and the engine each request went to (``columns``: the first run carries the
+    requests' columns, and the Requests get only their status); errors are raised as the SimPy loop raises
+    them."""
     if not same_admission([p.scheduler for p in engines]):
         raise ValueError("run_engines: the engines cap or reject requests differently")
     n, m = len(requests), len(engines)
@@ -226,13 +237,18 @@ def run_engines(requests: list[Request], engines: list[EngineParts], lag: float,
                               counters, times, [_engine_spec(p) for p in engines], hashes)
     for err, _, _ in results:
         _raise(err)
-    write_requests(requests, counters, times)
+    if columns:
+        write_status(requests, counters[0], times[4])
+    else:
+        write_requests(requests, counters, times)
     runs = []
     for e, (parts, (_, records, totals)) in enumerate(zip(engines, results)):
         mine = where == e
         parts.scheduler.num_truncated += int(np.count_nonzero(cut & mine))
         write_engine(parts.scheduler, [requests[g] for g in np.flatnonzero(mine).tolist()], records, totals)
         runs.append(CoreRun(steps=totals[5], waits=totals[6]))
+    if columns:
+        runs[0].columns = request_columns(requests, ints, arrival, counters, times)
     return runs, where
 
 
@@ -318,8 +334,23 @@ def _raise(err: tuple) -> None:
                          "running): livelock")
 
 
-def write_requests(requests: list[Request], counters: np.ndarray, times: np.ndarray) -> None:
-    """The core's per-request results onto the Requests, as the SimPy loop leaves them."""
+def write_status(requests: list[Request], status: np.ndarray, refused_at: np.ndarray) -> None:
+    """Only each request's status onto the Requests (what the schedulers' finished and rejected lists are
+    made from), where the requests' table comes from the core's columns."""
+    codes = np.where(np.isnan(refused_at), status, int(RequestStatus.REJECTED))
+    names = [RequestStatus(s) for s in range(len(RequestStatus))]
+    for req, st in zip(requests, codes.tolist()):
+        req.status = names[st]
+
+
+def write_requests(requests: list[Request], counters: np.ndarray, times: np.ndarray, chunk: int = 1 << 16) -> None:
+    """The core's per-request results onto the Requests, as the SimPy loop leaves them (``chunk`` requests at
+    a time: the Python numbers of one chunk at once, not of the whole run)."""
+    for lo in range(0, len(requests), chunk):
+        _write_chunk(requests[lo:lo + chunk], counters[:, lo:lo + chunk], times[:, lo:lo + chunk])
+
+
+def _write_chunk(requests: list[Request], counters: np.ndarray, times: np.ndarray) -> None:
     status = [RequestStatus(s) for s in range(6)]
     rejected = RequestStatus.REJECTED
     for req, st, comp, gen, pre, int_zero, cached, sched_s, first, last, fin, rej in zip(

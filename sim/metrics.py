@@ -397,8 +397,14 @@ def requests_frame(requests: list[Request], output_latency_s: float = 0.0,
         else:
             cols[name] = np.array(vals)
         del vals
+    return with_latencies(cols, output_latency_s, token_latency_s)
+
+
+def with_latencies(cols: dict[str, Any], output_latency_s: float = 0.0, token_latency_s: float = 0.0) -> pd.DataFrame:
+    """``requests_frame``'s table from its first columns (req_id ... reject_reason, taken over): the
+    client-side latencies added."""
     df = pd.DataFrame(cols, copy=False)
-    del cols
+    cols.clear()
     done = df["status"] == "FINISHED"
     first = df["first_token_s"] + output_latency_s
     finish = df["finish_s"] + output_latency_s + token_latency_s * (df["output_tokens"] - 1).clip(lower=0)

@@ -18,7 +18,7 @@ from sim.executors.base import make_executor, step_model
 from sim.gc_pause import gc_paused
 from sim.kv import make_kv_manager
 from sim.limits import MAX_BLOCKS
-from sim.metrics import Recorder, requests_frame, summarize
+from sim.metrics import Recorder, requests_frame, summarize, with_latencies
 from sim.progress_bar import ProgressBar
 from sim.scenario import Scenario
 from sim.sched import make_scheduler
@@ -26,6 +26,10 @@ from sim.sched.records import PHASE_NAMES, TokenGaps, Transitions, intervals_fra
 from sim.small_pages import small_pages
 from sim.specs import GiB, group_kv_bytes_per_block, kv_capacity_blocks
 from sim.workload import build_workload
+
+# a run in the compiled core takes its per-request table from the core's arrays (sim/core_requests.py);
+# False reads it back from the Requests as the SimPy loop's runs do (the reference its tests compare with)
+CORE_REQUEST_COLUMNS = True
 
 
 @dataclass
@@ -185,7 +189,7 @@ def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, pro
             ran = run_core(workload.requests, scheduler, executor, recorder, arrival_delay_s=fe_in,
                            async_scheduling=scn.scheduler.async_scheduling,
                            max_stall=scn.scheduler.max_steps_without_progress, progress=bar.at if bar else None,
-                           check_integrity=check)
+                           check_integrity=check, columns=CORE_REQUEST_COLUMNS)
         finally:
             if bar:
                 bar.close()
@@ -206,7 +210,10 @@ def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, pro
         runs, waits = engine.num_runs, engine.num_waits
     t_sim = time.perf_counter()
     recorder.finish_stream()
-    reqs = requests_frame(workload.requests, output_latency_s=fe_out, token_latency_s=fe_token)
+    if in_core and ran.columns is not None:   # (the same table, from the core's arrays)
+        reqs = with_latencies(ran.columns, output_latency_s=fe_out, token_latency_s=fe_token)
+    else:
+        reqs = requests_frame(workload.requests, output_latency_s=fe_out, token_latency_s=fe_token)
     # what the summary needs of the engine's parts; then the parts go (the Request objects with them), so
     # that the per-step and timeline tables are built without the run's objects in memory
     hit_rate = manager.prefix_cache_hit_rate() if hasattr(manager, "prefix_cache_hit_rate") else 0.0
