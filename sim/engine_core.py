@@ -22,9 +22,10 @@ The core knows what a request's arrival does (the output cap, the reasons to rej
 ``prepare`` applies them to the requests as ``add_request`` would, the core says when each was handed
 over. After the run ``write_requests`` and ``write_engine`` put the requests' counters and times, each
 scheduler's timeline and inter-token gaps and each manager's sums and peaks where the SimPy loop would
-have left them, so the summary and tables are built by the same code either way; a single engine's run
-(``run_core(columns=True)``) takes its requests' table from the core's arrays instead (sim/core_requests.py,
-checked against the table read back from the Requests), and its Requests get only their status.
+have left them, so the summary and tables are built by the same code either way; asked for the columns
+(``columns=True``: sim/runner.py and the colocated clusters), the requests' table comes from the core's
+arrays instead (sim/core_requests.py, checked against the table read back from the Requests), and the
+Requests get only their status.
 """
 
 from __future__ import annotations

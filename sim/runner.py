@@ -27,8 +27,9 @@ from sim.small_pages import small_pages
 from sim.specs import GiB, group_kv_bytes_per_block, kv_capacity_blocks
 from sim.workload import build_workload
 
-# a run in the compiled core takes its per-request table from the core's arrays (sim/core_requests.py);
-# False reads it back from the Requests as the SimPy loop's runs do (the reference its tests compare with)
+# a run in the compiled core (one engine, or a colocated cluster) takes its per-request table from the core's
+# arrays (sim/core_requests.py); False reads it back from the Requests as the SimPy loop's runs do (the
+# reference its tests compare with)
 CORE_REQUEST_COLUMNS = True
 
 

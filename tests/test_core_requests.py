@@ -66,6 +66,20 @@ def test_the_core_s_columns_are_the_requests_table(name):
         assert on.requests[int_zero].dtype == "int64" and (on.requests[int_zero] == 0).all()
 
 
+@pytest.mark.parametrize("policy", ["round_robin", "least_requests"])
+def test_a_cluster_in_the_core_gives_the_same_table(policy):
+    """Three replicas (routed ahead, or by their loads as each request arrives), refusals included: the
+    cluster's table (replica column and all) from the core's arrays is the one read back from the Requests."""
+    reqs = [{"arrival": round(0.05 * i, 2), "prompt_len": 5000 if i % 7 == 3 else 40 + 37 * i, "output_len": 1 + i % 9}
+            for i in range(24)]
+    data = _scenario(reqs)
+    data["model"] = {"name": "llama-2-7b", "max_model_len": 4096}
+    data["cluster"] = {"replicas": 3, "router": {"policy": policy}}
+    off, on = _tables(data)
+    assert on.profile["compiled_core"] and (on.requests["status"] == "REJECTED").sum() == 3
+    pd.testing.assert_frame_equal(on.requests, off.requests, check_exact=True)
+
+
 def test_fuzzed_core_runs_give_the_same_table():
     """40 random scenarios the core runs (refusals, preemption, prefix caching, clusters included)."""
     ran = 0

@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -30,7 +31,7 @@ from sim.cluster.disagg import Handoff
 from sim.cluster.link import KVLink
 from sim.cluster.replica import Replica
 from sim.executors.base import step_model
-from sim.metrics import requests_frame, step_dtype, summarize
+from sim.metrics import requests_frame, step_dtype, summarize, with_latencies
 from sim.runner import Result
 from sim.sched.records import TokenGaps
 from sim.specs import group_kv_bytes_per_block
@@ -141,14 +142,18 @@ def replicas_frame(reps: list[Replica], steps: pd.DataFrame, bounds: list[int], 
 
 def cluster_result(scn, workload, reps: list[Replica], served: dict[int, int], handoff: Handoff | None,
                    link: KVLink | None, fe_out: float, fe_token: float, wall_time_s: float,
-                   lag: float = 0.0) -> ClusterResult:
+                   lag: float = 0.0, columns: dict[str, Any] | None = None) -> ClusterResult:
     """``lag``: each request's frontend input latency and the router's decision time, from its arrival to
-    its replica (the timeline's ``frontend`` interval)."""
+    its replica (the timeline's ``frontend`` interval); ``columns``: the requests' table's first columns
+    from the compiled core (sim/core_requests.py), else it is read from the Requests."""
     requests = workload.requests
     if handoff is not None:   # the prefix-cache hit of a request is its prefill's
         for r in requests:
             r.num_cached_tokens = handoff.cached_tokens.get(r.req_id, r.num_cached_tokens)
-    reqs = requests_frame(requests, output_latency_s=fe_out, token_latency_s=fe_token)
+    if columns is not None:
+        reqs = with_latencies(columns, output_latency_s=fe_out, token_latency_s=fe_token)
+    else:
+        reqs = requests_frame(requests, output_latency_s=fe_out, token_latency_s=fe_token)
     steps, bounds = _step_table(reps)
     if len(reps) == 1:   # the single engine's summary, built exactly as sim/runner.py builds it
         rep = reps[0]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Any
 
 import numpy as np
 import simpy
@@ -129,21 +130,25 @@ def _observed(router: Router, pool: list[Replica], requests: list[Request], lag:
 
 
 def _run_in_core(pool: list[Replica], requests: list[Request], router: Router, dest: list[int] | None, lag: float,
-                 served: dict[int, int], bar: ProgressBar | None = None) -> None:
+                 served: dict[int, int], bar: ProgressBar | None = None, columns: bool = False
+                 ) -> dict[str, Any] | None:
     """The colocated pool's run in the compiled engine core: its router's choices made ahead (``dest``) or
     at each arrival from the replicas' loads and KV usage (by the core itself where the router has a
     ``core_rule``, else a call of ``choose``), as ``_arrivals`` and the replicas' engine loops make them,
-    with the same results."""
+    with the same results. ``columns``: the requests' table's columns come back (sim/core_requests.py),
+    the Requests getting only their status."""
     parts = [EngineParts(rep.scheduler, rep.engine.executor, rep.engine.recorder, rep.engine.async_scheduling,
                          rep.engine.max_stall, rep.engine.check_integrity) for rep in pool]
     rule = None if dest is not None else router.core_rule(requests, len(pool))
-    _, where = run_engines(requests, parts, lag, dest=dest, choose=router.choose,
-                           rule=None if rule is None else rule.as_core_arg(), progress=bar.at if bar else None)
+    runs, where = run_engines(requests, parts, lag, dest=dest, choose=router.choose,
+                              rule=None if rule is None else rule.as_core_arg(), progress=bar.at if bar else None,
+                              columns=columns)
     counts = np.bincount(where, minlength=len(pool))
     for rep, n in zip(pool, counts.tolist()):
         rep.submitted = n
     for req, i in zip(requests, where.tolist()):
         served[req.req_id] = pool[i].replica_id
+    return runs[0].columns
 
 
 def _in_core(pool: list[Replica], requests: list[Request], router: Router) -> bool:
@@ -169,8 +174,11 @@ def _run_colocated(scn: Scenario, workload: Workload, check: bool, lag: float, f
     reads = router.reads_load or router.reads_memory or router.reads_state
     ahead = None if reads else _route_ahead(router, requests, pool, lag)
     core = _in_core(pool, requests, router)
+    columns = None
     if core:   # compiled (sim/engine_core.py)
-        _run_in_core(pool, requests, router, ahead, lag, served, bar)
+        from sim.runner import CORE_REQUEST_COLUMNS
+
+        columns = _run_in_core(pool, requests, router, ahead, lag, served, bar, columns=CORE_REQUEST_COLUMNS)
     else:
         if bar is not None:
             _show_progress(bar, pool, [])
@@ -179,7 +187,8 @@ def _run_colocated(scn: Scenario, workload: Workload, check: bool, lag: float, f
             rep.engine.start()
         env.run()
         _check_released(pool)
-    res = cluster_result(scn, workload, pool, served, None, None, fe_out, fe_token, time.perf_counter() - t0, lag)
+    res = cluster_result(scn, workload, pool, served, None, None, fe_out, fe_token, time.perf_counter() - t0, lag,
+                         columns=columns)
     res.profile["compiled_core"] = core
     return res
 
