@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -123,6 +123,12 @@ def _from_inline(items: list[InlineRequest], source: str) -> Columns:
                    prefix_len=col("prefix_len", np.int64), beam_width=col("beam_width", np.int64))
 
 
+_POSITIONAL = ("req_id", "arrival_s", "prompt_len", "output_len", "priority", "n", "prefix_group", "prefix_len",
+               "hash_ids", "hash_block_tokens")
+if tuple(f.name for f in fields(Request))[:len(_POSITIONAL)] != _POSITIONAL:   # (to_requests passes them so)
+    raise ImportError(f"sim.request.Request's first fields are not {_POSITIONAL}")
+
+
 def to_requests(cols: Columns) -> list[Request]:
     """Request objects, req_id = position. Arrays go to Python scalars once, in bulk (fast)."""
     count = len(cols)
@@ -140,9 +146,9 @@ def to_requests(cols: Columns) -> list[Request]:
         group, plen = [-1] * count, [0] * count
     hashes = cols.hash_ids if cols.hash_ids is not None else [None] * count
     block = cols.hash_block_tokens
-    out = [Request(req_id=i, arrival_s=arrival[i], prompt_len=prompt[i], output_len=output[i], priority=priority[i],
-                   n=n[i], prefix_group=group[i], prefix_len=plen[i], hash_ids=hashes[i], hash_block_tokens=block)
-           for i in range(count)]
+    # positional arguments, in _POSITIONAL's order (keywords cost a third of the time of a million requests)
+    out = [Request(i, a, p, o, pr, k, g, pl, h, block)
+           for i, a, p, o, pr, k, g, pl, h in zip(range(count), arrival, prompt, output, priority, n, group, plen, hashes)]
     if beam is not None:
         for r, w in zip(out, beam, strict=True):
             r.beam_width = int(w)
