@@ -17,11 +17,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from sim.request import Request, RequestStatus
+from sim.sched.records import labels
 
-STATUS_NAMES = np.array([s.name for s in RequestStatus], dtype=object)
+STATUS_NAMES = [s.name for s in RequestStatus]
 
 
 def request_columns(requests: list[Request], ints: np.ndarray, arrival: np.ndarray, counters: np.ndarray,
@@ -41,7 +41,7 @@ def request_columns(requests: list[Request], ints: np.ndarray, arrival: np.ndarr
     status[refused] = int(RequestStatus.REJECTED)
     cols: dict[str, Any] = {"req_id": ints[0], "arrival_s": arrival, "prompt_tokens": ints[1],
                             "output_tokens": ints[2], "n": np.ones(n, dtype=np.int64), "priority": ints[4],
-                            "status": pd.array(STATUS_NAMES[status], dtype="str")}
+                            "status": labels(status, STATUS_NAMES)}
     if not refused.any() and sched_zero.all():
         cols["first_scheduled_s"] = np.zeros(n, dtype=np.int64)
     else:
@@ -59,10 +59,11 @@ def request_columns(requests: list[Request], ints: np.ndarray, arrival: np.ndarr
     cached[refused] = 0
     cols["num_preemptions"] = preemptions
     cols["num_cached_tokens"] = cached
-    reasons = np.full(n, "", dtype=object)
+    reasons = {"": 0}   # each reason once (the refused requests' own), then a code a request
+    codes = np.zeros(n, dtype=np.int64)
     for i in np.flatnonzero(refused).tolist():
-        reasons[i] = requests[i].reject_reason
-    cols["reject_reason"] = pd.array(reasons, dtype="str")
+        codes[i] = reasons.setdefault(requests[i].reject_reason, len(reasons))
+    cols["reject_reason"] = labels(codes, list(reasons))
     for name, col in cols.items():   # (rows of their own: the arrays' other rows are let go with them)
         if isinstance(col, np.ndarray) and col.base is not None:
             cols[name] = col.copy()

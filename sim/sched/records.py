@@ -13,6 +13,7 @@ from enum import IntEnum
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 
 class Phase(IntEnum):
@@ -124,8 +125,15 @@ def transition_intervals(tr: Transitions) -> tuple[np.ndarray, np.ndarray, np.nd
     return rid, phase, start, end
 
 
+def labels(codes: np.ndarray, names: list[str]) -> pd.api.extensions.ExtensionArray:
+    """``names[codes]`` as a string column (pandas' "str" dtype), decoded from a dictionary array by Arrow:
+    no Python string per row."""
+    table = pa.DictionaryArray.from_arrays(pa.array(codes), pa.array(names, type=pa.string()))
+    return pd.array(table.dictionary_decode(), dtype="str")
+
+
 def intervals_frame(req_id: np.ndarray, phase: np.ndarray, start_s: np.ndarray, end_s: np.ndarray,
                     names: list[str]) -> pd.DataFrame:
     """The timeline table (req_id, phase, start_s, end_s) from columns; ``phase`` holds indices into ``names``."""
-    labels = pd.array(np.array(names, dtype=object)[phase], dtype="str")
-    return pd.DataFrame({"req_id": req_id, "phase": labels, "start_s": start_s, "end_s": end_s}, copy=False)
+    return pd.DataFrame({"req_id": req_id, "phase": labels(phase, names), "start_s": start_s, "end_s": end_s},
+                        copy=False)
