@@ -261,16 +261,14 @@ def timeline_with_frontend(transitions: Transitions, reqs: pd.DataFrame, fe_in: 
     rid, phase, start, end = transition_intervals(transitions)
     if fe_in <= 0:
         return intervals_frame(rid, phase, start, end, PHASE_NAMES)
+    # each request's frontend row goes before its first state (the states are sorted by request, then
+    # start; a request's arrival comes before its first state, and at an equal time the frontend row
+    # first): inserted where its request begins, one column at a time
+    ids = reqs["req_id"].to_numpy()
+    at = np.searchsorted(rid, ids, side="left")
     arrive = reqs["arrival_s"].to_numpy(dtype=float)
-    rid = np.concatenate([reqs["req_id"].to_numpy(), rid])
-    start = np.concatenate([arrive, start])
-    end = np.concatenate([arrive + fe_in, end])
-    phase = np.concatenate([np.full(len(arrive), len(PHASE_NAMES), dtype=np.int8), phase])
-    del arrive
-    order = np.lexsort((start, rid))   # stable: the frontend rows come first
-    rid = rid[order]                   # one column at a time, each unsorted one dropped once copied
-    phase = phase[order]
-    start = start[order]
-    end = end[order]
-    del order
+    rid = np.insert(rid, at, ids)
+    phase = np.insert(phase, at, np.int8(len(PHASE_NAMES)))
+    end = np.insert(end, at, arrive + fe_in)
+    start = np.insert(start, at, arrive)
     return intervals_frame(rid, phase, start, end, [*PHASE_NAMES, "frontend"])

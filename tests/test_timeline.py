@@ -43,3 +43,36 @@ def test_the_legend_names_the_phases_drawn(tmp_path, monkeypatch):
     tl.timeline({"a": iv, "b": iv.assign(phase=["waiting", "decode", "prefill", "swapped"])}, tmp_path / "t.png")
     labels = [t.get_text() for t in figures[0].axes[0].get_legend().get_texts()]
     assert labels == ["waiting", "prefill", "decode"]   # in PHASE_COLORS order; no empty interval's phase
+
+
+def test_frontend_rows_merge_as_a_stable_sort_by_request_then_start():
+    """``timeline_with_frontend`` inserts each request's frontend row where its states begin; a stable
+    sort of all rows by request, then start (frontend rows first at equal times) is the reference. Random
+    timelines: requests without states (refused), states at the arrival itself, equal start times."""
+    import numpy as np
+
+    from sim.runner import timeline_with_frontend
+    from sim.sched.records import PHASE_NAMES, Transitions
+
+    rng = np.random.default_rng(7)
+    for _ in range(100):
+        n = int(rng.integers(1, 25))
+        arrive = np.sort(rng.integers(0, 50, n)) / 100
+        tr = Transitions()
+        for r in rng.permutation(n).tolist():   # recorded in any request order, each request's in time order
+            t = arrive[r] + 0.01 * int(rng.integers(0, 2))
+            for k in range(int(rng.integers(0, 5))):   # (0: refused, no state)
+                tr.append((r, float(t), k % len(PHASE_NAMES)))
+                t += 0.01 * int(rng.integers(0, 3))
+        reqs = pd.DataFrame({"req_id": np.arange(n), "arrival_s": arrive})
+        got = timeline_with_frontend(tr, reqs, 0.01)
+        rid = np.concatenate([np.arange(n), np.frombuffer(tr.req_id, dtype=np.int64)])
+        start = np.concatenate([arrive, np.frombuffer(tr.time, dtype=np.float64)])
+        order = np.lexsort((start, rid))
+        names = np.array([*PHASE_NAMES, "frontend"], dtype=object)
+        phase = names[np.concatenate([np.full(n, len(PHASE_NAMES)), np.frombuffer(tr.phase, dtype=np.int8)])]
+        assert got["req_id"].tolist() == rid[order].tolist()
+        assert got["start_s"].tolist() == start[order].tolist()
+        assert got["phase"].tolist() == phase[order].tolist()
+        front = got[got["phase"] == "frontend"]
+        assert (front["end_s"] - front["start_s"]).round(12).eq(0.01).all()
