@@ -26,8 +26,9 @@ STATUS_NAMES = [s.name for s in RequestStatus]
 
 def request_columns(requests: list[Request], ints: np.ndarray, arrival: np.ndarray, counters: np.ndarray,
                     times: np.ndarray) -> dict[str, Any] | None:
-    """``requests_frame``'s first columns from ``run_engines``' arrays, rewritten in place, each row then
-    copied out (the table holds no view of the arrays' other rows): ``ints``: req_id, prompt,
+    """``requests_frame``'s first columns from ``run_engines``' arrays, rewritten in place (``counters[0]``
+    then holds each request's final status, refusals included), each row then copied out (the table holds
+    no view of the arrays' other rows): ``ints``: req_id, prompt,
     output (capped), _, priority; ``counters``: status, computed, generated, preemptions, int-zero flags,
     cached; ``times``: first scheduled, first token, last token, finish, rejection. None without requests."""
     n = len(requests)

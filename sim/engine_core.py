@@ -238,8 +238,10 @@ def run_engines(requests: list[Request], engines: list[EngineParts], lag: float,
                               counters, times, [_engine_spec(p) for p in engines], hashes)
     for err, _, _ in results:
         _raise(err)
-    if columns:
-        write_status(requests, counters[0], times[4])
+    table = None
+    if columns:   # (request_columns leaves each request's final status in counters[0])
+        table = request_columns(requests, ints, arrival, counters, times)
+        write_status(requests, counters[0])
     else:
         write_requests(requests, counters, times)
     runs = []
@@ -248,8 +250,7 @@ def run_engines(requests: list[Request], engines: list[EngineParts], lag: float,
         parts.scheduler.num_truncated += int(np.count_nonzero(cut & mine))
         write_engine(parts.scheduler, [requests[g] for g in np.flatnonzero(mine).tolist()], records, totals)
         runs.append(CoreRun(steps=totals[5], waits=totals[6]))
-    if columns:
-        runs[0].columns = request_columns(requests, ints, arrival, counters, times)
+    runs[0].columns = table
     return runs, where
 
 
@@ -335,12 +336,11 @@ def _raise(err: tuple) -> None:
                          "running): livelock")
 
 
-def write_status(requests: list[Request], status: np.ndarray, refused_at: np.ndarray) -> None:
-    """Only each request's status onto the Requests (what the schedulers' finished and rejected lists are
-    made from), where the requests' table comes from the core's columns."""
-    codes = np.where(np.isnan(refused_at), status, int(RequestStatus.REJECTED))
+def write_status(requests: list[Request], status: np.ndarray) -> None:
+    """Only each request's final status (refusals included) onto the Requests: what the schedulers'
+    finished and rejected lists are made from, where the requests' table comes from the core's columns."""
     names = [RequestStatus(s) for s in range(len(RequestStatus))]
-    for req, st in zip(requests, codes.tolist()):
+    for req, st in zip(requests, status.tolist()):
         req.status = names[st]
 
 
