@@ -176,6 +176,22 @@ def test_stage_engine_by_hand():
     assert ("replayed engine: 8.0 requests running, 1.0 waiting (time means), KV peak 50.0%, 3..5 preemptions"
             in text_table([r]))
 
+def test_parity_figure_draws_any_number_of_runs(tmp_path):
+    """Twelve runs (more than the markers there are): each run drawn in a marker and colour of its own,
+    one legend entry per run once per-point entries would not fit; the figure is a PNG."""
+    from sim.fidelity.report import _run_style, parity_figure
+
+    base = read_runs(RUNS)[0]
+    results = []
+    for i in range(12):
+        r = StageResult(dataclasses.replace(base, run=f"run-{i:02d}"))
+        r.predictions = [dict(base.measured)] * 2
+        results.append(r)
+    parity_figure(results, tmp_path / "parity.png")
+    assert (tmp_path / "parity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len({_run_style(i) for i in range(90)}) == 90
+
+
 def test_goals_flag_false_saturation():
     stage = read_runs(RUNS)[3]                     # 70B at 20 req/s: measured mean TTFT 0.121 s
     r = StageResult(stage, [dict(stage.measured) | {"ttft_mean": 3 * 0.12127 + 0.06}])

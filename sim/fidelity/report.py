@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -55,26 +56,50 @@ def text_table(results: list[StageResult]) -> str:
     return "\n".join(lines)
 
 
+MARKERS = "osD^v<>ph*"
+MAX_LEGEND_ENTRIES = 24     # more points than this: one legend entry per run
+INSIDE_LEGEND_ENTRIES = 12  # more entries than this: the legend goes under the panels, in columns
+LEGEND_COLUMNS = 4
+
+
+def _run_style(i: int) -> tuple[str, str]:
+    """The i-th run's marker and colour: distinct pairs for the first 90 runs (10 colours x 9 markers),
+    then repeating; any number of runs can be drawn."""
+    return MARKERS[(i + i // 10) % len(MARKERS)], f"C{i % 10}"
+
+
 def parity_figure(results: list[StageResult], path: Path, title: str = "kvsim vs measured") -> None:
     """Predicted against measured (log-log), one panel per metric family, seed spread as error bars."""
     from matplotlib.figure import Figure  # no pyplot: leaves the caller's backend alone
 
     panels = [("TTFT (s)", ["ttft_mean", "ttft_p90"]), ("E2E (s)", ["e2e_mean", "e2e_p90"]),
               ("decode time per token (s)", ["decode_per_token"])]
-    fig = Figure(figsize=(5 * len(panels), 4.6))
-    axes = fig.subplots(1, len(panels))
     runs = sorted({r.stage.run for r in results})
-    markers = dict(zip(runs, "osD^v<>"))
+    run_styles = {run: _run_style(i) for i, run in enumerate(runs)}
+    per_point = len(results) * 2 <= MAX_LEGEND_ENTRIES   # else one legend entry per run
+    entries = len(results) * 2 if per_point else len(runs)
+    below = entries > INSIDE_LEGEND_ENTRIES                # a legend this long goes under the panels
+    legend_rows = math.ceil(entries / LEGEND_COLUMNS) if below else 0
+    fig = Figure(figsize=(5 * len(panels), 4.6 + 0.13 * legend_rows))
+    axes = fig.subplots(1, len(panels))
     for ax, (label, metrics) in zip(axes, panels):
         values = []
+        labelled: set[str] = set()
         for r in results:
             for m, fill in zip(metrics, ("full", "none")):
                 meas, pred = r.stage.measured[m], r.predicted(m)
                 lo, hi = r.spread(m)
                 values += [meas, pred, lo, hi]
-                ax.errorbar([meas], [pred], yerr=[[pred - lo], [hi - pred]], fmt=markers[r.stage.run],
-                            fillstyle=fill, color=f"C{runs.index(r.stage.run)}", capsize=3,
-                            label=f"{r.stage.run} s{r.stage.stage} {LABELS[m]}")
+                marker, color = run_styles[r.stage.run]
+                if per_point:
+                    legend = f"{r.stage.run} s{r.stage.stage} {LABELS[m]}"
+                elif r.stage.run in labelled:
+                    legend = None
+                else:
+                    legend = r.stage.run
+                    labelled.add(r.stage.run)
+                ax.errorbar([meas], [pred], yerr=[[pred - lo], [hi - pred]], fmt=marker, fillstyle=fill,
+                            color=color, capsize=3, label=legend)
         lo_v, hi_v = min(v for v in values if v > 0) * 0.7, max(values) * 1.4
         ax.plot([lo_v, hi_v], [lo_v, hi_v], "k-", lw=0.8)
         for f, style in ((1.1, "--"), (1 / 1.1, "--")):
@@ -87,7 +112,14 @@ def parity_figure(results: list[StageResult], path: Path, title: str = "kvsim vs
         ax.set_ylabel(f"predicted {label}")
         ax.set_title(label + " (dashed: +-10%)")
         ax.grid(True, which="both", alpha=0.3)
-    axes[0].legend(fontsize=6, loc="upper left")
+    title_note = None if per_point else "filled: mean, open: p90"
     fig.suptitle(title)
-    fig.tight_layout()
+    if below:
+        handles, labels = axes[0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="lower center", ncol=LEGEND_COLUMNS, fontsize=6, title=title_note,
+                   title_fontsize=6, frameon=False)
+        fig.tight_layout(rect=(0, (0.13 * legend_rows + 0.25) / fig.get_figheight(), 1, 1))
+    else:
+        axes[0].legend(fontsize=6, loc="upper left", title=title_note, title_fontsize=6)
+        fig.tight_layout()
     fig.savefig(path, dpi=110, format="png")
