@@ -66,3 +66,26 @@ def test_bad_expert_settings_and_the_gpu_backend():
 
     with pytest.raises(KvsimError, match="dense models only"):
         make_gpu_executor(model=MIX, hardware=H100, config=None, kv=None, num_gpu_blocks=1, num_cpu_blocks=0)
+
+
+def test_many_small_experts_never_cost_less_than_their_weights():
+    # Qwen3-30B-A3B: 48 layers, 128 experts of 3 x 2048 x 768 bf16 weights (9,437,184 bytes), 8 a token.
+    # Under the shipped H100 calibration the expert MLP may not run faster than reading the experts the
+    # batch hit at the datasheet's 3.35 TB/s (a physical floor, whatever the fitted efficiencies), and more
+    # tokens never cost less (they hit at least as many experts). Before, each expert past the first was
+    # credited a whole kernel latency, more than a small expert's own fitted GEMM time, so the linear term
+    # fell with the batch and went negative from 8 tokens on.
+    from sim.executors.cost_model import make_cost_model_executor
+
+    qwen = ModelSpec.from_name("qwen3-30b-a3b")
+    exe = make_cost_model_executor(model=qwen, hardware=H100)
+    expert_bytes = 3 * 2048 * 768 * 2
+    last = 0.0
+    for tokens in (1, 2, 3, 8, 16, 32, 64, 128, 512):
+        active = 128 * (1 - (120 / 128) ** tokens)
+        moe = exe._moe_mlp_time(tokens)
+        assert moe >= active * expert_bytes / 3.35e12, tokens
+        assert moe >= last, tokens
+        last = moe
+        linear, _ = exe._engine_linear(tokens, graph=False)
+        assert linear >= 48 * active * expert_bytes / 3.35e12, tokens

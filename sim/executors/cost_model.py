@@ -51,7 +51,13 @@ from sim.executors.engine_params import (
     capture_sizes,
     graph_max_tokens_for,
 )
-from sim.executors.roofline import DEFAULT_NUM_SMS, CostParams, allreduce_time, gemm_time_scalar
+from sim.executors.roofline import (
+    DEFAULT_NUM_SMS,
+    CostParams,
+    allreduce_time,
+    gemm_time_scalar,
+    grouped_gemm_time_scalar,
+)
 from sim.executors.shape_correction import check as check_correction
 from sim.native import native
 from sim.sched.plan import LaneEntries, StepPlan, StepResult
@@ -420,19 +426,21 @@ class CostModelExecutor:
             router   gemm(tokens, E, H)
             active   A = E x (1 - (1 - k/E)^tokens)   experts hit by tokens x k random choices (expected)
             per      tokens x k / A                   rows each active expert computes (balanced, on average)
-            experts  A x (gemm(per, up) + gemm(per, down)), one launch each for up and down
+            experts  grouped(A, per, up) + grouped(A, per, down): one launch each for up and down, every
+                     active expert's weights read (``grouped_gemm_time_scalar``)
 
         so a decode batch of a few dozen tokens reads every expert's weights (all of E x the dense MLP)
-        while computing only k of them a token."""
+        while computing only k of them a token. The experts' part never falls as ``tokens`` grows (more
+        tokens never read fewer experts)."""
         p, b, m = self.params, self.model.dtype_bytes, self.model
         e, k_top = m.num_experts, m.experts_per_token
         active = e * (1.0 - (1.0 - k_top / e) ** tokens)
         per = tokens * k_top / active
-        (up, k_up, n_up), (down, k_down, n_down) = self._shapes[2], self._shapes[3]
-        one = (gemm_time_scalar(per, n_up, k_up, self._gemm_peak, self._bw, b, p, up)
-               + gemm_time_scalar(per, n_down, k_down, self._gemm_peak, self._bw, b, p, down))
+        (_, k_up, n_up), (_, k_down, n_down) = self._shapes[2], self._shapes[3]
+        experts = (grouped_gemm_time_scalar(active, per, n_up, k_up, self._gemm_peak, self._bw, b, p)
+                   + grouped_gemm_time_scalar(active, per, n_down, k_down, self._gemm_peak, self._bw, b, p))
         router = gemm_time_scalar(tokens, e, m.hidden_size, self._gemm_peak, self._bw, b, p)
-        return router + active * one - (active - 1.0) * 2 * p.kernel_latency_s
+        return router + experts
 
     def _linear(self, tokens: int) -> tuple[float, float]:
         """(linear seconds over all layers, all-reduce seconds over all layers) for ``tokens`` tokens."""

@@ -145,6 +145,31 @@ def gemm_time_scalar(m: int, n: int, k: int, peak: float, bandwidth: float, dtyp
     return t * factor_scalar(params.gemm_correction, m, n, k, op) if params.gemm_correction else t
 
 
+def grouped_gemm_time_scalar(groups: float, m: float, n: int, k: int, peak: float, bandwidth: float,
+                             dtype_bytes: int, params: CostParams) -> float:
+    """Seconds for one launch of ``groups`` independent ``[m, k] x [k, n]`` GEMMs (a fused mixture-of-experts
+    kernel: each active expert's rows against its own weights). The module's formulas with every group's
+    tiles in the same waves and every group's weights and activations in the bytes; ``groups`` and ``m``
+    may be expected (fractional) counts. No learned correction: the corrections were measured on dense
+    library GEMMs, not on grouped kernels. Invariant: at least the groups' bytes at full bandwidth x
+    ``memory_eff``, plus one kernel latency."""
+    if params.tiles:
+        sms, q = params.num_sms, params.wave_quant
+        t_c = math.inf
+        for tm, tn, eff in params.tiles:
+            tiles = groups * math.ceil(m / tm) * math.ceil(n / tn)
+            waves = q * math.ceil(tiles / sms) + (1.0 - q) * (tiles / sms) if tiles >= sms else tiles / sms
+            t_c = min(t_c, 2.0 * waves * sms * tm * tn * k / (peak * eff))
+    else:
+        t_c = 2.0 * groups * m * n * k / (peak * params.compute_eff)
+    t_m = dtype_bytes * groups * (k * n + m * k + m * n) / (bandwidth * params.memory_eff)
+    p = params.smooth_p
+    hi = max(t_c, t_m)
+    if p < 64 and hi > 0:
+        hi *= ((t_c / hi) ** p + (t_m / hi) ** p) ** (1.0 / p)
+    return hi + params.kernel_latency_s
+
+
 def roofline_time(flops: Any, nbytes: Any, peak: float, bandwidth: float, compute_eff: float,
                   memory_eff: float, latency_s: float) -> Any:
     """max(flops / (peak x compute_eff), bytes / (bandwidth x memory_eff)) + latency."""
