@@ -18,9 +18,9 @@ import pandas as pd
 import pytest
 
 from sim.errors import KvsimError
-from sim.fidelity.evaluate import StageResult, evaluate, stage_engine, stage_figures
+from sim.fidelity.evaluate import StageResult, evaluate, next_stage_start, stage_engine, stage_figures
 from sim.fidelity.goals import check_goals
-from sim.fidelity.rebuild import arrivals, build_requests, prompt_lengths, run_scenario_for
+from sim.fidelity.rebuild import arrivals, build_requests, poisson_arrivals, prompt_lengths, run_scenario_for
 from sim.fidelity.report import text_table
 from sim.fidelity.runs import group_runs, hardware_preset, model_preset, read_runs
 
@@ -60,6 +60,56 @@ def test_arrivals_fill_the_stage_exactly():
     # Poisson: the gaps' coefficient of variation is about 1
     gaps = np.diff(t)
     assert 0.9 < gaps.std() / gaps.mean() < 1.1
+
+
+def test_poisson_load_fills_whole_seconds():
+    """inference-perf's poisson load: n ~ Poisson(rate) requests each whole second, spread over it with the
+    last one on the second; exactly the requests asked for."""
+    t = poisson_arrivals(np.random.default_rng(2), 100.0, 5.0, 3000)
+    assert len(t) == 3000 and np.all(np.diff(t) > 0) and t[0] > 100.0
+    seconds = np.ceil(t - 100.0)                     # arrival in (100 + k - 1, 100 + k]: second k
+    full = np.unique(seconds)[:-1]                   # (the last second may be cut at 3,000)
+    last_of = {k: t[seconds == k].max() for k in full}
+    assert all(last_of[k] == 100.0 + k for k in full)
+    counts = np.bincount(seconds.astype(int))[1:-1]  # requests per whole second, empty ones included
+    assert 4.7 < counts.mean() < 5.3 and 0.8 < counts.var() / counts.mean() < 1.2   # Poisson: variance = mean
+
+
+def test_stages_start_where_they_are_told_with_the_same_draws():
+    stages = group_runs(read_runs(RUNS))["llama-2-7b-tp1-codegen"]
+    back_to_back, windows, _ = build_requests(stages, seed=3)
+    shifted, shifted_windows, _ = build_requests(stages, seed=3, starts=[0.0, 612.5])
+    assert shifted_windows == [(0.0, 600.0), (612.5, 1212.5)]
+    assert shifted[:3000] == back_to_back[:3000]
+    assert [r["arrival"] - 12.5 for r in shifted[3000:]] == pytest.approx([r["arrival"] for r in back_to_back[3000:]])
+    poisson = [dataclasses.replace(s, load="poisson") for s in stages]
+    reqs, pw, _ = build_requests(poisson, seed=3, starts=[0.0, 700.0])
+    assert len(reqs) == 9000 and pw[1][0] == 700.0 and min(r["arrival"] for r in reqs[3000:]) > 700.0
+    assert pw[0] == (0.0, max(600.0, max(r["arrival"] for r in reqs[:3000])))
+
+
+def test_next_stage_starts_once_the_last_request_has_finished():
+    """The client waits for every request of a stage, sleeps its 1 s stage interval and starts the next
+    stage's timer 1 s ahead: 2 s after the last completion (and never before the stage's last arrival)."""
+    reqs = pd.DataFrame({"arrival_s": [1.0, 9.0, 9.5, 11.0], "status": ["FINISHED", "FINISHED", "REJECTED", "FINISHED"],
+                         "ttft_s": [0.1, 0.2, float("nan"), 0.1], "e2e_s": [3.0, 4.0, float("nan"), 50.0]})
+    assert next_stage_start(reqs, (0.0, 10.0)) == 13.0 + 2.0      # 9 + 4; request at 11 s is the next stage's
+    assert next_stage_start(reqs.iloc[:1], (0.0, 10.0)) == 10.0 + 2.0
+    assert next_stage_start(reqs.iloc[:0], (0.0, 10.0)) == 12.0
+
+
+def test_runs_files_give_the_load_and_ignore_eos(tmp_path):
+    lines = RUNS.read_text().splitlines()
+    lines[1] = lines[1].replace(",constant,5.0,", ",Poisson,5.0,", 1).replace(",True,3000,", ",false,3000,", 1)
+    lines[3] = lines[3].replace(",constant,8.0,", ",,8.0,", 1)
+    f = tmp_path / "r.csv"
+    f.write_text("\n".join(lines) + "\n")
+    stages = read_runs(f)
+    assert (stages[0].load, stages[0].ignore_eos) == ("poisson", False)
+    assert (stages[1].load, stages[1].ignore_eos) == ("constant", True)
+    assert stages[2].load == "constant"                             # an empty cell: the client's default
+    r = StageResult(stages[0], predictions=[dict(stages[0].measured)])
+    assert "ignore_eos false: replayed with exactly output_len tokens" in text_table([r])
 
 
 def test_requests_cycle_the_prompts_and_stages_run_back_to_back():
@@ -206,6 +256,8 @@ def test_goals_flag_false_saturation():
     (lambda t: t.replace(",5.0,600,", ",five,600,", 1), "rate_req_s: not a number"),
     (lambda t: t.replace("meta-llama/Llama-2-7b-hf", "acme/Giant-9000", 1), "model: no kvsim preset"),
     (lambda t: t.splitlines()[0] + "\n", "no runs (only a header)"),
+    (lambda t: t.replace(",constant,5.0,", ",trace,5.0,", 1), "load: 'trace' cannot be rebuilt"),
+    (lambda t: t.replace(",True,3000,", ",maybe,3000,", 1), "ignore_eos: expected true or false, got 'maybe'"),
 ])
 def test_bad_runs_files_exit_2_with_one_line(tmp_path, edit, message):
     f = tmp_path / "runs.csv"

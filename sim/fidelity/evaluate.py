@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.fidelity.rebuild import run_scenario_for
+from sim.fidelity.rebuild import STAGE_GAP_S, run_scenario_for
 from sim.fidelity.runs import METRIC_COLUMNS, MeasuredStage, group_runs
 from sim.runner import gpu_blocks, run_scenario
 
@@ -90,6 +90,17 @@ def stage_figures(requests: pd.DataFrame, window: tuple[float, float], output_le
     return out
 
 
+def next_stage_start(requests: pd.DataFrame, window: tuple[float, float]) -> float:
+    """When the client starts the stage after the one of ``window``: once the last of that stage's
+    requests has finished (and its last request was sent), plus ``STAGE_GAP_S``. A request the engine
+    rejected counts as finished when it arrived (the client got its error then)."""
+    start, end = window
+    inside = requests[(requests["arrival_s"] >= start) & (requests["arrival_s"] <= end)]
+    done = inside[inside["status"] == "FINISHED"]
+    last = float((done["arrival_s"] + done["e2e_s"]).max()) if len(done) else end
+    return max(end, last) + STAGE_GAP_S
+
+
 def stage_engine(steps: pd.DataFrame, window: tuple[float, float]) -> dict[str, float]:
     """What the engine did in the steps that started in ``window``: requests running and waiting (means
     over the steps, weighted by their durations), the peak share of KV blocks in use, and preemptions."""
@@ -107,7 +118,8 @@ def stage_engine(steps: pd.DataFrame, window: tuple[float, float]) -> dict[str, 
 def evaluate(stages: list[MeasuredStage], seeds: list[int], overrides: list[str] | None = None,
              max_duration_s: float | None = None, runs: list[str] | None = None,
              workers: int = 1) -> list[StageResult]:
-    """Replay every run (all stages back to back) once per seed; one StageResult per stage.
+    """Replay every run once per seed (its stages one after the other, each once the one before has
+    drained: ``next_stage_start``); one StageResult per stage.
 
     ``max_duration_s`` cuts each stage to at most that long (same rate): a quick check, not the study.
     ``workers`` > 1 replays (run, seed) pairs in that many processes; each replay is seeded on its own, so
@@ -141,7 +153,13 @@ def _replay(task: tuple[list[MeasuredStage], int, list[str] | None, str]
     """One run with one seed: per stage (figures, refused requests, engine figures or None when nothing
     was replayed, (KV blocks, estimated))."""
     run_stages, seed, overrides, name = task
-    scn, windows, refused = run_scenario_for(run_stages, seed, overrides, source=f"<fidelity {name}>")
+    source = f"<fidelity {name}>"
+    starts = [0.0]
+    for k in range(1, len(run_stages)):   # each stage starts once the one before it has drained
+        scn, windows, _ = run_scenario_for(run_stages[:k], seed, overrides, source=source, starts=starts)
+        before = run_scenario(scn, check_integrity=False).requests if scn is not None else _NOTHING
+        starts.append(next_stage_start(before, windows[-1]))
+    scn, windows, refused = run_scenario_for(run_stages, seed, overrides, source=source, starts=starts)
     result = run_scenario(scn, check_integrity=False) if scn is not None else None
     served = result.requests if result is not None else _NOTHING
     blocks = (gpu_blocks(scn), scn.kv_cache.num_gpu_blocks is None) if scn is not None else (0, False)

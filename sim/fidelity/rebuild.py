@@ -4,7 +4,13 @@ The load, as the client (inference-perf) generated it (docs/fidelity.md):
 
     stage s:   N = rate x duration requests; gaps g_1..g_N ~ Exp(1), scaled so that they fill the stage:
                arrival_i = start_s + duration x (g_1 + ... + g_i) / (g_1 + ... + g_N)
-               (a Poisson process conditioned on its count); stages run back to back
+               (a Poisson process conditioned on its count: load ``constant``); load ``poisson``: each
+               whole second from start_s draws n ~ Poisson(rate) requests and spreads them over that
+               second the same way (the last on the second), until N have been drawn
+    stages:    the client starts a stage once every request of the previous one has finished, plus
+               ``STAGE_GAP_S`` (its stage interval and the second its timer starts ahead); the first
+               stage starts at 0. The start of stage s + 1 depends on when stage s's last request
+               finishes in the replay: ``evaluate`` replays the stages before it to find it
     prompts:   P = num_groups x num_prompts_per_group fixed prompts; request i sends prompt i mod P, so
                identical prompts repeat and the prefix cache serves their full blocks after the first
                time (each prompt is its own prefix group over its whole length; the system prompt shared
@@ -46,6 +52,10 @@ from sim.specs import HardwareSpec, ModelSpec
 # would size the 7B at 7,148 blocks.
 NON_KV_GIB_PER_GPU = 1.14
 
+# Between two stages the client (inference-perf) waits until every request of the first has finished,
+# sleeps its stage interval (load.interval, 1 s by default) and starts the next stage's timer 1 s ahead
+STAGE_GAP_S = 2.0
+
 
 def prompt_lengths(q: dict[str, float], count: int) -> np.ndarray:
     """``count`` integer prompt lengths whose quantiles follow ``q`` and whose mean is ``q['mean']``."""
@@ -76,11 +86,32 @@ def arrivals(rng: np.random.Generator, start_s: float, duration_s: float, count:
     return times
 
 
-def build_requests(stages: list[MeasuredStage], seed: int
+def poisson_arrivals(rng: np.random.Generator, start_s: float, rate: float, count: int) -> np.ndarray:
+    """The first ``count`` arrivals of inference-perf's poisson load from ``start_s``: each whole second
+    draws n ~ Poisson(rate) requests (none: the second passes empty) and spreads them over that second as
+    ``arrivals`` spreads a stage, the last on the second."""
+    parts = []
+    second, left = start_s, count
+    while left > 0:
+        n = int(rng.poisson(rate))
+        if n:
+            gaps = rng.exponential(size=n)
+            times = second + np.cumsum(gaps) / gaps.sum()
+            times[-1] = second + 1.0
+            parts.append(times[:left])
+            left -= min(n, left)
+        second += 1.0
+    return np.concatenate(parts) if parts else np.empty(0)
+
+
+def build_requests(stages: list[MeasuredStage], seed: int, starts: list[float] | None = None
                    ) -> tuple[list[dict[str, Any]], list[tuple[float, float]], list[int]]:
-    """Inline requests for a run's stages back to back, each stage's (start_s, end_s) window, and how many
-    requests each stage sends that the API server refuses (prompt + output_len > max_model_len: they take
-    their place in the prompt cycle but are not replayed)."""
+    """Inline requests for a run's stages, each stage's (start_s, end_s) window (from its start to its last
+    arrival, at least its duration), and how many requests each stage sends that the API server refuses
+    (prompt + output_len > max_model_len: they take their place in the prompt cycle but are not
+    replayed). ``starts``: the stages' start times, as far as they are known; a stage past them starts
+    where the one before it ends. A stage's draws do not depend on its start: the stages before one are
+    the same requests, shifted, whatever the starts after them."""
     first = stages[0]
     rng = np.random.default_rng(seed)
     lengths = rng.permutation(prompt_lengths(first.prompt_quantiles, first.num_prompts))
@@ -89,8 +120,13 @@ def build_requests(stages: list[MeasuredStage], seed: int
     refused = []
     start = 0.0
     sent = 0
-    for s in stages:
-        times = arrivals(rng, start, s.duration_s, s.num_requests)
+    for k, s in enumerate(stages):
+        if starts is not None and k < len(starts):
+            start = starts[k]
+        if s.load == "poisson":
+            times = poisson_arrivals(rng, start, s.rate_req_s, s.num_requests)
+        else:
+            times = arrivals(rng, start, s.duration_s, s.num_requests)
         n_refused = 0
         for t in times:
             p = sent % s.num_prompts
@@ -101,9 +137,10 @@ def build_requests(stages: list[MeasuredStage], seed: int
                 continue
             requests.append({"arrival": float(t), "prompt_len": plen, "output_len": s.output_len,
                              "prefix_group": p, "prefix_len": plen - 1})
-        windows.append((start, start + s.duration_s))
+        end = max(start + s.duration_s, float(times[-1]) if len(times) else start)
+        windows.append((start, end))
         refused.append(n_refused)
-        start += s.duration_s
+        start = end
     return requests, windows, refused
 
 
@@ -123,10 +160,12 @@ def server_settings(stage: MeasuredStage) -> dict[str, Any]:
 
 
 def run_scenario_for(stages: list[MeasuredStage], seed: int, overrides: list[str] | None = None,
-                     source: str = "<fidelity>") -> tuple[Scenario | None, list[tuple[float, float]], list[int]]:
-    """The scenario replaying a measured run (all its stages), each stage's window and its refused requests;
-    no scenario when the API server refuses every request."""
-    requests, windows, refused = build_requests(stages, seed)
+                     source: str = "<fidelity>", starts: list[float] | None = None
+                     ) -> tuple[Scenario | None, list[tuple[float, float]], list[int]]:
+    """The scenario replaying a measured run (all its stages, starting at ``starts`` as far as given: see
+    ``build_requests``), each stage's window and its refused requests; no scenario when the API server
+    refuses every request."""
+    requests, windows, refused = build_requests(stages, seed, starts)
     if not requests:
         return None, windows, refused
     data = {"name": f"fidelity-{stages[0].run}", "seed": seed, **server_settings(stages[0]),

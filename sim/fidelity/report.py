@@ -48,6 +48,9 @@ def text_table(results: list[StageResult]) -> str:
             lo, hi = min(e["preemptions"] for e in r.engine), max(e["preemptions"] for e in r.engine)
             lines.append(f"  replayed engine: {running:.1f} requests running, {waiting:.1f} waiting (time means), "
                          f"KV peak {kv:.1%}, {lo if lo == hi else f'{lo}..{hi}'} preemptions")
+        if not r.stage.ignore_eos:
+            lines.append("  ! ignore_eos false: replayed with exactly output_len tokens a request; the real outputs "
+                         "may have ended earlier (EOS)")
         if r.falsely_saturated:
             lines.append("  ! falsely saturated: predicted mean TTFT above 3x measured + 50 ms")
         if any(r.refused):

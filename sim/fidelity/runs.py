@@ -1,6 +1,6 @@
 """Measured serving runs: the CSV format of sim/data/ground_truth/vllm_h100_runs.csv, read and checked.
 
-One row per (run, stage). Stages of a run ran back to back on one server; each row carries the server
+One row per (run, stage). Stages of a run ran one after the other on one server; each row carries the server
 settings, the client's load (rate x duration requests, 100 fixed prompts cycled) and the measured
 client-side figures. Every problem is a KvsimError naming the file, the line and the column.
 """
@@ -27,7 +27,10 @@ INT_COLUMNS = ["stage", "tensor_parallel", "max_model_len", "max_num_batched_tok
 FLOAT_COLUMNS = ["rate_req_s", "duration_s", "prompt_len_mean", "prompt_len_median", "prompt_len_p10",
                  "prompt_len_p90", "prompt_len_p99", *METRIC_COLUMNS.values()]
 TEXT_COLUMNS = ["run", "model", "gpu"]
-OPTIONAL = ["num_gpu_kv_blocks_vllm_log"]
+OPTIONAL = ["num_gpu_kv_blocks_vllm_log", "load", "ignore_eos"]
+# the client's load types kvsim rebuilds (inference-perf's load.type; an empty or missing cell: constant)
+LOADS = ("constant", "poisson")
+_TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,8 @@ class MeasuredStage:
     prompt_quantiles: dict[str, float]   # mean, p10, p50, p90, p99 (server-side tokens)
     measured: dict[str, float]           # METRIC_COLUMNS keys
     model_spec: ModelSpec | None = None  # a model with no preset (from its config.json, ``read_runs(models=)``)
+    load: str = "constant"               # one of LOADS
+    ignore_eos: bool = True              # False: the real outputs may have ended before output_len (EOS)
 
     @property
     def num_requests(self) -> int:
@@ -142,6 +147,13 @@ def _stage(row: dict, where: str, models: dict[str, ModelSpec]) -> MeasuredStage
             raise KvsimError(where, f"{col}: must be positive")
     if floats["rate_req_s"] * floats["duration_s"] > 1_000_000:
         raise KvsimError(where, "rate_req_s x duration_s: more than 1,000,000 requests in one stage")
+    load = (row.get("load") or "").strip().lower() or "constant"
+    if load not in LOADS:
+        raise KvsimError(where, f"load: {row['load'].strip()!r} cannot be rebuilt (kvsim replays the client's "
+                                f"{' and '.join(LOADS)} loads)")
+    eos = (row.get("ignore_eos") or "").strip().lower()
+    if eos and eos not in _TRUE + _FALSE:
+        raise KvsimError(where, f"ignore_eos: expected true or false, got {row['ignore_eos'].strip()!r}")
     blocks_raw = (row.get("num_gpu_kv_blocks_vllm_log") or "").strip()
     blocks = int(_num(row, "num_gpu_kv_blocks_vllm_log", where, int)) if blocks_raw else None
     q = {"mean": floats["prompt_len_mean"], "p10": floats["prompt_len_p10"], "p50": floats["prompt_len_median"],
@@ -155,11 +167,12 @@ def _stage(row: dict, where: str, models: dict[str, ModelSpec]) -> MeasuredStage
         num_gpu_blocks=blocks, rate_req_s=floats["rate_req_s"], duration_s=floats["duration_s"],
         num_prompts=ints["num_groups"] * ints["num_prompts_per_group"],
         system_prompt_len=ints["system_prompt_len"], output_len=ints["output_len"], prompt_quantiles=q,
-        measured={m: floats[c] for m, c in METRIC_COLUMNS.items()}, model_spec=spec)
+        measured={m: floats[c] for m, c in METRIC_COLUMNS.items()}, model_spec=spec, load=load,
+        ignore_eos=eos not in _FALSE)
 
 
 def group_runs(stages: list[MeasuredStage]) -> dict[str, list[MeasuredStage]]:
-    """Stages by run name, each run's stages in stage order (they ran back to back)."""
+    """Stages by run name, each run's stages in stage order (they ran one after the other)."""
     runs: dict[str, list[MeasuredStage]] = {}
     for s in stages:
         runs.setdefault(s.run, []).append(s)
