@@ -282,17 +282,29 @@ class ReplicaState:
         return 0
 
 
+CONTENT_MEMO = 4096   # distinct prompt contents whose block hashes are kept (repeated prompts: hashed once)
+
+
 def _hashes_of(requests: list[Request], block_size: int) -> Callable[[int, int], np.ndarray]:
     """core.c's ``hashes_of(g, full)``: the chained hashes (sim/workload/tokens.py) of request g's first
     full blocks up to the first that holds a token of its own (``shareable_blocks``), at most ``full``. The
     core gives a block past them a value of the request and the block alone: only equal hashes matter, and
     such a block equals no other request's."""
+    by_content: dict[tuple, np.ndarray] = {}   # (the blocks before a request's own tokens are its content's)
+
     def hashes_of(g: int, full: int) -> np.ndarray:
         req = requests[g]
         k = min(full, shareable_blocks(req, block_size))
         if k <= 0:
             return NO_BLOCKS
-        return block_hash_array(req, k, block_size)
+        key = (req.prefix_group, req.prefix_len if req.prefix_group >= 0 else 0, req.hash_ids,
+               req.hash_block_tokens, k)
+        hit = by_content.get(key)
+        if hit is None:
+            if len(by_content) >= CONTENT_MEMO:
+                by_content.clear()
+            hit = by_content[key] = block_hash_array(req, k, block_size)
+        return hit
     return hashes_of
 
 

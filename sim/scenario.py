@@ -6,7 +6,6 @@ Paths inside a scenario are relative to the scenario file (``Scenario.base_dir``
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 from typing import Any, Literal
@@ -227,6 +226,17 @@ def _preset_mapping(section: str, name: Any, base_dir: Path | str = ".") -> Any:
     return {"name": spec.name}   # completed from the preset when validated (specs.complete_from_preset)
 
 
+def _copy_along(data: dict, path: list[str]) -> None:
+    """Replace each mapping on ``path`` below ``data`` by a shallow copy, so that setting the path changes
+    no mapping ``data`` shares with its caller (a whole deep copy would copy every inline request)."""
+    node = data
+    for part in path[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            return
+        node[part] = node = dict(child)
+
+
 def apply_override(data: dict, path: list[str], value: Any, base_dir: Path | str = ".") -> None:
     """Set ``data[path...] = value``; a model or hardware preset name (or a model's config.json, relative to
     ``base_dir``), a cluster pool's hardware preset too, becomes its mapping first, so
@@ -302,10 +312,11 @@ def scenario_from_dict(
     """Validate a scenario given as a dict (notebooks build them this way)."""
     if isinstance(data, dict) and "grid" in data and "workload" not in data:
         raise KvsimError(source, "a sweep file (base, grid), not a scenario: run it with `kvsim sweep FILE`")
-    data = copy.deepcopy(data)
+    data = dict(data)   # (the caller's dict is left as it was: overrides copy the mappings they change)
     overridden: set[tuple] = set()
     for text in overrides or []:
         path, value = parse_override(text)
+        _copy_along(data, path)
         apply_override(data, path, value, base_dir)
         overridden.add(tuple(path))
     if is_config_path(data.get("model")):   # a Hugging Face config.json (sim/hf_config.py)

@@ -119,9 +119,16 @@ def test_requests_cycle_the_prompts_and_stages_run_back_to_back():
     assert len(reqs) == 3000 + 6000
     assert windows == [(0.0, 600.0), (600.0, 1200.0)]
     assert all(r["output_len"] == 247 for r in reqs)
-    # request i sends prompt i mod 100: same group, same length, the whole prompt shareable
-    assert reqs[0]["prefix_group"] == reqs[100]["prefix_group"] == reqs[4200]["prefix_group"] == 0
-    assert reqs[7]["prompt_len"] == reqs[107]["prompt_len"] and reqs[7]["prefix_len"] == reqs[7]["prompt_len"] - 1
+    # request i sends prompt i mod 100: the same content, one id per 16 tokens (the whole prompt shareable)
+    assert reqs[0]["hash_ids"] == reqs[100]["hash_ids"] == reqs[4200]["hash_ids"]
+    assert reqs[7]["prompt_len"] == reqs[107]["prompt_len"]
+    assert len(reqs[7]["hash_ids"]) == -(-reqs[7]["prompt_len"] // 16)
+    # 10 groups of 10 prompts share a system prompt of 100 client tokens: on the server BOS + 100 x 590.63 /
+    # 566 = 105 tokens, so their first 6 blocks (96 tokens); nothing after, and nothing across groups
+    firsts = {tuple(r["hash_ids"][:6]) for r in reqs[:100]}
+    assert len(firsts) == 10
+    assert all(sum(tuple(r["hash_ids"][:6]) == f for r in reqs[:100]) == 10 for f in firsts)
+    assert len({r["hash_ids"][6] for r in reqs[:100]}) == 100
     assert sum(r["prompt_len"] for r in reqs[:100]) == 59163
     assert sum(1 for r in reqs if r["arrival"] <= 600.0) == 3000
 
@@ -141,10 +148,9 @@ def test_requests_that_cannot_fit_the_context_are_refused_not_replayed():
     assert refused == [30 * too_long]                   # 30 full cycles of the 100 prompts
     assert len(reqs) == 3000 - 30 * too_long
     assert all(r["prompt_len"] + r["output_len"] <= stage.max_model_len for r in reqs)
-    groups = {r["prefix_group"] for r in reqs}
-    assert len(groups) == 100 - too_long                 # each refused prompt is refused every time
-    everything = dict(zip(*np.unique([r["prefix_group"] for r in reqs], return_counts=True)))
-    assert set(everything.values()) == {30}
+    prompts = [tuple(r["hash_ids"]) for r in reqs]
+    assert len(set(prompts)) == 100 - too_long           # each refused prompt is refused every time
+    assert {prompts.count(p) for p in set(prompts)} == {30}
     none_fit = replace(stage, output_len=stage.max_model_len)
     scn, windows, refused = run_scenario_for([none_fit], seed=0)
     assert scn is None and refused == [3000] and windows == [(0.0, 600.0)]

@@ -76,6 +76,41 @@ def test_inline_prefix_longer_than_prompt_is_an_error() -> None:
         wl({"requests": [{"prompt_len": 10, "output_len": 1, "prefix_group": 0, "prefix_len": 10}]})
 
 
+def test_inline_hash_ids_share_content_chunk_by_chunk() -> None:
+    """Three 64-token prompts, one content id per 16 tokens: the second shares its first two chunks with the
+    first, the third is the first again. With prefix caching (16-token blocks) the second finds 2 blocks
+    (32 tokens), the third 3 (48: every full block but the one holding the last prompt token, which is
+    always computed); without hash_ids nothing is shared."""
+    from sim.runner import run_scenario
+    from sim.scenario import scenario_from_dict
+
+    reqs = [{"arrival": 0.0, "prompt_len": 64, "output_len": 2, "hash_ids": [1, 2, 3, 4]},
+            {"arrival": 1.0, "prompt_len": 64, "output_len": 2, "hash_ids": [1, 2, 7, 8]},
+            {"arrival": 2.0, "prompt_len": 64, "output_len": 2, "hash_ids": [1, 2, 3, 4]}]
+    base = {"model": "llama-2-7b", "hardware": "h100-80gb", "kv_cache": {"block_size": 16, "prefix_caching": True},
+            "output": {"plots": False}}
+    shared = run_scenario(scenario_from_dict({**base, "workload": {"requests": reqs, "hash_block_tokens": 16}}))
+    assert shared.requests["num_cached_tokens"].tolist() == [0, 32, 48]
+    plain = [{k: v for k, v in r.items() if k != "hash_ids"} for r in reqs]
+    alone = run_scenario(scenario_from_dict({**base, "workload": {"requests": plain}}))
+    assert alone.requests["num_cached_tokens"].tolist() == [0, 0, 0]
+    w = wl({"requests": reqs[:1]})                         # 512 tokens an id unless told
+    assert (w.requests[0].hash_ids, w.requests[0].hash_block_tokens) == ((1, 2, 3, 4), 512)
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"requests": [{"prompt_len": 10, "output_len": 1, "prefix_group": 0, "prefix_len": 4, "hash_ids": [1]}]},
+     "requests.0: give prefix_group/prefix_len or hash_ids, not both"),
+    ({"trace": "traces/azure_llm_2023_conv.csv", "format": "azure", "hash_block_tokens": 16},
+     "hash_block_tokens applies to inline requests"),
+])
+def test_inline_hash_ids_misuse_is_an_error(data: dict, message: str) -> None:
+    with pytest.raises((KvsimError, ValueError), match=message):
+        wl(data)
+    with pytest.raises(ValueError, match="greater than or equal to 0"):
+        WorkloadConfig.model_validate({"requests": [{"prompt_len": 4, "output_len": 1, "hash_ids": [-1]}]})
+
+
 def synth(arrival: dict, prompt: dict | None = None, output: dict | None = None, count: int = 1000,
           seed: int = 0, **extra) -> Workload:
     return wl({"synthetic": {"num_requests": count, "arrival": arrival,
@@ -120,3 +155,20 @@ def test_lengths_clipped_to_min_max() -> None:
     o = np.array([r.output_len for r in w.requests])
     assert p.min() == 20 and p.max() == 150  # heavy tails on both sides hit both bounds
     assert set(o.tolist()) == {3, 4, 5}
+
+
+def test_overrides_leave_the_callers_dict_as_it_was() -> None:
+    """scenario_from_dict copies only the mappings an override changes: the caller's dict, its nested
+    mappings and its inline requests are the same objects, unchanged, afterwards."""
+    import copy
+
+    from sim.scenario import scenario_from_dict
+
+    requests = [{"arrival": 0.0, "prompt_len": 8, "output_len": 2, "hash_ids": [1]}]
+    data = {"model": "llama-2-7b", "hardware": {"name": "h100-80gb", "tensor_parallel": 1},
+            "kv_cache": {"block_size": 16}, "workload": {"requests": requests}}
+    before = copy.deepcopy(data)
+    scn = scenario_from_dict(data, overrides=["hardware.tensor_parallel=2", "kv_cache.block_size=32",
+                                              "model.max_model_len=1024", "workload.limit=1"])
+    assert (scn.hardware_spec.tensor_parallel, scn.kv_cache.block_size, scn.model_spec.max_model_len) == (2, 32, 1024)
+    assert data == before and data["workload"]["requests"] is requests

@@ -11,10 +11,13 @@ The load, as the client (inference-perf) generated it (docs/fidelity.md):
                ``STAGE_GAP_S`` (its stage interval and the second its timer starts ahead); the first
                stage starts at 0. The start of stage s + 1 depends on when stage s's last request
                finishes in the replay: ``evaluate`` replays the stages before it to find it
-    prompts:   P = num_groups x num_prompts_per_group fixed prompts; request i sends prompt i mod P, so
-               identical prompts repeat and the prefix cache serves their full blocks after the first
-               time (each prompt is its own prefix group over its whole length; the system prompt shared
-               by a group's prompts only matters for the first P requests and is not modelled)
+    prompts:   P = num_groups x num_prompts_per_group fixed prompts, each its group's system prompt then
+               a question of its own (the groups drawn at random over the prompts, as the client shuffles
+               them); request i sends prompt i mod P. A prompt's content is given by one id per
+               ``CONTENT_TOKENS`` tokens (inline ``hash_ids``): its group's ids over the blocks that lie
+               wholly inside the system prompt (``system_tokens``), its own after; so identical prompts
+               share every full block, and a group's prompts their system prompt's blocks, in the
+               prefix cache
     lengths:   the P prompt lengths follow the measured server-side quantiles: the piecewise-linear
                quantile function through (0.1, p10), (0.5, median), (0.9, p90), (0.99, p99), extended
                linearly to 0 and 1, taken at (k + 0.5) / P, rounded, then nudged one token at a time
@@ -51,6 +54,11 @@ from sim.specs import HardwareSpec, ModelSpec
 # them, sharded by tensor parallelism. kvsim's generic reserve, 5% of the usable HBM (3.6 GiB a card),
 # would size the 7B at 7,148 blocks.
 NON_KV_GIB_PER_GPU = 1.14
+
+# tokens per content id of a rebuilt prompt (inline hash_ids): the server's block size, so a block is shared
+# exactly when all of its tokens are
+CONTENT_TOKENS = 16
+_GROUP_ID, _PROMPT_ID = 1 << 24, 1 << 40   # content ids: group x 2^24 + chunk; 2^40 + prompt x 2^24 + chunk
 
 # Between two stages the client (inference-perf) waits until every request of the first has finished,
 # sleeps its stage interval (load.interval, 1 s by default) and starts the next stage's timer 1 s ahead
@@ -104,6 +112,26 @@ def poisson_arrivals(rng: np.random.Generator, start_s: float, rate: float, coun
     return np.concatenate(parts) if parts else np.empty(0)
 
 
+def system_tokens(stage: MeasuredStage) -> int:
+    """Server-side tokens of a group's shared system prompt: the BOS token and the system prompt's client-side
+    tokens, scaled as the whole prompt grows from the client's count to the server's (re-tokenising the
+    decoded random ids makes more tokens: the 7B's 566 become 591.6 on average)."""
+    if stage.system_prompt_len <= 0:
+        return 0
+    client = stage.system_prompt_len + stage.question_len
+    growth = (stage.prompt_quantiles["mean"] - 1) / client
+    return 1 + round(stage.system_prompt_len * growth)
+
+
+def prompt_content(prompt: int, group: int, length: int, shared: int) -> list[int]:
+    """The content ids of prompt ``prompt`` of ``length`` tokens in group ``group``: the group's over the
+    ``CONTENT_TOKENS``-token chunks wholly inside its first ``shared`` tokens, the prompt's own after."""
+    inside = min(shared, length - 1) // CONTENT_TOKENS
+    chunks = -(-length // CONTENT_TOKENS)
+    return [group * _GROUP_ID + k for k in range(inside)] + \
+        [_PROMPT_ID + prompt * _GROUP_ID + k for k in range(inside, chunks)]
+
+
 def build_requests(stages: list[MeasuredStage], seed: int, starts: list[float] | None = None
                    ) -> tuple[list[dict[str, Any]], list[tuple[float, float]], list[int]]:
     """Inline requests for a run's stages, each stage's (start_s, end_s) window (from its start to its last
@@ -115,6 +143,10 @@ def build_requests(stages: list[MeasuredStage], seed: int, starts: list[float] |
     first = stages[0]
     rng = np.random.default_rng(seed)
     lengths = rng.permutation(prompt_lengths(first.prompt_quantiles, first.num_prompts))
+    per_group = -(-first.num_prompts // first.num_groups)
+    groups = np.random.default_rng([seed, 1]).permutation(first.num_prompts) // per_group   # (own draws)
+    shared = system_tokens(first)
+    content = [prompt_content(p, int(groups[p]), int(lengths[p]), shared) for p in range(first.num_prompts)]
     requests: list[dict[str, Any]] = []
     windows = []
     refused = []
@@ -136,7 +168,7 @@ def build_requests(stages: list[MeasuredStage], seed: int, starts: list[float] |
                 n_refused += 1
                 continue
             requests.append({"arrival": float(t), "prompt_len": plen, "output_len": s.output_len,
-                             "prefix_group": p, "prefix_len": plen - 1})
+                             "hash_ids": content[p]})
         end = max(start + s.duration_s, float(times[-1]) if len(times) else start)
         windows.append((start, end))
         refused.append(n_refused)
@@ -169,5 +201,5 @@ def run_scenario_for(stages: list[MeasuredStage], seed: int, overrides: list[str
     if not requests:
         return None, windows, refused
     data = {"name": f"fidelity-{stages[0].run}", "seed": seed, **server_settings(stages[0]),
-            "workload": {"requests": requests}, "output": {"plots": False}}
+            "workload": {"requests": requests, "hash_block_tokens": CONTENT_TOKENS}, "output": {"plots": False}}
     return scenario_from_dict(data, source=source, overrides=overrides), windows, refused

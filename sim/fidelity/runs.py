@@ -55,6 +55,8 @@ class MeasuredStage:
     measured: dict[str, float]           # METRIC_COLUMNS keys
     model_spec: ModelSpec | None = None  # a model with no preset (from its config.json, ``read_runs(models=)``)
     load: str = "constant"               # one of LOADS
+    num_groups: int = 1                  # the prompts' groups, each sharing one system prompt
+    question_len: int = 0                # client-side tokens of a prompt's question (after the system prompt)
     ignore_eos: bool = True              # False: the real outputs may have ended before output_len (EOS)
 
     @property
@@ -168,7 +170,7 @@ def _stage(row: dict, where: str, models: dict[str, ModelSpec]) -> MeasuredStage
         num_prompts=ints["num_groups"] * ints["num_prompts_per_group"],
         system_prompt_len=ints["system_prompt_len"], output_len=ints["output_len"], prompt_quantiles=q,
         measured={m: floats[c] for m, c in METRIC_COLUMNS.items()}, model_spec=spec, load=load,
-        ignore_eos=eos not in _FALSE)
+        ignore_eos=eos not in _FALSE, num_groups=ints["num_groups"], question_len=ints["question_len"])
 
 
 def group_runs(stages: list[MeasuredStage]) -> dict[str, list[MeasuredStage]]:

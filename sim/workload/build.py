@@ -17,6 +17,7 @@ from sim.limits import MAX_REQUESTS, MAX_TIME_S
 from sim.request import Request
 from sim.workload import reshape
 from sim.workload.config import InlineRequest, WorkloadConfig
+from sim.workload.jsonl import MOONCAKE_BLOCK_TOKENS
 from sim.workload.synthetic import arrival_times, generate
 from sim.workload.table import Columns, LoadStats
 from sim.workload.traces import load_trace
@@ -42,7 +43,7 @@ def build_workload(cfg: WorkloadConfig, base_dir: Path, seed: int, source: str =
         stats.rows_read = len(cols)
         info["kind"] = "synthetic"
     else:
-        cols, where = _from_inline(cfg.requests or [], source), source
+        cols, where = _from_inline(cfg.requests or [], source, cfg.hash_block_tokens or MOONCAKE_BLOCK_TOKENS), source
         stats.rows_read = len(cols)
         info["kind"] = "inline"
     cols = reshape.sort_by_arrival(cols, stats, where)
@@ -104,8 +105,10 @@ def drop_empty(cols: Columns, stats: LoadStats) -> Columns:
     return cols.take(~bad) if bad.any() else cols
 
 
-def _from_inline(items: list[InlineRequest], source: str) -> Columns:
+def _from_inline(items: list[InlineRequest], source: str, hash_block_tokens: int) -> Columns:
     for i, r in enumerate(items):
+        if r.hash_ids is not None and r.prefix_group >= 0:
+            raise KvsimError(source, f"workload.requests.{i}: give prefix_group/prefix_len or hash_ids, not both")
         if r.prefix_len and r.prefix_len >= r.prompt_len:
             raise KvsimError(source, f"workload.requests.{i}: prefix_len ({r.prefix_len}) must be below "
                              f"prompt_len ({r.prompt_len})")
@@ -120,7 +123,10 @@ def _from_inline(items: list[InlineRequest], source: str) -> Columns:
     return Columns(arrival=col("arrival", np.float64), prompt_len=col("prompt_len", np.int64),
                    output_len=col("output_len", np.int64), priority=col("priority", np.int64),
                    n=col("n", np.int64), prefix_group=col("prefix_group", np.int64),
-                   prefix_len=col("prefix_len", np.int64), beam_width=col("beam_width", np.int64))
+                   prefix_len=col("prefix_len", np.int64), beam_width=col("beam_width", np.int64),
+                   hash_ids=[None if r.hash_ids is None else tuple(r.hash_ids) for r in items]
+                   if any(r.hash_ids for r in items) else None,
+                   hash_block_tokens=hash_block_tokens)
 
 
 _POSITIONAL = ("req_id", "arrival_s", "prompt_len", "output_len", "priority", "n", "prefix_group", "prefix_len",

@@ -7,11 +7,13 @@ trace new arrival times (a length-only trace needs it).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sim import limits as L
+
+HASH_ID_MAX = 2**62 - 1   # a content id fits the token ids' 62 bits
 
 
 class _Strict(BaseModel):
@@ -85,6 +87,9 @@ class InlineRequest(_Strict):
     beam_width: int = Field(default=1, ge=1, le=L.MAX_SAMPLES)
     prefix_group: int = Field(default=-1, ge=-1, le=L.MAX_REQUESTS)
     prefix_len: int = Field(default=0, ge=0, le=L.MAX_TOKENS)
+    # the prompt's content, one id per workload.hash_block_tokens tokens (as Mooncake's hash_ids): requests
+    # whose ids agree over their first chunks share those tokens (and their prefix-cache blocks)
+    hash_ids: list[Annotated[int, Field(ge=0, le=HASH_ID_MAX)]] | None = Field(default=None, max_length=L.MAX_TOKENS)
 
 
 class WorkloadConfig(_Strict):
@@ -102,6 +107,7 @@ class WorkloadConfig(_Strict):
     time_scale: float = Field(default=1.0, ge=L.MIN_TIME_SCALE, le=L.MAX_TIME_SCALE)
     rate: float | None = Field(default=None, ge=L.MIN_RATE, le=L.MAX_RATE)
     max_model_len: int | None = Field(default=None, ge=2, le=L.MAX_TOKENS)
+    hash_block_tokens: int | None = Field(default=None, ge=1, le=L.MAX_TOKENS)   # inline hash_ids: tokens an id (512)
 
     @model_validator(mode="after")
     def _exactly_one(self) -> WorkloadConfig:
@@ -110,6 +116,9 @@ class WorkloadConfig(_Strict):
             raise ValueError(f"give exactly one of trace, synthetic, requests (got {', '.join(given) or 'none'})")
         if self.trace is not None and self.format is None:
             raise ValueError("a trace needs a format (azure, mooncake, vidur, burstgpt, csv, jsonl)")
+        if self.hash_block_tokens is not None and self.requests is None:
+            raise ValueError("workload.hash_block_tokens applies to inline requests' hash_ids (a Mooncake trace "
+                             "has 512 tokens an id)")
         if self.arrival is not None and self.trace is None:
             raise ValueError("workload.arrival applies to a trace; a synthetic workload has synthetic.arrival")
         return self
