@@ -99,6 +99,20 @@ def test_custom_allreduce_for_small_messages_nccl_above():
     assert big == pytest.approx(80 * (20_971_520 / 300e9 + 2 * 5e-6), rel=1e-9)
 
 
+def test_custom_allreduce_grows_up_to_tp4_and_runs_on_2_4_6_8_gpus():
+    """The growth per GPU (fitted on TP 2 and 4) stops at custom_ar_growth_until_tp = 4: at TP 8 a custom
+    all-reduce pays TP 4's latency and its own bandwidth term (2 x 7/8 of the bytes); vLLM's kernel takes
+    2, 4, 6 or 8 GPUs, so TP 16 goes to the NCCL ring (no table here: 2 (t-1)/t x bytes / bw + 2 (t-1) x 5 us)."""
+    def allreduce(tp: int) -> float:
+        hw = A100.model_copy(update={"tensor_parallel": tp})
+        exe = _exe(hw=hw, custom_ar_latency_s=8e-6, custom_ar_peer_s=3e-6, custom_ar_eff=0.5, custom_ar_max_bytes=1e6)
+        return exe.execute(_decode(100)).breakdown["allreduce"] / 80   # 40 layers x 2: one all-reduce
+    nbytes = 5120 * 2
+    assert allreduce(4) == pytest.approx(8e-6 + 3e-6 * 2 + 2 * 3 / 4 * nbytes / 150e9, rel=1e-9)
+    assert allreduce(8) == pytest.approx(8e-6 + 3e-6 * 2 + 2 * 7 / 8 * nbytes / 150e9, rel=1e-9)
+    assert allreduce(16) == pytest.approx(2 * 15 / 16 * nbytes / 300e9 + 2 * 15 * 5e-6, rel=1e-9)
+
+
 def test_cpu_overlaps_the_gpu_with_async_scheduling():
     plan = _decode(100, 200)
     gpu = _exe().execute(plan).duration_s

@@ -45,6 +45,7 @@ from sim.errors import KvsimError
 from sim.executors.base import DecodeRun
 from sim.executors.engine_params import (
     ATTENTION_OPS_PER_LAYER,
+    CUSTOM_AR_WORLD_SIZES,
     EAGER_OPS_PER_LAYER,
     FUSED_ELEMENTWISE_KERNELS,
     EngineParams,
@@ -252,8 +253,9 @@ class CostModelExecutor:
             tp = hw.tensor_parallel
             if tp <= 1:
                 comm = 0.0
-            elif e.custom_allreduce and nbytes <= e.custom_ar_max_bytes and hw.interconnect_bandwidth > 0:
-                comm = e.custom_ar_latency_s + e.custom_ar_peer_s * (tp - 2) \
+            elif (e.custom_allreduce and tp in CUSTOM_AR_WORLD_SIZES and nbytes <= e.custom_ar_max_bytes
+                  and hw.interconnect_bandwidth > 0):
+                comm = e.custom_ar_latency_s + e.custom_ar_peer_s * (min(tp, e.custom_ar_growth_until_tp) - 2) \
                     + 2.0 * (tp - 1) / tp * nbytes / (hw.interconnect_bandwidth * e.custom_ar_eff)
             else:
                 comm = float(allreduce_time(nbytes, tp, hw.interconnect_bandwidth, hw.interconnect_latency_s, p))

@@ -23,9 +23,13 @@ Attention of a decode sequence with context c reads its K and V at an efficiency
 so its time is (c + attn_half_ctx) x KV bytes per token / (bandwidth x attn_kv_read_eff): linear in the
 context, with a per-sequence cost that a batch sum can carry in closed form.
 
-All-reduces of at most custom_ar_max_bytes use vLLM's custom all-reduce over NVLink (one or two shots,
-latency-bound): custom_ar_latency_s + custom_ar_peer_s x (t - 2) + 2 (t-1)/t x bytes / (NVLink bandwidth
-x custom_ar_eff). Larger ones use the NCCL table of the per-operator calibration.
+All-reduces of at most custom_ar_max_bytes over t = 2, 4, 6 or 8 GPUs (the world sizes vLLM's kernel
+takes) use vLLM's custom all-reduce over NVLink (one or two shots, latency-bound):
+custom_ar_latency_s + custom_ar_peer_s x (min(t, custom_ar_growth_until_tp) - 2) + 2 (t-1)/t x bytes /
+(NVLink bandwidth x custom_ar_eff). The growth per GPU is fitted on TP 2 and TP 4 runs and stops there:
+vLLM's kernel measured on 8 H100s takes 9.1 / 10.1 us for 512 elements at TP 4 / 8, 40.2 / 45.0 us for
+1 Mi (SGLang PR 2904's table), where the bandwidth term's 2 (t-1)/t alone gives a 17% rise from TP 4 to 8.
+Larger messages, or other GPU counts, use the NCCL table of the per-operator calibration.
 
 Fused elementwise kernels (vLLM's fused residual-add + RMSNorm twice, rotary embedding, KV-cache write,
 SiLU-and-mul): 5 kernels a layer moving b x (8 H + 2 (q + kv) + 4 kv + 3 I/t) bytes a token.
@@ -40,6 +44,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 FUSED_ELEMENTWISE_KERNELS = 5   # 2 x fused add+RMSNorm, rotary, KV-cache write, SiLU-and-mul
+CUSTOM_AR_WORLD_SIZES = (2, 4, 6, 8)   # vLLM's custom all-reduce (its _SUPPORTED_WORLD_SIZES)
 EAGER_OPS_PER_LAYER = 14        # Python-dispatched ops of one layer without graphs (norms, GEMMs, views...)
 ATTENTION_OPS_PER_LAYER = 2     # the eager part of a piecewise graph: KV-cache write + attention
 
@@ -63,6 +68,7 @@ class EngineParams:
     custom_ar_max_bytes: float = 8 * 1024**2
     custom_ar_latency_s: float = 8e-6   # one custom all-reduce between 2 GPUs
     custom_ar_peer_s: float = 2e-6      # added per GPU beyond 2 (every rank signals and reads each peer)
+    custom_ar_growth_until_tp: int = 4  # ... up to this many GPUs (the largest TP the growth was fitted on)
     custom_ar_eff: float = 0.5
 
     @classmethod
