@@ -126,6 +126,27 @@ def write_atomic(path: Path, writer: Callable[[Path], None]) -> Path:
     return path
 
 
+def write_together(folder: Path, writers: dict[str, Callable[[Path], None]]) -> list[Path]:
+    """Write each ``writers[name](tmp)`` to a temporary file in ``folder``, then rename them all to their
+    names: a writer that fails leaves every file as it was (the temporary files are removed)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    done: list[tuple[str, Path]] = []
+    try:
+        for name, writer in writers.items():
+            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+            os.close(fd)
+            done.append((name, Path(tmp)))
+            writer(Path(tmp))
+            os.chmod(tmp, 0o666 & ~_umask())
+        for name, tmp in done:
+            os.replace(tmp, folder / name)
+    except BaseException:
+        for _, tmp in done:
+            tmp.unlink(missing_ok=True)
+        raise
+    return [folder / name for name in writers]
+
+
 def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)

@@ -326,6 +326,24 @@ def test_fidelity_leaves_nothing_behind_on_bad_out(tmp_path):
     shutil.rmtree(tmp_path, ignore_errors=True)
 
 
+def test_a_failing_writer_leaves_the_folder_as_it_was(tmp_path):
+    """write_together: the three result files go in together; one that fails to render leaves the earlier
+    files as they were and no temporary file behind."""
+    from sim.output import write_together
+
+    (tmp_path / "fidelity.csv").write_text("old\n")
+
+    def broken(path):
+        raise KeyError("a figure that cannot be drawn")
+
+    with pytest.raises(KeyError):
+        write_together(tmp_path, {"fidelity.csv": lambda p: p.write_text("new\n"), "parity.png": broken})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fidelity.csv"]
+    assert (tmp_path / "fidelity.csv").read_text() == "old\n"
+    write_together(tmp_path, {"fidelity.csv": lambda p: p.write_text("new\n"), "a.json": lambda p: p.write_text("{}")})
+    assert (tmp_path / "fidelity.csv").read_text() == "new\n" and (tmp_path / "a.json").exists()
+
+
 def test_workers_give_the_same_results_in_the_same_order():
     """Two runs x two seeds replayed in two processes: every stage's per-seed figures equal the in-process
     replay's, in seed order."""

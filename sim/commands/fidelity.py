@@ -19,7 +19,7 @@ from sim.fidelity.goals import check_goals
 from sim.fidelity.report import parity_figure, results_frame, text_table
 from sim.fidelity.runs import read_runs
 from sim.hf_config import load_hf_config
-from sim.output import prepare_out_dir, write_atomic, write_text
+from sim.output import prepare_out_dir, write_together
 from sim.specs import ModelSpec
 
 
@@ -73,9 +73,10 @@ def main(args: argparse.Namespace) -> int:
            "goals_met": sum(g["ok"] for g in goals), "goals_total": len(goals)}
     if out is not None:
         frame = results_frame(results)
-        write_atomic(out / "fidelity.csv", lambda p: frame.to_csv(p, index=False))
-        write_text(out / "fidelity.json", json.dumps(_finite(doc), indent=2) + "\n")
-        write_atomic(out / "parity.png", lambda p: parity_figure(results, p, f"kvsim vs {args.runs}"))
+        text = json.dumps(_finite(doc), indent=2) + "\n"
+        write_together(out, {"parity.png": lambda p: parity_figure(results, p, f"kvsim vs {args.runs}"),
+                             "fidelity.csv": lambda p: frame.to_csv(p, index=False),
+                             "fidelity.json": lambda p: p.write_text(text)})
     if args.json:
         print(json.dumps(_finite(doc), indent=2))
         return 0
