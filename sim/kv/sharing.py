@@ -317,6 +317,13 @@ class SharingMixin:
         total = -(-end // bs)
         first = pos // bs
         group = self.groups[req.req_id]
+        if num_new_tokens == 1 and pos % bs:   # a decode inside every sequence's own last block: nothing to do
+            for t in group.tables:
+                if len(t) <= first or refs[t[first]] > 1:
+                    break
+            else:
+                self._note_peaks()
+                return True
         left: dict[int, int] = {}
         need = 0
         for t in group.tables:
