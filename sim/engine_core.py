@@ -297,8 +297,9 @@ def _hashes_of(requests: list[Request], block_size: int) -> Callable[[int, int],
         k = min(full, shareable_blocks(req, block_size))
         if k <= 0:
             return NO_BLOCKS
-        key = (req.prefix_group, req.prefix_len if req.prefix_group >= 0 else 0, req.hash_ids,
-               req.hash_block_tokens, k)
+        ids = req.hash_ids
+        key = (req.prefix_group, req.prefix_len if req.prefix_group >= 0 else 0,
+               ids if ids is None or type(ids) is tuple else tuple(ids), req.hash_block_tokens, k)
         hit = by_content.get(key)
         if hit is None:
             if len(by_content) >= CONTENT_MEMO:
