@@ -45,6 +45,7 @@ class SeqGroup:
 
     tables: list[list[int]]
     rng: random.Random | None = None   # beam search: draws the surviving beams
+    common: int = 0   # every table holds the same first ``common`` blocks (a lower bound: 0 is always true)
 
 
 def seq_width(req: Request) -> int:
@@ -184,25 +185,30 @@ class SharingMixin:
         self._note_beyond(req)
         self._note_peaks(prefix)
 
-    def _release(self, table: list[int], num_computed: int, unshared: bool = False) -> None:
+    def _release(self, table: list[int], num_computed: int, unshared: bool = False, skip: int = 0) -> None:
         """Drop one table: blocks losing their last reference give back the slots the table filled.
-        ``unshared``: the caller knows each of its blocks holds one reference (else they are read)."""
+        ``unshared``: the caller knows each of its blocks holds one reference (else they are read).
+        ``skip``: the caller keeps its first ``skip`` blocks referenced as they are (a beam step: copies
+        of them gain what this table gives up); only the rest lose this table's reference."""
         bs = self.block_size
         if unshared:   # (the usual case) nothing to read: the table's filled slots, min(computed, capacity)
             self._held_tokens -= min(max(num_computed, 0), len(table) * bs)
             self._logical_blocks -= len(table)
             self.pool.free_table(table)
             return
-        blocks = np.array(table, dtype=np.int64)
+        self._logical_blocks -= len(table)
+        if len(table) <= skip:
+            return
+        blocks = np.array(table[skip:] if skip else table, dtype=np.int64)
         last = self.pool.refs[blocks] == 1
         alone = np.count_nonzero(last) == len(last)   # nothing shared after all
+        filled = num_computed - skip * bs
         if alone:
-            held = min(max(num_computed, 0), len(table) * bs)
+            held = min(max(filled, 0), len(blocks) * bs)
         else:
-            fill = np.clip(num_computed - np.arange(len(table)) * bs, 0, bs)
+            fill = np.clip(filled - np.arange(len(blocks)) * bs, 0, bs)
             held = int(fill[last].sum())
         self._held_tokens -= held
-        self._logical_blocks -= len(table)
         if alone:
             self.pool.free_last_refs(blocks[::-1])
         else:
@@ -280,28 +286,38 @@ class SharingMixin:
                     self._held_tokens += max(0, min(bs, req.num_computed_tokens - i * bs))
             tables.append(t)
         rng = random.Random(req.req_id * 1_000_003 + 17) if req.beam_width > 1 else None
-        self.groups[req.req_id] = SeqGroup(tables, rng)
+        self.groups[req.req_id] = SeqGroup(tables, rng, own_from)
         self._logical_blocks += (k - 1) * len(t0)
         self.decode_fast_path = False
         self._note_beyond(req)
         self._note_peaks()
 
     def _beam_step(self, req: Request, group: SeqGroup) -> None:
+        """The k beams redrawn: a parent drawn twice or more is copied (its blocks shared), a beam not drawn
+        is dropped. The first ``group.common`` blocks are in every table, so each gains as many references
+        from the copies as it loses with the dropped beams: only the blocks after them are touched."""
         k = len(group.tables)
         parents = sorted(group.rng.choices(range(k), k=k))
+        c = group.common
         seen: set[int] = set()
         tables = []
         for p in parents:
             t = group.tables[p]
             if p in seen:   # a second child shares the parent's whole table (its blocks are distinct and held)
                 t = list(t)
-                self.pool.incref_distinct(np.array(t, dtype=np.int64))
+                if len(t) > c:
+                    self.pool.incref_distinct(np.array(t[c:], dtype=np.int64))
                 self._logical_blocks += len(t)
             seen.add(p)
             tables.append(t)
         for i, t in enumerate(group.tables):
             if i not in seen:
-                self._release(t, req.num_computed_tokens)
+                self._release(t, req.num_computed_tokens, skip=c)
+        kept = [group.tables[p] for p in sorted(seen)]   # the surviving beams: their common blocks grow
+        head, shortest = kept[0], min(len(t) for t in kept)
+        while c < shortest and all(t[c] == head[c] for t in kept):
+            c += 1
+        group.common = c
         group.tables = tables
         self.block_tables[req.req_id] = tables[0]
         self._note_beyond(req)
@@ -343,6 +359,8 @@ class SharingMixin:
                     dst = pool.allocate(1)[0]
                     pool.free((src,))
                     t[i] = dst
+                    if i < group.common:
+                        group.common = i
                     filled = min(bs, pos - i * bs)
                     if filled > 0:
                         self.copies.append((src, dst))
@@ -431,6 +449,9 @@ class SharingMixin:
             tables = group.tables if group is not None else [table]
             if group is not None:
                 assert tables[0] is table, f"request {rid}: sequence 0 is not its block table"
+                head = table[:group.common]
+                assert len(head) == group.common and all(t[:group.common] == head for t in tables), (
+                    f"request {rid}: its sequences differ within their {group.common} common blocks")
                 for t in tables[1:]:
                     holders.update(t)
             for t in tables:
