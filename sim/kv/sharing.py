@@ -46,6 +46,8 @@ class SeqGroup:
     tables: list[list[int]]
     rng: random.Random | None = None   # beam search: draws the surviving beams
     common: int = 0   # every table holds the same first ``common`` blocks (a lower bound: 0 is always true)
+    private_tail: bool = False   # every table's last block holds one reference (its own): True only after an
+    # allocation gave each table its own last block; a fork or a beam step (copies share blocks) clears it
 
 
 def seq_width(req: Request) -> int:
@@ -318,6 +320,7 @@ class SharingMixin:
         while c < shortest and all(t[c] == head[c] for t in kept):
             c += 1
         group.common = c
+        group.private_tail = False   # (a copied beam shares its parent's blocks)
         group.tables = tables
         self.block_tables[req.req_id] = tables[0]
         self._note_beyond(req)
@@ -334,10 +337,13 @@ class SharingMixin:
         first = pos // bs
         group = self.groups[req.req_id]
         if num_new_tokens == 1 and pos % bs:   # a decode inside every sequence's own last block: nothing to do
-            for t in group.tables:
-                if len(t) <= first or refs[t[first]] > 1:
-                    break
-            else:
+            if not group.private_tail:
+                for t in group.tables:
+                    if len(t) <= first or refs[t[first]] > 1:
+                        break
+                else:
+                    group.private_tail = True
+            if group.private_tail:
                 self._note_peaks()
                 return True
         left: dict[int, int] = {}
@@ -369,6 +375,7 @@ class SharingMixin:
             if grow > 0:
                 t.extend(pool.allocate(grow))
                 self._logical_blocks += grow
+        group.private_tail = True   # blocks first .. total-1 of every table are its own now
         self._note_beyond(req)
         self._note_peaks()
         return True
@@ -452,6 +459,8 @@ class SharingMixin:
                 head = table[:group.common]
                 assert len(head) == group.common and all(t[:group.common] == head for t in tables), (
                     f"request {rid}: its sequences differ within their {group.common} common blocks")
+                assert not group.private_tail or all(t and self.pool.refs[t[-1]] == 1 for t in tables), (
+                    f"request {rid}: a sequence's last block is shared though marked its own")
                 for t in tables[1:]:
                     holders.update(t)
             for t in tables:

@@ -190,9 +190,9 @@ class SchedulerBase:
             width = len(tables)
             if width > 1:  # after a re-fork each sibling also recomputes its own generated tokens
                 extra = getattr(self.manager, "sibling_recompute", {}).pop(req.req_id, 0)
-            for t in tables[1:]:
-                scheduled.append(ScheduledRequest(req.req_id, num_new + extra, req.num_computed_tokens - extra, t))
-                batch.append(None)
+            rid, sib_new, sib_ctx = req.req_id, num_new + extra, req.num_computed_tokens - extra
+            scheduled.extend([ScheduledRequest(rid, sib_new, sib_ctx, t) for t in tables[1:]])
+            batch.extend([None] * (width - 1))
         if num_new == 1 and req.num_generated > 0 and req.num_computed_tokens + 1 == req.num_tokens:
             stats.num_decode_tokens += width
         else:
