@@ -235,9 +235,14 @@ class SharingMixin:
                     del refs[b]
         if group is None:   # blocks are shared only by forks and prefix-cache hits: without either, none is
             self._release(table, req.num_computed_tokens, unshared=self.prefix_cache is None)
-        else:
-            for t in group.tables:
-                self._release(t, req.num_computed_tokens)
+        else:   # the common blocks lose all but the last table's references at once; that table frees them
+            tables, c = group.tables, group.common
+            for t in tables[:-1]:
+                self._release(t, req.num_computed_tokens, skip=c)
+            if c and len(tables) > 1:
+                head = np.array(tables[-1][:c], dtype=np.int64)
+                self.pool.refs[head] -= len(tables) - 1
+            self._release(tables[-1], req.num_computed_tokens)
         self._cached_upto.pop(rid, None)
         self._owners.pop(rid, None)
         self.sibling_recompute.pop(rid, None)
