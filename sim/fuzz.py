@@ -227,8 +227,10 @@ def _capacity_and_parallelism(rng: random.Random, data: dict) -> None:
         hw = data["hardware"] if isinstance(data["hardware"], dict) else HardwareSpec.from_name(
             data["hardware"]).model_dump()
         blocks = kv.pop("num_gpu_blocks")
-        need = model.weight_bytes() + (blocks + 0.5) * model.kv_bytes_per_block(kv.get("block_size", 16),
-                                                                                kv.get("dtype"))
+        # (a group of more GPUs than KV heads holds each head on several of them: kv_replicas copies)
+        block_bytes = model.kv_bytes_per_block(kv.get("block_size", 16), kv.get("dtype")) \
+            * model.kv_replicas(hw.get("tensor_parallel", 1))
+        need = model.weight_bytes() + (blocks + 0.5) * block_bytes
         reserve = rng.choice([None, 0.0, 0.001])
         if reserve is None:
             usable = need / 0.95  # the default reserve is 5% of the usable memory
