@@ -280,10 +280,8 @@ class SharingMixin:
                 own_from = len(t0)
         if own_from < len(t0):  # the siblings' own tokens were not recomputed with sequence 0's
             self.sibling_recompute[req.req_id] = max(0, req.num_computed_tokens - own_from * bs)
-        incref = pool.incref
-        for b in t0[:own_from]:
-            for _ in range(k - 1):
-                incref(b)
+        if own_from and k > 1:   # (t0 holds each of them: none is free, so a plain count of k - 1 more each)
+            pool.refs[np.array(t0[:own_from], dtype=np.int64)] += k - 1
         tables = [t0]
         for _ in range(k - 1):
             t = t0[:own_from]
