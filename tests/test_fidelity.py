@@ -231,6 +231,10 @@ def test_stage_engine_by_hand():
     r.predictions = [dict.fromkeys(r.stage.measured, 1.0)] * 2
     assert ("replayed engine: 8.0 requests running, 1.0 waiting (time means), KV peak 50.0%, 3..5 preemptions"
             in text_table([r]))
+    assert "from t =" not in text_table([r])              # a first stage: from 0
+    r.windows = [(603.94, 1203.94), (604.21, 1204.21)]     # a later stage, started when its predecessor drained
+    assert "(5 req/s constant, 2 seed(s), from t = 603.9 .. 604.2 s)" in text_table([r])
+    assert r.to_json()["windows_s"] == [[603.94, 1203.94], [604.21, 1204.21]]
 
 def test_parity_figure_draws_any_number_of_runs(tmp_path):
     """Twelve runs (more than the markers there are): each run drawn in a marker and colour of its own,

@@ -40,6 +40,7 @@ class StageResult:
     stage: MeasuredStage
     predictions: list[dict[str, float]] = field(default_factory=list)   # one per seed
     refused: list[int] = field(default_factory=list)   # per seed: requests the API server refuses (too long)
+    windows: list[tuple[float, float]] = field(default_factory=list)   # per seed: (start, last arrival) s
     engine: list[dict[str, float]] = field(default_factory=list)   # per seed: ``stage_engine``
     kv_blocks: int | None = None       # the replayed server's GPU KV blocks (None: nothing replayed)
     kv_blocks_estimated: bool = False  # sized from HBM (no logged or given count)
@@ -66,6 +67,7 @@ class StageResult:
                 "spread": {m: list(self.spread(m)) for m in METRICS},
                 "error": {m: self.error(m) for m in METRICS},
                 "falsely_saturated": self.falsely_saturated, "refused": self.refused,
+                "windows_s": [list(w) for w in self.windows],
                 "kv_blocks": self.kv_blocks, "kv_blocks_estimated": self.kv_blocks_estimated, "engine": self.engine,
                 "seeds": self.predictions}
 
@@ -139,9 +141,10 @@ def evaluate(stages: list[MeasuredStage], seeds: list[int], overrides: list[str]
             tasks.append((run_stages, seed, overrides, name))
             owners.append(stage_results)
     for stage_results, replay in zip(owners, _map(_replay, tasks, workers)):
-        for sr, (figures, refused, engine, blocks) in zip(stage_results, replay):
+        for sr, (figures, refused, engine, blocks, window) in zip(stage_results, replay):
             sr.predictions.append(figures)
             sr.refused.append(refused)
+            sr.windows.append(window)
             if engine is not None:
                 sr.engine.append(engine)
                 sr.kv_blocks, sr.kv_blocks_estimated = blocks
@@ -149,9 +152,9 @@ def evaluate(stages: list[MeasuredStage], seeds: list[int], overrides: list[str]
 
 
 def _replay(task: tuple[list[MeasuredStage], int, list[str] | None, str]
-            ) -> list[tuple[dict[str, float], int, dict[str, float] | None, tuple[int, bool]]]:
+            ) -> list[tuple[dict[str, float], int, dict[str, float] | None, tuple[int, bool], tuple[float, float]]]:
     """One run with one seed: per stage (figures, refused requests, engine figures or None when nothing
-    was replayed, (KV blocks, estimated))."""
+    was replayed, (KV blocks, estimated), (start, last arrival) in seconds)."""
     run_stages, seed, overrides, name = task
     source = f"<fidelity {name}>"
     starts = [0.0]
@@ -164,7 +167,7 @@ def _replay(task: tuple[list[MeasuredStage], int, list[str] | None, str]
     served = result.requests if result is not None else _NOTHING
     blocks = (gpu_blocks(scn), scn.kv_cache.num_gpu_blocks is None) if scn is not None else (0, False)
     return [(stage_figures(served, window, stage.output_len), n,
-             stage_engine(result.steps, window) if result is not None else None, blocks)
+             stage_engine(result.steps, window) if result is not None else None, blocks, window)
             for stage, window, n in zip(run_stages, windows, refused)]
 
 
