@@ -98,6 +98,19 @@ def test_next_stage_starts_once_the_last_request_has_finished():
     assert next_stage_start(reqs.iloc[:0], (0.0, 10.0)) == 12.0
 
 
+def test_a_stage_waits_for_the_one_before_to_drain():
+    """Replayed as the client ran them: at 5 req/s the 7B's last stage-0 request finishes about 2 s after it
+    arrived, so stage 1 starts about 2 + 2 s after stage 0's last arrival; at 60 req/s (far past what one
+    H100 serves) stage 0 leaves a backlog, and stage 1 waits for all of it."""
+    light = [dataclasses.replace(s, duration_s=10.0) for s in group_runs(read_runs(RUNS))["llama-2-7b-tp1-codegen"]]
+    heavy = [dataclasses.replace(light[0], rate_req_s=60.0), light[1]]
+    for stages, low, high in ((light, 2.5, 7.0), (heavy, 20.0, 300.0)):
+        first, second = evaluate(stages, [0])
+        gap = second.windows[0][0] - first.windows[0][1]
+        assert low < gap < high, gap
+        assert first.windows[0][0] == 0.0 and first.windows[0][1] == pytest.approx(10.0)
+
+
 def test_runs_files_give_the_load_and_ignore_eos(tmp_path):
     lines = RUNS.read_text().splitlines()
     lines[1] = lines[1].replace(",constant,5.0,", ",Poisson,5.0,", 1).replace(",True,3000,", ",false,3000,", 1)
