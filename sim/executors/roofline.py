@@ -127,21 +127,7 @@ def gemm_time(m: Any, n: int | Any, k: int | Any, peak: float, bandwidth: float,
 def gemm_time_scalar(m: int, n: int, k: int, peak: float, bandwidth: float, dtype_bytes: int,
                      params: CostParams, op: str | None = None) -> float:
     """``gemm_time`` for plain Python numbers (about 20x faster than numpy on scalars); same formulas."""
-    if params.tiles:
-        sms, q = params.num_sms, params.wave_quant
-        t_c = math.inf
-        for tm, tn, eff in params.tiles:
-            tiles = math.ceil(m / tm) * math.ceil(n / tn)
-            waves = q * math.ceil(tiles / sms) + (1.0 - q) * (tiles / sms) if tiles >= sms else tiles / sms
-            t_c = min(t_c, 2.0 * waves * sms * tm * tn * k / (peak * eff))
-    else:
-        t_c = 2.0 * m * n * k / (peak * params.compute_eff)
-    t_m = dtype_bytes * (k * n + m * k + m * n) / (bandwidth * params.memory_eff)
-    p = params.smooth_p
-    hi = max(t_c, t_m)
-    if p < 64 and hi > 0:
-        hi *= ((t_c / hi) ** p + (t_m / hi) ** p) ** (1.0 / p)
-    t = hi + params.kernel_latency_s
+    t = _launch_time(1, m, n, k, peak, bandwidth, dtype_bytes, params)
     return t * factor_scalar(params.gemm_correction, m, n, k, op) if params.gemm_correction else t
 
 
@@ -153,6 +139,13 @@ def grouped_gemm_time_scalar(groups: float, m: float, n: int, k: int, peak: floa
     may be expected (fractional) counts. No learned correction: the corrections were measured on dense
     library GEMMs, not on grouped kernels. Invariant: at least the groups' bytes at full bandwidth x
     ``memory_eff``, plus one kernel latency."""
+    return _launch_time(groups, m, n, k, peak, bandwidth, dtype_bytes, params)
+
+
+def _launch_time(groups: float, m: float, n: int, k: int, peak: float, bandwidth: float, dtype_bytes: int,
+                 params: CostParams) -> float:
+    """The module's formulas for one launch of ``groups`` ``[m, k] x [k, n]`` GEMMs, latency included, no
+    learned correction (``groups = 1``: one GEMM)."""
     if params.tiles:
         sms, q = params.num_sms, params.wave_quant
         t_c = math.inf
