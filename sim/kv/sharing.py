@@ -339,16 +339,9 @@ class SharingMixin:
         total = -(-end // bs)
         first = pos // bs
         group = self.groups[req.req_id]
-        if num_new_tokens == 1 and pos % bs:   # a decode inside every sequence's own last block: nothing to do
-            if not group.private_tail:
-                for t in group.tables:
-                    if len(t) <= first or refs[t[first]] > 1:
-                        break
-                else:
-                    group.private_tail = True
-            if group.private_tail:
-                self._note_peaks()
-                return True
+        if num_new_tokens == 1 and pos % bs and group.private_tail:   # inside every sequence's own last block
+            self._note_peaks()
+            return True
         left: dict[int, int] = {}
         need = 0
         for t in group.tables:
