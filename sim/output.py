@@ -113,17 +113,7 @@ def _write_csv(table: Any, path: Path, header: bool) -> None:
 
 def write_atomic(path: Path, writer: Callable[[Path], None]) -> Path:
     """Call ``writer(tmp)`` then rename tmp to ``path``; the tmp file is removed on failure."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        writer(Path(tmp))
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the mode open() would
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_together(path.parent, {path.name: writer})[0]
 
 
 def write_together(folder: Path, writers: dict[str, Callable[[Path], None]]) -> list[Path]:
@@ -137,7 +127,7 @@ def write_together(folder: Path, writers: dict[str, Callable[[Path], None]]) -> 
             os.close(fd)
             done.append((name, Path(tmp)))
             writer(Path(tmp))
-            os.chmod(tmp, 0o666 & ~_umask())
+            os.chmod(tmp, 0o666 & ~_umask())   # mkstemp makes 0600; give the file the mode open() would
         for name, tmp in done:
             os.replace(tmp, folder / name)
     except BaseException:
