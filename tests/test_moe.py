@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from sim.errors import KvsimError
@@ -89,3 +90,52 @@ def test_many_small_experts_never_cost_less_than_their_weights():
         last = moe
         linear, _ = exe._engine_linear(tokens, graph=False)
         assert linear >= 48 * active * expert_bytes / 3.35e12, tokens
+
+
+def test_each_moe_layer_launches_its_small_kernels():
+    # router + 2 grouped launches + top-k softmax, block alignment and the sum over the experts: 6 launches
+    def moe(latency: float) -> float:
+        return CostModelExecutor(MIX, H100, CostParams(**dict(IDEAL, kernel_latency_s=latency)))._moe_mlp_time(16)
+
+    assert moe(1e-6) - moe(0.0) == pytest.approx(6e-6, rel=1e-9)
+    # in a CUDA graph each of a layer's 8 GEMM-like launches (QKV, out, router, 2 grouped, 3 small) costs
+    # graph_kernel_s instead of its isolated latency
+    from sim.executors.engine_params import EngineParams
+
+    eng = EngineParams(graph_kernel_s=2e-6)
+    exe = CostModelExecutor(MIX, H100, CostParams(**dict(IDEAL, kernel_latency_s=7e-6)), engine=eng)
+    graph, _ = exe._engine_linear(16, graph=True)
+    eager, _ = exe._engine_linear(16, graph=False)
+    assert eager - graph == pytest.approx(32 * 8 * (7e-6 - 2e-6), rel=1e-9)
+
+
+def test_fused_moe_kernel_against_vllms_benchmark():
+    # vLLM's fused MoE kernel on H100, Mixtral-8x7B at TP 2 (sim/data/kernels/: 15 timings published in vLLM
+    # PR 24700, 144 us at 1 token to 1,123 us at 1,536). The shipped calibration prices them within 4% on
+    # average, within 13% each; with the grouped tiles at the dense GEMMs' efficiency, prefill-sized
+    # batches come out 16-19% fast (the Triton kernel gathers its rows by expert).
+    from sim.executors.cost_model import engine_params_of, load_calibration
+    from sim.executors.moe_kernel import load_table, log_errors
+
+    params, doc = load_calibration("h100-80gb")
+    engine = engine_params_of(doc)
+    tokens, seconds = load_table()
+    assert (tokens[0], seconds[0], tokens[-1], seconds[-1]) == (1, 144.03e-6, 1536, 1122.93e-6)
+    shipped = np.exp(log_errors(params, engine, engine.moe_tile_eff, tokens, seconds)) - 1
+    assert np.mean(np.abs(shipped)) < 0.04
+    assert np.max(np.abs(shipped)) < 0.13
+    dense = np.exp(log_errors(params, engine, 1.0, tokens, seconds)) - 1
+    assert np.all(dense[tokens >= 512] < -0.15)
+
+
+def test_the_fit_finds_a_known_tile_efficiency():
+    # a table made by the model itself at moe_tile_eff 0.55 gives back 0.55
+    from sim.executors.cost_model import engine_params_of, load_calibration
+    from sim.executors.moe_kernel import fit_tile_eff, table_executor
+
+    params, doc = load_calibration("h100-80gb")
+    engine = engine_params_of(doc)
+    tokens = np.array([1, 16, 128, 512, 2048])
+    exe = table_executor(params, engine, 0.55)
+    seconds = np.array([exe.moe_kernel_time(int(t)) for t in tokens])
+    assert fit_tile_eff(params, engine, tokens, seconds) == pytest.approx(0.55, abs=1e-3)

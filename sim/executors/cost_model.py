@@ -48,6 +48,7 @@ from sim.executors.engine_params import (
     CUSTOM_AR_WORLD_SIZES,
     EAGER_OPS_PER_LAYER,
     FUSED_ELEMENTWISE_KERNELS,
+    MOE_AUX_KERNELS,
     EngineParams,
     capture_sizes,
     graph_max_tokens_for,
@@ -206,6 +207,8 @@ class CostModelExecutor:
         self._swap_s_per_block = block_bytes / hardware.host_link_bandwidth + params.swap_block_latency_s
         self._copy_s_per_block = 2.0 * block_bytes / self._bw
         self._overhead = max(params.step_overhead_s, 1e-9)
+        self._moe_tile_eff = engine.moe_tile_eff if engine is not None else 1.0
+        self._eager_ops = EAGER_OPS_PER_LAYER + (1 + MOE_AUX_KERNELS if model.num_experts else 0)   # + router
         self._linear_cache: dict[int, tuple[float, float]] = {}
         self._head_cache: dict[int, float] = {}
         self.engine = engine
@@ -247,7 +250,7 @@ class CostModelExecutor:
             e, p, hw = self.engine, self.params, self.hardware
             per_layer = self.layer_linear_time(padded)
             if graph:   # inside a graph each GEMM pays graph_kernel_s instead of its isolated latency
-                kernels = len(self._shapes) + (1 if self.model.num_experts else 0)   # + the MoE router
+                kernels = len(self._shapes) + (1 + MOE_AUX_KERNELS if self.model.num_experts else 0)   # + router
                 per_layer += kernels * (e.graph_kernel_s - p.kernel_latency_s)
             nbytes = padded * self._act_bytes
             tp = hw.tensor_parallel
@@ -285,7 +288,7 @@ class CostModelExecutor:
         k_elem = e.graph_kernel_s if graph else p.elementwise_latency_s
         elementwise = self._layers * (padded * self._fused_s_per_token + FUSED_ELEMENTWISE_KERNELS * k_elem)
         k_attn = e.graph_kernel_s if full else p.kernel_latency_s
-        eager_ops = 0 if full else self._layers * (ATTENTION_OPS_PER_LAYER if graph else EAGER_OPS_PER_LAYER)
+        eager_ops = 0 if full else self._layers * (ATTENTION_OPS_PER_LAYER if graph else self._eager_ops)
         cpu = e.cpu_step_s + e.cpu_seq_s * seqs + e.eager_op_s * eager_ops
         return linear, comm, elementwise, k_attn, cpu
 
@@ -429,20 +432,39 @@ class CostModelExecutor:
             active   A = E x (1 - (1 - k/E)^tokens)   experts hit by tokens x k random choices (expected)
             per      tokens x k / A                   rows each active expert computes (balanced, on average)
             experts  grouped(A, per, up) + grouped(A, per, down): one launch each for up and down, every
-                     active expert's weights read (``grouped_gemm_time_scalar``)
+                     active expert's weights read (``grouped_gemm_time_scalar``), the tiles at the engine's
+                     ``moe_tile_eff`` of the library GEMMs' compute efficiency
+            small    MOE_AUX_KERNELS launches: top-k softmax, block alignment, the sum over the k experts
 
         so a decode batch of a few dozen tokens reads every expert's weights (all of E x the dense MLP)
         while computing only k of them a token. The experts' part never falls as ``tokens`` grows (more
-        tokens never read fewer experts)."""
+        tokens never read fewer experts). (SiLU-and-mul is priced with the elementwise kernels.)"""
         p, b, m = self.params, self.model.dtype_bytes, self.model
         e, k_top = m.num_experts, m.experts_per_token
         active = e * (1.0 - (1.0 - k_top / e) ** tokens)
         per = tokens * k_top / active
         (_, k_up, n_up), (_, k_down, n_down) = self._shapes[2], self._shapes[3]
-        experts = (grouped_gemm_time_scalar(active, per, n_up, k_up, self._gemm_peak, self._bw, b, p)
-                   + grouped_gemm_time_scalar(active, per, n_down, k_down, self._gemm_peak, self._bw, b, p))
+        eff = self._moe_tile_eff
+        experts = (grouped_gemm_time_scalar(active, per, n_up, k_up, self._gemm_peak, self._bw, b, p, eff)
+                   + grouped_gemm_time_scalar(active, per, n_down, k_down, self._gemm_peak, self._bw, b, p, eff))
         router = gemm_time_scalar(tokens, e, m.hidden_size, self._gemm_peak, self._bw, b, p)
-        return router + experts
+        return router + experts + MOE_AUX_KERNELS * p.kernel_latency_s
+
+    def moe_kernel_time(self, tokens: int) -> float:
+        """Seconds of one mixture-of-experts layer's fused kernels as vLLM's kernel benchmark times them
+        (``benchmarks/kernels/benchmark_moe.py``): replayed from a CUDA graph, so each launch costs the
+        engine's ``graph_kernel_s``; the router GEMM left out (the benchmark is handed its logits);
+        SiLU-and-mul, which the engine prices with the fused elementwise kernels, put in (its traffic at the
+        copy bandwidth and one launch). Needs the engine terms and a mixture-of-experts model."""
+        m, p, e = self.model, self.params, self.engine
+        if e is None or not m.num_experts:
+            raise ValueError("moe_kernel_time needs the engine terms and a mixture-of-experts model")
+        router = gemm_time_scalar(tokens, m.num_experts, m.hidden_size, self._gemm_peak, self._bw, m.dtype_bytes, p)
+        inter = m.intermediate_size // self.hardware.tensor_parallel
+        silu = tokens * m.experts_per_token * 3 * inter * m.dtype_bytes / (self._bw * p.memory_eff)
+        launches = 2 + MOE_AUX_KERNELS   # the two grouped GEMMs and the small kernels
+        return (self._moe_mlp_time(tokens) - router - launches * p.kernel_latency_s
+                + (launches + 1) * e.graph_kernel_s + silu)
 
     def _linear(self, tokens: int) -> tuple[float, float]:
         """(linear seconds over all layers, all-reduce seconds over all layers) for ``tokens`` tokens."""

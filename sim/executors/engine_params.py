@@ -34,6 +34,13 @@ Larger messages, or other GPU counts, use the NCCL table of the per-operator cal
 Fused elementwise kernels (vLLM's fused residual-add + RMSNorm twice, rotary embedding, KV-cache write,
 SiLU-and-mul): 5 kernels a layer moving b x (8 H + 2 (q + kv) + 4 kv + 3 I/t) bytes a token.
 
+A mixture-of-experts MLP runs as vLLM's fused MoE Triton kernel: the router GEMM, the top-k softmax, the
+alignment of tokens to experts' blocks, one grouped launch for the experts' up projections, SiLU-and-mul,
+one for their down projections, and the sum over each token's k experts (MOE_AUX_KERNELS: the three small
+ones besides the GEMMs and the activation). Its tiles reach moe_tile_eff of the library GEMMs' compute
+efficiency (the Triton kernel gathers its rows by expert); fitted to vLLM's own benchmark of the kernel
+(sim/data/kernels/, scripts/fit_moe_kernel.py).
+
 Which defaults are fitted and to what is written in docs/fidelity.md; scripts/fit_engine.py refits them.
 """
 
@@ -47,6 +54,7 @@ FUSED_ELEMENTWISE_KERNELS = 5   # 2 x fused add+RMSNorm, rotary, KV-cache write,
 CUSTOM_AR_WORLD_SIZES = (2, 4, 6, 8)   # vLLM's custom all-reduce (its _SUPPORTED_WORLD_SIZES)
 EAGER_OPS_PER_LAYER = 14        # Python-dispatched ops of one layer without graphs (norms, GEMMs, views...)
 ATTENTION_OPS_PER_LAYER = 2     # the eager part of a piecewise graph: KV-cache write + attention
+MOE_AUX_KERNELS = 3             # a fused MoE layer's top-k softmax, block alignment and sum over the k experts
 
 
 @dataclass(slots=True)
@@ -70,6 +78,7 @@ class EngineParams:
     custom_ar_peer_s: float = 2e-6      # added per GPU beyond 2 (every rank signals and reads each peer)
     custom_ar_growth_until_tp: int = 4  # ... up to this many GPUs (the largest TP the growth was fitted on)
     custom_ar_eff: float = 0.5
+    moe_tile_eff: float = 1.0           # fused MoE kernel: its tiles' compute efficiency over the library GEMMs'
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> EngineParams:

@@ -132,29 +132,30 @@ def gemm_time_scalar(m: int, n: int, k: int, peak: float, bandwidth: float, dtyp
 
 
 def grouped_gemm_time_scalar(groups: float, m: float, n: int, k: int, peak: float, bandwidth: float,
-                             dtype_bytes: int, params: CostParams) -> float:
+                             dtype_bytes: int, params: CostParams, tile_eff: float = 1.0) -> float:
     """Seconds for one launch of ``groups`` independent ``[m, k] x [k, n]`` GEMMs (a fused mixture-of-experts
     kernel: each active expert's rows against its own weights). The module's formulas with every group's
     tiles in the same waves and every group's weights and activations in the bytes; ``groups`` and ``m``
     may be expected (fractional) counts. No learned correction: the corrections were measured on dense
-    library GEMMs, not on grouped kernels. Invariant: at least the groups' bytes at full bandwidth x
-    ``memory_eff``, plus one kernel latency."""
-    return _launch_time(groups, m, n, k, peak, bandwidth, dtype_bytes, params)
+    library GEMMs, not on grouped kernels; ``tile_eff`` scales the tiles' compute efficiencies instead (the
+    grouped kernel's share of the library's, fitted to that kernel's own timings: EngineParams.moe_tile_eff).
+    Invariant: at least the groups' bytes at full bandwidth x ``memory_eff``, plus one kernel latency."""
+    return _launch_time(groups, m, n, k, peak, bandwidth, dtype_bytes, params, tile_eff)
 
 
 def _launch_time(groups: float, m: float, n: int, k: int, peak: float, bandwidth: float, dtype_bytes: int,
-                 params: CostParams) -> float:
+                 params: CostParams, tile_eff: float = 1.0) -> float:
     """The module's formulas for one launch of ``groups`` ``[m, k] x [k, n]`` GEMMs, latency included, no
-    learned correction (``groups = 1``: one GEMM)."""
+    learned correction (``groups = 1``: one GEMM); every compute efficiency times ``tile_eff``."""
     if params.tiles:
         sms, q = params.num_sms, params.wave_quant
         t_c = math.inf
         for tm, tn, eff in params.tiles:
             tiles = groups * math.ceil(m / tm) * math.ceil(n / tn)
             waves = q * math.ceil(tiles / sms) + (1.0 - q) * (tiles / sms) if tiles >= sms else tiles / sms
-            t_c = min(t_c, 2.0 * waves * sms * tm * tn * k / (peak * eff))
+            t_c = min(t_c, 2.0 * waves * sms * tm * tn * k / (peak * eff * tile_eff))
     else:
-        t_c = 2.0 * groups * m * n * k / (peak * params.compute_eff)
+        t_c = 2.0 * groups * m * n * k / (peak * params.compute_eff * tile_eff)
     t_m = dtype_bytes * groups * (k * n + m * k + m * n) / (bandwidth * params.memory_eff)
     p = params.smooth_p
     hi = max(t_c, t_m)
