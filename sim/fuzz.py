@@ -293,6 +293,10 @@ def draw_scenario(rng: random.Random, index: int = 0) -> dict:
     multi_seq = (data["kv_cache"].get("allocator", "paged") == "paged"
                  and data["scheduler"].get("batching", "continuous") == "continuous")
     data["workload"] = draw_workload(rng, drawn_cache_tokens(data), multi_seq)
+    if rng.random() < 0.1:   # a client with a concurrency limit in front (sim/clients.py)
+        data["workload"]["max_concurrency"] = rng.randint(1, 4)
+        if rng.random() < 0.5:
+            data["workload"]["think_time_s"] = rng.choice([0.001, 0.05])
     return data
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sim.clients import ClientPool
 from sim.engine import Engine
 from sim.engine_core import core_supported, run_core
 from sim.errors import KvsimError
@@ -181,7 +182,8 @@ def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, pro
     bar = ProgressBar(len(workload.requests), progress_after_s) if progress else None
     fe_in, fe_out, fe_token = scn.frontend.latencies()
     engine = None
-    in_core = core_supported(scheduler, manager, executor, workload.requests)
+    clients = scn.workload.max_concurrency   # a client that keeps at most this many in flight (sim/clients.py)
+    in_core = clients is None and core_supported(scheduler, manager, executor, workload.requests)
     if step_stream is not None:
         recorder.stream_to(step_stream, block_bytes)
     if in_core:   # compiled (sim/engine_core.py)
@@ -196,12 +198,15 @@ def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, pro
                 bar.close()
         runs, waits = 0, ran.waits
     else:
-        engine = Engine(workload.requests, scheduler, executor, recorder, check_integrity=check,
-                        max_steps_without_progress=scn.scheduler.max_steps_without_progress,
+        engine = Engine(None if clients else workload.requests, scheduler, executor, recorder,
+                        check_integrity=check, max_steps_without_progress=scn.scheduler.max_steps_without_progress,
                         async_scheduling=scn.scheduler.async_scheduling, arrival_delay_s=fe_in,
-                        multi_step=scn.scheduler.multi_step,
+                        multi_step=scn.scheduler.multi_step and not clients,
                         on_step=bar.stepper(lambda s=scheduler: len(s.finished) + len(s.rejected))
                         if bar else None)
+        if clients:
+            ClientPool([engine], engine.submit, workload.requests, clients, scn.workload.think_time_s, fe_in,
+                       fe_out, fe_token).start()
         t_load = time.perf_counter()
         try:
             engine.run()

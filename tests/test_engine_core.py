@@ -258,6 +258,8 @@ def _into_core(data: dict) -> dict:
     d["scheduler"]["batching"] = "continuous"
     d["kv_cache"].update(allocator="paged")   # prefix caching as drawn: unhit without shared prefixes
     work = d["workload"]
+    for key in ("max_concurrency", "think_time_s"):   # a client limit runs in the SimPy loop only
+        work.pop(key, None)
     for r in work.get("requests", []):
         for key in ("n", "beam_width", "prefix_group", "prefix_len"):
             r.pop(key, None)

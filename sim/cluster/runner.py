@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import simpy
 
+from sim.clients import ClientPool
 from sim.cluster.disagg import Handoff
 from sim.cluster.link import KVLink
 from sim.cluster.replica import Replica, build_pool, pool_scenario
@@ -172,8 +173,9 @@ def _run_colocated(scn: Scenario, workload: Workload, check: bool, lag: float, f
     pool = build_pool(scn, range(cfg.num_replicas), "colocated", env, check, lag)
     router = _observed(make_router(cfg.router, scn.seed), pool, requests, lag)
     reads = router.reads_load or router.reads_memory or router.reads_state
-    ahead = None if reads else _route_ahead(router, requests, pool, lag)
-    core = _in_core(pool, requests, router)
+    clients = scn.workload.max_concurrency   # a client with a concurrency limit (sim/clients.py): SimPy loop
+    ahead = None if reads or clients else _route_ahead(router, requests, pool, lag)
+    core = not clients and _in_core(pool, requests, router)
     columns = None
     if core:   # compiled (sim/engine_core.py)
         from sim.runner import CORE_REQUEST_COLUMNS
@@ -182,7 +184,16 @@ def _run_colocated(scn: Scenario, workload: Workload, check: bool, lag: float, f
     else:
         if bar is not None:
             _show_progress(bar, pool, [])
-        env.process(_arrivals(env, requests, lag, router, pool, Replica.submit, served, ahead))
+        if clients:
+            def deliver(req: Request) -> None:   # routed as it reaches the cluster (as _arrivals does)
+                rep = pool[router.choose(req, pool)]
+                served[req.req_id] = rep.replica_id
+                rep.submit(req)
+
+            ClientPool([rep.engine for rep in pool], deliver, requests, clients, scn.workload.think_time_s, lag,
+                       fe_out, fe_token).start()
+        else:
+            env.process(_arrivals(env, requests, lag, router, pool, Replica.submit, served, ahead))
         for rep in pool:
             rep.engine.start()
         env.run()

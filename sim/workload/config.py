@@ -108,6 +108,9 @@ class WorkloadConfig(_Strict):
     rate: float | None = Field(default=None, ge=L.MIN_RATE, le=L.MAX_RATE)
     max_model_len: int | None = Field(default=None, ge=2, le=L.MAX_TOKENS)
     hash_block_tokens: int | None = Field(default=None, ge=1, le=L.MAX_TOKENS)   # inline hash_ids: tokens an id (512)
+    # a client with at most this many requests in flight: each is sent at max(its arrival, a free slot)
+    max_concurrency: int | None = Field(default=None, ge=1, le=L.MAX_REQUESTS)
+    think_time_s: float = Field(default=0.0, ge=0, le=L.MAX_TIME_S)   # a slot's pause after its response
 
     @model_validator(mode="after")
     def _exactly_one(self) -> WorkloadConfig:
@@ -119,6 +122,8 @@ class WorkloadConfig(_Strict):
         if self.hash_block_tokens is not None and self.requests is None:
             raise ValueError("workload.hash_block_tokens applies to inline requests' hash_ids (a Mooncake trace "
                              "has 512 tokens an id)")
+        if self.think_time_s and self.max_concurrency is None:
+            raise ValueError("workload.think_time_s is the pause of a client slot: it needs workload.max_concurrency")
         if self.arrival is not None and self.trace is None:
             raise ValueError("workload.arrival applies to a trace; a synthetic workload has synthetic.arrival")
         return self

@@ -1,0 +1,123 @@
+"""Clients that keep at most ``max_concurrency`` requests in flight (``workload.max_concurrency``).
+
+A benchmark client with a concurrency limit (``vllm bench serve --max-concurrency``, inference-perf's
+concurrent load, N users in a loop) sends a request only when one of its N slots is free:
+
+    send(i)  = max(arrival_i, the time a slot is free)      requests in arrival order, slots first come
+    slot     taken at send(i), free again think_time_s after the client has the whole response:
+             finish_s + output_latency_s + token_latency_s x (output_tokens - 1), or at once when the
+             engine rejects the request
+    engine   has request i at send(i) + input_latency_s (the frontend, as for any arrival)
+
+With every arrival at 0 (a burst) this is a closed loop of N users; with arrival times it is an open
+loop capped at N in flight, the requests beyond it waiting at the client. A request's ``arrival_s``
+becomes its send time, as a client measures TTFT and E2E from there.
+
+The engines are fed (``Engine.submit``, or a colocated cluster's router) and step one timeout at a time:
+a finish may free a slot whose next request reaches an engine within the same step's time, so no step
+runs ahead of the clock (no eager steps, no decode runs). Invariant: at most ``max_concurrency`` requests
+sent and not yet answered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import simpy
+
+from sim.engine import Engine
+from sim.request import Request
+
+
+class ClientPool:
+    """Feeds ``engines`` (one, or a colocated pool's behind ``deliver``, its router) with ``requests`` in
+    arrival order, at most ``max_concurrency`` in flight."""
+
+    def __init__(self, engines: list[Engine], deliver: Callable[[Request], None], requests: list[Request],
+                 max_concurrency: int, think_time_s: float = 0.0, input_latency_s: float = 0.0,
+                 output_latency_s: float = 0.0, token_latency_s: float = 0.0) -> None:
+        self.env: simpy.Environment = engines[0].env
+        self.engines = engines
+        self.deliver = deliver    # hands a request to an engine (Engine.submit, or a router's choice)
+        self.requests = sorted(requests, key=lambda r: r.arrival_s)   # (stable: ties keep their order)
+        self.limit = max_concurrency
+        self.think_time_s = think_time_s
+        self.input_latency_s = input_latency_s
+        self.output_latency_s = output_latency_s
+        self.token_latency_s = token_latency_s
+        self.in_flight = 0        # sent and not yet answered (plus think time)
+        self._in_transit = 0      # sent, not yet handed to an engine
+        self._all_sent = False
+        self._slot: simpy.Event | None = None   # the sender waits on it for a free slot
+        self._seen = [0] * len(engines)   # per engine, its scheduler's finished requests already answered
+
+    def start(self) -> None:
+        """Hook into the engines (their rejections and their steps) and start sending; before the engines
+        start (their loops read ``eager_steps`` and ``multi_step`` then)."""
+        for i, engine in enumerate(self.engines):
+            sched = engine.scheduler
+            sched.add_request = self._answering(sched.add_request)
+            engine.on_step = self._collecting(i, engine.on_step)
+            engine.eager_steps = False
+            engine.multi_step = False
+        self.env.process(self._send())
+
+    def _answering(self, add: Callable[[Request, float], bool]) -> Callable[[Request, float], bool]:
+        def add_or_answer(req: Request, now: float) -> bool:
+            queued = add(req, now)
+            if not queued:   # rejected as it reached the engine: the client has its error at once
+                self._answered(now)
+            return queued
+        return add_or_answer
+
+    def _collecting(self, i: int, previous: Callable[[int], None] | None) -> Callable[[int], None]:
+        def on_step(step: int) -> None:
+            self._collect(i)
+            if previous is not None:
+                previous(step)
+        return on_step
+
+    def _send(self):
+        env = self.env
+        for req in self.requests:
+            while self.in_flight >= self.limit:
+                self._slot = env.event()
+                yield self._slot
+                self._slot = None
+            wait = req.arrival_s - env.now
+            if wait > 0:
+                yield env.timeout(wait)
+            req.arrival_s = float(env.now)
+            self.in_flight += 1
+            self._in_transit += 1
+            env.timeout(self.input_latency_s).callbacks.append(partial(self._hand_over, req))
+        self._all_sent = True
+        self._end_if_sent()
+
+    def _hand_over(self, req: Request, _event: simpy.Event) -> None:
+        self._in_transit -= 1
+        self.deliver(req)
+        self._end_if_sent()
+
+    def _end_if_sent(self) -> None:
+        if self._all_sent and self._in_transit == 0:
+            self._all_sent = False   # (once)
+            for engine in self.engines:
+                engine.end_arrivals()
+
+    def _collect(self, i: int) -> None:
+        """Answer the requests engine ``i``'s last step finished (called after each of its steps)."""
+        finished = self.engines[i].scheduler.finished
+        for req in finished[self._seen[i]:]:
+            self._answered(req.finish_s + self.output_latency_s + self.token_latency_s * max(req.output_len - 1, 0))
+        self._seen[i] = len(finished)
+
+    def _answered(self, at: float) -> None:
+        """The client has a whole response at ``at`` (>= now): its slot is free think_time_s later."""
+        self.env.timeout(max(at + self.think_time_s - self.env.now, 0.0)).callbacks.append(self._release)
+
+    def _release(self, _event: simpy.Event) -> None:
+        self.in_flight -= 1
+        if self._slot is not None and not self._slot.triggered:
+            self._slot.succeed()

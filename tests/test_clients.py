@@ -1,0 +1,120 @@
+"""A client with a concurrency limit (workload.max_concurrency, sim/clients.py), against the open loop.
+
+The oracles are runs without the limit (the compiled core's open loop), and the client's rule by hand:
+send(i) = max(arrival_i, the time a slot frees), a slot freeing think_time_s after its response.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sim.errors import KvsimError
+from sim.runner import run_scenario
+from sim.scenario import scenario_from_dict
+
+
+def _scenario(requests: list[dict], **workload) -> dict:
+    return {"name": "clients", "seed": 0, "model": "llama-2-7b", "hardware": "h100-80gb",
+            "scheduler": {"max_num_seqs": 64}, "kv_cache": {"prefix_caching": False},
+            "workload": {"requests": requests, **workload}}
+
+
+def _run(requests: list[dict], **workload) -> pd.DataFrame:
+    return run_scenario(scenario_from_dict(_scenario(requests, **workload))).requests
+
+
+def _burst(n: int, prompt: int = 100, output: int = 20) -> list[dict]:
+    return [{"arrival": 0.0, "prompt_len": prompt + i, "output_len": output + 3 * i} for i in range(n)]
+
+
+def test_a_limit_above_the_load_changes_nothing():
+    # 6 requests, room for all: the same table as the open loop (the compiled core), to the last bit
+    open_loop = _run(_burst(6))
+    for limit in (6, 50):
+        pd.testing.assert_frame_equal(_run(_burst(6), max_concurrency=limit), open_loop)
+
+
+def test_one_client_sends_each_request_when_the_last_is_answered():
+    # one slot, think 0.25 s: request i+1 is sent 0.25 s after request i's whole response reached the
+    # client (its send + E2E); alone on the engine, each takes what it takes in a run of its own
+    reqs = _burst(4)
+    closed = _run(reqs, max_concurrency=1, think_time_s=0.25)
+    sends = closed["arrival_s"].to_numpy()
+    answered = sends + closed["e2e_s"].to_numpy()
+    assert sends[0] == 0.0
+    np.testing.assert_allclose(sends[1:], answered[:-1] + 0.25, rtol=0, atol=1e-12)
+    for i, req in enumerate(reqs):
+        alone = _run([req])
+        assert closed["e2e_s"][i] == pytest.approx(alone["e2e_s"][0], rel=1e-12)
+        assert closed["ttft_s"][i] == pytest.approx(alone["ttft_s"][0], rel=1e-12)
+
+
+def test_never_more_in_flight_than_the_limit_and_no_slot_idle():
+    # 40 requests of different lengths at t = 0, 3 slots: at every send at most 3 requests are in flight,
+    # and every send after the first 3 happens exactly when a slot frees (the earliest answer not yet used)
+    reqs = [{"arrival": 0.0, "prompt_len": 50 + 37 * i % 400, "output_len": 5 + 29 * i % 90} for i in range(40)]
+    closed = _run(reqs, max_concurrency=3)
+    sends = closed["arrival_s"].to_numpy()
+    answered = np.sort(sends + closed["e2e_s"].to_numpy())
+    order = np.sort(sends)
+    assert np.all(order[:3] == 0.0)
+    np.testing.assert_allclose(order[3:], answered[:-3], rtol=0, atol=1e-12)   # the k-th answer frees send k+3
+    for t in order:
+        assert ((sends <= t) & (sends + closed["e2e_s"].to_numpy() > t)).sum() <= 3
+
+
+def test_arrivals_still_bound_the_sends():
+    # arrivals 2 s apart, each request done in well under 2 s: the limit never binds, sends = arrivals
+    reqs = [{"arrival": 2.0 * i, "prompt_len": 200, "output_len": 30} for i in range(5)]
+    closed = _run(reqs, max_concurrency=1)
+    assert closed["arrival_s"].tolist() == [0.0, 2.0, 4.0, 6.0, 8.0]
+    pd.testing.assert_frame_equal(closed, _run(reqs))
+
+
+def test_a_rejected_request_frees_its_slot_at_once():
+    # the middle request can never fit (a prompt beyond max_model_len): the engine rejects it as it
+    # arrives, the client has its error then (send + the frontend's input latency) and sends the next
+    reqs = [{"arrival": 0.0, "prompt_len": 100, "output_len": 10},
+            {"arrival": 0.0, "prompt_len": 5000, "output_len": 10},
+            {"arrival": 0.0, "prompt_len": 100, "output_len": 10}]
+    scn = scenario_from_dict({**_scenario(reqs, max_concurrency=1), "frontend": {"input_latency_s": 0.003}})
+    q = run_scenario(scn).requests
+    assert q["status"].tolist() == ["FINISHED", "REJECTED", "FINISHED"]
+    assert q["arrival_s"][1] == pytest.approx(q["arrival_s"][0] + q["e2e_s"][0], abs=1e-12)
+    assert q["arrival_s"][2] == pytest.approx(q["arrival_s"][1] + 0.003, abs=1e-12)
+
+
+def test_bad_settings_are_named():
+    with pytest.raises(KvsimError, match="think_time_s .* needs workload.max_concurrency"):
+        scenario_from_dict(_scenario(_burst(2), think_time_s=1.0))
+    with pytest.raises(KvsimError, match="max_concurrency"):
+        scenario_from_dict(_scenario(_burst(2), max_concurrency=0))
+    pools = {**_scenario(_burst(2), max_concurrency=2),
+             "cluster": {"prefill": {"replicas": 1}, "decode": {"replicas": 1}}}
+    with pytest.raises(KvsimError, match="max_concurrency: .* not disaggregated prefill/decode pools"):
+        scenario_from_dict(pools)
+
+
+def _cluster(requests: list[dict], cluster: dict, **workload) -> pd.DataFrame:
+    return run_scenario(scenario_from_dict({**_scenario(requests, **workload), "cluster": cluster})).requests
+
+
+def test_a_cluster_of_one_is_the_single_engine():
+    reqs = [{"arrival": 0.0, "prompt_len": 50 + 37 * i % 400, "output_len": 5 + 29 * i % 90} for i in range(30)]
+    single = _run(reqs, max_concurrency=4, think_time_s=0.1)
+    one = _cluster(reqs, {"replicas": 1}, max_concurrency=4, think_time_s=0.1)   # (plus the replica's columns)
+    pd.testing.assert_frame_equal(one[single.columns], single)
+
+
+def test_a_cluster_behind_the_client():
+    # 3 replicas, least_requests, 5 slots over 30 requests: never more than 5 in flight, every send after
+    # the first 5 when a slot frees; with 30 slots, the open loop's table (the compiled core's)
+    reqs = [{"arrival": 0.0, "prompt_len": 50 + 37 * i % 400, "output_len": 5 + 29 * i % 90} for i in range(30)]
+    cluster = {"replicas": 3, "router": {"policy": "least_requests"}}
+    closed = _cluster(reqs, cluster, max_concurrency=5)
+    sends = closed["arrival_s"].to_numpy()
+    answered = np.sort(sends + closed["e2e_s"].to_numpy())
+    np.testing.assert_allclose(np.sort(sends)[5:], answered[:-5], rtol=0, atol=1e-12)
+    pd.testing.assert_frame_equal(_cluster(reqs, cluster, max_concurrency=30), _cluster(reqs, cluster))
