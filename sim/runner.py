@@ -201,7 +201,7 @@ def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, pro
         engine = Engine(None if clients else workload.requests, scheduler, executor, recorder,
                         check_integrity=check, max_steps_without_progress=scn.scheduler.max_steps_without_progress,
                         async_scheduling=scn.scheduler.async_scheduling, arrival_delay_s=fe_in,
-                        multi_step=scn.scheduler.multi_step and not clients,
+                        multi_step=scn.scheduler.multi_step,
                         on_step=bar.stepper(lambda s=scheduler: len(s.finished) + len(s.rejected))
                         if bar else None)
         if clients:
