@@ -83,6 +83,27 @@ once and later requests skip its prefill."""),
 display(table(pc, keys=("prefix_cache_hit_rate", "kv_usage_max", "output_throughput_tok_s")))
 for k, r in pc.items():
     print(k, "mean TTFT of the later requests (s):", round(r.requests.loc[r.requests.req_id > 0, "ttft_s"].mean(), 3))"""),
+    ("md", """## 5. A benchmark client: throughput against concurrency
+
+`vllm bench serve --max-concurrency N` keeps at most N requests in flight and sends the next one when a
+response is complete (`workload.max_concurrency`; `think_time_s` makes them N users who pause). Sweeping N
+traces the engine's throughput-latency curve: throughput grows with the batch until decode steps slow
+(attention over more KV, then the token budget), and every user pays in time per output token."""),
+    ("code", """import matplotlib.pyplot as plt
+
+cc = runs("concurrency_sweep.yaml", "workload.max_concurrency", [1, 4, 16, 64, 256],
+          ["workload.synthetic.num_requests=300"])
+t = table(cc, keys=("output_throughput_tok_s", "request_throughput"))
+t["tpot_mean_ms"] = [1e3 * r.summary["tpot_s"]["mean"] for r in cc.values()]
+display(t.round(3))
+fig, ax = plt.subplots(figsize=(5, 3.5))
+ax.plot(t["output_throughput_tok_s"], t["tpot_mean_ms"], marker="o")
+for label, row in t.iterrows():
+    ax.annotate(label.split("=")[1], (row["output_throughput_tok_s"], row["tpot_mean_ms"]), fontsize=8)
+ax.set(xlabel="output tokens/s", ylabel="mean TPOT (ms)", title="Llama-3.1-8B, one H100")
+fig.savefig(FIG / "concurrency.png", dpi=110, bbox_inches="tight")
+plt.close(fig)
+Image(FIG / "concurrency.png")"""),
 ]
 
 
