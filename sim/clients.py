@@ -13,7 +13,8 @@ With every arrival at 0 (a burst) this is a closed loop of N users; with arrival
 loop capped at N in flight, the requests beyond it waiting at the client. A request's ``arrival_s``
 becomes its send time, as a client measures TTFT and E2E from there.
 
-The engines are fed (``Engine.submit``, or a colocated cluster's router) and step one timeout at a time:
+The engines are fed (``Engine.submit``, or a cluster's router; disaggregated, the client's requests
+end on a decode replica, or on their prefill replica with one output token) and step one timeout at a time:
 a finish may free a slot whose next request reaches an engine within the same step's time, so no step
 runs ahead of the clock (no eager steps, no decode runs). Invariant: at most ``max_concurrency`` requests
 sent and not yet answered.
@@ -31,15 +32,24 @@ from sim.request import Request
 
 
 class ClientPool:
-    """Feeds ``engines`` (one, or a colocated pool's behind ``deliver``, its router) with ``requests`` in
-    arrival order, at most ``max_concurrency`` in flight."""
+    """Feeds ``engines`` (one, a colocated pool's behind ``deliver``, its router, or a prefill pool's with
+    the decode pool its handoff feeds) with ``requests`` in arrival order, at most ``max_concurrency`` in
+    flight."""
 
     def __init__(self, engines: list[Engine], deliver: Callable[[Request], None], requests: list[Request],
                  max_concurrency: int, think_time_s: float = 0.0, input_latency_s: float = 0.0,
-                 output_latency_s: float = 0.0, token_latency_s: float = 0.0) -> None:
+                 output_latency_s: float = 0.0, token_latency_s: float = 0.0,
+                 fed: list[Engine] | None = None,
+                 answers: list[Callable[[Request], bool] | None] | None = None) -> None:
         self.env: simpy.Environment = engines[0].env
         self.engines = engines
         self.deliver = deliver    # hands a request to an engine (Engine.submit, or a router's choice)
+        # the engines the client feeds (told when no more will come; default: all); the others are fed by
+        # them (disaggregated decode pools, closed by their handoff)
+        self.fed = engines if fed is None else fed
+        # per engine, which of its finished requests the client has the whole response of (None: all; a
+        # prefill replica: only those of one output token, the others go on to a decode replica)
+        self.answers = answers if answers is not None else [None] * len(engines)
         self.requests = sorted(requests, key=lambda r: r.arrival_s)   # (stable: ties keep their order)
         self.limit = max_concurrency
         self.think_time_s = think_time_s
@@ -103,14 +113,17 @@ class ClientPool:
     def _end_if_sent(self) -> None:
         if self._all_sent and self._in_transit == 0:
             self._all_sent = False   # (once)
-            for engine in self.engines:
+            for engine in self.fed:
                 engine.end_arrivals()
 
     def _collect(self, i: int) -> None:
         """Answer the requests engine ``i``'s last step finished (called after each of its steps)."""
         finished = self.engines[i].scheduler.finished
+        answers = self.answers[i]
         for req in finished[self._seen[i]:]:
-            self._answered(req.finish_s + self.output_latency_s + self.token_latency_s * max(req.output_len - 1, 0))
+            if answers is None or answers(req):
+                self._answered(req.finish_s + self.output_latency_s
+                               + self.token_latency_s * max(req.output_len - 1, 0))
         self._seen[i] = len(finished)
 
     def _answered(self, at: float) -> None:

@@ -293,11 +293,16 @@ def draw_scenario(rng: random.Random, index: int = 0) -> dict:
     multi_seq = (data["kv_cache"].get("allocator", "paged") == "paged"
                  and data["scheduler"].get("batching", "continuous") == "continuous")
     data["workload"] = draw_workload(rng, drawn_cache_tokens(data), multi_seq)
-    if rng.random() < 0.1:   # a client with a concurrency limit in front (sim/clients.py)
-        data["workload"]["max_concurrency"] = rng.randint(1, 4)
-        if rng.random() < 0.5:
-            data["workload"]["think_time_s"] = rng.choice([0.001, 0.05])
+    draw_client(rng, data["workload"])
     return data
+
+
+def draw_client(rng: random.Random, workload: dict) -> None:
+    """Sometimes a client with a concurrency limit in front of the engines (sim/clients.py)."""
+    if rng.random() < 0.1:
+        workload["max_concurrency"] = rng.randint(1, 4)
+        if rng.random() < 0.5:
+            workload["think_time_s"] = rng.choice([0.001, 0.05])
 
 
 # ---------------------------------------------------------------- known issues

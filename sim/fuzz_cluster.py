@@ -42,6 +42,7 @@ from sim.fuzz import (
     CaseResult,
     FuzzReport,
     _has_beams,
+    draw_client,
     draw_scenario,
     draw_workload,
     drawn_cache_tokens,
@@ -93,6 +94,7 @@ def draw_cluster_scenario(rng: random.Random, index: int = 0) -> dict:
     data["scheduler"]["batching"] = "continuous"
     data = drop_refused(data)
     data["workload"] = draw_workload(rng, drawn_cache_tokens(data), multi_seq=False)
+    draw_client(rng, data["workload"])
     if rng.random() < 0.5:
         link: Any = rng.choice(list(LINK_PRESETS))
     else:

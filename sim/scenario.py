@@ -354,9 +354,6 @@ def unsupported_combination(scn: Scenario) -> tuple[str, str] | None:
     if kv.cpu_offload_gib and not kv.prefix_caching:
         return "kv_cache.cpu_offload_gib", "needs kv_cache.prefix_caching: true (the host tier holds copies of " \
                                            "the prefix cache's blocks)"
-    if scn.workload.max_concurrency is not None and scn.cluster is not None and scn.cluster.disaggregated:
-        return "workload.max_concurrency", "a client with a concurrency limit feeds one engine or a colocated " \
-                                           "pool, not disaggregated prefill/decode pools"
     if kv.prefix_caching and kv.allocator != "paged":
         return "kv_cache.prefix_caching", f"needs kv_cache.allocator: paged (the {kv.allocator} allocator " \
                                           "reserves one region per request and shares nothing)"

@@ -91,10 +91,6 @@ def test_bad_settings_are_named():
         scenario_from_dict(_scenario(_burst(2), think_time_s=1.0))
     with pytest.raises(KvsimError, match="max_concurrency"):
         scenario_from_dict(_scenario(_burst(2), max_concurrency=0))
-    pools = {**_scenario(_burst(2), max_concurrency=2),
-             "cluster": {"prefill": {"replicas": 1}, "decode": {"replicas": 1}}}
-    with pytest.raises(KvsimError, match="max_concurrency: .* not disaggregated prefill/decode pools"):
-        scenario_from_dict(pools)
 
 
 def _cluster(requests: list[dict], cluster: dict, **workload) -> pd.DataFrame:
@@ -118,3 +114,21 @@ def test_a_cluster_behind_the_client():
     answered = np.sort(sends + closed["e2e_s"].to_numpy())
     np.testing.assert_allclose(np.sort(sends)[5:], answered[:-5], rtol=0, atol=1e-12)
     pd.testing.assert_frame_equal(_cluster(reqs, cluster, max_concurrency=30), _cluster(reqs, cluster))
+
+
+POOLS = {"prefill": {"replicas": 2}, "decode": {"replicas": 2}, "kv_transfer": {"link": "infiniband-400g"},
+         "router": {"policy": "least_requests"}}
+
+
+def test_disaggregated_pools_behind_the_client():
+    # 2 prefill + 2 decode replicas, 30 requests (every fifth of one output token: it ends on its prefill
+    # replica): with 4 slots, never more than 4 in flight and every send after the first 4 when a slot
+    # frees; with 30 slots, the open loop's table
+    reqs = [{"arrival": 0.0, "prompt_len": 50 + 37 * i % 400, "output_len": 1 if i % 5 == 0 else 5 + 29 * i % 90}
+            for i in range(30)]
+    closed = _cluster(reqs, POOLS, max_concurrency=4)
+    assert (closed["status"] == "FINISHED").all()
+    sends = closed["arrival_s"].to_numpy()
+    answered = np.sort(sends + closed["e2e_s"].to_numpy())
+    np.testing.assert_allclose(np.sort(sends)[4:], answered[:-4], rtol=0, atol=1e-12)
+    pd.testing.assert_frame_equal(_cluster(reqs, POOLS, max_concurrency=30), _cluster(reqs, POOLS))

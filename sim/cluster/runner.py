@@ -285,7 +285,20 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
     for rep in decode:
         handoff.attach_decode(rep)
     router = _observed(make_router(cfg.router, scn.seed), prefill, requests, lag)
-    env.process(_arrivals(env, requests, lag, router, prefill, handoff.submit_prefill, served))
+    if scn.workload.max_concurrency:   # a client with a concurrency limit (sim/clients.py)
+        def deliver(req: Request) -> None:
+            rep = prefill[router.choose(req, prefill)]
+            served[req.req_id] = rep.replica_id
+            handoff.submit_prefill(rep, req)
+
+        def on_prefill(req: Request) -> bool:   # the client's whole response: one output token, done there
+            return handoff.output_len[req.req_id] <= 1
+
+        ClientPool([rep.engine for rep in prefill + decode], deliver, requests, scn.workload.max_concurrency,
+                   scn.workload.think_time_s, lag, fe_out, fe_token, fed=[rep.engine for rep in prefill],
+                   answers=[on_prefill] * len(prefill) + [None] * len(decode)).start()
+    else:
+        env.process(_arrivals(env, requests, lag, router, prefill, handoff.submit_prefill, served))
     loops = [rep.engine.start() for rep in prefill]
     for rep in decode:
         rep.engine.start()
