@@ -84,3 +84,45 @@ def test_prefill_decode_split(scenario: Path, capsys) -> None:
     assert _meets(scenario, cut, f"cluster={{prefill: {{replicas: {p}}}, decode: {{replicas: {d}}}}}")
     for q in range(1, n - 1):
         assert not _meets(scenario, cut, f"cluster={{prefill: {{replicas: {q}}}, decode: {{replicas: {n - 1 - q}}}}}")
+
+
+def test_highest_concurrency(scenario: Path, capsys, tmp_path: Path) -> None:
+    # a client in front of one engine: the answer C meets (a plain run says so) and C + 1 does not
+    answer = _capacity(scenario, capsys, "--search", "concurrency", "--max", "64", "--out", str(tmp_path / "out"))
+    c = answer["concurrency"]
+    assert 1 <= c < 64
+    assert _meets(scenario, f"workload.max_concurrency={c}")
+    assert not _meets(scenario, f"workload.max_concurrency={c + 1}")
+    ran = {r["concurrency"]: r["meets"] for r in answer["candidates"]}
+    assert ran[c] and not ran[c + 1]
+    assert (tmp_path / "out" / "capacity.png").is_file()
+
+
+def _threshold_runner(limit: int, calls: list[int]):
+    """A stand-in for the runs: a level meets the SLOs exactly when it is at most ``limit``."""
+    def run(datas: list[dict]) -> list[dict]:
+        levels = [d["workload"]["max_concurrency"] for d in datas]
+        calls.extend(levels)
+        return [{"meets": c <= limit} for c in levels]
+    return run
+
+
+@pytest.mark.parametrize("limit, workers", [(37, 1), (37, 3), (1, 2), (100, 4), (128, 1)])
+def test_concurrency_search_by_hand(limit: int, workers: int) -> None:
+    from sim.cluster.capacity import search_concurrency
+
+    calls: list[int] = []
+    answer = search_concurrency({"workload": {}}, _threshold_runner(limit, calls), 128, workers)
+    assert answer["concurrency"] == limit
+    ran = {c["concurrency"] for c in answer["candidates"]}
+    assert limit in ran and (limit == 128 or limit + 1 in ran)
+    assert len(calls) == len(set(calls))             # no level run twice
+    assert len(calls) <= 2 * (7 + 1) + workers        # doubling to 128, then bisecting: logarithmic
+
+
+def test_concurrency_search_when_one_request_fails() -> None:
+    from sim.cluster.capacity import search_concurrency
+    from sim.errors import KvsimError
+
+    with pytest.raises(KvsimError, match="fail even with one request in flight"):
+        search_concurrency({"workload": {}}, _threshold_runner(0, []), 128, 2)

@@ -1,10 +1,11 @@
-"""Capacity planning: the fewest replicas (or, for a fixed fleet, the highest request rate) meeting every SLO.
+"""Capacity planning: the fewest replicas (or, for a fixed fleet, the highest request rate or client
+concurrency) meeting every SLO.
 
 An SLO is ``METRIC_STAT=VALUE``: METRIC one of ttft, tpot, itl, e2e (seconds), STAT one of mean, p50, p90,
 p99; it holds when the summary's ``METRIC_s.STAT`` is at most VALUE (a missing figure, NaN, fails).
 
-Search (each candidate an independent run of the scenario with ``cluster.replicas`` or ``workload.rate``
-set; ``workers`` candidates at a time, in processes or on Ray):
+Search (each candidate an independent run of the scenario with ``cluster.replicas``, ``workload.rate`` or
+``workload.max_concurrency`` set; ``workers`` candidates at a time, in processes or on Ray):
 
     replicas:  grow 1, 2, 4, ... (up to --max) until one meets the SLOs, then bisect between the last
                failure and the first success: the answer N meets, N - 1 was run and fails.
@@ -13,8 +14,10 @@ set; ``workers`` candidates at a time, in processes or on Ray):
                SLO ratio).
     rate:      from the workload's own mean rate, double (or halve) until the SLOs fail (or hold), then
                bisect to 1% of the rate: the answer R meets, and a rate 1% above it failed.
+    concurrency: the client's ``workload.max_concurrency`` (sim/clients.py) grows 1, 2, 4, ... (up to
+               --max) until the SLOs fail, then bisects: the answer C meets, C + 1 was run and fails.
 
-Assumes the SLO figures get no worse with more replicas and no better with more load (monotone);
+Assumes the SLO figures get no worse with more replicas and no better with more load or concurrency (monotone);
 ``candidates`` lists every run so a violation can be seen.
 """
 
@@ -228,3 +231,45 @@ def search_rate(data: dict, run: Runner, base_rate: float, workers: int, toleran
         try_rates(_spread(good, bad, w, integer=False))
         good, bad = bracket()
     return {"rate": good, "candidates": [seen[k] for k in sorted(seen)]}
+
+
+def search_concurrency(data: dict, run: Runner, max_concurrency: int, workers: int) -> dict[str, Any]:
+    """The highest ``workload.max_concurrency`` (at most ``max_concurrency``) meeting the SLOs."""
+    seen: dict[int, dict[str, Any]] = {}
+
+    def try_levels(levels: list[int]) -> None:
+        todo = [c for c in levels if c not in seen]
+        for c, row in zip(todo, run([_with(data, workload__max_concurrency=c) for c in todo])):
+            seen[c] = {"concurrency": c, **row}
+
+    good, bad = 0, max_concurrency + 1   # largest known success; smallest known failure
+    c = 1
+    while bad > max_concurrency and c <= max_concurrency:   # grow geometrically, `workers` candidates a round
+        batch = []
+        while len(batch) < max(1, workers) and c <= max_concurrency:
+            batch.append(c)
+            c *= 2
+        if c > max_concurrency and batch[-1] < max_concurrency and len(batch) < max(1, workers):
+            batch.append(max_concurrency)
+        try_levels(batch)
+        for m in sorted(batch):
+            if not seen[m]["meets"]:
+                bad = m
+                break
+            good = m
+    if good == 0:
+        raise KvsimError("capacity", "the SLOs fail even with one request in flight")
+    if bad > max_concurrency and max_concurrency not in seen:
+        try_levels([max_concurrency])
+        if seen[max_concurrency]["meets"]:
+            good = max_concurrency
+        else:
+            bad = max_concurrency
+    while bad - good > 1 and bad <= max_concurrency:   # bisect: every known success below every failure
+        try_levels(_spread(good, bad, max(1, workers), integer=True))
+        for m in sorted(k for k in seen if good < k < bad):
+            if not seen[m]["meets"]:
+                bad = m
+                break
+            good = m
+    return {"concurrency": good, "candidates": [seen[k] for k in sorted(seen)]}

@@ -1,8 +1,8 @@
-"""kvsim capacity SCENARIO.yaml --slo ttft_p90=2 [--slo ...] [--search replicas|rate] [--max N]
+"""kvsim capacity SCENARIO.yaml --slo ttft_p90=2 [--slo ...] [--search replicas|rate|concurrency] [--max N]
 [--workers N | --ray [ADDRESS]] [--set key.path=value ...] [--out DIR] [--json]
 
-The fewest replicas (or, for the scenario's fleet, the highest request rate: its goodput) meeting every
-SLO, by bisection over independent runs (sim/cluster/capacity.py). Prints the SLO attainment curve (each
+The fewest replicas (or, for the scenario's fleet, the highest request rate, its goodput, or the most
+requests a client may keep in flight) meeting every SLO, by bisection over independent runs (sim/cluster/capacity.py). Prints the SLO attainment curve (each
 candidate's figures) and, with --out, writes capacity.json, capacity.csv and capacity.png.
 """
 
@@ -15,7 +15,14 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from sim.cluster.capacity import SLO, parallel_runner, parse_slo, search_rate, search_replicas
+from sim.cluster.capacity import (
+    SLO,
+    parallel_runner,
+    parse_slo,
+    search_concurrency,
+    search_rate,
+    search_replicas,
+)
 from sim.errors import KvsimError
 from sim.output import prepare_out_dir, summary_json, write_atomic, write_text
 from sim.scenario import apply_override, load_scenario, parse_override
@@ -28,9 +35,12 @@ def add_parser(sub) -> None:
                    help="an SLO, e.g. ttft_p90=2 or tpot_p90=0.1 (repeatable; all must hold)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
                    help="override a scenario key (repeatable)")
-    p.add_argument("--search", choices=["replicas", "rate"], default="replicas",
-                   help="replicas: the fewest replicas; rate: the highest workload.rate for the scenario's fleet")
-    p.add_argument("--max", type=int, default=64, help="most replicas to consider (default 64)")
+    p.add_argument("--search", choices=["replicas", "rate", "concurrency"], default="replicas",
+                   help="replicas: the fewest replicas; rate: the highest workload.rate for the scenario's fleet; "
+                        "concurrency: the highest workload.max_concurrency (a client's requests in flight)")
+    p.add_argument("--max", type=int, default=None,
+                   help="most replicas (default 64), or highest concurrency (default: the workload's requests), "
+                        "to consider")
     p.add_argument("--workers", type=int, default=1, help="candidates run in parallel processes")
     p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS", help="run candidates on Ray")
     p.add_argument("--out", help="folder for capacity.json, capacity.csv and capacity.png")
@@ -49,6 +59,13 @@ def _base_rate(scn) -> float:
     return len(reqs) / span if span > 0 else float(len(reqs))
 
 
+def _num_requests(scn) -> int:
+    """The workload's requests (a client limit at or above it changes nothing)."""
+    from sim.workload import build_workload
+
+    return len(build_workload(scn.workload, base_dir=scn.base_dir, seed=scn.seed, source=scn.source).requests)
+
+
 def plot(table: pd.DataFrame, x: str, slos: list[SLO], path: Path) -> Path:
     """Each SLO's figure per candidate (green: all SLOs met), with its bound."""
     from sim.plots import _save, plt
@@ -59,7 +76,8 @@ def plot(table: pd.DataFrame, x: str, slos: list[SLO], path: Path) -> Path:
         ax.plot(t[x], t[s.name], color="#868e96", lw=1)
         ax.scatter(t[x], t[s.name], c=["#2b8a3e" if m else "#e03131" for m in t["meets"]], zorder=3)
         ax.axhline(s.value, color="#1c7ed6", ls="--", lw=1, label=f"SLO {s.value:g} s")
-        ax.set_xlabel("replicas" if x == "replicas" else "request rate (req/s)")
+        ax.set_xlabel({"replicas": "replicas", "rate": "request rate (req/s)",
+                       "concurrency": "requests in flight (client limit)"}[x])
         ax.set_ylabel(f"{s.name} (s)")
         ax.set_yscale("log")
         ax.legend(fontsize=8)
@@ -68,7 +86,7 @@ def plot(table: pd.DataFrame, x: str, slos: list[SLO], path: Path) -> Path:
 
 def main(args: argparse.Namespace) -> int:
     slos = [parse_slo(t) for t in args.slo]
-    if args.max < 1:
+    if args.max is not None and args.max < 1:
         raise KvsimError("--max", f"must be at least 1, got {args.max}")
     load_scenario(args.scenario)                          # the file itself: errors with its line numbers
     data = yaml.safe_load(Path(args.scenario).read_text())
@@ -85,8 +103,11 @@ def main(args: argparse.Namespace) -> int:
     run = parallel_runner(str(Path(args.scenario).parent), args.scenario, slos, workers=args.workers,
                           use_ray=args.ray is not None, ray_address=args.ray or None)
     if args.search == "replicas":
-        answer = search_replicas(data, run, args.max, args.workers)
+        answer = search_replicas(data, run, args.max or 64, args.workers)
         x = "replicas"
+    elif args.search == "concurrency":
+        answer = search_concurrency(data, run, args.max or _num_requests(scn), args.workers)
+        x = "concurrency"
     else:
         answer = search_rate(data, run, _base_rate(scn), args.workers)
         x = "rate"
@@ -102,6 +123,8 @@ def main(args: argparse.Namespace) -> int:
         if x == "replicas":
             split = f" ({answer['prefill']} prefill + {answer['decode']} decode)" if "prefill" in answer else ""
             print(f"fewest replicas meeting {slo_text}: {answer['replicas']}{split}")
+        elif x == "concurrency":
+            print(f"highest concurrency meeting {slo_text}: {answer['concurrency']} requests in flight")
         else:
             print(f"highest rate meeting {slo_text}: {answer['rate']:.4g} requests/s")
     if out is not None:
