@@ -4,7 +4,8 @@ A benchmark client with a concurrency limit (``vllm bench serve --max-concurrenc
 concurrent load, N users in a loop) sends a request only when one of its N slots is free:
 
     send(i)  = max(arrival_i, the time a slot is free)      requests in arrival order, slots first come
-    slot     taken at send(i), free again think_time_s after the client has the whole response:
+    slot     taken at send(i), free again a pause after the client has the whole response (think_time_s,
+             or with think_time_dist: exponential a draw of that mean, in the order responses complete):
              finish_s + output_latency_s + token_latency_s x (output_tokens - 1), or at once when the
              engine rejects the request
     engine   has request i at send(i) + input_latency_s (the frontend, as for any arrival)
@@ -24,11 +25,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
+import numpy as np
 import simpy
 
 from sim.engine import Engine
 from sim.request import Request
+
+THINK_STREAM = 3   # the scenario seed's stream for the clients' pauses (its own: other draws stay as they were)
 
 
 class ClientPool:
@@ -40,7 +45,8 @@ class ClientPool:
                  max_concurrency: int, think_time_s: float = 0.0, input_latency_s: float = 0.0,
                  output_latency_s: float = 0.0, token_latency_s: float = 0.0,
                  fed: list[Engine] | None = None,
-                 answers: list[Callable[[Request], bool] | None] | None = None) -> None:
+                 answers: list[Callable[[Request], bool] | None] | None = None,
+                 think_rng: np.random.Generator | None = None) -> None:
         self.env: simpy.Environment = engines[0].env
         self.engines = engines
         self.deliver = deliver    # hands a request to an engine (Engine.submit, or a router's choice)
@@ -53,6 +59,7 @@ class ClientPool:
         self.requests = sorted(requests, key=lambda r: r.arrival_s)   # (stable: ties keep their order)
         self.limit = max_concurrency
         self.think_time_s = think_time_s
+        self.think_rng = think_rng   # given: each pause is exponential with mean think_time_s, in answer order
         self.input_latency_s = input_latency_s
         self.output_latency_s = output_latency_s
         self.token_latency_s = token_latency_s
@@ -61,6 +68,17 @@ class ClientPool:
         self._all_sent = False
         self._slot: simpy.Event | None = None   # the sender waits on it for a free slot
         self._seen = [0] * len(engines)   # per engine, its scheduler's finished requests already answered
+
+    @classmethod
+    def for_scenario(cls, scn: Any, engines: list[Engine], deliver: Callable[[Request], None], requests: list[Request],
+                     input_latency_s: float, **kwargs: Any) -> ClientPool:
+        """The client of ``scn``'s workload (its limit, its pauses drawn from the scenario's seed) and
+        frontend (the output latencies), handing requests over ``input_latency_s`` after they are sent."""
+        wl = scn.workload
+        _, fe_out, fe_token = scn.frontend.latencies()
+        rng = np.random.default_rng([scn.seed, THINK_STREAM]) if wl.think_time_dist == "exponential" else None
+        return cls(engines, deliver, requests, wl.max_concurrency, wl.think_time_s, input_latency_s, fe_out,
+                   fe_token, think_rng=rng, **kwargs)
 
     def start(self) -> None:
         """Hook into the engines (their rejections and their steps) and start sending; before the engines
@@ -127,8 +145,9 @@ class ClientPool:
         self._seen[i] = len(finished)
 
     def _answered(self, at: float) -> None:
-        """The client has a whole response at ``at`` (>= now): its slot is free think_time_s later."""
-        self.env.timeout(max(at + self.think_time_s - self.env.now, 0.0)).callbacks.append(self._release)
+        """The client has a whole response at ``at`` (>= now): its slot is free a pause later."""
+        think = self.think_time_s if self.think_rng is None else float(self.think_rng.exponential(self.think_time_s))
+        self.env.timeout(max(at + think - self.env.now, 0.0)).callbacks.append(self._release)
 
     def _release(self, _event: simpy.Event) -> None:
         self.in_flight -= 1

@@ -303,6 +303,8 @@ def draw_client(rng: random.Random, workload: dict) -> None:
         workload["max_concurrency"] = rng.randint(1, 4)
         if rng.random() < 0.5:
             workload["think_time_s"] = rng.choice([0.001, 0.05])
+            if rng.random() < 0.5:
+                workload["think_time_dist"] = "exponential"
 
 
 # ---------------------------------------------------------------- known issues

@@ -205,8 +205,7 @@ def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, pro
                         on_step=bar.stepper(lambda s=scheduler: len(s.finished) + len(s.rejected))
                         if bar else None)
         if clients:
-            ClientPool([engine], engine.submit, workload.requests, clients, scn.workload.think_time_s, fe_in,
-                       fe_out, fe_token).start()
+            ClientPool.for_scenario(scn, [engine], engine.submit, workload.requests, fe_in).start()
         t_load = time.perf_counter()
         try:
             engine.run()

@@ -132,3 +132,25 @@ def test_disaggregated_pools_behind_the_client():
     answered = np.sort(sends + closed["e2e_s"].to_numpy())
     np.testing.assert_allclose(np.sort(sends)[4:], answered[:-4], rtol=0, atol=1e-12)
     pd.testing.assert_frame_equal(_cluster(reqs, POOLS, max_concurrency=30), _cluster(reqs, POOLS))
+
+
+def test_exponential_pauses():
+    # one user, 400 short requests, pauses exponential with mean 0.05 s: pause i = send(i+1) - answer(i);
+    # their mean is 0.05 within 15% (the standard error of 399 draws is 5%), half are below 0.05 ln 2 within
+    # 0.08 (the median of the exponential), the same seed draws the same pauses and another seed others
+    reqs = [{"arrival": 0.0, "prompt_len": 20, "output_len": 2} for _ in range(400)]
+
+    def pauses(seed: int) -> np.ndarray:
+        data = {**_scenario(reqs, max_concurrency=1, think_time_s=0.05, think_time_dist="exponential"), "seed": seed}
+        q = run_scenario(scenario_from_dict(data)).requests
+        sends = q["arrival_s"].to_numpy()
+        return sends[1:] - (sends[:-1] + q["e2e_s"].to_numpy()[:-1])
+
+    p = pauses(0)
+    assert p.min() >= 0
+    assert abs(p.mean() / 0.05 - 1) < 0.15
+    assert abs((p < 0.05 * np.log(2)).mean() - 0.5) < 0.08
+    np.testing.assert_array_equal(p, pauses(0))
+    assert not np.array_equal(p, pauses(1))
+    with pytest.raises(KvsimError, match="needs workload.max_concurrency"):
+        scenario_from_dict(_scenario(reqs, think_time_dist="exponential"))

@@ -190,8 +190,7 @@ def _run_colocated(scn: Scenario, workload: Workload, check: bool, lag: float, f
                 served[req.req_id] = rep.replica_id
                 rep.submit(req)
 
-            ClientPool([rep.engine for rep in pool], deliver, requests, clients, scn.workload.think_time_s, lag,
-                       fe_out, fe_token).start()
+            ClientPool.for_scenario(scn, [rep.engine for rep in pool], deliver, requests, lag).start()
         else:
             env.process(_arrivals(env, requests, lag, router, pool, Replica.submit, served, ahead))
         for rep in pool:
@@ -294,9 +293,9 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
         def on_prefill(req: Request) -> bool:   # the client's whole response: one output token, done there
             return handoff.output_len[req.req_id] <= 1
 
-        ClientPool([rep.engine for rep in prefill + decode], deliver, requests, scn.workload.max_concurrency,
-                   scn.workload.think_time_s, lag, fe_out, fe_token, fed=[rep.engine for rep in prefill],
-                   answers=[on_prefill] * len(prefill) + [None] * len(decode)).start()
+        ClientPool.for_scenario(scn, [rep.engine for rep in prefill + decode], deliver, requests, lag,
+                                fed=[rep.engine for rep in prefill],
+                                answers=[on_prefill] * len(prefill) + [None] * len(decode)).start()
     else:
         env.process(_arrivals(env, requests, lag, router, prefill, handoff.submit_prefill, served))
     loops = [rep.engine.start() for rep in prefill]

@@ -111,6 +111,7 @@ class WorkloadConfig(_Strict):
     # a client with at most this many requests in flight: each is sent at max(its arrival, a free slot)
     max_concurrency: int | None = Field(default=None, ge=1, le=L.MAX_REQUESTS)
     think_time_s: float = Field(default=0.0, ge=0, le=L.MAX_TIME_S)   # a slot's pause after its response
+    think_time_dist: Literal["fixed", "exponential"] = "fixed"        # that pause: always, or its mean
 
     @model_validator(mode="after")
     def _exactly_one(self) -> WorkloadConfig:
@@ -122,7 +123,7 @@ class WorkloadConfig(_Strict):
         if self.hash_block_tokens is not None and self.requests is None:
             raise ValueError("workload.hash_block_tokens applies to inline requests' hash_ids (a Mooncake trace "
                              "has 512 tokens an id)")
-        if self.think_time_s and self.max_concurrency is None:
+        if (self.think_time_s or self.think_time_dist != "fixed") and self.max_concurrency is None:
             raise ValueError("workload.think_time_s is the pause of a client slot: it needs workload.max_concurrency")
         if self.arrival is not None and self.trace is None:
             raise ValueError("workload.arrival applies to a trace; a synthetic workload has synthetic.arrival")
