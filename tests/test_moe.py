@@ -139,3 +139,35 @@ def test_the_fit_finds_a_known_tile_efficiency():
     exe = table_executor(params, engine, 0.55)
     seconds = np.array([exe.moe_kernel_time(int(t)) for t in tokens])
     assert fit_tile_eff(params, engine, tokens, seconds) == pytest.approx(0.55, abs=1e-3)
+
+
+def test_kernel_tables_as_vllms_benchmark_prints_them(tmp_path):
+    from sim.errors import KvsimError
+    from sim.executors.moe_kernel import load_table
+
+    text = tmp_path / "bench.txt"   # benchmark_moe.py: a config between the two, on one line or two
+    text.write_text("Batch size: 1, config: {'BLOCK_SIZE_M': 16, 'BLOCK_SIZE_N': 32}\nKernel time: 40.44 us\n"
+                    "Batch size: 64, Kernel time: 237.26 us\n")
+    tokens, seconds = load_table(text)
+    assert tokens.tolist() == [1, 64] and seconds.tolist() == pytest.approx([40.44e-6, 237.26e-6], rel=1e-12)
+    csv = tmp_path / "t.csv"
+    csv.write_text("tokens,time_us\n8,100\n")
+    assert load_table(csv)[1].tolist() == pytest.approx([100e-6], rel=1e-12)
+    for bad in ("hello\n", "tokens,time_us\n0,5\n", "tokens,time_us\n4,-1\n"):
+        (tmp_path / "bad.csv").write_text(bad)
+        with pytest.raises(KvsimError, match="bad.csv"):
+            load_table(tmp_path / "bad.csv")
+
+
+def test_the_fit_in_another_setting():
+    # Qwen3-30B-A3B at TP 1: a table the model made at moe_tile_eff 0.4 gives back 0.4 in that setting
+    from sim.executors.cost_model import engine_params_of, load_calibration
+    from sim.executors.moe_kernel import fit_tile_eff, table_executor
+
+    params, doc = load_calibration("h100-80gb")
+    engine = engine_params_of(doc)
+    setting = {"model": "qwen3-30b-a3b", "hardware": "h100-80gb", "tensor_parallel": 1}
+    tokens = np.array([1, 64, 1024, 4096])
+    exe = table_executor(params, engine, 0.4, **setting)
+    seconds = np.array([exe.moe_kernel_time(int(t)) for t in tokens])
+    assert fit_tile_eff(params, engine, tokens, seconds, **setting) == pytest.approx(0.4, abs=1e-3)
