@@ -4,6 +4,7 @@ A benchmark client with a concurrency limit (``vllm bench serve --max-concurrenc
 concurrent load, N users in a loop) sends a request only when one of its N slots is free:
 
     send(i)  = max(arrival_i, the time a slot is free)      requests in arrival order, slots first come
+             (with stages of limits, request i has the slots of the last stage from at most arrival_i)
     slot     taken at send(i), free again a pause after the client has the whole response (think_time_s,
              or with think_time_dist: exponential a draw of that mean, in the order responses complete):
              finish_s + output_latency_s + token_latency_s x (output_tokens - 1), or at once when the
@@ -23,6 +24,7 @@ sent and not yet answered.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -42,7 +44,7 @@ class ClientPool:
     flight."""
 
     def __init__(self, engines: list[Engine], deliver: Callable[[Request], None], requests: list[Request],
-                 max_concurrency: int, think_time_s: float = 0.0, input_latency_s: float = 0.0,
+                 max_concurrency: int | list[tuple[float, int]], think_time_s: float = 0.0, input_latency_s: float = 0.0,
                  output_latency_s: float = 0.0, token_latency_s: float = 0.0,
                  fed: list[Engine] | None = None,
                  answers: list[Callable[[Request], bool] | None] | None = None,
@@ -57,7 +59,9 @@ class ClientPool:
         # prefill replica: only those of one output token, the others go on to a decode replica)
         self.answers = answers if answers is not None else [None] * len(engines)
         self.requests = sorted(requests, key=lambda r: r.arrival_s)   # (stable: ties keep their order)
-        self.limit = max_concurrency
+        # (from_s, limit) stages: a request arriving at t may be sent while fewer than the limit of the last
+        # stage from at most t are in flight
+        self.stages = [(0.0, max_concurrency)] if isinstance(max_concurrency, int) else list(max_concurrency)
         self.think_time_s = think_time_s
         self.think_rng = think_rng   # given: each pause is exponential with mean think_time_s, in answer order
         self.input_latency_s = input_latency_s
@@ -77,7 +81,9 @@ class ClientPool:
         wl = scn.workload
         _, fe_out, fe_token = scn.frontend.latencies()
         rng = np.random.default_rng([scn.seed, THINK_STREAM]) if wl.think_time_dist == "exponential" else None
-        return cls(engines, deliver, requests, wl.max_concurrency, wl.think_time_s, input_latency_s, fe_out,
+        limits = wl.max_concurrency if isinstance(wl.max_concurrency, int) else \
+            [(step.from_s, step.limit) for step in wl.max_concurrency]
+        return cls(engines, deliver, requests, limits, wl.think_time_s, input_latency_s, fe_out,
                    fe_token, think_rng=rng, **kwargs)
 
     def start(self) -> None:
@@ -108,8 +114,10 @@ class ClientPool:
 
     def _send(self):
         env = self.env
+        starts = [f for f, _ in self.stages]
         for req in self.requests:
-            while self.in_flight >= self.limit:
+            limit = self.stages[max(bisect_right(starts, req.arrival_s) - 1, 0)][1]
+            while self.in_flight >= limit:
                 self._slot = env.event()
                 yield self._slot
                 self._slot = None

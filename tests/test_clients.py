@@ -154,3 +154,19 @@ def test_exponential_pauses():
     assert not np.array_equal(p, pauses(1))
     with pytest.raises(KvsimError, match="needs workload.max_concurrency"):
         scenario_from_dict(_scenario(reqs, think_time_dist="exponential"))
+
+
+def test_stages_of_limits():
+    # 6 requests at t = 0 under 3 slots, 6 more at t = 100 s (the first six long done) under 1: the second
+    # six go one after the other, each sent as the one before is answered; the first six three at a time
+    reqs = _burst(6) + [dict(r, arrival=100.0) for r in _burst(6)]
+    steps = [{"from_s": 0.0, "limit": 3}, {"from_s": 50.0, "limit": 1}]
+    q = _run(reqs, max_concurrency=steps)
+    sends, ends = q["arrival_s"].to_numpy(), (q["arrival_s"] + q["e2e_s"]).to_numpy()
+    assert (sends[:3] == 0.0).all() and (sends[3:6] > 0.0).all() and sends[6] == 100.0
+    np.testing.assert_allclose(sends[7:], ends[6:11], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(np.sort(sends[:6])[3:], np.sort(ends[:6])[:3], rtol=0, atol=1e-12)
+    for bad, why in (([{"from_s": 1.0, "limit": 2}], "first stage starts at from_s: 0"),
+                     ([{"from_s": 0.0, "limit": 2}, {"from_s": 0.0, "limit": 3}], "from_s must increase")):
+        with pytest.raises(KvsimError, match=why):
+            scenario_from_dict(_scenario(reqs, max_concurrency=bad))

@@ -23,6 +23,7 @@ from sim.fidelity.goals import check_goals
 from sim.fidelity.rebuild import arrivals, build_requests, poisson_arrivals, prompt_lengths, run_scenario_for
 from sim.fidelity.report import text_table
 from sim.fidelity.runs import group_runs, hardware_preset, model_preset, read_runs
+from sim.runner import run_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "sim" / "data" / "ground_truth" / "vllm_h100_runs.csv"
@@ -400,3 +401,47 @@ def test_the_measured_servers_cpu_offload_changes_nothing_on_these_runs():
     offload = evaluate(stages, seeds=[0], max_duration_s=60, runs=picked, overrides=["kv_cache.cpu_offload_gib=8"])
     for a, b in zip(plain, offload):
         assert a.predictions == b.predictions and a.engine == b.engine
+
+
+def _concurrent_runs(tmp_path: Path, levels=(2, 6), counts=(20, 30), blank_rate=True) -> Path:
+    """The 7B's two stages as inference-perf's concurrent load: num_requests by concurrency_level workers."""
+    lines = RUNS.read_text().splitlines()
+    header = lines[0] + ",concurrency_level,num_requests"
+    rows = []
+    for line, level, count in zip(lines[1:3], levels, counts):
+        row = line.replace(",constant,5.0,600,", ",concurrent,,,").replace(",constant,10.0,600,", ",concurrent,,,")
+        rows.append((row if blank_rate else line.replace(",constant,", ",concurrent,", 1)) + f",{level},{count}")
+    f = tmp_path / "conc.csv"
+    f.write_text("\n".join([header, *rows]) + "\n")
+    return f
+
+
+def test_concurrent_load_is_read(tmp_path):
+    stages = read_runs(_concurrent_runs(tmp_path))
+    assert [(s.load, s.concurrency, s.num_requests, s.rate_req_s) for s in stages] == \
+        [("concurrent", 2, 20, 0.0), ("concurrent", 6, 30, 0.0)]
+    f = _concurrent_runs(tmp_path)
+    f.write_text(f.read_text().replace(",2,20\n", ",,20\n"))
+    with pytest.raises(KvsimError, match=r"conc.csv:2.*concurrency_level: a concurrent load needs it"):
+        read_runs(f)
+
+
+def test_concurrent_stages_replayed_by_their_workers(tmp_path):
+    # stage 0: 20 requests, all ready at 0, at most 2 in flight, each send when a slot frees (the first two
+    # at 0); stage 1 starts 2 s after stage 0's last response, 30 requests, at most 6 in flight
+    stages = read_runs(_concurrent_runs(tmp_path))
+    first, second = evaluate(stages, [0])
+    assert first.windows[0][0] == 0.0 and second.windows[0][0] > first.windows[0][1]
+    scn, windows, _ = run_scenario_for(stages, 0, starts=[0.0, second.windows[0][0]])
+    q = run_scenario(scn, check_integrity=False).requests
+    sends, ends = q["arrival_s"].to_numpy(), (q["arrival_s"] + q["e2e_s"]).to_numpy()
+    s0 = sends < second.windows[0][0]
+    assert s0.sum() == 20 and (~s0).sum() == 30
+    for mask, level in ((s0, 2), (~s0, 6)):
+        order, done = np.sort(sends[mask]), np.sort(ends[mask])
+        assert (order[:level] == order[0]).all()
+        np.testing.assert_allclose(order[level:], done[:-level], rtol=0, atol=1e-12)
+    assert second.windows[0][0] == pytest.approx(ends[s0].max() + 2.0, abs=1e-9)
+    text = text_table([first, second])
+    assert "(20 requests by 2 concurrent, 1 seed(s)" in text and "(30 requests by 6 concurrent" in text
+    assert first.to_json()["concurrency"] == 2 and np.isfinite(second.to_json()["windows_s"][0][1])

@@ -61,7 +61,9 @@ class StageResult:
         return self.predicted("ttft_mean") > 3 * self.stage.measured["ttft_mean"] + 0.05
 
     def to_json(self) -> dict[str, Any]:
-        return {"run": self.stage.run, "stage": self.stage.stage, "rate_req_s": self.stage.rate_req_s,
+        load = {"concurrency": self.stage.concurrency, "num_requests": self.stage.num_requests} \
+            if self.stage.load == "concurrent" else {}
+        return {"run": self.stage.run, "stage": self.stage.stage, "rate_req_s": self.stage.rate_req_s, **load,
                 "measured": dict(self.stage.measured),
                 "predicted": {m: self.predicted(m) for m in METRICS},
                 "spread": {m: list(self.spread(m)) for m in METRICS},
@@ -98,6 +100,8 @@ def next_stage_start(requests: pd.DataFrame, window: tuple[float, float]) -> flo
     rejected counts as finished when it arrived (the client got its error then)."""
     start, end = window
     inside = requests[(requests["arrival_s"] >= start) & (requests["arrival_s"] <= end)]
+    if math.isinf(end):   # a concurrent stage, sent until it drained: its last send
+        end = float(inside["arrival_s"].max()) if len(inside) else start
     done = inside[inside["status"] == "FINISHED"]
     last = float((done["arrival_s"] + done["e2e_s"]).max()) if len(done) else end
     return max(end, last) + STAGE_GAP_S
@@ -167,8 +171,16 @@ def _replay(task: tuple[list[MeasuredStage], int, list[str] | None, str]
     served = result.requests if result is not None else _NOTHING
     blocks = (gpu_blocks(scn), scn.kv_cache.num_gpu_blocks is None) if scn is not None else (0, False)
     return [(stage_figures(served, window, stage.output_len), n,
-             stage_engine(result.steps, window) if result is not None else None, blocks, window)
+             stage_engine(result.steps, window) if result is not None else None, blocks,
+             _sent(served, window) if stage.load == "concurrent" else window)
             for stage, window, n in zip(run_stages, windows, refused)]
+
+
+def _sent(requests: pd.DataFrame, window: tuple[float, float]) -> tuple[float, float]:
+    """A concurrent stage's window as reported: its start and its last send (it was open until it drained)."""
+    start, end = window
+    sent = requests["arrival_s"][(requests["arrival_s"] >= start) & (requests["arrival_s"] <= end)]
+    return start, float(sent.max()) if len(sent) else start
 
 
 def _map(fn, tasks: list, workers: int) -> list:
@@ -182,6 +194,9 @@ def _map(fn, tasks: list, workers: int) -> list:
 
 
 def _cut(stage: MeasuredStage, max_duration_s: float) -> MeasuredStage:
+    """``stage`` at most ``max_duration_s`` long, at its rate (a concurrent stage, which has no duration, whole)."""
     from dataclasses import replace
 
+    if stage.load == "concurrent":
+        return stage
     return replace(stage, duration_s=min(stage.duration_s, max_duration_s))

@@ -2,7 +2,10 @@
 
 The load, as the client (inference-perf) generated it (docs/fidelity.md):
 
-    stage s:   N = rate x duration requests; gaps g_1..g_N ~ Exp(1), scaled so that they fill the stage:
+    stage s:   load ``concurrent``: N = num_requests, all ready at start_s, sent by concurrency_level workers
+               (a client limit for the stage: sim/clients.py), each sending its next request when its last
+               is answered; the stage lasts until they are all answered
+               otherwise N = rate x duration requests; gaps g_1..g_N ~ Exp(1), scaled so that they fill the stage:
                arrival_i = start_s + duration x (g_1 + ... + g_i) / (g_1 + ... + g_N)
                (a Poisson process conditioned on its count: load ``constant``); load ``poisson``: each
                whole second from start_s draws n ~ Poisson(rate) requests and spreads them over that
@@ -38,6 +41,7 @@ the hardware's defaults.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -157,6 +161,8 @@ def build_requests(stages: list[MeasuredStage], seed: int, starts: list[float] |
             start = starts[k]
         if s.load == "poisson":
             times = poisson_arrivals(rng, start, s.rate_req_s, s.num_requests)
+        elif s.load == "concurrent":   # every request ready at the start; the client's workers send them
+            times = np.full(s.num_requests, start)
         else:
             times = arrivals(rng, start, s.duration_s, s.num_requests)
         n_refused = 0
@@ -170,6 +176,9 @@ def build_requests(stages: list[MeasuredStage], seed: int, starts: list[float] |
             requests.append({"arrival": float(t), "prompt_len": plen, "output_len": s.output_len,
                              "hash_ids": content[p]})
         end = max(start + s.duration_s, float(times[-1]) if len(times) else start)
+        if s.load == "concurrent":   # sent until the stage drains: up to the next stage's start, if known
+            known = starts is not None and k + 1 < len(starts)
+            end = float(np.nextafter(starts[k + 1], -np.inf)) if known else math.inf
         windows.append((start, end))
         refused.append(n_refused)
         start = end
@@ -200,6 +209,10 @@ def run_scenario_for(stages: list[MeasuredStage], seed: int, overrides: list[str
     requests, windows, refused = build_requests(stages, seed, starts)
     if not requests:
         return None, windows, refused
+    workload: dict[str, Any] = {"requests": requests, "hash_block_tokens": CONTENT_TOKENS}
+    if any(s.load == "concurrent" for s in stages):   # the client's workers: a limit per stage (sim/clients.py)
+        workload["max_concurrency"] = [{"from_s": w[0], "limit": s.concurrency or max(len(requests), 1)}
+                                       for s, w in zip(stages, windows)]
     data = {"name": f"fidelity-{stages[0].run}", "seed": seed, **server_settings(stages[0]),
-            "workload": {"requests": requests, "hash_block_tokens": CONTENT_TOKENS}, "output": {"plots": False}}
+            "workload": workload, "output": {"plots": False}}
     return scenario_from_dict(data, source=source, overrides=overrides), windows, refused

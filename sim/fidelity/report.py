@@ -37,8 +37,9 @@ def text_table(results: list[StageResult]) -> str:
         if r.windows and max(w[0] for w in r.windows) > 0:   # a later stage: from when its predecessor drained
             lo, hi = min(w[0] for w in r.windows), max(w[0] for w in r.windows)
             start = f", from t = {lo:.1f} s" if hi - lo < 0.05 else f", from t = {lo:.1f} .. {hi:.1f} s"
-        lines.append(f"{r.stage.run}  stage {r.stage.stage}  ({r.stage.rate_req_s:g} req/s {r.stage.load}, "
-                     f"{len(r.predictions)} seed(s){kv}{start})")
+        load = f"{r.stage.num_requests:,} requests by {r.stage.concurrency} concurrent" \
+            if r.stage.load == "concurrent" else f"{r.stage.rate_req_s:g} req/s {r.stage.load}"
+        lines.append(f"{r.stage.run}  stage {r.stage.stage}  ({load}, {len(r.predictions)} seed(s){kv}{start})")
         lines.append(f"  {'metric':<14}{'measured':>12}{'predicted':>12}{'seed spread':>24}{'error':>9}")
         for m in METRICS:
             lo, hi = r.spread(m)

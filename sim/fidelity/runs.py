@@ -27,9 +27,9 @@ INT_COLUMNS = ["stage", "tensor_parallel", "max_model_len", "max_num_batched_tok
 FLOAT_COLUMNS = ["rate_req_s", "duration_s", "prompt_len_mean", "prompt_len_median", "prompt_len_p10",
                  "prompt_len_p90", "prompt_len_p99", *METRIC_COLUMNS.values()]
 TEXT_COLUMNS = ["run", "model", "gpu"]
-OPTIONAL = ["num_gpu_kv_blocks_vllm_log", "load", "ignore_eos"]
+OPTIONAL = ["num_gpu_kv_blocks_vllm_log", "load", "ignore_eos", "concurrency_level", "num_requests"]
 # the client's load types kvsim rebuilds (inference-perf's load.type; an empty or missing cell: constant)
-LOADS = ("constant", "poisson")
+LOADS = ("constant", "poisson", "concurrent")
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 
 
@@ -58,10 +58,12 @@ class MeasuredStage:
     num_groups: int = 1                  # the prompts' groups, each sharing one system prompt
     question_len: int = 0                # client-side tokens of a prompt's question (after the system prompt)
     ignore_eos: bool = True              # False: the real outputs may have ended before output_len (EOS)
+    concurrency: int = 0                 # load concurrent: the client's requests in flight (its workers)
+    requests: int = 0                    # load concurrent: the stage's requests (inference-perf's num_requests)
 
     @property
     def num_requests(self) -> int:
-        return round(self.rate_req_s * self.duration_s)
+        return self.requests if self.load == "concurrent" else round(self.rate_req_s * self.duration_s)
 
 
 def model_preset(name: str) -> str | None:
@@ -131,8 +133,24 @@ def _num(row: dict, col: str, where: str, kind: type) -> float:
 
 def _stage(row: dict, where: str, models: dict[str, ModelSpec]) -> MeasuredStage:
     """One row as a stage; ``models``: specs of models with no preset, by lower-case model id."""
+    load = (row.get("load") or "").strip().lower() or "constant"
+    if load not in LOADS:
+        raise KvsimError(where, f"load: {row['load'].strip()!r} cannot be rebuilt (kvsim replays the client's "
+                                f"{', '.join(LOADS)} loads)")
+    concurrent = load == "concurrent"
     ints = {c: int(_num(row, c, where, int)) for c in INT_COLUMNS}
-    floats = {c: _num(row, c, where, float) for c in FLOAT_COLUMNS}
+    floats = {c: 0.0 if concurrent and c in ("rate_req_s", "duration_s") and not (row.get(c) or "").strip()
+              else _num(row, c, where, float) for c in FLOAT_COLUMNS}
+    level = requests = 0
+    if concurrent:   # N workers, each sending its next request when its last is answered
+        for col in ("concurrency_level", "num_requests"):
+            if not (row.get(col) or "").strip():
+                raise KvsimError(where, f"{col}: a concurrent load needs it")
+        level, requests = (int(_num(row, c, where, int)) for c in ("concurrency_level", "num_requests"))
+        if level < 1 or requests < 1:
+            raise KvsimError(where, "concurrency_level and num_requests: must be positive")
+        if requests > 1_000_000:
+            raise KvsimError(where, "num_requests: more than 1,000,000 requests in one stage")
     model, spec = model_preset(row["model"]), None
     if model is None:
         model = row["model"].strip()
@@ -143,16 +161,12 @@ def _stage(row: dict, where: str, models: dict[str, ModelSpec]) -> MeasuredStage
     hardware = hardware_preset(row["gpu"])
     if hardware is None:
         raise KvsimError(where, f"gpu: no kvsim preset for {row['gpu']!r}; known: {', '.join(sorted(HARDWARE_PRESETS))}")
-    for col in ("rate_req_s", "duration_s", "output_len", "max_num_seqs", "max_num_batched_tokens",
-                "tensor_parallel", "num_groups", "num_prompts_per_group"):
+    for col in ("rate_req_s", "duration_s")[2 * concurrent:] + ("output_len", "max_num_seqs", "max_num_batched_tokens",
+                                                                 "tensor_parallel", "num_groups", "num_prompts_per_group"):
         if (floats | ints)[col] <= 0:
             raise KvsimError(where, f"{col}: must be positive")
     if floats["rate_req_s"] * floats["duration_s"] > 1_000_000:
         raise KvsimError(where, "rate_req_s x duration_s: more than 1,000,000 requests in one stage")
-    load = (row.get("load") or "").strip().lower() or "constant"
-    if load not in LOADS:
-        raise KvsimError(where, f"load: {row['load'].strip()!r} cannot be rebuilt (kvsim replays the client's "
-                                f"{' and '.join(LOADS)} loads)")
     eos = (row.get("ignore_eos") or "").strip().lower()
     if eos and eos not in _TRUE + _FALSE:
         raise KvsimError(where, f"ignore_eos: expected true or false, got {row['ignore_eos'].strip()!r}")
@@ -170,7 +184,8 @@ def _stage(row: dict, where: str, models: dict[str, ModelSpec]) -> MeasuredStage
         num_prompts=ints["num_groups"] * ints["num_prompts_per_group"],
         system_prompt_len=ints["system_prompt_len"], output_len=ints["output_len"], prompt_quantiles=q,
         measured={m: floats[c] for m, c in METRIC_COLUMNS.items()}, model_spec=spec, load=load,
-        ignore_eos=eos not in _FALSE, num_groups=ints["num_groups"], question_len=ints["question_len"])
+        ignore_eos=eos not in _FALSE, num_groups=ints["num_groups"], question_len=ints["question_len"],
+        concurrency=level, requests=requests)
 
 
 def group_runs(stages: list[MeasuredStage]) -> dict[str, list[MeasuredStage]]:

@@ -92,6 +92,13 @@ class InlineRequest(_Strict):
     hash_ids: list[Annotated[int, Field(ge=0, le=HASH_ID_MAX)]] | None = Field(default=None, max_length=L.MAX_TOKENS)
 
 
+class ConcurrencyStep(_Strict):
+    """From ``from_s`` on (by a request's arrival), at most ``limit`` requests in flight."""
+
+    from_s: float = Field(ge=0, le=L.MAX_TIME_S)
+    limit: int = Field(ge=1, le=L.MAX_REQUESTS)
+
+
 class WorkloadConfig(_Strict):
     trace: str | None = None
     format: Literal["azure", "mooncake", "vidur", "burstgpt", "csv", "jsonl"] | None = None
@@ -108,8 +115,9 @@ class WorkloadConfig(_Strict):
     rate: float | None = Field(default=None, ge=L.MIN_RATE, le=L.MAX_RATE)
     max_model_len: int | None = Field(default=None, ge=2, le=L.MAX_TOKENS)
     hash_block_tokens: int | None = Field(default=None, ge=1, le=L.MAX_TOKENS)   # inline hash_ids: tokens an id (512)
-    # a client with at most this many requests in flight: each is sent at max(its arrival, a free slot)
-    max_concurrency: int | None = Field(default=None, ge=1, le=L.MAX_REQUESTS)
+    # a client with at most this many requests in flight: each is sent at max(its arrival, a free slot); or
+    # stages of limits, each for the requests arriving from its from_s on (the first from 0)
+    max_concurrency: Annotated[int, Field(ge=1, le=L.MAX_REQUESTS)] | list[ConcurrencyStep] | None = None
     think_time_s: float = Field(default=0.0, ge=0, le=L.MAX_TIME_S)   # a slot's pause after its response
     think_time_dist: Literal["fixed", "exponential"] = "fixed"        # that pause: always, or its mean
 
@@ -123,6 +131,12 @@ class WorkloadConfig(_Strict):
         if self.hash_block_tokens is not None and self.requests is None:
             raise ValueError("workload.hash_block_tokens applies to inline requests' hash_ids (a Mooncake trace "
                              "has 512 tokens an id)")
+        steps = self.max_concurrency
+        if isinstance(steps, list):
+            if not steps or steps[0].from_s != 0:
+                raise ValueError("workload.max_concurrency: the first stage starts at from_s: 0")
+            if any(b.from_s <= a.from_s for a, b in zip(steps, steps[1:])):
+                raise ValueError("workload.max_concurrency: the stages' from_s must increase")
         if (self.think_time_s or self.think_time_dist != "fixed") and self.max_concurrency is None:
             raise ValueError("workload.think_time_s is the pause of a client slot: it needs workload.max_concurrency")
         if self.arrival is not None and self.trace is None:
