@@ -38,7 +38,9 @@ def uncached_tail(prompt: int, block_size: int = 16) -> int:
 
 def steady_step(executor, stage: MeasuredStage, block_size: int = 16) -> tuple[float, StepResult]:
     """(mean step seconds, the decode step's result at the integer batch nearest N) for ``stage``."""
-    n_real = max(1.0, stage.rate_req_s * stage.measured["e2e_mean"])
+    # the requests in the engine: Little's law, or a concurrent load's workers (each always has one in flight)
+    rate = stage.measured["req_per_s"] if stage.load == "concurrent" else stage.rate_req_s
+    n_real = float(stage.concurrency) if stage.load == "concurrent" else max(1.0, rate * stage.measured["e2e_mean"])
     prompt = int(round(stage.prompt_quantiles["mean"]))
     tail = uncached_tail(prompt, block_size)
     lo = int(math.floor(n_real))
@@ -50,6 +52,6 @@ def steady_step(executor, stage: MeasuredStage, block_size: int = 16) -> tuple[f
             mix += w * executor.execute(_plan(n, prompt, stage.output_len, prefill=tail)).duration_s
     t = dec
     for _ in range(20):
-        p = 1 - math.exp(-stage.rate_req_s * t)
+        p = 1 - math.exp(-rate * t)
         t = (1 - p) * dec + p * mix
     return t, executor.execute(_plan(int(round(n_real)), prompt, stage.output_len))
