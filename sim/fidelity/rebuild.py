@@ -159,6 +159,8 @@ def build_requests(stages: list[MeasuredStage], seed: int, starts: list[float] |
     for k, s in enumerate(stages):
         if starts is not None and k < len(starts):
             start = starts[k]
+        elif math.isinf(start):
+            raise ValueError("a stage after a concurrent one needs its start (it begins once that one drains)")
         if s.load == "poisson":
             times = poisson_arrivals(rng, start, s.rate_req_s, s.num_requests)
         elif s.load == "concurrent":   # every request ready at the start; the client's workers send them
