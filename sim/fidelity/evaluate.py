@@ -76,10 +76,9 @@ class StageResult:
 
 def stage_figures(requests: pd.DataFrame, window: tuple[float, float], output_len: int) -> dict[str, float]:
     """The client-side figures of the requests that arrived in ``window`` (see the module docstring)."""
-    start, end = window
-    last = math.isinf(end)
-    inside = requests[(requests["arrival_s"] >= start) & ((requests["arrival_s"] <= end) | last)]
-    done = inside[inside["status"] == "FINISHED"]
+    start = window[0]
+    done = arrived_in(requests, window)
+    done = done[done["status"] == "FINISHED"]
     if done.empty:
         return {m: math.nan for m in METRICS}
     ttft = done["ttft_s"].to_numpy(dtype=float)
@@ -98,10 +97,8 @@ def next_stage_start(requests: pd.DataFrame, window: tuple[float, float]) -> flo
     """When the client starts the stage after the one of ``window``: once the last of that stage's
     requests has finished (and its last request was sent), plus ``STAGE_GAP_S``. A request the engine
     rejected counts as finished when it arrived (the client got its error then)."""
-    start, end = window
-    inside = requests[(requests["arrival_s"] >= start) & (requests["arrival_s"] <= end)]
-    if math.isinf(end):   # a concurrent stage, sent until it drained: its last send
-        end = float(inside["arrival_s"].max()) if len(inside) else start
+    inside = arrived_in(requests, window)
+    end = window[1] if math.isfinite(window[1]) else _last_send(inside, window[0])   # (concurrent: until drained)
     done = inside[inside["status"] == "FINISHED"]
     last = float((done["arrival_s"] + done["e2e_s"]).max()) if len(done) else end
     return max(end, last) + STAGE_GAP_S
@@ -176,11 +173,19 @@ def _replay(task: tuple[list[MeasuredStage], int, list[str] | None, str]
             for stage, window, n in zip(run_stages, windows, refused)]
 
 
+def arrived_in(requests: pd.DataFrame, window: tuple[float, float]) -> pd.DataFrame:
+    """The requests that arrived (were sent) in ``window``, both ends included (an end at infinity: open)."""
+    arrival = requests["arrival_s"]
+    return requests[(arrival >= window[0]) & (arrival <= window[1])]
+
+
+def _last_send(inside: pd.DataFrame, start: float) -> float:
+    return float(inside["arrival_s"].max()) if len(inside) else start
+
+
 def _sent(requests: pd.DataFrame, window: tuple[float, float]) -> tuple[float, float]:
     """A concurrent stage's window as reported: its start and its last send (it was open until it drained)."""
-    start, end = window
-    sent = requests["arrival_s"][(requests["arrival_s"] >= start) & (requests["arrival_s"] <= end)]
-    return start, float(sent.max()) if len(sent) else start
+    return window[0], _last_send(arrived_in(requests, window), window[0])
 
 
 def _map(fn, tasks: list, workers: int) -> list:
