@@ -20,11 +20,14 @@ end on a decode replica, or on their prefill replica with one output token) and 
 a finish may free a slot whose next request reaches an engine within the same step's time, so no step
 runs ahead of the clock (no eager steps, no decode runs). Invariant: at most ``max_concurrency`` requests
 sent and not yet answered.
+
+The compiled core (sim/engine_core.py, sim/csrc/client.c) runs the same client for one engine or a colocated
+pool, with the same results bit for bit, from ``core_client``'s arrays: each request's limit, and the
+exponential pauses drawn ahead from the same stream (the k-th answer takes the k-th draw either way).
 """
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -36,6 +39,43 @@ from sim.engine import Engine
 from sim.request import Request
 
 THINK_STREAM = 3   # the scenario seed's stream for the clients' pauses (its own: other draws stay as they were)
+Stages = list[tuple[float, int]]   # (from_s, limit), from_s increasing from 0
+
+
+def stages_of(scn: Any) -> Stages:
+    """``workload.max_concurrency`` as stages: one limit is a stage from 0."""
+    limits = scn.workload.max_concurrency
+    if isinstance(limits, int):
+        return [(0.0, limits)]
+    return [(step.from_s, step.limit) for step in limits]
+
+
+def stage_limits(stages: Stages, arrivals: np.ndarray) -> np.ndarray:
+    """Each request's limit: that of the last stage from at most its arrival (the first stage's before it)."""
+    starts = np.array([f for f, _ in stages], dtype=np.float64)
+    at = np.maximum(np.searchsorted(starts, arrivals, side="right") - 1, 0)
+    return np.array([n for _, n in stages], dtype=np.int64)[at]
+
+
+def think_rng(scn: Any) -> np.random.Generator | None:
+    """The stream of a scenario's exponential pauses (None: fixed pauses)."""
+    return np.random.default_rng([scn.seed, THINK_STREAM]) if scn.workload.think_time_dist == "exponential" else None
+
+
+def in_send_order(requests: list[Request]) -> bool:
+    """Whether ``requests`` are in the order the client sends them (arrival times never decreasing): what the
+    compiled core takes them in."""
+    return all(a.arrival_s <= b.arrival_s for a, b in zip(requests, requests[1:]))
+
+
+def core_client(scn: Any, requests: list[Request], output_latency_s: float, token_latency_s: float) -> tuple:
+    """The client of ``scn`` as the compiled core reads it (sim/csrc/client.h), over ``requests`` in send order:
+    (each request's limit, the pauses in answer order or None, the fixed pause, the output latencies)."""
+    arrivals = np.fromiter((r.arrival_s for r in requests), dtype=np.float64, count=len(requests))
+    rng = think_rng(scn)
+    pauses = None if rng is None else rng.exponential(scn.workload.think_time_s, size=len(requests))
+    return (stage_limits(stages_of(scn), arrivals), pauses, float(scn.workload.think_time_s),
+            float(output_latency_s), float(token_latency_s))
 
 
 class ClientPool:
@@ -44,7 +84,7 @@ class ClientPool:
     flight."""
 
     def __init__(self, engines: list[Engine], deliver: Callable[[Request], None], requests: list[Request],
-                 max_concurrency: int | list[tuple[float, int]], think_time_s: float = 0.0, input_latency_s: float = 0.0,
+                 max_concurrency: int | Stages, think_time_s: float = 0.0, input_latency_s: float = 0.0,
                  output_latency_s: float = 0.0, token_latency_s: float = 0.0,
                  fed: list[Engine] | None = None,
                  answers: list[Callable[[Request], bool] | None] | None = None,
@@ -59,9 +99,11 @@ class ClientPool:
         # prefill replica: only those of one output token, the others go on to a decode replica)
         self.answers = answers if answers is not None else [None] * len(engines)
         self.requests = sorted(requests, key=lambda r: r.arrival_s)   # (stable: ties keep their order)
-        # (from_s, limit) stages: a request arriving at t may be sent while fewer than the limit of the last
-        # stage from at most t are in flight
-        self.stages = [(0.0, max_concurrency)] if isinstance(max_concurrency, int) else list(max_concurrency)
+        # a request arriving at t may be sent while fewer than the limit of the last stage from at most t
+        # are in flight
+        stages = [(0.0, max_concurrency)] if isinstance(max_concurrency, int) else list(max_concurrency)
+        self.limits = stage_limits(stages, np.fromiter((r.arrival_s for r in self.requests), dtype=np.float64,
+                                                       count=len(self.requests))).tolist()
         self.think_time_s = think_time_s
         self.think_rng = think_rng   # given: each pause is exponential with mean think_time_s, in answer order
         self.input_latency_s = input_latency_s
@@ -78,13 +120,9 @@ class ClientPool:
                      input_latency_s: float, **kwargs: Any) -> ClientPool:
         """The client of ``scn``'s workload (its limit, its pauses drawn from the scenario's seed) and
         frontend (the output latencies), handing requests over ``input_latency_s`` after they are sent."""
-        wl = scn.workload
         _, fe_out, fe_token = scn.frontend.latencies()
-        rng = np.random.default_rng([scn.seed, THINK_STREAM]) if wl.think_time_dist == "exponential" else None
-        limits = wl.max_concurrency if isinstance(wl.max_concurrency, int) else \
-            [(step.from_s, step.limit) for step in wl.max_concurrency]
-        return cls(engines, deliver, requests, limits, wl.think_time_s, input_latency_s, fe_out,
-                   fe_token, think_rng=rng, **kwargs)
+        return cls(engines, deliver, requests, stages_of(scn), scn.workload.think_time_s, input_latency_s, fe_out,
+                   fe_token, think_rng=think_rng(scn), **kwargs)
 
     def start(self) -> None:
         """Hook into the engines (their rejections and their steps) and start sending; before the engines
@@ -114,9 +152,7 @@ class ClientPool:
 
     def _send(self):
         env = self.env
-        starts = [f for f, _ in self.stages]
-        for req in self.requests:
-            limit = self.stages[max(bisect_right(starts, req.arrival_s) - 1, 0)][1]
+        for req, limit in zip(self.requests, self.limits):
             while self.in_flight >= limit:
                 self._slot = env.event()
                 yield self._slot

@@ -171,15 +171,16 @@ class EngineParts:
 def run_core(requests: list[Request], scheduler: ContinuousScheduler, executor: CostModelExecutor,
              recorder: Recorder, *, arrival_delay_s: float, async_scheduling: bool, max_stall: int,
              progress: Callable[[int], None] | None = None, check_integrity: bool = False,
-             columns: bool = False) -> CoreRun:
-    """Run the engine over ``requests`` (handed over at arrival + ``arrival_delay_s``); ``progress`` is
+             columns: bool = False, client: tuple | None = None) -> CoreRun:
+    """Run the engine over ``requests`` (handed over at arrival + ``arrival_delay_s``, or sent by ``client``,
+    sim/clients.py ``core_client``, and handed over ``arrival_delay_s`` after); ``progress`` is
     called every ``PROGRESS_EVERY`` steps with the requests finished or rejected so far;
     ``check_integrity`` checks the KV and scheduler invariants after every step (an AssertionError);
     ``columns``: the requests' results come back as the table's columns (``CoreRun.columns``), and the
     Requests get only their status."""
     parts = EngineParts(scheduler, executor, recorder, async_scheduling, max_stall, check_integrity)
     return run_engines(requests, [parts], arrival_delay_s, dest=[0] * len(requests), progress=progress,
-                       columns=columns)[0][0]
+                       columns=columns, client=client)[0][0]
 
 
 def same_admission(schedulers: list[ContinuousScheduler]) -> bool:
@@ -194,10 +195,12 @@ def same_admission(schedulers: list[ContinuousScheduler]) -> bool:
 def run_engines(requests: list[Request], engines: list[EngineParts], lag: float, *, dest: list[int] | None = None,
                 choose: Callable[[Request, list[ReplicaState]], int] | None = None,
                 rule: tuple[int, np.ndarray | None, int] | None = None,
-                progress: Callable[[int], None] | None = None, columns: bool = False
+                progress: Callable[[int], None] | None = None, columns: bool = False, client: tuple | None = None
                 ) -> tuple[list[CoreRun], np.ndarray]:
     """Several engines fed by one arrival process: ``requests`` in hand-over order, each at its arrival +
-    ``lag``, to the engine ``dest[g]`` (chosen ahead), by ``rule`` (a router's ``CoreRule.as_core_arg``,
+    ``lag`` (or, given ``client``, sim/clients.py ``core_client``: sent in this order by a client with a
+    concurrency limit, each handed over ``lag`` after it is sent, its ``arrival_s`` becoming its send time),
+    to the engine ``dest[g]`` (chosen ahead), by ``rule`` (a router's ``CoreRule.as_core_arg``,
     applied by the core from the engines' counts) or ``choose(request, states)`` (a router reading the
     engines' ``ReplicaState`` as of that moment). The engines must admit alike (``same_admission``).
     Returns each engine's run and the engine each request went to (``columns``: the first run carries the
@@ -235,9 +238,12 @@ def run_engines(requests: list[Request], engines: list[EngineParts], lag: float,
     caching = any(getattr(p.scheduler.manager, "prefix_cache", None) is not None for p in engines)
     hashes = _hashes_of(requests, engines[0].scheduler.manager.block_size) if caching else None
     results = native.run_core(n, ints, arrival, where, float(lag), route, state, progress, PROGRESS_EVERY,
-                              counters, times, [_engine_spec(p) for p in engines], hashes)
+                              counters, times, [_engine_spec(p) for p in engines], hashes, client)
     for err, _, _ in results:
         _raise(err)
+    if client is not None:   # (the core wrote each request's send time over its arrival)
+        for req, sent in zip(requests, arrival.tolist()):
+            req.arrival_s = sent
     table = None
     if columns:   # (request_columns leaves each request's final status in counters[0])
         table = request_columns(requests, ints, arrival, counters, times)

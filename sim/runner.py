@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.clients import ClientPool
+from sim.clients import ClientPool, core_client, in_send_order
 from sim.engine import Engine
 from sim.engine_core import core_supported, run_core
 from sim.errors import KvsimError
@@ -183,7 +183,8 @@ def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, pro
     fe_in, fe_out, fe_token = scn.frontend.latencies()
     engine = None
     clients = scn.workload.max_concurrency   # a client that keeps at most this many in flight (sim/clients.py)
-    in_core = clients is None and core_supported(scheduler, manager, executor, workload.requests)
+    in_core = core_supported(scheduler, manager, executor, workload.requests) and \
+        (clients is None or in_send_order(workload.requests))
     if step_stream is not None:
         recorder.stream_to(step_stream, block_bytes)
     if in_core:   # compiled (sim/engine_core.py)
@@ -192,7 +193,8 @@ def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, pro
             ran = run_core(workload.requests, scheduler, executor, recorder, arrival_delay_s=fe_in,
                            async_scheduling=scn.scheduler.async_scheduling,
                            max_stall=scn.scheduler.max_steps_without_progress, progress=bar.at if bar else None,
-                           check_integrity=check, columns=CORE_REQUEST_COLUMNS)
+                           check_integrity=check, columns=CORE_REQUEST_COLUMNS,
+                           client=core_client(scn, workload.requests, fe_out, fe_token) if clients else None)
         finally:
             if bar:
                 bar.close()

@@ -1,7 +1,9 @@
 """A client with a concurrency limit (workload.max_concurrency, sim/clients.py), against the open loop.
 
 The oracles are runs without the limit (the compiled core's open loop), and the client's rule by hand:
-send(i) = max(arrival_i, the time a slot frees), a slot freeing think_time_s after its response.
+send(i) = max(arrival_i, the time a slot frees), a slot freeing think_time_s after its response. Every test
+runs twice: with the client in the compiled core (sim/csrc/client.c; one engine and colocated pools) and in
+the SimPy loop (sim/clients.py), the reference tests/test_engine_core.py compares the core with.
 """
 
 from __future__ import annotations
@@ -10,9 +12,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import sim.engine_core as engine_core
 from sim.errors import KvsimError
 from sim.runner import run_scenario
 from sim.scenario import scenario_from_dict
+
+
+@pytest.fixture(autouse=True, params=[True, False], ids=["core", "loop"])
+def where(request, monkeypatch):
+    """The client in the compiled core, or in the SimPy loop (the open-loop oracles run alike)."""
+    monkeypatch.setattr(engine_core, "enabled", request.param)
+    return request.param
 
 
 def _scenario(requests: list[dict], **workload) -> dict:
@@ -21,8 +31,15 @@ def _scenario(requests: list[dict], **workload) -> dict:
             "workload": {"requests": requests, **workload}}
 
 
+def _ran(data: dict) -> pd.DataFrame:
+    """The requests' table of a run, which ran where the fixture says (prefill/decode pools: the loop)."""
+    res = run_scenario(scenario_from_dict(data))
+    assert res.profile.get("compiled_core", False) == (engine_core.enabled and "prefill" not in data.get("cluster", {}))
+    return res.requests
+
+
 def _run(requests: list[dict], **workload) -> pd.DataFrame:
-    return run_scenario(scenario_from_dict(_scenario(requests, **workload))).requests
+    return _ran(_scenario(requests, **workload))
 
 
 def _burst(n: int, prompt: int = 100, output: int = 20) -> list[dict]:
@@ -79,8 +96,7 @@ def test_a_rejected_request_frees_its_slot_at_once():
     reqs = [{"arrival": 0.0, "prompt_len": 100, "output_len": 10},
             {"arrival": 0.0, "prompt_len": 5000, "output_len": 10},
             {"arrival": 0.0, "prompt_len": 100, "output_len": 10}]
-    scn = scenario_from_dict({**_scenario(reqs, max_concurrency=1), "frontend": {"input_latency_s": 0.003}})
-    q = run_scenario(scn).requests
+    q = _ran({**_scenario(reqs, max_concurrency=1), "frontend": {"input_latency_s": 0.003}})
     assert q["status"].tolist() == ["FINISHED", "REJECTED", "FINISHED"]
     assert q["arrival_s"][1] == pytest.approx(q["arrival_s"][0] + q["e2e_s"][0], abs=1e-12)
     assert q["arrival_s"][2] == pytest.approx(q["arrival_s"][1] + 0.003, abs=1e-12)
@@ -94,7 +110,7 @@ def test_bad_settings_are_named():
 
 
 def _cluster(requests: list[dict], cluster: dict, **workload) -> pd.DataFrame:
-    return run_scenario(scenario_from_dict({**_scenario(requests, **workload), "cluster": cluster})).requests
+    return _ran({**_scenario(requests, **workload), "cluster": cluster})
 
 
 def test_a_cluster_of_one_is_the_single_engine():
@@ -142,7 +158,7 @@ def test_exponential_pauses():
 
     def pauses(seed: int) -> np.ndarray:
         data = {**_scenario(reqs, max_concurrency=1, think_time_s=0.05, think_time_dist="exponential"), "seed": seed}
-        q = run_scenario(scenario_from_dict(data)).requests
+        q = _ran(data)
         sends = q["arrival_s"].to_numpy()
         return sends[1:] - (sends[:-1] + q["e2e_s"].to_numpy()[:-1])
 

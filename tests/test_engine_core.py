@@ -257,9 +257,7 @@ def _into_core(data: dict) -> dict:
         d["scheduler"]["policy"] = "fcfs"
     d["scheduler"]["batching"] = "continuous"
     d["kv_cache"].update(allocator="paged")   # prefix caching as drawn: unhit without shared prefixes
-    work = d["workload"]
-    for key in ("max_concurrency", "think_time_s"):   # a client limit runs in the SimPy loop only
-        work.pop(key, None)
+    work = d["workload"]   # (a client limit, as drawn: the core runs it too)
     for r in work.get("requests", []):
         for key in ("n", "beam_width", "prefix_group", "prefix_len"):
             r.pop(key, None)
@@ -423,6 +421,58 @@ def test_an_integrity_check_failure_is_an_assertion(monkeypatch):
     monkeypatch.setattr(BlockPool, "num_free", property(lambda self: int(np.count_nonzero(self.refs == 0)) + 1))
     with pytest.raises(AssertionError, match="engine core: free \\+ held blocks is not the pool"):
         run_scenario(scn, check_integrity=True)
+
+
+CLIENTS = {   # workload keys of a client with a concurrency limit (sim/clients.py)
+    "one_slot": {"max_concurrency": 1},
+    "three_slots_fixed_pause": {"max_concurrency": 3, "think_time_s": 0.05},
+    "exponential_pauses": {"max_concurrency": 2, "think_time_s": 0.2, "think_time_dist": "exponential"},
+    "stages": {"max_concurrency": [{"from_s": 0, "limit": 2}, {"from_s": 4.0, "limit": 9}, {"from_s": 8.0, "limit": 1}]},
+}
+CLIENT_SETTINGS = {   # the scheduler and cache settings of the pressure case the client runs against
+    "fcfs-async": {"async_scheduling": True},
+    "fcfs-sync-whole-prompts": {"async_scheduling": False, "chunked_prefill": False},
+    "priority-swap": {"policy": "priority", "preemption": "swap"},
+    "round_robin": {"policy": "round_robin", "rr_quantum_steps": 2},
+    "static": {"batching": "static", "chunked_prefill": False},
+}
+
+
+@pytest.mark.parametrize("client", sorted(CLIENTS))
+@pytest.mark.parametrize("settings", sorted(CLIENT_SETTINGS))
+def test_a_client_runs_in_the_core_and_equals(monkeypatch, client, settings):
+    """A client with a concurrency limit in front of the pressure case (preemptions, refusals at hand-over,
+    async staging, priorities, static batches; the frontend's latencies on): sends, hand-overs, slot
+    releases and pauses in SimPy's event order, the same tables and summary bit for bit."""
+    data = _scenario(PRESSURE, **CLIENT_SETTINGS[settings])
+    for i, r in enumerate(data["workload"]["requests"]):
+        r["priority"] = (5 * i) % 4
+    data["workload"].update(CLIENTS[client])
+    data["frontend"] = {"input_latency_s": 0.002, "output_latency_s": 0.001, "token_latency_s": 0.0001}
+    loop, core = _both(monkeypatch, lambda: run_scenario(scenario_from_dict(data), check_integrity=True))
+    assert_same(loop, core)
+    assert core.profile["compiled_core"] and not loop.profile["compiled_core"]
+    assert core.summary["num_rejected"] == 3
+    open_loop = run_scenario(scenario_from_dict({**data, "workload": PRESSURE["workload"]}), check_integrity=False)
+    assert not core.requests["arrival_s"].equals(open_loop.requests["arrival_s"])   # (the client held some back)
+
+
+@pytest.mark.parametrize("policy", ["round_robin", "random", "least_requests", "least_kv", "power_of_two", "session",
+                                    "prefix_affinity"])
+def test_a_client_in_front_of_a_cluster_runs_in_the_core_and_equals(monkeypatch, policy):
+    """4 replicas behind every router the core covers, 7 slots with exponential pauses over the long decodes
+    (a burst of 300 at rate 300/s): each request routed as it reaches the pool, as the SimPy loop's client does."""
+    import pandas as pd
+
+    data = _scenario(STRESS["long_decodes"])
+    data["workload"]["synthetic"]["arrival"]["rate"] = 300.0
+    data["workload"].update(max_concurrency=7, think_time_s=0.01, think_time_dist="exponential")
+    data["cluster"] = {"replicas": 4, "router": {"policy": policy}}
+    loop, core = _both(monkeypatch, lambda: run_scenario(scenario_from_dict(data), check_integrity=False))
+    assert_same(loop, core)
+    pd.testing.assert_frame_equal(loop.replicas, core.replicas, check_exact=True)
+    assert core.profile["compiled_core"] and not loop.profile["compiled_core"]
+    assert (core.replicas["requests"] > 0).all()
 
 
 @pytest.mark.parametrize("policy", ["round_robin", "random", "least_requests", "least_kv", "power_of_two", "session",

@@ -260,9 +260,7 @@ def _into_core(data: dict, index: int) -> dict:
         d["scheduler"]["policy"] = "fcfs"
     d["scheduler"]["batching"] = "continuous"
     d["kv_cache"].update(allocator="paged", prefix_caching=True)
-    work = d["workload"]
-    for key in ("max_concurrency", "think_time_s"):   # a client limit runs in the SimPy loop only
-        work.pop(key, None)
+    work = d["workload"]   # (a client limit, as drawn: the core runs it too)
     for r in work.get("requests", []):
         for key in ("n", "beam_width"):
             r.pop(key, None)

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import simpy
 
-from sim.clients import ClientPool
+from sim.clients import ClientPool, core_client, in_send_order
 from sim.cluster.disagg import Handoff
 from sim.cluster.link import KVLink
 from sim.cluster.replica import Replica, build_pool, pool_scenario
@@ -131,19 +131,20 @@ def _observed(router: Router, pool: list[Replica], requests: list[Request], lag:
 
 
 def _run_in_core(pool: list[Replica], requests: list[Request], router: Router, dest: list[int] | None, lag: float,
-                 served: dict[int, int], bar: ProgressBar | None = None, columns: bool = False
-                 ) -> dict[str, Any] | None:
+                 served: dict[int, int], bar: ProgressBar | None = None, columns: bool = False,
+                 client: tuple | None = None) -> dict[str, Any] | None:
     """The colocated pool's run in the compiled engine core: its router's choices made ahead (``dest``) or
     at each arrival from the replicas' loads and KV usage (by the core itself where the router has a
     ``core_rule``, else a call of ``choose``), as ``_arrivals`` and the replicas' engine loops make them,
     with the same results. ``columns``: the requests' table's columns come back (sim/core_requests.py),
-    the Requests getting only their status."""
+    the Requests getting only their status. ``client``: sent by a client with a concurrency limit
+    (sim/clients.py ``core_client``)."""
     parts = [EngineParts(rep.scheduler, rep.engine.executor, rep.engine.recorder, rep.engine.async_scheduling,
                          rep.engine.max_stall, rep.engine.check_integrity) for rep in pool]
     rule = None if dest is not None else router.core_rule(requests, len(pool))
     runs, where = run_engines(requests, parts, lag, dest=dest, choose=router.choose,
                               rule=None if rule is None else rule.as_core_arg(), progress=bar.at if bar else None,
-                              columns=columns)
+                              columns=columns, client=client)
     counts = np.bincount(where, minlength=len(pool))
     for rep, n in zip(pool, counts.tolist()):
         rep.submitted = n
@@ -173,14 +174,17 @@ def _run_colocated(scn: Scenario, workload: Workload, check: bool, lag: float, f
     pool = build_pool(scn, range(cfg.num_replicas), "colocated", env, check, lag)
     router = _observed(make_router(cfg.router, scn.seed), pool, requests, lag)
     reads = router.reads_load or router.reads_memory or router.reads_state
-    clients = scn.workload.max_concurrency   # a client with a concurrency limit (sim/clients.py): SimPy loop
-    ahead = None if reads or clients else _route_ahead(router, requests, pool, lag)
-    core = not clients and _in_core(pool, requests, router)
+    clients = scn.workload.max_concurrency   # a client with a concurrency limit (sim/clients.py)
+    core = _in_core(pool, requests, router) and (not clients or in_send_order(requests))
+    # (routed ahead: the SimPy loop's client routes each request itself as it reaches the pool)
+    ahead = None if reads or (clients and not core) else _route_ahead(router, requests, pool, lag)
     columns = None
     if core:   # compiled (sim/engine_core.py)
         from sim.runner import CORE_REQUEST_COLUMNS
 
-        columns = _run_in_core(pool, requests, router, ahead, lag, served, bar, columns=CORE_REQUEST_COLUMNS)
+        client = core_client(scn, requests, fe_out, fe_token) if clients else None
+        columns = _run_in_core(pool, requests, router, ahead, lag, served, bar, columns=CORE_REQUEST_COLUMNS,
+                               client=client)
     else:
         if bar is not None:
             _show_progress(bar, pool, [])

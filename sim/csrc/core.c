@@ -28,6 +28,7 @@ microsecond):
 Rows go to the caller a chunk at a time (``sink``); everything else comes back at the end. */
 #include "native.h"
 
+#include "client.h"
 #include "extents.h"
 #include "hostlru.h"
 #include "kvpool.h"
@@ -129,6 +130,7 @@ typedef struct {
     /* queues: running (in rank order), waiting (a ring: preempted requests go to its front), staged */
     int64_t *running, *order, *done, *wq, *staged, *swapped, *tmp;
     double *staged_t;
+    Py_ssize_t ndone;     /* the last step's finished, first ``ndone`` of ``done`` in finish order */
     Py_ssize_t nrun, wq_head, wq_len, nstaged, nswapped;
     /* the plan being made: entries (request, new tokens, context) and its counters */
     int64_t *e_idx, *e_new, *e_ctx;
@@ -193,12 +195,15 @@ typedef struct {
 } Core;
 
 static void unhold(Core *c, int64_t r);
+static int client_answered(World *w, double at);
 
 /* the clock, the arrival process (one for every engine: request g goes to engine dest[g], where it is
 request local[g]) and the engines, in the order their loops were started */
 struct World {
     Py_ssize_t N, M;
-    const double *arrival;
+    double *arrival;      /* with a client, each request's send time once sent (ClientPool: arrival_s) */
+    Client *client;       /* NULL, or a client with a concurrency limit sends the requests (the arrival
+                             process's event is then its sender's; its timeouts wait in client.h's heap) */
     int64_t *dest;        /* each request's engine: given (chosen ahead), or chosen at hand-over by ``route`` */
     PyObject *route;      /* None, or route(g) -> engine, reading ``state`` (a router that reads replicas) */
     PyObject *hash_fn;    /* None, or hashes_of(g, full blocks) -> int64 hashes of request g's shareable blocks */
@@ -213,8 +218,8 @@ struct World {
     int arrivals_done;
     Event ev_a;
     int64_t eid;
-    Py_ssize_t ai;        /* the next request the arrival process hands over */
-    int a_holds;          /* the arrival process waits to hand over request ai */
+    Py_ssize_t ai;        /* the next request the arrival process hands over (a client: sends) */
+    int a_holds;          /* the arrival process waits to hand over (a client: send) request ai */
     Core *engines;
     PyObject *progress;
     int64_t progress_every, steps;
@@ -749,6 +754,8 @@ static int add_request(Core *c, int64_t i, double t)
         c->rej[i] = t;
         c->int_zero[i] |= c->w->int_clock && t == 0.0 ? 2 : 0;
         c->rejected++;
+        if (c->w->client && client_answered(c->w, t) < 0)   /* (the client has the error at once) */
+            return -1;
         return 0;
     }
     c->stat[i] = ST_WAITING;
@@ -1496,6 +1503,7 @@ static int update(Core *c, double now, int *progressed)
         }
         c->nidle = 0;
     }
+    c->ndone = ndone;
     *progressed = sampled || ndone;
     return 0;
 }
@@ -1894,6 +1902,34 @@ static int route(World *w, Py_ssize_t g)
     return 0;
 }
 
+/* Engine.submit: request g reaches its engine (chosen now by the router, where it reads the engines) */
+static int hand_over(World *w, Py_ssize_t g)
+{
+    if (w->route != Py_None && route(w, g) < 0)
+        return -1;
+    Core *c = &w->engines[w->dest[g]];
+    c->submitted++;
+    if (c->staging && c->busy) {
+        c->staged[c->nstaged] = g;
+        c->staged_t[c->nstaged++] = w->now;
+        return 0;
+    }
+    const int q = add_request(c, g, w->now);
+    if (q < 0)
+        return -1;
+    if (q)
+        trigger_wake(c);
+    return 0;
+}
+
+/* Engine.end_arrivals on every engine: no more requests will come */
+static void end_arrivals(World *w)
+{
+    w->arrivals_done = 1;
+    for (Py_ssize_t e = 0; e < w->M; e++)
+        trigger_wake(&w->engines[e]);
+}
+
 /* the arrival process (Engine._arrivals; a cluster's _arrivals_ahead) from where it waits (its start, or
 the timeout of request ai): hands each request to its engine (Engine.submit), then ends the arrivals */
 static int arrivals_resume(World *w)
@@ -1902,27 +1938,11 @@ static int arrivals_resume(World *w)
     for (;;) {
         if (w->a_holds) {
             w->a_holds = 0;
-            const Py_ssize_t g = w->ai++;
-            if (w->route != Py_None && route(w, g) < 0)
+            if (hand_over(w, w->ai++) < 0)
                 return -1;
-            Core *c = &w->engines[w->dest[g]];
-            const int64_t i = g;
-            c->submitted++;
-            if (c->staging && c->busy) {
-                c->staged[c->nstaged] = i;
-                c->staged_t[c->nstaged++] = w->now;
-            } else {
-                const int q = add_request(c, i, w->now);
-                if (q < 0)
-                    return -1;
-                if (q)
-                    trigger_wake(c);
-            }
         }
         if (w->ai == w->N) {
-            w->arrivals_done = 1;
-            for (Py_ssize_t e = 0; e < w->M; e++)
-                trigger_wake(&w->engines[e]);
+            end_arrivals(w);
             return 0;
         }
         const double delay = w->arrival[w->ai] + w->lag - w->now;
@@ -1932,6 +1952,90 @@ static int arrivals_resume(World *w)
             return 0;
         }
     }
+}
+
+/* ------------------------------------------------------------------ a client (sim/clients.py, client.h) */
+/* ClientPool._end_if_sent: every request sent and handed over ends the arrivals (once) */
+static void client_end_if_sent(World *w)
+{
+    if (w->client->all_sent && w->client->in_transit == 0 && !w->arrivals_done)
+        end_arrivals(w);
+}
+
+/* ClientPool._answered: the client has a whole response at ``at`` (>= now); its slot is free a pause later */
+static int client_answered(World *w, double at)
+{
+    Client *cl = w->client;
+    const double delay = py_max(at + client_next_pause(cl) - w->now, 0.0);
+    return client_push(cl, w->now + delay, w->eid++, CLIENT_RELEASE);
+}
+
+/* ClientPool._collect: the responses engine c's last step finished, in finish order */
+static int client_collect(Core *c)
+{
+    const Client *cl = c->w->client;
+    for (Py_ssize_t j = 0; j < c->ndone; j++) {
+        const int64_t r = c->done[j];
+        const int64_t more = c->output[r] - 1 > 0 ? c->output[r] - 1 : 0;
+        if (client_answered(c->w, c->fin[r] + cl->output_s + cl->token_s * (double)more) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* ClientPool._send from where it waits (its start, a free slot, or request ai's arrival): sends each request
+in order once fewer than its limit are in flight and it has arrived; it reaches the engines the input
+latency (``lag``) later */
+static int sender_resume(World *w)
+{
+    Client *cl = w->client;
+    w->ev_a.active = 0;
+    for (;;) {
+        if (w->a_holds) {   /* its arrival has come: sent now */
+            w->a_holds = 0;
+            const Py_ssize_t g = w->ai++;
+            w->arrival[g] = w->now;
+            cl->in_flight++;
+            cl->in_transit++;
+            if (client_push(cl, w->now + w->lag, w->eid++, g) < 0)
+                return -1;
+        }
+        if (w->ai == w->N) {
+            cl->all_sent = 1;
+            client_end_if_sent(w);
+            return 0;
+        }
+        if (cl->in_flight >= cl->limit[w->ai]) {   /* on to a slot's release */
+            cl->waits_slot = 1;
+            return 0;
+        }
+        const double wait = w->arrival[w->ai] - w->now;
+        w->a_holds = 1;
+        if (wait > 0) {
+            schedule_event(w, &w->ev_a, w->now + wait, NORMAL, 1);
+            return 0;
+        }
+    }
+}
+
+/* the client's earliest timeout, due now: a hand-over (ClientPool._hand_over) or a release (_release) */
+static int client_timeout(World *w)
+{
+    Client *cl = w->client;
+    const Timeout x = client_pop(cl);
+    if (x.what == CLIENT_RELEASE) {
+        cl->in_flight--;
+        if (cl->waits_slot) {   /* the sender's slot event, triggered now */
+            cl->waits_slot = 0;
+            schedule_event(w, &w->ev_a, w->now, NORMAL, 0);
+        }
+        return 0;
+    }
+    cl->in_transit--;
+    if (hand_over(w, x.what) < 0)
+        return -1;
+    client_end_if_sent(w);
+    return 0;
 }
 
 static int has_work(Core *c) { return c->nrun > 0 || c->wq_len > 0 || c->nswapped > 0 || c->ld_len > 0; }
@@ -1944,7 +2048,8 @@ static int engine_resume(Core *c)
     if (c->e_state == 2) {   /* the step has run: update and record it */
         c->busy = 0;
         int progressed;
-        if (update(c, c->end, &progressed) < 0 || record(c) < 0 || (c->check && check_integrity(c) < 0))
+        if (update(c, c->end, &progressed) < 0 || record(c) < 0 || (c->check && check_integrity(c) < 0)
+            || (w->client && client_collect(c) < 0))
             return -1;
         c->stall = (progressed || advanced(c)) ? 0 : c->stall + 1;
         if (c->stall >= c->max_stall) {
@@ -2026,7 +2131,7 @@ static int before(const Event *a, const Event *b)
 static int run(World *w)
 {
     w->int_clock = 1;
-    schedule_event(w, &w->ev_a, 0.0, URGENT, 0);   /* the arrival process starts first, then each engine loop */
+    schedule_event(w, &w->ev_a, 0.0, URGENT, 0);   /* the arrival process (or sender) starts first, then each engine loop */
     for (Py_ssize_t e = 0; e < w->M; e++)
         schedule_event(w, &w->engines[e].ev_e, 0.0, URGENT, 0);
     for (;;) {
@@ -2043,16 +2148,29 @@ static int run(World *w)
                 who = c;
             }
         }
+        Event due;   /* the client's earliest timeout, as an event (NORMAL, a float time) */
+        if (w->client && w->client->len) {
+            due = (Event){w->client->heap[0].t, NORMAL, w->client->heap[0].eid, 1, 0};
+            if (!next || before(&due, next)) {
+                next = &due;
+                who = NULL;
+            }
+        }
         if (!next)
             break;
         w->now = next->t;
         w->int_clock = next->at_int;
+        if (next == &due) {
+            if (client_timeout(w) < 0)
+                return -1;
+            continue;
+        }
         if (who && next == &who->ev_l) {   /* a load's end: wake the engine if it waits */
             who->ev_l.active = 0;
             trigger_wake(who);
             continue;
         }
-        if ((who ? engine_resume(who) : arrivals_resume(w)) < 0)
+        if ((who ? engine_resume(who) : w->client ? sender_resume(w) : arrivals_resume(w)) < 0)
             return -1;
         if (who && who->err) {
             w->err = 1;
@@ -2271,11 +2389,11 @@ PyObject *kv_run_core(PyObject *self, PyObject *args)
 {
     (void)self;
     PyObject *ints_obj, *arrival_obj, *dest_obj, *route, *state_obj, *progress, *counters_obj, *times_obj, *specs;
-    PyObject *hash_fn;
+    PyObject *hash_fn, *client_spec = Py_None;
     Py_ssize_t N, every;
     double lag;
-    if (!PyArg_ParseTuple(args, "nOOOdOOOnOOO!O", &N, &ints_obj, &arrival_obj, &dest_obj, &lag, &route, &state_obj,
-                          &progress, &every, &counters_obj, &times_obj, &PyList_Type, &specs, &hash_fn))
+    if (!PyArg_ParseTuple(args, "nOOOdOOOnOOO!O|O", &N, &ints_obj, &arrival_obj, &dest_obj, &lag, &route, &state_obj,
+                          &progress, &every, &counters_obj, &times_obj, &PyList_Type, &specs, &hash_fn, &client_spec))
         return NULL;
     const Py_ssize_t M = PyList_GET_SIZE(specs);
     if (N < 0 || M < 1) {
@@ -2288,6 +2406,8 @@ PyObject *kv_run_core(PyObject *self, PyObject *args)
     memset(&shared, 0, sizeof shared);
     Py_buffer bufs[6], pairs_buf;
     int got = 0, got_pairs = 0;
+    Client client;
+    memset(&client, 0, sizeof client);
     PyObject *result = NULL;
     Core *engines = calloc(M, sizeof(Core));
     if (!engines) {
@@ -2384,6 +2504,11 @@ PyObject *kv_run_core(PyObject *self, PyObject *args)
                 }
         }
     }
+    if (client_spec != Py_None) {   /* (a client: ``lag`` is its input latency, send to hand-over) */
+        if (client_open(&client, client_spec, N) < 0)
+            goto done;
+        w.client = &client;
+    }
     w.state = bufs[3].buf;
     w.lag = lag;
     w.engines = engines;
@@ -2414,6 +2539,7 @@ PyObject *kv_run_core(PyObject *self, PyObject *args)
         PyList_SET_ITEM(result, e, one);
     }
 done:
+    client_close(&client);
     for (Py_ssize_t e = 0; e < M; e++)
         free_engine(&engines[e]);
     free(engines);

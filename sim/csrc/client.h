@@ -1,0 +1,50 @@
+/* A client with a concurrency limit for the compiled core (core.c): sim/clients.py's ClientPool in plain
+arrays. The sender itself is one of core.c's processes (it reuses the arrival process's event); here are
+its counters and the timeouts it leaves pending, many at once:
+
+    hand-over   a request sent at t reaches the engines at t + the input latency      (what >= 0: the request)
+    release     a slot is free again a pause after the client has a whole response  (what = CLIENT_RELEASE)
+
+Both are SimPy timeouts (priority NORMAL, a float time), held in a binary min-heap by (time, eid), the order
+SimPy processes them in. Invariants: ``in_flight`` = sent - released; ``in_transit`` = sent - handed over;
+``pauses`` <= requests answered. */
+#ifndef KVSIM_CLIENT_H
+#define KVSIM_CLIENT_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+enum { CLIENT_RELEASE = -1 };
+
+typedef struct {
+    double t;
+    int64_t eid;
+    int64_t what;
+} Timeout;
+
+typedef struct {
+    Py_buffer limit_buf, pause_buf;
+    int held_limit, held_pause;
+    const int64_t *limit;     /* per request (in send order): the slots it may be sent under */
+    const double *pause;      /* NULL: ``pause_s`` after each answer; else the pauses, in answer order */
+    double pause_s, output_s, token_s;
+    Py_ssize_t n, paused;     /* requests; pauses taken */
+    int64_t in_flight, in_transit;
+    int all_sent;             /* the sender has sent every request */
+    int waits_slot;           /* the sender waits for a free slot, its event not yet triggered */
+    Timeout *heap;
+    Py_ssize_t len, cap;
+} Client;
+
+/* read ``spec`` (limits int64[n], pauses float64[n] or None, pause_s, output_s, token_s); -1 (error set) */
+int client_open(Client *cl, PyObject *spec, Py_ssize_t n);
+void client_close(Client *cl);
+/* the pause after the next answer */
+double client_next_pause(Client *cl);
+/* a timeout pending from now; -1 (MemoryError set) on failure */
+int client_push(Client *cl, double t, int64_t eid, int64_t what);
+/* the earliest pending timeout (len > 0), taken off */
+Timeout client_pop(Client *cl);
+
+#endif
