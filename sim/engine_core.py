@@ -8,7 +8,7 @@ request finding its own blocks again: blocks by identity in sim/csrc/kvpool.c, w
 counts alone without a cache; the cache's host tier in sim/csrc/hostlru.c), requests of one sequence (shared-prefix groups included), the cost model
 as executor; static batching (FCFS or priority, the paged manager, no prefix cache: sim/sched/static.py's
 batches, their finished members idle until the last one finishes); the contiguous allocators instead of
-the paged manager (sim/kv/contiguous.py: a region a request, first fit over the free extents); in a cluster, a router that reads at most the replicas' loads and KV usage. There a step
+the paged manager (sim/kv/contiguous.py: a region a request, first fit over the free extents); in a cluster, a router that reads at most the replicas' loads and KV usage; a client with a concurrency limit in front (sim/clients.py: its sends, hand-overs, slot releases and pauses, sim/csrc/client.c; ``core_client``). There a step
 costs about a microsecond instead of tens: the requests'
 state lives in typed arrays, each step is planned, priced, updated and recorded without a Python object,
 and only the executor's GEMM, all-reduce and LM-head times (once per size), the recorder (a chunk of rows
