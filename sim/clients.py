@@ -21,6 +21,10 @@ a finish may free a slot whose next request reaches an engine within the same st
 runs ahead of the clock (no eager steps, no decode runs). Invariant: at most ``max_concurrency`` requests
 sent and not yet answered.
 
+What the client held a request back shows in the results (``add_client_waits``): the requests' table's
+``client_wait_s`` (send less planned arrival), the summary's ``client_wait_s`` figures and the timeline's
+``client`` intervals (planned arrival to send).
+
 The compiled core (sim/engine_core.py, sim/csrc/client.c) runs the same client for one engine or a colocated
 pool, with the same results bit for bit, from ``core_client``'s arrays: each request's limit, and the
 exponential pauses drawn ahead from the same stream (the k-th answer takes the k-th draw either way).
@@ -33,6 +37,7 @@ from functools import partial
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import simpy
 
 from sim.engine import Engine
@@ -66,6 +71,36 @@ def in_send_order(requests: list[Request]) -> bool:
     """Whether ``requests`` are in the order the client sends them (arrival times never decreasing): what the
     compiled core takes them in."""
     return all(a.arrival_s <= b.arrival_s for a, b in zip(requests, requests[1:]))
+
+
+def planned_arrivals(requests: list[Request]) -> pd.Series:
+    """Each request's arrival as the workload planned it (by req_id), before a client sends it."""
+    ids = np.fromiter((r.req_id for r in requests), dtype=np.int64, count=len(requests))
+    return pd.Series(np.fromiter((r.arrival_s for r in requests), dtype=np.float64, count=len(requests)), index=ids)
+
+
+def add_client_waits(reqs: pd.DataFrame, planned: pd.Series) -> None:
+    """The requests' table gets ``client_wait_s``: how long the client held each request back, its send time
+    (``arrival_s``, from which its TTFT and E2E count) less its planned arrival (>= 0)."""
+    wait = reqs["arrival_s"].to_numpy(dtype=float) - planned.reindex(reqs["req_id"].to_numpy()).to_numpy()
+    reqs["client_wait_s"] = np.maximum(wait, 0.0)   # (a send rounds to its planned arrival at worst)
+
+
+def client_intervals(reqs: pd.DataFrame, planned: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The timeline's ``client`` intervals of the requests held back (``client_wait_s`` > 0): (req_id, planned
+    arrival, send), in the table's order."""
+    held = reqs["client_wait_s"].to_numpy() > 0
+    ids = reqs["req_id"].to_numpy()[held]
+    return ids, planned.reindex(ids).to_numpy(), reqs["arrival_s"].to_numpy(dtype=float)[held]
+
+
+def with_client_rows(timeline: pd.DataFrame, reqs: pd.DataFrame, planned: pd.Series) -> pd.DataFrame:
+    """``timeline`` (sorted by request, then start) with each held-back request's ``client`` interval first
+    among its rows (it ends where the request's first row starts, at its send)."""
+    ids, start, end = client_intervals(reqs, planned)
+    rows = pd.DataFrame({"req_id": ids, "phase": "client", "start_s": start, "end_s": end})
+    both = pd.concat([rows, timeline.astype({"phase": str})], ignore_index=True)
+    return both.sort_values(["req_id", "start_s"], kind="stable").reset_index(drop=True)
 
 
 def core_client(scn: Any, requests: list[Request], output_latency_s: float, token_latency_s: float) -> tuple:

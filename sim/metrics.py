@@ -486,7 +486,7 @@ def summarize(reqs: pd.DataFrame, steps: pd.DataFrame, sched, *, capacity_slots:
     else:
         fr = np.array([0, 0, 0, 0, 1.0])
     queue_wait = pd.Series(done("queue_wait_s"))
-    return {
+    out = {
         "num_requests": int(len(reqs)),
         "num_finished": num_finished,
         "num_rejected": int((reqs["status"] == "REJECTED").sum()),
@@ -512,3 +512,6 @@ def summarize(reqs: pd.DataFrame, steps: pd.DataFrame, sched, *, capacity_slots:
         "num_steps": int(len(steps)),
         "wall_time_s": wall_time_s,
     }
+    if "client_wait_s" in reqs.columns:   # a client with a concurrency limit: how long it held requests back
+        out["client_wait_s"] = _stats(reqs["client_wait_s"].to_numpy(dtype=float))
+    return out

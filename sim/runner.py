@@ -11,7 +11,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.clients import ClientPool, core_client, in_send_order
+from sim.clients import (
+    ClientPool,
+    add_client_waits,
+    client_intervals,
+    core_client,
+    in_send_order,
+    planned_arrivals,
+)
 from sim.engine import Engine
 from sim.engine_core import core_supported, run_core
 from sim.errors import KvsimError
@@ -183,6 +190,7 @@ def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, pro
     fe_in, fe_out, fe_token = scn.frontend.latencies()
     engine = None
     clients = scn.workload.max_concurrency   # a client that keeps at most this many in flight (sim/clients.py)
+    planned = planned_arrivals(workload.requests) if clients else None   # (the client's sends replace them)
     in_core = core_supported(scheduler, manager, executor, workload.requests) and \
         (clients is None or in_send_order(workload.requests))
     if step_stream is not None:
@@ -221,6 +229,8 @@ def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, pro
         reqs = with_latencies(ran.columns, output_latency_s=fe_out, token_latency_s=fe_token)
     else:
         reqs = requests_frame(workload.requests, output_latency_s=fe_out, token_latency_s=fe_token)
+    if planned is not None:
+        add_client_waits(reqs, planned)
     # what the summary needs of the engine's parts; then the parts go (the Request objects with them), so
     # that the per-step and timeline tables are built without the run's objects in memory
     hit_rate = manager.prefix_cache_hit_rate() if hasattr(manager, "prefix_cache_hit_rate") else 0.0
@@ -236,7 +246,7 @@ def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, pro
     del workload, engine, scheduler, manager, executor, bar
     gc.collect()   # the engine's SimPy processes refer back to it: a cycle
     # the timeline first (its transient arrays are the largest), then the per-step table
-    timeline = None if transitions is None else timeline_with_frontend(transitions, reqs, fe_in)
+    timeline = None if transitions is None else timeline_with_frontend(transitions, reqs, fe_in, planned)
     del transitions
     steps = recorder.steps_frame(release=True)   # the recorder hands its rows over (never held twice)
     steps["kv_bytes_used"] = steps["kv_blocks_used"] * block_bytes
@@ -260,21 +270,32 @@ class _Counters:
     gaps: TokenGaps
 
 
-def timeline_with_frontend(transitions: Transitions, reqs: pd.DataFrame, fe_in: float) -> pd.DataFrame:
+def timeline_with_frontend(transitions: Transitions, reqs: pd.DataFrame, fe_in: float,
+                           planned: pd.Series | None = None) -> pd.DataFrame:
     """The timeline table of ``transitions``; with a frontend input latency ``fe_in`` > 0 each request
     also has a ``frontend`` interval (client send -> engine) from its arrival, merged in by request and
-    start time (at equal times the frontend interval first)."""
+    start time (at equal times the frontend interval first); with a client (``planned``: the workload's
+    arrivals) each request it held back a ``client`` interval (planned arrival -> send) before those."""
     rid, phase, start, end = transition_intervals(transitions)
-    if fe_in <= 0:
-        return intervals_frame(rid, phase, start, end, PHASE_NAMES)
-    # each request's frontend row goes before its first state (the states are sorted by request, then
-    # start; a request's arrival comes before its first state, and at an equal time the frontend row
-    # first): inserted where its request begins, one column at a time
-    ids = reqs["req_id"].to_numpy()
+    names = [*PHASE_NAMES, "frontend", "client"]
+    if fe_in > 0:
+        rid, phase, start, end = _leading(rid, phase, start, end, reqs["req_id"].to_numpy(), len(PHASE_NAMES),
+                                          reqs["arrival_s"].to_numpy(dtype=float), None, fe_in)
+    if planned is not None:
+        ids, sent_from, sent = client_intervals(reqs, planned)
+        rid, phase, start, end = _leading(rid, phase, start, end, ids, len(PHASE_NAMES) + 1, sent_from, sent)
+    return intervals_frame(rid, phase, start, end, names)
+
+
+def _leading(rid: np.ndarray, phase: np.ndarray, start: np.ndarray, end: np.ndarray, ids: np.ndarray, code: int,
+             begin: np.ndarray, until: np.ndarray | None, length: float = 0.0) -> tuple:
+    """The interval columns with a row of phase ``code`` first among each request ``ids[k]``'s rows (they are
+    sorted by request, then start; the new row starts no later than the request's others), from ``begin[k]``
+    to ``until[k]`` (None: ``begin[k] + length``): inserted where its request begins, one column at a time."""
     at = np.searchsorted(rid, ids, side="left")
-    arrive = reqs["arrival_s"].to_numpy(dtype=float)
     rid = np.insert(rid, at, ids)
-    phase = np.insert(phase, at, np.int8(len(PHASE_NAMES)))
-    end = np.insert(end, at, arrive + fe_in)
-    start = np.insert(start, at, arrive)
-    return intervals_frame(rid, phase, start, end, [*PHASE_NAMES, "frontend"])
+    phase = np.insert(phase, at, np.int8(code))
+    end = np.insert(end, at, begin + length if until is None else until)
+    start = np.insert(start, at, begin)
+    return rid, phase, start, end
+

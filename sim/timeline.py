@@ -23,7 +23,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.collections import PolyCollection  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-PHASE_COLORS = {"frontend": "#e9ecef", "waiting": "#ced4da", "prefill": "#1c7ed6", "decode": "#2b8a3e", "preempted": "#f76707",
+PHASE_COLORS = {"client": "#fcc2d7", "frontend": "#e9ecef", "waiting": "#ced4da", "prefill": "#1c7ed6", "decode": "#2b8a3e", "preempted": "#f76707",
                 "swapped": "#ae3ec9", "idle": "#ffd43b", "kv_wait": "#fab005", "transferring": "#e8590c",
                 "decode_waiting": "#868e96", "host_load": "#0ca678"}
 INTERVAL_COLUMNS = ["req_id", "phase", "start_s", "end_s"]

@@ -42,6 +42,12 @@ def _run(requests: list[dict], **workload) -> pd.DataFrame:
     return _ran(_scenario(requests, **workload))
 
 
+def _unheld(reqs: pd.DataFrame) -> pd.DataFrame:
+    """The table of a run whose client held nothing back (every client_wait_s 0), without that column."""
+    assert (reqs["client_wait_s"] == 0.0).all()
+    return reqs.drop(columns="client_wait_s")
+
+
 def _burst(n: int, prompt: int = 100, output: int = 20) -> list[dict]:
     return [{"arrival": 0.0, "prompt_len": prompt + i, "output_len": output + 3 * i} for i in range(n)]
 
@@ -50,7 +56,7 @@ def test_a_limit_above_the_load_changes_nothing():
     # 6 requests, room for all: the same table as the open loop (the compiled core), to the last bit
     open_loop = _run(_burst(6))
     for limit in (6, 50):
-        pd.testing.assert_frame_equal(_run(_burst(6), max_concurrency=limit), open_loop)
+        pd.testing.assert_frame_equal(_unheld(_run(_burst(6), max_concurrency=limit)), open_loop)
 
 
 def test_one_client_sends_each_request_when_the_last_is_answered():
@@ -87,7 +93,7 @@ def test_arrivals_still_bound_the_sends():
     reqs = [{"arrival": 2.0 * i, "prompt_len": 200, "output_len": 30} for i in range(5)]
     closed = _run(reqs, max_concurrency=1)
     assert closed["arrival_s"].tolist() == [0.0, 2.0, 4.0, 6.0, 8.0]
-    pd.testing.assert_frame_equal(closed, _run(reqs))
+    pd.testing.assert_frame_equal(_unheld(closed), _run(reqs))
 
 
 def test_a_rejected_request_frees_its_slot_at_once():
@@ -129,7 +135,7 @@ def test_a_cluster_behind_the_client():
     sends = closed["arrival_s"].to_numpy()
     answered = np.sort(sends + closed["e2e_s"].to_numpy())
     np.testing.assert_allclose(np.sort(sends)[5:], answered[:-5], rtol=0, atol=1e-12)
-    pd.testing.assert_frame_equal(_cluster(reqs, cluster, max_concurrency=30), _cluster(reqs, cluster))
+    pd.testing.assert_frame_equal(_unheld(_cluster(reqs, cluster, max_concurrency=30)), _cluster(reqs, cluster))
 
 
 POOLS = {"prefill": {"replicas": 2}, "decode": {"replicas": 2}, "kv_transfer": {"link": "infiniband-400g"},
@@ -147,7 +153,7 @@ def test_disaggregated_pools_behind_the_client():
     sends = closed["arrival_s"].to_numpy()
     answered = np.sort(sends + closed["e2e_s"].to_numpy())
     np.testing.assert_allclose(np.sort(sends)[4:], answered[:-4], rtol=0, atol=1e-12)
-    pd.testing.assert_frame_equal(_cluster(reqs, POOLS, max_concurrency=30), _cluster(reqs, POOLS))
+    pd.testing.assert_frame_equal(_unheld(_cluster(reqs, POOLS, max_concurrency=30)), _cluster(reqs, POOLS))
 
 
 def test_exponential_pauses():
@@ -186,3 +192,51 @@ def test_stages_of_limits():
                      ([{"from_s": 0.0, "limit": 2}, {"from_s": 0.0, "limit": 3}], "from_s must increase")):
         with pytest.raises(KvsimError, match=why):
             scenario_from_dict(_scenario(reqs, max_concurrency=bad))
+
+
+def test_how_long_the_client_held_each_request_back():
+    # one slot, three requests planned at t = 0 and one at 60 s (long after), pause 0.25 s: request i waits
+    # at the client for the whole responses of those before it plus their pauses (each E2E from a run of the
+    # request alone), the last one not at all; the summary's figures are those of the four waits, and the
+    # timeline has a client interval from the planned arrival to the send, first among the request's rows
+    reqs = _burst(3) + [{"arrival": 60.0, "prompt_len": 80, "output_len": 7}]
+    data = {**_scenario(reqs, max_concurrency=1, think_time_s=0.25), "frontend": {"input_latency_s": 0.002}}
+    res = run_scenario(scenario_from_dict(data))
+    alone = [run_scenario(scenario_from_dict({**data, "workload": {"requests": [r]}})).requests["e2e_s"][0]
+             for r in reqs[:2]]
+    expected = np.array([0.0, alone[0] + 0.25, alone[0] + alone[1] + 0.5, 0.0])
+    np.testing.assert_allclose(res.requests["client_wait_s"].to_numpy(), expected, rtol=0, atol=1e-9)
+    s = res.summary["client_wait_s"]
+    assert s["mean"] == pytest.approx(expected.mean(), abs=1e-9)
+    assert s["p50"] == pytest.approx((expected[1] + 0.0) / 2, abs=1e-9)   # the middle two of 0, 0, w1, w2
+    tl = res.timeline
+    held = tl[tl["phase"] == "client"]
+    assert held["req_id"].tolist() == [1, 2]
+    np.testing.assert_allclose(held["start_s"], [0.0, 0.0], atol=0)
+    np.testing.assert_allclose(held["end_s"], res.requests["arrival_s"][1:3], atol=0)
+    for rid in (1, 2):
+        assert tl[tl["req_id"] == rid]["phase"].iloc[0] == "client"
+        assert tl[tl["req_id"] == rid]["phase"].iloc[1] == "frontend"
+
+
+def test_no_wait_without_a_binding_limit_and_no_column_without_a_client():
+    reqs = [{"arrival": 2.0 * i, "prompt_len": 200, "output_len": 30} for i in range(5)]
+    capped = run_scenario(scenario_from_dict(_scenario(reqs, max_concurrency=1)))
+    assert (capped.requests["client_wait_s"] == 0.0).all()
+    assert capped.summary["client_wait_s"] == {"mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0}
+    assert "client" not in set(capped.timeline["phase"])
+    plain = run_scenario(scenario_from_dict(_scenario(reqs)))
+    assert "client_wait_s" not in plain.requests.columns and "client_wait_s" not in plain.summary
+
+
+@pytest.mark.parametrize("cluster", [{"replicas": 3, "router": {"policy": "least_requests"}}, POOLS],
+                         ids=["colocated", "disaggregated"])
+def test_a_clusters_client_waits(cluster):
+    # 24 requests at t = 0 behind 4 slots: each waits until it is sent, and the first 4 not at all
+    reqs = [{"arrival": 0.0, "prompt_len": 50 + 37 * i % 400, "output_len": 5 + 29 * i % 90} for i in range(24)]
+    res = run_scenario(scenario_from_dict({**_scenario(reqs, max_concurrency=4), "cluster": cluster}))
+    q = res.requests
+    np.testing.assert_array_equal(q["client_wait_s"].to_numpy(), q["arrival_s"].to_numpy())
+    assert (np.sort(q["client_wait_s"].to_numpy())[:4] == 0).all() and (q["client_wait_s"] > 0).sum() == 20
+    assert res.summary["client_wait_s"]["mean"] == pytest.approx(q["arrival_s"].mean(), abs=1e-12)
+    assert (res.timeline["phase"] == "client").sum() == 20

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sim.clients import add_client_waits, with_client_rows
 from sim.cluster.disagg import Handoff
 from sim.cluster.link import KVLink
 from sim.cluster.replica import Replica
@@ -142,10 +143,12 @@ def replicas_frame(reps: list[Replica], steps: pd.DataFrame, bounds: list[int], 
 
 def cluster_result(scn, workload, reps: list[Replica], served: dict[int, int], handoff: Handoff | None,
                    link: KVLink | None, fe_out: float, fe_token: float, wall_time_s: float,
-                   lag: float = 0.0, columns: dict[str, Any] | None = None) -> ClusterResult:
+                   lag: float = 0.0, columns: dict[str, Any] | None = None,
+                   planned: pd.Series | None = None) -> ClusterResult:
     """``lag``: each request's frontend input latency and the router's decision time, from its arrival to
     its replica (the timeline's ``frontend`` interval); ``columns``: the requests' table's first columns
-    from the compiled core (sim/core_requests.py), else it is read from the Requests."""
+    from the compiled core (sim/core_requests.py), else it is read from the Requests; ``planned``: with a
+    client, the workload's arrivals (sim/clients.py ``add_client_waits``)."""
     requests = workload.requests
     if handoff is not None:   # the prefix-cache hit of a request is its prefill's
         for r in requests:
@@ -154,6 +157,8 @@ def cluster_result(scn, workload, reps: list[Replica], served: dict[int, int], h
         reqs = with_latencies(columns, output_latency_s=fe_out, token_latency_s=fe_token)
     else:
         reqs = requests_frame(requests, output_latency_s=fe_out, token_latency_s=fe_token)
+    if planned is not None:
+        add_client_waits(reqs, planned)
     steps, bounds = _step_table(reps)
     if len(reps) == 1:   # the single engine's summary, built exactly as sim/runner.py builds it
         rep = reps[0]
@@ -184,6 +189,8 @@ def cluster_result(scn, workload, reps: list[Replica], served: dict[int, int], h
     summary["step_model"] = _step_models(reps)
     if timeline is not None and lag > 0:
         timeline = _with_frontend(timeline, reqs, lag)
+    if timeline is not None and planned is not None:
+        timeline = with_client_rows(timeline, reqs, planned)
     table = replicas_frame(reps, steps, bounds, summary["makespan_s"], reqs, handoff)
     if len(reps) > 1:
         summary["cluster"] = _cluster_block(scn, reps, reqs, handoff, link)

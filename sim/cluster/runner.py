@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import simpy
 
-from sim.clients import ClientPool, core_client, in_send_order
+from sim.clients import ClientPool, core_client, in_send_order, planned_arrivals
 from sim.cluster.disagg import Handoff
 from sim.cluster.link import KVLink
 from sim.cluster.replica import Replica, build_pool, pool_scenario
@@ -175,6 +175,7 @@ def _run_colocated(scn: Scenario, workload: Workload, check: bool, lag: float, f
     router = _observed(make_router(cfg.router, scn.seed), pool, requests, lag)
     reads = router.reads_load or router.reads_memory or router.reads_state
     clients = scn.workload.max_concurrency   # a client with a concurrency limit (sim/clients.py)
+    planned = planned_arrivals(requests) if clients else None   # (the client's sends replace them)
     core = _in_core(pool, requests, router) and (not clients or in_send_order(requests))
     # (routed ahead: the SimPy loop's client routes each request itself as it reaches the pool)
     ahead = None if reads or (clients and not core) else _route_ahead(router, requests, pool, lag)
@@ -202,7 +203,7 @@ def _run_colocated(scn: Scenario, workload: Workload, check: bool, lag: float, f
         env.run()
         _check_released(pool)
     res = cluster_result(scn, workload, pool, served, None, None, fe_out, fe_token, time.perf_counter() - t0, lag,
-                         columns=columns)
+                         columns=columns, planned=planned)
     res.profile["compiled_core"] = core
     return res
 
@@ -288,7 +289,10 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
     for rep in decode:
         handoff.attach_decode(rep)
     router = _observed(make_router(cfg.router, scn.seed), prefill, requests, lag)
+    planned = None
     if scn.workload.max_concurrency:   # a client with a concurrency limit (sim/clients.py)
+        planned = planned_arrivals(requests)
+
         def deliver(req: Request) -> None:
             rep = prefill[router.choose(req, prefill)]
             served[req.req_id] = rep.replica_id
@@ -316,4 +320,4 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
         raise KvsimError("engine", f"deadlock: {len(stuck)} requests never finished (first: {stuck[0]})")
     _check_released(prefill + decode)
     return cluster_result(scn, workload, prefill + decode, served, handoff, link, fe_out, fe_token,
-                          time.perf_counter() - t0, lag)
+                          time.perf_counter() - t0, lag, planned=planned)

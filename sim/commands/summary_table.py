@@ -7,7 +7,7 @@ import math
 from rich.console import Console
 from rich.table import Table
 
-LATENCIES = ["ttft_s", "tpot_s", "itl_s", "e2e_s", "normalized_latency_s_per_tok"]
+LATENCIES = ["ttft_s", "tpot_s", "itl_s", "e2e_s", "normalized_latency_s_per_tok", "client_wait_s"]   # (the last: with a client)
 # shown only when something was shared (summary.json always has them)
 SHARING = ["kv_bytes_unshared_peak", "kv_sharing_saving", "prefix_kv_bytes_peak", "prefix_kv_bytes_unshared_peak",
            "prefix_cache_evictions"]
