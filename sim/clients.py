@@ -82,16 +82,23 @@ def planned_arrivals(requests: list[Request]) -> pd.Series:
 def add_client_waits(reqs: pd.DataFrame, planned: pd.Series) -> None:
     """The requests' table gets ``client_wait_s``: how long the client held each request back, its send time
     (``arrival_s``, from which its TTFT and E2E count) less its planned arrival (>= 0)."""
-    wait = reqs["arrival_s"].to_numpy(dtype=float) - planned.reindex(reqs["req_id"].to_numpy()).to_numpy()
+    wait = reqs["arrival_s"].to_numpy(dtype=float) - _aligned(planned, reqs["req_id"].to_numpy())
     reqs["client_wait_s"] = np.maximum(wait, 0.0)   # (a send rounds to its planned arrival at worst)
+
+
+def _aligned(planned: pd.Series, ids: np.ndarray) -> np.ndarray:
+    """``planned``'s values for ``ids`` (most often its own order: no lookup then)."""
+    if np.array_equal(planned.index.to_numpy(), ids):
+        return planned.to_numpy()
+    return planned.reindex(ids).to_numpy()
 
 
 def client_intervals(reqs: pd.DataFrame, planned: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The timeline's ``client`` intervals of the requests held back (``client_wait_s`` > 0): (req_id, planned
     arrival, send), in the table's order."""
     held = reqs["client_wait_s"].to_numpy() > 0
-    ids = reqs["req_id"].to_numpy()[held]
-    return ids, planned.reindex(ids).to_numpy(), reqs["arrival_s"].to_numpy(dtype=float)[held]
+    return (reqs["req_id"].to_numpy()[held], _aligned(planned, reqs["req_id"].to_numpy())[held],
+            reqs["arrival_s"].to_numpy(dtype=float)[held])
 
 
 def with_client_rows(timeline: pd.DataFrame, reqs: pd.DataFrame, planned: pd.Series) -> pd.DataFrame:
