@@ -279,6 +279,28 @@ def test_fuzz_cases_equal(monkeypatch, part):
     assert covered >= 25, f"only {covered} of 60 fuzz runs ran in the core"
 
 
+@pytest.mark.parametrize("part", range(2))   # 2 x 30 cases: parallel test workers share them
+def test_fuzzed_clients_equal(monkeypatch, part):
+    """Fuzz cases moved inside the core with a client always in front (one to 40 slots or two stages of
+    limits, fixed or exponential pauses), every third on 2 to 4 replicas: the core and the SimPy loop agree."""
+    covered = 0
+    for i in range(30 * part, 30 * part + 30):
+        rng = random.Random(f"engine-core-clients:{i}")
+        data = _into_core(draw_scenario(rng, i))
+        work = data["workload"]
+        work["max_concurrency"] = rng.choice([1, 2, 3, 5, 40]) if i % 4 else \
+            [{"from_s": 0, "limit": rng.randint(1, 3)}, {"from_s": rng.choice([0.5, 5.0]), "limit": rng.randint(1, 6)}]
+        work["think_time_s"] = rng.choice([0.0, 0.002, 0.1])
+        work["think_time_dist"] = rng.choice(["fixed", "exponential"])
+        if i % 3 == 0:
+            data["cluster"] = {"replicas": rng.randint(2, 4), "router": {"policy": ROUTERS[i % len(ROUTERS)]}}
+        loop, core = _both(monkeypatch, lambda d=data: run_scenario(
+            scenario_from_dict(copy.deepcopy(d), source="<fuzz>"), check_integrity=True))
+        assert_same_outcome(loop, core, f"case {i}")
+        covered += not isinstance(core, str) and bool(core.profile.get("compiled_core"))
+    assert covered >= 25, f"only {covered} of 30 client fuzz runs ran in the core"
+
+
 def test_fuzzed_clusters_equal(monkeypatch):
     """Fuzz cases moved inside the core, on 2 to 6 replicas behind every router (the routing rules the core
     applies itself included, sim/cluster/routers.py ``core_rule``): the core and the SimPy loop agree."""
