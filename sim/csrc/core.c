@@ -11,7 +11,9 @@ stepping one step per event as the plain loop does (no decode runs: a step here 
 microsecond):
 
   - the processes, the arrival process and each engine loop, ordered as SimPy orders their events: by
-    time, then priority (a process's start is urgent), then the order in which they were scheduled;
+    time, then priority (a process's start is urgent), then the order in which they were scheduled; with a
+    client that keeps at most N requests in flight (sim/clients.py), its sender in the arrival process's
+    place and its hand-overs and slot releases, many pending at once, in client.h's heap;
   - the scheduler's step (sim/sched/continuous.py schedule, _rotate, _admit, _preempt, _swap_in; base.py
     update, _finish), the manager's block, slot and swap counters (sim/kv/manager.py, sharing.py: without
     a prefix cache only counts matter, so a table is its length; with one, blocks by identity, kvpool.c,
