@@ -141,13 +141,16 @@ def check_cluster_outcome(result, scn, beams: bool = False) -> list[str]:
 
 def _check_timeline(timeline: pd.DataFrame | None, done: pd.DataFrame) -> list[str]:
     """Each finished request's timeline covers its life: its intervals follow one another from its arrival
-    to its finish (frontend, queues, prefill, a transfer's wait and the link, decode, preemptions; static
-    batching's ``idle``, a finished request holding its memory until its batch ends, comes after it)."""
+    (as planned: a client may hold it back until its send, ``client_wait_s``) to its finish (the client's
+    wait, frontend, queues, prefill, a transfer's wait and the link, decode, preemptions; static batching's
+    ``idle``, a finished request holding its memory until its batch ends, comes after it)."""
     if timeline is None or not len(done):
         return []
     tl = timeline[timeline["req_id"].isin(done["req_id"]) & (timeline["phase"] != "idle")]
     span = (tl["end_s"] - tl["start_s"]).groupby(tl["req_id"]).sum().reindex(done["req_id"]).fillna(0.0)
     life = (done["finish_s"] - done["arrival_s"]).to_numpy()
+    if "client_wait_s" in done.columns:
+        life = life + done["client_wait_s"].to_numpy()
     off = abs(span.to_numpy() - life) > 1e-9 * (1 + life)
     if off.any():
         return [f"the timeline of requests {done['req_id'][off].tolist()[:10]} does not add up to their lives"]
