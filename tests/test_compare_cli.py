@@ -59,3 +59,25 @@ def test_compare_json_is_one_object_a_run_and_nothing_else(capsys):
     assert [r["varied"] for r in runs] == [{"scheduler.batching": "static"}, {"scheduler.batching": "continuous"}]
     # the seed's four requests plus three more (scenarios/seed_four_requests.yaml): all finish either way
     assert [r["summary"]["num_finished"] for r in runs] == [7, 7]
+
+
+def test_compare_shows_the_client_wait_where_a_run_has_a_client(tmp_path, capsys):
+    # a burst of 40 requests, no cap and 2 slots: the capped run's mean client wait is its mean send time (every
+    # request planned at 0), the uncapped run has none; runs without a client show no such column
+    gateway = str(Path(__file__).resolve().parents[1] / "scenarios" / "gateway_cap.yaml")
+    out = tmp_path / "cmp"
+    rc = main(["compare", gateway, "--vary", "workload.max_concurrency=null,2", "--out", str(out), "--no-plots",
+               "--set", "workload.synthetic.num_requests=40", "--set", "workload.synthetic.arrival={process: burst}"])
+    assert rc == 0
+    assert "client wait" in capsys.readouterr().out
+    df = pd.read_csv(out / "compare.csv").set_index("run")
+    assert pd.isna(df.loc["max_concurrency=null", "client_wait_s.mean"])
+    from sim.runner import run_scenario
+    from sim.scenario import load_scenario
+
+    sends = run_scenario(load_scenario(gateway, ["workload.synthetic.num_requests=40", "workload.max_concurrency=2",
+                                                 "workload.synthetic.arrival={process: burst}"])).requests["arrival_s"]
+    assert df.loc["max_concurrency=2", "client_wait_s.mean"] == pytest.approx(sends.mean(), rel=1e-9)
+    assert df.loc["max_concurrency=2", "client_wait_s.mean"] > 1.0
+    main(["compare", SEED, "--vary", "scheduler.batching=static,continuous", "--no-plots"])
+    assert "client wait" not in capsys.readouterr().out

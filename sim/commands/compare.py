@@ -36,8 +36,9 @@ TABLE = [
     ("swapped", "swapped_blocks", None), ("Jain", "jain_fairness", None), ("wait max", "queue_wait_max_s", None),
     ("swap s", "swap_time_s", None), ("done", "num_finished", None), ("makespan", "makespan_s", None),
 ]
-# shown where a run has a prefix cache / a host tier under it
-CACHE_COLUMNS = [("prefix hit", "prefix_cache_hit_rate", None), ("host hit", "host_cache_hit_rate", None)]
+# shown where a run has a prefix cache / a host tier under it / a client with a concurrency limit in front
+CACHE_COLUMNS = [("prefix hit", "prefix_cache_hit_rate", None), ("host hit", "host_cache_hit_rate", None),
+                 ("client wait", "client_wait_s", "mean")]
 
 
 def add_parser(sub) -> None:
@@ -126,7 +127,8 @@ def print_table(results: dict[str, Result]) -> None:
     t.add_column("run")
     caching = [r.scenario.kv_cache.prefix_caching for r in results.values()]
     hosts = ["host_cache_hit_rate" in r.summary for r in results.values()]
-    table = TABLE + [c for c, shown in zip(CACHE_COLUMNS, (any(caching), any(hosts))) if shown]
+    clients = ["client_wait_s" in r.summary for r in results.values()]
+    table = TABLE + [c for c, shown in zip(CACHE_COLUMNS, (any(caching), any(hosts), any(clients))) if shown]
     for head, _, _ in table:
         t.add_column(head, justify="right")
     for label, res in results.items():
