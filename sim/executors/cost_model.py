@@ -34,7 +34,6 @@ the batch and looks the linear time up in a per-token-count cache.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -43,6 +42,7 @@ import numpy as np
 
 from sim.errors import KvsimError
 from sim.executors.base import DecodeRun
+from sim.executors.document_cache import read_document
 from sim.executors.engine_params import (
     ATTENTION_OPS_PER_LAYER,
     CUSTOM_AR_WORLD_SIZES,
@@ -115,7 +115,7 @@ def load_calibration(ref: str, base_dir: Path | None = None) -> tuple[CostParams
                                                      f"named {ref!r}")
         path = shipped
     try:
-        data = derived_document(json.loads(path.read_text()), str(path))
+        data = dict(derived_document(read_document(path), str(path)))   # (its nested values: read-only)
         params = CostParams.from_dict(data["params"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise KvsimError(str(path), f"not a kvsim calibration file ({exc})") from exc
@@ -139,7 +139,7 @@ def derived_document(doc: dict[str, Any], source: str) -> dict[str, Any]:
     path = shipped_calibration(str(base))
     if path is None:
         raise KvsimError(source, f"derived_from: no shipped calibration named {base!r}")
-    src = json.loads(path.read_text())
+    src = read_document(path)
     if "derived_from" in src:
         raise KvsimError(source, f"derived_from: {base!r} is derived itself (one step only)")
     return {**src, **doc}
