@@ -53,6 +53,7 @@ from sim.executors.engine_params import (
     capture_sizes,
     graph_max_tokens_for,
 )
+from sim.executors.price_memo import PriceMemo, price_memo
 from sim.executors.roofline import (
     DEFAULT_NUM_SMS,
     CostParams,
@@ -209,15 +210,15 @@ class CostModelExecutor:
         self._overhead = max(params.step_overhead_s, 1e-9)
         self._moe_tile_eff = engine.moe_tile_eff if engine is not None else 1.0
         self._eager_ops = EAGER_OPS_PER_LAYER + (1 + MOE_AUX_KERNELS if model.num_experts else 0)   # + router
-        self._linear_cache: dict[int, tuple[float, float]] = {}
-        self._head_cache: dict[int, float] = {}
         self.engine = engine
+        memo = price_memo(model, hardware, params, engine)   # (shared with executors of the same setup)
+        self._linear_cache, self._head_cache = memo.linear, memo.head
         if engine is not None:
-            self._init_engine(engine, q, kv, inter)
+            self._init_engine(engine, q, kv, inter, memo)
         self._native_consts = self._decode_constants()
 
     # ------------------------------------------------------------ engine-level terms
-    def _init_engine(self, e: EngineParams, q: int, kv: int, inter: int) -> None:
+    def _init_engine(self, e: EngineParams, q: int, kv: int, inter: int, memo: PriceMemo) -> None:
         """Constants of the engine-level step (sim/executors/engine_params.py)."""
         b, h = self.model.dtype_bytes, self.model.hidden_size
         self._graph_max = e.graph_max_tokens if e.cuda_graphs else 0
@@ -239,8 +240,7 @@ class CostModelExecutor:
         # (the KV-cache write reads the new K and V in the model's dtype and stores them in the cache's)
         self._fused_s_per_token = (b * (8 * h + 2 * (q + kv) + 2 * kv + act) + self.model.kv_dtype_bytes * 2 * kv) \
             / (self._bw * self.params.memory_eff)
-        self._eng_linear_cache: dict[tuple[int, bool], tuple[float, float]] = {}
-        self._eng_fixed_cache: dict[tuple[int, int, bool], tuple[float, float, float, float, float]] = {}
+        self._eng_linear_cache, self._eng_fixed_cache = memo.engine_linear, memo.engine_fixed
 
     def _engine_linear(self, padded: int, graph: bool) -> tuple[float, float]:
         """(GEMMs over all layers, all-reduces over all layers) on ``padded`` tokens."""
