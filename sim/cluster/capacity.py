@@ -97,27 +97,57 @@ def evaluate(data: dict, base_dir: str, source: str, slos: list[SLO]) -> dict[st
 Runner = Callable[[list[dict]], list[dict[str, Any]]]
 
 
-def parallel_runner(base_dir: str, source: str, slos: list[SLO], workers: int = 1, use_ray: bool = False,
-                    ray_address: str | None = None) -> Runner:
-    """Evaluate scenario dicts in order: inline, in a process pool, or on Ray (as ``kvsim sweep`` does)."""
-    def run(datas: list[dict]) -> list[dict[str, Any]]:
-        if use_ray:
+class CandidateRunner:
+    """Evaluates scenario dicts in order: inline, in a process pool, or on Ray (as ``kvsim sweep`` does).
+
+    The pool is started at the first batch of candidates and kept for the whole search (``close``, or
+    ``with``): its workers keep what a run leaves in a process (the parsed calibration, the memoised
+    prices: sim/executors/document_cache.py, price_memo.py) from one round of the bisection to the next,
+    instead of a fresh pool each round starting from nothing."""
+
+    def __init__(self, base_dir: str, source: str, slos: list[SLO], workers: int = 1, use_ray: bool = False,
+                 ray_address: str | None = None) -> None:
+        self.base_dir, self.source, self.slos = base_dir, source, slos
+        self.workers, self.use_ray, self.ray_address = workers, use_ray, ray_address
+        self._pool = None
+
+    def __call__(self, datas: list[dict]) -> list[dict[str, Any]]:
+        base_dir, source, slos = self.base_dir, self.source, self.slos
+        if self.use_ray:
             try:
                 import ray
             except ImportError:
                 raise KvsimError("--ray", "Ray is not installed; install it with: pip install 'kvsim[ray]'") from None
             if not ray.is_initialized():
-                ray.init(address=ray_address or None)
+                ray.init(address=self.ray_address or None)
             remote = ray.remote(evaluate)
             return ray.get([remote.remote(d, base_dir, source, slos) for d in datas])
-        if workers <= 1 or len(datas) == 1:
+        if self.workers <= 1 or len(datas) == 1:
             return [evaluate(d, base_dir, source, slos) for d in datas]
-        from concurrent.futures import ProcessPoolExecutor
+        if self._pool is None:
+            from concurrent.futures import ProcessPoolExecutor
 
-        with ProcessPoolExecutor(max_workers=min(workers, len(datas))) as pool:
-            return list(pool.map(evaluate, datas, [base_dir] * len(datas), [source] * len(datas),
-                                 [slos] * len(datas)))
-    return run
+            self._pool = ProcessPoolExecutor(max_workers=self.workers)
+        return list(self._pool.map(evaluate, datas, [base_dir] * len(datas), [source] * len(datas),
+                                   [slos] * len(datas)))
+
+    def close(self) -> None:
+        """Stop the pool's workers (a later call starts a new pool)."""
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+    def __enter__(self) -> CandidateRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def parallel_runner(base_dir: str, source: str, slos: list[SLO], workers: int = 1, use_ray: bool = False,
+                    ray_address: str | None = None) -> CandidateRunner:
+    """A ``CandidateRunner`` (close it, or use it in ``with``, when the search is done)."""
+    return CandidateRunner(base_dir, source, slos, workers, use_ray, ray_address)
 
 
 def _with(data: dict, **keys: Any) -> dict:

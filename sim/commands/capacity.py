@@ -100,17 +100,17 @@ def main(args: argparse.Namespace) -> int:
         apply_override(data, ["cluster", "replicas"], 1)
     scn = load_scenario(args.scenario, overrides)         # validates the overrides
     out = prepare_out_dir(args.out) if args.out else None
-    run = parallel_runner(str(Path(args.scenario).parent), args.scenario, slos, workers=args.workers,
-                          use_ray=args.ray is not None, ray_address=args.ray or None)
-    if args.search == "replicas":
-        answer = search_replicas(data, run, args.max or 64, args.workers)
-        x = "replicas"
-    elif args.search == "concurrency":
-        answer = search_concurrency(data, run, args.max or _num_requests(scn), args.workers)
-        x = "concurrency"
-    else:
-        answer = search_rate(data, run, _base_rate(scn), args.workers)
-        x = "rate"
+    with parallel_runner(str(Path(args.scenario).parent), args.scenario, slos, workers=args.workers,
+                         use_ray=args.ray is not None, ray_address=args.ray or None) as run:
+        if args.search == "replicas":
+            answer = search_replicas(data, run, args.max or 64, args.workers)
+            x = "replicas"
+        elif args.search == "concurrency":
+            answer = search_concurrency(data, run, args.max or _num_requests(scn), args.workers)
+            x = "concurrency"
+        else:
+            answer = search_rate(data, run, _base_rate(scn), args.workers)
+            x = "rate"
     rows = [{k: v for k, v in c.items() if k != "splits"} for c in answer["candidates"]]
     table = pd.DataFrame(rows)
     if args.json:
