@@ -7,7 +7,7 @@ Filling those memos was a third of a small run's time (12 runs of 300 requests i
 Executors whose setups are equal share one ``PriceMemo``.
 
 The setup's key is the model's, the hardware's and the engine terms' reprs and every fitted parameter
-but the GEMM correction, which is matched by identity (calibrations read from one unchanged file share it:
+but the GEMM correction, which is matched by identity (calibrations of the same content share it:
 document_cache.py; an empty one matches any empty one).
 
 Invariants: a memo's entries are pure functions of its key (executors never change their parameters once
