@@ -81,3 +81,25 @@ def test_compare_shows_the_client_wait_where_a_run_has_a_client(tmp_path, capsys
     assert df.loc["max_concurrency=2", "client_wait_s.mean"] > 1.0
     main(["compare", SEED, "--vary", "scheduler.batching=static,continuous", "--no-plots"])
     assert "client wait" not in capsys.readouterr().out
+
+
+def test_workers_give_the_same_runs_in_the_same_order(tmp_path, capsys):
+    tables = {}
+    for workers in ("1", "2"):
+        out = tmp_path / f"w{workers}"
+        rc = main(["compare", SEED, "--vary", "scheduler.batching=static,continuous", "--vary",
+                   "kv_cache.block_size=8,16", "--workers", workers, "--out", str(out), "--no-plots"])
+        assert rc == 0
+        tables[workers] = pd.read_csv(out / "compare.csv").drop(columns=["wall_time_s"])
+    capsys.readouterr()
+    assert tables["2"]["run"].tolist() == ["batching=static, block_size=8", "batching=static, block_size=16",
+                                           "batching=continuous, block_size=8", "batching=continuous, block_size=16"]
+    pd.testing.assert_frame_equal(tables["1"], tables["2"])
+
+
+@pytest.mark.parametrize("workers", ["0", "-2", "5000"])
+def test_bad_workers_is_one_line_exit_2(capsys, workers):
+    rc = main(["compare", SEED, "--vary", "scheduler.batching=static,continuous", "--workers", workers])
+    assert rc == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --workers")

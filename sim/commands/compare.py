@@ -1,6 +1,7 @@
-"""kvsim compare SCENARIO.yaml --vary key.path=v1,v2[,...] [--vary ...] [--set ...] [--out DIR] [--json]
+"""kvsim compare SCENARIO.yaml --vary key.path=v1,v2[,...] [--vary ...] [--set ...] [--workers N] [--out DIR] [--json]
 
-One run per combination of the varied values (their cross product), a table of the main summary keys,
+One run per combination of the varied values (their cross product; with --workers, N at a time in worker
+processes, the same results in the same order), a table of the main summary keys,
 and, in DIR: compare.csv (every summary key, flattened, one row a run), overlaid latency CDFs and KV
 usage, memory-breakdown bars side by side, the memory breakdown over time side by side
 (memory_over_time.png), and the request timelines one above the other. With
@@ -26,6 +27,7 @@ from sim.runner import Result, run_scenario
 from sim.scenario import load_scenario, parse_override
 
 MAX_COMPARE_RUNS = 1_000   # every run's tables stay in memory until the end; larger grids: kvsim sweep
+MAX_WORKERS = 1024
 
 # (column header, summary key, field of a latency mapping or None)
 TABLE = [
@@ -48,6 +50,8 @@ def add_parser(sub) -> None:
                    help="a key and the values to try (repeatable: the cross product is run)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
                    help="override a scenario key in every run (repeatable)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="runs at a time, in worker processes (default 1: one after another in this process)")
     p.add_argument("--out", help="folder for compare.csv and the overlaid plots")
     p.add_argument("--no-plots", action="store_true", help="skip the figures")
     p.add_argument("--json", action="store_true", help="print one JSON object a run (its label, the varied keys' "
@@ -82,17 +86,30 @@ def label_of(combo: list[tuple[str, str]]) -> str:
     return ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in combo)
 
 
-def run_all(scenario: str, vary: list[tuple[str, list[str]]], overrides: list[str]) -> dict[str, Result]:
-    """One run per combination, in the order of the cross product; keys are the run labels.
-    Each summary gains ``swap_time_s``: the engine time spent moving blocks to and from CPU memory."""
-    results: dict[str, Result] = {}
-    for combo in combinations(vary):
-        scn = load_scenario(scenario, overrides + [f"{k}={v}" for k, v in combo])
-        res = run_scenario(scn)
-        steps = res.steps
-        res.summary["swap_time_s"] = float(steps["time_swap_s"].sum()) if "time_swap_s" in steps else 0.0
-        results[label_of(combo)] = res
-    return results
+def run_all(scenario: str, vary: list[tuple[str, list[str]]], overrides: list[str], workers: int = 1
+            ) -> dict[str, Result]:
+    """One run per combination, in the order of the cross product; keys are the run labels. Every
+    combination's scenario is read (and so checked) before any runs; ``workers`` > 1 runs them that many
+    at a time in worker processes. Each summary gains ``swap_time_s``: the engine time spent moving
+    blocks to and from CPU memory."""
+    combos = combinations(vary)
+    scns = [load_scenario(scenario, overrides + [f"{k}={v}" for k, v in combo]) for combo in combos]
+    if workers > 1 and len(scns) > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=min(workers, len(scns))) as pool:
+            ran = list(pool.map(_run_one, scns))
+    else:
+        ran = [_run_one(scn) for scn in scns]
+    return {label_of(combo): res for combo, res in zip(combos, ran)}
+
+
+def _run_one(scn) -> Result:
+    """``run_scenario`` plus the summary's ``swap_time_s``."""
+    res = run_scenario(scn)
+    steps = res.steps
+    res.summary["swap_time_s"] = float(steps["time_swap_s"].sum()) if "time_swap_s" in steps else 0.0
+    return res
 
 
 def compare_frame(results: dict[str, Result], vary: list[tuple[str, list[str]]]) -> pd.DataFrame:
@@ -169,13 +186,15 @@ def write_plots(results: dict[str, Result], out: Path) -> list[str]:
 
 def main(args: argparse.Namespace) -> int:
     vary = parse_vary(args.vary)
+    if not 1 <= args.workers <= MAX_WORKERS:
+        raise KvsimError("--workers", f"must be 1 .. {MAX_WORKERS}, got {args.workers}")
     runs = math.prod(len(values) for _, values in vary)
     if runs > MAX_COMPARE_RUNS:
         raise KvsimError("--vary", f"{runs:,} combinations; kvsim compare runs at most {MAX_COMPARE_RUNS:,} "
                          "(use kvsim sweep for larger grids)")
     out = prepare_results_dir(args.out) if args.out else None
     trace = check_trace_args(args)
-    results = run_all(args.scenario, vary, list(args.overrides))
+    results = run_all(args.scenario, vary, list(args.overrides), args.workers)
     notes = sys.stderr if args.json else sys.stdout   # with --json, stdout holds the JSON alone
     if args.json:
         sys.stdout.write(compare_json(results, vary))
