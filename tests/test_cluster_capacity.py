@@ -72,6 +72,13 @@ def test_bad_slo_exits_2(scenario: Path, slo: str, capsys) -> None:
     assert len(err) == 1 and err[0].startswith("error: --slo:")
 
 
+@pytest.mark.parametrize("workers", ["0", "-1", "5000"])
+def test_bad_workers_exits_2(scenario: Path, workers: str, capsys) -> None:
+    assert main(["capacity", str(scenario), "--slo", "ttft_p90=2", "--workers", workers]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --workers:")
+
+
 def test_prefill_decode_split(scenario: Path, capsys) -> None:
     """With pools, a total N meets when some split does: the answer's split meets, and no split of N - 1
     does (each checked by a plain run)."""

@@ -27,6 +27,8 @@ from sim.errors import KvsimError
 from sim.output import prepare_out_dir, summary_json, write_atomic, write_text
 from sim.scenario import apply_override, load_scenario, parse_override
 
+MAX_WORKERS = 1024
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("capacity", help="the fewest replicas (or the highest rate) that meet SLOs")
@@ -88,6 +90,8 @@ def main(args: argparse.Namespace) -> int:
     slos = [parse_slo(t) for t in args.slo]
     if args.max is not None and args.max < 1:
         raise KvsimError("--max", f"must be at least 1, got {args.max}")
+    if not 1 <= args.workers <= MAX_WORKERS:
+        raise KvsimError("--workers", f"must be 1 .. {MAX_WORKERS}, got {args.workers}")
     load_scenario(args.scenario)                          # the file itself: errors with its line numbers
     data = yaml.safe_load(Path(args.scenario).read_text())
     overrides = list(args.overrides)
