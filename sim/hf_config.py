@@ -24,7 +24,8 @@ set ``model.dtype``. Mixture-of-experts configs whose experts differ in width fr
 
 Invariant: a config missing a required key, or with a value that is not a positive integer, is an error that
 names the key; so is one of an architecture kvsim cannot price (``UNSUPPORTED_KEYS``: DeepSeek's latent
-attention, shared experts, state-space layers); nothing is guessed beyond the defaults listed above.
+attention, shared experts, state-space layers; and a sliding window shorter than the context,
+``_refuse_sliding_windows``); nothing is guessed beyond the defaults listed above.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str) -> ModelSpec:
         if cfg.get(key):
             raise ValueError(f"{key}: {what} is not modelled by kvsim (a dense or Mixtral-style transformer is)")
     layers = _first(cfg, ("num_hidden_layers", "n_layer", "num_layers"), "layer count")
+    _refuse_sliding_windows(cfg, layers)
     hidden = _first(cfg, ("hidden_size", "n_embd", "d_model"), "hidden size")
     heads = _first(cfg, ("num_attention_heads", "n_head"), "attention head count")
     kv = _first(cfg, ("num_key_value_heads", "num_kv_heads", "multi_query_group_num"), "KV head count", heads)
@@ -103,6 +105,30 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str) -> ModelSpec:
         first = e.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])
         raise ValueError(f"{loc + ': ' if loc else ''}{first['msg'].removeprefix('Value error, ')}") from None
+
+
+def _refuse_sliding_windows(cfg: dict[str, Any], layers: int) -> None:
+    """A ValueError naming the key where the config's attention looks back over a sliding window shorter than
+    its context (Mistral-7B-v0.1, Gemma 2 and 3, gpt-oss, Phi-3): kvsim keeps every layer's KV for the whole
+    context, so it would price such a model's memory and attention as something it is not. A window that is
+    switched off (``use_sliding_window: false``, Qwen2), absent, or at least the context is full attention."""
+    types = cfg.get("layer_types")
+    sliding = sum(1 for t in types if t == "sliding_attention") if isinstance(types, list) else None
+    window = cfg.get("sliding_window")
+    max_len = next((cfg[k] for k in ("max_position_embeddings", "n_positions", "seq_length", "max_seq_len")
+                    if isinstance(cfg.get(k), int)), None)
+    sized = isinstance(window, int) and not isinstance(window, bool) and window > 0
+    if cfg.get("use_sliding_window") is False or sliding == 0 or (sized and max_len and window >= max_len):
+        return   # switched off, no sliding layer, or a window that covers the whole context
+    short = sized
+    if not (short or sliding):
+        return
+    key = "layer_types" if sliding and not short else "sliding_window"
+    span = f"{window} tokens" if short else "a window"
+    on = f"on {sliding} of {layers} layers" if sliding else "on every layer"
+    raise ValueError(f"{key}: sliding-window attention ({span}, {on}) is not modelled by kvsim; delete the key to "
+                     "price every layer with full attention (KV kept for the whole context: more memory than the "
+                     "model uses)")
 
 
 def load_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:

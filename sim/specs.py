@@ -244,7 +244,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     "llama-3.1-8b": _llama("llama-3.1-8b", 32, 4096, 32, 8, 14336, 128256, 131072),
     # meta-llama/Llama-3.1-70B config.json
     "llama-3.1-70b": _llama("llama-3.1-70b", 80, 8192, 64, 8, 28672, 128256, 131072),
-    # mistralai/Mistral-7B-v0.1 config.json (sliding window 4096 not modelled)
+    # mistralai/Mistral-7B-Instruct-v0.2 config.json (full attention; v0.1's 4,096-token sliding window is not modelled)
     "mistral-7b": _llama("mistral-7b", 32, 4096, 32, 8, 14336, 32000, 32768),
     # facebook/opt-13b config.json: ffn_dim 20480, ReLU MLP, 2048 positions, tied embeddings
     "opt-13b": _llama("opt-13b", 40, 5120, 40, 40, 20480, 50272, 2048, gated_mlp=False, tied_embeddings=True),

@@ -162,3 +162,42 @@ def test_an_override_of_a_config_models_field_reads_the_config_beside_the_scenar
     apply_override(data, ["model", "max_model_len"], 8192, tmp_path)   # as sweeps and capacity searches do
     assert data["model"]["max_model_len"] == 8192 and data["model"]["num_kv_heads"] == 4
 
+
+
+# published config.json values (the keys that matter): Mistral-7B-v0.1, Gemma-3-4B (text), gpt-oss-20b
+MISTRAL_7B_V01 = {**LLAMA_2_7B, "model_type": "mistral", "intermediate_size": 14336, "num_key_value_heads": 8,
+                  "max_position_embeddings": 32768, "sliding_window": 4096}
+GEMMA_3_4B = {"model_type": "gemma3_text", "hidden_size": 2560, "intermediate_size": 10240, "num_attention_heads": 8,
+              "num_hidden_layers": 34, "num_key_value_heads": 4, "head_dim": 256, "vocab_size": 262208,
+              "max_position_embeddings": 131072, "sliding_window": 1024,
+              "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 5 + ["sliding_attention"] * 4}
+
+
+@pytest.mark.parametrize("cfg, message", [
+    (MISTRAL_7B_V01, "sliding_window: sliding-window attention (4096 tokens, on every layer) is not modelled"),
+    (GEMMA_3_4B, "sliding_window: sliding-window attention (1024 tokens, on 29 of 34 layers) is not modelled"),
+    ({**GEMMA_3_4B, "sliding_window": None}, "layer_types: sliding-window attention (a window, on 29 of 34 layers)"),
+])
+def test_a_sliding_window_shorter_than_the_context_is_refused(cfg, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        spec_from_hf_config(cfg, "x")
+
+
+@pytest.mark.parametrize("edit", [
+    {"sliding_window": 131072, "use_sliding_window": False, "max_window_layers": 28},   # Qwen2.5's: switched off
+    {"sliding_window": None},                                                            # Mistral-7B-v0.2 on
+    {"sliding_window": 32768},                                                           # covers the whole context
+    {"layer_types": ["full_attention"] * 28, "sliding_window": 512},                     # no sliding layer
+])
+def test_a_window_that_is_off_or_covers_the_context_is_full_attention(edit):
+    spec = spec_from_hf_config({**QWEN_2_5_7B, **edit}, "x")
+    assert spec == spec_from_hf_config(QWEN_2_5_7B, "x")
+
+
+def test_a_sliding_window_config_file_exits_2_naming_it(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(MISTRAL_7B_V01))
+    r = _kvsim("run", "scenarios/quickstart.yaml", "--set", f"model={config}", "--no-plots")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and f"{config}: sliding_window: sliding-window attention" in err[0]
