@@ -50,7 +50,10 @@ UNSUPPORTED_KEYS = {
     "ssm_state_size": "state-space (Mamba) layers",
     "mamba_d_state": "state-space (Mamba) layers",
     "layers_block_type": "hybrid attention and state-space layers",
+    "full_attention_interval": "linear-attention (Gated DeltaNet) layers between full-attention ones (Qwen3-Next)",
+    "linear_num_value_heads": "linear-attention (Gated DeltaNet) layers between full-attention ones (Qwen3-Next)",
 }
+ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention"}   # ``layer_types`` entries kvsim reads
 
 # model types whose MLP is two matrices (up, down) with a plain activation
 PLAIN_MLP_TYPES = {"opt", "gpt2", "gpt_neox", "gptj", "falcon", "bloom", "phi", "starcoder2", "gpt_bigcode",
@@ -113,6 +116,11 @@ def _refuse_sliding_windows(cfg: dict[str, Any], layers: int) -> None:
     context, so it would price such a model's memory and attention as something it is not. A window that is
     switched off (``use_sliding_window: false``, Qwen2), absent, or at least the context is full attention."""
     types = cfg.get("layer_types")
+    if isinstance(types, list):
+        other = sorted({str(t) for t in types} - ATTENTION_LAYER_TYPES)
+        if other:
+            raise ValueError(f"layer_types: {', '.join(other)} layers are not modelled by kvsim (a transformer of "
+                             "full-attention layers is)")
     sliding = sum(1 for t in types if t == "sliding_attention") if isinstance(types, list) else None
     window = cfg.get("sliding_window")
     max_len = next((cfg[k] for k in ("max_position_embeddings", "n_positions", "seq_length", "max_seq_len")

@@ -65,6 +65,10 @@ def test_a_multimodal_config_reads_its_text_model():
     (lambda c: c.__setitem__("kv_lora_rank", 512), "kv_lora_rank: multi-head latent attention (DeepSeek-V2/V3) is "
                                                    "not modelled"),
     (lambda c: c.__setitem__("shared_expert_intermediate_size", 5632), "shared experts is not modelled"),
+    (lambda c: c.__setitem__("full_attention_interval", 4), "full_attention_interval: linear-attention (Gated "
+                                                            "DeltaNet) layers"),
+    (lambda c: c.__setitem__("layer_types", ["linear_attention", "full_attention"] * 16),
+     "layer_types: linear_attention layers are not modelled"),
 ])
 def test_bad_configs_name_the_key(edit, message):
     cfg = dict(LLAMA_2_7B)
