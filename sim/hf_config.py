@@ -84,6 +84,7 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str) -> ModelSpec:
             raise ValueError(f"{key}: {what} is not modelled by kvsim (a dense or Mixtral-style transformer is)")
     layers = _first(cfg, ("num_hidden_layers", "n_layer", "num_layers"), "layer count")
     _refuse_sliding_windows(cfg, layers)
+    _refuse_mixed_layers(cfg)
     hidden = _first(cfg, ("hidden_size", "n_embd", "d_model"), "hidden size")
     heads = _first(cfg, ("num_attention_heads", "n_head"), "attention head count")
     kv = _first(cfg, ("num_key_value_heads", "num_kv_heads", "multi_query_group_num"), "KV head count", heads)
@@ -137,6 +138,27 @@ def _refuse_sliding_windows(cfg: dict[str, Any], layers: int) -> None:
     raise ValueError(f"{key}: sliding-window attention ({span}, {on}) is not modelled by kvsim; delete the key to "
                      "price every layer with full attention (KV kept for the whole context: more memory than the "
                      "model uses)")
+
+
+def _refuse_mixed_layers(cfg: dict[str, Any]) -> None:
+    """A ValueError naming the key where the layers are not all alike in a way kvsim would miss: a mixture of
+    experts on some layers only (Qwen-MoE's ``decoder_sparse_step`` or ``mlp_only_layers``, Llama 4's
+    ``interleave_moe_layer_step``), or attention over local chunks shorter than the context (Llama 4's
+    ``attention_chunk_size``)."""
+    for key in ("decoder_sparse_step", "interleave_moe_layer_step"):
+        step = cfg.get(key)
+        if isinstance(step, int) and not isinstance(step, bool) and step > 1:
+            raise ValueError(f"{key}: experts on one layer in {step}, dense layers between, is not modelled by "
+                             "kvsim (every layer dense or every layer a mixture of experts is)")
+    if isinstance(cfg.get("mlp_only_layers"), list) and cfg["mlp_only_layers"]:
+        raise ValueError("mlp_only_layers: dense layers among the mixture of experts are not modelled by kvsim "
+                         "(every layer dense or every layer a mixture of experts is)")
+    chunk = cfg.get("attention_chunk_size")
+    max_len = cfg.get("max_position_embeddings")
+    if isinstance(chunk, int) and not isinstance(chunk, bool) and chunk > 0 and not (
+            isinstance(max_len, int) and chunk >= max_len):
+        raise ValueError(f"attention_chunk_size: attention over local chunks of {chunk} tokens is not modelled by "
+                         "kvsim (full attention over the whole context is)")
 
 
 def load_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:

@@ -69,6 +69,12 @@ def test_a_multimodal_config_reads_its_text_model():
                                                             "DeltaNet) layers"),
     (lambda c: c.__setitem__("layer_types", ["linear_attention", "full_attention"] * 16),
      "layer_types: linear_attention layers are not modelled"),
+    (lambda c: c.update(num_local_experts=8, num_experts_per_tok=2, decoder_sparse_step=2),
+     "decoder_sparse_step: experts on one layer in 2"),
+    (lambda c: c.update(num_experts=8, num_experts_per_tok=2, mlp_only_layers=[0, 1]),
+     "mlp_only_layers: dense layers among the mixture of experts"),
+    (lambda c: c.update(interleave_moe_layer_step=2), "interleave_moe_layer_step: experts on one layer in 2"),
+    (lambda c: c.update(attention_chunk_size=1024), "attention_chunk_size: attention over local chunks of 1024"),
 ])
 def test_bad_configs_name_the_key(edit, message):
     cfg = dict(LLAMA_2_7B)
@@ -192,8 +198,10 @@ def test_a_sliding_window_shorter_than_the_context_is_refused(cfg, message):
     {"sliding_window": None},                                                            # Mistral-7B-v0.2 on
     {"sliding_window": 32768},                                                           # covers the whole context
     {"layer_types": ["full_attention"] * 28, "sliding_window": 512},                     # no sliding layer
+    {"decoder_sparse_step": 1, "mlp_only_layers": [], "attention_chunk_size": 32768},
 ])
 def test_a_window_that_is_off_or_covers_the_context_is_full_attention(edit):
+    """(and the alike-layer settings: experts on every layer, no dense-only layers, chunks covering the context)"""
     spec = spec_from_hf_config({**QWEN_2_5_7B, **edit}, "x")
     assert spec == spec_from_hf_config(QWEN_2_5_7B, "x")
 
