@@ -119,6 +119,25 @@ def test_kv_size_matches_the_seed():
     assert "3.125 GiB" in text and "3,355,443,200" in text
 
 
+def test_kv_size_of_a_config_file(tmp_path):
+    # Qwen2.5-7B's published config.json: 28 layers, 4 KV heads of 128 (3584 / 28 heads)
+    cfg = {"model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944, "num_attention_heads": 28,
+           "num_hidden_layers": 28, "num_key_value_heads": 4, "vocab_size": 152064,
+           "max_position_embeddings": 32768, "sliding_window": 131072, "use_sliding_window": False}
+    (tmp_path / "qwen").mkdir()
+    path = tmp_path / "qwen" / "config.json"
+    path.write_text(json.dumps(cfg))
+    d = json.loads(kvsim("kv-size", "--model", str(path), "--seq-len", "1000", "--json").stdout)
+    assert d["model"] == "qwen" and d["bytes_per_token"] == 2 * 28 * 4 * 128 * 2 == 57_344
+    assert d["bytes_per_sequence"] == 57_344_000
+    path.write_text(json.dumps({**cfg, "use_sliding_window": True, "sliding_window": 4096}))
+    r = kvsim("kv-size", "--model", str(path), "--seq-len", "1000")
+    assert r.returncode == 2 and r.stderr.strip() == (
+        f"error: {path}: sliding_window: sliding-window attention (4096 tokens, on every layer) is not modelled by "
+        "kvsim; delete the key to price every layer with full attention (KV kept for the whole context: more memory "
+        "than the model uses)")
+
+
 def test_kv_size_unknown_model():
     r = kvsim("kv-size", "--model", "llama-9", "--seq-len", "4")
     assert r.returncode == 2 and r.stderr.startswith("error: --model: unknown model preset")

@@ -1,4 +1,5 @@
-"""kvsim kv-size --model NAME --seq-len N [--dtype fp16] [--block-size 16] [--json]: the KV arithmetic."""
+"""kvsim kv-size --model NAME|CONFIG.json --seq-len N [--dtype fp16] [--block-size 16] [--json]: the KV arithmetic
+of a preset or of a Hugging Face config.json (sim/hf_config.py), as a scenario's ``model`` takes them."""
 
 from __future__ import annotations
 
@@ -6,13 +7,14 @@ import argparse
 import json
 
 from sim.errors import KvsimError
+from sim.hf_config import is_config_path, load_hf_config
 from sim.limits import MAX_TOKENS
 from sim.specs import DTYPE_BYTES, GiB, ModelSpec
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("kv-size", help="KV-cache bytes per token, per block and per sequence")
-    p.add_argument("--model", required=True, help="model preset name")
+    p.add_argument("--model", required=True, help="model preset name, or a Hugging Face config.json path")
     p.add_argument("--seq-len", type=int, required=True, help="tokens in the sequence")
     p.add_argument("--dtype", default="fp16", help="KV dtype: " + ", ".join(DTYPE_BYTES))
     p.add_argument("--block-size", type=int, default=16)
@@ -36,10 +38,13 @@ def kv_size(model: ModelSpec, seq_len: int, dtype: str, block_size: int) -> dict
 
 
 def main(args: argparse.Namespace) -> int:
-    try:
-        model = ModelSpec.from_name(args.model)
-    except KeyError as e:
-        raise KvsimError("--model", e.args[0]) from None
+    if is_config_path(args.model):
+        model = load_hf_config(args.model)   # (KvsimError naming the file and the key)
+    else:
+        try:
+            model = ModelSpec.from_name(args.model)
+        except KeyError as e:
+            raise KvsimError("--model", e.args[0]) from None
     if args.dtype not in DTYPE_BYTES:
         raise KvsimError("--dtype", f"unknown dtype {args.dtype!r}; known: {', '.join(DTYPE_BYTES)}")
     if not 0 < args.seq_len <= MAX_TOKENS:
