@@ -114,6 +114,32 @@ def memory_breakdown(breakdowns: Mapping[str, Mapping[str, float]], path: Path) 
     return _save(fig, path, right=1.85)
 
 
+def throughput_latency_figure(summaries: Mapping[str, Mapping]):
+    """The runs as points of output tokens/s against median TTFT and mean TPOT (milliseconds), in run order
+    and joined by a line (``kvsim compare`` varying one key traces the engine's throughput-latency curve),
+    each labelled with its run. A run without a value (no finished request) is left out."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for ax, key, field, title in ((axes[0], "ttft_s", "p50", "TTFT p50"), (axes[1], "tpot_s", "mean", "TPOT mean")):
+        pts = [(label, s["output_throughput_tok_s"], 1e3 * s[key][field]) for label, s in summaries.items()
+               if s.get(key) and s[key].get(field) == s[key].get(field) and s[key].get(field) is not None]
+        if pts:
+            xs, ys = [p[1] for p in pts], [p[2] for p in pts]
+            ax.plot(xs, ys, marker="o", lw=1.2, color="#1c7ed6")
+            for label, x, y in pts:
+                ax.annotate(label, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+            if min(ys) > 0 and max(ys) / min(ys) > 20:
+                ax.set_yscale("log")
+        ax.set_title(title)
+        ax.set_xlabel("output tokens/s")
+        ax.set_ylabel("ms")
+    return fig
+
+
+def throughput_latency(summaries: Mapping[str, Mapping], path: Path) -> Path:
+    """``throughput_latency_figure`` written to ``path``."""
+    return _save(throughput_latency_figure(summaries), path, left=0.75, right=0.3, wspace=0.3)
+
+
 def write_run_plots(requests: pd.DataFrame, steps: pd.DataFrame, summary: dict, out_dir: Path,
                     timeline: pd.DataFrame | None = None) -> list[Path]:
     """The standard figures of one run. ``timeline``: the scheduler's state intervals (Result.timeline);

@@ -36,7 +36,7 @@ def test_compare_writes_table_csv_and_plots(tmp_path, capsys):
     assert df["scheduler.batching"].tolist() == ["static", "continuous"]
     assert (df["num_finished"] == 7).all()
     assert {"ttft_s.p50", "memory_breakdown.token_states", "swap_time_s"} <= set(df.columns)
-    for name in ("latency_cdf.png", "kv_usage.png", "memory_breakdown.png", "timeline.png"):
+    for name in ("latency_cdf.png", "kv_usage.png", "memory_breakdown.png", "timeline.png", "throughput_latency.png"):
         assert (out / name).stat().st_size > 1000
     assert [p.name for p in out.glob(".*")] == [".kvsim-results"]   # the folder's marker, no staging leftovers
     assert [p.name for p in tmp_path.iterdir()] == ["cmp"]
@@ -103,3 +103,20 @@ def test_bad_workers_is_one_line_exit_2(capsys, workers):
     assert rc == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: --workers")
+
+
+def test_the_throughput_latency_figure_has_each_run_in_order_and_skips_a_run_without_values():
+    from sim.plots import throughput_latency_figure
+
+    summaries = {"a": {"output_throughput_tok_s": 100.0, "ttft_s": {"p50": 0.03}, "tpot_s": {"mean": 0.006}},
+                 "b": {"output_throughput_tok_s": 400.0, "ttft_s": {"p50": 0.05}, "tpot_s": {"mean": 0.009}},
+                 "none finished": {"output_throughput_tok_s": 0.0, "ttft_s": {"p50": float("nan")},
+                                   "tpot_s": {"mean": float("nan")}},
+                 "c": {"output_throughput_tok_s": 500.0, "ttft_s": {"p50": 2.5}, "tpot_s": {"mean": 0.04}}}
+    fig = throughput_latency_figure(summaries)
+    ttft, tpot = (ax.lines[0] for ax in fig.axes)
+    assert list(ttft.get_xdata()) == [100.0, 400.0, 500.0] == list(tpot.get_xdata())
+    assert list(ttft.get_ydata()) == pytest.approx([30.0, 50.0, 2500.0])   # milliseconds
+    assert list(tpot.get_ydata()) == pytest.approx([6.0, 9.0, 40.0])
+    assert fig.axes[0].get_yscale() == "log" and fig.axes[1].get_yscale() == "linear"   # (2.5 s / 30 ms > 20)
+    assert [t.get_text() for t in fig.axes[0].texts] == ["a", "b", "c"]

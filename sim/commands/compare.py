@@ -3,7 +3,8 @@
 One run per combination of the varied values (their cross product; with --workers, N at a time in worker
 processes, the same results in the same order), a table of the main summary keys,
 and, in DIR: compare.csv (every summary key, flattened, one row a run), overlaid latency CDFs and KV
-usage, memory-breakdown bars side by side, the memory breakdown over time side by side
+usage, memory-breakdown bars side by side, the runs' output tokens/s against median TTFT and mean TPOT
+(throughput_latency.png), the memory breakdown over time side by side
 (memory_over_time.png), and the request timelines one above the other. With
 --trace-events FILE, one Chrome trace per run (FILE's name plus the run's label).
 """
@@ -176,6 +177,7 @@ def write_plots(results: dict[str, Result], out: Path) -> list[str]:
         plots.kv_usage({k: r.steps for k, r in results.items()}, out / "kv_usage.png"),
         plots.memory_breakdown({k: r.summary["memory_breakdown"] for k, r in results.items()},
                                out / "memory_breakdown.png"),
+        plots.throughput_latency({k: r.summary for k, r in results.items()}, out / "throughput_latency.png"),
         timeline({k: intervals_of(r) for k, r in results.items()}, out / "timeline.png"),
         memory_over_time({k: r.steps for k, r in results.items()}, out / "memory_over_time.png"),
         latency_breakdown({k: (intervals_of(r), r.requests) for k, r in results.items()},
