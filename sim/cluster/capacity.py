@@ -76,22 +76,19 @@ def meets(figures: dict[str, float], slos: list[SLO]) -> bool:
 
 
 def evaluate(data: dict, base_dir: str, source: str, slos: list[SLO]) -> dict[str, Any]:
-    """Run one candidate (in a worker): its SLO figures, whether it meets them, a few summary figures and
-    each SLO's attainment (share of finished requests within the bound; NaN for itl)."""
+    """Run one candidate (in a worker): its SLO figures, whether it meets them, a few summary figures,
+    each SLO's attainment and the goodput (sim/goodput.py)."""
+    from sim.goodput import slo_report
     from sim.runner import run_scenario
     from sim.scenario import scenario_from_dict
 
     scn = scenario_from_dict(data, base_dir=base_dir, source=source)
     res = run_scenario(scn)
-    fig = slo_figures(res.summary, slos)
-    done = res.requests[res.requests["status"] == "FINISHED"]
-    attain = {}
-    for s in slos:
-        col = s.metric if s.metric in done else None
-        attain[f"attain_{s.name}"] = float((done[col] <= s.value).mean()) if col and len(done) else math.nan
-    return {**fig, **attain, "meets": meets(fig, slos), "num_finished": res.summary["num_finished"],
+    report = slo_report(res.requests, res.summary, slos)
+    return {**report, "num_finished": res.summary["num_finished"],
             "output_throughput_tok_s": res.summary["output_throughput_tok_s"],
-            "worst_ratio": max((fig[s.name] / s.value if fig[s.name] == fig[s.name] else math.inf) for s in slos)}
+            "worst_ratio": max((report[s.name] / s.value if report[s.name] == report[s.name] else math.inf)
+                               for s in slos)}
 
 
 Runner = Callable[[list[dict]], list[dict[str, Any]]]

@@ -1,4 +1,5 @@
-"""kvsim compare SCENARIO.yaml --vary key.path=v1,v2[,...] [--vary ...] [--set ...] [--workers N] [--out DIR] [--json]
+"""kvsim compare SCENARIO.yaml --vary key.path=v1,v2[,...] [--vary ...] [--set ...] [--slo METRIC_STAT=S ...]
+[--workers N] [--out DIR] [--json]
 
 One run per combination of the varied values (their cross product; with --workers, N at a time in worker
 processes, the same results in the same order), a table of the main summary keys,
@@ -6,7 +7,8 @@ and, in DIR: compare.csv (every summary key, flattened, one row a run), overlaid
 usage, memory-breakdown bars side by side, the runs' output tokens/s against median TTFT and mean TPOT
 (throughput_latency.png), the memory breakdown over time side by side
 (memory_over_time.png), and the request timelines one above the other. With
---trace-events FILE, one Chrome trace per run (FILE's name plus the run's label).
+--trace-events FILE, one Chrome trace per run (FILE's name plus the run's label). With --slo, each run's
+summary gains ``slo`` (sim/goodput.py): whether it meets every SLO, each one's attainment, the goodput.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from sim.atomic_dir import replace_dir
+from sim.cluster.capacity import parse_slo
 from sim.commands.trace_args import add_trace_args, check_trace_args, per_run_path
 from sim.errors import KvsimError
 from sim.output import flatten, prepare_results_dir, summary_json
@@ -42,6 +45,7 @@ TABLE = [
 # shown where a run has a prefix cache / a host tier under it / a client with a concurrency limit in front
 CACHE_COLUMNS = [("prefix hit", "prefix_cache_hit_rate", None), ("host hit", "host_cache_hit_rate", None),
                  ("client wait", "client_wait_s", "mean")]
+SLO_COLUMNS = [("SLOs met", "slo", "meets"), ("goodput", "slo", "goodput_req_s")]   # with --slo
 
 
 def add_parser(sub) -> None:
@@ -51,6 +55,10 @@ def add_parser(sub) -> None:
                    help="a key and the values to try (repeatable: the cross product is run)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
                    help="override a scenario key in every run (repeatable)")
+    p.add_argument("--slo", action="append", default=[], metavar="METRIC_STAT=SECONDS",
+                   help="a service-level objective, e.g. ttft_p90=2 (repeatable; metrics ttft, tpot, itl, e2e; "
+                        "stats mean, p50, p90, p99): adds whether each run meets them all, each one's attainment "
+                        "and the goodput (requests a second within every bound)")
     p.add_argument("--workers", type=int, default=1,
                    help="runs at a time, in worker processes (default 1: one after another in this process)")
     p.add_argument("--out", help="folder for compare.csv and the overlaid plots")
@@ -134,7 +142,18 @@ def _cell(summary: dict, key: str, field: str | None) -> str:
         v = v.get(field)
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
     return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def add_slo_reports(results: dict[str, Result], slos: list) -> None:
+    """Each run's summary gains ``slo`` (sim/goodput.py ``slo_report``: each SLO's figure, ``meets``, each
+    one's attainment and ``goodput_req_s``)."""
+    from sim.goodput import slo_report
+
+    for res in results.values():
+        res.summary["slo"] = slo_report(res.requests, res.summary, slos)
 
 
 def print_table(results: dict[str, Result]) -> None:
@@ -147,6 +166,8 @@ def print_table(results: dict[str, Result]) -> None:
     hosts = ["host_cache_hit_rate" in r.summary for r in results.values()]
     clients = ["client_wait_s" in r.summary for r in results.values()]
     table = TABLE + [c for c, shown in zip(CACHE_COLUMNS, (any(caching), any(hosts), any(clients))) if shown]
+    if all("slo" in r.summary for r in results.values()):
+        table += SLO_COLUMNS
     for head, _, _ in table:
         t.add_column(head, justify="right")
     for label, res in results.items():
@@ -188,6 +209,7 @@ def write_plots(results: dict[str, Result], out: Path) -> list[str]:
 
 def main(args: argparse.Namespace) -> int:
     vary = parse_vary(args.vary)
+    slos = [parse_slo(t) for t in args.slo]
     if not 1 <= args.workers <= MAX_WORKERS:
         raise KvsimError("--workers", f"must be 1 .. {MAX_WORKERS}, got {args.workers}")
     runs = math.prod(len(values) for _, values in vary)
@@ -197,6 +219,8 @@ def main(args: argparse.Namespace) -> int:
     out = prepare_results_dir(args.out) if args.out else None
     trace = check_trace_args(args)
     results = run_all(args.scenario, vary, list(args.overrides), args.workers)
+    if slos:
+        add_slo_reports(results, slos)
     notes = sys.stderr if args.json else sys.stdout   # with --json, stdout holds the JSON alone
     if args.json:
         sys.stdout.write(compare_json(results, vary))
