@@ -73,3 +73,27 @@ def test_compare_bad_slo_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys)
     assert rc == 2 and not out.exists()
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: --slo:")
+
+
+def test_run_slo_adds_the_report_to_summary_json(tmp_path, capsys):
+    import json
+
+    import yaml
+
+    scenario = tmp_path / "burst.yaml"
+    scenario.write_text(yaml.safe_dump({
+        "name": "burst", "model": "llama-2-7b", "hardware": "a100-80gb", "scheduler": {"max_num_seqs": 1},
+        "workload": {"synthetic": {"num_requests": 6, "arrival": {"process": "burst"},
+                                   "prompt_len": {"dist": "fixed", "value": 64},
+                                   "output_len": {"dist": "fixed", "value": 8}}}}))
+    assert main(["run", str(scenario), "--out", str(tmp_path / "a"), "--no-plots"]) == 0
+    ttft = sorted(pd.read_csv(tmp_path / "a" / "requests.csv")["ttft_s"])
+    bound = (ttft[3] + ttft[4]) / 2   # the first four meet it, served one at a time
+    assert main(["run", str(scenario), "--out", str(tmp_path / "b"), "--no-plots", "--slo", f"ttft_p50={bound}"]) == 0
+    assert "goodput_req_s" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert summary["slo"]["attain_ttft_p50"] == 4 / 6 and summary["slo"]["meets"] is True   # (p50: the 3rd-4th)
+    assert summary["slo"]["goodput_req_s"] == pytest.approx(4 / summary["makespan_s"], rel=1e-12)
+    assert "slo" not in json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert main(["run", str(scenario), "--out", str(tmp_path / "c"), "--slo", "speed_p90=1"]) == 2
+    assert not (tmp_path / "c").exists()

@@ -1,5 +1,6 @@
-"""kvsim run SCENARIO.yaml [--out DIR] [--set key.path=value ...] [--json]: run one scenario, print its summary
-(a table, or with --json the text of summary.json on stdout and every other line on stderr)."""
+"""kvsim run SCENARIO.yaml [--out DIR] [--set key.path=value ...] [--slo METRIC_STAT=S ...] [--json]: run one
+scenario, print its summary (a table, or with --json the text of summary.json on stdout and every other line on
+stderr); with --slo the summary gains ``slo`` (sim/goodput.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from sim.atomic_dir import commit_stage, new_stage, replace_dir
+from sim.cluster.capacity import parse_slo
 from sim.cluster.output import write_cluster_files
 from sim.commands.progress import add_progress_args, progress_mode
 from sim.commands.summary_table import print_summary
@@ -30,6 +32,10 @@ def add_parser(sub) -> None:
                    help="override a scenario key (repeatable)")
     p.add_argument("--no-plots", action="store_true", help="skip the figures")
     p.add_argument("--check", action="store_true", help="check every KV invariant after every step (slow)")
+    p.add_argument("--slo", action="append", default=[], metavar="METRIC_STAT=SECONDS",
+                   help="a service-level objective, e.g. ttft_p90=2 (repeatable, as kvsim capacity takes it): "
+                        "summary.json gains slo (whether the run meets them all, each one's attainment, the "
+                        "goodput)")
     p.add_argument("--json", action="store_true",
                    help="print the summary as JSON (summary.json's text) instead of the table; other lines go to stderr")
     add_progress_args(p)
@@ -89,6 +95,7 @@ def results_stage(out: Path | None) -> Iterator[tuple[Path | None, StepTableStre
 
 
 def main(args: argparse.Namespace) -> int:
+    slos = [parse_slo(t) for t in args.slo]
     scn = load_scenario(args.scenario, args.overrides)
     out_arg = args.out or (str(scn.resolve_path(scn.output.dir)) if scn.output.dir else None)  # output.dir: default
     out = prepare_results_dir(out_arg) if out_arg else None
@@ -97,6 +104,10 @@ def main(args: argparse.Namespace) -> int:
     with results_stage(out) as (stage, stream):
         result = run_scenario(scn, check_integrity=True if args.check else None, progress=show,
                               progress_after_s=after_s, step_stream=stream)
+        if slos:
+            from sim.goodput import slo_report
+
+            result.summary["slo"] = slo_report(result.requests, result.summary, slos)
         notes = sys.stderr if args.json else sys.stdout   # with --json, stdout holds the JSON alone
         if args.json:
             sys.stdout.write(summary_json(result.summary))

@@ -30,7 +30,7 @@ def print_summary(summary: dict, title: str = "summary") -> None:
     t.add_column("value", justify="right")
     shared = any(summary.get(k) for k in ("kv_sharing_saving", "prefix_kv_bytes_peak", "prefix_cache_evictions"))
     for k, v in summary.items():
-        if k in LATENCIES or k == "memory_breakdown" or (k in SHARING and not shared):
+        if k in LATENCIES or k in ("memory_breakdown", "slo") or (k in SHARING and not shared):
             continue
         t.add_row(k, _fmt(v))
     console.print(t)
@@ -47,3 +47,10 @@ def print_summary(summary: dict, title: str = "summary") -> None:
         mb.add_column(k, justify="right")
     mb.add_row(*(f"{v:.3f}" for v in summary["memory_breakdown"].values()))
     console.print(mb)
+    if "slo" in summary:   # kvsim run --slo (sim/goodput.py)
+        slo = Table(title="SLOs", header_style="bold")
+        slo.add_column("metric")
+        slo.add_column("value", justify="right")
+        for k, v in summary["slo"].items():
+            slo.add_row(k, ("yes" if v else "no") if isinstance(v, bool) else _fmt(v))
+        console.print(slo)
