@@ -104,6 +104,19 @@ ax.set(xlabel="output tokens/s", ylabel="mean TPOT (ms)", title="Llama-3.1-8B, o
 fig.savefig(FIG / "concurrency.png", dpi=110, bbox_inches="tight")
 plt.close(fig)
 Image(FIG / "concurrency.png")"""),
+    ("md", """Throughput alone rewards the largest batch. Against service-level objectives (here TTFT p90 under 0.5 s and
+TPOT p90 under 20 ms) the figure that counts is the goodput: the requests a second that finish within every
+bound (vLLM's `--goodput`, DistServe's metric; `sim/goodput.py`, and `kvsim run` / `kvsim compare` with
+`--slo`). It peaks where the SLOs start to fail, then collapses: past that point each added request in
+flight makes more requests late than it serves."""),
+    ("code", """from sim.cluster.capacity import parse_slo
+from sim.goodput import slo_report
+
+slos = [parse_slo("ttft_p90=0.5"), parse_slo("tpot_p90=0.02")]
+gp = runs("concurrency_sweep.yaml", "workload.max_concurrency", [4, 16, 32, 64, 128, 256],
+          ["workload.synthetic.num_requests=300"])
+display(pd.DataFrame({label: {"request_throughput": r.summary["request_throughput"],
+                              **slo_report(r.requests, r.summary, slos)} for label, r in gp.items()}).T.round(3))"""),
     ("md", """## 6. A cap at the gateway under overload: where the wait goes
 
 The same engine under an open loop of 24 requests a second (Poisson, 1,500 requests), a little above what it
