@@ -32,7 +32,6 @@ import copy
 import hashlib
 import itertools
 import json
-import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -47,6 +46,7 @@ from sim.limits import MAX_GRID_RUNS
 from sim.output import flatten
 from sim.scenario import Scenario, apply_override, scenario_from_dict
 from sim.sweep_lock import SweepLock
+from sim.worker_pool import worker_pool
 from sim.yamlfile import read_yaml_file
 
 RESULTS_CSV = "results.csv"
@@ -407,55 +407,18 @@ class SweepOutcome:
     files: list[Path]
 
 
-def _worker_init(parent: int) -> None:
-    """In each worker: leave Ctrl-C to the parent (it stops the pool), and exit if the parent dies."""
-    import signal
-    import threading
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's handler (forked): terminate() must kill
-
-    def watch() -> None:
-        import time
-
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True).start()
-
-
-def _stop_pool(pool: Any) -> None:
-    """Cancel what has not started and terminate the workers now (not after their current run)."""
-    procs = list((getattr(pool, "_processes", None) or {}).values())  # shutdown() forgets them
-    for proc in procs:
-        if proc.is_alive():
-            proc.terminate()
-    pool.shutdown(wait=False, cancel_futures=True)
-    for proc in procs:
-        proc.join(timeout=5)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(timeout=5)
-
-
 def _run_local(sweep: Sweep, todo: list[Task], workers: int, on_done, trace=lambda t: None) -> None:
     args = (str(sweep.base_path.parent), str(sweep.base_path))
     if workers <= 1:
         for t in todo:
             on_done(t, run_task(t.data, *args, trace(t)))
         return
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures import as_completed
 
-    pool = ProcessPoolExecutor(max_workers=workers, initializer=_worker_init, initargs=(os.getpid(),))
-    try:
+    with worker_pool(workers) as pool:
         futures = {pool.submit(run_task, t.data, *args, trace(t)): t for t in todo}
         for fut in as_completed(futures):
             on_done(futures[fut], fut.result())
-    except BaseException:
-        _stop_pool(pool)
-        raise
-    pool.shutdown(wait=True)
 
 
 def _run_ray(sweep: Sweep, todo: list[Task], address: str | None, on_done, trace=lambda t: None) -> None:

@@ -121,15 +121,20 @@ class CandidateRunner:
             return ray.get([remote.remote(d, base_dir, source, slos) for d in datas])
         if self.workers <= 1 or len(datas) == 1:
             return [evaluate(d, base_dir, source, slos) for d in datas]
-        if self._pool is None:
-            from concurrent.futures import ProcessPoolExecutor
+        from sim.worker_pool import new_pool, stop_pool
 
-            self._pool = ProcessPoolExecutor(max_workers=self.workers)
-        return list(self._pool.map(evaluate, datas, [base_dir] * len(datas), [source] * len(datas),
-                                   [slos] * len(datas)))
+        if self._pool is None:
+            self._pool = new_pool(self.workers)
+        try:
+            return list(self._pool.map(evaluate, datas, [base_dir] * len(datas), [source] * len(datas),
+                                       [slos] * len(datas)))
+        except BaseException:   # (an error, Ctrl-C, SIGTERM: the workers stop now, not after their runs)
+            stop_pool(self._pool)
+            self._pool = None
+            raise
 
     def close(self) -> None:
-        """Stop the pool's workers (a later call starts a new pool)."""
+        """Let the pool's workers finish and go (a later call starts a new pool)."""
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None

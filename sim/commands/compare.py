@@ -104,9 +104,9 @@ def run_all(scenario: str, vary: list[tuple[str, list[str]]], overrides: list[st
     combos = combinations(vary)
     scns = [load_scenario(scenario, overrides + [f"{k}={v}" for k, v in combo]) for combo in combos]
     if workers > 1 and len(scns) > 1:
-        from concurrent.futures import ProcessPoolExecutor
+        from sim.worker_pool import worker_pool
 
-        with ProcessPoolExecutor(max_workers=min(workers, len(scns))) as pool:
+        with worker_pool(min(workers, len(scns))) as pool:   # (stopped at once on Ctrl-C or an error)
             ran = list(pool.map(_run_one, scns))
     else:
         ran = [_run_one(scn) for scn in scns]

@@ -192,9 +192,9 @@ def _map(fn, tasks: list, workers: int) -> list:
     """``[fn(t) for t in tasks]``, in a process pool of ``workers`` when that is more than one."""
     if workers <= 1 or len(tasks) <= 1:
         return [fn(t) for t in tasks]
-    from concurrent.futures import ProcessPoolExecutor
+    from sim.worker_pool import worker_pool
 
-    with ProcessPoolExecutor(max_workers=min(workers, len(tasks))) as pool:
+    with worker_pool(min(workers, len(tasks))) as pool:   # (stopped at once on Ctrl-C or an error)
         return list(pool.map(fn, tasks))
 
 

@@ -1,0 +1,65 @@
+"""Worker processes that run scenarios side by side (kvsim sweep, compare, capacity, fidelity).
+
+A pool's workers leave Ctrl-C to the parent and exit if the parent dies (each watches its parent's pid);
+when the parent stops early (an error, Ctrl-C, SIGTERM: any exception out of ``worker_pool``'s block, or
+``stop_pool``) the workers are terminated at once rather than after their current run, and what had not
+started is cancelled. A block that ends normally waits for its workers to finish.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+
+def worker_init(parent: int) -> None:
+    """In each worker: leave Ctrl-C to the parent (it stops the pool), and exit if the parent dies."""
+    import signal
+    import threading
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's handler (forked): terminate() must kill
+
+    def watch() -> None:
+        import time
+
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def new_pool(workers: int) -> ProcessPoolExecutor:
+    """A pool of ``workers`` processes with ``worker_init`` (stop it with ``stop_pool`` on an early exit)."""
+    return ProcessPoolExecutor(max_workers=workers, initializer=worker_init, initargs=(os.getpid(),))
+
+
+def stop_pool(pool: Any) -> None:
+    """Cancel what has not started and terminate the workers now (not after their current run)."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())  # shutdown() forgets them
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in procs:
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=5)
+
+
+@contextmanager
+def worker_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
+    """``new_pool(workers)`` for the block: stopped at once if the block raises, else shut down after its
+    workers finish."""
+    pool = new_pool(workers)
+    try:
+        yield pool
+    except BaseException:
+        stop_pool(pool)
+        raise
+    pool.shutdown(wait=True)
