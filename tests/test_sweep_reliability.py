@@ -198,14 +198,19 @@ def _start_workers(tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen([sys.executable, "-m", "sim.cli", "sweep", str(path), "--workers", "2", "--no-progress"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return proc, wait_for_workers(proc)
+
+
+def wait_for_workers(proc: subprocess.Popen, count: int = 2) -> list[int]:
+    """The pids of ``proc``'s first ``count`` live children (its pool's workers), a second after they started."""
     deadline = time.monotonic() + 60
     kids: list[int] = []
-    while time.monotonic() < deadline and len(kids) < 2:
+    while time.monotonic() < deadline and len(kids) < count:
         time.sleep(0.2)
         kids = [k for k in _children(proc.pid) if _alive(k)]
-    assert len(kids) >= 2, "the workers did not start"
+    assert len(kids) >= count, "the workers did not start"
     time.sleep(1.0)
-    return proc, kids
+    return kids
 
 
 def _all_gone(pids: list[int], within_s: float) -> bool:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_sweep_reliability import _alive, _all_gone, _children
+from test_sweep_reliability import _all_gone, wait_for_workers
 
 import sim.cluster.capacity as capacity
 from sim.worker_pool import worker_pool
@@ -74,13 +74,7 @@ def test_sigterm_stops_compare_and_its_workers_at_once_with_one_line(tmp_path):
                              "--workers", "2", "--out", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    deadline = time.monotonic() + 60
-    kids: list[int] = []
-    while time.monotonic() < deadline and len(kids) < 2:
-        time.sleep(0.2)
-        kids = [k for k in _children(proc.pid) if _alive(k)]
-    assert len(kids) >= 2, "the workers did not start"
-    time.sleep(1.0)
+    kids = wait_for_workers(proc)
     proc.send_signal(signal.SIGTERM)
     sent = time.monotonic()
     rc = proc.wait(timeout=60)
