@@ -8,6 +8,8 @@ A sweep file (paths relative to it):
       kv_cache.block_size: [8, 16, 32]
     repeats: 2                            # seeds per point: base seed + 0, + 1, ...
     out: results/sweep1                   # results.csv (+ results.parquet when pyarrow is importable)
+    slo: [ttft_p90=2, tpot_p90=0.1]       # optional: each row gains slo.* (sim/goodput.py: met or not,
+                                          # attainment, goodput); part of each task's identity
 
 Every grid key and value is validated before anything runs (an unknown key is a KvsimError naming the
 sweep file, its line and the key); a value given twice for one key, a key together with its parent
@@ -41,6 +43,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from sim.cluster.capacity import parse_slo
 from sim.errors import KvsimError
 from sim.limits import MAX_GRID_RUNS
 from sim.output import flatten
@@ -61,6 +64,7 @@ class SweepSpec(BaseModel):
     repeats: int = Field(default=1, ge=1, le=MAX_GRID_RUNS)
     out: str = "sweep-results"
     name: str = "sweep"
+    slo: list[str] = Field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,7 @@ class Sweep:
     base_path: Path
     out_dir: Path
     tasks: list[Task]
+    slos: list = field(default_factory=list)   # sim.cluster.capacity.SLO, from ``slo``
 
 
 # ---------------------------------------------------------------- key paths against the schema
@@ -144,11 +149,15 @@ def _read_yaml(path: Path, what: str) -> tuple[str, Any]:
     return text, data
 
 
-def task_id(scenario_hash: str, params: tuple[tuple[str, Any], ...], repeat: int) -> str:
-    """Identity of one run: its resolved scenario, the point (key order does not matter), the repeat."""
+def task_id(scenario_hash: str, params: tuple[tuple[str, Any], ...], repeat: int, slo: list[str] | None = None
+            ) -> str:
+    """Identity of one run: its resolved scenario, the point (key order does not matter), the repeat, and
+    the SLOs its row is measured against (none: the identity sweeps without SLOs always had)."""
     ordered = sorted(params, key=lambda p: p[0])
-    blob = json.dumps({"scenario": scenario_hash, "params": [list(p) for p in ordered], "repeat": repeat},
-                      sort_keys=True, default=str)
+    what = {"scenario": scenario_hash, "params": [list(p) for p in ordered], "repeat": repeat}
+    if slo:
+        what["slo"] = sorted(slo)
+    blob = json.dumps(what, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -255,6 +264,13 @@ def load_sweep(path: str | Path) -> Sweep:
         if not values:
             raise KvsimError(where(key), f"grid.{key}: needs at least one value")
     _check_grid_shape(spec, where)
+    slos = []
+    for text in spec.slo:
+        try:
+            slos.append(parse_slo(text))
+        except KvsimError as e:
+            line = lines.get("slo")
+            raise KvsimError(f"{path}:{line}" if line else str(path), f"slo: {e.what}") from None
 
     base_path = Path(spec.base)
     base_path = base_path if base_path.is_absolute() else path.parent / base_path
@@ -297,12 +313,12 @@ def load_sweep(path: str | Path) -> Sweep:
             run = copy.deepcopy(data)
             run["seed"] = scn.seed + r if "seed" in spec.grid else base_seed + r
             digest = scenario_hash(scn.model_copy(update={"seed": run["seed"]}), digests)
-            tasks.append(Task(task_id(digest, params, r), params, r, run["seed"], run, digest))
+            tasks.append(Task(task_id(digest, params, r, spec.slo), params, r, run["seed"], run, digest))
     out = Path(spec.out)
     out = out if out.is_absolute() else path.parent / out
     if out.exists() and not out.is_dir():
         raise KvsimError(str(path), f"out: {out} is a file, not a folder")
-    return Sweep(path, spec, base_path, out, tasks)
+    return Sweep(path, spec, base_path, out, tasks, slos)
 
 
 def _check_capacity(scn: Scenario) -> None:
@@ -314,15 +330,21 @@ def _check_capacity(scn: Scenario) -> None:
 # ---------------------------------------------------------------- one run (in a worker process)
 
 
-def run_task(data: dict, base_dir: str, source: str, trace: tuple[str, int] | None = None) -> dict[str, Any]:
+def run_task(data: dict, base_dir: str, source: str, trace: tuple[str, int] | None = None,
+             slos: list | None = None) -> dict[str, Any]:
     """Run one task's scenario; a flat row of its summary, with ``status`` ok, or error and the message.
-    ``trace``: (file, request limit) of a Chrome trace-event JSON to write for this run."""
+    ``trace``: (file, request limit) of a Chrome trace-event JSON to write for this run; ``slos``: the
+    summary gains ``slo`` (sim/goodput.py)."""
     from sim.runner import run_scenario
 
     try:
         scn = scenario_from_dict(data, base_dir=base_dir, source=source)
         result = run_scenario(scn)
         summary = result.summary
+        if slos:
+            from sim.goodput import slo_report
+
+            summary = {**summary, "slo": slo_report(result.requests, summary, slos)}
         if trace is not None:
             from sim.timeline import intervals_from_requests
             from sim.trace_events import write_trace_events
@@ -411,12 +433,12 @@ def _run_local(sweep: Sweep, todo: list[Task], workers: int, on_done, trace=lamb
     args = (str(sweep.base_path.parent), str(sweep.base_path))
     if workers <= 1:
         for t in todo:
-            on_done(t, run_task(t.data, *args, trace(t)))
+            on_done(t, run_task(t.data, *args, trace(t), sweep.slos))
         return
     from concurrent.futures import as_completed
 
     with worker_pool(workers) as pool:
-        futures = {pool.submit(run_task, t.data, *args, trace(t)): t for t in todo}
+        futures = {pool.submit(run_task, t.data, *args, trace(t), sweep.slos): t for t in todo}
         for fut in as_completed(futures):
             on_done(futures[fut], fut.result())
 
@@ -431,7 +453,7 @@ def _run_ray(sweep: Sweep, todo: list[Task], address: str | None, on_done, trace
         ray.init(address=address or None, include_dashboard=False, log_to_driver=False)
     remote = ray.remote(run_task)
     args = (str(sweep.base_path.parent), str(sweep.base_path))
-    pending = {remote.remote(t.data, *args, trace(t)): t for t in todo}
+    pending = {remote.remote(t.data, *args, trace(t), sweep.slos): t for t in todo}
     try:
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
