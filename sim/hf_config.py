@@ -129,11 +129,10 @@ def _refuse_sliding_windows(cfg: dict[str, Any], layers: int) -> None:
     sized = isinstance(window, int) and not isinstance(window, bool) and window > 0
     if cfg.get("use_sliding_window") is False or sliding == 0 or (sized and max_len and window >= max_len):
         return   # switched off, no sliding layer, or a window that covers the whole context
-    short = sized
-    if not (short or sliding):
-        return
-    key = "layer_types" if sliding and not short else "sliding_window"
-    span = f"{window} tokens" if short else "a window"
+    if not (sized or sliding):
+        return   # no window at all
+    key = "layer_types" if sliding and not sized else "sliding_window"
+    span = f"{window} tokens" if sized else "a window"
     on = f"on {sliding} of {layers} layers" if sliding else "on every layer"
     raise ValueError(f"{key}: sliding-window attention ({span}, {on}) is not modelled by kvsim; delete the key to "
                      "price every layer with full attention (KV kept for the whole context: more memory than the "
