@@ -32,6 +32,17 @@ def _both(monkeypatch, run):
     return off_and_on(monkeypatch, engine_core, "enabled", run)
 
 
+def _assert_same_clusters(loop, core) -> None:
+    """A cluster's run in the SimPy loop and in the core: the same results and replicas table, each where
+    it should have run, every replica used."""
+    import pandas as pd
+
+    assert_same(loop, core)
+    pd.testing.assert_frame_equal(loop.replicas, core.replicas, check_exact=True)
+    assert core.profile["compiled_core"] and not loop.profile["compiled_core"]
+    assert (core.replicas["requests"] > 0).all()
+
+
 def _scenario(data: dict, **scheduler) -> dict:
     d = copy.deepcopy(data)
     d.setdefault("scheduler", {}).update(scheduler)
@@ -484,17 +495,12 @@ def test_a_client_runs_in_the_core_and_equals(monkeypatch, client, settings):
 def test_a_client_in_front_of_a_cluster_runs_in_the_core_and_equals(monkeypatch, policy):
     """4 replicas behind every router the core covers, 7 slots with exponential pauses over the long decodes
     (a burst of 300 at rate 300/s): each request routed as it reaches the pool, as the SimPy loop's client does."""
-    import pandas as pd
-
     data = _scenario(STRESS["long_decodes"])
     data["workload"]["synthetic"]["arrival"]["rate"] = 300.0
     data["workload"].update(max_concurrency=7, think_time_s=0.01, think_time_dist="exponential")
     data["cluster"] = {"replicas": 4, "router": {"policy": policy}}
     loop, core = _both(monkeypatch, lambda: run_scenario(scenario_from_dict(data), check_integrity=False))
-    assert_same(loop, core)
-    pd.testing.assert_frame_equal(loop.replicas, core.replicas, check_exact=True)
-    assert core.profile["compiled_core"] and not loop.profile["compiled_core"]
-    assert (core.replicas["requests"] > 0).all()
+    _assert_same_clusters(loop, core)
 
 
 @pytest.mark.parametrize("policy", ["round_robin", "random", "least_requests", "least_kv", "power_of_two", "session",
@@ -504,17 +510,12 @@ def test_clusters_run_in_the_core_and_equal(monkeypatch, policy, case):
     """Replicas behind every router that reads at most their loads and KV usage: one arrival process feeds
     every replica's engine in SimPy's event order (arrivals tied with other replicas' step ends included),
     the router called at each arrival (or its choices made ahead)."""
-    import pandas as pd
-
     data = _scenario(STRESS["long_decodes"] if case == "long_decodes" else PRESSURE)
     if case == "long_decodes":
         data["workload"]["synthetic"]["arrival"]["rate"] = 60.0
     data["cluster"] = {"replicas": 3, "router": {"policy": policy}}
     loop, core = _both(monkeypatch, lambda: run_scenario(scenario_from_dict(data), check_integrity=True))
-    assert_same(loop, core)
-    pd.testing.assert_frame_equal(loop.replicas, core.replicas, check_exact=True)
-    assert core.profile["compiled_core"] and not loop.profile["compiled_core"]
-    assert (core.replicas["requests"] > 0).all()
+    _assert_same_clusters(loop, core)
 
 
 @pytest.mark.parametrize("policy", ["least_requests", "least_kv", "power_of_two", "prefix_affinity", "session"])
