@@ -15,17 +15,19 @@ The keys read (the transformers names; the first present wins):
     context            max_position_embeddings, n_positions, seq_length, max_seq_len
     tied embeddings    tie_word_embeddings (default false)
     experts            num_local_experts or num_experts, with num_experts_per_tok (a mixture of experts)
+    quantization       quantization_config (AWQ, GPTQ, Marlin, fp8, compressed-tensors: sim/hf_quantization.py)
 
 The MLP is gated (SwiGLU: gate, up, down) unless the config names a plain one: OPT's ``ffn_dim``, GPT-2's
 ``n_inner``, or a model type with a two-matrix MLP (``PLAIN_MLP_TYPES``: OPT, GPT-2, GPT-NeoX, Falcon,
-Phi-1/2, StarCoder2, ...). The dtype is kvsim's default (fp16); a scenario may
-set ``model.dtype``. Mixture-of-experts configs whose experts differ in width from ``intermediate_size``
+Phi-1/2, StarCoder2, ...). The dtype is kvsim's default (fp16) unless the config is quantized; a
+scenario may set ``model.dtype``. Mixture-of-experts configs whose experts differ in width from ``intermediate_size``
 (``moe_intermediate_size``) use that width.
 
 Invariant: a config missing a required key, or with a value that is not a positive integer, is an error that
 names the key; so is one of an architecture kvsim cannot price (``UNSUPPORTED_KEYS``: DeepSeek's latent
 attention, shared experts, state-space layers; and a sliding window shorter than the context,
-``_refuse_sliding_windows``); nothing is guessed beyond the defaults listed above.
+``_refuse_sliding_windows``), and one of a quantization it does not model (bitsandbytes, NVFP4, ...);
+nothing is guessed beyond the defaults listed above.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from sim.errors import KvsimError
+from sim.hf_quantization import quantization_fields
 from sim.specs import ModelSpec
 from sim.yamlfile import read_text_bounded
 
@@ -77,6 +80,7 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str) -> ModelSpec:
     """The ModelSpec of a parsed config.json (ValueError naming the key on a missing or bad value)."""
     if not isinstance(cfg, dict):
         raise ValueError("expected a JSON object of config keys")
+    quantized = quantization_fields(cfg)   # (at the top level, also of a multimodal wrapper)
     if isinstance(cfg.get("text_config"), dict):   # a multimodal wrapper: the language model's part
         cfg = {**cfg["text_config"], **{k: v for k, v in cfg.items() if k == "tie_word_embeddings"}}
     for key, what in UNSUPPORTED_KEYS.items():
@@ -104,7 +108,7 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str) -> ModelSpec:
         return ModelSpec(name=name, num_layers=layers, hidden_size=hidden, num_heads=heads, num_kv_heads=kv,
                          head_dim=head_dim, intermediate_size=inter, vocab_size=vocab, max_model_len=max_len,
                          gated_mlp=not plain, tied_embeddings=tied, num_experts=experts,
-                         experts_per_token=per_token)
+                         experts_per_token=per_token, **quantized)
     except ValidationError as e:
         first = e.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])

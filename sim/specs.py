@@ -3,6 +3,9 @@
 Invariants:
 - ``head_dim * num_heads`` need not equal ``hidden_size`` (it does for every preset here).
 - KV bytes per token = 2 (K and V) x layers x kv_heads x head_dim x dtype bytes; with GQA kv_heads < heads.
+- Weight-only quantization (``weight_dtype``) narrows the layers' projection and expert weights alone: a
+  [K, N] matrix takes K x N x bits / 8 bytes plus one fp16 scale per group of ``weight_group_size`` rows of
+  K in each of its N columns; embeddings, LM head, norms and the router keep ``dtype``.
 - Presets are immutable; a scenario may give a mapping instead, validated with ``extra="forbid"``.
 """
 
@@ -15,6 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 GiB = 1024**3
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
+# weight-only quantized linear weights (AWQ, GPTQ, Marlin): bits a weight; the GEMMs dequantize them to the
+# model's dtype and multiply at its rate
+WEIGHT_DTYPE_BITS = {"int4": 4, "int8": 8, "fp8": 8}
+SCALE_BYTES = 2   # one fp16 scale a group of quantized weights
 
 
 class ModelSpec(BaseModel):
@@ -41,6 +48,11 @@ class ModelSpec(BaseModel):
     # sends every token to experts_per_token of them; 0 = a dense MLP
     num_experts: int = Field(default=0, ge=0, le=1024)
     experts_per_token: int = Field(default=0, ge=0, le=1024)
+    # weight-only quantization of the projections and experts (vLLM's AWQ / GPTQ / Marlin kernels: int4 or
+    # int8, or fp8 weights with fp16 activations); None: their weights are in ``dtype``. Scales: one fp16 per
+    # ``weight_group_size`` rows of K in each column (0: one per column, "per channel")
+    weight_dtype: str | None = None
+    weight_group_size: int = Field(default=128, ge=0, le=1 << 20)
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
@@ -55,6 +67,13 @@ class ModelSpec(BaseModel):
                              f"got {self.experts_per_token}")
         if self.experts_per_token and not self.num_experts:
             raise ValueError("experts_per_token needs num_experts")
+        if self.weight_dtype is not None:
+            if self.weight_dtype not in WEIGHT_DTYPE_BITS:
+                raise ValueError(f"weight_dtype must be one of {sorted(WEIGHT_DTYPE_BITS)} (or absent), "
+                                 f"got {self.weight_dtype!r}")
+            if WEIGHT_DTYPE_BITS[self.weight_dtype] >= 8 * DTYPE_BYTES[self.dtype]:
+                raise ValueError(f"weight_dtype {self.weight_dtype} is not narrower than dtype {self.dtype}: "
+                                 "weight-only quantization stores weights in fewer bits than the activations")
         return self
 
     @property
@@ -102,14 +121,26 @@ class ModelSpec(BaseModel):
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    def projection_matrices(self) -> list[tuple[int, int, int]]:
+        """One layer's projection weights as (K, N, copies): fused QKV, output, gate and up (or up), down;
+        copies = the experts of a mixture of experts (the router is not a projection)."""
+        h, inter, experts = self.hidden_size, self.intermediate_size, max(1, self.num_experts)
+        up = (2 if self.gated_mlp else 1) * inter
+        return [(h, self.q_size + 2 * self.kv_size, 1), (self.q_size, h, 1), (h, up, experts), (inter, h, experts)]
+
     def layer_params(self) -> int:
         """Parameters of one layer: fused QKV, output projection, MLP (every expert, and the router), two norms."""
-        qkv = self.hidden_size * (self.q_size + 2 * self.kv_size)
-        out = self.q_size * self.hidden_size
-        mlp = (3 if self.gated_mlp else 2) * self.hidden_size * self.intermediate_size
-        if self.num_experts:
-            mlp = mlp * self.num_experts + self.hidden_size * self.num_experts
-        return qkv + out + mlp + 2 * self.hidden_size
+        router = self.hidden_size * self.num_experts
+        return sum(k * n * c for k, n, c in self.projection_matrices()) + router + 2 * self.hidden_size
+
+    def weight_bytes_per_element(self, k: int) -> float:
+        """Bytes a projection weight of a [K = ``k``, N] matrix takes as stored, scales included: the dtype's
+        bytes, or with ``weight_dtype`` its bits / 8 plus a 2-byte scale per group of K rows, ceil(k / group)
+        groups a column (a group size of 0: one scale a column)."""
+        if self.weight_dtype is None:
+            return float(self.dtype_bytes)
+        group = self.weight_group_size or k
+        return WEIGHT_DTYPE_BITS[self.weight_dtype] / 8 + SCALE_BYTES * math.ceil(k / group) / k
 
     def num_params(self) -> int:
         """All parameters: layers, token embedding, LM head (unless tied), final norm."""
@@ -118,7 +149,17 @@ class ModelSpec(BaseModel):
         return self.num_layers * self.layer_params() + emb + head + self.hidden_size
 
     def weight_bytes(self) -> int:
-        return self.num_params() * self.dtype_bytes
+        """Bytes of every weight as stored: ``num_params`` x dtype bytes, or with ``weight_dtype`` the projections
+        and experts at its bits plus their scales (``weight_bytes_per_element``) and the rest in ``dtype``."""
+        if self.weight_dtype is None:
+            return self.num_params() * self.dtype_bytes
+        bits = WEIGHT_DTYPE_BITS[self.weight_dtype]
+        proj = proj_params = 0
+        for k, n, copies in self.projection_matrices():
+            group = self.weight_group_size or k
+            proj += copies * (k * n * bits // 8 + SCALE_BYTES * math.ceil(k / group) * n)
+            proj_params += copies * k * n
+        return self.num_layers * proj + (self.num_params() - self.num_layers * proj_params) * self.dtype_bytes
 
     @classmethod
     def from_name(cls, name: str) -> ModelSpec:

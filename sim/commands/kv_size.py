@@ -34,6 +34,7 @@ def kv_size(model: ModelSpec, seq_len: int, dtype: str, block_size: int) -> dict
         "blocks_per_sequence": blocks,
         "bytes_per_sequence_paged": blocks * per_token * block_size,
         "weight_bytes": model.weight_bytes(),
+        "weight_dtype": model.weight_dtype or model.dtype,
     }
 
 
@@ -60,7 +61,7 @@ def main(args: argparse.Namespace) -> int:
         (f"KV per {args.block_size}-token block", info["bytes_per_block"]),
         (f"KV per {args.seq_len}-token sequence", info["bytes_per_sequence"]),
         (f"  paged ({info['blocks_per_sequence']} blocks)", info["bytes_per_sequence_paged"]),
-        ("model weights", info["weight_bytes"]),
+        (f"model weights ({info['weight_dtype']})", info["weight_bytes"]),
     ]
     print(f"{model.name}: {model.num_layers} layers x {model.num_kv_heads} KV heads x {model.head_dim} "
           f"head_dim x {DTYPE_BYTES[args.dtype]} bytes ({args.dtype}) x 2 (K and V)")

@@ -5,7 +5,10 @@ bytes, H = hidden, I = intermediate, hd = head_dim, q = ceil(heads / t) x hd, kv
 
     linear     = L x sum over (QKV: H -> q + 2kv, out: q -> H, up: H -> I/t (x2 gated), down: I/t -> H)
                  of gemm_time(T, N, K)  +  gemm_time(B, V/t, H) for the LM head on the sampled tokens
-                 (every scheduled sequence counts as sampling one token)
+                 (every scheduled sequence counts as sampling one token); weight-only quantized
+                 projections (``ModelSpec.weight_dtype``) read their weights at its bytes (scales
+                 included) and multiply at the dtype's rate, with the learned correction of the same
+                 shape in the dtype (no quantized kernel's timings are shipped); the LM head stays in dtype
     attention  = L x [prefill kernel + decode kernel], each max(flops / (peak x attn_compute_eff),
                  new bytes / (bw x attn_memory_eff) + cached bytes / (bw x attn_kv_read_eff)) + latency:
                    prefill flops = 4 x hd x heads/t x pairs, pairs = sum n x c + n (n + 1) / 2 (causal:
@@ -179,6 +182,9 @@ class CostModelExecutor:
                            else hardware.peak_flops)
         self._layers = model.num_layers
         self._shapes = linear_shapes(model, tp)
+        # bytes a projection's weight takes as stored, by shape (None: the dtype's, as the activations')
+        self._weight_bytes = [model.weight_bytes_per_element(k) if model.weight_dtype else None
+                              for _, k, _ in self._shapes]
         q = math.ceil(model.num_heads / tp) * model.head_dim
         kv = math.ceil(model.num_kv_heads / tp) * model.head_dim
         inter = model.intermediate_size // tp
@@ -419,11 +425,10 @@ class CostModelExecutor:
     def layer_linear_time(self, tokens: int) -> float:
         """Seconds of one layer's four projections on ``tokens`` tokens (a mixture of experts: see
         ``_moe_mlp_time``)."""
-        p, b, peak = self.params, self.model.dtype_bytes, self._gemm_peak
-        if not self.model.num_experts:
-            return sum(gemm_time_scalar(tokens, n, k, peak, self._bw, b, p, op) for op, k, n in self._shapes)
-        attn = sum(gemm_time_scalar(tokens, n, k, peak, self._bw, b, p, op) for op, k, n in self._shapes[:2])
-        return attn + self._moe_mlp_time(tokens)
+        p, b, peak, wb = self.params, self.model.dtype_bytes, self._gemm_peak, self._weight_bytes
+        shapes = self._shapes if not self.model.num_experts else self._shapes[:2]
+        t = sum(gemm_time_scalar(tokens, n, k, peak, self._bw, b, p, op, w) for (op, k, n), w in zip(shapes, wb))
+        return t if not self.model.num_experts else t + self._moe_mlp_time(tokens)
 
     def _moe_mlp_time(self, tokens: int) -> float:
         """A mixture-of-experts MLP on ``tokens`` tokens, as vLLM's fused MoE kernel runs it:
@@ -445,8 +450,10 @@ class CostModelExecutor:
         per = tokens * k_top / active
         (_, k_up, n_up), (_, k_down, n_down) = self._shapes[2], self._shapes[3]
         eff = self._moe_tile_eff
-        experts = (grouped_gemm_time_scalar(active, per, n_up, k_up, self._gemm_peak, self._bw, b, p, eff)
-                   + grouped_gemm_time_scalar(active, per, n_down, k_down, self._gemm_peak, self._bw, b, p, eff))
+        w_up, w_down = self._weight_bytes[2:]
+        experts = (grouped_gemm_time_scalar(active, per, n_up, k_up, self._gemm_peak, self._bw, b, p, eff, w_up)
+                   + grouped_gemm_time_scalar(active, per, n_down, k_down, self._gemm_peak, self._bw, b, p, eff,
+                                              w_down))
         router = gemm_time_scalar(tokens, e, m.hidden_size, self._gemm_peak, self._bw, b, p)
         return router + experts + MOE_AUX_KERNELS * p.kernel_latency_s
 

@@ -4,6 +4,8 @@ One GEMM ``[M, K] x [K, N]`` (M tokens, K inputs, N outputs, ``b`` bytes per ele
 
     flops  = 2 * M * N * K
     bytes  = b * (K * N + M * K + M * N)            weights read once, activations in and out
+             (weight-only quantized weights, ``weight_bytes`` = w a weight: w * K * N + b * (M * K + M * N);
+             the GEMM dequantizes them and multiplies at the activations' rate, ``peak``)
     t_c    = flops_q / (peak * compute_eff)          compute time
     t_m    = bytes / (bandwidth * memory_eff)        memory time
     t      = (t_c**p + t_m**p) ** (1/p) + latency    a smooth max (p -> inf is the plain max)
@@ -103,9 +105,10 @@ def smooth_max(a: Any, b: Any, p: float) -> Any:
 
 
 def gemm_time(m: Any, n: int | Any, k: int | Any, peak: float, bandwidth: float, dtype_bytes: int,
-              params: CostParams, op: Any = None) -> Any:
+              params: CostParams, op: Any = None, weight_bytes: float | None = None) -> Any:
     """Seconds for one ``[m, k] x [k, n]`` GEMM, with the formulas of the module docstring; ``op`` names the
-    operator (or an array of names; None: unknown), which only the learned correction uses."""
+    operator (or an array of names; None: unknown), which only the learned correction uses; ``weight_bytes``:
+    bytes a weight where they are stored narrower than the activations (None: ``dtype_bytes``)."""
     m = np.asarray(m, dtype=float)
     if params.tiles:
         sms, q = params.num_sms, params.wave_quant
@@ -119,20 +122,21 @@ def gemm_time(m: Any, n: int | Any, k: int | Any, peak: float, bandwidth: float,
             t_c = t_tile if t_c is None else np.minimum(t_c, t_tile)
     else:
         t_c = 2.0 * m * n * k / (peak * params.compute_eff)
-    t_m = dtype_bytes * (k * n + m * k + m * n) / (bandwidth * params.memory_eff)
+    t_m = _traffic(1, m, n, k, dtype_bytes, weight_bytes) / (bandwidth * params.memory_eff)
     t = smooth_max(t_c, t_m, params.smooth_p) + params.kernel_latency_s
     return t * factor(params.gemm_correction, m, n, k, op) if params.gemm_correction else t
 
 
 def gemm_time_scalar(m: int, n: int, k: int, peak: float, bandwidth: float, dtype_bytes: int,
-                     params: CostParams, op: str | None = None) -> float:
+                     params: CostParams, op: str | None = None, weight_bytes: float | None = None) -> float:
     """``gemm_time`` for plain Python numbers (about 20x faster than numpy on scalars); same formulas."""
-    t = _launch_time(1, m, n, k, peak, bandwidth, dtype_bytes, params)
+    t = _launch_time(1, m, n, k, peak, bandwidth, dtype_bytes, params, weight_bytes=weight_bytes)
     return t * factor_scalar(params.gemm_correction, m, n, k, op) if params.gemm_correction else t
 
 
 def grouped_gemm_time_scalar(groups: float, m: float, n: int, k: int, peak: float, bandwidth: float,
-                             dtype_bytes: int, params: CostParams, tile_eff: float = 1.0) -> float:
+                             dtype_bytes: int, params: CostParams, tile_eff: float = 1.0,
+                             weight_bytes: float | None = None) -> float:
     """Seconds for one launch of ``groups`` independent ``[m, k] x [k, n]`` GEMMs (a fused mixture-of-experts
     kernel: each active expert's rows against its own weights). The module's formulas with every group's
     tiles in the same waves and every group's weights and activations in the bytes; ``groups`` and ``m``
@@ -140,11 +144,18 @@ def grouped_gemm_time_scalar(groups: float, m: float, n: int, k: int, peak: floa
     library GEMMs, not on grouped kernels; ``tile_eff`` scales the tiles' compute efficiencies instead (the
     grouped kernel's share of the library's, fitted to that kernel's own timings: EngineParams.moe_tile_eff).
     Invariant: at least the groups' bytes at full bandwidth x ``memory_eff``, plus one kernel latency."""
-    return _launch_time(groups, m, n, k, peak, bandwidth, dtype_bytes, params, tile_eff)
+    return _launch_time(groups, m, n, k, peak, bandwidth, dtype_bytes, params, tile_eff, weight_bytes)
+
+
+def _traffic(groups: Any, m: Any, n: Any, k: Any, dtype_bytes: int, weight_bytes: float | None) -> Any:
+    """Bytes a launch of ``groups`` GEMMs moves: weights, activations in and out (the module's ``bytes``)."""
+    if weight_bytes is None:
+        return dtype_bytes * groups * (k * n + m * k + m * n)
+    return groups * (weight_bytes * k * n + dtype_bytes * (m * k + m * n))
 
 
 def _launch_time(groups: float, m: float, n: int, k: int, peak: float, bandwidth: float, dtype_bytes: int,
-                 params: CostParams, tile_eff: float = 1.0) -> float:
+                 params: CostParams, tile_eff: float = 1.0, weight_bytes: float | None = None) -> float:
     """The module's formulas for one launch of ``groups`` ``[m, k] x [k, n]`` GEMMs, latency included, no
     learned correction (``groups = 1``: one GEMM); every compute efficiency times ``tile_eff``."""
     if params.tiles:
@@ -156,7 +167,7 @@ def _launch_time(groups: float, m: float, n: int, k: int, peak: float, bandwidth
             t_c = min(t_c, 2.0 * waves * sms * tm * tn * k / (peak * eff * tile_eff))
     else:
         t_c = 2.0 * groups * m * n * k / (peak * params.compute_eff * tile_eff)
-    t_m = dtype_bytes * groups * (k * n + m * k + m * n) / (bandwidth * params.memory_eff)
+    t_m = _traffic(groups, m, n, k, dtype_bytes, weight_bytes) / (bandwidth * params.memory_eff)
     p = params.smooth_p
     hi = max(t_c, t_m)
     if p < 64 and hi > 0:
