@@ -195,3 +195,36 @@ def test_a_quantized_model_runs_the_same_in_the_core_and_the_simpy_loop(monkeypa
         scenario_from_dict(copy.deepcopy(data), source="<test>"), check_integrity=True))
     assert_same(loop, core)
     assert core.profile["compiled_core"] and core.summary["num_preemptions"] > 0
+
+
+@pytest.mark.parametrize("model_id, name, fields", [
+    ("hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4", "llama-3.1-8b-int4", {"weight_dtype": "int4"}),
+    ("TheBloke/Llama-2-7B-AWQ", "llama-2-7b-int4", {"weight_dtype": "int4", "weight_group_size": 128}),
+    ("TheBloke/Llama-2-7B-GPTQ", "llama-2-7b-int4", {"weight_dtype": "int4"}),
+    ("Qwen/Qwen2.5-7B-Instruct-GPTQ-Int8", "qwen2.5-7b-int8", {"weight_dtype": "int8"}),
+    ("RedHatAI/Meta-Llama-3.1-8B-Instruct-quantized.w4a16", "llama-3.1-8b-int4", {"weight_dtype": "int4"}),
+    ("Qwen/Qwen3-8B-FP8", "qwen3-8b-fp8", {"dtype": "fp8", "kv_dtype": "fp16", "weight_dtype": None}),
+    ("RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic", "llama-3.3-70b-fp8", {"dtype": "fp8", "kv_dtype": "fp16"}),
+    ("neuralmagic/Meta-Llama-3.1-70B-Instruct-quantized.w8a8", "llama-3.1-70b-w8a8", {"dtype": "int8"}),
+])
+def test_runs_files_name_quantized_checkpoints_as_the_hub_does(model_id, name, fields):
+    from sim.fidelity.runs import quantized_model
+
+    spec = quantized_model(model_id)
+    assert spec.name == name and {k: getattr(spec, k) for k in fields} == fields
+    assert spec.num_layers == ModelSpec.from_name(name.rsplit("-", 1)[0]).num_layers
+    assert quantized_model("acme/Giant-9000-AWQ") is None and quantized_model("meta-llama/Llama-2-7b-hf") is None
+
+
+def test_a_measured_run_of_a_quantized_checkpoint_is_replayed_quantized_unless_its_config_is_given(tmp_path):
+    from sim.fidelity.runs import read_runs
+
+    runs = tmp_path / "runs.csv"
+    runs.write_text((ROOT / "sim/data/ground_truth/vllm_h100_runs.csv").read_text().replace(
+        "meta-llama/Llama-2-7b-hf", "TheBloke/Llama-2-7B-AWQ"))
+    seven = [s for s in read_runs(runs) if s.run.startswith("llama-2-7b")]
+    assert len(seven) == 2 and all(s.model_spec == L7_INT4.model_copy(update={"name": "llama-2-7b-int4"})
+                                   for s in seven)
+    given = ModelSpec(**{**L7.model_dump(), "weight_dtype": "int8", "name": "mine"})
+    assert all(s.model_spec == given for s in read_runs(runs, models={"thebloke/llama-2-7b-awq": given})
+               if s.run.startswith("llama-2-7b"))

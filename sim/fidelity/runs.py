@@ -39,7 +39,8 @@ class MeasuredStage:
 
     run: str
     stage: int
-    model: str                 # kvsim preset name, or the runs file's model id where ``model_spec`` is given
+    model: str                 # kvsim preset name, the runs file's model id where a config gave ``model_spec``,
+                               # or a quantized preset's name (``quantized_model``)
     hardware: str              # kvsim preset name
     tensor_parallel: int
     max_model_len: int
@@ -53,7 +54,8 @@ class MeasuredStage:
     output_len: int
     prompt_quantiles: dict[str, float]   # mean, p10, p50, p90, p99 (server-side tokens)
     measured: dict[str, float]           # METRIC_COLUMNS keys
-    model_spec: ModelSpec | None = None  # a model with no preset (from its config.json, ``read_runs(models=)``)
+    model_spec: ModelSpec | None = None  # a model with no preset: from its config.json (``read_runs(models=)``),
+                                         # or a preset quantized as the model id's suffix says
     load: str = "constant"               # one of LOADS
     num_groups: int = 1                  # the prompts' groups, each sharing one system prompt
     question_len: int = 0                # client-side tokens of a prompt's question (after the system prompt)
@@ -77,6 +79,34 @@ def model_preset(name: str) -> str | None:
         key = re.sub(r"-v\d+(\.\d+)*$", "", key)   # a release suffix: -v0.1
         key = re.sub(r"-\d{4}$", "", key)             # a release date: -2501
     return key if key in MODEL_PRESETS else None
+
+
+# quantized checkpoints named by their method (hugging-quants, TheBloke, Qwen, RedHatAI / neuralmagic): the
+# suffix of the model id, and the ModelSpec fields vLLM serves them with (sim/hf_quantization.py); the
+# group size is the methods' default, 128
+QUANTIZED_SUFFIXES = [
+    (r"-(awq|gptq)(-int4)?$", "int4", {"weight_dtype": "int4"}),
+    (r"-gptq-int8$", "int8", {"weight_dtype": "int8"}),
+    (r"-quantized\.w4a16$", "int4", {"weight_dtype": "int4"}),
+    (r"-quantized\.w8a16$", "int8", {"weight_dtype": "int8"}),
+    (r"-quantized\.w8a8$", "w8a8", {"dtype": "int8", "kv_dtype": "fp16"}),
+    (r"-fp8(-dynamic)?$", "fp8", {"dtype": "fp8", "kv_dtype": "fp16"}),
+]
+
+
+def quantized_model(name: str) -> ModelSpec | None:
+    """'hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4' -> llama-3.1-8b with int4 weights; 'Qwen/Qwen3-8B-FP8'
+    -> qwen3-8b in fp8 (weights and activations; the KV cache 16-bit, as vLLM keeps it): a preset's model
+    quantized as the id's suffix says (None: no such suffix, or no preset under it)."""
+    key = name.strip().split("/")[-1].lower()
+    for pattern, tag, fields in QUANTIZED_SUFFIXES:
+        base = re.sub(pattern, "", key)
+        if base != key:
+            preset = model_preset(base)
+            if preset is None:
+                return None
+            return ModelSpec(**{**MODEL_PRESETS[preset].model_dump(), **fields, "name": f"{preset}-{tag}"})
+    return None
 
 
 # a GPU named without its memory size: the size its SXM part ships with
@@ -151,13 +181,17 @@ def _stage(row: dict, where: str, models: dict[str, ModelSpec]) -> MeasuredStage
             raise KvsimError(where, "concurrency_level and num_requests: must be positive")
         if requests > 1_000_000:
             raise KvsimError(where, "num_requests: more than 1,000,000 requests in one stage")
-    model, spec = model_preset(row["model"]), None
-    if model is None:
-        model = row["model"].strip()
-        spec = models.get(model.lower())
+    # a config given for the id first, then a preset by its name, then a preset quantized as its suffix says
+    model_id = row["model"].strip()
+    model, spec = None, models.get(model_id.lower())
+    if spec is not None:
+        model = model_id
+    elif (model := model_preset(model_id)) is None:
+        spec = quantized_model(model_id)
         if spec is None:
-            raise KvsimError(where, f"model: no kvsim preset for {model!r} (give its config.json: --model "
-                                    f"{model}=PATH); known: {', '.join(sorted(MODEL_PRESETS))}")
+            raise KvsimError(where, f"model: no kvsim preset for {model_id!r} (give its config.json: --model "
+                                    f"{model_id}=PATH); known: {', '.join(sorted(MODEL_PRESETS))}")
+        model = spec.name
     hardware = hardware_preset(row["gpu"])
     if hardware is None:
         raise KvsimError(where, f"gpu: no kvsim preset for {row['gpu']!r}; known: {', '.join(sorted(HARDWARE_PRESETS))}")
