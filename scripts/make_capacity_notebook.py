@@ -17,6 +17,7 @@ Three questions a serving team asks before buying GPUs, answered on the CPU in a
 1. How many replicas does the Azure conversation hour need to meet a TTFT and a TPOT SLO? (`kvsim capacity`)
 2. Which router makes the most of prefix caching on multi-turn conversations? (Mooncake trace)
 3. At equal GPU count, colocated or disaggregated prefill/decode under a tight TPOT SLO?
+4. A 70B model quantized on one GPU, or in fp16 on two?
 
 Every run is `run_scenario(load_scenario(path, overrides))` with a `cluster:` section set through
 overrides; `kvsim capacity` is the same search from the shell."""),
@@ -143,6 +144,41 @@ pd.DataFrame(rows).T.round(3)"""),
     ("md", """Disaggregation buys TPOT (decode steps carry no prompt chunks) at the price of fewer GPUs for prompts: the
 split decides which SLO binds first, which is why `kvsim capacity` searches the split too
 (`--search replicas` with `prefill`/`decode` pools tries every split of each candidate total)."""),
+    ("md", """## 4. Quantized weights: a 70B on one GPU or on two
+
+Llama-3.1-70B on H100s, the concurrency sweep's client (300 requests, prompts and outputs drawn from
+lognormals, at most N in flight). SLOs: TTFT p90 under 1 s, TPOT p90 under 50 ms. In fp16 its 141 GB of
+weights need two GPUs and leave them little KV; in fp8 (weights and activations, vLLM's `fp8` checkpoints)
+70.6 GB; with AWQ's int4 weights 39.5 GB, which one GPU holds with room for the cache. `kvsim capacity
+--search concurrency` finds the most requests in flight that meet both SLOs; per GPU is what a fleet pays.
+Quantized GEMMs are priced by the bytes they read, with the fp16 kernels' fitted efficiencies (no Marlin
+kernel has been timed: README, What is not built yet)."""),
+    ("code", """from sim.specs import HardwareSpec, ModelSpec, kv_capacity_blocks
+
+M70 = ModelSpec.from_name("llama-3.1-70b")
+variants = {"fp16, TP 2": ({}, 2), "fp8, TP 2": ({"dtype": "fp8", "kv_dtype": "fp16"}, 2),
+            "int4 (AWQ), TP 1": ({"weight_dtype": "int4"}, 1), "int4 (AWQ), TP 2": ({"weight_dtype": "int4"}, 2)}
+rows = {}
+for name, (fields, tp) in variants.items():
+    spec = ModelSpec(**{**M70.model_dump(), **fields})
+    hw = HardwareSpec(**{**HardwareSpec.from_name("h100-80gb").model_dump(), "tensor_parallel": tp})
+    sets = ["workload.synthetic.num_requests=300", "model.name=llama-3.1-70b", f"hardware.tensor_parallel={tp}",
+            *[f"model.{k}={v}" for k, v in fields.items()]]
+    a = capacity(SCN / "concurrency_sweep.yaml", "--search", "concurrency", "--slo", "tpot_p90=0.05",
+                 "--slo", "ttft_p90=1", *[x for s in sets for x in ("--set", s)])
+    rows[name] = {"GPUs": tp, "weights_GB": spec.weight_bytes() / 1e9,
+                  "KV_tokens": kv_capacity_blocks(spec, hw, 16) * 16, "in_flight": a["concurrency"],
+                  "in_flight_per_GPU": a["concurrency"] / tp}
+quant = pd.DataFrame(rows).T
+display(quant.round(1))
+ax = quant["in_flight_per_GPU"].plot.barh(color="#7048e8", figsize=(6, 2.6))
+ax.set_xlabel("requests in flight per GPU meeting both SLOs")
+show(ax.figure, "quantized.png")"""),
+    ("md", """In fp16 the pair is short of KV, so TTFT binds first: requests wait for blocks. The int4 weights free
+most of one GPU for the cache and a decode step reads about a quarter of the fp16 weights' bytes, so one GPU
+serves more requests than the fp16 pair. fp8 on two GPUs does best per GPU here: half the weight bytes, a
+KV cache as large as int4's on two, and steps of many tokens multiplied at the fp8 tensor cores' doubled
+rate, where int4's weight-only GEMMs still multiply in fp16."""),
 ]
 
 

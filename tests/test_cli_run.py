@@ -119,6 +119,35 @@ def test_kv_size_matches_the_seed():
     assert "3.125 GiB" in text and "3,355,443,200" in text
 
 
+def test_kv_size_says_what_fits_on_a_gpu_group():
+    # Llama-2-7B in int4 (3,864,010,752 bytes of weights, tests/test_weight_quantization.py) on one H100:
+    # (80 GiB x 0.9 x 0.95 - weights) / 8,388,608 bytes a block = 8,294 blocks, 132,704 tokens, and 32 whole
+    # sequences of 4,096 tokens (256 blocks each)
+    d = json.loads(kvsim("kv-size", "--model", "llama-2-7b", "--seq-len", "4096", "--weight-dtype", "int4",
+                         "--hardware", "h100-80gb", "--json").stdout)
+    assert d["weight_bytes"] == 3_864_010_752 and d["weight_dtype"] == "int4"
+    assert d["fits"] == {"hardware": "h100-80gb", "tensor_parallel": 1, "gpu_memory_utilization": 0.9,
+                         "group_bytes_per_block": 8_388_608, "kv_blocks": 8294, "kv_tokens": 132_704, "sequences": 32}
+    # Llama-3.1-70B in fp16 on two: 2 x 80 GiB x 0.9 x 0.95 = 146,887,881,523.2 bytes less 141,107,412,992 of
+    # weights leaves 1,102 blocks of 16 x 327,680 bytes
+    text = kvsim("kv-size", "--model", "llama-3.1-70b", "--seq-len", "4096", "--hardware", "h100-80gb",
+                 "--tensor-parallel", "2").stdout
+    assert "1,102 blocks, 17,632 tokens, 4 sequences of 4,096 tokens" in text
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--hardware", "h100-80gb"], "--hardware: model weights (131.4 GiB) do not fit in 1 x h100-80gb"),
+    (["--hardware", "h100-80gb", "--tensor-parallel", "3"], "--tensor-parallel: 3 does not divide"),
+    (["--hardware", "b300"], "--hardware: unknown hardware preset 'b300'"),
+    (["--weight-dtype", "int2"], "--weight-dtype: weight_dtype must be one of"),
+    (["--hardware", "h100-80gb", "--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization: must be in"),
+])
+def test_kv_size_refuses_what_cannot_be_sized_in_one_line(args, message):
+    r = kvsim("kv-size", "--model", "llama-3.1-70b", "--seq-len", "4096", *args)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and message in lines[0], r.stderr
+
+
 def test_kv_size_of_a_config_file(tmp_path):
     # Qwen2.5-7B's published config.json: 28 layers, 4 KV heads of 128 (3584 / 28 heads)
     cfg = {"model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944, "num_attention_heads": 28,

@@ -1,23 +1,40 @@
-"""kvsim kv-size --model NAME|CONFIG.json --seq-len N [--dtype fp16] [--block-size 16] [--json]: the KV arithmetic
-of a preset or of a Hugging Face config.json (sim/hf_config.py), as a scenario's ``model`` takes them."""
+"""kvsim kv-size --model NAME|CONFIG.json --seq-len N [--dtype fp16] [--block-size 16] [--weight-dtype int4]
+[--hardware NAME [--tensor-parallel T] [--gpu-memory-utilization U]] [--json]: the KV arithmetic of a preset or
+of a Hugging Face config.json (sim/hf_config.py), as a scenario's ``model`` takes them; with ``--hardware``,
+how many blocks, tokens and sequences of ``--seq-len`` fit beside the weights (as a scenario sizes its cache:
+sim.specs.kv_capacity_blocks)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
+from pydantic import ValidationError
+
 from sim.errors import KvsimError
 from sim.hf_config import is_config_path, load_hf_config
 from sim.limits import MAX_TOKENS
-from sim.specs import DTYPE_BYTES, GiB, ModelSpec
+from sim.specs import (
+    DTYPE_BYTES,
+    WEIGHT_DTYPE_BITS,
+    GiB,
+    HardwareSpec,
+    ModelSpec,
+    group_kv_bytes_per_block,
+    kv_capacity_blocks,
+)
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("kv-size", help="KV-cache bytes per token, per block and per sequence")
+    p = sub.add_parser("kv-size", help="KV-cache bytes per token, per block and per sequence (and what fits)")
     p.add_argument("--model", required=True, help="model preset name, or a Hugging Face config.json path")
     p.add_argument("--seq-len", type=int, required=True, help="tokens in the sequence")
     p.add_argument("--dtype", default="fp16", help="KV dtype: " + ", ".join(DTYPE_BYTES))
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--weight-dtype", help="weight-only quantization of the projections: " + ", ".join(WEIGHT_DTYPE_BITS))
+    p.add_argument("--hardware", help="a hardware preset: also the blocks, tokens and sequences that fit")
+    p.add_argument("--tensor-parallel", type=int, default=1, help="with --hardware: GPUs in the group")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="with --hardware: share of HBM used")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=main)
 
@@ -38,7 +55,18 @@ def kv_size(model: ModelSpec, seq_len: int, dtype: str, block_size: int) -> dict
     }
 
 
-def main(args: argparse.Namespace) -> int:
+def capacity(model: ModelSpec, hardware: HardwareSpec, seq_len: int, block_size: int, utilization: float) -> dict:
+    """What fits on ``hardware`` (its tensor-parallel group) beside the weights: KV blocks (a block over the
+    group, KV heads copied where the group has more GPUs than KV heads), tokens, and whole sequences of
+    ``seq_len`` tokens (each its blocks, none shared)."""
+    blocks = kv_capacity_blocks(model, hardware, block_size, utilization)
+    return {"hardware": hardware.name, "tensor_parallel": hardware.tensor_parallel,
+            "gpu_memory_utilization": utilization, "group_bytes_per_block": group_kv_bytes_per_block(
+                model, hardware, block_size),
+            "kv_blocks": blocks, "kv_tokens": blocks * block_size, "sequences": blocks // -(-seq_len // block_size)}
+
+
+def _model(args: argparse.Namespace) -> ModelSpec:
     if is_config_path(args.model):
         model = load_hf_config(args.model)   # (KvsimError naming the file and the key)
     else:
@@ -48,11 +76,43 @@ def main(args: argparse.Namespace) -> int:
             raise KvsimError("--model", e.args[0]) from None
     if args.dtype not in DTYPE_BYTES:
         raise KvsimError("--dtype", f"unknown dtype {args.dtype!r}; known: {', '.join(DTYPE_BYTES)}")
+    update = {"kv_dtype": args.dtype}
+    if args.weight_dtype is not None:
+        update["weight_dtype"] = args.weight_dtype
+    try:
+        return ModelSpec(**{**model.model_dump(), **update})
+    except ValidationError as e:
+        raise KvsimError("--weight-dtype", e.errors()[0]["msg"].removeprefix("Value error, ")) from None
+
+
+def _hardware(args: argparse.Namespace, model: ModelSpec) -> HardwareSpec:
+    try:
+        preset = HardwareSpec.from_name(args.hardware)
+    except KeyError as e:
+        raise KvsimError("--hardware", e.args[0]) from None
+    if not 1 <= args.tensor_parallel <= 1024:
+        raise KvsimError("--tensor-parallel", f"must be 1 .. 1024, got {args.tensor_parallel}")
+    why = model.tensor_parallel_problem(args.tensor_parallel)
+    if why:
+        raise KvsimError("--tensor-parallel", why)
+    if not 0 < args.gpu_memory_utilization <= 1:
+        raise KvsimError("--gpu-memory-utilization", f"must be in (0, 1], got {args.gpu_memory_utilization}")
+    return HardwareSpec(**{**preset.model_dump(), "tensor_parallel": args.tensor_parallel})
+
+
+def main(args: argparse.Namespace) -> int:
+    model = _model(args)
     if not 0 < args.seq_len <= MAX_TOKENS:
         raise KvsimError("--seq-len", f"must be 1 .. {MAX_TOKENS:,}, got {args.seq_len}")
     if args.block_size <= 0 or args.block_size > 1024 or args.block_size & (args.block_size - 1):
         raise KvsimError("--block-size", f"must be a power of two from 1 to 1024, got {args.block_size}")
     info = kv_size(model, args.seq_len, args.dtype, args.block_size)
+    if args.hardware is not None:
+        hw = _hardware(args, model)
+        try:
+            info["fits"] = capacity(model, hw, args.seq_len, args.block_size, args.gpu_memory_utilization)
+        except ValueError as e:   # the weights alone do not fit
+            raise KvsimError("--hardware", str(e)) from None
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -67,4 +127,9 @@ def main(args: argparse.Namespace) -> int:
           f"head_dim x {DTYPE_BYTES[args.dtype]} bytes ({args.dtype}) x 2 (K and V)")
     for name, b in rows:
         print(f"  {name:<34} {b:>18,d} bytes  {b / GiB:>10.3f} GiB  {b / 1e9:>10.3f} GB")
+    fits = info.get("fits")
+    if fits:
+        print(f"on {fits['tensor_parallel']} x {fits['hardware']} at gpu_memory_utilization "
+              f"{fits['gpu_memory_utilization']:g} (5% of it kept for activations): {fits['kv_blocks']:,} blocks, "
+              f"{fits['kv_tokens']:,} tokens, {fits['sequences']:,} sequences of {args.seq_len:,} tokens")
     return 0
