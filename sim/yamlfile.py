@@ -124,7 +124,7 @@ def read_text_bounded(path: Path, what: str, max_bytes: int = MAX_FILE_BYTES) ->
             raw = f.read(max_bytes + 1)
         if len(raw) > max_bytes:
             raise KvsimError(source, f"a {what} may be at most {max_bytes:,} bytes")
-        return raw.decode("utf-8")
+        return raw.decode("utf-8-sig")   # (a leading byte-order mark, as some editors write, is dropped)
     except (OSError, UnicodeDecodeError) as e:
         raise KvsimError(source, f"cannot read: {e}") from None
 

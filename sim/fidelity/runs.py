@@ -135,7 +135,7 @@ def read_runs(path: str | Path, models: dict[str, ModelSpec] | None = None) -> l
     if not path.is_file():
         raise KvsimError(str(path), "no such file" if not path.exists() else "not a regular file")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")   # (a leading byte-order mark dropped: spreadsheets write one)
     except (OSError, UnicodeDecodeError) as e:
         raise KvsimError(str(path), f"cannot read: {e}") from None
     rows = list(csv.DictReader(text.splitlines()))

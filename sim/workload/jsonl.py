@@ -27,7 +27,7 @@ def read_jsonl(path: Path, source: str, max_rows: int | None = None) -> tuple[li
     rows: list[dict] = []
     lines: list[int] = []
     try:
-        with path.open(encoding="utf-8") as f:
+        with path.open(encoding="utf-8-sig") as f:   # (a leading byte-order mark dropped)
             for number, text in enumerate(f, start=1):
                 if not text.strip():
                     continue
