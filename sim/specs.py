@@ -163,11 +163,19 @@ class ModelSpec(BaseModel):
 
     @classmethod
     def from_name(cls, name: str) -> ModelSpec:
+        """A preset by its name, or by a Hugging Face id of it ('meta-llama/Llama-3.1-8B-Instruct'; a quantized
+        checkpoint's id, 'TheBloke/Llama-2-7B-AWQ', is the preset quantized that way: sim/model_ids.py)."""
         key = name.lower()
-        if key not in MODEL_PRESETS:
+        if key in MODEL_PRESETS:
+            return MODEL_PRESETS[key]
+        from sim.model_ids import model_preset, quantized_model  # (it reads the presets defined here)
+
+        preset = model_preset(name)
+        spec = MODEL_PRESETS[preset] if preset is not None else quantized_model(name)
+        if spec is None:
             raise KeyError(f"unknown model preset {name!r}; known: {', '.join(sorted(MODEL_PRESETS))} "
-                           "(or a Hugging Face config.json path)")
-        return MODEL_PRESETS[key]
+                           "(or a Hugging Face id of one, or a config.json path)")
+        return spec
 
 
 class HardwareSpec(BaseModel):
