@@ -293,6 +293,8 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     "llama-3.1-8b": _llama("llama-3.1-8b", 32, 4096, 32, 8, 14336, 128256, 131072),
     # meta-llama/Llama-3.1-70B config.json
     "llama-3.1-70b": _llama("llama-3.1-70b", 80, 8192, 64, 8, 28672, 128256, 131072),
+    # meta-llama/Llama-3.1-405B(-Instruct) config.json: 126 layers, hidden 16384, 128 heads, 8 KV heads
+    "llama-3.1-405b": _llama("llama-3.1-405b", 126, 16384, 128, 8, 53248, 128256, 131072),
     # mistralai/Mistral-7B-Instruct-v0.2 config.json (full attention; v0.1's 4,096-token sliding window is not modelled)
     "mistral-7b": _llama("mistral-7b", 32, 4096, 32, 8, 14336, 32000, 32768),
     # facebook/opt-13b config.json: ffn_dim 20480, ReLU MLP, 2048 positions, tied embeddings

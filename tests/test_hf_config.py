@@ -144,6 +144,7 @@ def test_load_names_the_file(tmp_path):
     ("qwen2.5-1.5b", 1.54), ("qwen2.5-3b", 3.09), ("qwen2.5-7b", 7.61), ("qwen2.5-14b", 14.7),
     ("qwen2.5-72b", 72.7), ("llama-3.2-1b", 1.23), ("llama-3.2-3b", 3.21), ("phi-4", 14.7),
     ("qwen3-4b", 4.0), ("qwen3-8b", 8.2), ("qwen3-14b", 14.8), ("qwen3-32b", 32.8), ("qwen3-30b-a3b", 30.5),
+    ("llama-3.1-405b", 405.85),
 ])
 def test_new_presets_have_their_published_size(preset, billions):
     assert MODEL_PRESETS[preset].num_params() / 1e9 == pytest.approx(billions, rel=0.01)
