@@ -17,7 +17,7 @@ from sim import limits as L
 from sim.cluster.config import ClusterConfig
 from sim.errors import KvsimError
 from sim.hf_config import is_config_path, load_hf_config
-from sim.specs import HardwareSpec, ModelSpec, check_preset, complete_from_preset, preset_named
+from sim.specs import MODEL_PRESETS, HardwareSpec, ModelSpec, check_preset, complete_from_preset, preset_named
 from sim.workload.config import WorkloadConfig
 from sim.yamlfile import parse_yaml, read_text_bounded
 
@@ -223,6 +223,8 @@ def _preset_mapping(section: str, name: Any, base_dir: Path | str = ".") -> Any:
         spec = ModelSpec.from_name(name) if section == "model" else HardwareSpec.from_name(name)
     except KeyError as e:
         raise KvsimError("--set", f"{section}: {e.args[0]}") from None
+    if section == "model" and spec.name not in MODEL_PRESETS:   # a quantized checkpoint's id: every field
+        return spec.model_dump()
     return {"name": spec.name}   # completed from the preset when validated (specs.complete_from_preset)
 
 

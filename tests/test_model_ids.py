@@ -41,3 +41,16 @@ def test_an_id_of_no_preset_is_refused_naming_the_ways_to_give_a_model():
     with pytest.raises(KvsimError, match="unknown model preset 'acme/Giant-9000-AWQ'.*Hugging Face id of one, or a "
                                          "config.json path"):
         scenario_from_dict({"model": "acme/Giant-9000-AWQ", "workload": WORK})
+
+
+@pytest.mark.parametrize("overrides", [
+    ["model=TheBloke/Llama-2-7B-AWQ", "model.weight_group_size=64"],
+    ["model.weight_group_size=64", "model.name=TheBloke/Llama-2-7B-AWQ"],
+    ["model.name=TheBloke/Llama-2-7B-AWQ", "model.weight_group_size=64"],
+])
+def test_a_field_of_a_quantized_checkpoint_overrides_in_either_order(overrides):
+    # groups of 64 rows: 64 x 12288 + 64 x 4096 + 64 x 22016 + 172 x 4096 = 3,162,112 scales a layer, 202,375,168
+    # bytes over 32 layers; with the int4 weights (3,238,002,688) and the fp16 rest (524,820,480): 3,965,198,336
+    # bytes, leaving (73,443,940,761.6 - 3,965,198,336) / 8,388,608 = 8,282 blocks on an H100
+    scn = scenario_from_dict({"model": "llama-2-7b", "hardware": "h100-80gb", "workload": WORK}, overrides=overrides)
+    assert scn.model_spec.weight_bytes() == 3_965_198_336 and gpu_blocks(scn) == 8282
