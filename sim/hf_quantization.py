@@ -33,7 +33,9 @@ def quantization_fields(cfg: dict[str, Any]) -> dict[str, Any]:
         raise ValueError("quantization_config: expected a mapping")
     method = str(q.get("quant_method", "")).lower()
     if method in WEIGHT_ONLY_METHODS:
-        return _int_weights(q.get("bits"), q.get("group_size", 128), "quantization_config")
+        # (AutoAWQ's own names, w_bit and q_group_size, where a config carries those)
+        return _int_weights(q.get("bits", q.get("w_bit")), q.get("group_size", q.get("q_group_size", 128)),
+                            "quantization_config")
     if method == "fp8":
         return {"dtype": "fp8", "kv_dtype": _activation_dtype(cfg)}
     if method == "compressed-tensors":

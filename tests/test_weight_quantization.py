@@ -97,6 +97,8 @@ def test_a_quantized_expert_launch_reads_each_active_experts_narrow_weights():
     ({"bits": 4, "group_size": 128, "damp_percent": 0.01, "desc_act": False, "sym": True, "quant_method": "gptq"},
      {"weight_dtype": "int4", "weight_group_size": 128}),
     ({"bits": 8, "group_size": -1, "quant_method": "gptq"}, {"weight_dtype": "int8", "weight_group_size": 0}),
+    ({"quant_method": "awq", "w_bit": 4, "q_group_size": 64, "zero_point": True}, {"weight_dtype": "int4",
+                                                                               "weight_group_size": 64}),
     # Qwen3-8B-FP8 style: fp8 weights and dynamically quantized fp8 activations; vLLM's KV stays bf16
     ({"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "weight_block_size": [128, 128]},
      {"dtype": "fp8", "kv_dtype": "fp16", "weight_dtype": None}),
