@@ -32,7 +32,7 @@ from sim.scenario import Scenario
 from sim.sched import make_scheduler
 from sim.sched.records import PHASE_NAMES, TokenGaps, Transitions, intervals_frame, transition_intervals
 from sim.small_pages import small_pages
-from sim.specs import GiB, group_kv_bytes_per_block, kv_capacity_blocks
+from sim.specs import GiB, group_kv_bytes_per_block, hbm_budget, kv_capacity_blocks
 from sim.workload import build_workload
 
 # a run in the compiled core (one engine, or a colocated cluster) takes its per-request table from the core's
@@ -65,6 +65,16 @@ def gpu_blocks(scn: Scenario) -> int:
                                   reserve)
     except ValueError as e:
         raise KvsimError(f"{scn.source}: model", str(e)) from None
+
+
+def hbm_budget_of(scn: Scenario, num_gpu: int) -> dict[str, int] | None:
+    """The HBM budget of the scenario's tensor-parallel group (sim.specs.hbm_budget) when its cache was sized
+    from HBM; None when ``num_gpu_blocks`` was given (then HBM did not size it)."""
+    kv = scn.kv_cache
+    if kv.num_gpu_blocks is not None:
+        return None
+    reserve = None if kv.activation_reserve_gb is None else int(kv.activation_reserve_gb * GiB)
+    return hbm_budget(scn.model_spec, scn.hardware_spec, kv.block_size, num_gpu, kv.gpu_memory_utilization, reserve)
 
 
 def cpu_blocks(scn: Scenario) -> int:
@@ -256,6 +266,9 @@ def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, pro
     summary = summarize(reqs, steps, counters, capacity_slots=capacity_slots,
                         wall_time_s=time.perf_counter() - t0, prefix_cache_hit_rate=hit_rate)
     summary["num_gpu_blocks"] = num_gpu
+    budget = hbm_budget_of(scn, num_gpu)
+    if budget is not None:
+        summary["hbm_budget"] = budget
     summary.update(sharing)
     summary["step_model"] = pricing
     profile = {"load_s": t_load - t0, "simulate_s": t_sim - t_load, "summarise_s": time.perf_counter() - t_sim,

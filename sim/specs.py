@@ -258,7 +258,7 @@ def kv_capacity_blocks(
     Raises ValueError when the weights alone do not fit.
     """
     usable = hardware.hbm_bytes * gpu_memory_utilization * hardware.tensor_parallel
-    reserve = 0.05 * usable if activation_reserve_bytes is None else activation_reserve_bytes
+    reserve = activation_reserve(usable, activation_reserve_bytes)
     free = usable - model.weight_bytes() - reserve
     if free <= 0:
         raise ValueError(
@@ -266,6 +266,25 @@ def kv_capacity_blocks(
             f"{hardware.tensor_parallel} x {hardware.name} at gpu_memory_utilization={gpu_memory_utilization}"
         )
     return math.floor(free / group_kv_bytes_per_block(model, hardware, block_size))
+
+
+def activation_reserve(usable: float, activation_reserve_bytes: int | None) -> float:
+    """The bytes kept for activations out of ``usable`` HBM: as given, else 5% of it."""
+    return 0.05 * usable if activation_reserve_bytes is None else activation_reserve_bytes
+
+
+def hbm_budget(model: ModelSpec, hardware: HardwareSpec, block_size: int, num_blocks: int,
+               gpu_memory_utilization: float = 0.9, activation_reserve_bytes: int | None = None) -> dict[str, int]:
+    """Where a tensor-parallel group's HBM goes when its cache is sized from it (``kv_capacity_blocks``):
+    the weights, the activation reserve, ``num_blocks`` KV blocks, and the rest (what
+    ``gpu_memory_utilization`` leaves out and what is too small for a block). Bytes over the group; the
+    four parts sum to ``hbm_bytes``."""
+    total = hardware.hbm_bytes * hardware.tensor_parallel
+    weights = model.weight_bytes()
+    reserve = round(activation_reserve(total * gpu_memory_utilization, activation_reserve_bytes))
+    kv = num_blocks * group_kv_bytes_per_block(model, hardware, block_size)
+    return {"gpus": hardware.tensor_parallel, "hbm_bytes": total, "weights_bytes": weights,
+            "activation_reserve_bytes": reserve, "kv_cache_bytes": kv, "unused_bytes": total - weights - reserve - kv}
 
 
 def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, inter: int, vocab: int, max_len: int,

@@ -33,7 +33,7 @@ from sim.cluster.link import KVLink
 from sim.cluster.replica import Replica
 from sim.executors.base import step_model
 from sim.metrics import requests_frame, step_dtype, summarize, with_latencies
-from sim.runner import Result
+from sim.runner import Result, hbm_budget_of
 from sim.sched.records import TokenGaps
 from sim.specs import group_kv_bytes_per_block
 
@@ -167,6 +167,9 @@ def cluster_result(scn, workload, reps: list[Replica], served: dict[int, int], h
         summary = summarize(reqs, steps, sched, capacity_slots=manager.capacity_slots, wall_time_s=wall_time_s,
                             prefix_cache_hit_rate=hit)
         summary["num_gpu_blocks"] = rep.num_gpu_blocks
+        budget = hbm_budget_of(rep.scn, rep.num_gpu_blocks)
+        if budget is not None:
+            summary["hbm_budget"] = budget
         if hasattr(manager, "sharing_summary"):
             summary.update(manager.sharing_summary(group_kv_bytes_per_block(scn.model_spec, scn.hardware_spec,
                                                                             rep.block_size)))

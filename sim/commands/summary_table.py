@@ -30,7 +30,7 @@ def print_summary(summary: dict, title: str = "summary") -> None:
     t.add_column("value", justify="right")
     shared = any(summary.get(k) for k in ("kv_sharing_saving", "prefix_kv_bytes_peak", "prefix_cache_evictions"))
     for k, v in summary.items():
-        if k in LATENCIES or k in ("memory_breakdown", "slo") or (k in SHARING and not shared):
+        if k in LATENCIES or k in ("memory_breakdown", "slo", "hbm_budget") or (k in SHARING and not shared):
             continue
         t.add_row(k, _fmt(v))
     console.print(t)
@@ -47,6 +47,15 @@ def print_summary(summary: dict, title: str = "summary") -> None:
         mb.add_column(k, justify="right")
     mb.add_row(*(f"{v:.3f}" for v in summary["memory_breakdown"].values()))
     console.print(mb)
+    if "hbm_budget" in summary:   # the cache sized from HBM (sim.specs.hbm_budget)
+        b = summary["hbm_budget"]
+        hbm = Table(title=f"GPU memory of the {b['gpus']}-GPU group (GB)", header_style="bold")
+        parts = ("weights", "activation_reserve", "kv_cache", "unused")
+        for k in parts:
+            hbm.add_column(k, justify="right")
+        hbm.add_column("total", justify="right")
+        hbm.add_row(*(f"{b[k + '_bytes'] / 1e9:.2f}" for k in parts), f"{b['hbm_bytes'] / 1e9:.2f}")
+        console.print(hbm)
     if "slo" in summary:   # kvsim run --slo (sim/goodput.py)
         slo = Table(title="SLOs", header_style="bold")
         slo.add_column("metric")
