@@ -23,6 +23,8 @@ from sim.cluster.capacity import (
     search_rate,
     search_replicas,
 )
+from sim.cluster.layouts import cost_of, hardware_names, search_layouts
+from sim.commands.compare import combinations, parse_vary
 from sim.errors import KvsimError
 from sim.output import prepare_out_dir, summary_json, write_atomic, write_text
 from sim.scenario import apply_override, load_scenario, parse_override
@@ -45,6 +47,13 @@ def add_parser(sub) -> None:
                         "to consider")
     p.add_argument("--workers", type=int, default=1, help="candidates run in parallel processes")
     p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS", help="run candidates on Ray")
+    p.add_argument("--vary", action="append", default=[], metavar="KEY.PATH=V1,V2",
+                   help="with --search replicas: layouts to compare (the cross product of the values, e.g. "
+                        "hardware.tensor_parallel=1,2 model.weight_dtype=null,int4): each one's fewest replicas "
+                        "and GPUs, and the layout with the fewest GPUs (or the cheapest, with --gpu-cost)")
+    p.add_argument("--gpu-cost", action="append", default=[], metavar="HARDWARE=PRICE",
+                   help="with --vary: a GPU's price an hour by hardware name, e.g. h100-80gb=2.5 (repeatable); "
+                        "the best layout is then the cheapest")
     p.add_argument("--out", help="folder for capacity.json, capacity.csv and capacity.png")
     p.add_argument("--json", action="store_true", help="print the answer and every candidate as JSON")
     p.set_defaults(func=main)
@@ -86,15 +95,11 @@ def plot(table: pd.DataFrame, x: str, slos: list[SLO], path: Path) -> Path:
     return _save(fig, path)
 
 
-def main(args: argparse.Namespace) -> int:
-    slos = [parse_slo(t) for t in args.slo]
-    if args.max is not None and args.max < 1:
-        raise KvsimError("--max", f"must be at least 1, got {args.max}")
-    if not 1 <= args.workers <= MAX_WORKERS:
-        raise KvsimError("--workers", f"must be 1 .. {MAX_WORKERS}, got {args.workers}")
-    load_scenario(args.scenario)                          # the file itself: errors with its line numbers
-    data = yaml.safe_load(Path(args.scenario).read_text())
-    overrides = list(args.overrides)
+def _search_data(args: argparse.Namespace, overrides: list[str]) -> tuple[dict, list[str]]:
+    """The scenario file's mapping with ``overrides`` applied, and the overrides (a fleet of one replica added
+    for a replicas search of a scenario without a cluster)."""
+    data = yaml.safe_load(Path(args.scenario).read_text(encoding="utf-8-sig"))
+    overrides = list(overrides)
     for text in overrides:
         path, value = parse_override(text)
         apply_override(data, path, value, Path(args.scenario).parent)
@@ -102,6 +107,36 @@ def main(args: argparse.Namespace) -> int:
     if args.search == "replicas" and (not isinstance(cl, dict) or not {"replicas", "prefill", "decode"} & set(cl)):
         overrides.append("cluster.replicas=1")            # e.g. only --set cluster.router.policy=...: a fleet
         apply_override(data, ["cluster", "replicas"], 1)
+    return data, overrides
+
+
+def _costs(texts: list[str]) -> dict[str, float] | None:
+    """``--gpu-cost NAME=PRICE`` as {hardware name: price an hour} (None: none given)."""
+    if not texts:
+        return None
+    costs: dict[str, float] = {}
+    for text in texts:
+        name, sep, value = text.partition("=")
+        try:
+            price = float(value)
+        except ValueError:
+            price = math.nan
+        if not sep or not name.strip() or not math.isfinite(price) or price < 0:
+            raise KvsimError("--gpu-cost", f"{text!r}: expected HARDWARE=PRICE with a price >= 0")
+        costs[name.strip().lower()] = price
+    return costs
+
+
+def main(args: argparse.Namespace) -> int:
+    slos = [parse_slo(t) for t in args.slo]
+    if args.max is not None and args.max < 1:
+        raise KvsimError("--max", f"must be at least 1, got {args.max}")
+    if not 1 <= args.workers <= MAX_WORKERS:
+        raise KvsimError("--workers", f"must be 1 .. {MAX_WORKERS}, got {args.workers}")
+    load_scenario(args.scenario)                          # the file itself: errors with its line numbers
+    if args.vary or args.gpu_cost:
+        return _main_layouts(args, slos)
+    data, overrides = _search_data(args, args.overrides)
     scn = load_scenario(args.scenario, overrides)         # validates the overrides
     out = prepare_out_dir(args.out) if args.out else None
     with parallel_runner(str(Path(args.scenario).parent), args.scenario, slos, workers=args.workers,
@@ -146,3 +181,76 @@ def main(args: argparse.Namespace) -> int:
     return 0 if not math.isnan(float(answer.get(x, math.nan))) else 1
 
 
+
+
+def _main_layouts(args: argparse.Namespace, slos: list[SLO]) -> int:
+    """``--vary``: each layout's fewest replicas and GPUs, and the best layout (sim/cluster/layouts.py)."""
+    if not args.vary:
+        raise KvsimError("--gpu-cost", "prices rank layouts: give the layouts with --vary")
+    if args.search != "replicas":
+        raise KvsimError("--vary", "layouts are compared by their fewest replicas: use it with --search replicas")
+    costs = _costs(args.gpu_cost)
+    layouts = combinations(parse_vary(args.vary))
+    prepared: dict[tuple, tuple[dict, object]] = {}
+    for layout in layouts:   # every layout read, and so checked, before any search
+        data, overrides = _search_data(args, args.overrides + [f"{k}={v}" for k, v in layout])
+        prepared[tuple(layout)] = (data, load_scenario(args.scenario, overrides))
+    if costs is not None:   # every layout's hardware priced before any search
+        cost_of({name: 0 for _, scn in prepared.values() for name in hardware_names(scn)}, costs)
+    out = prepare_out_dir(args.out) if args.out else None
+    with parallel_runner(str(Path(args.scenario).parent), args.scenario, slos, workers=args.workers,
+                         use_ray=args.ray is not None, ray_address=args.ray or None) as run:
+        answer = search_layouts(layouts, lambda lay: prepared[tuple(lay)][0], lambda lay: prepared[tuple(lay)][1],
+                                run, args.max or 64, args.workers, costs)
+    rows = [{k: v for k, v in r.items() if k not in ("candidates", "varied", "gpus_by_hardware")}
+            for r in answer["layouts"]]
+    table = pd.DataFrame(rows)
+    if args.json:
+        print(summary_json(answer), end="")
+    else:
+        for r, row in zip(answer["layouts"], rows):
+            row["hardware"] = " + ".join(f"{n} x {hw}" for hw, n in (r.get("gpus_by_hardware") or {}).items()) or "-"
+        shown = pd.DataFrame(rows).drop(columns=["reason"], errors="ignore")
+        print(shown.to_string(index=False, na_rep="-", float_format=lambda v: f"{v:.4g}"))
+        for r in answer["layouts"]:
+            if r["gpus"] is None:
+                print(f"  {r['layout']}: {r['reason']}")
+        slo_text = ", ".join(f"{s.name} <= {s.value:g} s" for s in slos)
+        if answer["layout"] is None:
+            print(f"no layout meets {slo_text}")
+        else:
+            what = f"${answer['cost_per_hour']:.4g} an hour, " if costs is not None else ""
+            n = answer["replicas"]
+            print(f"{'cheapest' if costs is not None else 'fewest GPUs'} meeting {slo_text}: {answer['layout']} "
+                  f"({what}{answer['gpus']} GPUs in {n} replica{'s' if n != 1 else ''})")
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        write_text(out / "capacity.json", summary_json(answer))
+        cands = pd.DataFrame([{"layout": r["layout"], **{k: v for k, v in c.items() if k != "splits"}}
+                              for r in answer["layouts"] for c in r["candidates"]])
+        write_atomic(out / "capacity.csv", lambda p: cands.to_csv(p, index=False))
+        tmp = out / ".capacity.partial.png"
+        try:
+            plot_layouts(table, "cost_per_hour" if costs is not None else "gpus", tmp)
+            tmp.replace(out / "capacity.png")
+        finally:
+            tmp.unlink(missing_ok=True)
+        if not args.json:
+            print(f"wrote capacity.json, capacity.csv, capacity.png to {out}/")
+    return 0 if answer["layout"] is not None else 1
+
+
+def plot_layouts(table: pd.DataFrame, key: str, path: Path) -> Path:
+    """Each layout's GPUs (or price an hour) meeting the SLOs; the best in green, the ones none meets absent."""
+    from sim.plots import _save, plt
+
+    t = table.dropna(subset=[key])
+    left = 0.3 + 0.075 * max((len(str(x)) for x in table["layout"]), default=10)   # (room for the names)
+    fig, ax = plt.subplots(figsize=(left + 4.0, 0.45 * max(len(table), 3) + 1))
+    best = t[key].min() if len(t) else math.nan
+    ax.barh(t["layout"], t[key], color=["#2b8a3e" if v == best else "#868e96" for v in t[key]])
+    ax.invert_yaxis()
+    ax.set_xlabel("price an hour" if key == "cost_per_hour" else "GPUs meeting the SLOs")
+    if key == "gpus":
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    return _save(fig, path, left=left)
