@@ -62,6 +62,18 @@ def test_prices_pick_the_cheapest_across_gpu_types(scenario, capsys):
     assert got["layout"] == "name=a100-80gb" and got["cost_per_hour"] == a100["gpus"]   # ... not ten times
 
 
+def test_rate_layouts_rank_by_requests_a_second_per_gpu(scenario, capsys):
+    got = _json(capsys, str(scenario), *SLOS, "--search", "rate", "--vary", "hardware.tensor_parallel=1,2",
+                "--workers", "2")
+    for tp, row in zip((1, 2), got["layouts"]):
+        alone = _json(capsys, str(scenario), *SLOS, "--search", "rate", "--set", f"hardware.tensor_parallel={tp}",
+                      "--workers", "2")
+        assert row["rate"] == alone["rate"] and row["gpus"] == tp   # (no cluster: one replica of tp GPUs)
+        assert row["rate_per_gpu"] == alone["rate"] / tp
+    best = max(got["layouts"], key=lambda r: r["rate_per_gpu"])
+    assert (got["layout"], got["rate"], got["rate_per_gpu"]) == (best["layout"], best["rate"], best["rate_per_gpu"])
+
+
 def test_a_layout_no_fleet_serves_is_reported_and_never_chosen(scenario, capsys):
     assert main(["capacity", str(scenario), *SLOS, "--vary", "model.weight_dtype=null", "--max", "1",
                  "--set", "workload.synthetic.arrival.rate=400", "--json"]) == 1
@@ -82,7 +94,6 @@ def test_a_disaggregated_fleet_counts_each_pools_gpus():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--vary", "hardware.tensor_parallel=1,2", "--search", "rate"], "--vary: layouts are compared by their fewest"),
     (["--gpu-cost", "a100-80gb=1"], "--gpu-cost: prices rank layouts: give the layouts with --vary"),
     (["--vary", "hardware.tensor_parallel=1", "--gpu-cost", "a100-80gb=x"], "expected HARDWARE=PRICE"),
     (["--vary", "hardware.tensor_parallel=1", "--gpu-cost", "h100-80gb=2"], "no price for a100-80gb"),

@@ -1,12 +1,14 @@
-"""The fewest GPUs meeting SLOs over layouts: ``kvsim capacity --vary`` (tensor parallelism, quantization,
-GPU type, pool splits ... any scenario keys).
+"""Layouts side by side: ``kvsim capacity --vary`` (tensor parallelism, quantization, GPU type, pool splits ...
+any scenario keys).
 
-Each layout (one combination of the varied values) gets its own fewest-replicas search
-(``search_replicas``); its GPUs are its replicas times their tensor-parallel degree (a disaggregated fleet:
-each pool's replicas times that pool's degree). The best layout is the one with the fewest GPUs, or with
-``costs`` (a price a GPU-hour per hardware name) the cheapest; ties go to the first in the cross product.
-Invariant: a layout that no fleet of up to ``max_replicas`` replicas makes meet the SLOs is reported with
-its reason and is never the best; nothing is chosen when none meets them.
+Each layout (one combination of the varied values) gets its own search. ``--search replicas``: its fewest
+replicas, its GPUs their replicas times their tensor-parallel degree (a disaggregated fleet: each pool's
+replicas times that pool's degree), the best the fewest GPUs. ``--search rate`` or ``concurrency``: the
+highest rate (requests in flight) its own fleet meets the SLOs at, per GPU of that fleet, the best the most
+per GPU. With ``costs`` (a price a GPU-hour per hardware name) the best is the cheapest fleet, or the most a
+second (in flight) per unit of price an hour. Ties go to the first layout in the cross product.
+Invariant: a layout no candidate of its search makes meet the SLOs is reported with the reason and is never
+the best; nothing is chosen when none meets them.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from sim.cluster.capacity import Runner, search_replicas
 from sim.cluster.replica import pool_scenario
 from sim.errors import KvsimError
 from sim.scenario import Scenario
@@ -23,11 +24,19 @@ from sim.scenario import Scenario
 Layout = list[tuple[str, str]]   # (key.path, value) of each varied key
 
 
-def gpus_of(scn: Scenario, answer: dict[str, Any]) -> tuple[int, dict[str, int]]:
-    """(GPUs, GPUs per hardware name) of a replicas answer for ``scn``: each pool's replicas x its degree."""
+def gpus_of(scn: Scenario, answer: dict[str, Any] | None = None) -> tuple[int, dict[str, int]]:
+    """(GPUs, GPUs per hardware name) of ``scn``'s fleet, or of a replicas search's ``answer`` for it: each
+    pool's replicas x its tensor-parallel degree (no cluster: one replica)."""
     cl = scn.cluster
-    pools = [(answer["prefill"], cl.prefill), (answer["decode"], cl.decode)] if "prefill" in answer \
-        else [(answer["replicas"], None)]
+    if answer is not None:
+        pools = [(answer["prefill"], cl.prefill), (answer["decode"], cl.decode)] if "prefill" in answer \
+            else [(answer["replicas"], None)]
+    elif cl is None:
+        pools = [(1, None)]
+    elif cl.prefill is not None:
+        pools = [(cl.prefill.replicas, cl.prefill), (cl.decode.replicas, cl.decode)]
+    else:
+        pools = [(cl.replicas, None)]
     per_hw: dict[str, int] = {}
     for count, pool in pools:
         hw = pool_scenario(scn, pool).hardware_spec
@@ -51,34 +60,47 @@ def cost_of(per_hw: dict[str, int], costs: dict[str, float]) -> float:
 
 
 def search_layouts(layouts: list[Layout], data_of: Callable[[Layout], dict], scenario_of: Callable[[Layout], Scenario],
-                   run: Runner, max_replicas: int, workers: int, costs: dict[str, float] | None = None
-                   ) -> dict[str, Any]:
-    """Every layout's fewest replicas and GPUs (``data_of``: its scenario mapping for the search,
-    ``scenario_of``: the same, validated), and the best: ``{"layout", "replicas", "gpus", ["cost_per_hour"],
-    "layouts": [...]}``; the best's fields are None where no layout meets the SLOs."""
+                   search: Callable[[Layout, dict], dict[str, Any]], key: str,
+                   costs: dict[str, float] | None = None) -> dict[str, Any]:
+    """Every layout's answer to ``search`` (``key``: replicas, rate or concurrency), with its GPUs (and price),
+    and the best layout: ``{"layout", key, "gpus", [score], "layouts": [...]}``, the best's fields None where
+    no layout meets the SLOs. ``data_of``: a layout's scenario mapping for the search; ``scenario_of``: the
+    same, validated."""
     rows: list[dict[str, Any]] = []
     for layout in layouts:
         row: dict[str, Any] = {"layout": ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in layout),
                                "varied": dict(layout)}
         try:
-            answer = search_replicas(data_of(layout), run, max_replicas, workers)
-        except KvsimError as e:   # no fleet meets the SLOs (or none can run): this layout is out
-            row.update(replicas=None, gpus=None, reason=e.one_line().removeprefix("error: "), candidates=[])
+            answer = search(layout, data_of(layout))
+        except KvsimError as e:   # no candidate meets the SLOs: this layout is out
+            row.update({key: None, "gpus": None, "reason": e.one_line().removeprefix("error: "), "candidates": []})
             rows.append(row)
             continue
-        gpus, per_hw = gpus_of(scenario_of(layout), answer)
-        row.update({k: answer[k] for k in ("replicas", "prefill", "decode") if k in answer})
+        scn = scenario_of(layout)
+        gpus, per_hw = gpus_of(scn, answer) if key == "replicas" else gpus_of(scn)
+        row.update({k: answer[k] for k in (key, "prefill", "decode") if k in answer})
         row.update(gpus=gpus, gpus_by_hardware=per_hw)
+        if key != "replicas":
+            row[f"{key}_per_gpu"] = answer[key] / gpus
         if costs is not None:
             row["cost_per_hour"] = cost_of(per_hw, costs)
+            if key != "replicas":
+                row[f"{key}_per_cost"] = answer[key] / row["cost_per_hour"] if row["cost_per_hour"] else math.inf
         row["candidates"] = answer["candidates"]
         rows.append(row)
+    score = score_key(key, costs is not None)
     met = [r for r in rows if r["gpus"] is not None]
-    key = "cost_per_hour" if costs is not None else "gpus"
-    best = min(met, key=lambda r: r[key]) if met else None   # (min keeps the first of equals)
-    out: dict[str, Any] = {"layout": best["layout"] if best else None,
-                           "replicas": best["replicas"] if best else None, "gpus": best["gpus"] if best else None}
-    if costs is not None:
-        out["cost_per_hour"] = best["cost_per_hour"] if best else math.nan
+    lower = key == "replicas"   # fewest GPUs or cheapest; else the most per GPU or per price
+    best = (min if lower else max)(met, key=lambda r: r[score]) if met else None   # (the first of equals)
+    out: dict[str, Any] = {"layout": None, key: None, "gpus": None, score: None}
+    if best is not None:
+        out.update({"layout": best["layout"], key: best[key], "gpus": best["gpus"], score: best[score]})
     out["layouts"] = rows
     return out
+
+
+def score_key(key: str, priced: bool) -> str:
+    """The column layouts are ranked by."""
+    if key == "replicas":
+        return "cost_per_hour" if priced else "gpus"
+    return f"{key}_per_cost" if priced else f"{key}_per_gpu"

@@ -1,9 +1,12 @@
 """kvsim capacity SCENARIO.yaml --slo ttft_p90=2 [--slo ...] [--search replicas|rate|concurrency] [--max N]
-[--workers N | --ray [ADDRESS]] [--set key.path=value ...] [--out DIR] [--json]
+[--vary KEY=V1,V2 ... [--gpu-cost HARDWARE=PRICE ...]] [--workers N | --ray [ADDRESS]] [--set key.path=value ...]
+[--out DIR] [--json]
 
 The fewest replicas (or, for the scenario's fleet, the highest request rate, its goodput, or the most
 requests a client may keep in flight) meeting every SLO, by bisection over independent runs (sim/cluster/capacity.py). Prints the SLO attainment curve (each
-candidate's figures) and, with --out, writes capacity.json, capacity.csv and capacity.png.
+candidate's figures) and, with --out, writes capacity.json, capacity.csv and capacity.png. With --vary, the
+same search for each layout (sim/cluster/layouts.py) and the best layout: the fewest GPUs, or the most
+requests a second (in flight) per GPU; with --gpu-cost, by price instead.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from sim.cluster.capacity import (
     search_rate,
     search_replicas,
 )
-from sim.cluster.layouts import cost_of, hardware_names, search_layouts
+from sim.cluster.layouts import cost_of, hardware_names, score_key, search_layouts
 from sim.commands.compare import combinations, parse_vary
 from sim.errors import KvsimError
 from sim.output import prepare_out_dir, summary_json, write_atomic, write_text
@@ -48,12 +51,12 @@ def add_parser(sub) -> None:
     p.add_argument("--workers", type=int, default=1, help="candidates run in parallel processes")
     p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS", help="run candidates on Ray")
     p.add_argument("--vary", action="append", default=[], metavar="KEY.PATH=V1,V2",
-                   help="with --search replicas: layouts to compare (the cross product of the values, e.g. "
-                        "hardware.tensor_parallel=1,2 model.weight_dtype=null,int4): each one's fewest replicas "
-                        "and GPUs, and the layout with the fewest GPUs (or the cheapest, with --gpu-cost)")
+                   help="layouts to compare (the cross product of the values, e.g. hardware.tensor_parallel=1,2 "
+                        "model.weight_dtype=null,int4), each searched on its own: replicas, the fewest GPUs wins; "
+                        "rate or concurrency, the most per GPU of its fleet (with --gpu-cost: per price)")
     p.add_argument("--gpu-cost", action="append", default=[], metavar="HARDWARE=PRICE",
                    help="with --vary: a GPU's price an hour by hardware name, e.g. h100-80gb=2.5 (repeatable); "
-                        "the best layout is then the cheapest")
+                        "layouts are then ranked by price")
     p.add_argument("--out", help="folder for capacity.json, capacity.csv and capacity.png")
     p.add_argument("--json", action="store_true", help="print the answer and every candidate as JSON")
     p.set_defaults(func=main)
@@ -187,8 +190,6 @@ def _main_layouts(args: argparse.Namespace, slos: list[SLO]) -> int:
     """``--vary``: each layout's fewest replicas and GPUs, and the best layout (sim/cluster/layouts.py)."""
     if not args.vary:
         raise KvsimError("--gpu-cost", "prices rank layouts: give the layouts with --vary")
-    if args.search != "replicas":
-        raise KvsimError("--vary", "layouts are compared by their fewest replicas: use it with --search replicas")
     costs = _costs(args.gpu_cost)
     layouts = combinations(parse_vary(args.vary))
     prepared: dict[tuple, tuple[dict, object]] = {}
@@ -198,10 +199,19 @@ def _main_layouts(args: argparse.Namespace, slos: list[SLO]) -> int:
     if costs is not None:   # every layout's hardware priced before any search
         cost_of({name: 0 for _, scn in prepared.values() for name in hardware_names(scn)}, costs)
     out = prepare_out_dir(args.out) if args.out else None
+    key = args.search
     with parallel_runner(str(Path(args.scenario).parent), args.scenario, slos, workers=args.workers,
                          use_ray=args.ray is not None, ray_address=args.ray or None) as run:
+        def search(layout, data):
+            scn = prepared[tuple(layout)][1]
+            if key == "replicas":
+                return search_replicas(data, run, args.max or 64, args.workers)
+            if key == "concurrency":
+                return search_concurrency(data, run, args.max or _num_requests(scn), args.workers)
+            return search_rate(data, run, _base_rate(scn), args.workers)
+
         answer = search_layouts(layouts, lambda lay: prepared[tuple(lay)][0], lambda lay: prepared[tuple(lay)][1],
-                                run, args.max or 64, args.workers, costs)
+                                search, key, costs)
     rows = [{k: v for k, v in r.items() if k not in ("candidates", "varied", "gpus_by_hardware")}
             for r in answer["layouts"]]
     table = pd.DataFrame(rows)
@@ -218,11 +228,17 @@ def _main_layouts(args: argparse.Namespace, slos: list[SLO]) -> int:
         slo_text = ", ".join(f"{s.name} <= {s.value:g} s" for s in slos)
         if answer["layout"] is None:
             print(f"no layout meets {slo_text}")
-        else:
-            what = f"${answer['cost_per_hour']:.4g} an hour, " if costs is not None else ""
+        elif key == "replicas":
+            what = f"{answer['cost_per_hour']:.4g} an hour, " if costs is not None else ""
             n = answer["replicas"]
             print(f"{'cheapest' if costs is not None else 'fewest GPUs'} meeting {slo_text}: {answer['layout']} "
                   f"({what}{answer['gpus']} GPUs in {n} replica{'s' if n != 1 else ''})")
+        else:
+            unit = "requests/s" if key == "rate" else "requests in flight"
+            per = "per unit of price an hour" if costs is not None else "per GPU"
+            g = answer["gpus"]
+            print(f"most {unit} {per} meeting {slo_text}: {answer['layout']} ({answer[key]:.4g} {unit} on "
+                  f"{g} GPU{'s' if g != 1 else ''}: {answer[score_key(key, costs is not None)]:.4g} {per})")
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         write_text(out / "capacity.json", summary_json(answer))
@@ -231,7 +247,7 @@ def _main_layouts(args: argparse.Namespace, slos: list[SLO]) -> int:
         write_atomic(out / "capacity.csv", lambda p: cands.to_csv(p, index=False))
         tmp = out / ".capacity.partial.png"
         try:
-            plot_layouts(table, "cost_per_hour" if costs is not None else "gpus", tmp)
+            plot_layouts(table, score_key(key, costs is not None), tmp)
             tmp.replace(out / "capacity.png")
         finally:
             tmp.unlink(missing_ok=True)
@@ -244,13 +260,15 @@ def plot_layouts(table: pd.DataFrame, key: str, path: Path) -> Path:
     """Each layout's GPUs (or price an hour) meeting the SLOs; the best in green, the ones none meets absent."""
     from sim.plots import _save, plt
 
-    t = table.dropna(subset=[key])
+    t = table.dropna(subset=[key]) if key in table else table.iloc[:0]
     left = 0.3 + 0.075 * max((len(str(x)) for x in table["layout"]), default=10)   # (room for the names)
     fig, ax = plt.subplots(figsize=(left + 4.0, 0.45 * max(len(table), 3) + 1))
-    best = t[key].min() if len(t) else math.nan
+    best = (t[key].min() if key in ("gpus", "cost_per_hour") else t[key].max()) if len(t) else math.nan
     ax.barh(t["layout"], t[key], color=["#2b8a3e" if v == best else "#868e96" for v in t[key]])
     ax.invert_yaxis()
-    ax.set_xlabel("price an hour" if key == "cost_per_hour" else "GPUs meeting the SLOs")
+    ax.set_xlabel({"gpus": "GPUs meeting the SLOs", "cost_per_hour": "price an hour of the fleet meeting the SLOs",
+                   "rate_per_gpu": "requests/s per GPU meeting the SLOs",
+                   "concurrency_per_gpu": "requests in flight per GPU meeting the SLOs"}.get(key, key.replace("_", " ")))
     if key == "gpus":
         ax.xaxis.get_major_locator().set_params(integer=True)
     return _save(fig, path, left=left)
