@@ -146,39 +146,42 @@ split decides which SLO binds first, which is why `kvsim capacity` searches the 
 (`--search replicas` with `prefill`/`decode` pools tries every split of each candidate total)."""),
     ("md", """## 4. Quantized weights: a 70B on one GPU or on two
 
-Llama-3.1-70B on H100s, the concurrency sweep's client (300 requests, prompts and outputs drawn from
-lognormals, at most N in flight). SLOs: TTFT p90 under 1 s, TPOT p90 under 50 ms. In fp16 its 141 GB of
-weights need two GPUs and leave them little KV; in fp8 (weights and activations, vLLM's `fp8` checkpoints)
-70.6 GB; with AWQ's int4 weights 39.5 GB, which one GPU holds with room for the cache. `kvsim capacity
---search concurrency` finds the most requests in flight that meet both SLOs; per GPU is what a fleet pays.
-Quantized GEMMs are priced by the bytes they read, with the fp16 kernels' fitted efficiencies (no Marlin
-kernel has been timed: README, What is not built yet)."""),
+Llama-3.1-70B on H100s behind the concurrency sweep's client (300 requests, prompts and outputs drawn from
+lognormals, at most N in flight). SLOs: TTFT p90 under 1 s, TPOT p90 under 50 ms. Three checkpoints named by
+their Hugging Face ids: fp16 (141 GB of weights), AWQ's int4 weights (39.5 GB), FP8 weights and activations
+(70.6 GB, the KV cache kept in 16 bits as vLLM keeps it); each on one GPU and on two. `kvsim capacity
+--search concurrency --vary ...` finds, for each layout, the most requests in flight that meet both SLOs, and
+ranks the layouts by requests in flight per GPU. Quantized GEMMs are priced by the bytes they read, with
+the fp16 kernels' fitted efficiencies (no Marlin kernel has been timed: README, What is not built yet)."""),
     ("code", """from sim.specs import HardwareSpec, ModelSpec, kv_capacity_blocks
 
-M70 = ModelSpec.from_name("llama-3.1-70b")
-variants = {"fp16, TP 2": ({}, 2), "fp8, TP 2": ({"dtype": "fp8", "kv_dtype": "fp16"}, 2),
-            "int4 (AWQ), TP 1": ({"weight_dtype": "int4"}, 1), "int4 (AWQ), TP 2": ({"weight_dtype": "int4"}, 2)}
+IDS = ["meta-llama/Llama-3.1-70B-Instruct", "hugging-quants/Meta-Llama-3.1-70B-Instruct-AWQ-INT4",
+       "neuralmagic/Meta-Llama-3.1-70B-Instruct-FP8"]
+a = capacity(SCN / "concurrency_sweep.yaml", "--search", "concurrency", "--slo", "tpot_p90=0.05",
+             "--slo", "ttft_p90=1", "--set", "workload.synthetic.num_requests=300", "--vary", "model=" + ",".join(IDS),
+             "--vary", "hardware.tensor_parallel=1,2", "--workers", "2")
 rows = {}
-for name, (fields, tp) in variants.items():
-    spec = ModelSpec(**{**M70.model_dump(), **fields})
+for r in a["layouts"]:
+    spec, tp = ModelSpec.from_name(r["varied"]["model"]), int(r["varied"]["hardware.tensor_parallel"])
     hw = HardwareSpec(**{**HardwareSpec.from_name("h100-80gb").model_dump(), "tensor_parallel": tp})
-    sets = ["workload.synthetic.num_requests=300", "model.name=llama-3.1-70b", f"hardware.tensor_parallel={tp}",
-            *[f"model.{k}={v}" for k, v in fields.items()]]
-    a = capacity(SCN / "concurrency_sweep.yaml", "--search", "concurrency", "--slo", "tpot_p90=0.05",
-                 "--slo", "ttft_p90=1", *[x for s in sets for x in ("--set", s)])
-    rows[name] = {"GPUs": tp, "weights_GB": spec.weight_bytes() / 1e9,
-                  "KV_tokens": kv_capacity_blocks(spec, hw, 16) * 16, "in_flight": a["concurrency"],
-                  "in_flight_per_GPU": a["concurrency"] / tp}
+    try:
+        kv = kv_capacity_blocks(spec, hw, 16) * 16
+    except ValueError:   # the weights alone do not fit
+        kv = 0
+    rows[f"{spec.name}, TP {tp}"] = {"weights_GB": spec.weight_bytes() / 1e9, "KV_tokens": kv,
+                                     "in_flight": r["concurrency"], "in_flight_per_GPU": r["concurrency_per_gpu"]}
 quant = pd.DataFrame(rows).T
-display(quant.round(1))
-ax = quant["in_flight_per_GPU"].plot.barh(color="#7048e8", figsize=(6, 2.6))
+print("most requests in flight per GPU:", a["layout"])
+display(quant)
+ax = quant["in_flight_per_GPU"].astype(float).plot.barh(color="#7048e8", figsize=(6, 3))
 ax.set_xlabel("requests in flight per GPU meeting both SLOs")
 show(ax.figure, "quantized.png")"""),
-    ("md", """In fp16 the pair is short of KV, so TTFT binds first: requests wait for blocks. The int4 weights free
-most of one GPU for the cache and a decode step reads about a quarter of the fp16 weights' bytes, so one GPU
-serves more requests than the fp16 pair. fp8 on two GPUs does best per GPU here: half the weight bytes, a
-KV cache as large as int4's on two, and steps of many tokens multiplied at the fp8 tensor cores' doubled
-rate, where int4's weight-only GEMMs still multiply in fp16."""),
+    ("md", """In fp16 the model does not fit one GPU, and the pair is short of KV (17,632 tokens), so TTFT binds first:
+requests wait for blocks. The int4 weights free most of one GPU for the cache and a decode step reads about a
+quarter of the fp16 weights' bytes, so one GPU serves more requests than the fp16 pair. FP8 on one GPU leaves
+little room for the cache; on two it does best per GPU here: half the weight bytes, a large cache, and steps
+of many tokens multiplied at the fp8 tensor cores' doubled rate, where int4's weight-only GEMMs still
+multiply in fp16."""),
 ]
 
 

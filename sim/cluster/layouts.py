@@ -73,7 +73,8 @@ def search_layouts(layouts: list[Layout], data_of: Callable[[Layout], dict], sce
         try:
             answer = search(layout, data_of(layout))
         except KvsimError as e:   # no candidate meets the SLOs: this layout is out
-            row.update({key: None, "gpus": None, "reason": e.one_line().removeprefix("error: "), "candidates": []})
+            row.update({key: None, "gpus": None, score_key(key, costs is not None): None,
+                        "reason": e.one_line().removeprefix("error: "), "candidates": []})
             rows.append(row)
             continue
         scn = scenario_of(layout)
