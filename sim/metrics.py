@@ -34,6 +34,9 @@ BREAKDOWN_KEYS = ["token_states", "reserved", "internal_fragmentation", "externa
 
 
 INT_COLUMNS = [c for c in STEP_COLUMNS if c not in ("start_s", "duration_s")]
+# the per-step columns the summary reads (a run that keeps no per-step table reads only these)
+SUMMARY_STEP_COLUMNS = ["duration_s", "kv_blocks_used", "kv_usage", "slots_token_states", "slots_reserved",
+                        "slots_internal_frag", "slots_external_frag", "slots_free"]
 _INT_ROWS = [c in INT_COLUMNS for c in STEP_COLUMNS]
 _KV_ROW = STEP_COLUMNS.index("kv_blocks_used")
 
@@ -165,11 +168,11 @@ class Columns:
         self.read_into(out, release)
         return out
 
-    def read_into(self, out: list[np.ndarray], release: bool = False) -> None:
+    def read_into(self, out: list[np.ndarray | None], release: bool = False) -> None:
         """Write every column into the array of ``out`` at its position (each ``n`` long, floats cast as
-        ``astype`` casts them), chunk by chunk (no joined copy of the whole table). ``release``: drop each
-        chunk once read, so the table is never held twice; the columns are empty afterwards (``n`` still
-        counts the rows)."""
+        ``astype`` casts them; None: that column is skipped), chunk by chunk (no joined copy of the whole
+        table). ``release``: drop each chunk once read, so the table is never held twice; the columns are
+        empty afterwards (``n`` still counts the rows)."""
         chunks = self._filled()
         if release:
             self._chunks = []
@@ -180,7 +183,8 @@ class Columns:
             chunk = chunks.pop() if release else chunks[j]
             m = chunk.shape[1]
             for i, col in enumerate(out):
-                col[at:at + m] = chunk[i]
+                if col is not None:
+                    col[at:at + m] = chunk[i]
             at += m
             del chunk
 
@@ -343,23 +347,29 @@ class Recorder:
         return names
 
     def read_steps(self, out: dict[str, np.ndarray], at: int, release: bool = False) -> None:
-        """Write the per-step table's columns (``step_names``) into rows ``at:at + num_steps`` of the arrays
-        of ``out`` (int64 for ``INT_COLUMNS``, float64 for the rest). ``release``: as ``steps_frame``."""
+        """Write the per-step table's columns (``step_names``) that ``out`` has into rows ``at:at + num_steps``
+        of its arrays (int64 for ``INT_COLUMNS``, float64 for the rest); ``end_s`` needs ``start_s`` and
+        ``duration_s``, ``kv_usage`` needs ``kv_blocks_used``. ``release``: as ``steps_frame``."""
         n = self.cols.n
         rows = slice(at, at + n)
-        self.cols.read_into([out[name][rows] for name in STEP_COLUMNS], release=release)
-        np.add(out["start_s"][rows], out["duration_s"][rows], out=out["end_s"][rows])
-        np.divide(out["kv_blocks_used"][rows], self.num_gpu_blocks, out=out["kv_usage"][rows])
-        names = self.step_names()[len(STEP_COLUMNS) + 2:]
-        if names:
-            self.breakdown.read_into([out[name][rows] for name in names], release=release)
+        self.cols.read_into([out[name][rows] if name in out else None for name in STEP_COLUMNS], release=release)
+        if "end_s" in out:
+            np.add(out["start_s"][rows], out["duration_s"][rows], out=out["end_s"][rows])
+        if "kv_usage" in out:
+            np.divide(out["kv_blocks_used"][rows], self.num_gpu_blocks, out=out["kv_usage"][rows])
+        breakdown = self.step_names()[len(STEP_COLUMNS) + 2:]
+        if any(name in out for name in breakdown):
+            self.breakdown.read_into([out[name][rows] if name in out else None for name in breakdown],
+                                     release=release)
 
-    def steps_frame(self, release: bool = False) -> pd.DataFrame:
-        """The per-step table. ``release``: hand the recorded rows over to the table (each block of rows
-        is dropped once copied, so they are never held twice); the recorder is empty afterwards."""
+    def steps_frame(self, release: bool = False, names: list[str] | None = None) -> pd.DataFrame:
+        """The per-step table (``names``: only these of its columns, ``step`` always). ``release``: hand the
+        recorded rows over to the table (each block of rows is dropped once copied, so they are never held
+        twice); the recorder is empty afterwards."""
         n = self.cols.n
         data = {"step": np.arange(n, dtype=np.int64)}
-        data.update((name, np.empty(n, dtype=step_dtype(name))) for name in self.step_names())
+        data.update((name, np.empty(n, dtype=step_dtype(name))) for name in self.step_names()
+                    if names is None or name in names)
         self.read_steps(data, 0, release=release)
         return pd.DataFrame(data, copy=False)
 

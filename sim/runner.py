@@ -26,7 +26,7 @@ from sim.executors.base import make_executor, step_model
 from sim.gc_pause import gc_paused
 from sim.kv import make_kv_manager
 from sim.limits import MAX_BLOCKS
-from sim.metrics import Recorder, requests_frame, summarize, with_latencies
+from sim.metrics import SUMMARY_STEP_COLUMNS, Recorder, requests_frame, summarize, with_latencies
 from sim.progress_bar import ProgressBar
 from sim.scenario import Scenario
 from sim.sched import make_scheduler
@@ -48,7 +48,7 @@ class Result:
     scenario: Scenario
     summary: dict
     requests: pd.DataFrame
-    steps: pd.DataFrame
+    steps: pd.DataFrame | None   # None from ``run_scenario(..., keep_steps=False)``
     workload_stats: dict
     timeline: pd.DataFrame | None = None  # state intervals (req_id, phase, start_s, end_s) for timeline.png
     profile: dict = field(default_factory=dict)  # wall seconds per phase (load, simulate, summarise) and counts
@@ -164,12 +164,14 @@ def _integrity_default() -> bool:
 
 
 def run_scenario(scn: Scenario, check_integrity: bool | None = None, progress: bool = False,
-                 progress_after_s: float = 0.0, step_stream: Any = None) -> Result:
+                 progress_after_s: float = 0.0, step_stream: Any = None, keep_steps: bool = True) -> Result:
     """Run one scenario to completion. ``check_integrity`` (default: env KVSIM_CHECK_INTEGRITY) checks
     every KV invariant after every step. ``progress``: a progress bar on stderr, shown once the run has
     taken ``progress_after_s`` seconds of wall time (so short runs show none). ``step_stream``: a
     ``sim.step_stream.StepTableStream`` that writes the per-step table while the engine runs (one engine;
-    a cluster's is left untouched: its table is written afterwards)."""
+    a cluster's is left untouched: its table is written afterwards). ``keep_steps=False``: no per-step table
+    (``Result.steps`` is None; the summary, read from the few columns it needs, is the same to the bit), for
+    callers that read only the summary and the requests (capacity searches, sweeps)."""
     # (filling the large per-step tables is erratic on huge pages: sim/small_pages.py; the cyclic collector
     # finds next to nothing in a run: sim/gc_pause.py)
     with small_pages(), gc_paused():
@@ -177,12 +179,12 @@ def run_scenario(scn: Scenario, check_integrity: bool | None = None, progress: b
             from sim.cluster.runner import run_cluster
 
             return run_cluster(scn, check_integrity=check_integrity, progress=progress,
-                               progress_after_s=progress_after_s)
-        return _run_engine(scn, check_integrity, progress, progress_after_s, step_stream)
+                               progress_after_s=progress_after_s, keep_steps=keep_steps)
+        return _run_engine(scn, check_integrity, progress, progress_after_s, step_stream, keep_steps)
 
 
 def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, progress_after_s: float,
-                step_stream: Any = None) -> Result:
+                step_stream: Any = None, keep_steps: bool = True) -> Result:
     """``run_scenario`` of a scenario without a ``cluster`` section."""
     t0 = time.perf_counter()
     model = scn.model_spec
@@ -261,8 +263,10 @@ def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, pro
     # the timeline first (its transient arrays are the largest), then the per-step table
     timeline = None if transitions is None else timeline_with_frontend(transitions, reqs, fe_in, planned)
     del transitions
-    steps = recorder.steps_frame(release=True)   # the recorder hands its rows over (never held twice)
-    steps["kv_bytes_used"] = steps["kv_blocks_used"] * block_bytes
+    # the recorder hands its rows over (never held twice); without a table kept, only the summary's columns
+    steps = recorder.steps_frame(release=True, names=None if keep_steps else SUMMARY_STEP_COLUMNS)
+    if keep_steps:
+        steps["kv_bytes_used"] = steps["kv_blocks_used"] * block_bytes
     summary = summarize(reqs, steps, counters, capacity_slots=capacity_slots,
                         wall_time_s=time.perf_counter() - t0, prefix_cache_hit_rate=hit_rate)
     summary["num_gpu_blocks"] = num_gpu
@@ -273,7 +277,7 @@ def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, pro
     summary["step_model"] = pricing
     profile = {"load_s": t_load - t0, "simulate_s": t_sim - t_load, "summarise_s": time.perf_counter() - t_sim,
                **profile}
-    return Result(scn, summary, reqs, steps, stats, timeline, profile)
+    return Result(scn, summary, reqs, steps if keep_steps else None, stats, timeline, profile)
 
 
 @dataclass

@@ -339,7 +339,7 @@ def run_task(data: dict, base_dir: str, source: str, trace: tuple[str, int] | No
 
     try:
         scn = scenario_from_dict(data, base_dir=base_dir, source=source)
-        result = run_scenario(scn)
+        result = run_scenario(scn, keep_steps=trace is not None)   # (a trace draws the steps; a row needs none)
         summary = result.summary
         if slos:
             from sim.goodput import slo_report

@@ -83,7 +83,7 @@ def evaluate(data: dict, base_dir: str, source: str, slos: list[SLO]) -> dict[st
     from sim.scenario import scenario_from_dict
 
     scn = scenario_from_dict(data, base_dir=base_dir, source=source)
-    res = run_scenario(scn)
+    res = run_scenario(scn, keep_steps=False)   # (the SLOs read the requests and the summary)
     report = slo_report(res.requests, res.summary, slos)
     return {**report, "num_finished": res.summary["num_finished"],
             "output_throughput_tok_s": res.summary["output_throughput_tok_s"],

@@ -32,7 +32,7 @@ from sim.cluster.disagg import Handoff
 from sim.cluster.link import KVLink
 from sim.cluster.replica import Replica
 from sim.executors.base import step_model
-from sim.metrics import requests_frame, step_dtype, summarize, with_latencies
+from sim.metrics import SUMMARY_STEP_COLUMNS, requests_frame, step_dtype, summarize, with_latencies
 from sim.runner import Result, hbm_budget_of
 from sim.sched.records import TokenGaps
 from sim.specs import group_kv_bytes_per_block
@@ -55,15 +55,16 @@ class _Merged:
     gaps: TokenGaps
 
 
-def _step_table(reps: list[Replica]) -> tuple[pd.DataFrame, list[int]]:
+def _step_table(reps: list[Replica], only: list[str] | None = None) -> tuple[pd.DataFrame, list[int]]:
     """Every replica's per-step table (``steps_frame`` and ``kv_bytes_used``), one replica after another,
     each recorder read once straight into its rows and released; with several replicas, tagged with
     ``replica`` after ``step``, and a column some replica lacks is NaN in its rows (pd.concat's outer join).
-    Also the row offsets: replica i's rows are ``bounds[i]:bounds[i + 1]``."""
+    ``only``: just these columns (and ``step``, ``replica``). Also the row offsets: replica i's rows are
+    ``bounds[i]:bounds[i + 1]``."""
     recs = [rep.engine.recorder for rep in reps]
     lengths = [rec.num_steps for rec in recs]
     bounds = [0, *itertools.accumulate(lengths)]
-    own = [[*rec.step_names(), "kv_bytes_used"] for rec in recs]
+    own = [[name for name in (*rec.step_names(), "kv_bytes_used") if only is None or name in only] for rec in recs]
     names = list(dict.fromkeys(name for cols in own for name in cols))
     starts = np.repeat(np.array(bounds[:-1], dtype=np.int64), lengths)
     cols = {"step": np.arange(bounds[-1], dtype=np.int64) - starts}
@@ -76,8 +77,9 @@ def _step_table(reps: list[Replica]) -> tuple[pd.DataFrame, list[int]]:
     for rep, rec, at, has in zip(reps, recs, bounds, own):
         rows = slice(at, at + rec.num_steps)
         rec.read_steps(cols, at, release=True)
-        bpb = group_kv_bytes_per_block(rep.scn.model_spec, rep.scn.hardware_spec, rep.block_size)
-        np.multiply(cols["kv_blocks_used"][rows], bpb, out=cols["kv_bytes_used"][rows])
+        if "kv_bytes_used" in cols:
+            bpb = group_kv_bytes_per_block(rep.scn.model_spec, rep.scn.hardware_spec, rep.block_size)
+            np.multiply(cols["kv_blocks_used"][rows], bpb, out=cols["kv_bytes_used"][rows])
         for name in set(names).difference(has):
             cols[name][rows] = np.nan
     return pd.DataFrame(cols, copy=False), bounds
@@ -144,7 +146,7 @@ def replicas_frame(reps: list[Replica], steps: pd.DataFrame, bounds: list[int], 
 def cluster_result(scn, workload, reps: list[Replica], served: dict[int, int], handoff: Handoff | None,
                    link: KVLink | None, fe_out: float, fe_token: float, wall_time_s: float,
                    lag: float = 0.0, columns: dict[str, Any] | None = None,
-                   planned: pd.Series | None = None) -> ClusterResult:
+                   planned: pd.Series | None = None, keep_steps: bool = True) -> ClusterResult:
     """``lag``: each request's frontend input latency and the router's decision time, from its arrival to
     its replica (the timeline's ``frontend`` interval); ``columns``: the requests' table's first columns
     from the compiled core (sim/core_requests.py), else it is read from the Requests; ``planned``: with a
@@ -159,7 +161,7 @@ def cluster_result(scn, workload, reps: list[Replica], served: dict[int, int], h
         reqs = requests_frame(requests, output_latency_s=fe_out, token_latency_s=fe_token)
     if planned is not None:
         add_client_waits(reqs, planned)
-    steps, bounds = _step_table(reps)
+    steps, bounds = _step_table(reps, None if keep_steps else SUMMARY_STEP_COLUMNS)
     if len(reps) == 1:   # the single engine's summary, built exactly as sim/runner.py builds it
         rep = reps[0]
         manager, sched = rep.manager, rep.scheduler
@@ -197,7 +199,8 @@ def cluster_result(scn, workload, reps: list[Replica], served: dict[int, int], h
     table = replicas_frame(reps, steps, bounds, summary["makespan_s"], reqs, handoff)
     if len(reps) > 1:
         summary["cluster"] = _cluster_block(scn, reps, reqs, handoff, link)
-    return ClusterResult(scn, summary, reqs, steps, dict(workload.stats), timeline, replicas=table)
+    return ClusterResult(scn, summary, reqs, steps if keep_steps else None, dict(workload.stats), timeline,
+                         replicas=table)
 
 
 def _merged_summary(scn, reqs, reps, steps: pd.DataFrame, bounds: list[int], handoff: Handoff | None,

@@ -164,7 +164,7 @@ def _in_core(pool: list[Replica], requests: list[Request], router: Router) -> bo
 
 
 def _run_colocated(scn: Scenario, workload: Workload, check: bool, lag: float, fe_out: float, fe_token: float,
-                   t0: float, bar: ProgressBar | None = None) -> ClusterResult:
+                   t0: float, bar: ProgressBar | None = None, keep_steps: bool = True) -> ClusterResult:
     """A colocated pool's run, in the compiled core where it covers the pool, else in the SimPy loop;
     ``bar`` shows the requests done."""
     cfg = scn.cluster
@@ -203,7 +203,7 @@ def _run_colocated(scn: Scenario, workload: Workload, check: bool, lag: float, f
         env.run()
         _check_released(pool)
     res = cluster_result(scn, workload, pool, served, None, None, fe_out, fe_token, time.perf_counter() - t0, lag,
-                         columns=columns, planned=planned)
+                         columns=columns, planned=planned, keep_steps=keep_steps)
     res.profile["compiled_core"] = core
     return res
 
@@ -249,9 +249,10 @@ def _show_progress(bar: ProgressBar, ends: list[Replica], prefill: list[Replica]
 
 
 def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bool = False,
-                progress_after_s: float = 0.0) -> ClusterResult:
+                progress_after_s: float = 0.0, keep_steps: bool = True) -> ClusterResult:
     """Run a scenario with a ``cluster`` section to completion; ``progress``: a bar on stderr over the
-    requests done, shown once the run has lasted ``progress_after_s`` seconds of wall time."""
+    requests done, shown once the run has lasted ``progress_after_s`` seconds of wall time; ``keep_steps``:
+    as ``run_scenario``'s."""
     from sim.runner import _check_sequences_supported, _integrity_default
 
     t0 = time.perf_counter()
@@ -268,7 +269,7 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
     if not cfg.disaggregated:
         _check_sequences_supported(scn, requests)
         try:
-            return _run_colocated(scn, workload, check, lag, fe_out, fe_token, t0, bar)
+            return _run_colocated(scn, workload, check, lag, fe_out, fe_token, t0, bar, keep_steps)
         finally:
             if bar is not None:
                 bar.close()
@@ -320,4 +321,4 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
         raise KvsimError("engine", f"deadlock: {len(stuck)} requests never finished (first: {stuck[0]})")
     _check_released(prefill + decode)
     return cluster_result(scn, workload, prefill + decode, served, handoff, link, fe_out, fe_token,
-                          time.perf_counter() - t0, lag, planned=planned)
+                          time.perf_counter() - t0, lag, planned=planned, keep_steps=keep_steps)
