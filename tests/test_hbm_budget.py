@@ -50,3 +50,19 @@ def test_no_budget_where_the_block_count_is_given_and_the_table_where_it_is_not(
     assert r.returncode == 0, r.stderr
     assert "GPU memory of the 1-GPU group (GB)" in r.stdout and "69.58" in r.stdout and "3.86" in r.stdout
     assert json.loads((tmp_path / "o" / "summary.json").read_text())["hbm_budget"]["kv_cache_bytes"] == 69_575_114_752
+
+
+def test_compare_shows_the_kv_cache_size_where_the_runs_differ_in_it(tmp_path):
+    # Llama-2-7B on an H100: 7,148 blocks of 8,388,608 bytes in fp16 (59.96 GB), 8,294 in int4 (69.58 GB)
+    scn = tmp_path / "s.yaml"
+    scn.write_text("model: llama-2-7b\nhardware: h100-80gb\nworkload: {requests: [{prompt_len: 100, output_len: 4}]}\n")
+
+    def compare(vary: str) -> str:
+        r = subprocess.run([sys.executable, "-m", "sim.cli", "compare", str(scn), "--vary", vary], cwd=ROOT,
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    out = compare("model=llama-2-7b,TheBloke/Llama-2-7B-AWQ")
+    assert "KV GB" in out and "59.96" in out and "69.58" in out
+    assert "KV GB" not in compare("scheduler.max_num_seqs=8,16")   # the same cache: no column

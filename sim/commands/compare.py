@@ -46,6 +46,8 @@ TABLE = [
 CACHE_COLUMNS = [("prefix hit", "prefix_cache_hit_rate", None), ("host hit", "host_cache_hit_rate", None),
                  ("client wait", "client_wait_s", "mean")]
 SLO_COLUMNS = [("SLOs met", "slo", "meets"), ("goodput", "slo", "goodput_req_s")]   # with --slo
+# where the runs' caches, sized from HBM, differ (other weights, other GPUs): the KV cache's size, in GB
+KV_COLUMN = ("KV GB", "hbm_budget", "kv_cache_bytes")
 
 
 def add_parser(sub) -> None:
@@ -144,6 +146,8 @@ def _cell(summary: dict, key: str, field: str | None) -> str:
         return "-"
     if isinstance(v, bool):
         return "yes" if v else "no"
+    if field is not None and field.endswith("_bytes"):
+        return f"{v / 1e9:.4g}"
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
@@ -166,6 +170,9 @@ def print_table(results: dict[str, Result]) -> None:
     hosts = ["host_cache_hit_rate" in r.summary for r in results.values()]
     clients = ["client_wait_s" in r.summary for r in results.values()]
     table = TABLE + [c for c, shown in zip(CACHE_COLUMNS, (any(caching), any(hosts), any(clients))) if shown]
+    kv_bytes = {r.summary.get("hbm_budget", {}).get("kv_cache_bytes") for r in results.values()}
+    if len(kv_bytes) > 1:
+        table.append(KV_COLUMN)
     if all("slo" in r.summary for r in results.values()):
         table += SLO_COLUMNS
     for head, _, _ in table:
