@@ -126,13 +126,18 @@ def test_kv_size_says_what_fits_on_a_gpu_group():
     d = json.loads(kvsim("kv-size", "--model", "llama-2-7b", "--seq-len", "4096", "--weight-dtype", "int4",
                          "--hardware", "h100-80gb", "--json").stdout)
     assert d["weight_bytes"] == 3_864_010_752 and d["weight_dtype"] == "int4"
+    budget = d["fits"].pop("hbm_budget")
     assert d["fits"] == {"hardware": "h100-80gb", "tensor_parallel": 1, "gpu_memory_utilization": 0.9,
                          "group_bytes_per_block": 8_388_608, "kv_blocks": 8294, "kv_tokens": 132_704, "sequences": 32}
+    assert budget["kv_cache_bytes"] == 8294 * 8_388_608 and budget["weights_bytes"] == 3_864_010_752
+    assert sum(budget[k] for k in ("weights_bytes", "activation_reserve_bytes", "kv_cache_bytes",
+                                   "unused_bytes")) == budget["hbm_bytes"] == 80 * 1024**3
     # Llama-3.1-70B in fp16 on two: 2 x 80 GiB x 0.9 x 0.95 = 146,887,881,523.2 bytes less 141,107,412,992 of
     # weights leaves 1,102 blocks of 16 x 327,680 bytes
     text = kvsim("kv-size", "--model", "llama-3.1-70b", "--seq-len", "4096", "--hardware", "h100-80gb",
                  "--tensor-parallel", "2").stdout
     assert "1,102 blocks, 17,632 tokens, 4 sequences of 4,096 tokens" in text
+    assert "of its 171.80 GB: weights 141.11, activation reserve 7.73, KV cache 5.78, unused 17.18 GB" in text
 
 
 @pytest.mark.parametrize("args, message", [

@@ -21,6 +21,7 @@ from sim.specs import (
     HardwareSpec,
     ModelSpec,
     group_kv_bytes_per_block,
+    hbm_budget,
     kv_capacity_blocks,
 )
 
@@ -63,7 +64,8 @@ def capacity(model: ModelSpec, hardware: HardwareSpec, seq_len: int, block_size:
     return {"hardware": hardware.name, "tensor_parallel": hardware.tensor_parallel,
             "gpu_memory_utilization": utilization, "group_bytes_per_block": group_kv_bytes_per_block(
                 model, hardware, block_size),
-            "kv_blocks": blocks, "kv_tokens": blocks * block_size, "sequences": blocks // -(-seq_len // block_size)}
+            "kv_blocks": blocks, "kv_tokens": blocks * block_size, "sequences": blocks // -(-seq_len // block_size),
+            "hbm_budget": hbm_budget(model, hardware, block_size, blocks, utilization)}
 
 
 def _model(args: argparse.Namespace) -> ModelSpec:
@@ -132,4 +134,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"on {fits['tensor_parallel']} x {fits['hardware']} at gpu_memory_utilization "
               f"{fits['gpu_memory_utilization']:g} (5% of it kept for activations): {fits['kv_blocks']:,} blocks, "
               f"{fits['kv_tokens']:,} tokens, {fits['sequences']:,} sequences of {args.seq_len:,} tokens")
+        b = fits["hbm_budget"]
+        print(f"  of its {b['hbm_bytes'] / 1e9:.2f} GB: weights {b['weights_bytes'] / 1e9:.2f}, activation reserve "
+              f"{b['activation_reserve_bytes'] / 1e9:.2f}, KV cache {b['kv_cache_bytes'] / 1e9:.2f}, unused "
+              f"{b['unused_bytes'] / 1e9:.2f} GB")
     return 0
