@@ -187,7 +187,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _main_layouts(args: argparse.Namespace, slos: list[SLO]) -> int:
-    """``--vary``: each layout's fewest replicas and GPUs, and the best layout (sim/cluster/layouts.py)."""
+    """``--vary``: each layout's search (replicas, rate or concurrency) and the best layout (sim/cluster/layouts.py)."""
     if not args.vary:
         raise KvsimError("--gpu-cost", "prices rank layouts: give the layouts with --vary")
     costs = _costs(args.gpu_cost)
@@ -218,27 +218,7 @@ def _main_layouts(args: argparse.Namespace, slos: list[SLO]) -> int:
     if args.json:
         print(summary_json(answer), end="")
     else:
-        for r, row in zip(answer["layouts"], rows):
-            row["hardware"] = " + ".join(f"{n} x {hw}" for hw, n in (r.get("gpus_by_hardware") or {}).items()) or "-"
-        shown = pd.DataFrame(rows).drop(columns=["reason"], errors="ignore")
-        print(shown.to_string(index=False, na_rep="-", float_format=lambda v: f"{v:.4g}"))
-        for r in answer["layouts"]:
-            if r["gpus"] is None:
-                print(f"  {r['layout']}: {r['reason']}")
-        slo_text = ", ".join(f"{s.name} <= {s.value:g} s" for s in slos)
-        if answer["layout"] is None:
-            print(f"no layout meets {slo_text}")
-        elif key == "replicas":
-            what = f"{answer['cost_per_hour']:.4g} an hour, " if costs is not None else ""
-            n = answer["replicas"]
-            print(f"{'cheapest' if costs is not None else 'fewest GPUs'} meeting {slo_text}: {answer['layout']} "
-                  f"({what}{answer['gpus']} GPUs in {n} replica{'s' if n != 1 else ''})")
-        else:
-            unit = "requests/s" if key == "rate" else "requests in flight"
-            per = "per unit of price an hour" if costs is not None else "per GPU"
-            g = answer["gpus"]
-            print(f"most {unit} {per} meeting {slo_text}: {answer['layout']} ({answer[key]:.4g} {unit} on "
-                  f"{g} GPU{'s' if g != 1 else ''}: {answer[score_key(key, costs is not None)]:.4g} {per})")
+        _print_layouts(answer, rows, slos, key, costs is not None)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         write_text(out / "capacity.json", summary_json(answer))
@@ -254,6 +234,31 @@ def _main_layouts(args: argparse.Namespace, slos: list[SLO]) -> int:
         if not args.json:
             print(f"wrote capacity.json, capacity.csv, capacity.png to {out}/")
     return 0 if answer["layout"] is not None else 1
+
+
+def _print_layouts(answer: dict, rows: list[dict], slos: list[SLO], key: str, priced: bool) -> None:
+    """The layouts' table, why a layout is out, and the best one, as text."""
+    for r, row in zip(answer["layouts"], rows):
+        row["hardware"] = " + ".join(f"{n} x {hw}" for hw, n in (r.get("gpus_by_hardware") or {}).items()) or "-"
+    shown = pd.DataFrame(rows).drop(columns=["reason"], errors="ignore")
+    print(shown.to_string(index=False, na_rep="-", float_format=lambda v: f"{v:.4g}"))
+    for r in answer["layouts"]:
+        if r["gpus"] is None:
+            print(f"  {r['layout']}: {r['reason']}")
+    slo_text = ", ".join(f"{s.name} <= {s.value:g} s" for s in slos)
+    if answer["layout"] is None:
+        print(f"no layout meets {slo_text}")
+    elif key == "replicas":
+        what = f"{answer['cost_per_hour']:.4g} an hour, " if priced else ""
+        n = answer["replicas"]
+        print(f"{'cheapest' if priced else 'fewest GPUs'} meeting {slo_text}: {answer['layout']} "
+              f"({what}{answer['gpus']} GPUs in {n} replica{'s' if n != 1 else ''})")
+    else:
+        unit = "requests/s" if key == "rate" else "requests in flight"
+        per = "per unit of price an hour" if priced else "per GPU"
+        g = answer["gpus"]
+        print(f"most {unit} {per} meeting {slo_text}: {answer['layout']} ({answer[key]:.4g} {unit} on "
+              f"{g} GPU{'s' if g != 1 else ''}: {answer[score_key(key, priced)]:.4g} {per})")
 
 
 def plot_layouts(table: pd.DataFrame, key: str, path: Path) -> Path:
