@@ -114,6 +114,32 @@ def memory_breakdown(breakdowns: Mapping[str, Mapping[str, float]], path: Path) 
     return _save(fig, path, right=1.85)
 
 
+HBM_PARTS = {"weights": "#495057", "activation_reserve": "#f59f00", "kv_cache": "#2b8a3e", "unused": "#ced4da"}
+
+
+def hbm_budget(budgets: Mapping[str, Mapping[str, int]], path: Path) -> Path:
+    """Where each run's GPU memory went (summary ``hbm_budget``): stacked bars in GB of the tensor-parallel
+    group's HBM, weights, activation reserve, KV cache and the rest, one bar a run."""
+    labels = list(budgets)
+    names = 0.3 + 0.075 * max((len(str(lbl)) for lbl in labels), default=3)   # (room for the runs' names)
+    fig, ax = plt.subplots(figsize=(names + 6.6, 0.55 * len(labels) + 1.4))
+    total = max(b["hbm_bytes"] for b in budgets.values()) / 1e9
+    left = np.zeros(len(labels))
+    for part, color in HBM_PARTS.items():
+        vals = np.array([budgets[lbl][f"{part}_bytes"] / 1e9 for lbl in labels])
+        ax.barh(labels, vals, left=left, color=color, label=part.replace("_", " "))
+        for y, (x0, v) in enumerate(zip(left, vals)):
+            if v >= 0.12 * total:   # (a figure where the segment has room for it)
+                ax.text(x0 + v / 2, y, f"{v:.1f}", ha="center", va="center", fontsize=8,
+                        color="white" if part in ("weights", "kv_cache") else "black")
+        left += vals
+    ax.invert_yaxis()
+    ax.set_xlabel("GB of the tensor-parallel group's HBM")
+    ax.set_title("GPU memory")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return _save(fig, path, left=names, right=1.6)
+
+
 def throughput_latency_figure(summaries: Mapping[str, Mapping]):
     """The runs as points of output tokens/s against median TTFT and mean TPOT (milliseconds), in run order
     and joined by a line (``kvsim compare`` varying one key traces the engine's throughput-latency curve),
@@ -156,4 +182,6 @@ def write_run_plots(requests: pd.DataFrame, steps: pd.DataFrame, summary: dict, 
 
     out.append(memory_over_time(steps, out_dir / "memory_over_time.png"))
     out.append(latency_breakdown({"run": (intervals, requests)}, out_dir / "latency_breakdown.png"))
+    if "hbm_budget" in summary:   # (the cache sized from HBM)
+        out.append(hbm_budget({"run": summary["hbm_budget"]}, out_dir / "hbm_budget.png"))
     return out

@@ -66,3 +66,20 @@ def test_compare_shows_the_kv_cache_size_where_the_runs_differ_in_it(tmp_path):
     out = compare("model=llama-2-7b,TheBloke/Llama-2-7B-AWQ")
     assert "KV GB" in out and "59.96" in out and "69.58" in out
     assert "KV GB" not in compare("scheduler.max_num_seqs=8,16")   # the same cache: no column
+
+
+def test_the_figure_of_the_budget_is_drawn_where_the_summary_has_one(tmp_path):
+    scn = tmp_path / "s.yaml"
+    scn.write_text("model: llama-2-7b\nhardware: h100-80gb\nworkload: {requests: [{prompt_len: 100, output_len: 4}]}\n")
+
+    def kvsim(*args: str) -> None:
+        r = subprocess.run([sys.executable, "-m", "sim.cli", *args], cwd=ROOT, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+
+    kvsim("run", str(scn), "--out", str(tmp_path / "sized"))
+    assert (tmp_path / "sized" / "hbm_budget.png").stat().st_size > 1000
+    assert "hbm_budget.png" in (tmp_path / "sized" / "report.html").read_text()
+    kvsim("run", str(scn), "--out", str(tmp_path / "given"), "--set", "kv_cache.num_gpu_blocks=64")
+    assert not (tmp_path / "given" / "hbm_budget.png").exists()
+    kvsim("compare", str(scn), "--vary", "model=llama-2-7b,TheBloke/Llama-2-7B-AWQ", "--out", str(tmp_path / "cmp"))
+    assert (tmp_path / "cmp" / "hbm_budget.png").stat().st_size > 1000

@@ -211,6 +211,8 @@ def write_plots(results: dict[str, Result], out: Path) -> list[str]:
         latency_breakdown({k: (intervals_of(r), r.requests) for k, r in results.items()},
                           out / "latency_breakdown.png"),
     ]
+    if all("hbm_budget" in r.summary for r in results.values()):   # (every cache sized from HBM)
+        made.append(plots.hbm_budget({k: r.summary["hbm_budget"] for k, r in results.items()}, out / "hbm_budget.png"))
     return [f.name for f in made]
 
 
