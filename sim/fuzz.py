@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.scenario import KVCacheConfig, SchedulerConfig
+from sim.specs import ModelSpec, complete_from_preset
 
 MODELS = ["tiny-llama", "tiny-llama", "llama-2-7b", "llama-3-8b"]
 HARDWARE = ["a100-80gb", "h100-80gb", "cpu", "h200-141gb", "a100-40gb"]   # (the last two: derived calibrations)
@@ -104,6 +105,7 @@ HBM_CAPACITY_P = 0.1   # share of cases sized from HBM (gpu_memory_utilization, 
 TP_P = 0.15            # share of cases with tensor parallelism (2 or 4 GPUs)
 REFUSED_P = 0.05       # share of drawn unsupported combinations kept (they must be refused cleanly)
 HOST_TIER_P = 0.25     # share of cases with a host tier under the prefix cache (dropped without one)
+QUANTIZED_P = 0.15     # share of cases (with a block count given) whose model has weight-only quantized weights
 
 
 def _set(data: dict, path: str, value: Any) -> None:
@@ -294,7 +296,26 @@ def draw_scenario(rng: random.Random, index: int = 0) -> dict:
                  and data["scheduler"].get("batching", "continuous") == "continuous")
     data["workload"] = draw_workload(rng, drawn_cache_tokens(data), multi_seq)
     draw_client(rng, data["workload"])
+    _quantized_weights(data)
     return data
+
+
+def _quantized_weights(data: dict) -> None:
+    """Sometimes the model's projections in int4 or int8 with groups of 32 or 128 rows, or one scale a column:
+    other prices, the same engine. Drawn from a stream of its own (the case's other draws stay as they were),
+    only where the block count is given (a cache sized from HBM would grow by the weights' savings)."""
+    rng = random.Random(f"weights:{data['seed']}")
+    if rng.random() >= QUANTIZED_P or not isinstance(data["model"], str) or "num_gpu_blocks" not in data["kv_cache"]:
+        return
+    data["model"] = {"name": data["model"], "weight_dtype": rng.choice(["int4", "int8"]),
+                     "weight_group_size": rng.choice([0, 32, 128])}
+
+
+def drawn_model(data: dict) -> ModelSpec:
+    """The model of a drawn case: a preset's name, or a mapping naming one (``_quantized_weights``)."""
+    model = data["model"]
+    return ModelSpec(**complete_from_preset(dict(model), ModelSpec)) if isinstance(model, dict) \
+        else ModelSpec.from_name(model)
 
 
 def draw_client(rng: random.Random, workload: dict) -> None:

@@ -46,10 +46,10 @@ from sim.fuzz import (
     draw_scenario,
     draw_workload,
     drawn_cache_tokens,
+    drawn_model,
     drop_refused,
     literal_choices,
 )
-from sim.specs import ModelSpec
 
 COLOCATED_P = 0.5   # share of colocated cases (the rest: prefill/decode pools)
 EPS = 1e-9
@@ -64,7 +64,7 @@ def _pool(rng: random.Random, data: dict, role: str) -> dict:
     if rng.random() < 0.25 and "num_gpu_blocks" in data["kv_cache"]:
         pool["hardware"] = rng.choice(HARDWARE)
     if rng.random() < 0.2 and "num_gpu_blocks" in data["kv_cache"]:
-        model = ModelSpec.from_name(data["model"])
+        model = drawn_model(data)
         pool["tensor_parallel"] = rng.choice([tp for tp in (1, 2, 4) if model.tensor_parallel_problem(tp) is None])
     kv = data["kv_cache"]
     if "num_gpu_blocks" in kv and rng.random() < 0.4:

@@ -27,13 +27,12 @@ from result_compare import assert_same, assert_same_outcome, off_and_on
 
 import sim.engine_core as engine_core
 from sim.errors import KvsimError
-from sim.fuzz import draw_scenario
+from sim.fuzz import draw_scenario, drawn_model
 from sim.kv.host_tier import HostTier
 from sim.latency_breakdown import phase_means
 from sim.native import native
 from sim.runner import run_scenario
 from sim.scenario import scenario_from_dict
-from sim.specs import ModelSpec
 
 BLOCK_BYTES = 256 * 2 * 40 * 5120 * 2
 BLOCK_LOAD_S = BLOCK_BYTES / 32e9 + 1e-5   # the A100's host link, the calibration's swap latency a block
@@ -176,7 +175,7 @@ def _host_heavy(i: int) -> dict:
     d["scheduler"]["batching"] = "continuous"
     hw = d["hardware"]
     tp = hw.get("tensor_parallel", 1) if isinstance(hw, dict) else 1
-    block = ModelSpec.from_name(d["model"]).kv_bytes_per_block(kv.get("block_size", 16), kv.get("dtype")) * tp
+    block = drawn_model(d).kv_bytes_per_block(kv.get("block_size", 16), kv.get("dtype")) * tp
     kv["cpu_offload_gib"] = (rng.randint(1, 64) + 0.5) * block / GiB
     bs, cap = kv.get("block_size", 16), kv.get("num_gpu_blocks", 64)
     reqs = []
