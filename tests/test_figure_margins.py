@@ -50,7 +50,7 @@ def test_single_run_figures(outside, tmp_path) -> None:
     steps = res.steps.copy()
     steps["num_waiting"] *= 1000    # five-digit tick labels on the batch figure
     plots.write_run_plots(res.requests, steps, res.summary, tmp_path, timeline=res.timeline)
-    assert len(list(tmp_path.glob("*.png"))) == 7
+    assert len(list(tmp_path.glob("*.png"))) == 8   # (the eighth, hbm_budget.png: the cache is sized from HBM)
     assert not outside, outside
 
 
