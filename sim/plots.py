@@ -182,6 +182,8 @@ def write_run_plots(requests: pd.DataFrame, steps: pd.DataFrame, summary: dict, 
 
     out.append(memory_over_time(steps, out_dir / "memory_over_time.png"))
     out.append(latency_breakdown({"run": (intervals, requests)}, out_dir / "latency_breakdown.png"))
-    if "hbm_budget" in summary:   # (the cache sized from HBM)
-        out.append(hbm_budget({"run": summary["hbm_budget"]}, out_dir / "hbm_budget.png"))
+    budgets = ({"run": summary["hbm_budget"]} if "hbm_budget" in summary   # (the cache sized from HBM)
+               else summary.get("cluster", {}).get("hbm_budget_per_replica"))   # (a fleet's: one replica a role)
+    if budgets:
+        out.append(hbm_budget(budgets, out_dir / "hbm_budget.png"))
     return out

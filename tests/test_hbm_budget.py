@@ -83,3 +83,19 @@ def test_the_figure_of_the_budget_is_drawn_where_the_summary_has_one(tmp_path):
     assert not (tmp_path / "given" / "hbm_budget.png").exists()
     kvsim("compare", str(scn), "--vary", "model=llama-2-7b,TheBloke/Llama-2-7B-AWQ", "--out", str(tmp_path / "cmp"))
     assert (tmp_path / "cmp" / "hbm_budget.png").stat().st_size > 1000
+
+
+def test_a_fleet_reports_one_replicas_budget_for_each_pool_sized_from_hbm():
+    # Llama-2-13B on an A100-80GB (the quickstart's engine): 13,015,864,320 weights of 2 bytes; 819,200 bytes of
+    # KV a token, 13,107,200 a block; (73,443,940,761.6 - 26,031,728,640) / 13,107,200 = 3,617 blocks
+    data = {"model": "llama-2-13b", "hardware": "a100-80gb", "workload": WORK, "output": {"plots": False},
+            "cluster": {"prefill": {"replicas": 1}, "decode": {"replicas": 2}, "kv_transfer": {"link": "nvlink"}}}
+    per = run_scenario(scenario_from_dict(data)).summary["cluster"]["hbm_budget_per_replica"]
+    one = {"gpus": 1, "hbm_bytes": 85_899_345_920, "weights_bytes": 26_031_728_640,
+           "activation_reserve_bytes": 3_865_470_566, "kv_cache_bytes": 3617 * 13_107_200,
+           "unused_bytes": 85_899_345_920 - 26_031_728_640 - 3_865_470_566 - 3617 * 13_107_200}
+    assert per == {"prefill": one, "decode": one}
+    data["cluster"]["prefill"]["kv_cache"] = {"num_gpu_blocks": 64}   # given: HBM did not size that pool
+    assert run_scenario(scenario_from_dict(data)).summary["cluster"]["hbm_budget_per_replica"] == {"decode": one}
+    data["kv_cache"] = {"num_gpu_blocks": 64}
+    assert "hbm_budget_per_replica" not in run_scenario(scenario_from_dict(data)).summary["cluster"]

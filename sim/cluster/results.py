@@ -199,6 +199,9 @@ def cluster_result(scn, workload, reps: list[Replica], served: dict[int, int], h
     table = replicas_frame(reps, steps, bounds, summary["makespan_s"], reqs, handoff)
     if len(reps) > 1:
         summary["cluster"] = _cluster_block(scn, reps, reqs, handoff, link)
+        budgets = {rep.role: hbm_budget_of(rep.scn, rep.num_gpu_blocks) for rep in reps}
+        if any(b is not None for b in budgets.values()):   # a pool's cache sized from HBM: one replica's budget
+            summary["cluster"]["hbm_budget_per_replica"] = {role: b for role, b in budgets.items() if b is not None}
     return ClusterResult(scn, summary, reqs, steps if keep_steps else None, dict(workload.stats), timeline,
                          replicas=table)
 

@@ -32,6 +32,8 @@ def print_summary(summary: dict, title: str = "summary") -> None:
     for k, v in summary.items():
         if k in LATENCIES or k in ("memory_breakdown", "slo", "hbm_budget") or (k in SHARING and not shared):
             continue
+        if k == "cluster":   # (its replicas' memory gets a table of its own, below)
+            v = {kk: vv for kk, vv in v.items() if kk != "hbm_budget_per_replica"}
         t.add_row(k, _fmt(v))
     console.print(t)
     lat = Table(title="latency (s)", header_style="bold")
@@ -47,14 +49,21 @@ def print_summary(summary: dict, title: str = "summary") -> None:
         mb.add_column(k, justify="right")
     mb.add_row(*(f"{v:.3f}" for v in summary["memory_breakdown"].values()))
     console.print(mb)
-    if "hbm_budget" in summary:   # the cache sized from HBM (sim.specs.hbm_budget)
-        b = summary["hbm_budget"]
-        hbm = Table(title=f"GPU memory of the {b['gpus']}-GPU group (GB)", header_style="bold")
+    budgets = ({"": summary["hbm_budget"]} if "hbm_budget" in summary   # the cache sized from HBM (sim.specs)
+               else summary.get("cluster", {}).get("hbm_budget_per_replica", {}))
+    if budgets:
+        gpus = ", ".join(sorted({str(b["gpus"]) for b in budgets.values()}))
+        title = "of the" if "" in budgets else "of one replica, a"
+        hbm = Table(title=f"GPU memory {title} {gpus}-GPU group (GB)", header_style="bold")
         parts = ("weights", "activation_reserve", "kv_cache", "unused")
+        if "" not in budgets:
+            hbm.add_column("replica")
         for k in parts:
             hbm.add_column(k, justify="right")
         hbm.add_column("total", justify="right")
-        hbm.add_row(*(f"{b[k + '_bytes'] / 1e9:.2f}" for k in parts), f"{b['hbm_bytes'] / 1e9:.2f}")
+        for role, b in budgets.items():
+            cells = [f"{b[k + '_bytes'] / 1e9:.2f}" for k in parts] + [f"{b['hbm_bytes'] / 1e9:.2f}"]
+            hbm.add_row(*([role] if role else []), *cells)
         console.print(hbm)
     if "slo" in summary:   # kvsim run --slo (sim/goodput.py)
         slo = Table(title="SLOs", header_style="bold")
