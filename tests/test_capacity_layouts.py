@@ -46,6 +46,9 @@ def test_each_layout_is_its_own_search_and_the_fewest_gpus_win(scenario, capsys)
         alone = _json(capsys, str(scenario), *SLOS, "--set", f"hardware.tensor_parallel={tp}", "--set",
                       f"model.weight_dtype={w}")
         assert row["replicas"] == alone["replicas"] and row["gpus"] == tp * alone["replicas"]
+        chosen = next(c for c in alone["candidates"] if c["replicas"] == alone["replicas"])
+        assert (row["ttft_p90"], row["tpot_p90"]) == (chosen["ttft_p90"], chosen["tpot_p90"])   # its figures
+        assert chosen["ttft_p90"] <= 0.5 and chosen["tpot_p90"] <= 0.03
         assert row["gpus_by_hardware"] == {"a100-80gb": row["gpus"]}
         assert row["varied"] == {"hardware.tensor_parallel": str(tp), "model.weight_dtype": w}
     fewest = min(r["gpus"] for r in rows.values())

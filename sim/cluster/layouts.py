@@ -61,11 +61,11 @@ def cost_of(per_hw: dict[str, int], costs: dict[str, float]) -> float:
 
 def search_layouts(layouts: list[Layout], data_of: Callable[[Layout], dict], scenario_of: Callable[[Layout], Scenario],
                    search: Callable[[Layout, dict], dict[str, Any]], key: str,
-                   costs: dict[str, float] | None = None) -> dict[str, Any]:
-    """Every layout's answer to ``search`` (``key``: replicas, rate or concurrency), with its GPUs (and price),
-    and the best layout: ``{"layout", key, "gpus", [score], "layouts": [...]}``, the best's fields None where
-    no layout meets the SLOs. ``data_of``: a layout's scenario mapping for the search; ``scenario_of``: the
-    same, validated."""
+                   costs: dict[str, float] | None = None, figures: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Every layout's answer to ``search`` (``key``: replicas, rate or concurrency), with its GPUs (and price)
+    and the ``figures`` (the SLOs' names) of the candidate it chose, and the best layout: ``{"layout", key,
+    "gpus", [score], "layouts": [...]}``, the best's fields None where no layout meets the SLOs. ``data_of``:
+    a layout's scenario mapping for the search; ``scenario_of``: the same, validated."""
     rows: list[dict[str, Any]] = []
     for layout in layouts:
         row: dict[str, Any] = {"layout": ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in layout),
@@ -80,6 +80,8 @@ def search_layouts(layouts: list[Layout], data_of: Callable[[Layout], dict], sce
         scn = scenario_of(layout)
         gpus, per_hw = gpus_of(scn, answer) if key == "replicas" else gpus_of(scn)
         row.update({k: answer[k] for k in (key, "prefill", "decode") if k in answer})
+        chosen = next(c for c in answer["candidates"] if c[key] == answer[key])
+        row.update({f: chosen[f] for f in figures})
         row.update(gpus=gpus, gpus_by_hardware=per_hw)
         if key != "replicas":
             row[f"{key}_per_gpu"] = answer[key] / gpus

@@ -211,7 +211,7 @@ def _main_layouts(args: argparse.Namespace, slos: list[SLO]) -> int:
             return search_rate(data, run, _base_rate(scn), args.workers)
 
         answer = search_layouts(layouts, lambda lay: prepared[tuple(lay)][0], lambda lay: prepared[tuple(lay)][1],
-                                search, key, costs)
+                                search, key, costs, tuple(s.name for s in slos))
     rows = [{k: v for k, v in r.items() if k not in ("candidates", "varied", "gpus_by_hardware")}
             for r in answer["layouts"]]
     table = pd.DataFrame(rows)
