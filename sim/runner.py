@@ -59,10 +59,9 @@ def gpu_blocks(scn: Scenario) -> int:
     kv = scn.kv_cache
     if kv.num_gpu_blocks is not None:
         return kv.num_gpu_blocks
-    reserve = None if kv.activation_reserve_gb is None else int(kv.activation_reserve_gb * GiB)
     try:
         return kv_capacity_blocks(scn.model_spec, scn.hardware_spec, kv.block_size, kv.gpu_memory_utilization,
-                                  reserve)
+                                  _reserve_bytes(kv))
     except ValueError as e:
         raise KvsimError(f"{scn.source}: model", str(e)) from None
 
@@ -73,8 +72,13 @@ def hbm_budget_of(scn: Scenario, num_gpu: int) -> dict[str, int] | None:
     kv = scn.kv_cache
     if kv.num_gpu_blocks is not None:
         return None
-    reserve = None if kv.activation_reserve_gb is None else int(kv.activation_reserve_gb * GiB)
-    return hbm_budget(scn.model_spec, scn.hardware_spec, kv.block_size, num_gpu, kv.gpu_memory_utilization, reserve)
+    return hbm_budget(scn.model_spec, scn.hardware_spec, kv.block_size, num_gpu, kv.gpu_memory_utilization,
+                      _reserve_bytes(kv))
+
+
+def _reserve_bytes(kv) -> int | None:
+    """``kv_cache.activation_reserve_gb`` in bytes (None: the default share, sim.specs.activation_reserve)."""
+    return None if kv.activation_reserve_gb is None else int(kv.activation_reserve_gb * GiB)
 
 
 def cpu_blocks(scn: Scenario) -> int:

@@ -45,10 +45,8 @@ def gpus_of(scn: Scenario, answer: dict[str, Any] | None = None) -> tuple[int, d
 
 
 def hardware_names(scn: Scenario) -> set[str]:
-    """The hardware its replicas run on (a disaggregated fleet: each pool's)."""
-    cl = scn.cluster
-    pools = [cl.prefill, cl.decode] if cl is not None and cl.prefill is not None else [None]
-    return {pool_scenario(scn, pool).hardware_spec.name for pool in pools}
+    """The hardware its replicas run on (a disaggregated fleet: each pool's; every pool has a replica)."""
+    return set(gpus_of(scn)[1])
 
 
 def cost_of(per_hw: dict[str, int], costs: dict[str, float]) -> float:
