@@ -116,7 +116,7 @@ class Engine:
         self._staged: list[tuple[Request, float]] = []   # (request, when it reached the engine) during a step
         self._furthest: dict[int, int] = {}  # req_id -> furthest token computed (watchdog; see _advanced)
         self._next_arrival = 0.0                  # when the arrival process wakes next (inf: no more)
-        self.multi_step = (multi_step and supports_decode_runs(executor)
+        self.multi_step = (multi_step and supports_decode_runs(executor) and scheduler.speculation is None
                            and isinstance(scheduler, ContinuousScheduler)
                            and isinstance(scheduler.manager, KVCacheManager))
         self.num_runs = 0                         # decode runs taken (multi-step)

@@ -66,6 +66,8 @@ def core_supported(scheduler: Any, manager: Any, executor: Any, requests: list[R
     if not enabled or native is None or not hasattr(native, "run_core"):
         return False
     cfg = scheduler.config
+    if scheduler.speculation is not None:
+        return False   # (one token a decode step)
     if type(manager) is ContiguousKVManager:
         if manager.space.num_free != manager.num_blocks:
             return False   # (the core starts the space unused: one free extent)

@@ -106,6 +106,7 @@ TP_P = 0.15            # share of cases with tensor parallelism (2 or 4 GPUs)
 REFUSED_P = 0.05       # share of drawn unsupported combinations kept (they must be refused cleanly)
 HOST_TIER_P = 0.25     # share of cases with a host tier under the prefix cache (dropped without one)
 QUANTIZED_P = 0.15     # share of cases (with a block count given) whose model has weight-only quantized weights
+SPECULATIVE_P = 0.15   # share of the cases that can speculate (paged, continuous, one sequence a request) that do
 
 
 def _set(data: dict, path: str, value: Any) -> None:
@@ -297,7 +298,23 @@ def draw_scenario(rng: random.Random, index: int = 0) -> dict:
     data["workload"] = draw_workload(rng, drawn_cache_tokens(data), multi_seq)
     draw_client(rng, data["workload"])
     _quantized_weights(data)
+    _speculative(data)
     return data
+
+
+def _speculative(data: dict) -> None:
+    """Sometimes speculative decoding: ngram, or (with a block count given: a drafter's weights would shrink a
+    cache sized from HBM) an EAGLE head, 1 to 4 drafts, any acceptance from none to all. Drawn from a stream of
+    its own (the case's other draws stay as they were), only where the engine can speculate."""
+    rng = random.Random(f"speculative:{data['seed']}")
+    kv, sched = data["kv_cache"], data["scheduler"]
+    if (rng.random() >= SPECULATIVE_P or kv.get("allocator", "paged") != "paged"
+            or sched.get("batching", "continuous") != "continuous" or _max_n(data) > 1):
+        return
+    k = rng.randint(1, 4)
+    rate = rng.choice([0.0, 1.0, round(rng.random(), 3), [round(rng.random(), 3) for _ in range(k)]])
+    method = rng.choice(["ngram", "eagle"]) if "num_gpu_blocks" in kv else "ngram"
+    data["speculative"] = {"method": method, "num_speculative_tokens": k, "acceptance_rate": rate}
 
 
 def _quantized_weights(data: dict) -> None:
@@ -433,8 +450,11 @@ def check_outcome(requests, steps, summary: dict, capacity_slots: int, beams: bo
     plain = (not beams and summary["num_preemptions"] == 0 and (requests["num_cached_tokens"] == 0).all()
              and summary.get("swapped_blocks", 0) == 0)
     if plain and len(steps):
-        # the prompt once, then each of the n sequences computes every output token but the last
-        computed = int(steps["num_prefill_tokens"].sum() + steps["num_decode_tokens"].sum())
+        # the prompt once, then each of the n sequences computes every output token but the last (and,
+        # speculating, the drafts it rejected)
+        spec = summary.get("speculative", {})
+        rejected = spec.get("draft_tokens", 0) - spec.get("accepted_tokens", 0)
+        computed = int(steps["num_prefill_tokens"].sum() + steps["num_decode_tokens"].sum()) - rejected
         expect = int((done["prompt_tokens"] + done["n"] * (done["output_tokens"] - 1)).sum())
         if computed != expect:
             bad.append(f"tokens computed over all steps {computed} != sum of prompt + n x (output - 1) = {expect}")

@@ -135,7 +135,9 @@ def check_cluster_outcome(result, scn, beams: bool = False) -> list[str]:
         bad.append("generated tokens differ from the output length")
     bad += _check_placement(reqs, done, scn, summary)
     bad += _check_timeline(result.timeline, done)
-    bad += _check_steps(steps, result.replicas, done, reqs, beams)
+    spec = summary.get("speculative", {})   # (drafts rejected were computed and thrown away)
+    rejected = spec.get("draft_tokens", 0) - spec.get("accepted_tokens", 0)
+    bad += _check_steps(steps, result.replicas, done, reqs, beams, rejected)
     return bad
 
 
@@ -194,9 +196,10 @@ def _check_placement(reqs: pd.DataFrame, done: pd.DataFrame, scn, summary: dict)
 
 
 def _check_steps(steps: pd.DataFrame, replicas: pd.DataFrame | None, done: pd.DataFrame, reqs: pd.DataFrame,
-                 beams: bool) -> list[str]:
+                 beams: bool, rejected_drafts: int = 0) -> list[str]:
     """Each replica's steps: in time order, positive, memory slots adding up to one capacity; replicas.csv:
-    every request ends on one replica, the prompts handed off are the transfers; tokens computed."""
+    every request ends on one replica, the prompts handed off are the transfers; tokens computed (with the
+    ``rejected_drafts`` of speculative decoding)."""
     bad: list[str] = []
     if not len(steps):
         return ["requests finished without any step"] if len(done) else []
@@ -222,7 +225,7 @@ def _check_steps(steps: pd.DataFrame, replicas: pd.DataFrame | None, done: pd.Da
     plain = (not beams and int(reqs["num_preemptions"].sum()) == 0 and (reqs["num_cached_tokens"] == 0).all()
              and not (reqs["status"].eq("REJECTED") & reqs["first_token_s"].notna()).any())
     if plain:   # the prompt once, then each of the n sequences computes every output token but the last
-        computed = int(steps["num_prefill_tokens"].sum() + steps["num_decode_tokens"].sum())
+        computed = int(steps["num_prefill_tokens"].sum() + steps["num_decode_tokens"].sum()) - rejected_drafts
         expect = int((done["prompt_tokens"] + done["n"] * (done["output_tokens"] - 1)).sum())
         if computed != expect:
             bad.append(f"tokens computed over every replica's steps {computed} != sum of prompt + n x (output - 1) "

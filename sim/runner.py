@@ -23,6 +23,7 @@ from sim.engine import Engine
 from sim.engine_core import core_supported, run_core
 from sim.errors import KvsimError
 from sim.executors.base import make_executor, step_model
+from sim.executors.drafter import make_drafter
 from sim.gc_pause import gc_paused
 from sim.kv import make_kv_manager
 from sim.limits import MAX_BLOCKS
@@ -33,6 +34,7 @@ from sim.sched import make_scheduler
 from sim.sched.records import PHASE_NAMES, TokenGaps, Transitions, intervals_frame, transition_intervals
 from sim.small_pages import small_pages
 from sim.specs import GiB, group_kv_bytes_per_block, hbm_budget, kv_capacity_blocks
+from sim.speculative import Speculation, drafter_block_bytes, drafter_weight_bytes
 from sim.workload import build_workload
 
 # a run in the compiled core (one engine, or a colocated cluster) takes its per-request table from the core's
@@ -61,7 +63,7 @@ def gpu_blocks(scn: Scenario) -> int:
         return kv.num_gpu_blocks
     try:
         return kv_capacity_blocks(scn.model_spec, scn.hardware_spec, kv.block_size, kv.gpu_memory_utilization,
-                                  _reserve_bytes(kv))
+                                  _reserve_bytes(kv), *draft_bytes(scn))
     except ValueError as e:
         raise KvsimError(f"{scn.source}: model", str(e)) from None
 
@@ -73,7 +75,18 @@ def hbm_budget_of(scn: Scenario, num_gpu: int) -> dict[str, int] | None:
     if kv.num_gpu_blocks is not None:
         return None
     return hbm_budget(scn.model_spec, scn.hardware_spec, kv.block_size, num_gpu, kv.gpu_memory_utilization,
-                      _reserve_bytes(kv))
+                      _reserve_bytes(kv), *draft_bytes(scn))
+
+
+def draft_bytes(scn: Scenario) -> tuple[int, int]:
+    """(weights, KV bytes a block) of the scenario's speculative drafter over its tensor-parallel group; zeros
+    without one (sim/speculative.py)."""
+    spec = scn.speculative
+    if spec is None:
+        return 0, 0
+    model = scn.model_spec
+    return (drafter_weight_bytes(spec, model),
+            drafter_block_bytes(spec, model, scn.hardware_spec, scn.kv_cache.block_size))
 
 
 def _reserve_bytes(kv) -> int | None:
@@ -118,10 +131,15 @@ def check_block_counts(scn: Scenario, num_gpu: int, num_cpu: int) -> None:
 
 
 def _check_sequences_supported(scn: Scenario, requests: list) -> None:
-    """Parallel samples and beams fork block tables: only the paged allocator with continuous batching does."""
-    if scn.scheduler.batching == "continuous" and scn.kv_cache.allocator == "paged":
+    """Parallel samples and beams fork block tables: only the paged allocator with continuous batching does,
+    without speculative decoding (its drafts are one sequence's)."""
+    if scn.scheduler.batching == "continuous" and scn.kv_cache.allocator == "paged" and scn.speculative is None:
         return
     wide = next((r for r in requests if r.n > 1 or getattr(r, "beam_width", 1) > 1), None)
+    if wide is not None and scn.speculative is not None:
+        raise KvsimError(f"{scn.source}: speculative", f"request {wide.req_id} has n={wide.n}, "
+                         f"beam_width={getattr(wide, 'beam_width', 1)}: speculative decoding drafts for one "
+                         "sequence a request; drop the speculative section or the parallel samples and beams")
     if wide is not None:
         mode = "static batching" if scn.scheduler.batching == "static" else f"the {scn.kv_cache.allocator} allocator"
         raise KvsimError(f"{scn.source}: workload", f"request {wide.req_id} has n={wide.n}, "
@@ -129,22 +147,24 @@ def _check_sequences_supported(scn: Scenario, requests: list) -> None:
                          f"kv_cache.allocator: paged and scheduler.batching: continuous, not {mode}")
 
 
-def build_parts(scn: Scenario, num_gpu: int, num_cpu: int, executor: Any = None):
+def build_parts(scn: Scenario, num_gpu: int, num_cpu: int, executor: Any = None, replica_id: int = 0):
     """(KV manager, scheduler, executor, recorder) of one engine of ``scn`` with these block counts (the
-    single engine's, and each cluster replica's). ``executor``: one already built for the same scenario
-    and block counts, shared (a pure pricer: see ``shared_executor``)."""
+    single engine's, and each cluster replica's: ``replica_id``). ``executor``: one already built for the
+    same scenario and block counts, shared (a pure pricer: see ``shared_executor``)."""
     model = scn.model_spec
     manager = make_kv_manager(scn.kv_cache, num_gpu, num_cpu, model.max_model_len, host_blocks(scn))
     scheduler = make_scheduler(scn.scheduler, manager, model.max_model_len)
-    if executor is not None:
-        _price_loads(scheduler, executor)
-        return manager, scheduler, executor, Recorder(num_gpu, manager.capacity_slots)
-    try:
-        executor = make_executor(scn.executor.kind, model=model, hardware=scn.hardware_spec, config=scn.executor,
-                                 kv=scn.kv_cache, num_gpu_blocks=num_gpu, num_cpu_blocks=num_cpu,
-                                 base_dir=scn.base_dir, scheduler=scn.scheduler)
-    except KeyError as e:
-        raise KvsimError(f"{scn.source}: executor.kind", e.args[0]) from None
+    if scn.speculative is not None:   # (each engine draws its acceptances from a stream of its own)
+        scheduler.enable_speculation(Speculation(scn.speculative, scn.seed, replica_id))
+    if executor is None:
+        try:
+            executor = make_executor(scn.executor.kind, model=model, hardware=scn.hardware_spec,
+                                     config=scn.executor, kv=scn.kv_cache, num_gpu_blocks=num_gpu,
+                                     num_cpu_blocks=num_cpu, base_dir=scn.base_dir, scheduler=scn.scheduler)
+        except KeyError as e:
+            raise KvsimError(f"{scn.source}: executor.kind", e.args[0]) from None
+        if scn.speculative is not None:
+            executor.drafter = make_drafter(scn)
     _price_loads(scheduler, executor)
     return manager, scheduler, executor, Recorder(num_gpu, manager.capacity_slots)
 
@@ -259,6 +279,7 @@ def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, pro
                "arrivals": len(workload.requests), "compiled_core": engine is None}
     stats = dict(workload.stats)
     pricing = step_model(executor)
+    speculation = scheduler.speculation
     del workload, engine, scheduler, manager, executor, bar
     # the engine's SimPy processes refer back to it: a cycle. Everything the run made is still in the
     # youngest generation (the collector was paused, so nothing was promoted): collecting that one frees
@@ -279,6 +300,8 @@ def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, pro
         summary["hbm_budget"] = budget
     summary.update(sharing)
     summary["step_model"] = pricing
+    if speculation is not None:
+        summary["speculative"] = speculation.summary()
     profile = {"load_s": t_load - t0, "simulate_s": t_sim - t_load, "summarise_s": time.perf_counter() - t_sim,
                **profile}
     return Result(scn, summary, reqs, steps if keep_steps else None, stats, timeline, profile)

@@ -18,6 +18,8 @@ from sim.cluster.config import ClusterConfig
 from sim.errors import KvsimError
 from sim.hf_config import is_config_path, load_hf_config
 from sim.specs import MODEL_PRESETS, HardwareSpec, ModelSpec, check_preset, complete_from_preset, preset_named
+from sim.speculative import SpeculativeConfig
+from sim.speculative import problem as speculative_problem
 from sim.workload.config import WorkloadConfig
 from sim.yamlfile import parse_yaml, read_text_bounded
 
@@ -121,6 +123,7 @@ class Scenario(_Strict):
     frontend: FrontendConfig = FrontendConfig()
     output: OutputConfig = OutputConfig()
     cluster: ClusterConfig | None = None   # several replicas behind a router (sim/cluster/)
+    speculative: SpeculativeConfig | None = None   # speculative decoding (sim/speculative.py)
 
     _base_dir: Path = PrivateAttr(default=Path("."))
     _source: str = PrivateAttr(default="<scenario>")
@@ -335,6 +338,8 @@ def scenario_from_dict(
                     None)
         via = " (from --set)" if any(path[:n] in overridden for n in range(1, len(path) + 1)) else ""
         raise KvsimError(f"{source}:{line}" if line and not via else source, f"{key}: {what}{via}")
+    if scn.speculative is not None and not scn.speculative.enabled:
+        scn.speculative = None   # (checked above; ``speculative.enabled: false`` runs without drafts)
     scn._base_dir = Path(base_dir)
     scn._source = source
     return scn
@@ -359,7 +364,25 @@ def unsupported_combination(scn: Scenario) -> tuple[str, str] | None:
     if kv.prefix_caching and kv.allocator != "paged":
         return "kv_cache.prefix_caching", f"needs kv_cache.allocator: paged (the {kv.allocator} allocator " \
                                           "reserves one region per request and shares nothing)"
+    if scn.speculative is not None:
+        why = _speculative_mode_problem(scn)
+        if why:
+            return "speculative", why
+        problem = speculative_problem(scn.speculative, scn.model_spec, scn.hardware_spec.tensor_parallel)
+        if problem:
+            return problem
     return _tensor_parallel_problem(scn)
+
+
+def _speculative_mode_problem(scn: Scenario) -> str:
+    """Why speculative decoding cannot run in this scenario's engine ('' where it can)."""
+    if scn.scheduler.batching != "continuous":
+        return "needs scheduler.batching: continuous (a static batch decodes one token a step)"
+    if scn.kv_cache.allocator != "paged":
+        return f"needs kv_cache.allocator: paged (the {scn.kv_cache.allocator} allocator is not modelled with it)"
+    if scn.executor.kind != "cost_model":
+        return f"the {scn.executor.kind} executor runs no drafter; use executor.kind: cost_model"
+    return ""
 
 
 def _tensor_parallel_problem(scn: Scenario) -> tuple[str, str] | None:

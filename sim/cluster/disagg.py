@@ -201,8 +201,10 @@ class Handoff:
 
             rep.engine.on_step = then_reserve
 
-        def allocate_received(req: Request, num_new_tokens: int, cached=None, loaded: int = 0,
+        def allocate_received(req: Request, num_new_tokens: int, cached=None, loaded: int = 0, drafts: int = 0,
                               _alloc=allocate) -> bool:
+            if drafts:   # (a decode verifying drafts: its prompt's KV was received before it first ran)
+                return _alloc(req, num_new_tokens, drafts=drafts)
             ok = _alloc(req, num_new_tokens, cached, loaded) if loaded else _alloc(req, num_new_tokens, cached)
             if ok and req.req_id in incoming:
                 incoming.discard(req.req_id)

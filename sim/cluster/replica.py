@@ -118,7 +118,7 @@ def build_replica(scn: Scenario, replica_id: int, role: str, env: simpy.Environm
     if num_gpu < 1:
         raise KvsimError(f"{scn.source}: kv_cache", f"no room for a single KV block on a {role} replica")
     num_cpu = cpu_blocks(scn)
-    manager, scheduler, executor, recorder = build_parts(scn, num_gpu, num_cpu, executor)
+    manager, scheduler, executor, recorder = build_parts(scn, num_gpu, num_cpu, executor, replica_id)
     engine = Engine(None, scheduler, executor, recorder, check_integrity=check_integrity,
                     max_steps_without_progress=scn.scheduler.max_steps_without_progress,
                     async_scheduling=scn.scheduler.async_scheduling, arrival_delay_s=arrival_delay_s,

@@ -165,6 +165,7 @@ class CostModelExecutor:
 
     supports_decode_runs = True   # execute_decode_run prices k decode steps at once, equal to k execute()s
     shareable = True   # no state but memos of its own prices: the engines of one scenario may share one
+    drafter = None     # speculative decoding: prices each step's draft passes (sim/executors/drafter.py)
 
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, params: CostParams, block_size: int = 16,
                  engine: EngineParams | None = None, calibration: str = "custom", derived_from: str | None = None,
@@ -299,24 +300,36 @@ class CostModelExecutor:
         return linear, comm, elementwise, k_attn, cpu
 
     def _engine_step(self, tokens: int, seqs: int, dec_seqs: int, dec_ctx: int, pre_new: int, pre_ctx: int,
-                     pairs: int, swap: float, copy: float) -> StepResult:
+                     pairs: int, swap: float, copy: float, spec: tuple[int, float] | None = None) -> StepResult:
+        """``spec``: (draft tokens verified, the draft passes' seconds) of a step that verifies drafts; its
+        verifying sequences are among the decodes (``dec_seqs``, ``dec_ctx`` counting their new tokens)."""
         e = self.engine
         linear, comm, elementwise, k_attn, cpu = self._engine_fixed(tokens, seqs, pre_new > 0)
+        queries = dec_seqs
+        if spec is not None:   # a query and a row of logits for each draft token too
+            queries += spec[0]
+            linear += self._lm_head(seqs + spec[0]) - self._lm_head(seqs)
         per_layer = 0.0
         if pre_new:
             per_layer += max(self._attn_flops_per_pair * pairs / self._attn_peak,
                              self._attn_new_bytes * pre_new / self._attn_bw + self._attn_kv_s * pre_ctx) \
                 + self.params.kernel_latency_s
         if dec_seqs:
-            per_layer += (dec_ctx + dec_seqs * self._eng_half) * self._eng_kv_s + dec_seqs * self._eng_qo_s + k_attn
+            per_layer += (dec_ctx + dec_seqs * self._eng_half) * self._eng_kv_s + queries * self._eng_qo_s + k_attn
         attention = self._layers * per_layer
         gpu = linear + attention + elementwise + comm + e.sampler_s
+        draft = 0.0
+        if spec is not None:
+            draft = spec[1]
+            gpu += draft
         busy = max(gpu, cpu) if e.overlap_cpu else gpu + cpu
         duration = busy + e.step_gap_s + swap + copy
-        overhead = duration - (linear + attention + elementwise + comm + swap + copy)
-        return StepResult(duration_s=duration, breakdown={
-            "linear": linear, "attention": attention, "elementwise": elementwise, "allreduce": comm,
-            "swap": swap, "copy": copy, "overhead": overhead})
+        overhead = duration - (linear + attention + elementwise + comm + swap + copy + draft)
+        breakdown = {"linear": linear, "attention": attention, "elementwise": elementwise, "allreduce": comm,
+                     "swap": swap, "copy": copy, "overhead": overhead}
+        if spec is not None:
+            breakdown["draft"] = draft
+        return StepResult(duration_s=duration, breakdown=breakdown)
 
     def execute_decode_run(self, plan: StepPlan, k: int):
         """``k`` consecutive all-decode steps (step j: every context + j) at once, each equal bit for bit
@@ -500,6 +513,8 @@ class CostModelExecutor:
             out["derived_from"] = self.derived_from
         if self.calibrated_for is not None:
             out["calibrated_for"] = self.calibrated_for
+        if self.drafter is not None:
+            out.update(self.drafter.describe())
         return out
 
     @property
@@ -516,6 +531,7 @@ class CostModelExecutor:
             tokens = seqs = dec_seqs = len(entries.ids)
             dec_ctx = entries.ctx_sum + dec_seqs
             entries = entries.rest
+        drafts = ver_seqs = ver_ctx = 0
         for s in entries:
             n, c = s.num_new_tokens, s.num_context_tokens
             tokens += n
@@ -523,34 +539,51 @@ class CostModelExecutor:
             if n == 1 and c > 0:
                 dec_seqs += 1
                 dec_ctx += c + 1
+            elif s.num_draft_tokens:   # a verification: a decode of 1 + d queries, reading c + 1 + d tokens of KV
+                dec_seqs += 1
+                dec_ctx += c + n
+                drafts += n - 1
+                ver_seqs += 1
+                ver_ctx += c + 1
             else:
                 pre_new += n
                 pre_ctx += c
                 pairs += n * c + n * (n + 1) // 2
+        spec = None   # (every step of a speculating engine has a draft part, so that its table has the column)
+        if self.drafter is not None:
+            spec = (drafts, self.drafter.price(ver_seqs, ver_ctx))
+        elif ver_seqs:
+            spec = (drafts, 0.0)
         if self.engine is not None and tokens:
             swap = (len(plan.blocks_to_swap_out) + len(plan.blocks_to_swap_in)) * self._swap_s_per_block
             copy = len(plan.blocks_to_copy) * self._copy_s_per_block
-            return self._engine_step(tokens, seqs, dec_seqs, dec_ctx, pre_new, pre_ctx, pairs, swap, copy)
+            return self._engine_step(tokens, seqs, dec_seqs, dec_ctx, pre_new, pre_ctx, pairs, swap, copy, spec)
         linear = attention = elementwise = comm = 0.0
         if tokens:
             lin, comm = self._linear(tokens)
             linear = lin + self._lm_head(seqs)
+            if spec is not None:   # a query and a row of logits for each draft token too
+                linear += self._lm_head(seqs + drafts) - self._lm_head(seqs)
             lat = self.params.kernel_latency_s
             per_layer = 0.0
             if pre_new:
                 per_layer += max(self._attn_flops_per_pair * pairs / self._attn_peak,
                                  self._attn_new_bytes * pre_new / self._attn_bw + self._attn_kv_s * pre_ctx) + lat
             if dec_seqs:
+                queries = dec_seqs + drafts
                 per_layer += max(self._attn_flops_per_pair * dec_ctx / self._attn_peak,
-                                 self._attn_kv_s * dec_ctx + self._attn_new_bytes * dec_seqs / self._attn_bw) + lat
+                                 self._attn_kv_s * dec_ctx + self._attn_new_bytes * queries / self._attn_bw) + lat
             attention = self._layers * (per_layer + dec_seqs * self._attn_seq + (seqs - dec_seqs) * self._attn_pre_seq)
             elementwise = self._layers * (tokens * self._elem_s_per_token + self._elem_fixed)
         swap = (len(plan.blocks_to_swap_out) + len(plan.blocks_to_swap_in)) * self._swap_s_per_block
         copy = len(plan.blocks_to_copy) * self._copy_s_per_block
         breakdown = {"linear": linear, "attention": attention, "elementwise": elementwise, "allreduce": comm,
                      "swap": swap, "copy": copy, "overhead": self._overhead}
-        return StepResult(duration_s=linear + attention + elementwise + comm + swap + copy + self._overhead,
-                          breakdown=breakdown)
+        duration = linear + attention + elementwise + comm + swap + copy + self._overhead
+        if spec is not None:
+            breakdown["draft"] = spec[1]
+            duration += spec[1]
+        return StepResult(duration_s=duration, breakdown=breakdown)
 
 
 def make_cost_model_executor(*, model: ModelSpec, hardware: HardwareSpec, config: Any = None, kv: Any = None,

@@ -81,11 +81,12 @@ class KVCacheManager(SharingMixin):
         return self.pool.can_allocate(self.blocks_needed(req, num_new_tokens))
 
     def allocate_slots(self, req: Request, num_new_tokens: int, cached: Sequence[int] | np.ndarray | None = None,
-                       loaded: int = 0) -> bool:
+                       loaded: int = 0, drafts: int = 0) -> bool:
         """Grow ``req``'s table to hold its computed plus ``num_new_tokens`` tokens; False if blocks ran out.
         ``cached``: prefix-cache blocks (from ``match_prefix`` or ``match_prefix_blocks``) that start a fresh
         table; ``loaded``: blocks after them the host tier fills (``host_run``); a forked request grows every
-        sequence (copy-on-write pairs collect in ``copies``)."""
+        sequence (copy-on-write pairs collect in ``copies``). ``drafts``: the last of the new tokens are
+        speculative (a block they fill joins the prefix cache only once they are accepted)."""
         rid = req.req_id
         if (cached is not None and len(cached)) or loaded:
             return self._allocate_cached(req, num_new_tokens, NO_BLOCKS if cached is None else cached, loaded)
@@ -109,8 +110,20 @@ class KVCacheManager(SharingMixin):
                 self._first_lookup(req, 0)
                 if self.host is not None and not req.num_computed_tokens:
                     self._host_lookup(req)
-            self._cache_full_blocks(req, table, end)
+            self._cache_full_blocks(req, table, end - drafts)
         return True
+
+    def trim(self, req: Request) -> None:
+        """Give back the blocks of ``req``'s table past its computed tokens (speculative decoding: the slots of
+        rejected drafts). They hold one reference each and are in no prefix cache (``allocate_slots(drafts=)``)."""
+        table = self.block_tables[req.req_id]
+        keep = self.blocks_for(req.num_computed_tokens)
+        if len(table) > keep:
+            extra = table[keep:]
+            del table[keep:]
+            self._logical_blocks -= len(extra)
+            self.pool.free_table(extra)
+            self._note_beyond(req)
 
     def free(self, req: Request) -> None:
         """Release all of ``req``'s blocks (tail first, so the tail is evicted first when cached)."""

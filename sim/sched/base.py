@@ -81,6 +81,15 @@ class SchedulerBase:
         self._plan_lane = None
         # requests waiting for a load from the prefix cache's host tier (continuous batching: continuous.py)
         self.loading: deque[tuple[float, Request]] = deque()
+        # speculative decoding (sim/speculative.py; continuous batching): drafts a decode proposes, and the draws
+        self.speculation = None
+
+    def enable_speculation(self, speculation) -> None:
+        """Decode with drafts: each decode step of a request verifies up to ``speculation.k`` drafted tokens.
+        The per-request loop plans every step (a decode lane assumes one token a decode)."""
+        self.speculation = speculation
+        self.drop_lane()
+        self._lane_policy = False
 
     # ------------------------------------------------------------ timeline
     def mark(self, req: Request, phase: Phase, now: float) -> None:
@@ -178,11 +187,15 @@ class SchedulerBase:
         return False
 
     def _add(self, scheduled: list[ScheduledRequest], batch: list[Request], req: Request, num_new: int,
-             stats: StepStats) -> None:
-        """Put ``req`` in the plan with ``num_new`` tokens to compute (its blocks already allocated)."""
+             stats: StepStats, drafts: int = 0) -> None:
+        """Put ``req`` in the plan with ``num_new`` tokens to compute (its blocks already allocated); ``drafts``
+        of them speculative (a decode verifying its drafts: all of its tokens count as decode tokens)."""
         scheduled.append(ScheduledRequest(req.req_id, num_new, req.num_computed_tokens,
-                                          self.manager.block_tables[req.req_id]))
+                                          self.manager.block_tables[req.req_id], drafts))
         batch.append(req)
+        if drafts:
+            stats.num_decode_tokens += num_new
+            return
         width = 1
         extra = 0
         if self._multi_seq:  # a forked request: one entry per sequence, the extra ones None in the batch
@@ -214,6 +227,7 @@ class SchedulerBase:
             regular, computed, sampled = self._update_lane(self._plan_lane, now, step_start, done)
             entries = entries.rest
         lane = self._lane
+        spec = self.speculation
         n = 0
         for req, s in zip(self._batch, entries):
             if req is None:  # another sequence of the forked request before it: the same new tokens
@@ -224,8 +238,18 @@ class SchedulerBase:
             computed += n
             if c < req.prompt_len + req.num_generated:
                 continue  # a prefill chunk: no token sampled yet
-            g = req.num_generated = req.num_generated + 1
-            sampled += 1
+            if spec is not None and s.num_draft_tokens:   # the accepted drafts and one token of the target's
+                accepted = spec.accept(s.num_draft_tokens)
+                rejected = s.num_draft_tokens - accepted
+                if rejected:   # their KV is discarded, their slots given back
+                    req.num_computed_tokens = c - rejected
+                    computed -= rejected
+                    self.manager.trim(req)
+                g = req.num_generated = req.num_generated + 1 + accepted
+                sampled += 1 + accepted
+            else:
+                g = req.num_generated = req.num_generated + 1
+                sampled += 1
             first = prefilling and req.req_id in prefilling
             if first:
                 self.mark(req, Phase.DECODE, now)

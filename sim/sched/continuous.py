@@ -248,6 +248,7 @@ class ContinuousScheduler(SchedulerBase):
             pre = self._prefilling
             order = [r for r in queue if r.req_id not in pre] + [r for r in queue if r.req_id in pre]
         fast = manager.decode_fast_path
+        spec = self.speculation.k if self.speculation is not None else 0
         running = _RUNNING
         make = ScheduledRequest
         add_scheduled = scheduled.append
@@ -258,6 +259,10 @@ class ContinuousScheduler(SchedulerBase):
                 continue  # preempted earlier in this step
             computed = req.num_computed_tokens
             num_new = req.prompt_len + req.num_generated - computed
+            drafts = 0
+            if spec and num_new == 1 and req.num_generated:   # a decode proposes drafts (not past its output)
+                drafts = max(0, min(spec, req.output_len - req.num_generated - 1, budget - 1))
+                num_new += drafts
             if (num_new == 1 and fast and budget > 0 and req.num_generated
                     and (computed % bs or allocate(req, 1))):
                 # decode fast path: the next slot is inside the request's last block, or its next block
@@ -272,15 +277,16 @@ class ContinuousScheduler(SchedulerBase):
                 num_new = budget // width
             if num_new <= 0 or num_new * width > budget:
                 continue
-            ok = manager.allocate_slots(req, num_new)
+            ok = manager.allocate_slots(req, num_new, drafts=drafts) if drafts else manager.allocate_slots(req, num_new)
             while not ok:
                 victim = self._pick_victim([r for r in order[idx:] if r.status == _RUNNING])
                 self._preempt(victim, now)
                 if victim is req:
                     break
-                ok = manager.allocate_slots(req, num_new)
+                ok = manager.allocate_slots(req, num_new, drafts=drafts) if drafts else \
+                    manager.allocate_slots(req, num_new)
             if ok:
-                self._add(scheduled, batch, req, num_new, stats)
+                self._add(scheduled, batch, req, num_new, stats, drafts)
                 budget -= num_new * width
         if stats.num_preempted:
             queue = [r for r in queue if r.status == _RUNNING]

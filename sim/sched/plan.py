@@ -11,6 +11,7 @@ class ScheduledRequest:
     num_new_tokens: int         # tokens computed this step (1 for a decode step)
     num_context_tokens: int     # tokens already in the KV cache before this step
     block_ids: list[int]        # the request's block table after allocation (shared, do not mutate)
+    num_draft_tokens: int = 0   # speculative decoding: of the new tokens, drafts to verify (after the last sampled)
 
 
 class LaneEntries:

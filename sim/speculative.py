@@ -1,0 +1,182 @@
+"""Speculative decoding: the scenario's ``speculative`` section, the draft model it implies, and the draws
+that decide how many drafted tokens the target accepts.
+
+Each decode step of a running request proposes ``d = min(k, tokens left - 1)`` draft tokens (k =
+``num_speculative_tokens``); the target verifies the last sampled token and the d drafts in one pass of
+1 + d query tokens, accepts the first a drafts (a leading run), and samples one more token from its own
+distribution at the first rejection (or after the last draft): 1 + a tokens a step. The KV of the
+rejected drafts is discarded (their slots are given back).
+
+Acceptance (Leviathan et al., 2023): draft position i is accepted with probability ``acceptance_rate``
+(a number: the same at every position), or the i-th of a list (one per position, each conditional on the
+ones before it being accepted, as vLLM's per-position acceptance metrics read). One uniform draw a
+verification decides a: a >= j exactly when u < a_1 x ... x a_j. The draws come from their own stream,
+seeded by the scenario's seed and the replica, so the same scenario gives the same run bit for bit.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from sim.specs import ModelSpec, check_preset, complete_from_preset, group_kv_bytes_per_block
+
+MAX_SPECULATIVE_TOKENS = 16
+# vocabularies that differ by at most this many entries can be one tokenizer's, padded differently (Qwen2.5's
+# 1.5B has 151,936 rows, its 7B 152,064); a larger difference is another tokenizer
+VOCAB_PADDING = 1024
+
+
+class SpeculativeConfig(BaseModel):
+    """``speculative:``, vLLM's ``--speculative-config``. ``method``: ``ngram`` (prompt lookup, on the CPU:
+    no GPU time), ``draft_model`` (a smaller model of the same tokenizer, ``model``, run k times a step) or
+    ``eagle`` (an EAGLE head: one decoder layer of the target's width and the target's LM head, run k
+    times a step)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    enabled: bool = True   # false: the section is read and checked, the engine decodes without drafts
+    method: Literal["ngram", "draft_model", "eagle"]
+    num_speculative_tokens: int = Field(ge=1, le=MAX_SPECULATIVE_TOKENS)
+    acceptance_rate: float | list[float]
+    model: str | ModelSpec | None = None   # method draft_model: a preset, a Hugging Face id or a mapping
+
+    @field_validator("acceptance_rate")
+    @classmethod
+    def _rates(cls, v: float | list[float]) -> float | list[float]:
+        rates = v if isinstance(v, list) else [v]
+        if not rates:
+            raise ValueError("give one rate, or one per draft position")
+        for r in rates:
+            if not 0.0 <= r <= 1.0:
+                raise ValueError(f"an acceptance rate is a probability in [0, 1], got {r}")
+        return v
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model_from_preset(cls, v: Any) -> Any:
+        return complete_from_preset(v, ModelSpec) if v is not None else v
+
+    @field_validator("model")
+    @classmethod
+    def _model_preset(cls, v: str | ModelSpec | None) -> str | ModelSpec | None:
+        return check_preset(v, ModelSpec) if v is not None else v
+
+    def rates(self) -> list[float]:
+        """The acceptance probability of each draft position, 1 to ``num_speculative_tokens``."""
+        a = self.acceptance_rate
+        return list(a) if isinstance(a, list) else [float(a)] * self.num_speculative_tokens
+
+    def draft_spec(self) -> ModelSpec | None:
+        """The ``model`` given (method draft_model), as a ModelSpec."""
+        m = self.model
+        return None if m is None else ModelSpec.from_name(m) if isinstance(m, str) else m
+
+
+def problem(cfg: SpeculativeConfig, target: ModelSpec, tensor_parallel: int) -> tuple[str, str] | None:
+    """(key, why) where ``cfg`` cannot run with this target model at this tensor-parallel degree."""
+    k = cfg.num_speculative_tokens
+    if isinstance(cfg.acceptance_rate, list) and len(cfg.acceptance_rate) != k:
+        return "speculative.acceptance_rate", (f"{len(cfg.acceptance_rate)} rates for num_speculative_tokens "
+                                               f"{k}: give one number, or one rate per draft position")
+    if cfg.method != "draft_model":
+        if cfg.model is not None:
+            return "speculative.model", (f"only method draft_model takes a model ({cfg.method}: "
+                                         + ("prompt lookup runs on the CPU)" if cfg.method == "ngram" else
+                                            "the head is priced as one layer of the target's width)"))
+        return None
+    draft = cfg.draft_spec()
+    if draft is None:
+        return "speculative.model", "method draft_model needs the draft model (a preset, a Hugging Face id or a " \
+                                    "mapping of its fields)"
+    if abs(draft.vocab_size - target.vocab_size) > VOCAB_PADDING:
+        return "speculative.model", (f"{draft.name} has a vocabulary of {draft.vocab_size:,} tokens, the target "
+                                     f"{target.name} {target.vocab_size:,}: a draft model must share the target's "
+                                     "tokenizer")
+    why = draft.tensor_parallel_problem(tensor_parallel)
+    if why:
+        return "speculative.model", f"the draft model runs at the target's tensor_parallel {tensor_parallel}: {why}"
+    return None
+
+
+def drafter_model(cfg: SpeculativeConfig, target: ModelSpec) -> ModelSpec | None:
+    """The model the drafter runs k times a step (None: ngram, no GPU work). An EAGLE head is one decoder
+    layer of the target's shapes with the target's vocabulary (its LM head is the target's)."""
+    if cfg.method == "ngram":
+        return None
+    if cfg.method == "eagle":
+        return target.model_copy(update={"name": f"{target.name}-eagle-head", "num_layers": 1})
+    return cfg.draft_spec()
+
+
+def drafter_weight_bytes(cfg: SpeculativeConfig, target: ModelSpec) -> int:
+    """HBM the drafter's weights take over the tensor-parallel group: a draft model's whole weights; an
+    EAGLE head's decoder layer (the target's per-layer bytes) and its fusion layer (2H x H, the dtype), its
+    embedding and LM head shared with the target (as vLLM loads them); none for ngram."""
+    if cfg.method == "ngram":
+        return 0
+    if cfg.method == "eagle":
+        one = target.model_copy(update={"num_layers": 1}).weight_bytes()
+        two = target.model_copy(update={"num_layers": 2}).weight_bytes()
+        return (two - one) + 2 * target.hidden_size * target.hidden_size * target.dtype_bytes
+    return cfg.draft_spec().weight_bytes()
+
+
+def drafter_block_bytes(cfg: SpeculativeConfig, target: ModelSpec, hardware, block_size: int) -> int:
+    """The drafter's KV bytes per block over the group (its layers' K and V of the block's tokens, in the
+    target's KV dtype): vLLM keeps them in the same blocks as the target's, so each block costs both."""
+    spec = drafter_model(cfg, target)
+    if spec is None:
+        return 0
+    spec = spec.model_copy(update={"kv_dtype": target.kv_dtype})
+    return group_kv_bytes_per_block(spec, hardware, block_size)
+
+
+class Speculation:
+    """A scheduler's speculative decoding: ``k`` drafts a step at most, the acceptance draws, and what was
+    drafted and accepted (the summary's ``speculative``)."""
+
+    def __init__(self, cfg: SpeculativeConfig, seed: int, replica: int = 0) -> None:
+        self.k = cfg.num_speculative_tokens
+        self.method = cfg.method
+        survival = []
+        p = 1.0
+        for r in cfg.rates():
+            p *= r
+            survival.append(p)
+        self._survival = survival   # P(a >= j) for j = 1..k, non-increasing
+        self._random = random.Random(f"speculative/{seed}/{replica}").random
+        self.verifications = 0      # (request, step) pairs that verified at least one draft
+        self.drafted = 0
+        self.accepted = 0
+
+    def accept(self, drafts: int) -> int:
+        """How many of ``drafts`` leading drafts the target accepts (one draw)."""
+        u = self._random()
+        survival = self._survival
+        a = 0
+        while a < drafts and u < survival[a]:
+            a += 1
+        self.verifications += 1
+        self.drafted += drafts
+        self.accepted += a
+        return a
+
+    def summary(self) -> dict[str, Any]:
+        """``speculative`` of summary.json: the configuration and the measured acceptance."""
+        return summary_of([self])
+
+
+def summary_of(parts: list[Speculation]) -> dict[str, Any]:
+    """The summary's ``speculative`` over one or more schedulers (a cluster's replicas): drafted and accepted
+    tokens, the acceptance rate (accepted / drafted) and the mean acceptance length (tokens a verifying step
+    gives a request: 1 + accepted drafts, vLLM's "mean acceptance length")."""
+    ver = sum(p.verifications for p in parts)
+    drafted = sum(p.drafted for p in parts)
+    accepted = sum(p.accepted for p in parts)
+    return {"method": parts[0].method, "num_speculative_tokens": parts[0].k, "verifications": ver,
+            "draft_tokens": drafted, "accepted_tokens": accepted,
+            "acceptance_rate": accepted / drafted if drafted else float("nan"),
+            "mean_acceptance_length": 1.0 + accepted / ver if ver else float("nan")}
