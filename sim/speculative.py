@@ -40,12 +40,17 @@ class SpeculativeConfig(BaseModel):
     enabled: bool = True   # false: the section is read and checked, the engine decodes without drafts
     method: Literal["ngram", "draft_model", "eagle"]
     num_speculative_tokens: int = Field(ge=1, le=MAX_SPECULATIVE_TOKENS)
-    acceptance_rate: float | list[float]
+    acceptance_rate: float | list[float] | None = None
+    # instead of acceptance_rate: the tokens a verifying step gives a request on average (1 + accepted drafts, vLLM's
+    # "mean acceptance length"), read as the same rate at every position
+    mean_acceptance_length: float | None = Field(default=None, ge=1.0, le=MAX_SPECULATIVE_TOKENS + 1)
     model: str | ModelSpec | None = None   # method draft_model: a preset, a Hugging Face id or a mapping
 
     @field_validator("acceptance_rate")
     @classmethod
-    def _rates(cls, v: float | list[float]) -> float | list[float]:
+    def _rates(cls, v: float | list[float] | None) -> float | list[float] | None:
+        if v is None:
+            return v
         rates = v if isinstance(v, list) else [v]
         if not rates:
             raise ValueError("give one rate, or one per draft position")
@@ -67,6 +72,8 @@ class SpeculativeConfig(BaseModel):
     def rates(self) -> list[float]:
         """The acceptance probability of each draft position, 1 to ``num_speculative_tokens``."""
         a = self.acceptance_rate
+        if a is None:
+            a = rate_for_length(self.mean_acceptance_length, self.num_speculative_tokens)
         return list(a) if isinstance(a, list) else [float(a)] * self.num_speculative_tokens
 
     def draft_spec(self) -> ModelSpec | None:
@@ -75,9 +82,31 @@ class SpeculativeConfig(BaseModel):
         return None if m is None else ModelSpec.from_name(m) if isinstance(m, str) else m
 
 
+def rate_for_length(length: float, k: int) -> float:
+    """The acceptance rate a, the same at every position, whose mean acceptance length with ``k`` drafts is
+    ``length``: 1 + a + a^2 + ... + a^k = length (increasing in a; bisection to float precision)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if sum(mid ** i for i in range(k + 1)) < length:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
 def problem(cfg: SpeculativeConfig, target: ModelSpec, tensor_parallel: int) -> tuple[str, str] | None:
     """(key, why) where ``cfg`` cannot run with this target model at this tensor-parallel degree."""
     k = cfg.num_speculative_tokens
+    length = cfg.mean_acceptance_length
+    if cfg.acceptance_rate is None and length is None:
+        return "speculative.acceptance_rate", "required: the rate at which drafts are accepted (one, or one per " \
+                                              "draft position), or instead mean_acceptance_length"
+    if cfg.acceptance_rate is not None and length is not None:
+        return "speculative.mean_acceptance_length", "give acceptance_rate or mean_acceptance_length, not both"
+    if length is not None and length > k + 1:
+        return "speculative.mean_acceptance_length", (f"{length} tokens a step is more than {k} drafts and the "
+                                                      f"target's own token give ({k + 1})")
     if isinstance(cfg.acceptance_rate, list) and len(cfg.acceptance_rate) != k:
         return "speculative.acceptance_rate", (f"{len(cfg.acceptance_rate)} rates for num_speculative_tokens "
                                                f"{k}: give one number, or one rate per draft position")

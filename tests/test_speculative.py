@@ -265,3 +265,21 @@ def test_enabled_false_runs_without_drafts():
     spec = {"enabled": False, "method": "ngram", "num_speculative_tokens": 4, "acceptance_rate": 1.0}
     res = run_scenario(_scn(reqs, spec))
     assert "speculative" not in res.summary and res.summary["num_steps"] == 11   # a prefill and 10 decodes
+
+
+def test_a_mean_acceptance_length_is_read_as_one_rate_at_every_position():
+    # 3 drafts and 2.7 tokens a step: 1 + a + a^2 + a^3 = 2.7 (a = 0.7: 2.533, a = 0.75: 2.734)
+    cfg = SpeculativeConfig(method="ngram", num_speculative_tokens=3, mean_acceptance_length=2.7)
+    a = cfg.rates()
+    assert len(set(a)) == 1 and 0.7 < a[0] < 0.75
+    assert 1 + a[0] + a[0] ** 2 + a[0] ** 3 == pytest.approx(2.7, abs=1e-12)
+    spec = Speculation(cfg, seed=5)
+    for _ in range(100_000):
+        spec.accept(3)
+    assert spec.summary()["mean_acceptance_length"] == pytest.approx(2.7, abs=0.01)
+    for extra, words in (({"acceptance_rate": 0.5}, "not both"), ({"mean_acceptance_length": 4.5}, "more than 3 drafts"),
+                         ({"mean_acceptance_length": None}, "required")):
+        spec = {"method": "ngram", "num_speculative_tokens": 3, "mean_acceptance_length": 2.7, **extra}
+        with pytest.raises(KvsimError) as e:
+            scenario_from_dict({"workload": {"requests": [{"prompt_len": 8, "output_len": 4}]}, "speculative": spec})
+        assert words in str(e.value)
