@@ -113,6 +113,18 @@ class KVCacheManager(SharingMixin):
             self._cache_full_blocks(req, table, end - drafts)
         return True
 
+    def allocate_drafts(self, req: Request, num_new_tokens: int, drafts: int) -> bool:
+        """``allocate_slots(req, num_new_tokens, drafts=drafts)`` of a running decode (one table, blocks held):
+        without a call there when its blocks already hold the new tokens."""
+        table = self.block_tables.get(req.req_id)
+        if table and req.req_id not in self.groups:
+            end = req.num_computed_tokens + num_new_tokens
+            if -(-end // self.block_size) <= len(table):
+                if self.prefix_cache is not None:
+                    self._cache_full_blocks(req, table, end - drafts)
+                return True
+        return self.allocate_slots(req, num_new_tokens, drafts=drafts)
+
     def trim(self, req: Request) -> None:
         """Give back the blocks of ``req``'s table past its computed tokens (speculative decoding: the slots of
         rejected drafts). They hold one reference each and are in no prefix cache (``allocate_slots(drafts=)``)."""

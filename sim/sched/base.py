@@ -228,6 +228,7 @@ class SchedulerBase:
             entries = entries.rest
         lane = self._lane
         spec = self.speculation
+        bs = self.manager.block_size
         n = 0
         for req, s in zip(self._batch, entries):
             if req is None:  # another sequence of the forked request before it: the same new tokens
@@ -242,9 +243,10 @@ class SchedulerBase:
                 accepted = spec.accept(s.num_draft_tokens)
                 rejected = s.num_draft_tokens - accepted
                 if rejected:   # their KV is discarded, their slots given back
-                    req.num_computed_tokens = c - rejected
+                    c = req.num_computed_tokens = c - rejected
                     computed -= rejected
-                    self.manager.trim(req)
+                    if len(s.block_ids) * bs - c >= bs:   # (a whole block past the computed tokens)
+                        self.manager.trim(req)
                 g = req.num_generated = req.num_generated + 1 + accepted
                 sampled += 1 + accepted
             else:
