@@ -26,6 +26,10 @@ bytes, H = hidden, I = intermediate, hd = head_dim, q = ceil(heads / t) x hd, kv
 
 ``duration_s`` is the sum of the breakdown. ``gemm_time`` (roofline.py) holds the GEMM formulas.
 
+Speculative decoding (sim/speculative.py): a request verifying d drafts is a decode of 1 + d queries over
+c + 1 + d tokens of KV (its 1 + d tokens in T, a row of logits each in the LM head), and the step gains a
+``draft`` part: the drafter's k passes (sim/executors/drafter.py), part of the GPU's work.
+
 That is the sum of isolated operators, which the per-operator calibration fits. With ``engine``
 (EngineParams, sim/executors/engine_params.py) the executor prices a step as a real engine runs it
 instead: CUDA graphs with padded batches, fused elementwise kernels, custom all-reduce, the CPU side

@@ -6,8 +6,8 @@ One step:
        of the queue), running requests whose turn has lasted ``rr_quantum_steps`` steps, longest first
        and at most as many as the step's token budget can start from the queue, are preempted and go to the BACK of the queue (a request
        still in its prefill is skipped: every turn samples a token, so rotation cannot livelock).
-    1. running requests each get their next tokens (1 for a decode; a chunk for a chunked prefill,
-       decodes before prefill chunks). If a request's next block does not fit, a victim (latest arrival,
+    1. running requests each get their next tokens (1 for a decode, 1 + its drafts with speculative
+       decoding; a chunk for a chunked prefill, decodes before prefill chunks). If a request's next block does not fit, a victim (latest arrival,
        lowest priority, or most generated) is preempted: by swap (its blocks copied to the CPU swap
        space, ``blocks_to_swap_out``) when ``preemption: swap`` and the space has room, else by recompute
        (blocks freed, computed tokens forgotten, requeued at the front).
