@@ -283,3 +283,16 @@ def test_a_mean_acceptance_length_is_read_as_one_rate_at_every_position():
         with pytest.raises(KvsimError) as e:
             scenario_from_dict({"workload": {"requests": [{"prompt_len": 8, "output_len": 4}]}, "speculative": spec})
         assert words in str(e.value)
+
+
+@pytest.mark.parametrize("engine", [True, False])
+def test_the_draft_work_in_scalars_is_the_decode_steps_parts(engine):
+    # decode_work_s (the drafter's pricing) against execute_decode_sums, the decode runs' pricing, part by part
+    scn = _scn([{"arrival": 0.0, "prompt_len": 8, "output_len": 4}], None, model="llama-3.2-1b", hardware="h100-80gb",
+               executor={"engine": engine})
+    ex = make_cost_model_executor(model=scn.model_spec, hardware=scn.hardware_spec, config=scn.executor,
+                                  kv=scn.kv_cache, scheduler=scn.scheduler)
+    for seqs, ctx0, k in ((1, 101, 4), (7, 3000, 3), (64, 64 * 900, 5)):
+        run = ex.execute_decode_sums(seqs, ctx0, k)
+        want = float((run.durations - run.breakdown["overhead"]).sum())
+        assert ex.decode_work_s(seqs, ctx0, k) == pytest.approx(want, rel=1e-12)

@@ -401,6 +401,30 @@ class CostModelExecutor:
         return ("engine", self._layers, self._eng_half, self._eng_kv_s, self._eng_qo_s, e.sampler_s,
                 e.step_gap_s, bool(e.overlap_cpu))
 
+    def decode_work_s(self, seqs: int, ctx0: int, k: int) -> float:
+        """The GPU work (linear, attention, elementwise, all-reduce: no per-step overhead) of ``k`` all-decode
+        steps of ``seqs`` sequences whose contexts (each counting the token computed) sum to ``ctx0`` at step 0
+        and grow by one each a step: ``execute_decode_sums``' parts, in scalars (a drafter's passes)."""
+        terms = self._size_terms(seqs)
+        layers = self._layers
+        total = 0.0
+        if self.engine is None:
+            linear, comm = terms
+            fixed = linear + comm + layers * (seqs * self._elem_s_per_token + self._elem_fixed)
+            for j in range(k):
+                ctx = ctx0 + seqs * j
+                per_layer = max(self._attn_flops_per_pair * ctx / self._attn_peak,
+                                self._attn_kv_s * ctx + self._attn_new_bytes * seqs / self._attn_bw) \
+                    + self.params.kernel_latency_s
+                total += fixed + layers * (per_layer + seqs * self._attn_seq)
+            return total
+        linear, comm, elementwise, k_attn, _cpu = terms
+        fixed = linear + elementwise + comm
+        for j in range(k):
+            ctx = ctx0 + seqs * j
+            total += fixed + layers * ((ctx + seqs * self._eng_half) * self._eng_kv_s + seqs * self._eng_qo_s + k_attn)
+        return total
+
     def _size_terms(self, seqs: int) -> tuple[float, ...]:
         """The parts of a decode step that depend on its size only: (linear, allreduce) on the plain
         roofline, (linear, allreduce, elementwise, attention kernel cost, cpu) on an engine calibration."""

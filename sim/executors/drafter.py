@@ -25,8 +25,7 @@ class Drafter:
         """Seconds of GPU work for the step's k passes (pass j: every context + j)."""
         if self.executor is None or seqs == 0:
             return 0.0
-        run = self.executor.execute_decode_sums(seqs, ctx_sum, self.k)
-        return float((run.durations - run.breakdown["overhead"]).sum())
+        return self.executor.decode_work_s(seqs, ctx_sum, self.k)
 
     def describe(self) -> dict[str, Any]:
         """What prices the drafts (the summary's ``step_model``)."""

@@ -254,6 +254,7 @@ class ContinuousScheduler(SchedulerBase):
         add_scheduled = scheduled.append
         add_batch = batch.append
         allocate = manager.allocate_slots
+        allocate_drafts = getattr(manager, "allocate_drafts", None)
         for idx, req in enumerate(order):
             if req.status != running:
                 continue  # preempted earlier in this step
@@ -263,6 +264,12 @@ class ContinuousScheduler(SchedulerBase):
             if spec and num_new == 1 and req.num_generated:   # a decode proposes drafts (not past its output)
                 drafts = max(0, min(spec, req.output_len - req.num_generated - 1, budget - 1))
                 num_new += drafts
+                if drafts and allocate_drafts(req, num_new, drafts):   # (else: the general path preempts)
+                    add_scheduled(make(req.req_id, num_new, computed, tables[req.req_id], drafts))
+                    add_batch(req)
+                    num_decode += num_new
+                    budget -= num_new
+                    continue
             if (num_new == 1 and fast and budget > 0 and req.num_generated
                     and (computed % bs or allocate(req, 1))):
                 # decode fast path: the next slot is inside the request's last block, or its next block
