@@ -34,7 +34,7 @@ from sim.sched import make_scheduler
 from sim.sched.records import PHASE_NAMES, TokenGaps, Transitions, intervals_frame, transition_intervals
 from sim.small_pages import small_pages
 from sim.specs import GiB, group_kv_bytes_per_block, hbm_budget, kv_capacity_blocks
-from sim.speculative import Speculation, drafter_block_bytes, drafter_weight_bytes
+from sim.speculative import Speculation, add_request_columns, drafter_block_bytes, drafter_weight_bytes
 from sim.workload import build_workload
 
 # a run in the compiled core (one engine, or a colocated cluster) takes its per-request table from the core's
@@ -267,6 +267,8 @@ def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, pro
         reqs = requests_frame(workload.requests, output_latency_s=fe_out, token_latency_s=fe_token)
     if planned is not None:
         add_client_waits(reqs, planned)
+    if scheduler.speculation is not None:
+        add_request_columns(reqs, [scheduler.speculation])
     # what the summary needs of the engine's parts; then the parts go (the Request objects with them), so
     # that the per-step and timeline tables are built without the run's objects in memory
     hit_rate = manager.prefix_cache_hit_rate() if hasattr(manager, "prefix_cache_hit_rate") else 0.0

@@ -180,9 +180,10 @@ class Speculation:
         self.verifications = 0      # (request, step) pairs that verified at least one draft
         self.drafted = 0
         self.accepted = 0
+        self.by_request: dict[int, list[int]] = {}   # req_id -> [drafted, accepted] (requests.csv's columns)
 
-    def accept(self, drafts: int) -> int:
-        """How many of ``drafts`` leading drafts the target accepts (one draw)."""
+    def accept(self, req_id: int, drafts: int) -> int:
+        """How many of request ``req_id``'s ``drafts`` leading drafts the target accepts (one draw)."""
         u = self._random()
         survival = self._survival
         a = 0
@@ -191,11 +192,31 @@ class Speculation:
         self.verifications += 1
         self.drafted += drafts
         self.accepted += a
+        counts = self.by_request.get(req_id)
+        if counts is None:
+            self.by_request[req_id] = [drafts, a]
+        else:
+            counts[0] += drafts
+            counts[1] += a
         return a
 
     def summary(self) -> dict[str, Any]:
         """``speculative`` of summary.json: the configuration and the measured acceptance."""
         return summary_of([self])
+
+
+def add_request_columns(reqs, parts: list[Speculation]) -> None:
+    """``draft_tokens`` and ``accepted_tokens`` of each request (its drafts verified and accepted, on every
+    replica it ran on) as columns of the requests table ``reqs``."""
+    totals: dict[int, list[int]] = {}
+    for part in parts:
+        for rid, (drafted, accepted) in part.by_request.items():
+            t = totals.setdefault(rid, [0, 0])
+            t[0] += drafted
+            t[1] += accepted
+    ids = reqs["req_id"].to_numpy()
+    reqs["draft_tokens"] = [totals.get(int(i), (0, 0))[0] for i in ids]
+    reqs["accepted_tokens"] = [totals.get(int(i), (0, 0))[1] for i in ids]
 
 
 def summary_of(parts: list[Speculation]) -> dict[str, Any]:

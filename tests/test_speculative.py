@@ -45,7 +45,7 @@ def _scn(requests, speculative, **kw):
 def test_accepted_drafts_follow_the_leading_run_distribution(rate, expected):
     spec = Speculation(SpeculativeConfig(method="ngram", num_speculative_tokens=3, acceptance_rate=rate), seed=7)
     n = 200_000
-    counts = np.bincount([spec.accept(3) for _ in range(n)], minlength=4) / n
+    counts = np.bincount([spec.accept(0, 3) for _ in range(n)], minlength=4) / n
     for got, p in zip(counts, expected):
         assert abs(got - p) < 4 * math.sqrt(p * (1 - p) / n)   # four standard errors
     mean = sum(j * p for j, p in enumerate(expected))
@@ -55,12 +55,12 @@ def test_accepted_drafts_follow_the_leading_run_distribution(rate, expected):
 
 def test_fewer_drafts_cut_the_run_and_the_stream_is_seeded():
     cfg = SpeculativeConfig(method="ngram", num_speculative_tokens=4, acceptance_rate=1.0)
-    assert Speculation(cfg, 0).accept(2) == 2                      # a run never passes the drafts proposed
+    assert Speculation(cfg, 0).accept(0, 2) == 2                      # a run never passes the drafts proposed
     cfg = SpeculativeConfig(method="ngram", num_speculative_tokens=4, acceptance_rate=0.5)
-    draws = [[Speculation(cfg, seed, rep).accept(4) for _ in range(1)] for seed, rep in ((1, 0), (1, 0))]
+    draws = [[Speculation(cfg, seed, rep).accept(0, 4) for _ in range(1)] for seed, rep in ((1, 0), (1, 0))]
     assert draws[0] == draws[1]
     a, b = Speculation(cfg, 1, 0), Speculation(cfg, 1, 1)
-    assert [a.accept(4) for _ in range(50)] != [b.accept(4) for _ in range(50)]   # each replica its own stream
+    assert [a.accept(0, 4) for _ in range(50)] != [b.accept(0, 4) for _ in range(50)]   # each replica its own stream
 
 
 # ---------------------------------------------------------------- tokens and blocks, by hand
@@ -76,6 +76,7 @@ def test_every_draft_accepted_gives_k_plus_one_tokens_a_step():
     s = res.summary["speculative"]
     assert (s["verifications"], s["draft_tokens"], s["accepted_tokens"]) == (2, 8, 8)
     assert s["mean_acceptance_length"] == 5.0
+    assert res.requests[["draft_tokens", "accepted_tokens"]].values.tolist() == [[8, 8]]
     # 10 tokens: the second verification has 4 tokens left, so 3 drafts (the last token is the target's)
     res = run_scenario(_scn([{"arrival": 0.0, "prompt_len": 32, "output_len": 10}],
                             {"method": "ngram", "num_speculative_tokens": 4, "acceptance_rate": 1.0}),
@@ -119,6 +120,7 @@ def test_a_cluster_sums_its_replicas_drafts():
     s = res.summary["speculative"]
     assert s["verifications"] == 20 * 10
     assert s["draft_tokens"] == s["accepted_tokens"] == 20 * (9 * 2 + 1)
+    assert (res.requests["draft_tokens"] == 19).all() and (res.requests["accepted_tokens"] == 19).all()
 
 
 # ---------------------------------------------------------------- memory, by hand
@@ -275,7 +277,7 @@ def test_a_mean_acceptance_length_is_read_as_one_rate_at_every_position():
     assert 1 + a[0] + a[0] ** 2 + a[0] ** 3 == pytest.approx(2.7, abs=1e-12)
     spec = Speculation(cfg, seed=5)
     for _ in range(100_000):
-        spec.accept(3)
+        spec.accept(0, 3)
     assert spec.summary()["mean_acceptance_length"] == pytest.approx(2.7, abs=0.01)
     for extra, words in (({"acceptance_rate": 0.5}, "not both"), ({"mean_acceptance_length": 4.5}, "more than 3 drafts"),
                          ({"mean_acceptance_length": None}, "required")):

@@ -36,6 +36,7 @@ from sim.metrics import SUMMARY_STEP_COLUMNS, requests_frame, step_dtype, summar
 from sim.runner import Result, hbm_budget_of
 from sim.sched.records import TokenGaps
 from sim.specs import group_kv_bytes_per_block
+from sim.speculative import add_request_columns
 from sim.speculative import summary_of as speculation_summary
 
 SLOT_COLS = ["slots_token_states", "slots_reserved", "slots_internal_frag", "slots_external_frag", "slots_free"]
@@ -196,6 +197,7 @@ def cluster_result(scn, workload, reps: list[Replica], served: dict[int, int], h
     speculating = [rep.engine.scheduler.speculation for rep in reps if rep.engine.scheduler.speculation is not None]
     if speculating:   # (the replicas' drafts and acceptances together)
         summary["speculative"] = speculation_summary(speculating)
+        add_request_columns(reqs, speculating)
     if timeline is not None and lag > 0:
         timeline = _with_frontend(timeline, reqs, lag)
     if timeline is not None and planned is not None:

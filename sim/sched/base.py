@@ -240,7 +240,7 @@ class SchedulerBase:
             if c < req.prompt_len + req.num_generated:
                 continue  # a prefill chunk: no token sampled yet
             if spec is not None and s.num_draft_tokens:   # the accepted drafts and one token of the target's
-                accepted = spec.accept(s.num_draft_tokens)
+                accepted = spec.accept(s.req_id, s.num_draft_tokens)
                 rejected = s.num_draft_tokens - accepted
                 if rejected:   # their KV is discarded, their slots given back
                     c = req.num_computed_tokens = c - rejected
