@@ -365,24 +365,10 @@ def unsupported_combination(scn: Scenario) -> tuple[str, str] | None:
         return "kv_cache.prefix_caching", f"needs kv_cache.allocator: paged (the {kv.allocator} allocator " \
                                           "reserves one region per request and shares nothing)"
     if scn.speculative is not None:
-        why = _speculative_mode_problem(scn)
-        if why:
-            return "speculative", why
-        problem = speculative_problem(scn.speculative, scn.model_spec, scn.hardware_spec.tensor_parallel)
+        problem = speculative_problem(scn)
         if problem:
             return problem
     return _tensor_parallel_problem(scn)
-
-
-def _speculative_mode_problem(scn: Scenario) -> str:
-    """Why speculative decoding cannot run in this scenario's engine ('' where it can)."""
-    if scn.scheduler.batching != "continuous":
-        return "needs scheduler.batching: continuous (a static batch decodes one token a step)"
-    if scn.kv_cache.allocator != "paged":
-        return f"needs kv_cache.allocator: paged (the {scn.kv_cache.allocator} allocator is not modelled with it)"
-    if scn.executor.kind != "cost_model":
-        return f"the {scn.executor.kind} executor runs no drafter; use executor.kind: cost_model"
-    return ""
 
 
 def _tensor_parallel_problem(scn: Scenario) -> tuple[str, str] | None:

@@ -95,8 +95,17 @@ def rate_for_length(length: float, k: int) -> float:
     return (lo + hi) / 2
 
 
-def problem(cfg: SpeculativeConfig, target: ModelSpec, tensor_parallel: int) -> tuple[str, str] | None:
-    """(key, why) where ``cfg`` cannot run with this target model at this tensor-parallel degree."""
+def problem(scn: Any) -> tuple[str, str] | None:
+    """(key, why) where the scenario's ``speculative`` section cannot run: in its engine, with its model, at
+    its tensor-parallel degree."""
+    if scn.scheduler.batching != "continuous":
+        return "speculative", "needs scheduler.batching: continuous (a static batch decodes one token a step)"
+    if scn.kv_cache.allocator != "paged":
+        return "speculative", f"needs kv_cache.allocator: paged (the {scn.kv_cache.allocator} allocator is not " \
+                              "modelled with it)"
+    if scn.executor.kind != "cost_model":
+        return "speculative", f"the {scn.executor.kind} executor runs no drafter; use executor.kind: cost_model"
+    cfg, target, tensor_parallel = scn.speculative, scn.model_spec, scn.hardware_spec.tensor_parallel
     k = cfg.num_speculative_tokens
     length = cfg.mean_acceptance_length
     if cfg.acceptance_rate is None and length is None:
