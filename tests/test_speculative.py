@@ -298,3 +298,33 @@ def test_the_draft_work_in_scalars_is_the_decode_steps_parts(engine):
         run = ex.execute_decode_sums(seqs, ctx0, k)
         want = float((run.durations - run.breakdown["overhead"]).sum())
         assert ex.decode_work_s(seqs, ctx0, k) == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["pull", "push"])
+def test_decode_replicas_of_a_disaggregated_cluster_speculate(mode):
+    # prefill replicas sample one token each and hand over. A decode replica's first step of a request is a
+    # plain decode (its drafter has not run on it yet, as in vLLM): token 2; then 27 tokens at 3 a step (9
+    # steps of 2 drafts, all accepted), and the last one alone (no draft past the output)
+    reqs = [{"arrival": float(i) * 0.01, "prompt_len": 64, "output_len": 30} for i in range(12)]
+    spec = {"method": "ngram", "num_speculative_tokens": 2, "acceptance_rate": 1.0}
+    cluster = {"prefill": {"replicas": 1}, "decode": {"replicas": 2},
+               "kv_transfer": {"link": "nvlink", "mode": mode}}
+    res = run_scenario(_scn(reqs, spec, cluster=cluster), check_integrity=True)
+    assert (res.requests["status"] == "FINISHED").all()
+    s = res.summary["speculative"]
+    assert s["verifications"] == 12 * 9 and s["draft_tokens"] == s["accepted_tokens"] == 12 * 18
+    assert (res.requests["draft_tokens"] == 18).all()
+
+
+def test_prefix_cache_hits_are_the_same_with_drafts_rejected():
+    # a cache large enough to evict nothing: hits come from prompts alone, so rejected drafts (their blocks
+    # taken and given back every step) change none of them
+    reqs = [{"arrival": float(i) * 0.05, "prompt_len": 300, "output_len": 40, "prefix_group": i % 2,
+             "prefix_len": 256} for i in range(16)]
+    runs = [run_scenario(_scn(reqs, spec, blocks=2000, kv_cache={"block_size": 16, "num_gpu_blocks": 2000,
+                                                                  "prefix_caching": True}), check_integrity=True)
+            for spec in (None, {"method": "ngram", "num_speculative_tokens": 4, "acceptance_rate": 0.0})]
+    # each prompt of 300 tokens starts with its group's 256 (16 full blocks): every request after the first of
+    # its group finds them, 14 x 256 of the 16 x 300 prompt tokens
+    for r in runs:
+        assert r.summary["prefix_cache_hit_rate"] == pytest.approx(14 * 256 / (16 * 300))
