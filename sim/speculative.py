@@ -129,14 +129,17 @@ def problem(scn: Any) -> tuple[str, str] | None:
     if draft is None:
         return "speculative.model", "method draft_model needs the draft model (a preset, a Hugging Face id or a " \
                                     "mapping of its fields)"
+    why = draft_model_problem(draft, target, tensor_parallel)
+    return ("speculative.model", why) if why else None
+
+
+def draft_model_problem(draft: ModelSpec, target: ModelSpec, tensor_parallel: int) -> str:
+    """Why ``draft`` cannot draft for ``target`` at this tensor-parallel degree ('' where it can)."""
     if abs(draft.vocab_size - target.vocab_size) > VOCAB_PADDING:
-        return "speculative.model", (f"{draft.name} has a vocabulary of {draft.vocab_size:,} tokens, the target "
-                                     f"{target.name} {target.vocab_size:,}: a draft model must share the target's "
-                                     "tokenizer")
+        return (f"{draft.name} has a vocabulary of {draft.vocab_size:,} tokens, the target {target.name} "
+                f"{target.vocab_size:,}: a draft model must share the target's tokenizer")
     why = draft.tensor_parallel_problem(tensor_parallel)
-    if why:
-        return "speculative.model", f"the draft model runs at the target's tensor_parallel {tensor_parallel}: {why}"
-    return None
+    return f"the draft model runs at the target's tensor_parallel {tensor_parallel}: {why}" if why else ""
 
 
 def drafter_model(cfg: SpeculativeConfig, target: ModelSpec) -> ModelSpec | None:

@@ -4,6 +4,7 @@ the draft model's own executor, and the refusals."""
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -328,3 +329,19 @@ def test_prefix_cache_hits_are_the_same_with_drafts_rejected():
     # its group finds them, 14 x 256 of the 16 x 300 prompt tokens
     for r in runs:
         assert r.summary["prefix_cache_hit_rate"] == pytest.approx(14 * 256 / (16 * 300))
+
+
+def test_kv_size_counts_a_drafter_beside_the_target():
+    # the memory test's by-hand figures through `kvsim kv-size --draft-model`
+    hbm = 80 * 2**30 * 0.9
+    free = hbm - 0.05 * hbm - 2 * 8_030_261_248 - 2 * 1_235_814_400
+    out = subprocess.run([sys.executable, "-m", "sim.cli", "kv-size", "--model", "llama-3.1-8b", "--seq-len", "4096",
+                          "--hardware", "h100-80gb", "--draft-model", "llama-3.2-1b", "--json"],
+                         capture_output=True, text=True, cwd=ROOT, check=True)
+    fits = json.loads(out.stdout)["fits"]
+    assert fits["kv_blocks"] == math.floor(free / (2 * 32 * 8 * 128 * 2 * 16 + 2 * 16 * 8 * 64 * 2 * 16))
+    assert fits["hbm_budget"]["draft_weights_bytes"] == 2 * 1_235_814_400
+    bad = subprocess.run([sys.executable, "-m", "sim.cli", "kv-size", "--model", "llama-3.1-8b", "--seq-len", "64",
+                          "--hardware", "h100-80gb", "--draft-model", "llama-2-7b"], capture_output=True, text=True,
+                         cwd=ROOT)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "tokenizer" in bad.stderr

@@ -1,5 +1,6 @@
 """kvsim kv-size --model NAME|CONFIG.json --seq-len N [--dtype fp16] [--block-size 16] [--weight-dtype int4]
-[--hardware NAME [--tensor-parallel T] [--gpu-memory-utilization U]] [--json]: the KV arithmetic of a preset or
+[--hardware NAME [--tensor-parallel T] [--gpu-memory-utilization U] [--draft-model NAME | --eagle]] [--json]:
+the KV arithmetic of a preset or
 of a Hugging Face config.json (sim/hf_config.py), as a scenario's ``model`` takes them; with ``--hardware``,
 how many blocks, tokens and sequences of ``--seq-len`` fit beside the weights (as a scenario sizes its cache:
 sim.specs.kv_capacity_blocks)."""
@@ -24,6 +25,7 @@ from sim.specs import (
     hbm_budget,
     kv_capacity_blocks,
 )
+from sim.speculative import SpeculativeConfig, draft_model_problem, drafter_block_bytes, drafter_weight_bytes
 
 
 def add_parser(sub) -> None:
@@ -36,6 +38,10 @@ def add_parser(sub) -> None:
     p.add_argument("--hardware", help="a hardware preset: also the blocks, tokens and sequences that fit")
     p.add_argument("--tensor-parallel", type=int, default=1, help="with --hardware: GPUs in the group")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="with --hardware: share of HBM used")
+    drafter = p.add_mutually_exclusive_group()
+    drafter.add_argument("--draft-model", help="with --hardware: a speculative draft model (preset or Hugging Face "
+                                               "id) beside the target: its weights and its KV in every block")
+    drafter.add_argument("--eagle", action="store_true", help="with --hardware: an EAGLE head beside the target")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=main)
 
@@ -56,16 +62,35 @@ def kv_size(model: ModelSpec, seq_len: int, dtype: str, block_size: int) -> dict
     }
 
 
-def capacity(model: ModelSpec, hardware: HardwareSpec, seq_len: int, block_size: int, utilization: float) -> dict:
-    """What fits on ``hardware`` (its tensor-parallel group) beside the weights: KV blocks (a block over the
-    group, KV heads copied where the group has more GPUs than KV heads), tokens, and whole sequences of
-    ``seq_len`` tokens (each its blocks, none shared)."""
-    blocks = kv_capacity_blocks(model, hardware, block_size, utilization)
+def capacity(model: ModelSpec, hardware: HardwareSpec, seq_len: int, block_size: int, utilization: float,
+             drafter: SpeculativeConfig | None = None) -> dict:
+    """What fits on ``hardware`` (its tensor-parallel group) beside the weights (and a speculative ``drafter``'s
+    weights and KV, sim/speculative.py): KV blocks (a block over the group, KV heads copied where the group has
+    more GPUs than KV heads), tokens, and whole sequences of ``seq_len`` tokens (each its blocks, none shared)."""
+    draft = (0, 0) if drafter is None else (drafter_weight_bytes(drafter, model),
+                                            drafter_block_bytes(drafter, model, hardware, block_size))
+    blocks = kv_capacity_blocks(model, hardware, block_size, utilization, None, *draft)
     return {"hardware": hardware.name, "tensor_parallel": hardware.tensor_parallel,
             "gpu_memory_utilization": utilization, "group_bytes_per_block": group_kv_bytes_per_block(
-                model, hardware, block_size),
+                model, hardware, block_size) + draft[1],
             "kv_blocks": blocks, "kv_tokens": blocks * block_size, "sequences": blocks // -(-seq_len // block_size),
-            "hbm_budget": hbm_budget(model, hardware, block_size, blocks, utilization)}
+            "hbm_budget": hbm_budget(model, hardware, block_size, blocks, utilization, None, *draft)}
+
+
+def _drafter(args: argparse.Namespace, model: ModelSpec) -> SpeculativeConfig | None:
+    """The speculative drafter that ``--draft-model`` or ``--eagle`` names (None: neither)."""
+    if args.eagle:
+        return SpeculativeConfig(method="eagle", num_speculative_tokens=1, acceptance_rate=1.0)
+    if args.draft_model is None:
+        return None
+    try:
+        draft = ModelSpec.from_name(args.draft_model)
+    except KeyError as e:
+        raise KvsimError("--draft-model", e.args[0]) from None
+    why = draft_model_problem(draft, model, args.tensor_parallel)
+    if why:
+        raise KvsimError("--draft-model", why)
+    return SpeculativeConfig(method="draft_model", num_speculative_tokens=1, acceptance_rate=1.0, model=draft)
 
 
 def _model(args: argparse.Namespace) -> ModelSpec:
@@ -112,9 +137,13 @@ def main(args: argparse.Namespace) -> int:
     if args.hardware is not None:
         hw = _hardware(args, model)
         try:
-            info["fits"] = capacity(model, hw, args.seq_len, args.block_size, args.gpu_memory_utilization)
+            info["fits"] = capacity(model, hw, args.seq_len, args.block_size, args.gpu_memory_utilization,
+                                    _drafter(args, model))
         except ValueError as e:   # the weights alone do not fit
             raise KvsimError("--hardware", str(e)) from None
+    elif args.draft_model is not None or args.eagle:
+        raise KvsimError("--draft-model" if args.draft_model is not None else "--eagle",
+                         "needs --hardware (the drafter takes room from the cache that fits there)")
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -138,4 +167,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"  of its {b['hbm_bytes'] / 1e9:.2f} GB: weights {b['weights_bytes'] / 1e9:.2f}, activation reserve "
               f"{b['activation_reserve_bytes'] / 1e9:.2f}, KV cache {b['kv_cache_bytes'] / 1e9:.2f}, unused "
               f"{b['unused_bytes'] / 1e9:.2f} GB")
+        if "draft_weights_bytes" in b:
+            print(f"  the drafter's part: weights {b['draft_weights_bytes'] / 1e9:.2f} GB, its KV in the blocks "
+                  f"{b['draft_kv_cache_bytes'] / 1e9:.2f} GB")
     return 0
