@@ -34,7 +34,7 @@ from sim.sched import make_scheduler
 from sim.sched.records import PHASE_NAMES, TokenGaps, Transitions, intervals_frame, transition_intervals
 from sim.small_pages import small_pages
 from sim.specs import GiB, group_kv_bytes_per_block, hbm_budget, kv_capacity_blocks
-from sim.speculative import Speculation, add_request_columns, drafter_block_bytes, drafter_weight_bytes
+from sim.speculative import Speculation, add_request_columns, drafter_bytes
 from sim.workload import build_workload
 
 # a run in the compiled core (one engine, or a colocated cluster) takes its per-request table from the core's
@@ -81,12 +81,9 @@ def hbm_budget_of(scn: Scenario, num_gpu: int) -> dict[str, int] | None:
 def draft_bytes(scn: Scenario) -> tuple[int, int]:
     """(weights, KV bytes a block) of the scenario's speculative drafter over its tensor-parallel group; zeros
     without one (sim/speculative.py)."""
-    spec = scn.speculative
-    if spec is None:
+    if scn.speculative is None:
         return 0, 0
-    model = scn.model_spec
-    return (drafter_weight_bytes(spec, model),
-            drafter_block_bytes(spec, model, scn.hardware_spec, scn.kv_cache.block_size))
+    return drafter_bytes(scn.speculative, scn.model_spec, scn.hardware_spec, scn.kv_cache.block_size)
 
 
 def _reserve_bytes(kv) -> int | None:

@@ -143,13 +143,14 @@ def draft_model_problem(draft: ModelSpec, target: ModelSpec, tensor_parallel: in
 
 
 def drafter_model(cfg: SpeculativeConfig, target: ModelSpec) -> ModelSpec | None:
-    """The model the drafter runs k times a step (None: ngram, no GPU work). An EAGLE head is one decoder
-    layer of the target's shapes with the target's vocabulary (its LM head is the target's)."""
+    """The model the drafter runs k times a step (None: ngram, no GPU work), its KV in the target's KV dtype
+    (it lives in the target's blocks). An EAGLE head is one decoder layer of the target's shapes with the
+    target's vocabulary (its LM head is the target's)."""
     if cfg.method == "ngram":
         return None
     if cfg.method == "eagle":
         return target.model_copy(update={"name": f"{target.name}-eagle-head", "num_layers": 1})
-    return cfg.draft_spec()
+    return cfg.draft_spec().model_copy(update={"kv_dtype": target.kv_dtype})
 
 
 def drafter_weight_bytes(cfg: SpeculativeConfig, target: ModelSpec) -> int:
@@ -165,14 +166,13 @@ def drafter_weight_bytes(cfg: SpeculativeConfig, target: ModelSpec) -> int:
     return cfg.draft_spec().weight_bytes()
 
 
-def drafter_block_bytes(cfg: SpeculativeConfig, target: ModelSpec, hardware, block_size: int) -> int:
-    """The drafter's KV bytes per block over the group (its layers' K and V of the block's tokens, in the
-    target's KV dtype): vLLM keeps them in the same blocks as the target's, so each block costs both."""
+def drafter_bytes(cfg: SpeculativeConfig, target: ModelSpec, hardware, block_size: int) -> tuple[int, int]:
+    """(the drafter's weights, its KV bytes per block) over the tensor-parallel group: its layers' K and V of a
+    block's tokens, in the target's KV dtype; vLLM keeps them in the same blocks as the target's, so each block
+    costs both."""
     spec = drafter_model(cfg, target)
-    if spec is None:
-        return 0
-    spec = spec.model_copy(update={"kv_dtype": target.kv_dtype})
-    return group_kv_bytes_per_block(spec, hardware, block_size)
+    block = 0 if spec is None else group_kv_bytes_per_block(spec, hardware, block_size)
+    return drafter_weight_bytes(cfg, target), block
 
 
 class Speculation:

@@ -25,7 +25,7 @@ from sim.specs import (
     hbm_budget,
     kv_capacity_blocks,
 )
-from sim.speculative import SpeculativeConfig, draft_model_problem, drafter_block_bytes, drafter_weight_bytes
+from sim.speculative import SpeculativeConfig, draft_model_problem, drafter_bytes
 
 
 def add_parser(sub) -> None:
@@ -67,8 +67,7 @@ def capacity(model: ModelSpec, hardware: HardwareSpec, seq_len: int, block_size:
     """What fits on ``hardware`` (its tensor-parallel group) beside the weights (and a speculative ``drafter``'s
     weights and KV, sim/speculative.py): KV blocks (a block over the group, KV heads copied where the group has
     more GPUs than KV heads), tokens, and whole sequences of ``seq_len`` tokens (each its blocks, none shared)."""
-    draft = (0, 0) if drafter is None else (drafter_weight_bytes(drafter, model),
-                                            drafter_block_bytes(drafter, model, hardware, block_size))
+    draft = (0, 0) if drafter is None else drafter_bytes(drafter, model, hardware, block_size)
     blocks = kv_capacity_blocks(model, hardware, block_size, utilization, None, *draft)
     return {"hardware": hardware.name, "tensor_parallel": hardware.tensor_parallel,
             "gpu_memory_utilization": utilization, "group_bytes_per_block": group_kv_bytes_per_block(

@@ -45,7 +45,6 @@ def make_drafter(scn: Any) -> Drafter:
     spec = drafter_model(cfg, target)
     executor = None
     if spec is not None:
-        spec = spec.model_copy(update={"kv_dtype": target.kv_dtype})   # (its KV lives in the target's blocks)
         executor = make_cost_model_executor(model=spec, hardware=scn.hardware_spec, config=scn.executor,
                                             kv=scn.kv_cache, base_dir=scn.base_dir, scheduler=scn.scheduler)
     return Drafter(executor, cfg.num_speculative_tokens)

@@ -284,13 +284,14 @@ class ContinuousScheduler(SchedulerBase):
                 num_new = budget // width
             if num_new <= 0 or num_new * width > budget:
                 continue
-            ok = manager.allocate_drafts(req, num_new, drafts) if drafts else manager.allocate_slots(req, num_new)
+            # (a decode with drafts is here only because its allocation above failed: preempt at once)
+            ok = not drafts and allocate(req, num_new)
             while not ok:
                 victim = self._pick_victim([r for r in order[idx:] if r.status == _RUNNING])
                 self._preempt(victim, now)
                 if victim is req:
                     break
-                ok = manager.allocate_drafts(req, num_new, drafts) if drafts else manager.allocate_slots(req, num_new)
+                ok = allocate_drafts(req, num_new, drafts) if drafts else allocate(req, num_new)
             if ok:
                 self._add(scheduled, batch, req, num_new, stats, drafts)
                 budget -= num_new * width
