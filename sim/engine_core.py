@@ -8,13 +8,16 @@ request finding its own blocks again: blocks by identity in sim/csrc/kvpool.c, w
 counts alone without a cache; the cache's host tier in sim/csrc/hostlru.c), requests of one sequence (shared-prefix groups included), the cost model
 as executor; static batching (FCFS or priority, the paged manager, no prefix cache: sim/sched/static.py's
 batches, their finished members idle until the last one finishes); the contiguous allocators instead of
-the paged manager (sim/kv/contiguous.py: a region a request, first fit over the free extents); in a cluster, a router that reads at most the replicas' loads and KV usage; a client with a concurrency limit in front (sim/clients.py: its sends, hand-overs, slot releases and pauses, sim/csrc/client.c; ``core_client``). There a step
+the paged manager (sim/kv/contiguous.py: a region a request, first fit over the free extents); in a cluster, a router that reads at most the replicas' loads and KV usage; a client with a concurrency limit in front (sim/clients.py: its sends, hand-overs, slot releases and pauses, sim/csrc/client.c; ``core_client``); speculative decoding (sim/speculative.py: each decode's drafts, the acceptance
+draws from the Speculation's own generator, whose state the core takes and gives back, sim/csrc/speculate.c;
+the rejected drafts' blocks trimmed; the drafter's passes priced from its executor's constants and size
+terms). There a step
 costs about a microsecond instead of tens: the requests'
 state lives in typed arrays, each step is planned, priced, updated and recorded without a Python object,
 and only the executor's GEMM, all-reduce and LM-head times (once per size), the recorder (a chunk of rows
 at a time), the router (once per request, where it reads the replicas), the block hashes of each request's
 shareable content (once per request: ``_hashes_of``) and the progress bar are called
-back. Everything else (forks and beams, disaggregated pools, the GPU executor) runs the SimPy loop. ``KVSIM_CORE=0`` (or
+back (and the drafter's size terms, once per size). Everything else (forks and beams, disaggregated pools, the GPU executor) runs the SimPy loop. ``KVSIM_CORE=0`` (or
 ``KVSIM_NATIVE=0``, or ``enabled = False`` here) runs the SimPy loop for every scenario:
 tests/test_engine_core.py and tests/test_engine_core_prefix.py compare them.
 
@@ -66,8 +69,8 @@ def core_supported(scheduler: Any, manager: Any, executor: Any, requests: list[R
     if not enabled or native is None or not hasattr(native, "run_core"):
         return False
     cfg = scheduler.config
-    if scheduler.speculation is not None:
-        return False   # (one token a decode step)
+    if not _speculation_supported(scheduler, executor):
+        return False
     if type(manager) is ContiguousKVManager:
         if manager.space.num_free != manager.num_blocks:
             return False   # (the core starts the space unused: one free extent)
@@ -90,6 +93,16 @@ def core_supported(scheduler: Any, manager: Any, executor: Any, requests: list[R
     if type(executor) is not CostModelExecutor or executor._native_consts is None:
         return False
     return requests is None or requests_supported(requests)
+
+
+def _speculation_supported(scheduler: Any, executor: Any) -> bool:
+    """Whether the core prices this engine's speculation as ``execute`` does: none, or a scheduler that drafts
+    with a drafter set on the executor (sim/executors/drafter.py), its model priced by the cost model."""
+    drafter = getattr(executor, "drafter", None)
+    if scheduler.speculation is None or drafter is None:
+        return scheduler.speculation is None and drafter is None
+    return drafter.executor is None or (type(drafter.executor) is CostModelExecutor
+                                        and drafter.executor._native_consts is not None)
 
 
 def requests_supported(requests: list[Request]) -> bool:
@@ -239,10 +252,15 @@ def run_engines(requests: list[Request], engines: list[EngineParts], lag: float,
     times = np.empty((5, n), dtype=np.float64)
     caching = any(getattr(p.scheduler.manager, "prefix_cache", None) is not None for p in engines)
     hashes = _hashes_of(requests, engines[0].scheduler.manager.block_size) if caching else None
+    drafts = np.zeros((2, n), dtype=np.int64)   # each request's drafts verified and accepted (speculating engines)
+    specs = [_engine_spec(p, drafts) for p in engines]
     results = native.run_core(n, ints, arrival, where, float(lag), route, state, progress, PROGRESS_EVERY,
-                              counters, times, [_engine_spec(p) for p in engines], hashes, client)
+                              counters, times, specs, hashes, client)
     for err, _, _ in results:
         _raise(err)
+    for e, (parts, spec) in enumerate(zip(engines, specs)):
+        if len(spec) > 4:
+            write_speculation(parts.scheduler.speculation, spec[4], requests, drafts, where == e)
     if client is not None:   # (the core wrote each request's send time over its arrival)
         for req, sent in zip(requests, arrival.tolist()):
             req.arrival_s = sent
@@ -317,8 +335,47 @@ def _hashes_of(requests: list[Request], block_size: int) -> Callable[[int, int],
     return hashes_of
 
 
-def _engine_spec(parts: EngineParts) -> tuple:
-    """core.c's tuple for one engine: settings, the cost model (``_pricing``), the rows' sink, the chunk size."""
+def _speculation(scheduler: Any, executor: CostModelExecutor, drafts: np.ndarray) -> tuple | None:
+    """core.c's tuple for an engine's speculative decoding (sim/speculative.py; None: none): k, the survival of
+    each draft position, the draws' generator state (its 624 words and position, written back at the end), the
+    totals (verifications, drafted, accepted), the world's per-request counts ``drafts`` and the drafter's
+    pricing (None: prompt lookup; else ``decode_work_s``' mode, integers, constants and size terms)."""
+    spec = scheduler.speculation
+    if spec is None:
+        return None
+    _, words, _ = spec.stream.getstate()
+    ex = executor.drafter.executor
+    drafter = None
+    if ex is not None and ex.engine is not None:
+        drafter = (1, ex._layers, ex._attn_new_bytes, (ex._eng_half, ex._eng_kv_s, ex._eng_qo_s), ex._size_terms)
+    elif ex is not None:
+        drafter = (0, ex._layers, ex._attn_new_bytes,
+                   (ex._attn_flops_per_pair, ex._attn_peak, ex._attn_kv_s, ex._attn_bw, ex.params.kernel_latency_s,
+                    ex._attn_seq, ex._elem_s_per_token, ex._elem_fixed), ex._size_terms)
+    return (spec.k, tuple(spec._survival), np.array(words, dtype=np.int64), np.zeros(3, dtype=np.int64), drafts,
+            drafter)
+
+
+def write_speculation(spec: Any, args: tuple, requests: list[Request], drafts: np.ndarray, mine: np.ndarray) -> None:
+    """An engine's draws back onto its Speculation, as the SimPy loop leaves it: the generator's state, the
+    totals and each of its requests' drafts verified and accepted (``mine``: the requests it was handed)."""
+    version, _, gauss = spec.stream.getstate()
+    spec.stream.setstate((version, tuple(args[2].tolist()), gauss))
+    verifications, drafted, accepted = args[3].tolist()
+    spec.verifications += verifications
+    spec.drafted += drafted
+    spec.accepted += accepted
+    by_request = spec.by_request
+    for g in np.flatnonzero(mine & (drafts[0] > 0)).tolist():
+        rid = requests[g].req_id
+        counts = by_request.setdefault(rid, [0, 0])
+        counts[0] += int(drafts[0, g])
+        counts[1] += int(drafts[1, g])
+
+
+def _engine_spec(parts: EngineParts, drafts: np.ndarray) -> tuple:
+    """core.c's tuple for one engine: settings, the cost model (``_pricing``), the rows' sink, the chunk size and,
+    where it speculates, its speculation (``_speculation``, counting into ``drafts``)."""
     scheduler, recorder = parts.scheduler, parts.recorder
     mgr = scheduler.manager
     cfg = scheduler.config
@@ -335,13 +392,17 @@ def _engine_spec(parts: EngineParts) -> tuple:
                 CONTIGUOUS_MODES.get(getattr(mgr, "mode", ""), 0), getattr(mgr, "max_model_len", 0),
                 mgr.host.capacity if getattr(mgr, "host", None) is not None else 0)
     width, chunk = len(STEP_COLUMNS), Columns.CHUNK_ROWS
+    speculation = _speculation(scheduler, parts.executor, drafts)
+    breakdown_parts = BREAKDOWN_PARTS if speculation is None else (*BREAKDOWN_PARTS, "draft")
 
     def sink(main: memoryview, breakdown: memoryview, m: int) -> None:
         rows = np.frombuffer(main, dtype=np.float64).reshape(width, chunk)[:, :m]
-        bd = np.frombuffer(breakdown, dtype=np.float64).reshape(len(BREAKDOWN_PARTS), chunk)[:, :m]
-        recorder.record_columns(rows, dict(zip(BREAKDOWN_PARTS, bd)))
+        bd = np.frombuffer(breakdown, dtype=np.float64).reshape(len(breakdown_parts), chunk)[:, :m]
+        recorder.record_columns(rows, dict(zip(breakdown_parts, bd)))
 
-    return settings, _pricing(parts.executor), sink, chunk
+    if speculation is None:
+        return settings, _pricing(parts.executor), sink, chunk
+    return settings, _pricing(parts.executor), sink, chunk, speculation
 
 
 def _raise(err: tuple) -> None:

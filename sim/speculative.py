@@ -188,7 +188,8 @@ class Speculation:
             p *= r
             survival.append(p)
         self._survival = survival   # P(a >= j) for j = 1..k, non-increasing
-        self._random = random.Random(f"speculative/{seed}/{replica}").random
+        self.stream = random.Random(f"speculative/{seed}/{replica}")   # (the compiled core draws from its state)
+        self._random = self.stream.random
         self.verifications = 0      # (request, step) pairs that verified at least one draft
         self.drafted = 0
         self.accepted = 0

@@ -6,7 +6,7 @@ It computes what sim/engine.py's SimPy loop computes (and sim/cluster/runner.py'
 behind one arrival process) with a ContinuousScheduler (FCFS, round-robin or priority; preemption by
 recompute or by swap) or a StaticScheduler (FCFS or priority, no prefix cache: schedule_static), a
 KVCacheManager with or without prefix caching or a ContiguousKVManager (allocate_region over extents.c),
-without forked sequences, and the cost model,
+without forked sequences, and the cost model, with or without speculative decoding (speculate.c's draws),
 stepping one step per event as the plain loop does (no decode runs: a step here costs about a
 microsecond):
 
@@ -22,7 +22,9 @@ microsecond):
     watchdog (sim/engine.py);
   - the cost model's step (sim/executors/cost_model.py execute, _engine_fixed_terms): the same float
     operations in the same order; the GEMM, all-reduce and LM-head times come from the executor itself
-    (a Python call for the first step of each size, then a table lookup);
+    (a Python call for the first step of each size, then a table lookup); a speculating engine's drafts
+    (sim/sched/continuous.py's decodes with drafts, base.py update's acceptance and trim), its verifying
+    decodes' prices and its drafter's passes (sim/executors/drafter.py, decode_work_s);
   - a router that reads the replicas (sim/cluster/routers.py) is called at each arrival, or, for the
     routers with a rule (RULE_*: ``Router.core_rule``), its choice is made here from the
     same counts.
@@ -34,6 +36,7 @@ Rows go to the caller a chunk at a time (``sink``); everything else comes back a
 #include "extents.h"
 #include "hostlru.h"
 #include "kvpool.h"
+#include "speculate.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -41,7 +44,7 @@ Rows go to the caller a chunk at a time (``sink``); everything else comes back a
 enum { ST_WAITING = 0, ST_RUNNING = 1, ST_PREEMPTED = 2, ST_SWAPPED = 3, ST_FINISHED = 4 };
 enum { PH_WAITING = 0, PH_PREFILL = 1, PH_DECODE = 2, PH_PREEMPTED = 3, PH_SWAPPED = 4, PH_IDLE = 5, PH_DONE = 6,
        PH_HOST_LOAD = 7 };
-enum { MAIN_COLS = 18, BD_COLS = 7 };
+enum { MAIN_COLS = 18, BD_COLS = 8 };   /* (the 8th, the draft part, where speculating) */
 enum { ERR_NONE = 0, ERR_DEADLOCK = 1, ERR_DURATION = 2, ERR_LIVELOCK = 3 };
 enum { URGENT = 0, NORMAL = 1 };
 /* routers chosen here (sim/cluster/routers.py, Router.core_rule): least_requests; least_kv; power_of_two
@@ -135,7 +138,7 @@ typedef struct {
     Py_ssize_t ndone;     /* the last step's finished, first ``ndone`` of ``done`` in finish order */
     Py_ssize_t nrun, wq_head, wq_len, nstaged, nswapped;
     /* the plan being made: entries (request, new tokens, context) and its counters */
-    int64_t *e_idx, *e_new, *e_ctx;
+    int64_t *e_idx, *e_new, *e_ctx, *e_draft;   /* e_draft: of the new tokens, drafts to verify */
     Py_ssize_t ne;
     int64_t st_prefill, st_decode, st_preempted, st_swap_out, st_swap_in;   /* swap: blocks copied this step */
     /* KV counters (sim/kv/manager.py) */
@@ -183,12 +186,26 @@ typedef struct {
     int64_t layers, new_bytes, graph_max, n_fused, attn_ops, eager_ops;
     int64_t *pad;         /* CUDA graphs: a batch of n tokens runs the graph captured for pad[n] (n <= graph_max) */
     Terms lin, head;
+    /* speculative decoding (sim/speculative.py; ``spec.k`` 0: none): the draws and counts; each request's drafts
+    verified and accepted (``sp_counts``: two rows of the world's requests, shared by the engines); the
+    drafter's pricing (sim/executors/drafter.py; ``dr_mode`` -1: no GPU work, else the cost model's mode, 1
+    engine) from its constants and its size terms by sequences (``dr_terms_fn``'s, once each) */
+    Speculate spec;
+    int64_t *sp_drafted, *sp_accepted;
+    Py_buffer sp_state, sp_totals, sp_counts;
+    int sp_held;          /* the three buffers are held */
+    int dr_mode;
+    int64_t dr_layers, dr_new_bytes;
+    double dr_c[8];
+    PyObject *dr_terms_fn;
+    Terms dr_terms;
+    int bd_cols;          /* the breakdown's columns: BD_COLS with a draft part, else one fewer */
     /* the engine loop */
     Event ev_e;
     int busy, e_wakes;    /* e_wakes: the engine waits for an arrival (an untriggered wake) */
     int e_state;          /* 0: start, 1: after a wake, 2: after a step */
     Event ev_l;           /* Engine._load_ended: the timeout set for the first load's end (one at a time) */
-    double start, end, d, bdv[7];
+    double start, end, d, bdv[BD_COLS];
     int64_t stall;
     /* an error: its kind and what its message says */
     int err;
@@ -523,8 +540,9 @@ static inline int64_t blocks_needed(const Core *c, int64_t i, int64_t n)
 }
 
 /* ------------------------------------------------------------------ KV allocation */
-/* KVCacheManager.allocate_slots without forks: room for comp + n tokens; 0 where blocks ran out */
-static int allocate(Core *c, int64_t i, int64_t n)
+/* KVCacheManager.allocate_slots without forks: room for comp + n tokens, the last ``drafts`` of them speculative
+(a block they fill joins the prefix cache only once they are accepted); 0 where blocks ran out */
+static int allocate_drafts(Core *c, int64_t i, int64_t n, int64_t drafts)
 {
     if (c->contig)
         return allocate_region(c, i);
@@ -548,9 +566,30 @@ static int allocate(Core *c, int64_t i, int64_t n)
             if (c->host.cap && !c->comp[i])
                 host_lookup(c, i);
         }
-        cache_full(c, i, c->comp[i] + n);
+        cache_full(c, i, c->comp[i] + n - drafts);
     }
     return 1;
+}
+
+static inline int allocate(Core *c, int64_t i, int64_t n) { return allocate_drafts(c, i, n, 0); }
+
+/* KVCacheManager.trim: the blocks of request i's table past its computed tokens given back, tail first (the
+slots of rejected drafts: one reference each, in no prefix cache) */
+static void trim(Core *c, int64_t i)
+{
+    const int64_t keep = (c->comp[i] + c->bs - 1) / c->bs, t = c->tlen[i];
+    if (t <= keep)
+        return;
+    if (c->cache) {
+        for (int64_t k = t - 1; k >= keep; k--)
+            kvpool_decref(&c->pool, c->tbl[i][k]);
+        c->free_blocks = c->pool.num_free;
+    } else {
+        c->free_blocks += t - keep;
+    }
+    c->logical -= t - keep;
+    c->tlen[i] = keep;
+    note_beyond(c, i);
 }
 
 /* SharingMixin._allocate_cached: request i's table starts with the m blocks found (ref counts up), then h
@@ -782,7 +821,16 @@ static void add_entry(Core *c, int64_t i, int64_t n)
     c->e_idx[c->ne] = i;
     c->e_new[c->ne] = n;
     c->e_ctx[c->ne] = c->comp[i];
+    c->e_draft[c->ne] = 0;
     c->ne++;
+}
+
+/* SchedulerBase._add of a decode verifying ``drafts`` drafts: all its n tokens are decode tokens */
+static void add_verifying(Core *c, int64_t i, int64_t n, int64_t drafts)
+{
+    add_entry(c, i, n);
+    c->e_draft[c->ne - 1] = drafts;
+    c->st_decode += n;
 }
 
 /* SchedulerBase._add: the entry and its tokens counted as prefill or decode */
@@ -1212,6 +1260,22 @@ static int schedule(Core *c, double now)
             continue;   /* preempted earlier in this step */
         const int64_t computed = c->comp[r];
         int64_t num_new = c->prompt[r] + c->gen[r] - computed;
+        int64_t drafts = 0;
+        if (c->spec.k && num_new == 1 && c->gen[r]) {   /* a decode proposes drafts (not past its output) */
+            drafts = c->output[r] - c->gen[r] - 1;
+            if (c->spec.k < drafts)
+                drafts = c->spec.k;
+            if (budget - 1 < drafts)
+                drafts = budget - 1;
+            if (drafts < 0)
+                drafts = 0;
+            num_new += drafts;
+            if (drafts && allocate_drafts(c, r, num_new, drafts)) {   /* (else: the general path preempts) */
+                add_verifying(c, r, num_new, drafts);
+                budget -= num_new;
+                continue;
+            }
+        }
         if (num_new == 1 && budget > 0 && c->gen[r] && (computed % bs || allocate(c, r, 1))) {
             add_entry(c, r, 1);
             num_decode++;
@@ -1222,17 +1286,21 @@ static int schedule(Core *c, double now)
             num_new = budget;
         if (num_new <= 0 || num_new > budget)
             continue;
-        int ok = allocate(c, r, num_new);
+        /* (a decode with drafts is here only because its allocation above failed: preempt at once) */
+        int ok = !drafts && allocate(c, r, num_new);
         while (!ok) {
             const int64_t victim = pick_victim(c, order, idx, n);
             if (preempt(c, victim, now, 0) < 0)
                 return -1;
             if (victim == r)
                 break;
-            ok = allocate(c, r, num_new);
+            ok = allocate_drafts(c, r, num_new, drafts);
         }
         if (ok) {
-            add_planned(c, r, num_new);
+            if (drafts)
+                add_verifying(c, r, num_new, drafts);
+            else
+                add_planned(c, r, num_new);
             budget -= num_new;
         }
     }
@@ -1358,8 +1426,50 @@ static int engine_fixed(Core *c, int64_t tokens, int64_t seqs, int has_prefill, 
 }
 
 
-/* the step's breakdown (BREAKDOWN_PARTS: linear, attention, elementwise, allreduce, swap, copy, overhead;
-no copy-on-write without forks) */
+/* Drafter.price: the GPU work of the step's k draft passes over ``seqs`` verifying sequences whose contexts
+(each with its last sampled token) sum to ``ctx0`` (CostModelExecutor.decode_work_s of the drafter's
+executor: its size terms asked once a size, the same float operations in the same order) */
+static int draft_price(Core *c, int64_t seqs, int64_t ctx0, double *out)
+{
+    *out = 0.0;
+    if (c->dr_mode < 0 || seqs == 0)
+        return 0;
+    int found;
+    double *t = terms_slot(&c->dr_terms, seqs, &found);
+    if (!t)
+        return -1;
+    if (!found) {
+        PyObject *res = PyObject_CallFunction(c->dr_terms_fn, "L", (long long)seqs);
+        if (!res)
+            return -1;
+        const int bad = read_doubles(res, t, c->dr_terms.width, "the drafter's size terms");
+        Py_DECREF(res);
+        if (bad < 0)
+            return -1;
+    }
+    const double *k = c->dr_c, layers = (double)c->dr_layers, n = (double)seqs;
+    double total = 0.0;
+    if (c->dr_mode == 0) {   /* k: fpp, attn_peak, kv_s, attn_bw, kernel_latency, attn_seq, elem_s, elem_fixed */
+        const double fixed = t[0] + t[1] + layers * (n * k[6] + k[7]);
+        const double fresh = (double)(c->dr_new_bytes * seqs) / k[3];
+        for (int64_t j = 0; j < c->spec.k; j++) {
+            const double ctx = (double)(ctx0 + seqs * j);
+            const double per_layer = py_max(k[0] * ctx / k[1], k[2] * ctx + fresh) + k[4];
+            total += fixed + layers * (per_layer + n * k[5]);
+        }
+    } else {   /* k: half, eng_kv_s, qo_s; t: linear, allreduce, elementwise, attention kernel cost, cpu */
+        const double fixed = t[0] + t[2] + t[1];
+        for (int64_t j = 0; j < c->spec.k; j++) {
+            const double ctx = (double)(ctx0 + seqs * j);
+            total += fixed + layers * ((ctx + n * k[0]) * k[1] + n * k[2] + t[3]);
+        }
+    }
+    *out = total;
+    return 0;
+}
+
+/* the step's breakdown (BREAKDOWN_PARTS: linear, attention, elementwise, allreduce, swap, copy, overhead, and
+draft where speculating; no copy-on-write without forks) */
 static void set_breakdown(double *bd, double linear, double attention, double elementwise, double comm, double swap,
                           double overhead)
 {
@@ -1372,9 +1482,14 @@ static void set_breakdown(double *bd, double linear, double attention, double el
     bd[6] = overhead;
 }
 
+/* CostModelExecutor.execute of the plan: the step's duration (``d``) and breakdown (``bdv``). A decode verifying
+d drafts is a decode of 1 + d queries reading c + 1 + d tokens of KV, with a row of logits for each query; a
+speculating engine's every step has a draft part, the drafter's passes (0.0 where none verifies). Where
+not speculating, drafts and draft are 0 and every sum below is the one without them (x + 0.0 == x). */
 static int price(Core *c)
 {
     int64_t tokens = 0, seqs = 0, pairs = 0, pre_new = 0, pre_ctx = 0, dec_seqs = 0, dec_ctx = 0;
+    int64_t drafts = 0, ver_seqs = 0, ver_ctx = 0;
     for (Py_ssize_t j = 0; j < c->ne; j++) {
         const int64_t n = c->e_new[j], ctx = c->e_ctx[j];
         tokens += n;
@@ -1382,6 +1497,12 @@ static int price(Core *c)
         if (n == 1 && ctx > 0) {
             dec_seqs++;
             dec_ctx += ctx + 1;
+        } else if (c->e_draft[j]) {
+            dec_seqs++;
+            dec_ctx += ctx + n;
+            drafts += n - 1;
+            ver_seqs++;
+            ver_ctx += ctx + 1;
         } else {
             pre_new += n;
             pre_ctx += ctx;
@@ -1391,25 +1512,36 @@ static int price(Core *c)
     const double *k = c->c;
     double *bd = c->bdv;
     const double swap = (double)(c->st_swap_out + c->st_swap_in) * c->swap_s_per_block;
+    double draft = 0.0, more_logits = 0.0;   /* the draft passes; the LM head's rows for the drafts */
+    if (c->spec.k) {
+        double h_all, h_seqs;
+        if (draft_price(c, ver_seqs, ver_ctx, &draft) < 0)
+            return -1;
+        if (tokens && (head_term(c, seqs + drafts, &h_all) < 0 || head_term(c, seqs, &h_seqs) < 0))
+            return -1;
+        if (tokens)
+            more_logits = h_all - h_seqs;
+    }
+    bd[7] = draft;
     if (c->engine && tokens) {
         /* k: fpp, attn_peak, attn_bw, kv_s, kernel_latency, half, eng_kv_s, qo_s, sampler, step_gap, overlap */
         double t[5];
         if (engine_fixed(c, tokens, seqs, pre_new > 0, t) < 0)
             return -1;
-        const double linear = t[0], comm = t[1], elementwise = t[2], k_attn = t[3], cpu = t[4];
+        const double linear = t[0] + more_logits, comm = t[1], elementwise = t[2], k_attn = t[3], cpu = t[4];
         double per_layer = 0.0;
         if (pre_new)
             per_layer = per_layer + (py_max(k[0] * (double)pairs / k[1],
                                             (double)(c->new_bytes * pre_new) / k[2] + k[3] * (double)pre_ctx) + k[4]);
         if (dec_seqs)
-            per_layer = per_layer + (((double)dec_ctx + (double)dec_seqs * k[5]) * k[6] + (double)dec_seqs * k[7]
-                                     + k_attn);
+            per_layer = per_layer + (((double)dec_ctx + (double)dec_seqs * k[5]) * k[6]
+                                     + (double)(dec_seqs + drafts) * k[7] + k_attn);
         const double attention = (double)c->layers * per_layer;
-        const double gpu = linear + attention + elementwise + comm + k[8];
+        const double gpu = linear + attention + elementwise + comm + k[8] + draft;
         const double busy = k[10] != 0.0 ? py_max(gpu, cpu) : gpu + cpu;
         const double duration = busy + k[9] + swap + 0.0;
         set_breakdown(bd, linear, attention, elementwise, comm, swap,
-                      duration - (linear + attention + elementwise + comm + swap + 0.0));
+                      duration - (linear + attention + elementwise + comm + swap + 0.0 + draft));
         c->d = duration;
         return 0;
     }
@@ -1420,7 +1552,7 @@ static int price(Core *c)
         double head;
         if (!lc || head_term(c, seqs, &head) < 0)
             return -1;
-        linear = lc[0] + head;
+        linear = lc[0] + head + more_logits;
         comm = lc[1];
         double per_layer = 0.0;
         if (pre_new)
@@ -1428,13 +1560,14 @@ static int price(Core *c)
                                             (double)(c->new_bytes * pre_new) / k[2] + k[3] * (double)pre_ctx) + k[4]);
         if (dec_seqs)
             per_layer = per_layer + (py_max(k[0] * (double)dec_ctx / k[1],
-                                            k[3] * (double)dec_ctx + (double)(c->new_bytes * dec_seqs) / k[2]) + k[4]);
+                                            k[3] * (double)dec_ctx
+                                                + (double)(c->new_bytes * (dec_seqs + drafts)) / k[2]) + k[4]);
         attention = (double)c->layers * (per_layer + (double)dec_seqs * k[5] + (double)(seqs - dec_seqs) * k[6]);
         elementwise = (double)c->layers * ((double)tokens * k[7] + k[8]);
     }
     const double overhead = c->engine ? k[18] : k[9];   /* (a step of no tokens in engine mode: swaps alone) */
     set_breakdown(bd, linear, attention, elementwise, comm, swap, overhead);
-    c->d = linear + attention + elementwise + comm + swap + 0.0 + overhead;
+    c->d = linear + attention + elementwise + comm + swap + 0.0 + overhead + draft;
     return 0;
 }
 
@@ -1446,12 +1579,26 @@ static int update(Core *c, double now, int *progressed)
     Py_ssize_t ndone = 0;
     for (Py_ssize_t j = 0; j < c->ne; j++) {
         const int64_t r = c->e_idx[j];
-        const int64_t cc = c->comp[r] += c->e_new[j];
+        int64_t cc = c->comp[r] += c->e_new[j];
         computed += c->e_new[j];
         if (cc < c->prompt[r] + c->gen[r])
             continue;   /* a prefill chunk: no token sampled yet */
-        const int64_t g = ++c->gen[r];
-        sampled++;
+        int64_t accepted = 0;
+        const int64_t drafts = c->e_draft[j];
+        if (drafts) {   /* the accepted drafts and one token of the target's */
+            accepted = speculate_accept(&c->spec, drafts);
+            c->sp_drafted[r] += drafts;
+            c->sp_accepted[r] += accepted;
+            const int64_t rejected = drafts - accepted;
+            if (rejected) {   /* their KV is discarded, their slots given back */
+                cc = c->comp[r] -= rejected;
+                computed -= rejected;
+                if (c->tlen[r] * c->bs - cc >= c->bs)   /* (a whole block past the computed tokens) */
+                    trim(c, r);
+            }
+        }
+        const int64_t g = c->gen[r] += 1 + accepted;
+        sampled += 1 + accepted;
         if (c->in_pre[r] && mark(c, r, PH_DECODE, now) < 0)
             return -1;
         if (g == 1) {
@@ -1529,7 +1676,7 @@ static int flush_rows(Core *c)
     if (!c->fill)
         return 0;
     PyObject *m = PyMemoryView_FromMemory((char *)c->main, MAIN_COLS * c->chunk * sizeof(double), PyBUF_READ);
-    PyObject *b = m ? PyMemoryView_FromMemory((char *)c->bd, BD_COLS * c->chunk * sizeof(double), PyBUF_READ) : NULL;
+    PyObject *b = m ? PyMemoryView_FromMemory((char *)c->bd, c->bd_cols * c->chunk * sizeof(double), PyBUF_READ) : NULL;
     PyObject *res = b ? PyObject_CallFunction(c->sink, "OOn", m, b, c->fill) : NULL;
     Py_XDECREF(m);
     Py_XDECREF(b);
@@ -1553,7 +1700,7 @@ static int record(Core *c)
         (double)((c->contig ? extents_largest(&c->ext) : c->free_blocks) * bs)};
     for (int j = 0; j < MAIN_COLS; j++)
         c->main[j * w + f] = row[j];
-    for (int j = 0; j < BD_COLS; j++)
+    for (int j = 0; j < c->bd_cols; j++)
         c->bd[j * w + f] = c->bdv[j];
     c->fill = f + 1;
     c->steps++;
@@ -2198,26 +2345,114 @@ static void *alloc_n(Py_ssize_t n, size_t item, int *failed)
 
 static void free_engine(Core *c)
 {
-    void *bufs[] = {c->running, c->order, c->done, c->wq, c->staged, c->staged_t, c->e_idx, c->e_new, c->e_ctx, c->swapped,
+    void *bufs[] = {c->running, c->order, c->done, c->wq, c->staged, c->staged_t, c->e_idx, c->e_new, c->e_ctx, c->e_draft, c->swapped,
                     c->tmp, c->idle,
                     c->main, c->bd, c->lin.keys, c->lin.vals, c->head.keys, c->head.vals, c->pad, c->tr_rid.p,
                     c->tr_time.p, c->tr_phase.p,
                     c->gap_d.p, c->gap_n.p, c->other.p, c->pref, c->ld_idx, c->ld_ready, c->hw};
     for (size_t j = 0; j < sizeof bufs / sizeof bufs[0]; j++)
         free(bufs[j]);
+    free(c->dr_terms.keys);
+    free(c->dr_terms.vals);
+    if (c->sp_held) {
+        PyBuffer_Release(&c->sp_state);
+        PyBuffer_Release(&c->sp_totals);
+        PyBuffer_Release(&c->sp_counts);
+        c->sp_held = 0;
+    }
     kvpool_close(&c->pool);
     extents_close(&c->ext);
     hostlru_close(&c->host);
+}
+
+/* the engine's speculative decoding from its tuple (k, acceptance survival, the generator's state as 625 int64s,
+totals of 3 int64s, the world's counts as 2 x N int64s, drafter) where drafter is None or (mode, layers, new
+bytes, constants, size-terms function); or None: no speculation */
+static int open_speculation(Core *c, PyObject *spec)
+{
+    c->bd_cols = BD_COLS - 1;
+    c->dr_mode = -1;
+    if (spec == Py_None)
+        return 0;
+    long long k;
+    PyObject *survival, *state, *totals, *counts, *drafter;
+    if (!PyArg_ParseTuple(spec, "LO!OOOO", &k, &PyTuple_Type, &survival, &state, &totals, &counts, &drafter))
+        return -1;
+    if (k < 1 || k > SPEC_MAX_DRAFTS || PyTuple_GET_SIZE(survival) != k) {
+        PyErr_SetString(PyExc_ValueError, "run_core: speculation needs 1..16 drafts and a survival for each");
+        return -1;
+    }
+    if (read_doubles(survival, c->spec.survival, k, "the acceptance survival") < 0)
+        return -1;
+    if (get_buffer(state, &c->sp_state, "q", 8, SPEC_MT_WORDS + 1, "the draws' state") < 0)
+        return -1;
+    if (get_buffer(totals, &c->sp_totals, "q", 8, 3, "speculation totals") < 0) {
+        PyBuffer_Release(&c->sp_state);
+        return -1;
+    }
+    if (get_buffer(counts, &c->sp_counts, "q", 8, 2 * c->N, "speculation counts") < 0) {
+        PyBuffer_Release(&c->sp_state);
+        PyBuffer_Release(&c->sp_totals);
+        return -1;
+    }
+    c->sp_held = 1;
+    const int64_t *words = c->sp_state.buf;
+    for (int j = 0; j < SPEC_MT_WORDS; j++) {
+        if (words[j] < 0 || words[j] > 0xffffffffLL) {
+            PyErr_SetString(PyExc_ValueError, "run_core: the draws' state holds a word outside 32 bits");
+            return -1;
+        }
+        c->spec.mt[j] = (uint32_t)words[j];
+    }
+    if (words[SPEC_MT_WORDS] < 0 || words[SPEC_MT_WORDS] > SPEC_MT_WORDS) {
+        PyErr_SetString(PyExc_ValueError, "run_core: the draws' position is outside the state");
+        return -1;
+    }
+    c->spec.pos = (int)words[SPEC_MT_WORDS];
+    c->spec.k = k;
+    c->sp_drafted = c->sp_counts.buf;
+    c->sp_accepted = c->sp_drafted + c->N;
+    c->bd_cols = BD_COLS;
+    if (drafter == Py_None)
+        return 0;
+    PyObject *consts;
+    long long layers, new_bytes;
+    if (!PyArg_ParseTuple(drafter, "iLLO!O", &c->dr_mode, &layers, &new_bytes, &PyTuple_Type, &consts,
+                          &c->dr_terms_fn))
+        return -1;
+    const Py_ssize_t want = c->dr_mode ? 3 : 8;
+    if ((c->dr_mode != 0 && c->dr_mode != 1) || PyTuple_GET_SIZE(consts) != want) {
+        PyErr_SetString(PyExc_ValueError, "run_core: bad drafter pricing");
+        return -1;
+    }
+    c->dr_layers = layers;
+    c->dr_new_bytes = new_bytes;
+    c->dr_terms.width = c->dr_mode ? 5 : 2;
+    return read_doubles(consts, c->dr_c, want, "the drafter's constants");
+}
+
+/* the draws' state and counts back to the caller's buffers */
+static void close_speculation(Core *c)
+{
+    if (!c->sp_held)
+        return;
+    int64_t *words = c->sp_state.buf, *totals = c->sp_totals.buf;
+    for (int j = 0; j < SPEC_MT_WORDS; j++)
+        words[j] = c->spec.mt[j];
+    words[SPEC_MT_WORDS] = c->spec.pos;
+    totals[0] = c->spec.verifications;
+    totals[1] = c->spec.drafted;
+    totals[2] = c->spec.accepted;
 }
 
 /* one engine from its tuple (settings, pricing, terms, sink, chunk), over the world's requests */
 static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, const Core *shared)
 {
     Py_ssize_t chunk;
-    PyObject *cfg, *ints, *floats, *pad, *linear_fn, *head_fn, *sink;
+    PyObject *cfg, *ints, *floats, *pad, *linear_fn, *head_fn, *sink, *speculation = Py_None;
     int mode;
-    if (!PyArg_ParseTuple(spec, "O!(iO!O!OOO)On", &PyTuple_Type, &cfg, &mode, &PyTuple_Type, &ints, &PyTuple_Type,
-                          &floats, &pad, &linear_fn, &head_fn, &sink, &chunk))
+    if (!PyArg_ParseTuple(spec, "O!(iO!O!OOO)On|O", &PyTuple_Type, &cfg, &mode, &PyTuple_Type, &ints, &PyTuple_Type,
+                          &floats, &pad, &linear_fn, &head_fn, &sink, &chunk, &speculation))
         return -1;
     if (chunk < 1 || PyTuple_GET_SIZE(cfg) != 23 || PyTuple_GET_SIZE(ints) != 6
         || PyTuple_GET_SIZE(floats) != (mode ? 19 : 11)) {
@@ -2311,6 +2546,8 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
     c->head_fn = head_fn;
     c->sink = sink;
     c->chunk = chunk;
+    if (open_speculation(c, speculation) < 0)
+        return -1;
     /* running, a plan's entries and the finished of a step: at most max_num_seqs requests */
     const Py_ssize_t batch = (N < c->max_seqs ? N : (Py_ssize_t)c->max_seqs) + 1;
     int failed = 0;
@@ -2320,6 +2557,7 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
     c->e_idx = alloc_n(batch, 8, &failed);
     c->e_new = alloc_n(batch, 8, &failed);
     c->e_ctx = alloc_n(batch, 8, &failed);
+    c->e_draft = alloc_n(batch, 8, &failed);
     c->swapped = alloc_n(batch, 8, &failed);
     c->tmp = alloc_n(batch, 8, &failed);
     c->idle = alloc_n(batch, 8, &failed);
@@ -2527,6 +2765,8 @@ PyObject *kv_run_core(PyObject *self, PyObject *args)
             goto done;
     if (run(&w) < 0)
         goto done;
+    for (Py_ssize_t e = 0; e < M; e++)
+        close_speculation(&engines[e]);
     for (Py_ssize_t j = 0; j < N; j++)
         oi[j] = shared.stat[j];
     result = PyList_New(M);
