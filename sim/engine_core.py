@@ -339,19 +339,20 @@ def _speculation(scheduler: Any, executor: CostModelExecutor, drafts: np.ndarray
     """core.c's tuple for an engine's speculative decoding (sim/speculative.py; None: none): k, the survival of
     each draft position, the draws' generator state (its 624 words and position, written back at the end), the
     totals (verifications, drafted, accepted), the world's per-request counts ``drafts`` and the drafter's
-    pricing (None: prompt lookup; else ``decode_work_s``' mode, integers, constants and size terms)."""
+    pricing (None: prompt lookup; else ``decode_work_s``' mode, integers, constants and ``Drafter.size_terms``)."""
     spec = scheduler.speculation
     if spec is None:
         return None
     _, words, _ = spec.stream.getstate()
     ex = executor.drafter.executor
+    terms = executor.drafter.size_terms
     drafter = None
     if ex is not None and ex.engine is not None:
-        drafter = (1, ex._layers, ex._attn_new_bytes, (ex._eng_half, ex._eng_kv_s, ex._eng_qo_s), ex._size_terms)
+        drafter = (1, ex._layers, ex._attn_new_bytes, (ex._eng_half, ex._eng_kv_s, ex._eng_qo_s), terms)
     elif ex is not None:
         drafter = (0, ex._layers, ex._attn_new_bytes,
                    (ex._attn_flops_per_pair, ex._attn_peak, ex._attn_kv_s, ex._attn_bw, ex.params.kernel_latency_s,
-                    ex._attn_seq, ex._elem_s_per_token, ex._elem_fixed), ex._size_terms)
+                    ex._attn_seq, ex._elem_s_per_token, ex._elem_fixed), terms)
     return (spec.k, tuple(spec._survival), np.array(words, dtype=np.int64), np.zeros(3, dtype=np.int64), drafts,
             drafter)
 

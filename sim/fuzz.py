@@ -304,8 +304,8 @@ def draw_scenario(rng: random.Random, index: int = 0) -> dict:
 
 def _speculative(data: dict) -> None:
     """Sometimes speculative decoding: ngram, or (with a block count given: a drafter's weights would shrink a
-    cache sized from HBM) an EAGLE head, 1 to 4 drafts, any acceptance from none to all. Drawn from a stream of
-    its own (the case's other draws stay as they were), only where the engine can speculate."""
+    cache sized from HBM) an EAGLE or EAGLE-3 head, 1 to 4 drafts, any acceptance from none to all. Drawn from a
+    stream of its own (the case's other draws stay as they were), only where the engine can speculate."""
     rng = random.Random(f"speculative:{data['seed']}")
     kv, sched = data["kv_cache"], data["scheduler"]
     if (rng.random() >= SPECULATIVE_P or kv.get("allocator", "paged") != "paged"
@@ -313,7 +313,7 @@ def _speculative(data: dict) -> None:
         return
     k = rng.randint(1, 4)
     rate = rng.choice([0.0, 1.0, round(rng.random(), 3), [round(rng.random(), 3) for _ in range(k)]])
-    method = rng.choice(["ngram", "eagle"]) if "num_gpu_blocks" in kv else "ngram"
+    method = rng.choice(["ngram", "eagle", "eagle3"]) if "num_gpu_blocks" in kv else "ngram"
     data["speculative"] = {"method": method, "num_speculative_tokens": k, "acceptance_rate": rate}
 
 

@@ -24,6 +24,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sim.specs import ModelSpec, check_preset, complete_from_preset, group_kv_bytes_per_block
 
 MAX_SPECULATIVE_TOKENS = 16
+# an EAGLE-3 head's own vocabulary where none is given: the published heads of Llama-3.1-8B and -70B
+# (yuhuili/EAGLE3-LLaMA3.1-Instruct-8B, -70B: draft_vocab_size 32,000, mapped onto the target's by d2t)
+EAGLE3_DRAFT_VOCAB = 32000
 # vocabularies that differ by at most this many entries can be one tokenizer's, padded differently (Qwen2.5's
 # 1.5B has 151,936 rows, its 7B 152,064); a larger difference is another tokenizer
 VOCAB_PADDING = 1024
@@ -31,20 +34,25 @@ VOCAB_PADDING = 1024
 
 class SpeculativeConfig(BaseModel):
     """``speculative:``, vLLM's ``--speculative-config``. ``method``: ``ngram`` (prompt lookup, on the CPU:
-    no GPU time), ``draft_model`` (a smaller model of the same tokenizer, ``model``, run k times a step) or
-    ``eagle`` (an EAGLE head: one decoder layer of the target's width and the target's LM head, run k
-    times a step)."""
+    no GPU time), ``draft_model`` (a smaller model of the same tokenizer, ``model``, run k times a step),
+    ``eagle`` (an EAGLE head: a fusion layer of the token's embedding and the last hidden state, one decoder
+    layer of the target's width and the target's LM head, run k times a step) or ``eagle3`` (an EAGLE-3
+    head: a fusion layer of three of the target's hidden states, once a step, then k passes of one decoder
+    layer whose attention reads twice the width, and an LM head over its own ``draft_vocab_size``
+    tokens)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     enabled: bool = True   # false: the section is read and checked, the engine decodes without drafts
-    method: Literal["ngram", "draft_model", "eagle"]
+    method: Literal["ngram", "draft_model", "eagle", "eagle3"]
     num_speculative_tokens: int = Field(ge=1, le=MAX_SPECULATIVE_TOKENS)
     acceptance_rate: float | list[float] | None = None
     # instead of acceptance_rate: the tokens a verifying step gives a request on average (1 + accepted drafts, vLLM's
     # "mean acceptance length"), read as the same rate at every position
     mean_acceptance_length: float | None = Field(default=None, ge=1.0, le=MAX_SPECULATIVE_TOKENS + 1)
     model: str | ModelSpec | None = None   # method draft_model: a preset, a Hugging Face id or a mapping
+    # method eagle3: the head's own vocabulary (its LM head's rows; default EAGLE3_DRAFT_VOCAB, at most the target's)
+    draft_vocab_size: int | None = Field(default=None, ge=1)
 
     @field_validator("acceptance_rate")
     @classmethod
@@ -75,6 +83,11 @@ class SpeculativeConfig(BaseModel):
         if a is None:
             a = rate_for_length(self.mean_acceptance_length, self.num_speculative_tokens)
         return list(a) if isinstance(a, list) else [float(a)] * self.num_speculative_tokens
+
+    def draft_vocab(self, target: ModelSpec) -> int:
+        """The rows of an EAGLE-3 head's LM head: ``draft_vocab_size``, else EAGLE3_DRAFT_VOCAB (at most the
+        target's vocabulary)."""
+        return self.draft_vocab_size or min(EAGLE3_DRAFT_VOCAB, target.vocab_size)
 
     def draft_spec(self) -> ModelSpec | None:
         """The ``model`` given (method draft_model), as a ModelSpec."""
@@ -119,6 +132,13 @@ def problem(scn: Any) -> tuple[str, str] | None:
     if isinstance(cfg.acceptance_rate, list) and len(cfg.acceptance_rate) != k:
         return "speculative.acceptance_rate", (f"{len(cfg.acceptance_rate)} rates for num_speculative_tokens "
                                                f"{k}: give one number, or one rate per draft position")
+    if cfg.draft_vocab_size is not None:
+        if cfg.method != "eagle3":
+            return "speculative.draft_vocab_size", (f"only method eagle3 has a vocabulary of its own ({cfg.method}: "
+                                                    "the target's)")
+        if cfg.draft_vocab_size > target.vocab_size:
+            return "speculative.draft_vocab_size", (f"{cfg.draft_vocab_size:,} is more than the target "
+                                                    f"{target.name}'s vocabulary ({target.vocab_size:,})")
     if cfg.method != "draft_model":
         if cfg.model is not None:
             return "speculative.model", (f"only method draft_model takes a model ({cfg.method}: "
@@ -145,24 +165,34 @@ def draft_model_problem(draft: ModelSpec, target: ModelSpec, tensor_parallel: in
 def drafter_model(cfg: SpeculativeConfig, target: ModelSpec) -> ModelSpec | None:
     """The model the drafter runs k times a step (None: ngram, no GPU work), its KV in the target's KV dtype
     (it lives in the target's blocks). An EAGLE head is one decoder layer of the target's shapes with the
-    target's vocabulary (its LM head is the target's)."""
+    target's vocabulary (its LM head is the target's); an EAGLE-3 head the same with its own vocabulary
+    (sim/executors/drafter.py prices their fusion layers and EAGLE-3's wider attention input besides)."""
     if cfg.method == "ngram":
         return None
     if cfg.method == "eagle":
         return target.model_copy(update={"name": f"{target.name}-eagle-head", "num_layers": 1})
+    if cfg.method == "eagle3":
+        return target.model_copy(update={"name": f"{target.name}-eagle3-head", "num_layers": 1,
+                                         "vocab_size": cfg.draft_vocab(target)})
     return cfg.draft_spec().model_copy(update={"kv_dtype": target.kv_dtype})
 
 
 def drafter_weight_bytes(cfg: SpeculativeConfig, target: ModelSpec) -> int:
     """HBM the drafter's weights take over the tensor-parallel group: a draft model's whole weights; an
     EAGLE head's decoder layer (the target's per-layer bytes) and its fusion layer (2H x H, the dtype), its
-    embedding and LM head shared with the target (as vLLM loads them); none for ngram."""
+    embedding and LM head shared with the target (as vLLM loads them); an EAGLE-3 head's decoder layer with
+    its QKV projection reading 2H (H x (q + 2 kv) more), its fusion layer (3H x H) and its own LM head
+    (draft vocabulary x H), the embedding shared; none for ngram."""
     if cfg.method == "ngram":
         return 0
-    if cfg.method == "eagle":
+    if cfg.method in ("eagle", "eagle3"):
         one = target.model_copy(update={"num_layers": 1}).weight_bytes()
         two = target.model_copy(update={"num_layers": 2}).weight_bytes()
-        return (two - one) + 2 * target.hidden_size * target.hidden_size * target.dtype_bytes
+        h, b = target.hidden_size, target.dtype_bytes
+        if cfg.method == "eagle":
+            return (two - one) + 2 * h * h * b
+        qkv = (target.num_heads + 2 * target.num_kv_heads) * target.head_dim
+        return (two - one) + h * qkv * b + 3 * h * h * b + cfg.draft_vocab(target) * h * b
     return cfg.draft_spec().weight_bytes()
 
 

@@ -112,13 +112,13 @@ def test_the_draws_continue_where_the_core_left_the_generator():
 
 def _forced(i: int) -> dict:
     """Fuzz case ``i`` moved inside the core, speculating: its own draw where it has one, else 1 to 5 drafts
-    (ngram, or an EAGLE head where the block count is given), any acceptance from none to all."""
+    (ngram, or an EAGLE or EAGLE-3 head where the block count is given), any acceptance from none to all."""
     data = _into_core(fuzz.draw_scenario(random.Random(f"engine-core-spec:{i}"), i))
     if "speculative" not in data:
         rng = random.Random(f"engine-core-spec-force:{i}")
         k = rng.randint(1, 5)
         data["speculative"] = {
-            "method": rng.choice(["ngram", "eagle"]) if "num_gpu_blocks" in data["kv_cache"] else "ngram",
+            "method": rng.choice(["ngram", "eagle", "eagle3"]) if "num_gpu_blocks" in data["kv_cache"] else "ngram",
             "num_speculative_tokens": k,
             "acceptance_rate": rng.choice([0.0, 1.0, round(rng.random(), 3), [round(rng.random(), 3) for _ in range(k)]])}
     return data

@@ -162,7 +162,41 @@ def test_an_eagle_head_is_one_layer_and_a_fusion_layer():
     assert gpu_blocks(scn) == math.floor(free / (2 * 32 * 8 * 128 * 2 * 16 + 2 * 1 * 8 * 128 * 2 * 16))
 
 
+def test_an_eagle3_head_has_a_wider_qkv_a_three_way_fusion_and_its_own_lm_head():
+    # one Llama-3.1-8B layer as above, its QKV projection reading 2 x 4096 (4096 x 6144 more), the fusion layer
+    # 3 x 4096 x 4096, its own LM head of 32,000 x 4096 (the published EAGLE-3 heads' vocabulary); fp16
+    layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
+    for vocab, spec in ((32000, {}), (16000, {"draft_vocab_size": 16000})):
+        head = 2 * (layer + 4096 * 6144 + 3 * 4096 * 4096 + vocab * 4096)
+        hbm = 80 * 2**30 * 0.9
+        free = hbm - 0.05 * hbm - 2 * 8_030_261_248 - head
+        scn = _scn([{"arrival": 0.0, "prompt_len": 8, "output_len": 4}],
+                   {"method": "eagle3", "num_speculative_tokens": 3, "acceptance_rate": 0.7, **spec},
+                   model="llama-3.1-8b", hardware="h100-80gb")
+        scn.kv_cache.num_gpu_blocks = None
+        assert gpu_blocks(scn) == math.floor(free / (2 * 32 * 8 * 128 * 2 * 16 + 2 * 1 * 8 * 128 * 2 * 16))
+        assert run_scenario(scn).summary["hbm_budget"]["draft_weights_bytes"] == head
+
+
 # ---------------------------------------------------------------- prices
+
+
+def test_an_eagle3_head_drafts_for_about_half_what_an_eagle_head_does_at_batch_one():
+    # one request on an H100: a draft pass reads the head's weights once, so the draft parts stand as the bytes
+    # read a step. EAGLE: 3 x (layer + fusion 2H x H + the target's LM head, 128,256 x 4096); EAGLE-3: 3 x (layer
+    # + the QKV's second input half + an LM head of 32,000 x 4096) + its fusion 3H x H once. Attention over a
+    # short context and the launches add little: the ratio of the parts within 10% of the ratio of the bytes
+    layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336
+    eagle = 3 * (layer + 2 * 4096 * 4096 + 128256 * 4096)
+    eagle3 = 3 * (layer + 4096 * 6144 + 32000 * 4096) + 3 * 4096 * 4096
+    parts = {}
+    for method in ("eagle", "eagle3"):
+        scn = _scn([{"arrival": 0.0, "prompt_len": 100, "output_len": 40}],
+                   {"method": method, "num_speculative_tokens": 3, "acceptance_rate": 0.0},
+                   model="llama-3.1-8b", hardware="h100-80gb")
+        parts[method] = run_scenario(scn, check_integrity=True).steps["time_draft_s"].iloc[1]
+    assert parts["eagle3"] / parts["eagle"] == pytest.approx(eagle3 / eagle, rel=0.10)
+    assert 0.45 < eagle3 / eagle < 0.55
 
 
 def test_the_draft_passes_cost_what_the_draft_model_charges_for_its_decode_steps():
@@ -233,6 +267,12 @@ def test_speculation_speeds_up_a_light_load_and_slows_a_saturated_one():
     ({}, {"method": "ngram", "num_speculative_tokens": 0, "acceptance_rate": 0.5},
      "speculative.num_speculative_tokens", "greater than or equal to 1"),
     ({}, {"method": "medusa", "num_speculative_tokens": 2, "acceptance_rate": 0.5}, "speculative.method", ""),
+    ({}, {"method": "eagle", "draft_vocab_size": 32000, "num_speculative_tokens": 2, "acceptance_rate": 0.5},
+     "speculative.draft_vocab_size", "only method eagle3"),
+    ({}, {"method": "eagle3", "draft_vocab_size": 200000, "num_speculative_tokens": 2, "acceptance_rate": 0.5},
+     "speculative.draft_vocab_size", "more than the target"),
+    ({}, {"method": "eagle3", "model": "llama-3.2-1b", "num_speculative_tokens": 2, "acceptance_rate": 0.5},
+     "speculative.model", "only method draft_model"),
 ])
 def test_bad_settings_are_refused_naming_the_key(extra, spec, key, words):
     data = {"model": "llama-3.1-8b", "workload": {"requests": [{"arrival": 0, "prompt_len": 8, "output_len": 4}]},
@@ -345,3 +385,17 @@ def test_kv_size_counts_a_drafter_beside_the_target():
                           "--hardware", "h100-80gb", "--draft-model", "llama-2-7b"], capture_output=True, text=True,
                          cwd=ROOT)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "tokenizer" in bad.stderr
+
+
+def test_kv_size_counts_an_eagle3_head():
+    # the EAGLE-3 memory test's by-hand head through `kvsim kv-size --eagle3`: one layer of K and V a block
+    layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
+    head = 2 * (layer + 4096 * 6144 + 3 * 4096 * 4096 + 32000 * 4096)
+    hbm = 80 * 2**30 * 0.9
+    free = hbm - 0.05 * hbm - 2 * 8_030_261_248 - head
+    out = subprocess.run([sys.executable, "-m", "sim.cli", "kv-size", "--model", "llama-3.1-8b", "--seq-len", "4096",
+                          "--hardware", "h100-80gb", "--eagle3", "--json"], capture_output=True, text=True, cwd=ROOT,
+                         check=True)
+    fits = json.loads(out.stdout)["fits"]
+    assert fits["kv_blocks"] == math.floor(free / (2 * 32 * 8 * 128 * 2 * 16 + 2 * 1 * 8 * 128 * 2 * 16))
+    assert fits["hbm_budget"]["draft_weights_bytes"] == head

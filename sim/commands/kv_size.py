@@ -1,5 +1,6 @@
 """kvsim kv-size --model NAME|CONFIG.json --seq-len N [--dtype fp16] [--block-size 16] [--weight-dtype int4]
-[--hardware NAME [--tensor-parallel T] [--gpu-memory-utilization U] [--draft-model NAME | --eagle]] [--json]:
+[--hardware NAME [--tensor-parallel T] [--gpu-memory-utilization U] [--draft-model NAME | --eagle | --eagle3]]
+[--json]:
 the KV arithmetic of a preset or
 of a Hugging Face config.json (sim/hf_config.py), as a scenario's ``model`` takes them; with ``--hardware``,
 how many blocks, tokens and sequences of ``--seq-len`` fit beside the weights (as a scenario sizes its cache:
@@ -42,6 +43,8 @@ def add_parser(sub) -> None:
     drafter.add_argument("--draft-model", help="with --hardware: a speculative draft model (preset or Hugging Face "
                                                "id) beside the target: its weights and its KV in every block")
     drafter.add_argument("--eagle", action="store_true", help="with --hardware: an EAGLE head beside the target")
+    drafter.add_argument("--eagle3", action="store_true", help="with --hardware: an EAGLE-3 head beside the target "
+                                                               "(its own LM head of 32,000 tokens)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=main)
 
@@ -77,9 +80,10 @@ def capacity(model: ModelSpec, hardware: HardwareSpec, seq_len: int, block_size:
 
 
 def _drafter(args: argparse.Namespace, model: ModelSpec) -> SpeculativeConfig | None:
-    """The speculative drafter that ``--draft-model`` or ``--eagle`` names (None: neither)."""
-    if args.eagle:
-        return SpeculativeConfig(method="eagle", num_speculative_tokens=1, acceptance_rate=1.0)
+    """The speculative drafter that ``--draft-model``, ``--eagle`` or ``--eagle3`` names (None: none)."""
+    if args.eagle or args.eagle3:
+        return SpeculativeConfig(method="eagle" if args.eagle else "eagle3", num_speculative_tokens=1,
+                                 acceptance_rate=1.0)
     if args.draft_model is None:
         return None
     try:
@@ -140,8 +144,8 @@ def main(args: argparse.Namespace) -> int:
                                     _drafter(args, model))
         except ValueError as e:   # the weights alone do not fit
             raise KvsimError("--hardware", str(e)) from None
-    elif args.draft_model is not None or args.eagle:
-        raise KvsimError("--draft-model" if args.draft_model is not None else "--eagle",
+    elif args.draft_model is not None or args.eagle or args.eagle3:
+        raise KvsimError("--draft-model" if args.draft_model is not None else "--eagle3" if args.eagle3 else "--eagle",
                          "needs --hardware (the drafter takes room from the cache that fits there)")
     if args.json:
         print(json.dumps(info, indent=2))

@@ -1464,7 +1464,7 @@ static int draft_price(Core *c, int64_t seqs, int64_t ctx0, double *out)
             total += fixed + layers * ((ctx + n * k[0]) * k[1] + n * k[2] + t[3]);
         }
     }
-    *out = total;
+    *out = total + t[c->dr_terms.width - 1];   /* (Drafter.price: the passes, then extra_s) */
     return 0;
 }
 
@@ -2367,7 +2367,7 @@ static void free_engine(Core *c)
 
 /* the engine's speculative decoding from its tuple (k, acceptance survival, the generator's state as 625 int64s,
 totals of 3 int64s, the world's counts as 2 x N int64s, drafter) where drafter is None or (mode, layers, new
-bytes, constants, size-terms function); or None: no speculation */
+bytes, constants, Drafter.size_terms: the size terms and the head's extra GEMMs); or None: no speculation */
 static int open_speculation(Core *c, PyObject *spec)
 {
     c->bd_cols = BD_COLS - 1;
@@ -2427,7 +2427,7 @@ static int open_speculation(Core *c, PyObject *spec)
     }
     c->dr_layers = layers;
     c->dr_new_bytes = new_bytes;
-    c->dr_terms.width = c->dr_mode ? 5 : 2;
+    c->dr_terms.width = c->dr_mode ? 6 : 3;   /* (the size terms, then the head's extra GEMMs) */
     return read_doubles(consts, c->dr_c, want, "the drafter's constants");
 }
 

@@ -425,6 +425,17 @@ class CostModelExecutor:
             total += fixed + layers * ((ctx + seqs * self._eng_half) * self._eng_kv_s + seqs * self._eng_qo_s + k_attn)
         return total
 
+    def gemm_s(self, tokens: int, n: int, k: int, op: str | None = None) -> float:
+        """One GEMM outside the model's layers, ``[tokens, k] x [k, n]`` in the model's dtype with this
+        executor's corrections (``op``: the operator whose learned correction applies; None: the generic
+        one): a speculative head's fusion layer. On an engine calibration a batch within the captured sizes
+        runs padded to its graph's size, the launch a graph kernel's, as the layers' GEMMs do there."""
+        p = self.params
+        if self.engine is not None and tokens <= self._graph_max:
+            t = gemm_time_scalar(self._pad[tokens], n, k, self._gemm_peak, self._bw, self.model.dtype_bytes, p, op)
+            return t + (self.engine.graph_kernel_s - p.kernel_latency_s)
+        return gemm_time_scalar(tokens, n, k, self._gemm_peak, self._bw, self.model.dtype_bytes, p, op)
+
     def _size_terms(self, seqs: int) -> tuple[float, ...]:
         """The parts of a decode step that depend on its size only: (linear, allreduce) on the plain
         roofline, (linear, allreduce, elementwise, attention kernel cost, cpu) on an engine calibration."""
