@@ -199,18 +199,22 @@ def test_an_eagle3_head_drafts_for_about_half_what_an_eagle_head_does_at_batch_o
     assert 0.45 < eagle3 / eagle < 0.55
 
 
-def test_the_draft_passes_cost_what_the_draft_model_charges_for_its_decode_steps():
+def test_the_draft_passes_cost_what_the_draft_model_charges_for_its_steps():
     # a step verifying drafts pays k passes of the draft model: against the draft model's own executor pricing
-    # each pass as an all-decode step (its GPU work, without its per-step overhead). One request, prompt 100:
-    # step 1 prefills it; step 2 verifies over a context of 100 computed tokens, pass j at 100 + j
+    # each pass as a step (its GPU work, without its per-step overhead). One request, prompt 100: step 1
+    # prefills it; step 2 verifies 4 drafts over a context of 100 computed tokens. Pass 0 runs over the 5
+    # tokens the target verified (vLLM's padded drafter batch), a verification of the draft model's own with
+    # one row of logits instead of five; passes 1 to 3 decode one token at contexts 100 + j
     scn = _scn([{"arrival": 0.0, "prompt_len": 100, "output_len": 40}],
                {"method": "draft_model", "model": "llama-3.2-1b", "num_speculative_tokens": 4, "acceptance_rate": 0.0},
                model="llama-3.1-8b", hardware="h100-80gb")
     steps = run_scenario(scn, check_integrity=True).steps
     draft = make_cost_model_executor(model=ModelSpec.from_name("llama-3.2-1b"), hardware=scn.hardware_spec,
                                      config=scn.executor, kv=scn.kv_cache, scheduler=scn.scheduler)
-    want = 0.0
-    for j in range(4):
+    first = draft.execute(StepPlan(scheduled=[ScheduledRequest(0, 5, 100, [], 4)]))
+    want = first.duration_s - first.breakdown["overhead"] - first.breakdown["draft"] \
+        - (draft._lm_head(5) - draft._lm_head(1))
+    for j in range(1, 4):
         r = draft.execute(StepPlan(scheduled=[ScheduledRequest(0, 1, 100 + j, [])]))
         want += r.duration_s - r.breakdown["overhead"]
     assert steps["num_decode_tokens"].iloc[1] == 5

@@ -1426,20 +1426,22 @@ static int engine_fixed(Core *c, int64_t tokens, int64_t seqs, int has_prefill, 
 }
 
 
-/* Drafter.price: the GPU work of the step's k draft passes over ``seqs`` verifying sequences whose contexts
-(each with its last sampled token) sum to ``ctx0`` (CostModelExecutor.decode_work_s of the drafter's
-executor: its size terms asked once a size, the same float operations in the same order) */
-static int draft_price(Core *c, int64_t seqs, int64_t ctx0, double *out)
+/* Drafter.price: the GPU work of the step's k draft passes over ``seqs`` verifying sequences with ``drafts``
+drafts in all, whose contexts (each with its last sampled token) sum to ``ctx0``: the first pass over the
+verified tokens (CostModelExecutor.first_pass_s), the k - 1 others of one token a sequence (decode_work_s),
+then an EAGLE head's extra GEMMs (Drafter.extra_s); the terms asked once a (seqs, drafts), the same float
+operations in the same order */
+static int draft_price(Core *c, int64_t seqs, int64_t drafts, int64_t ctx0, double *out)
 {
     *out = 0.0;
     if (c->dr_mode < 0 || seqs == 0)
         return 0;
     int found;
-    double *t = terms_slot(&c->dr_terms, seqs, &found);
+    double *t = terms_slot(&c->dr_terms, (seqs << 32) | drafts, &found);
     if (!t)
         return -1;
     if (!found) {
-        PyObject *res = PyObject_CallFunction(c->dr_terms_fn, "L", (long long)seqs);
+        PyObject *res = PyObject_CallFunction(c->dr_terms_fn, "LL", (long long)seqs, (long long)drafts);
         if (!res)
             return -1;
         const int bad = read_doubles(res, t, c->dr_terms.width, "the drafter's size terms");
@@ -1448,23 +1450,31 @@ static int draft_price(Core *c, int64_t seqs, int64_t ctx0, double *out)
             return -1;
     }
     const double *k = c->dr_c, layers = (double)c->dr_layers, n = (double)seqs;
-    double total = 0.0;
-    if (c->dr_mode == 0) {   /* k: fpp, attn_peak, kv_s, attn_bw, kernel_latency, attn_seq, elem_s, elem_fixed */
-        const double fixed = t[0] + t[1] + layers * (n * k[6] + k[7]);
+    const int64_t tokens = seqs + drafts;
+    const double ctx_first = (double)(ctx0 + drafts), m = (double)tokens;
+    double first, rest = 0.0;
+    if (c->dr_mode == 0) {   /* k: fpp, attn_peak, kv_s, attn_bw, kernel_latency, attn_seq, elem_s, elem_fixed;
+                                t: the first pass's (linear, allreduce), the others', extra */
+        const double per_first = py_max(k[0] * ctx_first / k[1],
+                                         k[2] * ctx_first + (double)(c->dr_new_bytes * tokens) / k[3]) + k[4];
+        first = t[0] + t[1] + layers * (m * k[6] + k[7]) + layers * (per_first + n * k[5]);
+        const double fixed = t[2] + t[3] + layers * (n * k[6] + k[7]);
         const double fresh = (double)(c->dr_new_bytes * seqs) / k[3];
-        for (int64_t j = 0; j < c->spec.k; j++) {
+        for (int64_t j = 1; j < c->spec.k; j++) {
             const double ctx = (double)(ctx0 + seqs * j);
             const double per_layer = py_max(k[0] * ctx / k[1], k[2] * ctx + fresh) + k[4];
-            total += fixed + layers * (per_layer + n * k[5]);
+            rest += fixed + layers * (per_layer + n * k[5]);
         }
-    } else {   /* k: half, eng_kv_s, qo_s; t: linear, allreduce, elementwise, attention kernel cost, cpu */
-        const double fixed = t[0] + t[2] + t[1];
-        for (int64_t j = 0; j < c->spec.k; j++) {
+    } else {   /* k: half, eng_kv_s, qo_s; t: the first pass's (linear, allreduce, elementwise, attention kernel
+                  cost, cpu), the others', extra */
+        first = t[0] + t[2] + t[1] + layers * ((ctx_first + n * k[0]) * k[1] + m * k[2] + t[3]);
+        const double fixed = t[5] + t[7] + t[6];
+        for (int64_t j = 1; j < c->spec.k; j++) {
             const double ctx = (double)(ctx0 + seqs * j);
-            total += fixed + layers * ((ctx + n * k[0]) * k[1] + n * k[2] + t[3]);
+            rest += fixed + layers * ((ctx + n * k[0]) * k[1] + n * k[2] + t[8]);
         }
     }
-    *out = total + t[c->dr_terms.width - 1];   /* (Drafter.price: the passes, then extra_s) */
+    *out = first + rest + t[c->dr_terms.width - 1];
     return 0;
 }
 
@@ -1515,7 +1525,7 @@ static int price(Core *c)
     double draft = 0.0, more_logits = 0.0;   /* the draft passes; the LM head's rows for the drafts */
     if (c->spec.k) {
         double h_all, h_seqs;
-        if (draft_price(c, ver_seqs, ver_ctx, &draft) < 0)
+        if (draft_price(c, ver_seqs, drafts, ver_ctx, &draft) < 0)
             return -1;
         if (tokens && (head_term(c, seqs + drafts, &h_all) < 0 || head_term(c, seqs, &h_seqs) < 0))
             return -1;
@@ -2367,7 +2377,8 @@ static void free_engine(Core *c)
 
 /* the engine's speculative decoding from its tuple (k, acceptance survival, the generator's state as 625 int64s,
 totals of 3 int64s, the world's counts as 2 x N int64s, drafter) where drafter is None or (mode, layers, new
-bytes, constants, Drafter.size_terms: the size terms and the head's extra GEMMs); or None: no speculation */
+bytes, constants, Drafter.size_terms: the size terms of its first pass and of the others, and the head's extra
+GEMMs); or None: no speculation */
 static int open_speculation(Core *c, PyObject *spec)
 {
     c->bd_cols = BD_COLS - 1;
@@ -2427,7 +2438,7 @@ static int open_speculation(Core *c, PyObject *spec)
     }
     c->dr_layers = layers;
     c->dr_new_bytes = new_bytes;
-    c->dr_terms.width = c->dr_mode ? 6 : 3;   /* (the size terms, then the head's extra GEMMs) */
+    c->dr_terms.width = c->dr_mode ? 11 : 5;   /* (two passes' size terms, then the head's extra GEMMs) */
     return read_doubles(consts, c->dr_c, want, "the drafter's constants");
 }
 

@@ -436,6 +436,38 @@ class CostModelExecutor:
             return t + (self.engine.graph_kernel_s - p.kernel_latency_s)
         return gemm_time_scalar(tokens, n, k, self._gemm_peak, self._bw, self.model.dtype_bytes, p, op)
 
+    def first_pass_s(self, seqs: int, drafts: int, ctx0: int) -> float:
+        """The GPU work of a drafter's first pass of a step (vLLM's padded drafter batch): over the target's
+        verified tokens, each of ``seqs`` sequences' last sampled token and its drafts (``drafts`` in all),
+        reading contexts that sum to ``ctx0`` + ``drafts`` (``ctx0``: each context with its last sampled
+        token), with a row of logits for each sequence: ``execute``'s GPU parts of such a step."""
+        tokens = seqs + drafts
+        ctx = ctx0 + drafts
+        layers = self._layers
+        if self.engine is None:
+            lin, comm = self._linear(tokens)
+            linear = lin + self._lm_head(seqs)
+            per_layer = max(self._attn_flops_per_pair * ctx / self._attn_peak,
+                            self._attn_kv_s * ctx + self._attn_new_bytes * tokens / self._attn_bw) \
+                + self.params.kernel_latency_s
+            return linear + comm + layers * (tokens * self._elem_s_per_token + self._elem_fixed) \
+                + layers * (per_layer + seqs * self._attn_seq)
+        linear, comm, elementwise, k_attn, _cpu = self._engine_fixed(tokens, seqs, False)
+        return linear + elementwise + comm \
+            + layers * ((ctx + seqs * self._eng_half) * self._eng_kv_s + tokens * self._eng_qo_s + k_attn)
+
+    def draft_work_s(self, seqs: int, drafts: int, ctx0: int, k: int) -> float:
+        """A drafter's ``k`` passes of a step: the first over the verified tokens (``first_pass_s``), then
+        ``k`` - 1 of one token a sequence, pass j reading every context + j (``decode_work_s``)."""
+        return self.first_pass_s(seqs, drafts, ctx0) + self.decode_work_s(seqs, ctx0 + seqs, k - 1)
+
+    def pass_terms(self, tokens: int, seqs: int) -> tuple[float, ...]:
+        """``_size_terms`` of a pass over ``tokens`` tokens of ``seqs`` sequences (a row of logits each)."""
+        if self.engine is None:
+            lin, comm = self._linear(tokens)
+            return lin + self._lm_head(seqs), comm
+        return self._engine_fixed(tokens, seqs, False)
+
     def _size_terms(self, seqs: int) -> tuple[float, ...]:
         """The parts of a decode step that depend on its size only: (linear, allreduce) on the plain
         roofline, (linear, allreduce, elementwise, attention kernel cost, cpu) on an engine calibration."""
@@ -590,7 +622,7 @@ class CostModelExecutor:
                 pairs += n * c + n * (n + 1) // 2
         spec = None   # (every step of a speculating engine has a draft part, so that its table has the column)
         if self.drafter is not None:
-            spec = (drafts, self.drafter.price(ver_seqs, ver_ctx))
+            spec = (drafts, self.drafter.price(ver_seqs, ver_ctx, drafts))
         elif ver_seqs:
             spec = (drafts, 0.0)
         if self.engine is not None and tokens:
