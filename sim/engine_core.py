@@ -120,6 +120,22 @@ class CoreRun:
     columns: dict[str, Any] | None = None
 
 
+def admission(prompt: np.ndarray, out: np.ndarray, scheduler: ContinuousScheduler
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``add_request``'s decisions for requests of these prompt and output lengths, as arrays: (the output
+    as served, which are cut, which are rejected); they depend on the request and the settings only."""
+    mml = scheduler.max_model_len
+    capped = np.where((prompt + out > mml) & (prompt < mml), mml - prompt, out)
+    mgr = scheduler.manager
+    budget = scheduler.max_num_batched_tokens
+    slots = mgr.region_tokens_of(prompt, capped) if type(mgr) is ContiguousKVManager else prompt + capped - 1
+    need = -(-slots // mgr.block_size)
+    bad = (prompt >= mml) | (need > mgr.num_blocks) | (budget < 1)
+    if not scheduler.config.chunked_prefill:
+        bad |= prompt > budget
+    return capped, capped != out, bad
+
+
 def prepare(requests: list[Request], scheduler: ContinuousScheduler) -> tuple[np.ndarray, np.ndarray]:
     """Apply ``add_request``'s output cap to every request and return (which would be queued (1) or
     rejected (0) when handed over, which were cut): both depend on the request and the settings only,
@@ -128,18 +144,9 @@ def prepare(requests: list[Request], scheduler: ContinuousScheduler) -> tuple[np
     n = len(requests)
     prompt = np.fromiter((r.prompt_len for r in requests), dtype=np.int64, count=n)
     out = np.fromiter((r.output_len for r in requests), dtype=np.int64, count=n)
-    mml = scheduler.max_model_len
-    capped = np.where((prompt + out > mml) & (prompt < mml), mml - prompt, out)
-    cut = capped != out
+    capped, cut, bad = admission(prompt, out, scheduler)
     for i in np.flatnonzero(cut).tolist():
         requests[i].output_len = int(capped[i])
-    mgr = scheduler.manager
-    budget = scheduler.max_num_batched_tokens
-    slots = mgr.region_tokens_of(prompt, capped) if type(mgr) is ContiguousKVManager else prompt + capped - 1
-    need = -(-slots // mgr.block_size)
-    bad = (prompt >= mml) | (need > mgr.num_blocks) | (budget < 1)
-    if not scheduler.config.chunked_prefill:
-        bad |= prompt > budget
     for i in np.flatnonzero(bad).tolist():
         reason = scheduler.reject_reason(requests[i])
         if not reason:
@@ -233,7 +240,7 @@ def run_engines(requests: list[Request], engines: list[EngineParts], lag: float,
     ints[5] = np.fromiter((r.prefix_len if r.prefix_group >= 0 else 0 for r in requests), dtype=np.int64, count=n)
     arrival = np.fromiter((r.arrival_s for r in requests), dtype=np.float64, count=n)
     where = np.full(n, -1, dtype=np.int64) if dest is None else np.array(dest, dtype=np.int64)
-    state = np.zeros((m, 3), dtype=np.int64)
+    state = np.zeros((m, 4), dtype=np.int64)
     route = None
     if dest is None and rule is not None:
         if rule[1] is not None and len(rule[1]) != n:
@@ -283,7 +290,8 @@ def run_engines(requests: list[Request], engines: list[EngineParts], lag: float,
 class ReplicaState:
     """What a router reads of an engine in the core (sim/cluster/replica.py Replica's ``load``,
     ``submitted``, ``kv_usage``, ``block_size``; no prefix cache), as of the arrival being routed: core.c
-    writes ``state`` (per engine: handed over, finished or rejected, blocks in use) before each choice."""
+    writes ``state`` (per engine: handed over, finished or rejected, blocks in use, routed there with their
+    KV on its way) before each choice."""
 
     def __init__(self, state: np.ndarray, index: int, num_blocks: int, block_size: int) -> None:
         self._row = state[index]
@@ -295,8 +303,8 @@ class ReplicaState:
         return int(self._row[0])
 
     def load(self) -> int:
-        """Requests handed over and not yet finished or rejected."""
-        return int(self._row[0] - self._row[1])
+        """Requests handed over (or routed here, their KV on its way) and not yet finished or rejected."""
+        return int(self._row[0] + self._row[3] - self._row[1])
 
     def kv_usage(self) -> float:
         return int(self._row[2]) / self._num_blocks
@@ -456,10 +464,11 @@ def _write_chunk(requests: list[Request], counters: np.ndarray, times: np.ndarra
         req.finish_s = fin
 
 
-def write_engine(scheduler: ContinuousScheduler, requests: list[Request], records: tuple, totals: tuple) -> None:
+def write_engine(scheduler: ContinuousScheduler, requests: list[Request], records: tuple, totals: tuple,
+                 collect: bool = True) -> None:
     """One engine's results where the SimPy loop leaves them: its scheduler's timeline, gaps, counters and
-    finished and rejected requests (``requests``: those handed to it, in order), its manager's sums and
-    peaks."""
+    finished and rejected requests (``requests``: those handed to it, in order; ``collect`` False: the caller
+    fills the two lists), its manager's sums and peaks."""
     tr_rid, tr_time, tr_phase, gap_d, gap_n, other = records
     tr = scheduler.transitions
     tr.req_id.frombytes(tr_rid)
@@ -475,7 +484,8 @@ def write_engine(scheduler: ContinuousScheduler, requests: list[Request], record
     scheduler.swapped_blocks += swapped_blocks
     mgr = scheduler.manager
     if type(mgr) is not KVCacheManager:   # (a contiguous allocator keeps neither peaks nor sums: its rows say all)
-        _collect(scheduler, requests)
+        if collect:
+            _collect(scheduler, requests)
         return
     peaks = mgr.peaks
     for key, value in (("used", peak_used), ("logical", peak_logical), ("prefix", peak_prefix),
@@ -483,7 +493,8 @@ def write_engine(scheduler: ContinuousScheduler, requests: list[Request], record
         peaks[key] = max(peaks[key], value)
     mgr._sum_used += sum_used
     mgr._sum_logical += sum_logical
-    _collect(scheduler, requests)
+    if collect:
+        _collect(scheduler, requests)
     cache = mgr.prefix_cache
     if cache is not None:
         cache.num_evicted += evicted

@@ -33,6 +33,7 @@ import simpy
 
 from sim.clients import ClientPool, core_client, in_send_order, planned_arrivals
 from sim.cluster.disagg import Handoff
+from sim.cluster.disagg_core import disagg_supported, run_disaggregated
 from sim.cluster.link import KVLink
 from sim.cluster.replica import Replica, build_pool, pool_scenario
 from sim.cluster.results import ClusterResult, cluster_result
@@ -283,13 +284,27 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
     link = KVLink(env, bw, lat)
     handoff = Handoff(env, decode, make_router(cfg.router, scn.seed + 1), link, scn.model_spec.kv_bytes_per_token(),
                       pull=cfg.link.mode == "pull", layers=scn.model_spec.num_layers if cfg.link.layerwise else 0)
+    router = _observed(make_router(cfg.router, scn.seed), prefill, requests, lag)
+    if disagg_supported(prefill, decode, requests, router, handoff.router, bool(scn.workload.max_concurrency)):
+        clients = scn.workload.max_concurrency   # a client with a concurrency limit (sim/clients.py)
+        planned = planned_arrivals(requests) if clients else None   # (the client's sends replace them)
+        client = core_client(scn, requests, fe_out, fe_token) if clients else None
+        try:   # compiled (sim/cluster/disagg_core.py)
+            _run_disaggregated_in_core(requests, prefill, decode, handoff, link, router, lag, served, bar, client)
+        finally:
+            if bar is not None:
+                bar.close()
+        _check_ended(requests)
+        res = cluster_result(scn, workload, prefill + decode, served, handoff, link, fe_out, fe_token,
+                             time.perf_counter() - t0, lag, planned=planned, keep_steps=keep_steps)
+        res.profile["compiled_core"] = True
+        return res
     if bar is not None:   # (before attach_decode, which chains the decode engines' on_step)
         _show_progress(bar, decode, prefill, handoff)
     for rep in prefill:
         handoff.attach_prefill(rep)
     for rep in decode:
         handoff.attach_decode(rep)
-    router = _observed(make_router(cfg.router, scn.seed), prefill, requests, lag)
     planned = None
     if scn.workload.max_concurrency:   # a client with a concurrency limit (sim/clients.py)
         planned = planned_arrivals(requests)
@@ -316,9 +331,30 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
     finally:
         if bar is not None:
             bar.close()
-    stuck = [r.req_id for r in requests if r.status not in (RequestStatus.FINISHED, RequestStatus.REJECTED)]
-    if stuck:   # a prefill replica waited for memory that no transfer was going to free
-        raise KvsimError("engine", f"deadlock: {len(stuck)} requests never finished (first: {stuck[0]})")
+    _check_ended(requests)
     _check_released(prefill + decode)
-    return cluster_result(scn, workload, prefill + decode, served, handoff, link, fe_out, fe_token,
-                          time.perf_counter() - t0, lag, planned=planned, keep_steps=keep_steps)
+    res = cluster_result(scn, workload, prefill + decode, served, handoff, link, fe_out, fe_token,
+                         time.perf_counter() - t0, lag, planned=planned, keep_steps=keep_steps)
+    res.profile["compiled_core"] = False
+    return res
+
+
+def _check_ended(requests: list[Request]) -> None:
+    """Every request finished or was refused (a prefill replica waiting for memory that no transfer was
+    going to free leaves some that never did)."""
+    stuck = [r.req_id for r in requests if r.status not in (RequestStatus.FINISHED, RequestStatus.REJECTED)]
+    if stuck:
+        raise KvsimError("engine", f"deadlock: {len(stuck)} requests never finished (first: {stuck[0]})")
+
+
+def _run_disaggregated_in_core(requests: list[Request], prefill: list[Replica], decode: list[Replica],
+                               handoff: Handoff, link: KVLink, router: Router, lag: float, served: dict[int, int],
+                               bar: ProgressBar | None, client: tuple | None) -> None:
+    """The pools' run in the compiled core, the prefill router's choices made ahead, by its rule or by
+    calling it at each arrival (as ``_run_in_core``'s); ``client``: sent by a client (``core_client``)."""
+    reads = router.reads_load or router.reads_memory or router.reads_state
+    ahead = None if reads else _route_ahead(router, requests, prefill, lag)
+    rule = None if ahead is not None else router.core_rule(requests, len(prefill))
+    run_disaggregated(requests, prefill, decode, handoff, link, lag, served, dest=ahead,
+                      rule=None if rule is None else rule.as_core_arg(), choose=router.choose,
+                      progress=bar.at if bar else None, client=client)

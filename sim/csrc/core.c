@@ -34,6 +34,7 @@ Rows go to the caller a chunk at a time (``sink``); everything else comes back a
 
 #include "client.h"
 #include "extents.h"
+#include "handoff.h"
 #include "hostlru.h"
 #include "kvpool.h"
 #include "speculate.h"
@@ -47,6 +48,7 @@ enum { PH_WAITING = 0, PH_PREFILL = 1, PH_DECODE = 2, PH_PREEMPTED = 3, PH_SWAPP
 enum { MAIN_COLS = 18, BD_COLS = 8 };   /* (the 8th, the draft part, where speculating) */
 enum { ERR_NONE = 0, ERR_DEADLOCK = 1, ERR_DURATION = 2, ERR_LIVELOCK = 3 };
 enum { URGENT = 0, NORMAL = 1 };
+enum { ROLE_COLOCATED = 0, ROLE_PREFILL = 1, ROLE_DECODE = 2 };
 /* routers chosen here (sim/cluster/routers.py, Router.core_rule): least_requests; least_kv; power_of_two
 over the pairs drawn ahead; prefix_affinity over a pool without prefix caches; session (each request
 follows an earlier one, found ahead, or goes to the least loaded) */
@@ -102,6 +104,18 @@ typedef struct {
     World *w;
     Py_ssize_t N;         /* requests in the world (the per-request arrays are the world's, shared) */
     int64_t index;        /* this engine's position in the world */
+    /* its pool (disaggregated prefill/decode: the requests' KV arrays are the pool's, their counters and
+    times the world's) and which requests are its (``mine[g] == index``); it stops once ``done`` (no more
+    requests will come: ``arrivals_over``) and it has no work; ``may_block``: blocks held outside its scheduler (transfers)
+    may be why nothing can start, so it waits for a wake instead of failing */
+    int role, arrivals_over, may_block;
+    const int64_t *mine;
+    PyObject *hash_fn;
+    /* a decode engine: requests queued ahead of everything (their KV arrived into blocks they hold: FCFS
+    or priority, before the ring or heap), those routed here waiting for their blocks (pull), those holding
+    blocks here whose KV is on its way, those routed here not yet handed over */
+    Fifo ahead, pullq;
+    int64_t reserved, incoming;
     const int64_t *rid, *prompt, *output, *accepted, *prio;
     const double *arrival;
     int64_t bs, num_blocks, max_seqs, max_batched, max_stall;
@@ -132,6 +146,7 @@ typedef struct {
     int8_t *stat, *in_pre;
     int64_t *int_zero;   /* bit 0: first scheduled, bit 1: rejected, while the clock was SimPy's int 0 */
     double *fsched, *ftok, *ltok, *fin, *rej;
+    int64_t *dst;         /* disaggregated: the decode engine each request was routed to (-1: none) */
     /* queues: running (in rank order), waiting (a ring: preempted requests go to its front), staged */
     int64_t *running, *order, *done, *wq, *staged, *swapped, *tmp;
     double *staged_t;
@@ -215,6 +230,9 @@ typedef struct {
 
 static void unhold(Core *c, int64_t r);
 static int client_answered(World *w, double at);
+static int prefill_stopped(World *w);
+static int prefill_finished(Core *P, int64_t g);
+static int reserve(World *w, Core *D);
 
 /* the clock, the arrival process (one for every engine: request g goes to engine dest[g], where it is
 request local[g]) and the engines, in the order their loops were started */
@@ -243,7 +261,35 @@ struct World {
     PyObject *progress;
     int64_t progress_every, steps;
     int err;              /* an engine stopped with an error */
+    Py_ssize_t mr;        /* the engines the arrival process routes to: the first mr (all, or the prefill pool) */
+    struct Disagg *dg;    /* NULL, or disaggregated prefill/decode */
 };
+
+/* Disaggregated prefill/decode (sim/cluster/disagg.py Handoff, sim/cluster/link.py KVLink; handoff.h):
+engines[0..mp) the prefill pool (each request runs there with one output token), engines[mp..M) the decode
+pool. A prefill's blocks are held until its KV has crossed the link; pull: the decode engine, chosen at the
+prefill's end, books the prompt's blocks first (``reserve``) and the transfer starts then; push: the KV
+crosses at once and the decode engine is chosen when it has landed. Per request: ``src`` its prefill
+engine, ``booked`` its blocks booked on the decode side before it arrives, ``kv_received`` its first step
+there decodes, ``noted`` its received KV is counted as held at its first allocation there (push), and the
+hand-off's times */
+typedef struct Disagg {
+    Py_ssize_t mp;
+    int pull;
+    int64_t layers, kv_bytes;   /* layers > 0: pushed KV leaves layer by layer; KV bytes a token */
+    double bw, latency;
+    const int64_t *out_full;    /* each request's own output length */
+    int64_t *src, *next_pull, *next_ahead, *next_link, *cached;
+    int8_t *booked, *kv_received, *noted, *ahead_flag, *in_tx;
+    double *prefill_end, *tx_start, *tx_s;
+    TxHeap ev;
+    Fifo link_q;
+    int link_busy;
+    double idle_since, busy_s;
+    int64_t bytes_sent, in_flight, done_on_prefill, prefill_running;
+    PyObject *route;            /* route(g) -> a decode pool position, reading ``state`` */
+    int64_t *state;             /* per decode engine: handed over, finished or rejected, blocks used, incoming */
+} Disagg;
 
 /* ------------------------------------------------------------------ records */
 static int mark(Core *c, int64_t i, int8_t phase, double t)
@@ -364,7 +410,7 @@ static int fetch_hashes(Core *c, int64_t i)
     if (c->hs[i] >= 0)
         return 0;
     const int64_t full = (c->prompt[i] + c->output[i] - 1) / c->bs;
-    PyObject *got = PyObject_CallFunction(c->w->hash_fn, "nL", (Py_ssize_t)i, (long long)full);
+    PyObject *got = PyObject_CallFunction(c->hash_fn, "nL", (Py_ssize_t)i, (long long)full);
     if (!got)
         return -1;
     if (PyObject_GetBuffer(got, &c->hbuf[i], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
@@ -743,6 +789,8 @@ static Py_ssize_t lpf_best(Core *c)
 
 static int64_t wq_peek(Core *c)
 {
+    if (c->ahead.len)   /* (a disaggregated decode engine's requests queued ahead of everything) */
+        return c->ahead.head;
     if (c->priority)
         return c->wq[0];
     if (c->lpf) {
@@ -756,6 +804,12 @@ static int64_t wq_peek(Core *c)
 leaves the queue */
 static void wq_pop(Core *c)
 {
+    if (c->ahead.len) {   /* (the front: a new request is there) */
+        fifo_pop(&c->ahead, c->w->dg->next_ahead);
+        c->lpf_at = -1;
+        c->bypassed = 0;
+        return;
+    }
     const Py_ssize_t at = !c->lpf ? 0 : (c->lpf_at >= 0 ? c->lpf_at : lpf_best(c));
     c->lpf_at = -1;
     if (at > 0) {   /* overtaking the front: the rest of the queue closes up */
@@ -802,6 +856,13 @@ static int add_request(Core *c, int64_t i, double t)
     c->stat[i] = ST_WAITING;
     if (open_request(c, i) < 0 || mark(c, i, PH_WAITING, t) < 0)
         return -1;
+    if (c->w->dg && c->w->dg->ahead_flag[i]) {   /* ContinuousScheduler._enqueue: push_ahead */
+        c->w->dg->ahead_flag[i] = 0;
+        fifo_push(&c->ahead, c->w->dg->next_ahead, i);
+        c->lpf_at = -1;   /* (LongestPrefixQueue.push_ahead: not overtaken by a better match either) */
+        c->bypassed = 0;
+        return 1;
+    }
     wq_push_back(c, i);
     return 1;
 }
@@ -979,10 +1040,14 @@ static int64_t swap_in(Core *c, double now, int64_t budget)
     return budget;
 }
 
-static int admit(Core *c, double now, int64_t budget)
+/* ContinuousScheduler._admit (``ahead_only``: only those queued ahead) */
+static int admit(Core *c, double now, int64_t budget, int ahead_only)
 {
     Py_ssize_t seats = c->nrun;
-    while (c->wq_len && seats < c->max_seqs && budget > 0) {
+    Disagg *dg = c->w->dg;
+    while ((c->wq_len || c->ahead.len) && seats < c->max_seqs && budget > 0) {
+        if (ahead_only && !c->ahead.len)
+            break;
         const int64_t r = wq_peek(c);
         if (c->stat[r] == ST_SWAPPED) {   /* round-robin: a rotated request swapped out, back at its turn */
             const int64_t got = resume(c, r, now, budget);
@@ -1017,6 +1082,12 @@ static int admit(Core *c, double now, int64_t budget)
         }
         if (!(m ? allocate_cached(c, r, num_new, m, 0) : allocate(c, r, num_new)))
             break;
+        if (dg && dg->noted[r]) {   /* its received prompt's KV is held here (Handoff's allocate_received) */
+            dg->noted[r] = 0;
+            c->held += c->comp[r];
+            c->sum_used += c->num_blocks - c->free_blocks;
+            c->sum_logical += c->logical;
+        }
         wq_pop(c);
         if (c->nhw)
             unhold(c, r);
@@ -1028,7 +1099,10 @@ static int admit(Core *c, double now, int64_t budget)
         c->stat[r] = ST_RUNNING;
         c->turn[r] = c->step_index;
         c->running[c->nrun++] = r;
-        if (mark(c, r, PH_PREFILL, now) < 0)
+        const int received = dg && dg->kv_received[r];   /* (its first step here decodes) */
+        if (received)
+            dg->kv_received[r] = 0;
+        if (mark(c, r, received ? PH_DECODE : PH_PREFILL, now) < 0)
             return -1;
         add_planned(c, r, num_new);
         budget -= num_new;
@@ -1099,8 +1173,17 @@ static int head_fits(Core *c)
 static int64_t startable(Core *c)
 {
     int64_t budget = c->max_batched - c->nrun, n = 0;
-    for (Py_ssize_t j = 0; j < c->nswapped + c->wq_len; j++) {
-        const int64_t r = j < c->nswapped ? c->swapped[j] : c->wq[(c->wq_head + j - c->nswapped) % (c->N + 1)];
+    int64_t ahead = c->ahead.head;   /* (then those queued ahead, then the ring) */
+    for (Py_ssize_t j = 0; j < c->nswapped + c->ahead.len + c->wq_len; j++) {
+        int64_t r;
+        if (j < c->nswapped) {
+            r = c->swapped[j];
+        } else if (j < c->nswapped + c->ahead.len) {
+            r = ahead;
+            ahead = c->w->dg->next_ahead[ahead];
+        } else {
+            r = c->wq[(c->wq_head + j - c->nswapped - c->ahead.len) % (c->N + 1)];
+        }
         const int64_t need = c->stat[r] == ST_SWAPPED ? 1 : c->prompt[r] + c->gen[r] - c->comp[r];
         if (budget <= 0 || (need > budget && !c->chunked))
             break;
@@ -1233,7 +1316,7 @@ static int schedule(Core *c, double now)
     c->step_index++;
     if (c->ld_len && loads_ended(c, now) < 0)
         return -1;
-    if (c->rr && c->nrun && (c->wq_len || c->nswapped) && rotate(c, now) < 0)
+    if (c->rr && c->nrun && (c->wq_len || c->ahead.len || c->nswapped) && rotate(c, now) < 0)
         return -1;
     const int64_t rotated = c->st_preempted;   /* (its preemptions do not hold back admissions) */
     const int64_t *order = c->running;
@@ -1315,8 +1398,10 @@ static int schedule(Core *c, double now)
     if (c->st_preempted == rotated) {
         if (c->nswapped && (budget = swap_in(c, now, budget)) < 0)
             return -1;
-        if (!c->nswapped && c->wq_len)
-            return admit(c, now, budget);
+        if (!c->nswapped && (c->wq_len || c->ahead.len))
+            return admit(c, now, budget, 0);
+        if (c->ahead.len)   /* (requests queued ahead hold their blocks: they start even while swapped ones cannot return) */
+            return admit(c, now, budget, 1);
     }
     return 0;
 }
@@ -1640,10 +1725,15 @@ static int update(Core *c, double now, int *progressed)
                 return -1;
             continue;
         }
-        if (release(c, r) < 0)
-            return -1;
-        if (c->cache)
-            close_request(c, r);
+        if (c->role == ROLE_PREFILL) {   /* the hand-off holds its blocks until its KV has crossed (disagg.py) */
+            if (prefill_finished(c, r) < 0)
+                return -1;
+        } else {
+            if (release(c, r) < 0)
+                return -1;
+            if (c->cache)
+                close_request(c, r);
+        }
         c->finished++;
         if (mark(c, r, PH_DONE, now) < 0)
             return -1;
@@ -1703,7 +1793,7 @@ static int record(Core *c)
     const int64_t used = c->num_blocks - c->free_blocks, bs = c->bs;
     const double row[MAIN_COLS] = {
         c->start, c->d, (double)c->ne, (double)c->st_prefill, (double)c->st_decode, (double)c->nrun,
-        (double)(c->wq_len - (c->num_swapped - c->nswapped) + c->ld_len), (double)c->num_swapped, (double)used, (double)c->st_preempted, (double)c->st_swap_out,
+        (double)(c->wq_len + c->ahead.len - (c->num_swapped - c->nswapped) + c->ld_len), (double)c->num_swapped, (double)used, (double)c->st_preempted, (double)c->st_swap_out,
         (double)c->st_swap_in, 0.0, (double)c->held,
         (double)(used * bs - c->held - c->beyond_final), (double)c->beyond_final,
         c->contig ? (double)((c->free_blocks - extents_largest(&c->ext)) * bs) : 0.0,
@@ -1719,9 +1809,12 @@ static int record(Core *c)
     World *world = c->w;
     world->steps++;
     if (world->progress != Py_None && world->steps % world->progress_every == 0) {
-        int64_t done = 0;
+        int64_t done = 0;   /* (disaggregated: where requests end: the decode pool, refused prefills, one token) */
         for (Py_ssize_t e = 0; e < world->M; e++)
-            done += world->engines[e].finished + world->engines[e].rejected;
+            done += (world->engines[e].role == ROLE_PREFILL ? 0 : world->engines[e].finished)
+                + world->engines[e].rejected;
+        if (world->dg)
+            done += world->dg->done_on_prefill;
         PyObject *res = PyObject_CallFunction(world->progress, "L", (long long)done);
         if (!res)
             return -1;
@@ -1733,6 +1826,14 @@ static int record(Core *c)
 }
 
 /* ------------------------------------------------------------------ integrity (check_integrity) */
+/* whether request i is engine c's now: handed to it and, on a prefill engine, not yet handed on */
+static inline int is_mine(const Core *c, Py_ssize_t i)
+{
+    if (c->mine[i] != c->index)
+        return 0;
+    return c->role != ROLE_PREFILL || c->w->dg->src[i] < 0 || c->w->dg->in_tx[i];
+}
+
 static int fail(const char *what, int64_t a, int64_t b)
 {
     PyErr_Format(PyExc_AssertionError, "engine core: %s (%lld against %lld)", what, (long long)a, (long long)b);
@@ -1757,7 +1858,7 @@ static int check_pool(Core *c, int64_t *held)
         fill[b] = -1;
     *held = 0;
     for (Py_ssize_t i = 0; i < c->N; i++) {
-        if (c->w->dest[i] != c->index || !c->tlen[i])
+        if (!is_mine(c, i) || !c->tlen[i])
             continue;
         for (int64_t k = 0; k < c->tlen[i]; k++) {
             const int64_t b = c->tbl[i][k], f0 = c->comp[i] - k * bs, f = f0 < 0 ? 0 : (f0 > bs ? bs : f0);
@@ -1830,7 +1931,7 @@ static int check_extents(Core *c)
         goto out;
     }
     for (Py_ssize_t i = -1; i < c->N; i++) {   /* -1: the free extents; then each region */
-        if (i >= 0 && (c->w->dest[i] != c->index || !c->tlen[i]))
+        if (i >= 0 && (!is_mine(c, i) || !c->tlen[i]))
             continue;
         const Py_ssize_t parts = i < 0 ? e->n : 1;
         for (Py_ssize_t j = 0; j < parts; j++) {
@@ -1877,17 +1978,19 @@ static int check_integrity(Core *c)
         pre += c->in_pre[r];
     }
     for (Py_ssize_t i = 0; i < c->N; i++) {
-        if (c->w->dest[i] != c->index)
+        if (!is_mine(c, i))
             continue;
         tables += c->tlen[i];
         beyond += c->beyond[i];
         if (c->tlen[i]) {
             /* (besides running ones: a static batch's idle members; requests holding a prefix loaded, or
             being loaded, from the host tier, waiting for their compute) */
+            /* (disaggregated: a prefill's blocks held while its KV crosses; a decode engine's booked for it) */
+            const int handing = c->w->dg && (c->w->dg->in_tx[i] || c->w->dg->booked[i]);
             if (c->stat[i] != ST_RUNNING && !(c->staticb && c->stat[i] == ST_FINISHED)
-                && !(c->host.cap && (c->stat[i] == ST_WAITING || c->stat[i] == ST_PREEMPTED)))
+                && !(c->host.cap && (c->stat[i] == ST_WAITING || c->stat[i] == ST_PREEMPTED)) && !handing)
                 return fail("a request that is not running holds blocks", c->rid[i], c->tlen[i]);
-            idle += c->stat[i] == ST_FINISHED;
+            idle += c->stat[i] == ST_FINISHED && !handing;
             held += c->comp[i] < c->tlen[i] * bs ? c->comp[i] : c->tlen[i] * bs;
         }
     }
@@ -1914,7 +2017,7 @@ static int check_integrity(Core *c)
         return fail("prefilling requests miscounted", c->n_prefilling, pre);
     int64_t cpu = 0, swapped = 0;
     for (Py_ssize_t i = 0; i < c->N; i++) {
-        if (c->w->dest[i] != c->index || c->stat[i] != ST_SWAPPED)
+        if (!is_mine(c, i) || c->stat[i] != ST_SWAPPED)
             continue;
         if (c->tlen[i] || !c->cpu_held[i])
             return fail("a swapped request is not held on the CPU alone", c->rid[i], c->cpu_held[i]);
@@ -1947,10 +2050,10 @@ static void trigger_wake(Core *c)
     }
 }
 
-/* Replica.load: requests handed over, less those finished or rejected */
+/* Replica.load: requests handed over (or routed here, their KV on its way), less those finished or rejected */
 static inline int64_t load_of(const Core *c)
 {
-    return c->submitted - (c->finished + c->rejected);
+    return c->submitted + c->incoming - (c->finished + c->rejected);
 }
 
 /* routers.least_loaded's order: the least load, then the fewest submitted (a tie keeps the lower index) */
@@ -1985,14 +2088,14 @@ static Py_ssize_t rule_choice(World *w, Py_ssize_t g)
         return w->dest[w->pairs[g]];
     if (w->rule == RULE_LEAST_LOAD || w->rule == RULE_FOLLOW) {
         Py_ssize_t best = 0;
-        for (Py_ssize_t e = 1; e < w->M; e++)
+        for (Py_ssize_t e = 1; e < w->mr; e++)
             if (less_loaded(&E[e], &E[best]))
                 best = e;
         return best;
     }
     if (w->rule == RULE_LEAST_KV) {   /* the fewest blocks in use (one block count for all), then the load */
         Py_ssize_t best = 0;
-        for (Py_ssize_t e = 1; e < w->M; e++) {
+        for (Py_ssize_t e = 1; e < w->mr; e++) {
             const int64_t ue = E[e].num_blocks - E[e].free_blocks, ub = E[best].num_blocks - E[best].free_blocks;
             if (ue < ub || (ue == ub && load_of(&E[e]) < load_of(&E[best])))
                 best = e;
@@ -2003,19 +2106,19 @@ static Py_ssize_t rule_choice(World *w, Py_ssize_t g)
     submitted, for a prompt of at most one block or one engine), else the most blocks of the prompt cached
     (over prefix caches), then the load, then the index */
     int64_t low = load_of(&E[0]);
-    for (Py_ssize_t e = 1; e < w->M; e++)
+    for (Py_ssize_t e = 1; e < w->mr; e++)
         if (load_of(&E[e]) < low)
             low = load_of(&E[e]);
     const int64_t floor = low + w->slack;
     Py_ssize_t among = 0, best = -1;
-    for (Py_ssize_t e = 0; e < w->M; e++)
+    for (Py_ssize_t e = 0; e < w->mr; e++)
         if (load_of(&E[e]) <= floor)
             among++;
     const int by_submitted = (w->prompt[g] - 1) / E[0].bs <= 0 || among == 1;
     if (!by_submitted && E[0].cache && fetch_hashes(&E[0], g) < 0)   /* over prefix caches: hits first */
         return -1;
     int64_t best_hits = 0;
-    for (Py_ssize_t e = 0; e < w->M; e++) {
+    for (Py_ssize_t e = 0; e < w->mr; e++) {
         const int64_t le = load_of(&E[e]);
         if (le > floor)
             continue;
@@ -2040,11 +2143,12 @@ static int route(World *w, Py_ssize_t g)
         w->dest[g] = e;
         return 0;
     }
-    for (Py_ssize_t e = 0; e < w->M; e++) {
+    for (Py_ssize_t e = 0; e < w->mr; e++) {
         const Core *c = &w->engines[e];
-        w->state[3 * e] = c->submitted;
-        w->state[3 * e + 1] = c->finished + c->rejected;
-        w->state[3 * e + 2] = c->num_blocks - c->free_blocks;
+        w->state[4 * e] = c->submitted;
+        w->state[4 * e + 1] = c->finished + c->rejected;
+        w->state[4 * e + 2] = c->num_blocks - c->free_blocks;
+        w->state[4 * e + 3] = c->incoming;
     }
     PyObject *res = PyObject_CallFunction(w->route, "n", g);
     if (!res)
@@ -2053,8 +2157,8 @@ static int route(World *w, Py_ssize_t g)
     Py_DECREF(res);
     if (e == -1 && PyErr_Occurred())
         return -1;
-    if (e < 0 || e >= w->M) {
-        PyErr_Format(PyExc_ValueError, "run_core: the router chose engine %ld of %zd", e, w->M);
+    if (e < 0 || e >= w->mr) {
+        PyErr_Format(PyExc_ValueError, "run_core: the router chose engine %ld of %zd", e, w->mr);
         return -1;
     }
     w->dest[g] = e;
@@ -2081,12 +2185,15 @@ static int hand_over(World *w, Py_ssize_t g)
     return 0;
 }
 
-/* Engine.end_arrivals on every engine: no more requests will come */
+/* Engine.end_arrivals on every engine the arrival process feeds (a disaggregated decode pool's come with
+the last transfer: decode_arrivals_end): no more requests will come */
 static void end_arrivals(World *w)
 {
     w->arrivals_done = 1;
-    for (Py_ssize_t e = 0; e < w->M; e++)
+    for (Py_ssize_t e = 0; e < w->mr; e++) {
+        w->engines[e].arrivals_over = 1;
         trigger_wake(&w->engines[e]);
+    }
 }
 
 /* the arrival process (Engine._arrivals; a cluster's _arrivals_ahead) from where it waits (its start, or
@@ -2113,6 +2220,227 @@ static int arrivals_resume(World *w)
     }
 }
 
+/* ------------------------------------------------------------------ disaggregated prefill/decode (Disagg) */
+/* Engine.end_arrivals on every decode engine (Handoff.close_after) */
+static void decode_arrivals_end(World *w)
+{
+    for (Py_ssize_t e = w->dg->mp; e < w->M; e++) {
+        w->engines[e].arrivals_over = 1;
+        trigger_wake(&w->engines[e]);
+    }
+}
+
+/* a prefill engine's loop has ended: once every one has and no transfer is in flight, the decode engines are
+told that no more requests will come (Handoff.close_after) */
+static int prefill_stopped(World *w)
+{
+    Disagg *dg = w->dg;
+    if (dg && --dg->prefill_running == 0 && dg->in_flight == 0)
+        decode_arrivals_end(w);
+    return 0;
+}
+
+/* the decode pool's router chooses request g's decode engine (Handoff's router.choose over the decode
+replicas as of now: handed over, routed here with their KV on its way, finished or rejected, blocks used);
+its world index, or -1 on an error (set) */
+static Py_ssize_t route_decode(World *w, int64_t g)
+{
+    Disagg *dg = w->dg;
+    const Py_ssize_t md = w->M - dg->mp;
+    for (Py_ssize_t j = 0; j < md; j++) {
+        const Core *c = &w->engines[dg->mp + j];
+        dg->state[4 * j] = c->submitted;
+        dg->state[4 * j + 1] = c->finished + c->rejected;
+        dg->state[4 * j + 2] = c->num_blocks - c->free_blocks;
+        dg->state[4 * j + 3] = c->incoming;
+    }
+    PyObject *res = PyObject_CallFunction(dg->route, "L", (long long)g);
+    if (!res)
+        return -1;
+    const long j = PyLong_AsLong(res);
+    Py_DECREF(res);
+    if (j == -1 && PyErr_Occurred())
+        return -1;
+    if (j < 0 || j >= md) {
+        PyErr_Format(PyExc_ValueError, "run_core: the decode router chose replica %ld of %zd", j, md);
+        return -1;
+    }
+    return dg->mp + j;
+}
+
+/* Handoff._hand_over: request g reaches decode engine D (``booked``: its received KV is booked there) */
+static int decode_hand_over(World *w, int64_t g, Core *D, int booked)
+{
+    Disagg *dg = w->dg;
+    dg->kv_received[g] = 1;
+    if (!booked)
+        dg->noted[g] = 1;
+    D->submitted++;
+    if (D->staging && D->busy) {
+        D->staged[D->nstaged] = g;
+        D->staged_t[D->nstaged++] = w->now;
+    } else {
+        const int q = add_request(D, g, w->now);
+        if (q < 0)
+            return -1;
+        if (q)
+            trigger_wake(D);
+    }
+    if (--dg->in_flight == 0 && dg->prefill_running == 0)
+        decode_arrivals_end(w);
+    return 0;
+}
+
+/* env.process(a transfer of request g): its start is URGENT, now */
+static int start_transfer(World *w, int64_t g)
+{
+    return txheap_push(&w->dg->ev, (TxEvent){w->now, URGENT, w->eid++, g, TX_START});
+}
+
+/* Handoff._reserve: the requests routed to decode engine D take their blocks there (prompt and next token),
+oldest first, while nothing of its own waits (waiting, queued ahead or swapped) and a seat is free for each
+(running, and those whose KV is on its way); one it would reject reserves nothing; each one's transfer
+starts */
+static int reserve(World *w, Core *D)
+{
+    Disagg *dg = w->dg;
+    while (D->pullq.len) {
+        const int64_t g = D->pullq.head;
+        if (D->wq_len || D->ahead.len || D->nswapped || D->nrun + D->reserved >= D->max_seqs)
+            return 0;
+        const int book = D->accepted[g] != 0;
+        if (book) {
+            if (open_request(D, g) < 0)
+                return -1;
+            if (!allocate(D, g, 1))
+                return 0;
+            D->held += D->comp[g];   /* note_computed: the prompt's KV is written there (pulled) */
+            D->sum_used += D->num_blocks - D->free_blocks;
+            D->sum_logical += D->logical;
+            D->reserved++;
+        }
+        dg->booked[g] = (int8_t)book;
+        fifo_pop(&D->pullq, dg->next_pull);
+        if (start_transfer(w, g) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* the prefill manager's free of request g, deferred (Handoff.attach_prefill): one output token is done
+here; else its blocks stay held, and pull: its decode engine is chosen now and books its blocks; push: its
+KV leaves now */
+static int prefill_finished(Core *P, int64_t g)
+{
+    World *w = P->w;
+    Disagg *dg = w->dg;
+    dg->cached[g] = P->ncached[g];
+    if (dg->out_full[g] <= 1) {   /* nothing to decode */
+        dg->done_on_prefill++;
+        if (release(P, g) < 0)
+            return -1;
+        if (P->cache)
+            close_request(P, g);
+        return 0;
+    }
+    dg->in_flight++;
+    dg->in_tx[g] = 1;
+    dg->src[g] = P->index;
+    dg->prefill_end[g] = w->now;
+    if (!dg->pull)
+        return start_transfer(w, g);
+    const Py_ssize_t e = route_decode(w, g);
+    if (e < 0)
+        return -1;
+    Core *D = &w->engines[e];
+    P->dst[g] = e;
+    D->incoming++;
+    fifo_push(&D->pullq, dg->next_pull, g);
+    return reserve(w, D);
+}
+
+/* the KV of request g has landed (KVLink.send has returned): the prefill side lets go of its blocks (and its
+engine wakes), then the request goes to its decode engine: the one that booked its blocks (pull), or the
+one the router chooses now (push) */
+static int landed(World *w, int64_t g)
+{
+    Disagg *dg = w->dg;
+    Core *P = &w->engines[dg->src[g]];
+    dg->bytes_sent += dg->kv_bytes * P->prompt[g];
+    if (release(P, g) < 0)
+        return -1;
+    if (P->cache)
+        close_request(P, g);
+    dg->in_tx[g] = 0;
+    trigger_wake(P);
+    dg->tx_s[g] = w->now - dg->tx_start[g];
+    if (dg->pull) {
+        Core *D = &w->engines[P->dst[g]];
+        D->incoming--;
+        const int booked = dg->booked[g];
+        if (booked) {   /* it holds its blocks: queued ahead of everything */
+            D->reserved--;
+            dg->ahead_flag[g] = 1;
+        }
+        if (decode_hand_over(w, g, D, booked) < 0)
+            return -1;
+        return D->pullq.len ? reserve(w, D) : 0;
+    }
+    const Py_ssize_t e = route_decode(w, g);
+    if (e < 0)
+        return -1;
+    P->dst[g] = e;
+    return decode_hand_over(w, g, &w->engines[e], 0);
+}
+
+/* BaseResource._trigger_put: the link, free, goes to the first transfer waiting for it (its grant, an event) */
+static int link_grant(World *w)
+{
+    Disagg *dg = w->dg;
+    if (dg->link_busy || !dg->link_q.len)
+        return 0;
+    const int64_t g = fifo_pop(&dg->link_q, dg->next_link);
+    dg->link_busy = 1;
+    return txheap_push(&dg->ev, (TxEvent){w->now, NORMAL, w->eid++, g, TX_GRANT});
+}
+
+/* a transfer's event, due now (handoff.h's kinds; KVLink.send) */
+static int transfer_event(World *w, TxEvent x)
+{
+    Disagg *dg = w->dg;
+    const int64_t g = x.g;
+    if (x.kind == TX_RELEASE)   /* the release is processed: the next waiting is granted */
+        return link_grant(w);
+    if (x.kind == TX_LAND)
+        return landed(w, g);
+    const double nbytes = (double)(dg->kv_bytes * w->engines[0].prompt[g]);
+    if (x.kind == TX_START) {   /* Handoff._send: the transfer starts now and asks for the link */
+        dg->tx_start[g] = w->now;
+        fifo_push(&dg->link_q, dg->next_link, g);
+        return link_grant(w);
+    }
+    if (x.kind == TX_GRANT) {   /* the wire time: layer by layer, the time the link stood idle since the prefill's
+                                   first step (or the last transfer) counts as sent, down to the last layer's */
+        const double full = nbytes / dg->bw;
+        double wire = full;
+        const Core *P = &w->engines[dg->src[g]];
+        if (dg->layers && !P->npre[g] && w->now == dg->tx_start[g]) {
+            const double ahead = dg->tx_start[g] - py_max(P->fsched[g], dg->idle_since);
+            wire = py_max(full - py_max(ahead, 0.0), nbytes / (double)dg->layers / dg->bw);
+        }
+        return txheap_push(&dg->ev, (TxEvent){w->now + wire, NORMAL, w->eid++, g, TX_WIRE});
+    }
+    /* TX_WIRE: the bytes have left; the link is released (an event), then the latency */
+    dg->busy_s += nbytes / dg->bw;
+    dg->idle_since = w->now;
+    dg->link_busy = 0;
+    if (txheap_push(&dg->ev, (TxEvent){w->now, NORMAL, w->eid++, -1, TX_RELEASE}) < 0)
+        return -1;
+    if (dg->latency > 0)
+        return txheap_push(&dg->ev, (TxEvent){w->now + dg->latency, NORMAL, w->eid++, g, TX_LAND});
+    return landed(w, g);
+}
+
 /* ------------------------------------------------------------------ a client (sim/clients.py, client.h) */
 /* ClientPool._end_if_sent: every request sent and handed over ends the arrivals (once) */
 static void client_end_if_sent(World *w)
@@ -2135,6 +2463,8 @@ static int client_collect(Core *c)
     const Client *cl = c->w->client;
     for (Py_ssize_t j = 0; j < c->ndone; j++) {
         const int64_t r = c->done[j];
+        if (c->role == ROLE_PREFILL && c->w->dg->out_full[r] > 1)
+            continue;   /* (its response goes on from a decode engine) */
         const int64_t more = c->output[r] - 1 > 0 ? c->output[r] - 1 : 0;
         if (client_answered(c->w, c->fin[r] + cl->output_s + cl->token_s * (double)more) < 0)
             return -1;
@@ -2197,7 +2527,10 @@ static int client_timeout(World *w)
     return 0;
 }
 
-static int has_work(Core *c) { return c->nrun > 0 || c->wq_len > 0 || c->nswapped > 0 || c->ld_len > 0; }
+static int has_work(Core *c)
+{
+    return c->nrun > 0 || c->wq_len > 0 || c->ahead.len > 0 || c->nswapped > 0 || c->ld_len > 0;
+}
 
 /* Engine._loop (one timeout a step) from where it waits */
 static int engine_resume(Core *c)
@@ -2210,12 +2543,14 @@ static int engine_resume(Core *c)
         if (update(c, c->end, &progressed) < 0 || record(c) < 0 || (c->check && check_integrity(c) < 0)
             || (w->client && client_collect(c) < 0))
             return -1;
+        if (c->pullq.len && reserve(w, c) < 0)   /* (a decode engine's on_step: its queue for blocks goes on) */
+            return -1;
         c->stall = (progressed || advanced(c)) ? 0 : c->stall + 1;
         if (c->stall >= c->max_stall) {
             c->err = ERR_LIVELOCK;
             c->err_stall = c->stall;
             c->err_t = w->now;
-            c->err_waiting = c->wq_len - (c->num_swapped - c->nswapped) + c->ld_len;
+            c->err_waiting = c->wq_len + c->ahead.len - (c->num_swapped - c->nswapped) + c->ld_len;
             c->err_running = c->nrun;
             return 0;
         }
@@ -2224,8 +2559,8 @@ static int engine_resume(Core *c)
         if (c->nstaged && !has_work(c) && admit_staged(c) < 0)
             return -1;
         if (!has_work(c)) {
-            if (w->arrivals_done)
-                return 0;   /* the engine stops */
+            if (c->arrivals_over)
+                return c->role == ROLE_PREFILL ? prefill_stopped(w) : 0;   /* the engine stops */
             c->e_wakes = 1;
             c->e_state = 1;
             return 0;
@@ -2253,10 +2588,17 @@ static int engine_resume(Core *c)
             if (freed)
                 continue;
         }
+        if (empty && c->may_block) {   /* blocks held by KV transfers: a wake when they are freed */
+            if (c->st_preempted || arrived)   /* made room, or requests came: plan again now */
+                continue;
+            c->e_wakes = 1;
+            c->e_state = 1;
+            return 0;
+        }
         if (empty) {
             c->err = ERR_DEADLOCK;
             c->err_t = c->start;
-            c->err_waiting = c->wq_len - (c->num_swapped - c->nswapped) + c->ld_len;
+            c->err_waiting = c->wq_len + c->ahead.len - (c->num_swapped - c->nswapped) + c->ld_len;
             c->err_running = c->nrun;
             return 0;
         }
@@ -2315,10 +2657,24 @@ static int run(World *w)
                 who = NULL;
             }
         }
+        Event tx;   /* a transfer's earliest event */
+        if (w->dg && w->dg->ev.len) {
+            const TxEvent *h = &w->dg->ev.heap[0];
+            tx = (Event){h->t, h->prio, h->eid, 1, 0};
+            if (!next || before(&tx, next)) {
+                next = &tx;
+                who = NULL;
+            }
+        }
         if (!next)
             break;
         w->now = next->t;
         w->int_clock = next->at_int;
+        if (next == &tx) {
+            if (transfer_event(w, txheap_pop(&w->dg->ev)) < 0)
+                return -1;
+            continue;
+        }
         if (next == &due) {
             if (client_timeout(w) < 0)
                 return -1;
@@ -2591,7 +2947,7 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
     c->gap_n.item = 8;
     c->other.item = 8;
     if (c->cache) {   /* a pristine pool (engine_core checks it): every block free, in id order, none cached */
-        if (c->free_blocks != c->num_blocks || !w->hash_fn) {
+        if (c->free_blocks != c->num_blocks || !c->hash_fn) {
             PyErr_SetString(PyExc_ValueError, "run_core: a prefix cache needs an unused pool and the requests' hashes");
             return -1;
         }
@@ -2621,6 +2977,140 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
     return 0;
 }
 
+/* a decode pool's own KV arrays per request (the world's counters, times and statuses are shared) */
+static int alloc_pool_arrays(Core *d, Py_ssize_t N)
+{
+    int failed = 0;
+    d->tlen = alloc_n(N, 8, &failed);
+    d->beyond = alloc_n(N, 8, &failed);
+    d->rstart = alloc_n(N, 8, &failed);
+    d->furthest = alloc_n(N, 8, &failed);
+    d->cpu_held = alloc_n(N, 8, &failed);
+    d->tbl = alloc_n(N, sizeof(int64_t *), &failed);
+    d->own = alloc_n(N, sizeof(int64_t *), &failed);
+    d->upto = alloc_n(N, 8, &failed);
+    d->memo = alloc_n(N, 8, &failed);
+    d->memo_at = alloc_n(N, 8, &failed);
+    d->hs = alloc_n(N, 8, &failed);
+    d->looked = alloc_n(N, 1, &failed);
+    d->hbuf = alloc_n(N, sizeof(Py_buffer), &failed);
+    if (failed) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t j = 0; j < N; j++)
+        d->hs[j] = -1;
+    return 0;
+}
+
+static void free_pool_arrays(Core *d, Py_ssize_t N)
+{
+    if (d->tbl && d->own && d->hs)
+        for (Py_ssize_t j = 0; j < N; j++)
+            close_request(d, j);
+    void *bufs[] = {d->tlen, d->beyond, d->rstart, d->furthest, d->cpu_held, d->tbl, d->own, d->upto, d->memo,
+                    d->memo_at, d->hs, d->looked, d->hbuf};
+    for (size_t j = 0; j < sizeof bufs / sizeof bufs[0]; j++)
+        free(bufs[j]);
+}
+
+/* disaggregated prefill/decode from its tuple (prefill engines, pull, layers (0: not layer by layer), KV bytes a
+token, bandwidth, latency, each request's own output, its output and acceptance in the decode pool, the decode
+router route(g), its state (4 per decode engine), the decode pool's hashes_of or None, results: int64 2 x N
+(decode engine, cached tokens at the prefill's end), float64 3 x N (prefill end, transfer start, transfer
+seconds), int64 3 (bytes sent, done on the prefill side, in flight at the end), float64 1 (link busy seconds));
+``shared_d`` becomes the decode engines' copy of ``shared`` with its own KV arrays */
+static int open_disagg(Disagg *dg, Core *shared, Core *shared_d, PyObject *spec, Py_ssize_t N, Py_ssize_t M,
+                       Py_buffer *b, int *got)
+{
+    Py_ssize_t mp;
+    int pull;
+    long long layers, kv_bytes;
+    double bw, latency;
+    PyObject *objs[8], *route, *hash_d;
+    if (!PyArg_ParseTuple(spec, "niLLddOOOOOOOOOO", &mp, &pull, &layers, &kv_bytes, &bw, &latency, &objs[0], &objs[1],
+                          &objs[2], &route, &objs[3], &hash_d, &objs[4], &objs[5], &objs[6], &objs[7]))
+        return -1;
+    if (mp < 1 || mp >= M || !(bw > 0) || latency < 0 || layers < 0 || kv_bytes < 1) {
+        PyErr_SetString(PyExc_ValueError, "run_core: bad prefill/decode pools or link");
+        return -1;
+    }
+    const struct {
+        const char *fmt, *what;
+        Py_ssize_t n;
+    } want[8] = {{"q", "own outputs", N}, {"q", "decode outputs", N}, {"q", "decode acceptance", N},
+                 {"q", "decode state", 4 * (M - mp)}, {"q", "hand-off counters", 2 * N},
+                 {"d", "hand-off times", 3 * N}, {"q", "hand-off totals", 3}, {"d", "link totals", 1}};
+    for (; *got < 8; (*got)++)
+        if (get_buffer(objs[*got], &b[*got], want[*got].fmt, 8, want[*got].n, want[*got].what) < 0)
+            return -1;
+    dg->mp = mp;
+    dg->pull = pull;
+    dg->layers = layers;
+    dg->kv_bytes = kv_bytes;
+    dg->bw = bw;
+    dg->latency = latency;
+    dg->out_full = b[0].buf;
+    dg->route = route;
+    dg->state = b[3].buf;
+    dg->prefill_running = mp;
+    int64_t *counters = b[4].buf;
+    double *times = b[5].buf;
+    shared->dst = counters;   /* the decode engine routed to (-1: none) */
+    dg->cached = counters + N;
+    dg->prefill_end = times;
+    dg->tx_start = times + N;
+    dg->tx_s = times + 2 * N;
+    for (Py_ssize_t j = 0; j < N; j++) {
+        counters[j] = -1;
+        counters[N + j] = 0;
+        times[j] = times[N + j] = times[2 * N + j] = NAN;
+    }
+    int failed = 0;
+    dg->src = alloc_n(N, 8, &failed);
+    dg->next_pull = alloc_n(N, 8, &failed);
+    dg->next_ahead = alloc_n(N, 8, &failed);
+    dg->next_link = alloc_n(N, 8, &failed);
+    dg->booked = alloc_n(N, 1, &failed);
+    dg->kv_received = alloc_n(N, 1, &failed);
+    dg->noted = alloc_n(N, 1, &failed);
+    dg->ahead_flag = alloc_n(N, 1, &failed);
+    dg->in_tx = alloc_n(N, 1, &failed);
+    if (failed) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t j = 0; j < N; j++)
+        dg->src[j] = -1;
+    fifo_init(&dg->link_q);
+    *shared_d = *shared;
+    shared_d->output = b[1].buf;
+    shared_d->accepted = b[2].buf;
+    shared_d->hash_fn = hash_d == Py_None ? NULL : hash_d;
+    return alloc_pool_arrays(shared_d, N);
+}
+
+/* the hand-off's totals back to the caller */
+static void close_disagg(Disagg *dg, Py_buffer *b)
+{
+    int64_t *ti = b[6].buf;
+    ti[0] = dg->bytes_sent;
+    ti[1] = dg->done_on_prefill;
+    ti[2] = dg->in_flight;
+    ((double *)b[7].buf)[0] = dg->busy_s;
+}
+
+static void free_disagg(Disagg *dg, Py_buffer *b, int got)
+{
+    void *bufs[] = {dg->src, dg->next_pull, dg->next_ahead, dg->next_link, dg->booked, dg->kv_received, dg->noted,
+                    dg->ahead_flag, dg->in_tx};
+    for (size_t j = 0; j < sizeof bufs / sizeof bufs[0]; j++)
+        free(bufs[j]);
+    txheap_close(&dg->ev);
+    while (got > 0)
+        PyBuffer_Release(&b[--got]);
+}
+
 /* (error, records, totals) of one engine after the run */
 static PyObject *engine_result(Core *c)
 {
@@ -2640,11 +3130,12 @@ PyObject *kv_run_core(PyObject *self, PyObject *args)
 {
     (void)self;
     PyObject *ints_obj, *arrival_obj, *dest_obj, *route, *state_obj, *progress, *counters_obj, *times_obj, *specs;
-    PyObject *hash_fn, *client_spec = Py_None;
+    PyObject *hash_fn, *client_spec = Py_None, *disagg_spec = Py_None;
     Py_ssize_t N, every;
     double lag;
-    if (!PyArg_ParseTuple(args, "nOOOdOOOnOOO!O|O", &N, &ints_obj, &arrival_obj, &dest_obj, &lag, &route, &state_obj,
-                          &progress, &every, &counters_obj, &times_obj, &PyList_Type, &specs, &hash_fn, &client_spec))
+    if (!PyArg_ParseTuple(args, "nOOOdOOOnOOO!O|OO", &N, &ints_obj, &arrival_obj, &dest_obj, &lag, &route, &state_obj,
+                          &progress, &every, &counters_obj, &times_obj, &PyList_Type, &specs, &hash_fn, &client_spec,
+                          &disagg_spec))
         return NULL;
     const Py_ssize_t M = PyList_GET_SIZE(specs);
     if (N < 0 || M < 1) {
@@ -2653,8 +3144,13 @@ PyObject *kv_run_core(PyObject *self, PyObject *args)
     }
     World w;
     memset(&w, 0, sizeof w);
-    Core shared;
+    Core shared, shared_d;   /* the per-request arrays of the engines (shared_d: a decode pool's own KV arrays) */
     memset(&shared, 0, sizeof shared);
+    memset(&shared_d, 0, sizeof shared_d);
+    Disagg dg;
+    memset(&dg, 0, sizeof dg);
+    Py_buffer dbufs[8];
+    int dgot = 0;
     Py_buffer bufs[6], pairs_buf;
     int got = 0, got_pairs = 0;
     Client client;
@@ -2670,7 +3166,7 @@ PyObject *kv_run_core(PyObject *self, PyObject *args)
         const char *fmt, *what;
         Py_ssize_t n;
     } want[6] = {{ints_obj, "q", "requests", 6 * N}, {arrival_obj, "d", "arrivals", N}, {dest_obj, "q", "engines", N},
-                 {state_obj, "q", "replica state", 3 * M}, {counters_obj, "q", "request counters", 6 * N},
+                 {state_obj, "q", "replica state", 4 * M}, {counters_obj, "q", "request counters", 6 * N},
                  {times_obj, "d", "request times", 5 * N}};
     for (; got < 6; got++)
         if (get_buffer(want[got].obj, &bufs[got], want[got].fmt, 8, want[got].n, want[got].what) < 0)
@@ -2723,6 +3219,14 @@ PyObject *kv_run_core(PyObject *self, PyObject *args)
     shared.ltok = of + 2 * N;
     shared.fin = of + 3 * N;
     shared.rej = of + 4 * N;
+    shared.hash_fn = hash_fn == Py_None ? NULL : hash_fn;
+    w.mr = M;
+    if (disagg_spec != Py_None && open_disagg(&dg, &shared, &shared_d, disagg_spec, N, M, dbufs, &dgot) < 0)
+        goto done;
+    if (disagg_spec != Py_None) {
+        w.dg = &dg;
+        w.mr = dg.mp;
+    }
     w.N = N;
     w.M = M;
     w.arrival = bufs[1].buf;
@@ -2747,7 +3251,7 @@ PyObject *kv_run_core(PyObject *self, PyObject *args)
             got_pairs = 1;
             w.pairs = pairs_buf.buf;
             for (Py_ssize_t j = 0; j < (pair ? 2 * N : N); j++)
-                if (pair ? w.pairs[j] < 0 || w.pairs[j] >= M || (j % 2 && w.pairs[j - 1] >= w.pairs[j])
+                if (pair ? w.pairs[j] < 0 || w.pairs[j] >= w.mr || (j % 2 && w.pairs[j - 1] >= w.pairs[j])
                          : w.pairs[j] < -1 || w.pairs[j] >= j) {
                     PyErr_SetString(PyExc_ValueError, pair ? "run_core: a router pair is out of range or not ascending"
                                                            : "run_core: a request follows no earlier request");
@@ -2767,19 +3271,28 @@ PyObject *kv_run_core(PyObject *self, PyObject *args)
     w.progress_every = every > 0 ? every : 1;
     if (route == Py_None)
         for (Py_ssize_t g = 0; g < N; g++)
-            if (w.dest[g] < 0 || w.dest[g] >= M) {
+            if (w.dest[g] < 0 || w.dest[g] >= w.mr) {
                 PyErr_SetString(PyExc_ValueError, "run_core: a request's engine is out of range");
                 goto done;
             }
-    for (Py_ssize_t e = 0; e < M; e++)
-        if (open_engine(&engines[e], &w, e, PyList_GET_ITEM(specs, e), &shared) < 0)
+    for (Py_ssize_t e = 0; e < M; e++) {
+        const int decode = w.dg && e >= w.dg->mp;
+        if (open_engine(&engines[e], &w, e, PyList_GET_ITEM(specs, e), decode ? &shared_d : &shared) < 0)
             goto done;
+        engines[e].role = !w.dg ? ROLE_COLOCATED : decode ? ROLE_DECODE : ROLE_PREFILL;
+        engines[e].mine = decode ? shared_d.dst : w.dest;
+        engines[e].may_block = w.dg != NULL;
+        fifo_init(&engines[e].ahead);
+        fifo_init(&engines[e].pullq);
+    }
     if (run(&w) < 0)
         goto done;
     for (Py_ssize_t e = 0; e < M; e++)
         close_speculation(&engines[e]);
     for (Py_ssize_t j = 0; j < N; j++)
         oi[j] = shared.stat[j];
+    if (w.dg)
+        close_disagg(&dg, dbufs);
     result = PyList_New(M);
     if (!result)
         goto done;
@@ -2815,6 +3328,8 @@ done:
     free(shared.hs);
     free(shared.looked);
     free(shared.hbuf);
+    free_pool_arrays(&shared_d, N);
+    free_disagg(&dg, dbufs, dgot);
     while (got > 0)
         PyBuffer_Release(&bufs[--got]);
     if (got_pairs)

@@ -1,0 +1,153 @@
+"""Disaggregated prefill/decode in the compiled core (sim/cluster/disagg_core.py, sim/csrc/core.c and
+handoff.c) against the SimPy loop (sim/cluster/disagg.py, link.py) as the reference: the same results bit for
+bit (summary.json apart from wall_time_s, the per-step, per-request, timeline and replicas tables) with the KV
+pulled and pushed, sent after the prefill and layer by layer, a decode pool short of seats and of blocks
+(bookings queued, requests queued ahead, refusals after a prefill), prefill engines waiting for blocks held
+by transfers, every decode policy, preemption by recompute and by swap, prefix caches, a client in front,
+speculating decode engines, routers on both sides and fuzzed clusters; the integrity checks on after every
+step."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pandas as pd
+import pytest
+from result_compare import assert_same_outcome, off_and_on
+from test_engine_core import _assert_same_clusters
+
+import sim.engine_core as engine_core
+from sim.fuzz_cluster import draw_cluster_scenario
+from sim.native import native
+from sim.runner import run_scenario
+from sim.scenario import load_scenario, scenario_from_dict
+
+pytestmark = pytest.mark.skipif(native is None, reason="sim._native is not built (pip install -e . builds it)")
+
+# a tiny model on a small cache: 2 prefill and 2 decode replicas, 80 requests arriving fast
+BASE = {"name": "pd", "model": "tiny-llama", "hardware": "a100-80gb", "seed": 11,
+        "kv_cache": {"block_size": 4, "num_gpu_blocks": 120, "swap_space_gb": 0.0001},
+        "scheduler": {"max_num_seqs": 8, "max_num_batched_tokens": 64, "chunked_prefill": True},
+        "frontend": {"enabled": False}, "output": {"plots": False},
+        "workload": {"synthetic": {"num_requests": 80, "arrival": {"process": "poisson", "rate": 400.0},
+                                   "prompt_len": {"dist": "uniform", "min": 4, "max": 60},
+                                   "output_len": {"dist": "uniform", "min": 1, "max": 60}}},
+        "cluster": {"prefill": {"replicas": 2}, "decode": {"replicas": 2},
+                    "kv_transfer": {"link": "infiniband-400g", "mode": "pull"},
+                    "router": {"policy": "least_requests"}}}
+
+
+def _both(monkeypatch, data: dict, check: bool = True):
+    return off_and_on(monkeypatch, engine_core, "enabled",
+                      lambda: run_scenario(scenario_from_dict(copy.deepcopy(data)), check_integrity=check))
+
+
+def _case(**changes) -> dict:
+    d = copy.deepcopy(BASE)
+    for path, value in changes.items():
+        *head, last = path.split("__")
+        node = d
+        for key in head:
+            node = node.setdefault(key, {})
+        node[last] = value
+    return d
+
+
+def _equal(monkeypatch, data: dict, check: bool = True):
+    loop, core = _both(monkeypatch, data, check)
+    _assert_same_clusters(loop, core)
+    return core
+
+
+@pytest.mark.parametrize("mode, layerwise", [("pull", False), ("push", False), ("push", True)])
+def test_the_shipped_scenario_equals(monkeypatch, mode, layerwise):
+    data = load_scenario("scenarios/cluster_disaggregated.yaml",
+                         ["workload.limit=300", f"cluster.kv_transfer.mode={mode}",
+                          f"cluster.kv_transfer.layerwise={str(layerwise).lower()}", "output.plots=false"])
+    loop, core = off_and_on(monkeypatch, engine_core, "enabled",
+                            lambda: run_scenario(data.model_copy(deep=True), check_integrity=False))
+    _assert_same_clusters(loop, core)
+    assert core.summary["cluster"]["transferred_kv_bytes"] > 0
+
+
+@pytest.mark.parametrize("mode", ["pull", "push"])
+def test_a_decode_pool_short_of_seats_equals(monkeypatch, mode):
+    """Two seats a decode replica: pulled, the bookings wait (kv_wait) and each request arrives queued ahead;
+    pushed, the requests wait in the decode queue with their KV there."""
+    core = _equal(monkeypatch, _case(cluster__decode={"replicas": 2, "scheduler": {"max_num_seqs": 2}},
+                                     cluster__kv_transfer={"link": "ethernet-100g", "mode": mode}))
+    if mode == "pull":
+        assert core.requests["kv_wait_s"].max() > 0
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority", "round_robin", "longest_prefix_first"])
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+def test_every_decode_policy_under_pressure_equals(monkeypatch, policy, preemption):
+    """A decode pool of 40 blocks (preemptions, swaps), prefix caching on both sides, priorities drawn; the
+    prefill pool's 40 blocks held by transfers make its engines wait for the link."""
+    data = _case(kv_cache__num_gpu_blocks=40, kv_cache__prefix_caching=True,
+                 scheduler__preemption=preemption,
+                 cluster__decode={"replicas": 2, "scheduler": {"policy": policy, "rr_quantum_steps": 2}})
+    data["workload"]["synthetic"]["priority"] = {"dist": "uniform", "min": 0, "max": 3}
+    data["workload"]["synthetic"]["shared_prefix"] = {"groups": 3, "length": 12}
+    core = _equal(monkeypatch, data)
+    assert core.summary["num_finished"] + core.summary["num_rejected"] == 80
+
+
+def test_refusals_after_a_prefill_equal(monkeypatch):
+    """A decode pool too small for the longer requests: they run their prefill, cross the link and are refused
+    on arrival at the decode pool (pulled: they book nothing), keeping their prefill's counters and times."""
+    data = _case(cluster__decode={"replicas": 2, "kv_cache": {"num_gpu_blocks": 20}})
+    core = _equal(monkeypatch, data)
+    refused = core.requests[core.requests["status"] == "REJECTED"]
+    assert len(refused) and refused["first_token_s"].notna().all()
+
+
+@pytest.mark.parametrize("policy", ["round_robin", "power_of_two", "least_kv", "session", "prefix_affinity"])
+def test_routers_on_both_sides_equal(monkeypatch, policy):
+    """The prefill router's choices made ahead, by the core's rule or called; the decode router called with
+    the decode engines' counts (prefix_affinity over prefill caches; the decode pool has none)."""
+    data = _case(cluster__router={"policy": policy})
+    if policy == "prefix_affinity":
+        data["cluster"]["prefill"]["kv_cache"] = {"prefix_caching": True}
+        data["workload"]["synthetic"]["shared_prefix"] = {"groups": 4, "length": 16}
+    _equal(monkeypatch, data)
+
+
+def test_a_client_in_front_equals(monkeypatch):
+    """At most 6 in flight: a response is whole on its decode replica, or on its prefill replica for one output
+    token; a refusal answers at once."""
+    data = _case(workload__max_concurrency=6, workload__think_time_s=0.001,
+                 cluster__decode={"replicas": 2, "kv_cache": {"num_gpu_blocks": 30}})
+    _equal(monkeypatch, data)
+
+
+def test_speculating_decode_engines_equal(monkeypatch):
+    data = _case(speculative={"method": "ngram", "num_speculative_tokens": 3, "acceptance_rate": [0.8, 0.5, 0.3]})
+    core = _equal(monkeypatch, data)
+    assert core.summary["speculative"]["verifications"] > 0
+
+
+def test_what_the_core_does_not_cover_runs_the_loop():
+    """A prefix_affinity router over decode replicas with prefix caches (the core's views of them show none)."""
+    data = _case(cluster__router={"policy": "prefix_affinity"},
+                 cluster__decode={"replicas": 2, "kv_cache": {"prefix_caching": True}})
+    assert not run_scenario(scenario_from_dict(data), check_integrity=False).profile["compiled_core"]
+    assert run_scenario(scenario_from_dict(BASE), check_integrity=False).profile["compiled_core"]
+
+
+@pytest.mark.parametrize("part", range(2))   # 2 x 40 draws (about half disaggregated): test workers share them
+def test_fuzzed_disaggregated_clusters_equal(monkeypatch, part):
+    covered = 0
+    for i in range(40 * part, 40 * part + 40):
+        data = draw_cluster_scenario(random.Random(f"engine-core-disagg:{i}"), i)
+        if "prefill" not in data["cluster"]:
+            continue
+        loop, core = off_and_on(monkeypatch, engine_core, "enabled", lambda d=data: run_scenario(
+            scenario_from_dict(copy.deepcopy(d), source="<fuzz>"), check_integrity=True))
+        assert_same_outcome(loop, core, f"case {i}")
+        if not isinstance(core, str):
+            pd.testing.assert_frame_equal(loop.replicas, core.replicas, check_exact=True)
+            covered += bool(core.profile.get("compiled_core"))
+    assert covered >= 12, f"only {covered} disaggregated fuzz runs ran in the core"
