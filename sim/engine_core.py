@@ -17,7 +17,8 @@ state lives in typed arrays, each step is planned, priced, updated and recorded 
 and only the executor's GEMM, all-reduce and LM-head times (once per size), the recorder (a chunk of rows
 at a time), the router (once per request, where it reads the replicas), the block hashes of each request's
 shareable content (once per request: ``_hashes_of``) and the progress bar are called
-back (and the drafter's size terms, once per size). Everything else (forks and beams, disaggregated pools, the GPU executor) runs the SimPy loop. ``KVSIM_CORE=0`` (or
+back (and the drafter's size terms, once per size). Disaggregated prefill/decode pools run here too
+(sim/cluster/disagg_core.py). Everything else (forks and beams, the GPU executor) runs the SimPy loop. ``KVSIM_CORE=0`` (or
 ``KVSIM_NATIVE=0``, or ``enabled = False`` here) runs the SimPy loop for every scenario:
 tests/test_engine_core.py and tests/test_engine_core_prefix.py compare them.
 

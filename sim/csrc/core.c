@@ -29,6 +29,10 @@ microsecond):
     routers with a rule (RULE_*: ``Router.core_rule``), its choice is made here from the
     same counts.
 
+  - disaggregated prefill/decode (sim/cluster/disagg.py, link.py; Disagg, handoff.h): the prefill pool's
+    deferred frees, pulled KV's bookings, the transfers' processes and the link, the decode pool's queue
+    ahead, in SimPy's event order.
+
 Rows go to the caller a chunk at a time (``sink``); everything else comes back at the end. */
 #include "native.h"
 
