@@ -119,6 +119,7 @@ class CoreRun:
     steps: int
     waits: int
     columns: dict[str, Any] | None = None
+    free_blocks: int = 0   # at the end, cached ones included (all of them, unless a block leaked)
 
 
 def admission(prompt: np.ndarray, out: np.ndarray, scheduler: ContinuousScheduler
@@ -283,7 +284,7 @@ def run_engines(requests: list[Request], engines: list[EngineParts], lag: float,
         mine = where == e
         parts.scheduler.num_truncated += int(np.count_nonzero(cut & mine))
         write_engine(parts.scheduler, [requests[g] for g in np.flatnonzero(mine).tolist()], records, totals)
-        runs.append(CoreRun(steps=totals[5], waits=totals[6]))
+        runs.append(CoreRun(steps=totals[5], waits=totals[6], free_blocks=totals[17]))
     runs[0].columns = table
     return runs, where
 
@@ -480,7 +481,8 @@ def write_engine(scheduler: ContinuousScheduler, requests: list[Request], record
     gaps.step_gaps.counts.frombytes(gap_n)
     gaps.other_gaps.frombytes(other)
     (preemptions, peak_used, peak_logical, sum_used, sum_logical, _, _, swapped_blocks, evicted, query_tokens,
-     hit_tokens, peak_prefix, peak_prefix_logical, host_stored, host_evicted, host_loaded, host_hit_tokens) = totals
+     hit_tokens, peak_prefix, peak_prefix_logical, host_stored, host_evicted, host_loaded, host_hit_tokens,
+     _free_blocks) = totals
     scheduler.num_preemptions += preemptions
     scheduler.swapped_blocks += swapped_blocks
     mgr = scheduler.manager

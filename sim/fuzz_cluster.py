@@ -8,7 +8,7 @@
     fuzz_clusters(seed, count)  -> FuzzReport  many cases; failures keep the scenario, to replay with ``kvsim run``
 
 Each case runs as drawn (integrity checked after every step), again with decode runs off
-(``scheduler.multi_step: false``) and, colocated, again in the SimPy loop instead of the compiled core
+(``scheduler.multi_step: false``) and again in the SimPy loop instead of the compiled core
 (``sim.engine_core.enabled``): the three must give the same requests and steps, bit for bit.
 
 End-of-run checks (``check_cluster_outcome``), computed from the run's tables:
@@ -245,8 +245,9 @@ def _same(a, b, what: str) -> list[str]:
 
 
 def run_cluster_case(data: dict, index: int = 0) -> CaseResult:
-    """Validate and run one cluster scenario dict (integrity checks on) as drawn, with decode runs off and,
-    colocated, in the SimPy loop; check the outcome and that the three agree."""
+    """Validate and run one cluster scenario dict (integrity checks on) as drawn, with decode runs off and in
+    the SimPy loop (colocated and prefill/decode pools alike: either may have run in the compiled core);
+    check the outcome and that the three agree."""
     import sim.engine_core as engine_core
     from sim.errors import KvsimError
     from sim.runner import run_scenario
@@ -258,12 +259,11 @@ def run_cluster_case(data: dict, index: int = 0) -> CaseResult:
         result = run_scenario(scn, check_integrity=True)
         single = dict(data, scheduler={**data.get("scheduler", {}), "multi_step": False})
         problems = _same(result, run_scenario(scenario_from_dict(single), check_integrity=True), "without decode runs")
-        if not scn.cluster.disaggregated:
-            before, engine_core.enabled = engine_core.enabled, False
-            try:
-                problems += _same(result, run_scenario(scn, check_integrity=True), "in the SimPy loop")
-            finally:
-                engine_core.enabled = before
+        before, engine_core.enabled = engine_core.enabled, False
+        try:
+            problems += _same(result, run_scenario(scn, check_integrity=True), "in the SimPy loop")
+        finally:
+            engine_core.enabled = before
     except KvsimError as e:
         return CaseResult(index, data, "failed", f"KvsimError: {e}", time.perf_counter() - t0)
     except Exception as e:  # noqa: BLE001 - the fuzzer reports every crash with its scenario

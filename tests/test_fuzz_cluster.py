@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+import sim.engine_core as engine_core
 from sim.cluster.config import ROUTER_POLICIES
 from sim.fuzz_cluster import _same, check_cluster_outcome, draw_cluster_scenario, fuzz_clusters
 from sim.runner import run_scenario
@@ -110,5 +111,6 @@ def test_a_block_left_held_after_the_run_is_an_error(monkeypatch):
         self.transfer_s[req.req_id] = 0.0
 
     monkeypatch.setattr(Handoff, "_send", leaky_send)
+    monkeypatch.setattr(engine_core, "enabled", False)   # (the hand-off of the SimPy loop)
     with pytest.raises(KvsimError, match=r"replica 0 \(prefill\) still holds \d+ KV blocks after every request ended"):
         run_scenario(scenario_from_dict(_disaggregated("push")))

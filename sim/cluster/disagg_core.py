@@ -46,6 +46,7 @@ from sim.engine_core import (
     write_requests,
     write_speculation,
 )
+from sim.errors import KvsimError
 from sim.native import native
 from sim.request import Request, RequestStatus
 
@@ -158,6 +159,10 @@ def run_disaggregated(requests: list[Request], prefill: list[Replica], decode: l
             part.scheduler.num_truncated += int(np.count_nonzero(cut_d & mine))
         handed = [requests[g] for g in np.flatnonzero(mine).tolist()]
         write_engine(part.scheduler, handed, records, totals, collect=e >= mp)
+        rep = (prefill + decode)[e]
+        if totals[17] != rep.manager.num_blocks:   # (Handoff's and run_cluster's leak check, on the core's counts)
+            raise KvsimError("engine", f"replica {rep.replica_id} ({rep.role}) still holds "
+                             f"{rep.manager.num_blocks - totals[17]} KV blocks after every request ended (a leak)")
         if e < mp:   # a prefill engine finished every request it did not refuse (some went on to the decode pool)
             sched = part.scheduler
             sched.rejected.extend(requests[g] for g in np.flatnonzero(mine & bad_p).tolist())

@@ -147,8 +147,11 @@ def _run_in_core(pool: list[Replica], requests: list[Request], router: Router, d
                               rule=None if rule is None else rule.as_core_arg(), progress=bar.at if bar else None,
                               columns=columns, client=client)
     counts = np.bincount(where, minlength=len(pool))
-    for rep, n in zip(pool, counts.tolist()):
+    for rep, n, run in zip(pool, counts.tolist(), runs):
         rep.submitted = n
+        if run.free_blocks != rep.manager.num_blocks:   # (_check_released, on the core's counts)
+            raise KvsimError("engine", f"replica {rep.replica_id} ({rep.role}) still holds "
+                             f"{rep.manager.num_blocks - run.free_blocks} KV blocks after every request ended (a leak)")
     for req, i in zip(requests, where.tolist()):
         served[req.req_id] = pool[i].replica_id
     return runs[0].columns

@@ -3115,10 +3115,10 @@ static void free_disagg(Disagg *dg, Py_buffer *b, int got)
         PyBuffer_Release(&b[--got]);
 }
 
-/* (error, records, totals) of one engine after the run */
+/* (error, records, totals) of one engine after the run (the totals' last: its free blocks, cached ones included) */
 static PyObject *engine_result(Core *c)
 {
-    return Py_BuildValue("(iddLLLL)(NNNNNN)(LLLLLLLLLLLLLLLLL)", c->err, c->err_t, c->err_d, (long long)c->err_step,
+    return Py_BuildValue("(iddLLLL)(NNNNNN)(LLLLLLLLLLLLLLLLLL)", c->err, c->err_t, c->err_d, (long long)c->err_step,
                          (long long)c->err_waiting, (long long)c->err_running, (long long)c->err_stall,
                          vec_bytes(&c->tr_rid), vec_bytes(&c->tr_time), vec_bytes(&c->tr_phase),
                          vec_bytes(&c->gap_d), vec_bytes(&c->gap_n), vec_bytes(&c->other),
@@ -3127,7 +3127,7 @@ static PyObject *engine_result(Core *c)
                          (long long)c->swapped_blocks, (long long)c->pool.evicted, (long long)c->query_tokens,
                          (long long)c->hit_tokens, (long long)c->peak_prefix, (long long)c->peak_prefix_logical,
                          (long long)c->host.stored, (long long)c->host.evicted, (long long)c->host_loaded,
-                         (long long)c->host_hit_tokens);
+                         (long long)c->host_hit_tokens, (long long)c->free_blocks);
 }
 
 PyObject *kv_run_core(PyObject *self, PyObject *args)
