@@ -19,6 +19,9 @@ lane, chunked prefill with preemption) and a cluster behind each router:
     mc300-swap        the same with 12,000 blocks and preemption by swap
     prompt2000        scenarios/shared_system_prompt.yaml with 2,000 requests at 20 req/s and 4 groups
     beam-prefix       scenarios/beam_search.yaml with a prefix cache and 4 shared prefixes (forks and hits)
+    pd2000-pull       scenarios/cluster_disaggregated.yaml (2,000 requests, 2 prefill + 6 decode, pulled KV)
+    pd2000-push-lw    the same, the KV pushed layer by layer over 100G Ethernet
+    spec-ngram        scenarios/speculative.yaml with prompt lookup, 500 requests, 64 in flight
 """
 
 from __future__ import annotations
@@ -60,6 +63,12 @@ CASES: dict[str, Callable[[], Scenario]] = {
         "workload.synthetic.arrival.rate=20", "workload.synthetic.shared_prefix.groups=4"]),
     "beam-prefix": lambda: load_scenario(ROOT / "scenarios/beam_search.yaml", [
         "kv_cache.prefix_caching=true", "workload.synthetic.shared_prefix={groups: 4, length: 96}"]),
+    "pd2000-pull": lambda: load_scenario(ROOT / "scenarios/cluster_disaggregated.yaml", ["output.plots=false"]),
+    "pd2000-push-lw": lambda: load_scenario(ROOT / "scenarios/cluster_disaggregated.yaml", [
+        "output.plots=false", "cluster.kv_transfer.mode=push", "cluster.kv_transfer.layerwise=true",
+        "cluster.kv_transfer.link=ethernet-100g"]),
+    "spec-ngram": lambda: load_scenario(ROOT / "scenarios/speculative.yaml", [
+        "speculative.method=ngram", "workload.synthetic.num_requests=500", "workload.max_concurrency=64"]),
 }
 
 
