@@ -32,9 +32,9 @@ def _scenario(requests: list[dict], **workload) -> dict:
 
 
 def _ran(data: dict) -> pd.DataFrame:
-    """The requests' table of a run, which ran where the fixture says (prefill/decode pools: the loop)."""
+    """The requests' table of a run, which ran where the fixture says."""
     res = run_scenario(scenario_from_dict(data))
-    assert res.profile.get("compiled_core", False) == (engine_core.enabled and "prefill" not in data.get("cluster", {}))
+    assert res.profile.get("compiled_core", False) == engine_core.enabled
     return res.requests
 
 

@@ -48,6 +48,10 @@ CASES = {
                       kv_transfer={"link": {"bandwidth_gb_s": 1.0, "latency_s": 0.01}, "mode": "pull"}), False),
     "push": (_cluster(prefill={"replicas": 1}, decode={"replicas": 3},
                       kv_transfer={"link": {"bandwidth_gb_s": 1.0, "latency_s": 0.01}, "mode": "push"}), False),
+    "pull-core": (_cluster(prefill={"replicas": 2}, decode={"replicas": 2},
+                           kv_transfer={"link": {"bandwidth_gb_s": 1.0, "latency_s": 0.01}, "mode": "pull"}), True),
+    "push-core": (_cluster(prefill={"replicas": 1}, decode={"replicas": 3},
+                           kv_transfer={"link": {"bandwidth_gb_s": 1.0, "latency_s": 0.01}, "mode": "push"}), True),
 }
 
 
@@ -61,7 +65,7 @@ def test_cluster_progress_counts_every_request_once(monkeypatch, case):
     Recorded.made = []
     plain = run_scenario(scenario_from_dict(data))
     shown = run_scenario(scenario_from_dict(data), progress=True)
-    assert shown.profile.get("compiled_core", False) is core   # (a disaggregated run: never)
+    assert shown.profile.get("compiled_core", False) is core
     bar, = Recorded.made
     assert bar.total == 60
     assert bar.shown and bar.shown == sorted(bar.shown) and bar.shown[-1] <= 60

@@ -33,7 +33,7 @@ def _same_without_steps(path: Path, *overrides: str) -> None:
     ("quickstart.yaml", ["workload.limit=400"]),                                   # one engine, in the core
     ("cpu_offload.yaml", ["workload.limit=60"]),                                   # a host tier
     ("cluster_round_robin.yaml", ["workload.limit=400"]),                          # replicas, in the core
-    ("cluster_disaggregated.yaml", ["workload.limit=200"]),                        # pools, the SimPy loop
+    ("cluster_disaggregated.yaml", ["workload.limit=200"]),                        # pools, in the core
     ("concurrency_sweep.yaml", ["workload.synthetic.num_requests=200", "cluster.replicas=2"]),   # a client
 ])
 def test_the_summary_is_the_same_without_the_step_table(name, overrides):

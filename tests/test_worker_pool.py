@@ -66,14 +66,14 @@ def test_the_capacity_runner_stops_its_pool_on_an_error(monkeypatch):
 
 
 def test_sigterm_stops_compare_and_its_workers_at_once_with_one_line(tmp_path):
-    # two disaggregated runs of 20,000 requests (the SimPy loop: ~17 s each here); SIGTERM a second after the
-    # workers start: compare ends within seconds, not after the runs
+    # two disaggregated runs of 20,000 requests in the SimPy loop (KVSIM_CORE=0: ~17 s each here); SIGTERM a
+    # second after the workers start: compare ends within seconds, not after the runs
     out = tmp_path / "cmp"
     proc = subprocess.Popen([sys.executable, "-m", "sim.cli", "compare", str(ROOT / "scenarios" / "cluster_disaggregated.yaml"),
                              "--vary", "cluster.kv_transfer.mode=pull,push", "--set", "workload.limit=20000",
                              "--workers", "2", "--out", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                            env=dict(os.environ, PYTHONPATH=str(ROOT), KVSIM_CORE="0"))
     kids = wait_for_workers(proc)
     proc.send_signal(signal.SIGTERM)
     sent = time.monotonic()

@@ -26,13 +26,13 @@ from collections.abc import Callable
 
 import numpy as np
 
+import sim.engine_core as engine_core
 from sim.clients import in_send_order
 from sim.cluster.disagg import Handoff
 from sim.cluster.link import KVLink
 from sim.cluster.replica import Replica
 from sim.cluster.routers import Router
 from sim.engine_core import (
-    PROGRESS_EVERY,
     EngineParts,
     ReplicaState,
     _engine_spec,
@@ -47,15 +47,12 @@ from sim.engine_core import (
     write_speculation,
 )
 from sim.errors import KvsimError
-from sim.native import native
 from sim.request import Request, RequestStatus
 
 
 def disagg_supported(prefill: list[Replica], decode: list[Replica], requests: list[Request], router: Router,
                      decode_router: Router, client: bool) -> bool:
     """Whether the compiled core runs these pools (the module docstring; ``client``: one is in front)."""
-    import sim.engine_core as engine_core
-
     if not engine_core.enabled or not requests_supported(requests) or (client and not in_send_order(requests)):
         return False
     if router.reads_state and not router.rule_reads_caches:
@@ -141,8 +138,8 @@ def run_disaggregated(requests: list[Request], prefill: list[Replica], decode: l
     parts = [_parts(rep) for rep in prefill + decode]
     drafts = np.zeros((2, n), dtype=np.int64)
     specs = [_engine_spec(p, drafts) for p in parts]
-    results = native.run_core(n, ints, arrival, where, float(lag), route, state, progress, PROGRESS_EVERY,
-                              counters, times, specs, hashes_p, client, disagg)
+    results = engine_core.native.run_core(n, ints, arrival, where, float(lag), route, state, progress,
+                                          engine_core.PROGRESS_EVERY, counters, times, specs, hashes_p, client, disagg)
     for err, _, _ in results:
         _raise(err)
     if client is not None:   # (the core wrote each request's send time over its arrival)
