@@ -205,6 +205,18 @@ typedef struct {
     int64_t layers, new_bytes, graph_max, n_fused, attn_ops, eager_ops;
     int64_t *pad;         /* CUDA graphs: a batch of n tokens runs the graph captured for pad[n] (n <= graph_max) */
     Terms lin, head;
+    int bd_cols;          /* the breakdown's columns: BD_COLS with a draft part, else one fewer */
+    /* the engine loop */
+    Event ev_e;
+    int busy, e_wakes;    /* e_wakes: the engine waits for an arrival (an untriggered wake) */
+    int e_state;          /* 0: start, 1: after a wake, 2: after a step */
+    Event ev_l;           /* Engine._load_ended: the timeout set for the first load's end (one at a time) */
+    double start, end, d, bdv[BD_COLS];
+    int64_t stall;
+    /* an error: its kind and what its message says */
+    int err;
+    double err_t, err_d;
+    int64_t err_step, err_waiting, err_running, err_stall;
     /* speculative decoding (sim/speculative.py; ``spec.k`` 0: none): the draws and counts; each request's drafts
     verified and accepted (``sp_counts``: two rows of the world's requests, shared by the engines); the
     drafter's pricing (sim/executors/drafter.py; ``dr_mode`` -1: no GPU work, else the cost model's mode, 1
@@ -218,18 +230,6 @@ typedef struct {
     double dr_c[8];
     PyObject *dr_terms_fn;
     Terms dr_terms;
-    int bd_cols;          /* the breakdown's columns: BD_COLS with a draft part, else one fewer */
-    /* the engine loop */
-    Event ev_e;
-    int busy, e_wakes;    /* e_wakes: the engine waits for an arrival (an untriggered wake) */
-    int e_state;          /* 0: start, 1: after a wake, 2: after a step */
-    Event ev_l;           /* Engine._load_ended: the timeout set for the first load's end (one at a time) */
-    double start, end, d, bdv[BD_COLS];
-    int64_t stall;
-    /* an error: its kind and what its message says */
-    int err;
-    double err_t, err_d;
-    int64_t err_step, err_waiting, err_running, err_stall;
 } Core;
 
 static void unhold(Core *c, int64_t r);
@@ -886,7 +886,8 @@ static void add_entry(Core *c, int64_t i, int64_t n)
     c->e_idx[c->ne] = i;
     c->e_new[c->ne] = n;
     c->e_ctx[c->ne] = c->comp[i];
-    c->e_draft[c->ne] = 0;
+    if (c->spec.k)   /* (read only where speculating) */
+        c->e_draft[c->ne] = 0;
     c->ne++;
 }
 
@@ -1596,7 +1597,7 @@ static int price(Core *c)
         if (n == 1 && ctx > 0) {
             dec_seqs++;
             dec_ctx += ctx + 1;
-        } else if (c->e_draft[j]) {
+        } else if (c->spec.k && c->e_draft[j]) {
             dec_seqs++;
             dec_ctx += ctx + n;
             drafts += n - 1;
@@ -1683,7 +1684,7 @@ static int update(Core *c, double now, int *progressed)
         if (cc < c->prompt[r] + c->gen[r])
             continue;   /* a prefill chunk: no token sampled yet */
         int64_t accepted = 0;
-        const int64_t drafts = c->e_draft[j];
+        const int64_t drafts = c->spec.k ? c->e_draft[j] : 0;
         if (drafts) {   /* the accepted drafts and one token of the target's */
             accepted = speculate_accept(&c->spec, drafts);
             c->sp_drafted[r] += drafts;

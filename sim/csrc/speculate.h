@@ -15,11 +15,11 @@ state goes back at the end. Invariants: ``pos`` in 0..624; ``survival`` non-incr
 #define SPEC_MAX_DRAFTS 16
 
 typedef struct {
-    uint32_t mt[SPEC_MT_WORDS];
-    int pos;
     int64_t k;                            /* num_speculative_tokens (0: no speculation) */
     double survival[SPEC_MAX_DRAFTS];
     int64_t verifications, drafted, accepted;
+    int pos;
+    uint32_t mt[SPEC_MT_WORDS];
 } Speculate;
 
 /* random.Random.random() of the state */
