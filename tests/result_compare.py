@@ -38,6 +38,16 @@ def assert_same_outcome(a: Result | str, b: Result | str, label: str = "") -> No
         assert_same(a, b)
 
 
+def same_cluster_outcome(loop: Result | str, core: Result | str, label: str = "") -> bool:
+    """``assert_same_outcome`` of a cluster's two runs, their replicas tables too; whether the second ran in
+    the compiled core."""
+    assert_same_outcome(loop, core, label)
+    if isinstance(core, str):
+        return False
+    pd.testing.assert_frame_equal(loop.replicas, core.replicas, check_exact=True)
+    return bool(core.profile.get("compiled_core"))
+
+
 def off_and_on(monkeypatch, owner: object, flag: str, run: Callable[[], Result]) -> tuple[Result | str, Result | str]:
     """``run``'s outcome with ``owner.flag`` False, then True."""
     out = []

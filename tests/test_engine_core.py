@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from result_compare import assert_same, assert_same_outcome, off_and_on
+from result_compare import assert_same, assert_same_outcome, off_and_on, same_cluster_outcome
 from test_multi_step import NOT_COMPARABLE, STRESS
 
 import sim.engine_core as engine_core
@@ -315,7 +315,6 @@ def test_fuzzed_clients_equal(monkeypatch, part):
 def test_fuzzed_clusters_equal(monkeypatch):
     """Fuzz cases moved inside the core, on 2 to 6 replicas behind every router (the routing rules the core
     applies itself included, sim/cluster/routers.py ``core_rule``): the core and the SimPy loop agree."""
-    import pandas as pd
 
     policies = ["round_robin", "random", "least_requests", "least_kv", "power_of_two", "session", "prefix_affinity"]
     covered = 0
@@ -326,10 +325,7 @@ def test_fuzzed_clusters_equal(monkeypatch):
                            "router": {"policy": policies[i % len(policies)], "load_slack": rng.randint(0, 3)}}
         loop, core = _both(monkeypatch, lambda d=data: run_scenario(
             scenario_from_dict(copy.deepcopy(d), source="<fuzz>"), check_integrity=True))
-        assert_same_outcome(loop, core, f"case {i}")
-        if not isinstance(core, str):
-            pd.testing.assert_frame_equal(loop.replicas, core.replicas, check_exact=True)
-            covered += bool(core.profile.get("compiled_core"))
+        covered += same_cluster_outcome(loop, core, f"case {i}")
     assert covered >= 36, f"only {covered} fuzzed clusters ran in the core"
 
 

@@ -12,9 +12,8 @@ from __future__ import annotations
 import copy
 import random
 
-import pandas as pd
 import pytest
-from result_compare import assert_same_outcome, off_and_on
+from result_compare import off_and_on, same_cluster_outcome
 from test_engine_core import _assert_same_clusters
 
 import sim.engine_core as engine_core
@@ -146,8 +145,5 @@ def test_fuzzed_disaggregated_clusters_equal(monkeypatch, part):
             continue
         loop, core = off_and_on(monkeypatch, engine_core, "enabled", lambda d=data: run_scenario(
             scenario_from_dict(copy.deepcopy(d), source="<fuzz>"), check_integrity=True))
-        assert_same_outcome(loop, core, f"case {i}")
-        if not isinstance(core, str):
-            pd.testing.assert_frame_equal(loop.replicas, core.replicas, check_exact=True)
-            covered += bool(core.profile.get("compiled_core"))
+        covered += same_cluster_outcome(loop, core, f"case {i}")
     assert covered >= 12, f"only {covered} disaggregated fuzz runs ran in the core"

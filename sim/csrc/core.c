@@ -2137,6 +2137,33 @@ static Py_ssize_t rule_choice(World *w, Py_ssize_t g)
     return best;
 }
 
+/* ``route(g)``, a router's choice among engines[first .. first + count) as of now: ``state`` holds each one's
+handed over, finished or rejected, blocks in use and routed there with their KV on its way (ReplicaState);
+the position chosen, or -1 on an error (set) */
+static Py_ssize_t call_router(World *w, PyObject *route, int64_t *state, Py_ssize_t first, Py_ssize_t count,
+                              int64_t g)
+{
+    for (Py_ssize_t j = 0; j < count; j++) {
+        const Core *c = &w->engines[first + j];
+        state[4 * j] = c->submitted;
+        state[4 * j + 1] = c->finished + c->rejected;
+        state[4 * j + 2] = c->num_blocks - c->free_blocks;
+        state[4 * j + 3] = c->incoming;
+    }
+    PyObject *res = PyObject_CallFunction(route, "L", (long long)g);
+    if (!res)
+        return -1;
+    const long j = PyLong_AsLong(res);
+    Py_DECREF(res);
+    if (j == -1 && PyErr_Occurred())
+        return -1;
+    if (j < 0 || j >= count) {
+        PyErr_Format(PyExc_ValueError, "run_core: the router chose replica %ld of %zd", j, count);
+        return -1;
+    }
+    return j;
+}
+
 /* a router that reads the replicas chooses request g's engine: by its rule, or called with ``state`` as of
 now (Replica.load: handed over less finished or rejected; Replica.kv_usage: blocks in use) */
 static int route(World *w, Py_ssize_t g)
@@ -2148,24 +2175,9 @@ static int route(World *w, Py_ssize_t g)
         w->dest[g] = e;
         return 0;
     }
-    for (Py_ssize_t e = 0; e < w->mr; e++) {
-        const Core *c = &w->engines[e];
-        w->state[4 * e] = c->submitted;
-        w->state[4 * e + 1] = c->finished + c->rejected;
-        w->state[4 * e + 2] = c->num_blocks - c->free_blocks;
-        w->state[4 * e + 3] = c->incoming;
-    }
-    PyObject *res = PyObject_CallFunction(w->route, "n", g);
-    if (!res)
+    const Py_ssize_t e = call_router(w, w->route, w->state, 0, w->mr, g);
+    if (e < 0)
         return -1;
-    const long e = PyLong_AsLong(res);
-    Py_DECREF(res);
-    if (e == -1 && PyErr_Occurred())
-        return -1;
-    if (e < 0 || e >= w->mr) {
-        PyErr_Format(PyExc_ValueError, "run_core: the router chose engine %ld of %zd", e, w->mr);
-        return -1;
-    }
     w->dest[g] = e;
     return 0;
 }
@@ -2251,26 +2263,8 @@ its world index, or -1 on an error (set) */
 static Py_ssize_t route_decode(World *w, int64_t g)
 {
     Disagg *dg = w->dg;
-    const Py_ssize_t md = w->M - dg->mp;
-    for (Py_ssize_t j = 0; j < md; j++) {
-        const Core *c = &w->engines[dg->mp + j];
-        dg->state[4 * j] = c->submitted;
-        dg->state[4 * j + 1] = c->finished + c->rejected;
-        dg->state[4 * j + 2] = c->num_blocks - c->free_blocks;
-        dg->state[4 * j + 3] = c->incoming;
-    }
-    PyObject *res = PyObject_CallFunction(dg->route, "L", (long long)g);
-    if (!res)
-        return -1;
-    const long j = PyLong_AsLong(res);
-    Py_DECREF(res);
-    if (j == -1 && PyErr_Occurred())
-        return -1;
-    if (j < 0 || j >= md) {
-        PyErr_Format(PyExc_ValueError, "run_core: the decode router chose replica %ld of %zd", j, md);
-        return -1;
-    }
-    return dg->mp + j;
+    const Py_ssize_t j = call_router(w, dg->route, dg->state, dg->mp, w->M - dg->mp, g);
+    return j < 0 ? -1 : dg->mp + j;
 }
 
 /* Handoff._hand_over: request g reaches decode engine D (``booked``: its received KV is booked there) */
@@ -2982,7 +2976,8 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
     return 0;
 }
 
-/* a decode pool's own KV arrays per request (the world's counters, times and statuses are shared) */
+/* a pool's KV arrays per request (a disaggregated decode pool has its own; the world's counters, times and
+statuses are shared) */
 static int alloc_pool_arrays(Core *d, Py_ssize_t N)
 {
     int failed = 0;
@@ -3188,28 +3183,15 @@ PyObject *kv_run_core(PyObject *self, PyObject *args)
     double *of = bufs[5].buf;    /* first scheduled, first token, last token, finish, rejected at */
     shared.stat = NULL;
     int failed = 0;
-    shared.tlen = alloc_n(N, 8, &failed);
-    shared.beyond = alloc_n(N, 8, &failed);
-    shared.rstart = alloc_n(N, 8, &failed);
-    shared.furthest = alloc_n(N, 8, &failed);
-    shared.cpu_held = alloc_n(N, 8, &failed);
     shared.turn = alloc_n(N, 8, &failed);
     shared.stat = alloc_n(N, 1, &failed);
     shared.in_pre = alloc_n(N, 1, &failed);
-    shared.tbl = alloc_n(N, sizeof(int64_t *), &failed);
-    shared.own = alloc_n(N, sizeof(int64_t *), &failed);
-    shared.upto = alloc_n(N, 8, &failed);
-    shared.memo = alloc_n(N, 8, &failed);
-    shared.memo_at = alloc_n(N, 8, &failed);
-    shared.hs = alloc_n(N, 8, &failed);
-    shared.looked = alloc_n(N, 1, &failed);
-    shared.hbuf = alloc_n(N, sizeof(Py_buffer), &failed);
     if (failed) {
         PyErr_NoMemory();
         goto done;
     }
-    for (Py_ssize_t j = 0; j < N; j++)
-        shared.hs[j] = -1;
+    if (alloc_pool_arrays(&shared, N) < 0)
+        goto done;
     for (Py_ssize_t j = 0; j < 6 * N; j++)
         oi[j] = 0;
     for (Py_ssize_t j = 0; j < 5 * N; j++)
@@ -3314,25 +3296,10 @@ done:
     for (Py_ssize_t e = 0; e < M; e++)
         free_engine(&engines[e]);
     free(engines);
-    free(shared.tlen);
-    free(shared.beyond);
-    free(shared.rstart);
-    free(shared.furthest);
-    free(shared.cpu_held);
     free(shared.turn);
     free(shared.stat);
     free(shared.in_pre);
-    if (shared.tbl && shared.own && shared.hs)
-        for (Py_ssize_t j = 0; j < N; j++)
-            close_request(&shared, j);
-    free(shared.tbl);
-    free(shared.own);
-    free(shared.upto);
-    free(shared.memo);
-    free(shared.memo_at);
-    free(shared.hs);
-    free(shared.looked);
-    free(shared.hbuf);
+    free_pool_arrays(&shared, N);
     free_pool_arrays(&shared_d, N);
     free_disagg(&dg, dbufs, dgot);
     while (got > 0)
