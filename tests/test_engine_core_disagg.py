@@ -128,12 +128,33 @@ def test_speculating_decode_engines_equal(monkeypatch):
     assert core.summary["speculative"]["verifications"] > 0
 
 
-def test_what_the_core_does_not_cover_runs_the_loop():
-    """A prefix_affinity router over decode replicas with prefix caches (the core's views of them show none)."""
-    data = _case(cluster__router={"policy": "prefix_affinity"},
-                 cluster__decode={"replicas": 2, "kv_cache": {"prefix_caching": True}})
-    assert not run_scenario(scenario_from_dict(data), check_integrity=False).profile["compiled_core"]
-    assert run_scenario(scenario_from_dict(BASE), check_integrity=False).profile["compiled_core"]
+@pytest.mark.parametrize("mode", ["pull", "push"])
+def test_prefix_affinity_over_decode_caches_equals(monkeypatch, mode):
+    """The decode router's rule applied by the core, its hits read from the decode engines' own caches (the
+    prompts' blocks booked or received there), shared prefixes on both sides."""
+    data = _case(kv_cache__prefix_caching=True, cluster__router={"policy": "prefix_affinity", "load_slack": 2},
+                 cluster__decode={"replicas": 3}, cluster__kv_transfer={"link": "infiniband-400g", "mode": mode})
+    data["workload"]["synthetic"]["shared_prefix"] = {"groups": 3, "length": 24}
+    _equal(monkeypatch, data)
+
+
+def test_a_router_reading_what_the_core_cannot_show_runs_the_loop():
+    """A router of one's own that reads replicas beyond their counts (``reads_state``) keeps the pools in the
+    SimPy loop; the shipped routers all run in the core."""
+    from sim.cluster.disagg_core import disagg_supported
+    from sim.cluster.routers import Router, make_router
+    from sim.cluster.runner import build_pool
+    from sim.scenario import scenario_from_dict as load
+    from sim.workload import build_workload
+
+    scn = load(BASE)
+    pools = [build_pool(scn, range(2), role, None, False, 0.0) for role in ("prefill", "decode")]
+    requests = build_workload(scn.workload, base_dir=scn.base_dir, seed=scn.seed, source=scn.source).requests
+    custom = Router.__new__(Router)   # (the base class: reads_state)
+    shipped = make_router(scn.cluster.router, 0)
+    assert disagg_supported(*pools, requests, shipped, shipped, client=False)
+    assert not disagg_supported(*pools, requests, shipped, custom, client=False)
+    assert not disagg_supported(*pools, requests, custom, shipped, client=False)
 
 
 @pytest.mark.parametrize("part", range(2))   # 2 x 40 draws (about half disaggregated): test workers share them

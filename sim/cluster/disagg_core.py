@@ -15,8 +15,9 @@ Covered (``disagg_supported``): pools the core covers replica by replica, each a
 without a client in front (its answers: a decode engine's finished requests, a prefill engine's of one
 output token, every refusal at once); a decode engine's queue ahead of its policy's, as sim/sched/queues.py
 keeps it; a prefill router
-the core covers for a colocated pool; a decode router called with the decode engines' counts (not one
-reading prefix caches the decode pool has). Everything else runs the SimPy loop.
+the core covers for a colocated pool; a decode router applied by the core where its rule reads no order of
+calls (least_requests, least_kv, prefix_affinity: its hits read from the decode engines' caches), else
+called with the decode engines' counts. Everything else runs the SimPy loop.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from sim.clients import in_send_order
 from sim.cluster.disagg import Handoff
 from sim.cluster.link import KVLink
 from sim.cluster.replica import Replica
-from sim.cluster.routers import Router
+from sim.cluster.routers import LeastKV, LeastRequests, PrefixAffinity, Router
 from sim.engine_core import (
     EngineParts,
     ReplicaState,
@@ -57,9 +58,6 @@ def disagg_supported(prefill: list[Replica], decode: list[Replica], requests: li
         return False
     if router.reads_state and not router.rule_reads_caches:
         return False
-    decode_caches = any(rep.has_prefix_cache() for rep in decode)
-    if decode_router.rule_reads_caches and decode_caches:
-        return False   # (the core's views of the decode engines show no prefix cache)
     if decode_router.reads_state and not decode_router.rule_reads_caches:
         return False
     for pool in (prefill, decode):
@@ -68,6 +66,16 @@ def disagg_supported(prefill: list[Replica], decode: list[Replica], requests: li
         if not all(core_supported(rep.scheduler, rep.manager, rep.engine.executor, None) for rep in pool):
             return False
     return True
+
+
+def _decode_rule(router: Router, requests: list[Request], md: int) -> tuple[int, int]:
+    """(the core's rule, slack) for the decode router where its choice reads no order of calls (decode routing
+    follows the prefills' ends, not the requests' order: pairs or earlier turns drawn ahead in request order
+    would not fit), else (0, 0): called."""
+    if not isinstance(router, (LeastRequests, LeastKV, PrefixAffinity)):
+        return 0, 0
+    rule = router.core_rule(requests, md)
+    return (rule.kind, rule.slack) if rule is not None else (0, 0)
 
 
 def _parts(rep: Replica) -> EngineParts:
@@ -134,7 +142,8 @@ def run_disaggregated(requests: list[Request], prefill: list[Replica], decode: l
     hashes_d = _hashes_of(requests, d_sched.manager.block_size) if caching_d else None
     bw, latency = link.bandwidth, link.latency_s
     disagg = (mp, int(handoff.pull), handoff.layers, handoff.kv_bytes_per_token, float(bw), float(latency), own,
-              out_d, (~bad_d).astype(np.int64), route_decode, d_state, hashes_d, hand_i, hand_f, tot_i, tot_f)
+              out_d, (~bad_d).astype(np.int64), route_decode, d_state, hashes_d, hand_i, hand_f, tot_i, tot_f,
+              *_decode_rule(handoff.router, requests, md))
     parts = [_parts(rep) for rep in prefill + decode]
     drafts = np.zeros((2, n), dtype=np.int64)
     specs = [_engine_spec(p, drafts) for p in parts]

@@ -292,6 +292,8 @@ typedef struct Disagg {
     double idle_since, busy_s;
     int64_t bytes_sent, in_flight, done_on_prefill, prefill_running;
     PyObject *route;            /* route(g) -> a decode pool position, reading ``state`` */
+    int rule;                   /* or the decode router's rule, applied here (RULE_LEAST_LOAD, _LEAST_KV, _AFFINITY) */
+    int64_t slack;              /* RULE_AFFINITY: its load slack */
     int64_t *state;             /* per decode engine: handed over, finished or rejected, blocks used, incoming */
 } Disagg;
 
@@ -2081,26 +2083,27 @@ static int64_t cached_prefix(const Core *e, Py_ssize_t g)
     return k;
 }
 
-/* the engine the router's rule chooses for request g; -1 on an error (set) */
-static Py_ssize_t rule_choice(World *w, Py_ssize_t g)
+/* the engine (a position among engines[first .. first + count)) the router's rule chooses for request g; -1 on
+an error (set); PAIR and FOLLOW read the choices drawn ahead (the arrival process's router only) */
+static Py_ssize_t rule_choice(World *w, int rule, int64_t slack, Py_ssize_t first, Py_ssize_t count, Py_ssize_t g)
 {
-    Core *E = w->engines;
-    if (w->rule == RULE_PAIR) {
+    Core *E = w->engines + first;
+    if (rule == RULE_PAIR) {
         const int64_t a = w->pairs[2 * g], b = w->pairs[2 * g + 1];
         return less_loaded(&E[b], &E[a]) ? b : a;
     }
-    if (w->rule == RULE_FOLLOW && w->pairs[g] >= 0)
+    if (rule == RULE_FOLLOW && w->pairs[g] >= 0)
         return w->dest[w->pairs[g]];
-    if (w->rule == RULE_LEAST_LOAD || w->rule == RULE_FOLLOW) {
+    if (rule == RULE_LEAST_LOAD || rule == RULE_FOLLOW) {
         Py_ssize_t best = 0;
-        for (Py_ssize_t e = 1; e < w->mr; e++)
+        for (Py_ssize_t e = 1; e < count; e++)
             if (less_loaded(&E[e], &E[best]))
                 best = e;
         return best;
     }
-    if (w->rule == RULE_LEAST_KV) {   /* the fewest blocks in use (one block count for all), then the load */
+    if (rule == RULE_LEAST_KV) {   /* the fewest blocks in use (one block count for all), then the load */
         Py_ssize_t best = 0;
-        for (Py_ssize_t e = 1; e < w->mr; e++) {
+        for (Py_ssize_t e = 1; e < count; e++) {
             const int64_t ue = E[e].num_blocks - E[e].free_blocks, ub = E[best].num_blocks - E[best].free_blocks;
             if (ue < ub || (ue == ub && load_of(&E[e]) < load_of(&E[best])))
                 best = e;
@@ -2111,19 +2114,19 @@ static Py_ssize_t rule_choice(World *w, Py_ssize_t g)
     submitted, for a prompt of at most one block or one engine), else the most blocks of the prompt cached
     (over prefix caches), then the load, then the index */
     int64_t low = load_of(&E[0]);
-    for (Py_ssize_t e = 1; e < w->mr; e++)
+    for (Py_ssize_t e = 1; e < count; e++)
         if (load_of(&E[e]) < low)
             low = load_of(&E[e]);
-    const int64_t floor = low + w->slack;
+    const int64_t floor = low + slack;
     Py_ssize_t among = 0, best = -1;
-    for (Py_ssize_t e = 0; e < w->mr; e++)
+    for (Py_ssize_t e = 0; e < count; e++)
         if (load_of(&E[e]) <= floor)
             among++;
     const int by_submitted = (w->prompt[g] - 1) / E[0].bs <= 0 || among == 1;
     if (!by_submitted && E[0].cache && fetch_hashes(&E[0], g) < 0)   /* over prefix caches: hits first */
         return -1;
     int64_t best_hits = 0;
-    for (Py_ssize_t e = 0; e < w->mr; e++) {
+    for (Py_ssize_t e = 0; e < count; e++) {
         const int64_t le = load_of(&E[e]);
         if (le > floor)
             continue;
@@ -2169,7 +2172,7 @@ now (Replica.load: handed over less finished or rejected; Replica.kv_usage: bloc
 static int route(World *w, Py_ssize_t g)
 {
     if (w->rule != RULE_CALL) {
-        const Py_ssize_t e = rule_choice(w, g);
+        const Py_ssize_t e = rule_choice(w, w->rule, w->slack, 0, w->mr, g);
         if (e < 0)
             return -1;
         w->dest[g] = e;
@@ -2258,12 +2261,13 @@ static int prefill_stopped(World *w)
 }
 
 /* the decode pool's router chooses request g's decode engine (Handoff's router.choose over the decode
-replicas as of now: handed over, routed here with their KV on its way, finished or rejected, blocks used);
-its world index, or -1 on an error (set) */
+replicas as of now: handed over, routed here with their KV on its way, finished or rejected, blocks used;
+by its rule where it has one that reads no order of calls); its world index, or -1 on an error (set) */
 static Py_ssize_t route_decode(World *w, int64_t g)
 {
     Disagg *dg = w->dg;
-    const Py_ssize_t j = call_router(w, dg->route, dg->state, dg->mp, w->M - dg->mp, g);
+    const Py_ssize_t j = dg->rule != RULE_CALL ? rule_choice(w, dg->rule, dg->slack, dg->mp, w->M - dg->mp, g)
+                                               : call_router(w, dg->route, dg->state, dg->mp, w->M - dg->mp, g);
     return j < 0 ? -1 : dg->mp + j;
 }
 
@@ -3018,20 +3022,24 @@ static void free_pool_arrays(Core *d, Py_ssize_t N)
 token, bandwidth, latency, each request's own output, its output and acceptance in the decode pool, the decode
 router route(g), its state (4 per decode engine), the decode pool's hashes_of or None, results: int64 2 x N
 (decode engine, cached tokens at the prefill's end), float64 3 x N (prefill end, transfer start, transfer
-seconds), int64 3 (bytes sent, done on the prefill side, in flight at the end), float64 1 (link busy seconds));
+seconds), int64 3 (bytes sent, done on the prefill side, in flight at the end), float64 1 (link busy seconds),
+the decode router's rule (RULE_CALL: route is called) and its slack);
 ``shared_d`` becomes the decode engines' copy of ``shared`` with its own KV arrays */
 static int open_disagg(Disagg *dg, Core *shared, Core *shared_d, PyObject *spec, Py_ssize_t N, Py_ssize_t M,
                        Py_buffer *b, int *got)
 {
     Py_ssize_t mp;
     int pull;
-    long long layers, kv_bytes;
+    long long layers, kv_bytes, slack;
     double bw, latency;
+    int rule;
     PyObject *objs[8], *route, *hash_d;
-    if (!PyArg_ParseTuple(spec, "niLLddOOOOOOOOOO", &mp, &pull, &layers, &kv_bytes, &bw, &latency, &objs[0], &objs[1],
-                          &objs[2], &route, &objs[3], &hash_d, &objs[4], &objs[5], &objs[6], &objs[7]))
+    if (!PyArg_ParseTuple(spec, "niLLddOOOOOOOOOOiL", &mp, &pull, &layers, &kv_bytes, &bw, &latency, &objs[0],
+                          &objs[1], &objs[2], &route, &objs[3], &hash_d, &objs[4], &objs[5], &objs[6], &objs[7],
+                          &rule, &slack))
         return -1;
-    if (mp < 1 || mp >= M || !(bw > 0) || latency < 0 || layers < 0 || kv_bytes < 1) {
+    if (mp < 1 || mp >= M || !(bw > 0) || latency < 0 || layers < 0 || kv_bytes < 1
+        || !(rule == RULE_CALL || rule == RULE_LEAST_LOAD || rule == RULE_LEAST_KV || rule == RULE_AFFINITY)) {
         PyErr_SetString(PyExc_ValueError, "run_core: bad prefill/decode pools or link");
         return -1;
     }
@@ -3052,6 +3060,8 @@ static int open_disagg(Disagg *dg, Core *shared, Core *shared_d, PyObject *spec,
     dg->latency = latency;
     dg->out_full = b[0].buf;
     dg->route = route;
+    dg->rule = rule;
+    dg->slack = slack;
     dg->state = b[3].buf;
     dg->prefill_running = mp;
     int64_t *counters = b[4].buf;
