@@ -403,3 +403,21 @@ def test_kv_size_counts_an_eagle3_head():
     fits = json.loads(out.stdout)["fits"]
     assert fits["kv_blocks"] == math.floor(free / (2 * 32 * 8 * 128 * 2 * 16 + 2 * 1 * 8 * 128 * 2 * 16))
     assert fits["hbm_budget"]["draft_weights_bytes"] == head
+
+
+def test_eagle_speed_ups_against_a_public_measurement():
+    # scripts/speculative_latency_check.py: vLLM issue 20780's MT-Bench figures for Llama-3.1-8B at batch size 1
+    # (AL and TPOT for k = 2..7, an EAGLE head), fitted to nothing: each k's speed-up over decoding without
+    # drafts within 15% of the measured one, and the best k the measured best (3)
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("spec_check", ROOT / "scripts" / "speculative_latency_check.py")
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    base = check.predicted_tpot_ms()
+    measured = [check.TPOT_MS["none"] / t for t in check.TPOT_MS["eagle"]]
+    predicted = [base / check.predicted_tpot_ms("eagle", k, al) for k, al in zip(check.KS, check.AL["eagle"])]
+    for k, m, p in zip(check.KS, measured, predicted):
+        assert p == pytest.approx(m, rel=0.15), k
+    best = check.KS[max(range(len(check.KS)), key=lambda i: predicted[i])]
+    assert best == 3 == check.KS[max(range(len(check.KS)), key=lambda i: measured[i])]
