@@ -147,12 +147,17 @@ An EAGLE head proposes 3 tokens a step for Llama-3.1-8B on one H100 (`scenarios/
 requests in flight a step reads the weights once whatever its few tokens, so drafts nearly halve the time per
 output token. As the batch grows, the drafts' extra tokens cost compute the GPU no longer has to spare, and
 the gain shrinks; a worse drafter (acceptance 0.3 at every position) turns it into a loss at high load. The
-drafts also take token budget from prefills, so TTFT rises."""),
+drafts also take token budget from prefills, so TTFT rises. An EAGLE-3 head with the same acceptance drafts
+for about half the cost of a pass (its LM head covers 32,000 tokens instead of the target's 128,256), which
+pays most where the drafts' share of a step is largest: at low load. (That price is by the bytes a pass reads;
+a public measurement of vLLM at batch size 1 found EAGLE-3 passes dearer than EAGLE's: the README's check,
+`scripts/speculative_latency_check.py`.)"""),
     ("code", """spec_runs = {}
 for level in [1, 16, 64, 256]:
     base = ["workload.synthetic.num_requests=300", f"workload.max_concurrency={level}"]
     for name, extra in (("no drafts", ["speculative.enabled=false"]), ("EAGLE, good", []),
-                        ("EAGLE, poor", ["speculative.acceptance_rate=0.3"])):
+                        ("EAGLE, poor", ["speculative.acceptance_rate=0.3"]),
+                        ("EAGLE-3, good", ["speculative.method=eagle3"])):
         spec_runs[(level, name)] = run_scenario(load_scenario(SCN / "speculative.yaml", [*base, *extra]))
 st = pd.DataFrame({key: {"output tok/s": r.summary["output_throughput_tok_s"],
                          "TPOT mean (ms)": 1e3 * r.summary["tpot_s"]["mean"],
@@ -161,7 +166,7 @@ st = pd.DataFrame({key: {"output tok/s": r.summary["output_throughput_tok_s"],
                    for key, r in spec_runs.items()}).T
 display(st.round(2))
 fig, ax = plt.subplots(figsize=(5, 3.5))
-for name in ("no drafts", "EAGLE, good", "EAGLE, poor"):
+for name in ("no drafts", "EAGLE, good", "EAGLE, poor", "EAGLE-3, good"):
     rows = st.xs(name, level=1)
     ax.plot(rows["output tok/s"], rows["TPOT mean (ms)"], marker="o", label=name)
 ax.set(xlabel="output tokens/s", ylabel="mean TPOT (ms)", title="1, 16, 64, 256 in flight")
