@@ -233,35 +233,17 @@ def run_engines(requests: list[Request], engines: list[EngineParts], lag: float,
     if not same_admission([p.scheduler for p in engines]):
         raise ValueError("run_engines: the engines cap or reject requests differently")
     n, m = len(requests), len(engines)
-    ints = np.empty((6, n), dtype=np.int64)
-    ints[0] = np.fromiter((r.req_id for r in requests), dtype=np.int64, count=n)
-    ints[1] = np.fromiter((r.prompt_len for r in requests), dtype=np.int64, count=n)
-    ints[3], cut = prepare(requests, engines[0].scheduler)
-    ints[2] = np.fromiter((r.output_len for r in requests), dtype=np.int64, count=n)
-    ints[4] = np.fromiter((r.priority for r in requests), dtype=np.int64, count=n)
-    ints[5] = np.fromiter((r.prefix_len if r.prefix_group >= 0 else 0 for r in requests), dtype=np.int64, count=n)
+    accepted, cut = prepare(requests, engines[0].scheduler)
+    ints = request_ints(requests, np.fromiter((r.output_len for r in requests), dtype=np.int64, count=n), accepted)
     arrival = np.fromiter((r.arrival_s for r in requests), dtype=np.float64, count=n)
     where = np.full(n, -1, dtype=np.int64) if dest is None else np.array(dest, dtype=np.int64)
     state = np.zeros((m, 4), dtype=np.int64)
-    route = None
-    if dest is None and rule is not None:
-        if rule[1] is not None and len(rule[1]) != n:
-            raise ValueError("run_engines: the router's pairs are not one a request")
-        route = rule
-    elif dest is None:
-        if choose is None:
-            raise ValueError("run_engines: give dest or choose")
-        views = [ReplicaState(state, e, p.scheduler.manager.num_blocks, p.scheduler.manager.block_size)
-                 for e, p in enumerate(engines)]
-
-        def route(g: int) -> int:
-            return choose(requests[g], views)
-
+    route = core_route(requests, [p.scheduler.manager for p in engines], state, dest, rule, choose)
     counters = np.empty((6, n), dtype=np.int64)
     times = np.empty((5, n), dtype=np.float64)
     caching = any(getattr(p.scheduler.manager, "prefix_cache", None) is not None for p in engines)
     hashes = _hashes_of(requests, engines[0].scheduler.manager.block_size) if caching else None
-    drafts = np.zeros((2, n), dtype=np.int64)   # each request's drafts verified and accepted (speculating engines)
+    drafts = draft_counts(n, [p.scheduler for p in engines])
     specs = [_engine_spec(p, drafts) for p in engines]
     results = native.run_core(n, ints, arrival, where, float(lag), route, state, progress, PROGRESS_EVERY,
                               counters, times, specs, hashes, client)
@@ -287,6 +269,45 @@ def run_engines(requests: list[Request], engines: list[EngineParts], lag: float,
         runs.append(CoreRun(steps=totals[5], waits=totals[6], free_blocks=totals[17]))
     runs[0].columns = table
     return runs, where
+
+
+def request_ints(requests: list[Request], output: np.ndarray, accepted: np.ndarray) -> np.ndarray:
+    """core.c's per-request integers: req_id, prompt, output (as the engines serve it), whether it is queued
+    (1) or rejected (0) when handed over, priority, shared-prefix length (0 outside a group)."""
+    n = len(requests)
+    ints = np.empty((6, n), dtype=np.int64)
+    ints[0] = np.fromiter((r.req_id for r in requests), dtype=np.int64, count=n)
+    ints[1] = np.fromiter((r.prompt_len for r in requests), dtype=np.int64, count=n)
+    ints[2] = output
+    ints[3] = accepted
+    ints[4] = np.fromiter((r.priority for r in requests), dtype=np.int64, count=n)
+    ints[5] = np.fromiter((r.prefix_len if r.prefix_group >= 0 else 0 for r in requests), dtype=np.int64, count=n)
+    return ints
+
+
+def core_route(requests: list[Request], managers: list[Any], state: np.ndarray, dest: list[int] | None,
+               rule: tuple | None, choose: Callable | None) -> tuple | Callable[[int], int] | None:
+    """core.c's ``route`` for the engines of ``managers`` (the first rows of ``state``): None where ``dest``
+    chose ahead, the router's rule (``CoreRule.as_core_arg``), else a call of ``choose`` with their
+    ``ReplicaState`` views."""
+    if dest is not None:
+        return None
+    if rule is not None:
+        if rule[1] is not None and len(rule[1]) != len(requests):
+            raise ValueError("run_engines: the router's pairs are not one a request")
+        return rule
+    if choose is None:
+        raise ValueError("run_engines: give dest or choose")
+    views = [ReplicaState(state, e, mgr.num_blocks, mgr.block_size) for e, mgr in enumerate(managers)]
+
+    def route(g: int) -> int:
+        return choose(requests[g], views)
+    return route
+
+
+def draft_counts(n: int, schedulers: list[Any]) -> np.ndarray | None:
+    """Each request's drafts verified and accepted (2 x n, the core counts into it), where an engine speculates."""
+    return np.zeros((2, n), dtype=np.int64) if any(s.speculation is not None for s in schedulers) else None
 
 
 class ReplicaState:
@@ -345,7 +366,7 @@ def _hashes_of(requests: list[Request], block_size: int) -> Callable[[int, int],
     return hashes_of
 
 
-def _speculation(scheduler: Any, executor: CostModelExecutor, drafts: np.ndarray) -> tuple | None:
+def _speculation(scheduler: Any, executor: CostModelExecutor, drafts: np.ndarray | None) -> tuple | None:
     """core.c's tuple for an engine's speculative decoding (sim/speculative.py; None: none): k, the survival of
     each draft position, the draws' generator state (its 624 words and position, written back at the end), the
     totals (verifications, drafted, accepted), the world's per-request counts ``drafts`` and the drafter's
@@ -384,7 +405,7 @@ def write_speculation(spec: Any, args: tuple, requests: list[Request], drafts: n
         counts[1] += int(drafts[1, g])
 
 
-def _engine_spec(parts: EngineParts, drafts: np.ndarray) -> tuple:
+def _engine_spec(parts: EngineParts, drafts: np.ndarray | None) -> tuple:
     """core.c's tuple for one engine: settings, the cost model (``_pricing``), the rows' sink, the chunk size and,
     where it speculates, its speculation (``_speculation``, counting into ``drafts``)."""
     scheduler, recorder = parts.scheduler, parts.recorder

@@ -31,7 +31,7 @@ import sim.engine_core as engine_core
 from sim.clients import in_send_order
 from sim.cluster.disagg import Handoff
 from sim.cluster.link import KVLink
-from sim.cluster.replica import Replica
+from sim.cluster.replica import Replica, check_released
 from sim.cluster.routers import LeastKV, LeastRequests, PrefixAffinity, Router
 from sim.engine_core import (
     EngineParts,
@@ -40,14 +40,16 @@ from sim.engine_core import (
     _hashes_of,
     _raise,
     admission,
+    core_route,
     core_supported,
+    draft_counts,
+    request_ints,
     requests_supported,
     same_admission,
     write_engine,
     write_requests,
     write_speculation,
 )
-from sim.errors import KvsimError
 from sim.request import Request, RequestStatus
 
 
@@ -103,24 +105,11 @@ def run_disaggregated(requests: list[Request], prefill: list[Replica], decode: l
         req.output_len = 1
     for i in np.flatnonzero(bad_p).tolist():   # refused where they arrive: the prefill pool's reason
         requests[i].reject_reason = p_sched.reject_reason(requests[i])
-    ints = np.empty((6, n), dtype=np.int64)
-    ints[0] = np.fromiter((r.req_id for r in requests), dtype=np.int64, count=n)
-    ints[1] = prompt
-    ints[2] = ones
-    ints[3] = (~bad_p).astype(np.int64)
-    ints[4] = np.fromiter((r.priority for r in requests), dtype=np.int64, count=n)
-    ints[5] = np.fromiter((r.prefix_len if r.prefix_group >= 0 else 0 for r in requests), dtype=np.int64, count=n)
+    ints = request_ints(requests, ones, (~bad_p).astype(np.int64))
     arrival = np.fromiter((r.arrival_s for r in requests), dtype=np.float64, count=n)
     where = np.full(n, -1, dtype=np.int64) if dest is None else np.array(dest, dtype=np.int64)
     state = np.zeros((mp + md, 4), dtype=np.int64)   # (the prefill engines' rows are read)
-    route = None
-    if dest is None and rule is not None:
-        route = rule
-    elif dest is None:
-        views = [ReplicaState(state, e, rep.manager.num_blocks, rep.block_size) for e, rep in enumerate(prefill)]
-
-        def route(g: int) -> int:
-            return choose(requests[g], views)
+    route = core_route(requests, [rep.manager for rep in prefill], state, dest, rule, choose)
 
     d_state = np.zeros((md, 4), dtype=np.int64)
     d_views = [ReplicaState(d_state, j, rep.manager.num_blocks, rep.block_size) for j, rep in enumerate(decode)]
@@ -145,7 +134,7 @@ def run_disaggregated(requests: list[Request], prefill: list[Replica], decode: l
               out_d, (~bad_d).astype(np.int64), route_decode, d_state, hashes_d, hand_i, hand_f, tot_i, tot_f,
               *_decode_rule(handoff.router, requests, md))
     parts = [_parts(rep) for rep in prefill + decode]
-    drafts = np.zeros((2, n), dtype=np.int64)
+    drafts = draft_counts(n, [p.scheduler for p in parts])
     specs = [_engine_spec(p, drafts) for p in parts]
     results = engine_core.native.run_core(n, ints, arrival, where, float(lag), route, state, progress,
                                           engine_core.PROGRESS_EVERY, counters, times, specs, hashes_p, client, disagg)
@@ -165,10 +154,7 @@ def run_disaggregated(requests: list[Request], prefill: list[Replica], decode: l
             part.scheduler.num_truncated += int(np.count_nonzero(cut_d & mine))
         handed = [requests[g] for g in np.flatnonzero(mine).tolist()]
         write_engine(part.scheduler, handed, records, totals, collect=e >= mp)
-        rep = (prefill + decode)[e]
-        if totals[17] != rep.manager.num_blocks:   # (Handoff's and run_cluster's leak check, on the core's counts)
-            raise KvsimError("engine", f"replica {rep.replica_id} ({rep.role}) still holds "
-                             f"{rep.manager.num_blocks - totals[17]} KV blocks after every request ended (a leak)")
+        check_released((prefill + decode)[e], free_blocks=totals[17])
         if e < mp:   # a prefill engine finished every request it did not refuse (some went on to the decode pool)
             sched = part.scheduler
             sched.rejected.extend(requests[g] for g in np.flatnonzero(mine & bad_p).tolist())

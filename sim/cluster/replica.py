@@ -103,6 +103,16 @@ class Replica:
         return len(cache.match_blocks(hashes, len(hashes))) if cache is not None else 0
 
 
+def check_released(rep: Replica, free_blocks: int | None = None) -> None:
+    """After every request has ended, each of the replica's KV blocks is free again (cached ones count as
+    free): ``free_blocks`` as the compiled core left them, else its manager's."""
+    free = rep.manager.num_free_blocks() if free_blocks is None else free_blocks
+    held = rep.manager.num_blocks - free
+    if held:
+        raise KvsimError("engine", f"replica {rep.replica_id} ({rep.role}) still holds {held} KV blocks "
+                         "after every request ended (a leak)")
+
+
 def build_replica(scn: Scenario, replica_id: int, role: str, env: simpy.Environment, check_integrity: bool,
                   arrival_delay_s: float, executor: Any = None) -> Replica:
     """Build a replica's parts the way ``run_scenario`` builds the single engine's (``executor``: one of

@@ -35,7 +35,7 @@ from sim.clients import ClientPool, core_client, in_send_order, planned_arrivals
 from sim.cluster.disagg import Handoff
 from sim.cluster.disagg_core import disagg_supported, run_disaggregated
 from sim.cluster.link import KVLink
-from sim.cluster.replica import Replica, build_pool, pool_scenario
+from sim.cluster.replica import Replica, build_pool, check_released, pool_scenario
 from sim.cluster.results import ClusterResult, cluster_result
 from sim.cluster.routers import Router, make_router
 from sim.engine import wake_times
@@ -149,9 +149,7 @@ def _run_in_core(pool: list[Replica], requests: list[Request], router: Router, d
     counts = np.bincount(where, minlength=len(pool))
     for rep, n, run in zip(pool, counts.tolist(), runs):
         rep.submitted = n
-        if run.free_blocks != rep.manager.num_blocks:   # (_check_released, on the core's counts)
-            raise KvsimError("engine", f"replica {rep.replica_id} ({rep.role}) still holds "
-                             f"{rep.manager.num_blocks - run.free_blocks} KV blocks after every request ended (a leak)")
+        check_released(rep, free_blocks=run.free_blocks)
     for req, i in zip(requests, where.tolist()):
         served[req.req_id] = pool[i].replica_id
     return runs[0].columns
@@ -215,11 +213,7 @@ def _run_colocated(scn: Scenario, workload: Workload, check: bool, lag: float, f
 def _check_released(pool: list[Replica]) -> None:
     """Every request has ended: each replica's KV blocks are all free again (cached ones count as free)."""
     for rep in pool:
-        manager = rep.manager
-        held = manager.num_blocks - manager.num_free_blocks()
-        if held:
-            raise KvsimError("engine", f"replica {rep.replica_id} ({rep.role}) still holds {held} KV blocks "
-                             "after every request ended (a leak)")
+        check_released(rep)
 
 
 def _check_disaggregated(scn: Scenario, pools: list[Scenario], requests: list[Request]) -> None:
