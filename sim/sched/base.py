@@ -127,6 +127,9 @@ class SchedulerBase:
         if not self.manager.can_ever_fit(req):
             region = getattr(self.manager, "region_tokens", None)   # contiguous baselines reserve a region
             need = self.manager.blocks_for(region(req) if region else req.max_kv_tokens)
+            if width > 1 and region is None:   # its sequences share the prompt's full blocks, nothing after
+                need += (width - 1) * (need - req.prompt_len // self.manager.block_size)
+                return f"needs {need} KV blocks for its {width} sequences, the cache has {self.manager.num_blocks}"
             return f"needs {need} KV blocks, the cache has {self.manager.num_blocks}"
         return ""
 
