@@ -29,7 +29,7 @@ def request_columns(requests: list[Request], ints: np.ndarray, arrival: np.ndarr
     """``requests_frame``'s first columns from ``run_engines``' arrays, rewritten in place (``counters[0]``
     then holds each request's final status, refusals included), each row then copied out (the table holds
     no view of the arrays' other rows): ``ints``: req_id, prompt,
-    output (capped), _, priority; ``counters``: status, computed, generated, preemptions, int-zero flags,
+    output (capped), _, priority, _, samples; ``counters``: status, computed, generated, preemptions, int-zero flags,
     cached; ``times``: first scheduled, first token, last token, finish, rejection. None without requests."""
     n = len(requests)
     if not n:
@@ -41,7 +41,7 @@ def request_columns(requests: list[Request], ints: np.ndarray, arrival: np.ndarr
     finish_zero = (int_zero & 2).astype(bool)
     status[refused] = int(RequestStatus.REJECTED)
     cols: dict[str, Any] = {"req_id": ints[0], "arrival_s": arrival, "prompt_tokens": ints[1],
-                            "output_tokens": ints[2], "n": np.ones(n, dtype=np.int64), "priority": ints[4],
+                            "output_tokens": ints[2], "n": ints[6], "priority": ints[4],
                             "status": labels(status, STATUS_NAMES)}
     if not refused.any() and sched_zero.all():
         cols["first_scheduled_s"] = np.zeros(n, dtype=np.int64)

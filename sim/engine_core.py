@@ -5,7 +5,9 @@ sim/engine.py's SimPy loop bit for bit.
 Covered (``core_supported``): continuous batching under FCFS, round-robin, priority or
 longest-prefix-first (without a prefix cache every match is empty: FCFS) with recompute or swap preemption, the paged manager with or without prefix caching (hits, evictions and a preempted
 request finding its own blocks again: blocks by identity in sim/csrc/kvpool.c, where the manager's are
-counts alone without a cache; the cache's host tier in sim/csrc/hostlru.c), requests of one sequence (shared-prefix groups included), the cost model
+counts alone without a cache; the cache's host tier in sim/csrc/hostlru.c), requests of one sequence (shared-prefix groups included) or
+of parallel samples (n > 1: forked after the first token, copy-on-write of the shared last block, siblings
+recomputing their own blocks after a preemption; sim/kv/sharing.py), the cost model
 as executor; static batching (FCFS or priority, the paged manager, no prefix cache: sim/sched/static.py's
 batches, their finished members idle until the last one finishes); the contiguous allocators instead of
 the paged manager (sim/kv/contiguous.py: a region a request, first fit over the free extents); in a cluster, a router that reads at most the replicas' loads and KV usage; a client with a concurrency limit in front (sim/clients.py: its sends, hand-overs, slot releases and pauses, sim/csrc/client.c; ``core_client``); speculative decoding (sim/speculative.py: each decode's drafts, the acceptance
@@ -18,7 +20,7 @@ and only the executor's GEMM, all-reduce and LM-head times (once per size), the 
 at a time), the router (once per request, where it reads the replicas), the block hashes of each request's
 shareable content (once per request: ``_hashes_of``) and the progress bar are called
 back (and the drafter's size terms, once per size). Disaggregated prefill/decode pools run here too
-(sim/cluster/disagg_core.py). Everything else (forks and beams, the GPU executor) runs the SimPy loop. ``KVSIM_CORE=0`` (or
+(sim/cluster/disagg_core.py). Everything else (beam search, the GPU executor) runs the SimPy loop. ``KVSIM_CORE=0`` (or
 ``KVSIM_NATIVE=0``, or ``enabled = False`` here) runs the SimPy loop for every scenario:
 tests/test_engine_core.py and tests/test_engine_core_prefix.py compare them.
 
@@ -93,7 +95,7 @@ def core_supported(scheduler: Any, manager: Any, executor: Any, requests: list[R
         return False   # (the core starts a cache from an unused pool, its free queue in id order)
     if type(executor) is not CostModelExecutor or executor._native_consts is None:
         return False
-    return requests is None or requests_supported(requests)
+    return requests is None or requests_supported(requests, forks_in_core(scheduler, manager))
 
 
 def _speculation_supported(scheduler: Any, executor: Any) -> bool:
@@ -106,8 +108,18 @@ def _speculation_supported(scheduler: Any, executor: Any) -> bool:
                                         and drafter.executor._native_consts is not None)
 
 
-def requests_supported(requests: list[Request]) -> bool:
-    """Whether every request is one the core takes: one sequence."""
+def forks_in_core(scheduler: Any, manager: Any) -> bool:
+    """Whether the core forks parallel samples on this engine (``core_supported`` otherwise): continuous
+    batching over the paged manager, without drafts."""
+    return (type(scheduler) is ContinuousScheduler and type(manager) is KVCacheManager
+            and scheduler.speculation is None)
+
+
+def requests_supported(requests: list[Request], forks: bool = False) -> bool:
+    """Whether every request is one the core takes: one sequence, or (``forks``: ``forks_in_core`` of every
+    engine) several samples; beams never."""
+    if forks:
+        return all(r.beam_width == 1 for r in requests)
     return all(r.n == 1 and r.beam_width == 1 for r in requests)
 
 
@@ -122,17 +134,22 @@ class CoreRun:
     free_blocks: int = 0   # at the end, cached ones included (all of them, unless a block leaked)
 
 
-def admission(prompt: np.ndarray, out: np.ndarray, scheduler: ContinuousScheduler
+def admission(prompt: np.ndarray, out: np.ndarray, scheduler: ContinuousScheduler, width: np.ndarray | None = None
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``add_request``'s decisions for requests of these prompt and output lengths, as arrays: (the output
-    as served, which are cut, which are rejected); they depend on the request and the settings only."""
+    """``add_request``'s decisions for requests of these prompt and output lengths (and samples, ``width``;
+    None: one each), as arrays: (the output as served, which are cut, which are rejected); they depend on
+    the request and the settings only."""
     mml = scheduler.max_model_len
     capped = np.where((prompt + out > mml) & (prompt < mml), mml - prompt, out)
     mgr = scheduler.manager
     budget = scheduler.max_num_batched_tokens
     slots = mgr.region_tokens_of(prompt, capped) if type(mgr) is ContiguousKVManager else prompt + capped - 1
     need = -(-slots // mgr.block_size)
+    if width is not None:   # n samples share the prompt's full blocks (KVCacheManager.can_ever_fit)
+        need = need + (width - 1) * (need - prompt // mgr.block_size)
     bad = (prompt >= mml) | (need > mgr.num_blocks) | (budget < 1)
+    if width is not None:
+        bad |= width > budget   # a decode step of every sample at once
     if not scheduler.config.chunked_prefill:
         bad |= prompt > budget
     return capped, capped != out, bad
@@ -146,7 +163,8 @@ def prepare(requests: list[Request], scheduler: ContinuousScheduler) -> tuple[np
     n = len(requests)
     prompt = np.fromiter((r.prompt_len for r in requests), dtype=np.int64, count=n)
     out = np.fromiter((r.output_len for r in requests), dtype=np.int64, count=n)
-    capped, cut, bad = admission(prompt, out, scheduler)
+    width = np.fromiter((max(r.n, r.beam_width) for r in requests), dtype=np.int64, count=n)
+    capped, cut, bad = admission(prompt, out, scheduler, width if (width > 1).any() else None)
     for i in np.flatnonzero(cut).tolist():
         requests[i].output_len = int(capped[i])
     for i in np.flatnonzero(bad).tolist():
@@ -169,14 +187,14 @@ def _pricing(ex: CostModelExecutor) -> tuple:
                 EAGER_OPS_PER_LAYER)
         floats = (*head, ex._eng_half, ex._eng_kv_s, ex._eng_qo_s, e.sampler_s, e.step_gap_s,
                   1.0 if e.overlap_cpu else 0.0, ex._swap_s_per_block, ex._fused_s_per_token, e.graph_kernel_s,
-                  p.elementwise_latency_s, e.cpu_step_s, e.cpu_seq_s, e.eager_op_s, ex._overhead)
+                  p.elementwise_latency_s, e.cpu_step_s, e.cpu_seq_s, e.eager_op_s, ex._overhead, ex._copy_s_per_block)
         return 1, ints, floats, np.array(ex._pad, dtype=np.int64), ex._engine_linear, ex._lm_head
 
     def linear(tokens: int, _graph: bool) -> tuple[float, float]:
         return ex._linear(tokens)
 
     floats = (*head, ex._attn_seq, ex._attn_pre_seq, ex._elem_s_per_token, ex._elem_fixed, ex._overhead,
-              ex._swap_s_per_block)
+              ex._swap_s_per_block, ex._copy_s_per_block)
     return 0, (ex._layers, ex._attn_new_bytes, 0, 0, 0, 0), floats, None, linear, ex._lm_head
 
 
@@ -273,15 +291,16 @@ def run_engines(requests: list[Request], engines: list[EngineParts], lag: float,
 
 def request_ints(requests: list[Request], output: np.ndarray, accepted: np.ndarray) -> np.ndarray:
     """core.c's per-request integers: req_id, prompt, output (as the engines serve it), whether it is queued
-    (1) or rejected (0) when handed over, priority, shared-prefix length (0 outside a group)."""
+    (1) or rejected (0) when handed over, priority, shared-prefix length (0 outside a group), samples (n)."""
     n = len(requests)
-    ints = np.empty((6, n), dtype=np.int64)
+    ints = np.empty((7, n), dtype=np.int64)
     ints[0] = np.fromiter((r.req_id for r in requests), dtype=np.int64, count=n)
     ints[1] = np.fromiter((r.prompt_len for r in requests), dtype=np.int64, count=n)
     ints[2] = output
     ints[3] = accepted
     ints[4] = np.fromiter((r.priority for r in requests), dtype=np.int64, count=n)
     ints[5] = np.fromiter((r.prefix_len if r.prefix_group >= 0 else 0 for r in requests), dtype=np.int64, count=n)
+    ints[6] = np.fromiter((r.n for r in requests), dtype=np.int64, count=n)
     return ints
 
 

@@ -367,7 +367,7 @@ def test_what_the_core_does_not_cover_runs_the_loop():
     base = _scenario(STRESS["long_decodes"])
     base["workload"]["synthetic"]["num_requests"] = 20
     cases = {
-        "parallel samples": {"workload": {"synthetic": {"n": 2}}},
+        "beam search": {"workload": {"synthetic": {"beam_width": 2}}},
     }
     assert run_scenario(scenario_from_dict(base), check_integrity=False).profile["compiled_core"]
     for label, change in cases.items():

@@ -6,7 +6,8 @@ It computes what sim/engine.py's SimPy loop computes (and sim/cluster/runner.py'
 behind one arrival process) with a ContinuousScheduler (FCFS, round-robin or priority; preemption by
 recompute or by swap) or a StaticScheduler (FCFS or priority, no prefix cache: schedule_static), a
 KVCacheManager with or without prefix caching or a ContiguousKVManager (allocate_region over extents.c),
-without forked sequences, and the cost model, with or without speculative decoding (speculate.c's draws),
+with parallel samples (forked sequences: sharing.py's groups, below) but no beams, and the cost model, with
+or without speculative decoding (speculate.c's draws),
 stepping one step per event as the plain loop does (no decode runs: a step here costs about a
 microsecond):
 
@@ -163,6 +164,17 @@ typedef struct {
     /* KV counters (sim/kv/manager.py) */
     int64_t free_blocks, held, beyond_final, logical, peak_used, peak_logical, sum_used, sum_logical;
     int64_t n_prefilling, num_preemptions, finished, rejected, submitted, swapped_blocks;
+    /* parallel samples (sim/kv/sharing.py SeqGroup; counts only, as without a prefix cache): each request's
+    samples (``nseq``: n; NULL where every request has one). Forked after its first token, a request's
+    sequences hold tables of one length (tlen), all sharing its first ``gcom`` blocks, each owning the
+    rest (``gk``: its sequences, 0 before the fork); ``gpriv``: each one's last block is its own; ``gsib``:
+    tokens each sibling recomputes at its next step (after a re-fork); ``st_copy``: copies this step */
+    const int64_t *nseq;
+    int64_t *gk, *gcom, *gsib;
+    int64_t **gtbl;          /* with a prefix cache, blocks by identity: the n - 1 siblings' tables, one after another */
+    int8_t *gpriv, *e_sib;   /* e_sib: an entry of a sibling sequence (its request's entry is just before) */
+    int64_t st_copy;
+    double copy_s_per_block;
     int64_t num_swapped;   /* requests swapped out: in ``swapped``, or (round-robin) queued in ``wq`` */
     int64_t cpu_blocks, cpu_free;
     /* results */
@@ -319,7 +331,9 @@ static void note_beyond(Core *c, int64_t i)
 {
     const int64_t bs = c->bs, maxkv = c->prompt[i] + c->output[i] - 1;
     const int64_t last = (maxkv - 1) / bs, per = (last + 1) * bs - maxkv;
-    const int64_t b = (per && c->tlen[i] > last) ? per : 0;
+    int64_t b = (per && c->tlen[i] > last) ? per : 0;
+    if (b && c->nseq && c->gk[i] > 1 && last >= c->gcom[i])   /* each sequence's own block there */
+        b *= c->gk[i];
     if (b != c->beyond[i]) {
         c->beyond_final += b - c->beyond[i];
         c->beyond[i] = b;
@@ -441,7 +455,9 @@ static int open_request(Core *c, int64_t i)
         return 0;
     c->tbl[i] = malloc(max_blocks_of(c, i) * sizeof(int64_t));
     c->own[i] = calloc(max_blocks_of(c, i), sizeof(int64_t));   /* (block 0 where none: holds() says not) */
-    if (!c->tbl[i] || !c->own[i]) {
+    if (c->nseq && c->nseq[i] > 1)
+        c->gtbl[i] = malloc((c->nseq[i] - 1) * max_blocks_of(c, i) * sizeof(int64_t));
+    if (!c->tbl[i] || !c->own[i] || (c->nseq && c->nseq[i] > 1 && !c->gtbl[i])) {
         PyErr_NoMemory();
         return -1;
     }
@@ -451,6 +467,10 @@ static int open_request(Core *c, int64_t i)
 /* a finished request's table room and hashes go */
 static void close_request(Core *c, int64_t i)
 {
+    if (c->gtbl) {
+        free(c->gtbl[i]);
+        c->gtbl[i] = NULL;
+    }
     free(c->own[i]);
     c->own[i] = NULL;
     free(c->tbl[i]);
@@ -594,10 +614,14 @@ static inline int64_t blocks_needed(const Core *c, int64_t i, int64_t n)
 /* ------------------------------------------------------------------ KV allocation */
 /* KVCacheManager.allocate_slots without forks: room for comp + n tokens, the last ``drafts`` of them speculative
 (a block they fill joins the prefix cache only once they are accepted); 0 where blocks ran out */
+static int allocate_group(Core *c, int64_t i, int64_t n);
+
 static int allocate_drafts(Core *c, int64_t i, int64_t n, int64_t drafts)
 {
     if (c->contig)
         return allocate_region(c, i);
+    if (c->nseq && c->gk[i] > 1)
+        return allocate_group(c, i, n);
     const int64_t old = c->tlen[i];
     const int64_t need = (c->comp[i] + n + c->bs - 1) / c->bs - old;
     if (need > c->free_blocks)
@@ -642,6 +666,191 @@ static void trim(Core *c, int64_t i)
     c->logical -= t - keep;
     c->tlen[i] = keep;
     note_beyond(c, i);
+}
+
+/* ------------------------------------------------------------------ forked sequences (no prefix cache) */
+/* sequence q of forked request i's table (0: its own) */
+static inline int64_t *seq_table(const Core *c, int64_t i, int64_t q)
+{
+    return q ? c->gtbl[i] + (q - 1) * max_blocks_of(c, i) : c->tbl[i];
+}
+
+/* the slots request i's computed tokens fill in blocks [a, b) of one table */
+static inline int64_t filled(const Core *c, int64_t i, int64_t a, int64_t b)
+{
+    const int64_t f = c->comp[i] - a * c->bs, cap = (b - a) * c->bs;
+    return f < 0 ? 0 : (f > cap ? cap : f);
+}
+
+static void note_peaks(Core *c)
+{
+    const int64_t used = c->num_blocks - c->free_blocks;
+    if (used > c->peak_used)
+        c->peak_used = used;
+    if (c->logical > c->peak_logical)
+        c->peak_logical = c->logical;
+}
+
+/* SharingMixin._fork: request i's table shared by its n - 1 siblings. After a preemption (more than one token
+generated) the siblings own fresh copies of the blocks past the prompt's full ones, filled as if recomputed
+with sequence 0 (they recompute them at their next step: ``gsib``), where the pool has them */
+static void fork_group(Core *c, int64_t i)
+{
+    const int64_t k = c->nseq[i], t = c->tlen[i];
+    int64_t own_from = t;
+    if (c->gen[i] > 1) {
+        own_from = c->prompt[i] / c->bs < t ? c->prompt[i] / c->bs : t;
+        if ((k - 1) * (t - own_from) > c->free_blocks)
+            own_from = t;
+    }
+    if (own_from < t) {
+        const int64_t redo = c->comp[i] - own_from * c->bs;
+        c->gsib[i] = redo > 0 ? redo : 0;
+        c->free_blocks -= (k - 1) * (t - own_from);
+        c->held += (k - 1) * filled(c, i, own_from, t);
+    }
+    if (c->cache) {   /* blocks by identity: the shared ones gain the siblings' references, then each sibling's own */
+        const int64_t *t0 = c->tbl[i];
+        for (int64_t b = 0; b < own_from; b++)
+            c->pool.refs[t0[b]] += k - 1;   /* (each is held by t0: none is free) */
+        for (int64_t q = 1; q < k; q++) {
+            int64_t *tq = seq_table(c, i, q);
+            memcpy(tq, t0, own_from * sizeof(int64_t));
+            for (int64_t b = own_from; b < t; b++)
+                tq[b] = kvpool_pop(&c->pool);
+        }
+        c->free_blocks = c->pool.num_free;
+    }
+    c->gk[i] = k;
+    c->gcom[i] = own_from;
+    c->gpriv[i] = 0;
+    c->logical += (k - 1) * t;
+    note_beyond(c, i);
+    note_peaks(c);
+}
+
+/* allocate_group over blocks by identity (a prefix cache): each table in turn replaces each block it writes
+into that others still hold (a copy where it holds tokens), then grows; the ref counts decide, as in
+SharingMixin._allocate_group (a block the sequences share may also be a cache hit of other requests') */
+static int allocate_group_blocks(Core *c, int64_t i, int64_t n)
+{
+    const int64_t bs = c->bs, pos = c->comp[i], k = c->gk[i], t = c->tlen[i];
+    const int64_t total = (pos + n + bs - 1) / bs, first = pos / bs, upto = total < t ? total : t;
+    const int64_t grow = total > t ? total - t : 0;
+    int64_t need = k * grow, *refs = c->pool.refs;
+    for (int64_t b = first; b < upto; b++) {
+        if (b < c->gcom[i]) {   /* one block in every table: each sees the references the earlier ones left */
+            const int64_t r = refs[c->tbl[i][b]] - 1;
+            need += r < k ? r : k;
+        } else {
+            for (int64_t q = 0; q < k; q++)
+                need += refs[seq_table(c, i, q)[b]] > 1;
+        }
+    }
+    if (need > c->pool.num_free)
+        return 0;
+    int64_t common = c->gcom[i];
+    for (int64_t q = 0; q < k; q++) {
+        int64_t *tq = seq_table(c, i, q);
+        for (int64_t b = first; b < upto; b++) {
+            const int64_t src = tq[b];
+            if (refs[src] <= 1)
+                continue;
+            tq[b] = kvpool_pop(&c->pool);
+            kvpool_decref(&c->pool, src);
+            if (b < common)
+                common = b;
+            const int64_t f = pos - b * bs;
+            if (f > 0) {
+                c->st_copy++;
+                c->held += f < bs ? f : bs;
+            }
+        }
+        for (int64_t b = t; b < total; b++)
+            tq[b] = kvpool_pop(&c->pool);
+    }
+    c->free_blocks = c->pool.num_free;
+    c->gcom[i] = common;
+    c->tlen[i] = t + grow;
+    c->logical += k * grow;
+    c->gpriv[i] = 1;
+    note_beyond(c, i);
+    note_peaks(c);
+    return 1;
+}
+
+/* SharingMixin._allocate_group: room for every sequence's next n tokens; a write into a block the sequences
+share first gives each but the last holder a block of its own, a copy where it holds tokens; 0 where blocks
+ran out */
+static int allocate_group(Core *c, int64_t i, int64_t n)
+{
+    const int64_t bs = c->bs, pos = c->comp[i], k = c->gk[i], t = c->tlen[i];
+    if (n == 1 && pos % bs && c->gpriv[i]) {   /* inside every sequence's own last block */
+        note_peaks(c);
+        return 1;
+    }
+    const int64_t total = (pos + n + bs - 1) / bs, first = pos / bs;
+    int64_t upto = total < t ? total : t;
+    if (c->gcom[i] < upto)
+        upto = c->gcom[i];
+    const int64_t shared = upto > first ? upto - first : 0, grow = total > t ? total - t : 0;
+    if (c->cache)
+        return allocate_group_blocks(c, i, n);
+    if ((k - 1) * shared + k * grow > c->free_blocks)
+        return 0;
+    for (int64_t b = first; b < first + shared; b++) {
+        const int64_t f = pos - b * bs;
+        if (f > 0) {
+            c->st_copy += k - 1;
+            c->held += (k - 1) * (f < bs ? f : bs);
+        }
+    }
+    c->free_blocks -= (k - 1) * shared + k * grow;
+    if (shared)
+        c->gcom[i] = first;
+    c->tlen[i] = t + grow;
+    c->logical += k * grow;
+    c->gpriv[i] = 1;
+    note_beyond(c, i);
+    note_peaks(c);
+    return 1;
+}
+
+/* SharingMixin._release of table tb from its block ``skip`` (its first ones kept as they are): a block losing
+its last reference gives back what the table filled, tail first */
+static void release_blocks(Core *c, int64_t i, const int64_t *tb, int64_t skip)
+{
+    const int64_t bs = c->bs, t = c->tlen[i], comp = c->comp[i];
+    for (int64_t b = skip; b < t; b++)
+        if (c->pool.refs[tb[b]] == 1) {
+            const int64_t f = comp - b * bs;
+            c->held -= f < 0 ? 0 : (f > bs ? bs : f);
+        }
+    for (int64_t b = t - 1; b >= skip; b--)
+        kvpool_decref(&c->pool, tb[b]);
+}
+
+/* SharingMixin._free_shared of a forked request: every table but the last gives up its own blocks, the
+shared ones lose those tables' references at once, then the last table is released whole (tail first,
+each; no block offered to the cache) */
+static void release_group(Core *c, int64_t i)
+{
+    const int64_t k = c->gk[i], t = c->tlen[i], own = t - c->gcom[i];
+    if (c->cache) {
+        for (int64_t q = 0; q < k - 1; q++)
+            release_blocks(c, i, seq_table(c, i, q), c->gcom[i]);
+        const int64_t *last = seq_table(c, i, k - 1);
+        for (int64_t b = 0; b < c->gcom[i]; b++)
+            c->pool.refs[last[b]] -= k - 1;
+        release_blocks(c, i, last, 0);
+        c->free_blocks = c->pool.num_free;
+    } else {
+        c->held -= filled(c, i, 0, t) + (k - 1) * filled(c, i, c->gcom[i], t);
+        c->free_blocks += t + (k - 1) * own;
+    }
+    c->logical -= (k - 1) * t;   /* (sequence 0's table: the caller) */
+    c->gk[i] = c->gcom[i] = c->gsib[i] = 0;
+    c->gpriv[i] = 0;
 }
 
 /* SharingMixin._allocate_cached: request i's table starts with the m blocks found (ref counts up), then h
@@ -699,24 +908,25 @@ static int release(Core *c, int64_t i)
     }
     const int64_t pre = prefix_blocks(c, i, t);
     c->prefix_logical -= pre;
-    if (!c->cache) {
+    const int forked = c->nseq && c->gk[i] > 1;
+    if (forked && !c->cache) {
+        c->prefix_distinct -= pre;
+        release_group(c, i);
+    } else if (!c->cache) {
         c->prefix_distinct -= pre;
         const int64_t cap = t * bs;
         c->held -= comp < cap ? comp : cap;
         c->free_blocks += t;
     } else {
-        cache_full(c, i, comp);
+        if (!forked)   /* (a forked request's blocks joined the cache up to its fork, no further) */
+            cache_full(c, i, comp);
         const int64_t *tb = c->tbl[i];
         for (int64_t k = 0; k < pre; k++)
             c->prefix_distinct -= --c->pref[tb[k]] == 0;
-        for (int64_t k = 0; k < t; k++) {   /* a block losing its last reference gives back what i filled */
-            if (c->pool.refs[tb[k]] != 1)
-                continue;
-            const int64_t fill = comp - k * bs;
-            c->held -= fill < 0 ? 0 : (fill > bs ? bs : fill);
-        }
-        for (int64_t k = t - 1; k >= 0; k--)
-            kvpool_decref(&c->pool, tb[k]);
+        if (forked)
+            release_group(c, i);
+        else
+            release_blocks(c, i, tb, 0);
         c->free_blocks = c->pool.num_free;
         c->upto[i] = 0;
         c->memo[i] = t;   /* the first run a lookup checks: a recomputed request's blocks may still be cached */
@@ -890,6 +1100,8 @@ static void add_entry(Core *c, int64_t i, int64_t n)
     c->e_ctx[c->ne] = c->comp[i];
     if (c->spec.k)   /* (read only where speculating) */
         c->e_draft[c->ne] = 0;
+    if (c->nseq)
+        c->e_sib[c->ne] = 0;
     c->ne++;
 }
 
@@ -901,14 +1113,27 @@ static void add_verifying(Core *c, int64_t i, int64_t n, int64_t drafts)
     c->st_decode += n;
 }
 
-/* SchedulerBase._add: the entry and its tokens counted as prefill or decode */
+/* SchedulerBase._add: the entry and its tokens counted as prefill or decode; a forked request's siblings
+each an entry after it, with the tokens they recompute after a re-fork (``gsib``, priced once) */
 static void add_planned(Core *c, int64_t i, int64_t n)
 {
     add_entry(c, i, n);
+    const int64_t w = c->nseq && c->gk[i] > 1 ? c->gk[i] : 1;
+    int64_t extra = 0;
+    if (w > 1) {
+        extra = c->gsib[i];
+        c->gsib[i] = 0;
+        for (int64_t s = 1; s < w; s++) {
+            add_entry(c, i, n + extra);
+            c->e_ctx[c->ne - 1] -= extra;
+            c->e_sib[c->ne - 1] = 1;
+        }
+    }
     if (n == 1 && c->gen[i] > 0 && c->comp[i] + 1 == c->prompt[i] + c->gen[i])
-        c->st_decode += 1;
+        c->st_decode += w;
     else
-        c->st_prefill += n;
+        c->st_prefill += n * w;
+    c->st_prefill += extra * (w - 1);
 }
 
 static int64_t pick_victim(Core *c, const int64_t *order, Py_ssize_t from, Py_ssize_t n)
@@ -950,7 +1175,8 @@ static int preempt(Core *c, int64_t i, double now, int rotate)
     c->num_preemptions++;
     c->st_preempted++;
     const int64_t blocks = c->tlen[i];
-    if (c->swap && blocks > 0 && blocks <= c->cpu_free) {   /* KVCacheManager.swap_out: its KV kept on the CPU */
+    /* (a forked request, whose sequences share blocks, is not swapped: it is recomputed) */
+    if (c->swap && blocks > 0 && blocks <= c->cpu_free && !(c->nseq && c->gk[i] > 1)) {   /* KVCacheManager.swap_out: its KV kept on the CPU */
         c->cpu_held[i] = blocks;
         c->cpu_free -= blocks;
         c->st_swap_out += blocks;
@@ -1051,6 +1277,11 @@ static int64_t swap_in(Core *c, double now, int64_t budget)
 static int admit(Core *c, double now, int64_t budget, int ahead_only)
 {
     Py_ssize_t seats = c->nrun;
+    if (c->nseq) {   /* a request with n samples takes n seats */
+        seats = 0;
+        for (Py_ssize_t j = 0; j < c->nrun; j++)
+            seats += c->nseq[c->running[j]];
+    }
     Disagg *dg = c->w->dg;
     while ((c->wq_len || c->ahead.len) && seats < c->max_seqs && budget > 0) {
         if (ahead_only && !c->ahead.len)
@@ -1066,6 +1297,9 @@ static int admit(Core *c, double now, int64_t budget, int ahead_only)
             budget -= got;
             continue;
         }
+        const int64_t width = c->nseq ? c->nseq[r] : 1;
+        if (seats + width > c->max_seqs && seats)
+            break;
         const int64_t m = c->cache ? match_prefix(c, r) : 0;   /* reused blocks skip their compute */
         const int64_t h = c->host.cap ? host_run(c, r, m) : 0;   /* and so do those loaded back */
         if (h) {   /* its blocks now, its compute once they are loaded */
@@ -1098,7 +1332,7 @@ static int admit(Core *c, double now, int64_t budget, int ahead_only)
         wq_pop(c);
         if (c->nhw)
             unhold(c, r);
-        seats++;
+        seats += width;
         if (isnan(c->fsched[r])) {
             c->fsched[r] = now;
             c->int_zero[r] |= c->w->int_clock ? 1 : 0;
@@ -1317,7 +1551,7 @@ static int schedule(Core *c, double now)
 {
     if (c->staticb)
         return schedule_static(c, now);
-    c->st_prefill = c->st_decode = c->st_preempted = c->st_swap_out = c->st_swap_in = 0;
+    c->st_prefill = c->st_decode = c->st_preempted = c->st_swap_out = c->st_swap_in = c->st_copy = 0;
     c->ne = 0;
     int64_t budget = c->max_batched;
     c->step_index++;
@@ -1366,15 +1600,16 @@ static int schedule(Core *c, double now)
                 continue;
             }
         }
-        if (num_new == 1 && budget > 0 && c->gen[r] && (computed % bs || allocate(c, r, 1))) {
+        const int64_t w = c->nseq && c->gk[r] > 1 ? c->gk[r] : 1;   /* a forked request: all its sequences */
+        if (num_new == 1 && budget > 0 && c->gen[r] && w == 1 && (computed % bs || allocate(c, r, 1))) {
             add_entry(c, r, 1);
             num_decode++;
             budget--;
             continue;
         }
-        if (c->chunked && num_new > budget)
-            num_new = budget;
-        if (num_new <= 0 || num_new > budget)
+        if (c->chunked && num_new * w > budget)
+            num_new = budget / w;
+        if (num_new <= 0 || num_new * w > budget)
             continue;
         /* (a decode with drafts is here only because its allocation above failed: preempt at once) */
         int ok = !drafts && allocate(c, r, num_new);
@@ -1391,7 +1626,7 @@ static int schedule(Core *c, double now)
                 add_verifying(c, r, num_new, drafts);
             else
                 add_planned(c, r, num_new);
-            budget -= num_new;
+            budget -= num_new * w;
         }
     }
     if (c->st_preempted) {   /* (order may be running itself: filter after the loop) */
@@ -1573,14 +1808,14 @@ static int draft_price(Core *c, int64_t seqs, int64_t drafts, int64_t ctx0, doub
 /* the step's breakdown (BREAKDOWN_PARTS: linear, attention, elementwise, allreduce, swap, copy, overhead, and
 draft where speculating; no copy-on-write without forks) */
 static void set_breakdown(double *bd, double linear, double attention, double elementwise, double comm, double swap,
-                          double overhead)
+                          double copy, double overhead)
 {
     bd[0] = linear;
     bd[1] = attention;
     bd[2] = elementwise;
     bd[3] = comm;
     bd[4] = swap;
-    bd[5] = 0.0;
+    bd[5] = copy;
     bd[6] = overhead;
 }
 
@@ -1614,6 +1849,7 @@ static int price(Core *c)
     const double *k = c->c;
     double *bd = c->bdv;
     const double swap = (double)(c->st_swap_out + c->st_swap_in) * c->swap_s_per_block;
+    const double copy = (double)c->st_copy * c->copy_s_per_block;   /* copy-on-write of forked sequences' blocks */
     double draft = 0.0, more_logits = 0.0;   /* the draft passes; the LM head's rows for the drafts */
     if (c->spec.k) {
         double h_all, h_seqs;
@@ -1641,9 +1877,9 @@ static int price(Core *c)
         const double attention = (double)c->layers * per_layer;
         const double gpu = linear + attention + elementwise + comm + k[8] + draft;
         const double busy = k[10] != 0.0 ? py_max(gpu, cpu) : gpu + cpu;
-        const double duration = busy + k[9] + swap + 0.0;
-        set_breakdown(bd, linear, attention, elementwise, comm, swap,
-                      duration - (linear + attention + elementwise + comm + swap + 0.0 + draft));
+        const double duration = busy + k[9] + swap + copy;
+        set_breakdown(bd, linear, attention, elementwise, comm, swap, copy,
+                      duration - (linear + attention + elementwise + comm + swap + copy + draft));
         c->d = duration;
         return 0;
     }
@@ -1668,8 +1904,8 @@ static int price(Core *c)
         elementwise = (double)c->layers * ((double)tokens * k[7] + k[8]);
     }
     const double overhead = c->engine ? k[18] : k[9];   /* (a step of no tokens in engine mode: swaps alone) */
-    set_breakdown(bd, linear, attention, elementwise, comm, swap, overhead);
-    c->d = linear + attention + elementwise + comm + swap + 0.0 + overhead + draft;
+    set_breakdown(bd, linear, attention, elementwise, comm, swap, copy, overhead);
+    c->d = linear + attention + elementwise + comm + swap + copy + overhead + draft;
     return 0;
 }
 
@@ -1679,8 +1915,14 @@ static int update(Core *c, double now, int *progressed)
     const double step_start = now - c->d;
     int64_t regular = 0, computed = 0, sampled = 0;
     Py_ssize_t ndone = 0;
+    int64_t n0 = 0;   /* the new tokens of the last request's own entry */
     for (Py_ssize_t j = 0; j < c->ne; j++) {
         const int64_t r = c->e_idx[j];
+        if (c->nseq && c->e_sib[j]) {   /* a sibling sequence: the same new tokens as its request's entry */
+            computed += n0;
+            continue;
+        }
+        n0 = c->e_new[j];
         int64_t cc = c->comp[r] += c->e_new[j];
         computed += c->e_new[j];
         if (cc < c->prompt[r] + c->gen[r])
@@ -1715,6 +1957,8 @@ static int update(Core *c, double now, int *progressed)
         c->ltok[r] = now;
         if (g >= c->output[r])
             c->done[ndone++] = r;
+        else if (c->nseq && c->nseq[r] > 1 && c->gk[r] <= 1)
+            fork_group(c, r);   /* its samples part after the prompt's first token */
     }
     c->held += computed;
     c->sum_used += c->num_blocks - c->free_blocks;
@@ -1801,7 +2045,7 @@ static int record(Core *c)
     const double row[MAIN_COLS] = {
         c->start, c->d, (double)c->ne, (double)c->st_prefill, (double)c->st_decode, (double)c->nrun,
         (double)(c->wq_len + c->ahead.len - (c->num_swapped - c->nswapped) + c->ld_len), (double)c->num_swapped, (double)used, (double)c->st_preempted, (double)c->st_swap_out,
-        (double)c->st_swap_in, 0.0, (double)c->held,
+        (double)c->st_swap_in, (double)c->st_copy, (double)c->held,
         (double)(used * bs - c->held - c->beyond_final), (double)c->beyond_final,
         c->contig ? (double)((c->free_blocks - extents_largest(&c->ext)) * bs) : 0.0,
         (double)((c->contig ? extents_largest(&c->ext) : c->free_blocks) * bs)};
@@ -1867,8 +2111,10 @@ static int check_pool(Core *c, int64_t *held)
     for (Py_ssize_t i = 0; i < c->N; i++) {
         if (!is_mine(c, i) || !c->tlen[i])
             continue;
-        for (int64_t k = 0; k < c->tlen[i]; k++) {
-            const int64_t b = c->tbl[i][k], f0 = c->comp[i] - k * bs, f = f0 < 0 ? 0 : (f0 > bs ? bs : f0);
+        const int64_t seqs = c->nseq && c->gk[i] > 1 ? c->gk[i] : 1;
+        for (int64_t kq = 0; kq < c->tlen[i] * seqs; kq++) {   /* every sequence's table */
+            const int64_t k = kq % c->tlen[i], q = kq / c->tlen[i];
+            const int64_t b = seq_table(c, i, q)[k], f0 = c->comp[i] - k * bs, f = f0 < 0 ? 0 : (f0 > bs ? bs : f0);
             count[b]++;
             if (fill[b] < 0) {
                 fill[b] = f;
@@ -1970,7 +2216,7 @@ core's counters: blocks held add up, slots add up to the capacity, each running 
 exactly its computed tokens, nobody else holds a block. */
 static int check_integrity(Core *c)
 {
-    int64_t tables = 0, held = 0, beyond = 0, pre = 0, idle = 0;
+    int64_t tables = 0, phys = 0, held = 0, beyond = 0, pre = 0, idle = 0;
     const int64_t bs = c->bs;
     if (c->host.cap && hostlru_check(&c->host) < 0)
         return -1;
@@ -1987,7 +2233,23 @@ static int check_integrity(Core *c)
     for (Py_ssize_t i = 0; i < c->N; i++) {
         if (!is_mine(c, i))
             continue;
-        tables += c->tlen[i];
+        const int64_t k = c->nseq && c->gk[i] > 1 ? c->gk[i] : 1, t = c->tlen[i];
+        if (k > 1) {   /* a forked request: its sequences share the first gcom blocks */
+            if (c->gk[i] != c->nseq[i] || c->gcom[i] > t || c->stat[i] != ST_RUNNING)
+                return fail("a forked request's sequences are not its samples, running, sharing its blocks",
+                            c->rid[i], c->gcom[i]);
+            if (c->gpriv[i] && c->gcom[i] >= t)
+                return fail("a forked request's last block is shared though marked its sequences' own", c->rid[i], t);
+            for (int64_t q = 1; c->cache && q < k; q++)
+                for (int64_t b = 0; b < t; b++)
+                    if ((seq_table(c, i, q)[b] == c->tbl[i][b]) != (b < c->gcom[i]))
+                        return fail("a forked request's sequences share other blocks than their first gcom", c->rid[i], b);
+            held += (k - 1) * filled(c, i, c->gcom[i], t);
+        } else if (c->nseq && (c->gcom[i] || c->gsib[i] || c->gpriv[i])) {
+            return fail("a request not forked keeps a fork's state", c->rid[i], c->gcom[i]);
+        }
+        tables += k * t;
+        phys += t + (k - 1) * (k > 1 ? t - c->gcom[i] : 0);
         beyond += c->beyond[i];
         if (c->tlen[i]) {
             /* (besides running ones: a static batch's idle members; requests holding a prefix loaded, or
@@ -2006,8 +2268,8 @@ static int check_integrity(Core *c)
     if (c->cache) {
         if (check_pool(c, &held) < 0)
             return -1;
-    } else if (c->free_blocks < 0 || c->free_blocks + tables != c->num_blocks) {
-        return fail("free + held blocks is not the pool", c->free_blocks + tables, c->num_blocks);
+    } else if (c->free_blocks < 0 || c->free_blocks + phys != c->num_blocks) {
+        return fail("free + held blocks is not the pool", c->free_blocks + phys, c->num_blocks);
     }
     if (tables != c->logical)
         return fail("logical blocks differ from the tables", c->logical, tables);
@@ -2715,7 +2977,7 @@ static void *alloc_n(Py_ssize_t n, size_t item, int *failed)
 static void free_engine(Core *c)
 {
     void *bufs[] = {c->running, c->order, c->done, c->wq, c->staged, c->staged_t, c->e_idx, c->e_new, c->e_ctx, c->e_draft, c->swapped,
-                    c->tmp, c->idle,
+                    c->tmp, c->idle, c->e_sib,
                     c->main, c->bd, c->lin.keys, c->lin.vals, c->head.keys, c->head.vals, c->pad, c->tr_rid.p,
                     c->tr_time.p, c->tr_phase.p,
                     c->gap_d.p, c->gap_n.p, c->other.p, c->pref, c->ld_idx, c->ld_ready, c->hw};
@@ -2825,7 +3087,7 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
                           &floats, &pad, &linear_fn, &head_fn, &sink, &chunk, &speculation))
         return -1;
     if (chunk < 1 || PyTuple_GET_SIZE(cfg) != 23 || PyTuple_GET_SIZE(ints) != 6
-        || PyTuple_GET_SIZE(floats) != (mode ? 19 : 11)) {
+        || PyTuple_GET_SIZE(floats) != (mode ? 20 : 12)) {
         PyErr_SetString(PyExc_ValueError, "run_core: bad sizes, settings or pricing constants");
         return -1;
     }
@@ -2896,6 +3158,7 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
             return -1;
     }
     c->swap_s_per_block = c->c[mode ? 11 : 10];
+    c->copy_s_per_block = c->c[nk - 1];
     c->pad = NULL;
     if (c->graph_max >= 0) {   /* the padded batch of each token count up to graph_max */
         Py_buffer pb;
@@ -2918,16 +3181,26 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
     c->chunk = chunk;
     if (open_speculation(c, speculation) < 0)
         return -1;
-    /* running, a plan's entries and the finished of a step: at most max_num_seqs requests */
+    if (c->nseq && (c->staticb || c->contig || c->spec.k || w->dg)) {
+        PyErr_SetString(PyExc_ValueError, "run_core: parallel samples need continuous batching over a paged pool "
+                                          "without speculation or disaggregation");
+        return -1;
+    }
+    /* running, the finished of a step: at most max_num_seqs requests; a plan's entries: their sequences */
     const Py_ssize_t batch = (N < c->max_seqs ? N : (Py_ssize_t)c->max_seqs) + 1;
+    Py_ssize_t widest = 1;
+    for (Py_ssize_t i = 0; c->nseq && i < N; i++)
+        if (c->nseq[i] > widest)
+            widest = (Py_ssize_t)c->nseq[i];
     int failed = 0;
     c->running = alloc_n(batch, 8, &failed);
     c->order = alloc_n(batch, 8, &failed);
     c->done = alloc_n(batch, 8, &failed);
-    c->e_idx = alloc_n(batch, 8, &failed);
-    c->e_new = alloc_n(batch, 8, &failed);
-    c->e_ctx = alloc_n(batch, 8, &failed);
-    c->e_draft = alloc_n(batch, 8, &failed);
+    c->e_idx = alloc_n(batch * widest, 8, &failed);
+    c->e_new = alloc_n(batch * widest, 8, &failed);
+    c->e_ctx = alloc_n(batch * widest, 8, &failed);
+    c->e_draft = alloc_n(batch * widest, 8, &failed);
+    c->e_sib = c->nseq ? alloc_n(batch * widest, 1, &failed) : NULL;
     c->swapped = alloc_n(batch, 8, &failed);
     c->tmp = alloc_n(batch, 8, &failed);
     c->idle = alloc_n(batch, 8, &failed);
@@ -3175,7 +3448,7 @@ PyObject *kv_run_core(PyObject *self, PyObject *args)
         PyObject *obj;
         const char *fmt, *what;
         Py_ssize_t n;
-    } want[6] = {{ints_obj, "q", "requests", 6 * N}, {arrival_obj, "d", "arrivals", N}, {dest_obj, "q", "engines", N},
+    } want[6] = {{ints_obj, "q", "requests", 7 * N}, {arrival_obj, "d", "arrivals", N}, {dest_obj, "q", "engines", N},
                  {state_obj, "q", "replica state", 4 * M}, {counters_obj, "q", "request counters", 6 * N},
                  {times_obj, "d", "request times", 5 * N}};
     for (; got < 6; got++)
@@ -3188,6 +3461,11 @@ PyObject *kv_run_core(PyObject *self, PyObject *args)
     shared.accepted = iv + 3 * N;
     shared.prio = iv + 4 * N;
     shared.plen_tok = iv + 5 * N;
+    for (Py_ssize_t i = 0; i < N; i++)
+        if (iv[6 * N + i] != 1) {   /* parallel samples */
+            shared.nseq = iv + 6 * N;
+            break;
+        }
     shared.arrival = bufs[1].buf;
     int64_t *oi = bufs[4].buf;   /* status, computed, generated, preemptions, int-zero flags, cached tokens */
     double *of = bufs[5].buf;    /* first scheduled, first token, last token, finish, rejected at */
@@ -3196,6 +3474,13 @@ PyObject *kv_run_core(PyObject *self, PyObject *args)
     shared.turn = alloc_n(N, 8, &failed);
     shared.stat = alloc_n(N, 1, &failed);
     shared.in_pre = alloc_n(N, 1, &failed);
+    if (shared.nseq) {
+        shared.gk = alloc_n(N, 8, &failed);
+        shared.gcom = alloc_n(N, 8, &failed);
+        shared.gsib = alloc_n(N, 8, &failed);
+        shared.gpriv = alloc_n(N, 1, &failed);
+        shared.gtbl = alloc_n(N, sizeof(int64_t *), &failed);
+    }
     if (failed) {
         PyErr_NoMemory();
         goto done;
@@ -3309,7 +3594,12 @@ done:
     free(shared.turn);
     free(shared.stat);
     free(shared.in_pre);
+    free(shared.gk);
+    free(shared.gcom);
+    free(shared.gsib);
+    free(shared.gpriv);
     free_pool_arrays(&shared, N);
+    free(shared.gtbl);   /* (after: closing a request frees its siblings' tables) */
     free_pool_arrays(&shared_d, N);
     free_disagg(&dg, dbufs, dgot);
     while (got > 0)
