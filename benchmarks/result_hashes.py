@@ -22,6 +22,8 @@ lane, chunked prefill with preemption) and a cluster behind each router:
     pd2000-pull       scenarios/cluster_disaggregated.yaml (2,000 requests, 2 prefill + 6 decode, pulled KV)
     pd2000-push-lw    the same, the KV pushed layer by layer over 100G Ethernet
     spec-ngram        scenarios/speculative.yaml with prompt lookup, 500 requests, 64 in flight
+    samples-n4        scenarios/parallel_sampling.yaml, 1,000 requests of 4 samples over a prefix cache of 2,000
+                      blocks with 4 shared prefixes (forks, copies, hits, evictions, recomputed groups)
 """
 
 from __future__ import annotations
@@ -69,6 +71,10 @@ CASES: dict[str, Callable[[], Scenario]] = {
         "cluster.kv_transfer.link=ethernet-100g"]),
     "spec-ngram": lambda: load_scenario(ROOT / "scenarios/speculative.yaml", [
         "speculative.method=ngram", "workload.synthetic.num_requests=500", "workload.max_concurrency=64"]),
+    "samples-n4": lambda: load_scenario(ROOT / "scenarios/parallel_sampling.yaml", [
+        "workload.synthetic.num_requests=1000", "workload.synthetic.n=4", "kv_cache.prefix_caching=true",
+        "kv_cache.num_gpu_blocks=2000", "workload.synthetic.shared_prefix.groups=4",
+        "workload.synthetic.shared_prefix.length=64", "output.plots=false"]),
 }
 
 
