@@ -128,7 +128,7 @@ def test_static_batching_equals(monkeypatch, policy, async_scheduling):
 
 def _static(data: dict) -> dict:
     """A fuzz case under static batching (whole prompts, FCFS or priority, no prefix cache), in the core."""
-    d = _into_core(data)
+    d = _into_core(data, samples=False)   # (static batching forks no tables)
     d["scheduler"].update(batching="static", chunked_prefill=False)
     if d["scheduler"].get("policy") not in ("fcfs", "priority"):
         d["scheduler"]["policy"] = "fcfs"
@@ -196,7 +196,7 @@ def test_fuzzed_contiguous_allocators_equal(monkeypatch):
     """40 fuzz cases under the three contiguous allocators, continuous or static, a quarter of them clusters:
     the core and the SimPy loop agree."""
     def draw(i: int, rng: random.Random) -> dict:
-        data = _static(draw_scenario(rng, i)) if i % 2 else _into_core(draw_scenario(rng, i))
+        data = _static(draw_scenario(rng, i)) if i % 2 else _into_core(draw_scenario(rng, i), samples=False)
         if data["scheduler"].get("policy") == "longest_prefix_first":
             data["scheduler"]["policy"] = "fcfs"
         data["kv_cache"].update(allocator=sorted(CONTIGUOUS_BLOCKS)[i % 3], prefix_caching=False)
@@ -259,10 +259,11 @@ def test_preemption_by_swap_equals(monkeypatch, swap_gb, async_scheduling, chunk
     assert core.steps["blocks_swapped_in"].sum() == core.steps["blocks_swapped_out"].sum() == s["swapped_blocks"]
 
 
-def _into_core(data: dict) -> dict:
+def _into_core(data: dict, samples: bool = True) -> dict:
     """A fuzz case moved inside what the core covers: FCFS, round-robin or priority, continuous batching, the paged
     manager (with a prefix cache as drawn, hit only by a preempted request's own blocks: no shared prefixes
-    here; tests/test_engine_core_prefix.py fuzzes those), one sequence a request outside shared-prefix groups."""
+    here; tests/test_engine_core_prefix.py fuzzes those), requests of one sequence or parallel samples as
+    drawn (no beams; ``samples`` False: none), outside shared-prefix groups."""
     d = copy.deepcopy(data)
     if d["scheduler"].get("policy") not in ("fcfs", "priority", "round_robin", "longest_prefix_first"):
         d["scheduler"]["policy"] = "fcfs"
@@ -270,9 +271,9 @@ def _into_core(data: dict) -> dict:
     d["kv_cache"].update(allocator="paged")   # prefix caching as drawn: unhit without shared prefixes
     work = d["workload"]   # (a client limit, as drawn: the core runs it too)
     for r in work.get("requests", []):
-        for key in ("n", "beam_width", "prefix_group", "prefix_len"):
+        for key in ("beam_width", "prefix_group", "prefix_len", *(() if samples else ("n",))):
             r.pop(key, None)
-    for key in ("n", "beam_width", "shared_prefix"):
+    for key in ("beam_width", "shared_prefix", *(() if samples else ("n",))):
         work.get("synthetic", {}).pop(key, None)
     return d
 
