@@ -174,6 +174,10 @@ typedef struct {
     int64_t **gtbl;          /* with a prefix cache, blocks by identity: the n - 1 siblings' tables, one after another */
     int8_t *gpriv, *e_sib;   /* e_sib: an entry of a sibling sequence (its request's entry is just before) */
     int64_t st_copy;
+    /* the plan's entries: room for one a running request (e_base) and one more a forked request's sibling
+    (sib_total: grow_entries at each fork) */
+    Py_ssize_t e_cap, e_base;
+    int64_t sib_total;
     double copy_s_per_block;
     int64_t num_swapped;   /* requests swapped out: in ``swapped``, or (round-robin) queued in ``wq`` */
     int64_t cpu_blocks, cpu_free;
@@ -694,7 +698,9 @@ static void note_peaks(Core *c)
 /* SharingMixin._fork: request i's table shared by its n - 1 siblings. After a preemption (more than one token
 generated) the siblings own fresh copies of the blocks past the prompt's full ones, filled as if recomputed
 with sequence 0 (they recompute them at their next step: ``gsib``), where the pool has them */
-static void fork_group(Core *c, int64_t i)
+static int grow_entries(Core *c, Py_ssize_t cap);
+
+static int fork_group(Core *c, int64_t i)
 {
     const int64_t k = c->nseq[i], t = c->tlen[i];
     int64_t own_from = t;
@@ -727,6 +733,10 @@ static void fork_group(Core *c, int64_t i)
     c->logical += (k - 1) * t;
     note_beyond(c, i);
     note_peaks(c);
+    c->sib_total += k - 1;   /* (each sibling an entry of the plans to come) */
+    if (c->e_base + c->sib_total > c->e_cap)
+        return grow_entries(c, c->e_base + c->sib_total > 2 * c->e_cap ? c->e_base + c->sib_total : 2 * c->e_cap);
+    return 0;
 }
 
 /* allocate_group over blocks by identity (a prefix cache): each table in turn replaces each block it writes
@@ -849,6 +859,7 @@ static void release_group(Core *c, int64_t i)
         c->free_blocks += t + (k - 1) * own;
     }
     c->logical -= (k - 1) * t;   /* (sequence 0's table: the caller) */
+    c->sib_total -= k - 1;
     c->gk[i] = c->gcom[i] = c->gsib[i] = 0;
     c->gpriv[i] = 0;
 }
@@ -1957,8 +1968,8 @@ static int update(Core *c, double now, int *progressed)
         c->ltok[r] = now;
         if (g >= c->output[r])
             c->done[ndone++] = r;
-        else if (c->nseq && c->nseq[r] > 1 && c->gk[r] <= 1)
-            fork_group(c, r);   /* its samples part after the prompt's first token */
+        else if (c->nseq && c->nseq[r] > 1 && c->gk[r] <= 1 && fork_group(c, r) < 0)
+            return -1;   /* (its samples part after the prompt's first token) */
     }
     c->held += computed;
     c->sum_used += c->num_blocks - c->free_blocks;
@@ -2216,7 +2227,7 @@ core's counters: blocks held add up, slots add up to the capacity, each running 
 exactly its computed tokens, nobody else holds a block. */
 static int check_integrity(Core *c)
 {
-    int64_t tables = 0, phys = 0, held = 0, beyond = 0, pre = 0, idle = 0;
+    int64_t tables = 0, phys = 0, held = 0, beyond = 0, pre = 0, idle = 0, sibs = 0;
     const int64_t bs = c->bs;
     if (c->host.cap && hostlru_check(&c->host) < 0)
         return -1;
@@ -2245,6 +2256,7 @@ static int check_integrity(Core *c)
                     if ((seq_table(c, i, q)[b] == c->tbl[i][b]) != (b < c->gcom[i]))
                         return fail("a forked request's sequences share other blocks than their first gcom", c->rid[i], b);
             held += (k - 1) * filled(c, i, c->gcom[i], t);
+            sibs += k - 1;
         } else if (c->nseq && (c->gcom[i] || c->gsib[i] || c->gpriv[i])) {
             return fail("a request not forked keeps a fork's state", c->rid[i], c->gcom[i]);
         }
@@ -2273,6 +2285,8 @@ static int check_integrity(Core *c)
     }
     if (tables != c->logical)
         return fail("logical blocks differ from the tables", c->logical, tables);
+    if (sibs != c->sib_total || c->e_base + sibs > c->e_cap)
+        return fail("forked requests' siblings miscounted, or the plan has no room for them", c->sib_total, sibs);
     if (idle != c->nidle)
         return fail("finished requests holding blocks are not the idle members of the batch", idle, c->nidle);
     if (held != c->held)
@@ -2974,6 +2988,28 @@ static void *alloc_n(Py_ssize_t n, size_t item, int *failed)
     return p;
 }
 
+/* the plan's entry arrays grown to ``cap`` entries (their contents kept) */
+static int grow_entries(Core *c, Py_ssize_t cap)
+{
+    int64_t **arrays[] = {&c->e_idx, &c->e_new, &c->e_ctx, &c->e_draft};
+    for (size_t j = 0; j < sizeof arrays / sizeof arrays[0]; j++) {
+        int64_t *p = realloc(*arrays[j], (size_t)cap * sizeof(int64_t));
+        if (!p) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        *arrays[j] = p;
+    }
+    int8_t *sib = realloc(c->e_sib, (size_t)cap);
+    if (!sib) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    c->e_sib = sib;
+    c->e_cap = cap;
+    return 0;
+}
+
 static void free_engine(Core *c)
 {
     void *bufs[] = {c->running, c->order, c->done, c->wq, c->staged, c->staged_t, c->e_idx, c->e_new, c->e_ctx, c->e_draft, c->swapped,
@@ -3188,19 +3224,17 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
     }
     /* running, the finished of a step: at most max_num_seqs requests; a plan's entries: their sequences */
     const Py_ssize_t batch = (N < c->max_seqs ? N : (Py_ssize_t)c->max_seqs) + 1;
-    Py_ssize_t widest = 1;
-    for (Py_ssize_t i = 0; c->nseq && i < N; i++)
-        if (c->nseq[i] > widest)
-            widest = (Py_ssize_t)c->nseq[i];
     int failed = 0;
     c->running = alloc_n(batch, 8, &failed);
     c->order = alloc_n(batch, 8, &failed);
     c->done = alloc_n(batch, 8, &failed);
-    c->e_idx = alloc_n(batch * widest, 8, &failed);
-    c->e_new = alloc_n(batch * widest, 8, &failed);
-    c->e_ctx = alloc_n(batch * widest, 8, &failed);
-    c->e_draft = alloc_n(batch * widest, 8, &failed);
-    c->e_sib = c->nseq ? alloc_n(batch * widest, 1, &failed) : NULL;
+    c->e_base = c->e_cap = batch;
+    c->sib_total = 0;
+    c->e_idx = alloc_n(batch, 8, &failed);
+    c->e_new = alloc_n(batch, 8, &failed);
+    c->e_ctx = alloc_n(batch, 8, &failed);
+    c->e_draft = alloc_n(batch, 8, &failed);
+    c->e_sib = c->nseq ? alloc_n(batch, 1, &failed) : NULL;
     c->swapped = alloc_n(batch, 8, &failed);
     c->tmp = alloc_n(batch, 8, &failed);
     c->idle = alloc_n(batch, 8, &failed);
