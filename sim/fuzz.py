@@ -90,6 +90,7 @@ KNOBS: list[tuple[str, Callable[[random.Random], Any]]] = [
     ("executor.engine", _choice([True, False])),           # engine-level step terms or isolated operators
     ("frontend.enabled", _choice([True, False])),          # frontend latencies before and after the engine
     ("kv_cache.dtype", _maybe(0.3, _choice(["fp8", "fp32"]))),  # the cache's own element type (else auto)
+    ("scheduler.parallel_sampling", _schema_choice(SchedulerConfig, "parallel_sampling")),   # forked or requests
 ]
 
 

@@ -39,6 +39,8 @@ class Request:
     hash_ids: tuple[int, ...] | None = None  # Mooncake: one id per hash_block_tokens prompt tokens
     hash_block_tokens: int = 512
     beam_width: int = 1                    # beam search: beams kept per step (memory pattern only)
+    sample_of: int = -1                    # fanned out (scheduler.parallel_sampling: fanout): one of the samples
+                                           # of this workload request, whose prompt (its token ids) it repeats
     # --- state (owned by the scheduler) ---
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0

@@ -35,7 +35,9 @@ from sim.sched.records import PHASE_NAMES, TokenGaps, Transitions, intervals_fra
 from sim.small_pages import small_pages
 from sim.specs import GiB, group_kv_bytes_per_block, hbm_budget, kv_capacity_blocks
 from sim.speculative import Speculation, add_request_columns, drafter_bytes
-from sim.workload import build_workload
+from sim.workload import Workload, build_workload
+from sim.workload.build import sample_output_lengths
+from sim.workload.fanout import add_sample_columns
 
 # a run in the compiled core (one engine, or a colocated cluster) takes its per-request table from the core's
 # arrays (sim/core_requests.py); False reads it back from the Requests as the SimPy loop's runs do (the
@@ -127,21 +129,38 @@ def check_block_counts(scn: Scenario, num_gpu: int, num_cpu: int) -> None:
                          f"{MAX_BLOCKS:,}; use less swap space")
 
 
+_FANOUT_HINT = ", or set scheduler.parallel_sampling: fanout (each sample a request of its own, as vLLM v1)"
+
+
+def fan_out_samples(scn: Scenario, workload: Workload) -> None:
+    """``scheduler.parallel_sampling: fanout``: each request of n samples becomes n requests. A client's
+    concurrency limit counts the requests it sent, not their samples: refused where some request fans out."""
+    if scn.scheduler.parallel_sampling != "fanout":
+        return
+    workload.fan_out(sample_output_lengths(scn.workload, workload.requests, scn.base_dir, scn.seed))
+    if workload.origin is not None and scn.workload.max_concurrency:
+        raise KvsimError(f"{scn.source}: scheduler.parallel_sampling", "fanout sends each sample as a request "
+                         "of its own, and a client's concurrency limit (workload.max_concurrency) counts the "
+                         "requests it sent, not their samples; use fork with a client")
+
+
 def _check_sequences_supported(scn: Scenario, requests: list) -> None:
     """Parallel samples and beams fork block tables: only the paged allocator with continuous batching does,
-    without speculative decoding (its drafts are one sequence's)."""
+    without speculative decoding (its drafts are one sequence's). (Fanned out, samples are requests.)"""
     if scn.scheduler.batching == "continuous" and scn.kv_cache.allocator == "paged" and scn.speculative is None:
         return
     wide = next((r for r in requests if r.n > 1 or getattr(r, "beam_width", 1) > 1), None)
     if wide is not None and scn.speculative is not None:
         raise KvsimError(f"{scn.source}: speculative", f"request {wide.req_id} has n={wide.n}, "
                          f"beam_width={getattr(wide, 'beam_width', 1)}: speculative decoding drafts for one "
-                         "sequence a request; drop the speculative section or the parallel samples and beams")
+                         "sequence a request; drop the speculative section or the parallel samples and beams"
+                         + _FANOUT_HINT * (getattr(wide, "beam_width", 1) == 1))
     if wide is not None:
         mode = "static batching" if scn.scheduler.batching == "static" else f"the {scn.kv_cache.allocator} allocator"
         raise KvsimError(f"{scn.source}: workload", f"request {wide.req_id} has n={wide.n}, "
                          f"beam_width={getattr(wide, 'beam_width', 1)}: parallel samples and beams need "
-                         f"kv_cache.allocator: paged and scheduler.batching: continuous, not {mode}")
+                         f"kv_cache.allocator: paged and scheduler.batching: continuous, not {mode}"
+                         + _FANOUT_HINT * (getattr(wide, "beam_width", 1) == 1))
 
 
 def build_parts(scn: Scenario, num_gpu: int, num_cpu: int, executor: Any = None, replica_id: int = 0):
@@ -215,6 +234,7 @@ def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, pro
     num_cpu = cpu_blocks(scn)
     check_block_counts(scn, num_gpu, num_cpu)
     workload = build_workload(scn.workload, base_dir=scn.base_dir, seed=scn.seed, source=scn.source)
+    fan_out_samples(scn, workload)
     _check_sequences_supported(scn, workload.requests)
     manager, scheduler, executor, recorder = build_parts(scn, num_gpu, num_cpu)
     block_bytes = group_kv_bytes_per_block(model, scn.hardware_spec, scn.kv_cache.block_size)
@@ -266,6 +286,7 @@ def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, pro
         add_client_waits(reqs, planned)
     if scheduler.speculation is not None:
         add_request_columns(reqs, [scheduler.speculation])
+    add_sample_columns(reqs, workload.origin)
     # what the summary needs of the engine's parts; then the parts go (the Request objects with them), so
     # that the per-step and timeline tables are built without the run's objects in memory
     hit_rate = manager.prefix_cache_hit_rate() if hasattr(manager, "prefix_cache_hit_rate") else 0.0

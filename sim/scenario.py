@@ -72,6 +72,9 @@ class SchedulerConfig(_Strict):
     # at a busy engine waits one more step to be admitted (sim/engine.py)
     async_scheduling: bool = True
     multi_step: bool = True  # price runs of identical decode steps at once (same results; sim/sched/decode_run.py)
+    # a request's n samples: one request whose sequences fork its block tables (the PagedAttention paper's,
+    # vLLM v0's) or n requests of its prompt (vLLM v1's; sim/workload/fanout.py)
+    parallel_sampling: Literal["fork", "fanout"] = "fork"
 
 
 class ExecutorConfig(_Strict):
@@ -358,6 +361,10 @@ def unsupported_combination(scn: Scenario) -> tuple[str, str] | None:
         if kv.prefix_caching:
             return "kv_cache.prefix_caching", "needs scheduler.batching: continuous (static batching reserves " \
                                               "each request's memory whole)"
+    syn = scn.workload.synthetic
+    if syn is not None and syn.sample_lengths == "independent" and syn.n > 1 and sch.parallel_sampling == "fork":
+        return "workload.synthetic.sample_lengths", ("independent needs scheduler.parallel_sampling: fanout (forked "
+                                                     "samples move in lockstep, all as long as their request)")
     if kv.cpu_offload_gib and not kv.prefix_caching:
         return "kv_cache.cpu_offload_gib", "needs kv_cache.prefix_caching: true (the host tier holds copies of " \
                                            "the prefix cache's blocks)"

@@ -299,6 +299,7 @@ def test_fuzzed_clients_equal(monkeypatch, part):
     for i in range(30 * part, 30 * part + 30):
         rng = random.Random(f"engine-core-clients:{i}")
         data = _into_core(draw_scenario(rng, i))
+        data["scheduler"]["parallel_sampling"] = "fork"   # (a client counts requests: fanout is refused with one)
         work = data["workload"]
         work["max_concurrency"] = rng.choice([1, 2, 3, 5, 40]) if i % 4 else \
             [{"from_s": 0, "limit": rng.randint(1, 3)}, {"from_s": rng.choice([0.5, 5.0]), "limit": rng.randint(1, 6)}]

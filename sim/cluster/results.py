@@ -38,6 +38,7 @@ from sim.sched.records import TokenGaps
 from sim.specs import group_kv_bytes_per_block
 from sim.speculative import add_request_columns
 from sim.speculative import summary_of as speculation_summary
+from sim.workload.fanout import add_sample_columns
 
 SLOT_COLS = ["slots_token_states", "slots_reserved", "slots_internal_frag", "slots_external_frag", "slots_free"]
 
@@ -163,6 +164,7 @@ def cluster_result(scn, workload, reps: list[Replica], served: dict[int, int], h
         reqs = requests_frame(requests, output_latency_s=fe_out, token_latency_s=fe_token)
     if planned is not None:
         add_client_waits(reqs, planned)
+    add_sample_columns(reqs, workload.origin)
     steps, bounds = _step_table(reps, None if keep_steps else SUMMARY_STEP_COLUMNS)
     if len(reps) == 1:   # the single engine's summary, built exactly as sim/runner.py builds it
         rep = reps[0]

@@ -227,7 +227,9 @@ def _check_disaggregated(scn: Scenario, pools: list[Scenario], requests: list[Re
     wide = next((r for r in requests if r.n > 1 or r.beam_width > 1), None)
     if wide is not None:
         raise KvsimError(where, f"request {wide.req_id} has n={wide.n}, beam_width={wide.beam_width}: "
-                         "parallel samples and beams are not modelled across prefill/decode pools")
+                         "parallel samples and beams are not forked across prefill/decode pools"
+                         + ("; scheduler.parallel_sampling: fanout sends each sample as a request of its own"
+                            if wide.beam_width == 1 else ""))
     if pools[0].model_spec.kv_bytes_per_token() != pools[1].model_spec.kv_bytes_per_token():
         raise KvsimError(where, "the prefill and decode pools must serve the same model with the same KV bytes a "
                                 "token (kv_cache.dtype): the decode pool takes the prefill pool's KV as it is")
@@ -253,12 +255,13 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
     """Run a scenario with a ``cluster`` section to completion; ``progress``: a bar on stderr over the
     requests done, shown once the run has lasted ``progress_after_s`` seconds of wall time; ``keep_steps``:
     as ``run_scenario``'s."""
-    from sim.runner import _check_sequences_supported, _integrity_default
+    from sim.runner import _check_sequences_supported, _integrity_default, fan_out_samples
 
     t0 = time.perf_counter()
     cfg = scn.cluster
     assert cfg is not None
     workload = build_workload(scn.workload, base_dir=scn.base_dir, seed=scn.seed, source=scn.source)
+    fan_out_samples(scn, workload)
     requests = workload.requests
     check = _integrity_default() if check_integrity is None else check_integrity
     fe_in, fe_out, fe_token = scn.frontend.latencies()

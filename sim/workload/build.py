@@ -17,8 +17,9 @@ from sim.limits import MAX_REQUESTS, MAX_TIME_S
 from sim.request import Request
 from sim.workload import reshape
 from sim.workload.config import InlineRequest, WorkloadConfig
+from sim.workload.fanout import extra_samples, fan_out
 from sim.workload.jsonl import MOONCAKE_BLOCK_TOKENS
-from sim.workload.synthetic import arrival_times, generate
+from sim.workload.synthetic import arrival_times, generate, sample_lengths
 from sim.workload.table import Columns, LoadStats
 from sim.workload.traces import load_trace
 
@@ -29,6 +30,32 @@ class Workload:
 
     requests: list[Request]
     stats: dict = field(default_factory=dict)
+    origin: np.ndarray | None = None   # fanned out (sim/workload/fanout.py): the workload request each serves
+
+    def fan_out(self, lengths: np.ndarray | None = None) -> None:
+        """Each request of n samples becomes n requests (``scheduler.parallel_sampling: fanout``; ``lengths``:
+        sim/workload/fanout.py's)."""
+        self.requests, self.origin = fan_out(self.requests, lengths)
+        if self.origin is not None:
+            self.stats["engine_requests"] = len(self.requests)
+
+
+def sample_output_lengths(cfg: WorkloadConfig, requests: list[Request], base_dir: Path, seed: int) -> np.ndarray | None:
+    """Output lengths of the samples past each request's first (``extra_samples``), drawn from the synthetic
+    output_len where ``sample_lengths: independent`` (from a stream of the seed's own, so the requests' draws
+    stay as they were), cut as the workload's max_model_len cuts outputs; None: each its request's."""
+    syn = cfg.synthetic
+    if syn is None or syn.sample_lengths != "independent":
+        return None
+    count = extra_samples(requests)
+    rng = np.random.default_rng([seed, 0x5A3])
+    out = sample_lengths(syn.output_len, count, rng, role="output", base_dir=Path(base_dir),
+                         where="workload.synthetic.output_len")
+    if cfg.max_model_len is not None:
+        prompt = np.repeat(np.array([r.prompt_len for r in requests], dtype=np.int64),
+                           np.array([r.n - 1 for r in requests], dtype=np.int64))
+        out = np.maximum(1, np.minimum(out, cfg.max_model_len - prompt))
+    return out
 
 
 def build_workload(cfg: WorkloadConfig, base_dir: Path, seed: int, source: str = "<scenario>") -> Workload:

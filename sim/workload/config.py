@@ -74,6 +74,9 @@ class SyntheticConfig(_Strict):
     output_len: LengthConfig
     shared_prefix: SharedPrefixConfig | None = None
     n: int = Field(default=1, ge=1, le=L.MAX_SAMPLES)
+    # a request's samples: all as long as its output_len, or (fanned out: scheduler.parallel_sampling) each
+    # of the others drawing its own from output_len, as samples that stop at their own end of sequence do
+    sample_lengths: Literal["same", "independent"] = "same"
     beam_width: int = Field(default=1, ge=1, le=L.MAX_SAMPLES)
     priority: PriorityConfig | None = None
 

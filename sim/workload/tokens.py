@@ -7,10 +7,12 @@ A token's id is a 62-bit mix of where its content comes from:
     p < prefix_len (prefix_group g)  (PREFIX, g, p)                   same group, same position
     p < prompt_len, hash_ids given   (CHUNK, hash_ids[p // C], p % C)  same Mooncake chunk id (C = 512)
     other prompt positions           (PROMPT, req_id, p)              never across requests
+      of a sample (``sample_of`` w)  (SAMPLED, w, p)                  the samples of one workload request
     p >= prompt_len (generated)      (OUTPUT, req_id, s, p)           never across requests or samples
 
 So requests of one prefix group share their first ``prefix_len`` token ids, Mooncake requests whose
-``hash_ids`` agree share those 512-token chunks, and a preempted request that comes back regenerates
+``hash_ids`` agree share those 512-token chunks, the samples a request fans out into (vLLM v1's parallel
+sampling: sim/workload/fanout.py) share its whole prompt, and a preempted request that comes back regenerates
 the same ids for its own generated tokens (they are a function of position, not of a random draw).
 
 ``block_hashes`` chains full blocks the vLLM v1 way: hash(block i) = H(hash(block i-1), tokens of i),
@@ -24,7 +26,7 @@ import numpy as np
 
 from sim.native import native
 
-_PREFIX, _CHUNK, _PROMPT, _OUTPUT = 1, 2, 3, 4
+_PREFIX, _CHUNK, _PROMPT, _OUTPUT, _SAMPLED = 1, 2, 3, 4, 5
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _GOLD = np.uint64(0x9E3779B97F4A7C15)
@@ -49,6 +51,11 @@ def _ids(tag: int, a: int, b: int | np.ndarray, pos: np.ndarray) -> np.ndarray:
     return (x & _MASK62).astype(np.int64)
 
 
+def prompt_source(req) -> tuple[int, int]:
+    """(tag, key) of ``req``'s own prompt tokens: its own, or the workload request's it is a sample of."""
+    return (_SAMPLED, req.sample_of) if req.sample_of >= 0 else (_PROMPT, req.req_id)
+
+
 def token_ids(req, start: int, end: int, seq: int = 0) -> np.ndarray:
     """Token ids of positions ``start .. end-1`` of sequence ``seq`` of ``req`` (int64 array)."""
     pos = np.arange(start, end, dtype=np.int64)
@@ -69,7 +76,7 @@ def token_ids(req, start: int, end: int, seq: int = 0) -> np.ndarray:
         out[m2] = _ids(_CHUNK, 0, chunk, p % c)
     m3 = ~m & ~m2 & (pos < prompt)
     if m3.any():
-        out[m3] = _ids(_PROMPT, req.req_id, 0, pos[m3])
+        out[m3] = _ids(*prompt_source(req), 0, pos[m3])
     m4 = pos >= prompt
     if m4.any():
         out[m4] = _ids(_OUTPUT, req.req_id, seq, pos[m4])
@@ -114,6 +121,8 @@ def shareable_blocks(req, block_size: int) -> int:
     own_from = req.prefix_len if req.prefix_group >= 0 else 0
     if req.hash_ids:
         own_from = max(own_from, min(req.prompt_len, len(req.hash_ids) * req.hash_block_tokens))
+    if req.sample_of >= 0:   # (a sample's whole prompt is its siblings')
+        own_from = req.prompt_len
     return own_from // block_size
 
 
@@ -162,9 +171,10 @@ def _runs(req, first_block: int, end_block: int, bs: int, seq: int):
         if start >= prompt:                  # generated tokens, to the end
             yield _OUTPUT, rid, seq, start, end_block - i, None
             return
-        if start >= own_from and end <= prompt:   # the request's own prompt tokens
+        if start >= own_from and end <= prompt:   # the request's own prompt tokens (its samples')
             k = min(end_block, prompt // bs)
-            yield _PROMPT, rid, None, start, k - i, None
+            tag, key = prompt_source(req)
+            yield tag, key, None, start, k - i, None
         elif start >= plen and end <= chunked_end and start // c == (end - 1) // c:   # inside one chunk
             k = min(end_block, chunked_end // bs) if c % bs == 0 else i + 1   # (aligned: none straddles)
             yield _CHUNK, 0, None, start, k - i, hashes
