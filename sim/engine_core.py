@@ -155,16 +155,17 @@ def admission(prompt: np.ndarray, out: np.ndarray, scheduler: ContinuousSchedule
     return capped, capped != out, bad
 
 
-def prepare(requests: list[Request], scheduler: ContinuousScheduler) -> tuple[np.ndarray, np.ndarray]:
+def prepare(requests: list[Request], scheduler: ContinuousScheduler, samples: np.ndarray | None = None
+            ) -> tuple[np.ndarray, np.ndarray]:
     """Apply ``add_request``'s output cap to every request and return (which would be queued (1) or
-    rejected (0) when handed over, which were cut): both depend on the request and the settings only,
+    rejected (0) when handed over, which were cut; ``samples``: each request's n, None: one each): both
+    depend on the request and the settings only,
     and the cut are counted by the scheduler they are handed to (``run_engines``). Each rejected
     request gets its reason now (its status and time when handed over)."""
     n = len(requests)
     prompt = np.fromiter((r.prompt_len for r in requests), dtype=np.int64, count=n)
     out = np.fromiter((r.output_len for r in requests), dtype=np.int64, count=n)
-    width = np.fromiter((max(r.n, r.beam_width) for r in requests), dtype=np.int64, count=n)
-    capped, cut, bad = admission(prompt, out, scheduler, width if (width > 1).any() else None)
+    capped, cut, bad = admission(prompt, out, scheduler, samples if samples is not None and (samples > 1).any() else None)
     for i in np.flatnonzero(cut).tolist():
         requests[i].output_len = int(capped[i])
     for i in np.flatnonzero(bad).tolist():
@@ -251,8 +252,10 @@ def run_engines(requests: list[Request], engines: list[EngineParts], lag: float,
     if not same_admission([p.scheduler for p in engines]):
         raise ValueError("run_engines: the engines cap or reject requests differently")
     n, m = len(requests), len(engines)
-    accepted, cut = prepare(requests, engines[0].scheduler)
-    ints = request_ints(requests, np.fromiter((r.output_len for r in requests), dtype=np.int64, count=n), accepted)
+    samples = np.fromiter((r.n for r in requests), dtype=np.int64, count=n)   # (no beams here: requests_supported)
+    accepted, cut = prepare(requests, engines[0].scheduler, samples)
+    ints = request_ints(requests, np.fromiter((r.output_len for r in requests), dtype=np.int64, count=n), accepted,
+                        samples)
     arrival = np.fromiter((r.arrival_s for r in requests), dtype=np.float64, count=n)
     where = np.full(n, -1, dtype=np.int64) if dest is None else np.array(dest, dtype=np.int64)
     state = np.zeros((m, 4), dtype=np.int64)
@@ -289,9 +292,11 @@ def run_engines(requests: list[Request], engines: list[EngineParts], lag: float,
     return runs, where
 
 
-def request_ints(requests: list[Request], output: np.ndarray, accepted: np.ndarray) -> np.ndarray:
+def request_ints(requests: list[Request], output: np.ndarray, accepted: np.ndarray,
+                 samples: np.ndarray | None = None) -> np.ndarray:
     """core.c's per-request integers: req_id, prompt, output (as the engines serve it), whether it is queued
-    (1) or rejected (0) when handed over, priority, shared-prefix length (0 outside a group), samples (n)."""
+    (1) or rejected (0) when handed over, priority, shared-prefix length (0 outside a group), samples (n;
+    ``samples``, None: one each)."""
     n = len(requests)
     ints = np.empty((7, n), dtype=np.int64)
     ints[0] = np.fromiter((r.req_id for r in requests), dtype=np.int64, count=n)
@@ -300,7 +305,7 @@ def request_ints(requests: list[Request], output: np.ndarray, accepted: np.ndarr
     ints[3] = accepted
     ints[4] = np.fromiter((r.priority for r in requests), dtype=np.int64, count=n)
     ints[5] = np.fromiter((r.prefix_len if r.prefix_group >= 0 else 0 for r in requests), dtype=np.int64, count=n)
-    ints[6] = np.fromiter((r.n for r in requests), dtype=np.int64, count=n)
+    ints[6] = 1 if samples is None else samples
     return ints
 
 
