@@ -29,7 +29,7 @@ from sim.kv import make_kv_manager
 from sim.limits import MAX_BLOCKS
 from sim.metrics import SUMMARY_STEP_COLUMNS, Recorder, requests_frame, summarize, with_latencies
 from sim.progress_bar import ProgressBar
-from sim.scenario import Scenario
+from sim.scenario import FANOUT_CLIENT, Scenario
 from sim.sched import make_scheduler
 from sim.sched.records import PHASE_NAMES, TokenGaps, Transitions, intervals_frame, transition_intervals
 from sim.small_pages import small_pages
@@ -138,10 +138,8 @@ def fan_out_samples(scn: Scenario, workload: Workload) -> None:
     if scn.scheduler.parallel_sampling != "fanout":
         return
     workload.fan_out(sample_output_lengths(scn.workload, workload.requests, scn.base_dir, scn.seed))
-    if workload.origin is not None and scn.workload.max_concurrency:
-        raise KvsimError(f"{scn.source}: scheduler.parallel_sampling", "fanout sends each sample as a request "
-                         "of its own, and a client's concurrency limit (workload.max_concurrency) counts the "
-                         "requests it sent, not their samples; use fork with a client")
+    if workload.origin is not None and scn.workload.max_concurrency:   # (a trace's samples: known only now)
+        raise KvsimError(f"{scn.source}: scheduler.parallel_sampling", FANOUT_CLIENT)
 
 
 def _check_sequences_supported(scn: Scenario, requests: list) -> None:

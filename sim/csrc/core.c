@@ -739,6 +739,16 @@ static int fork_group(Core *c, int64_t i)
     return 0;
 }
 
+/* a forked request's tables, each its own last block now, grown to ``len`` blocks: the counts and peaks */
+static void group_grown(Core *c, int64_t i, int64_t len)
+{
+    c->logical += c->gk[i] * (len - c->tlen[i]);
+    c->tlen[i] = len;
+    c->gpriv[i] = 1;
+    note_beyond(c, i);
+    note_peaks(c);
+}
+
 /* allocate_group over blocks by identity (a prefix cache): each table in turn replaces each block it writes
 into that others still hold (a copy where it holds tokens), then grows; the ref counts decide, as in
 SharingMixin._allocate_group (a block the sequences share may also be a cache hit of other requests') */
@@ -781,11 +791,7 @@ static int allocate_group_blocks(Core *c, int64_t i, int64_t n)
     }
     c->free_blocks = c->pool.num_free;
     c->gcom[i] = common;
-    c->tlen[i] = t + grow;
-    c->logical += k * grow;
-    c->gpriv[i] = 1;
-    note_beyond(c, i);
-    note_peaks(c);
+    group_grown(c, i, t + grow);
     return 1;
 }
 
@@ -799,13 +805,13 @@ static int allocate_group(Core *c, int64_t i, int64_t n)
         note_peaks(c);
         return 1;
     }
+    if (c->cache)
+        return allocate_group_blocks(c, i, n);
     const int64_t total = (pos + n + bs - 1) / bs, first = pos / bs;
     int64_t upto = total < t ? total : t;
     if (c->gcom[i] < upto)
         upto = c->gcom[i];
     const int64_t shared = upto > first ? upto - first : 0, grow = total > t ? total - t : 0;
-    if (c->cache)
-        return allocate_group_blocks(c, i, n);
     if ((k - 1) * shared + k * grow > c->free_blocks)
         return 0;
     for (int64_t b = first; b < first + shared; b++) {
@@ -818,11 +824,7 @@ static int allocate_group(Core *c, int64_t i, int64_t n)
     c->free_blocks -= (k - 1) * shared + k * grow;
     if (shared)
         c->gcom[i] = first;
-    c->tlen[i] = t + grow;
-    c->logical += k * grow;
-    c->gpriv[i] = 1;
-    note_beyond(c, i);
-    note_peaks(c);
+    group_grown(c, i, t + grow);
     return 1;
 }
 
