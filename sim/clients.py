@@ -12,7 +12,10 @@ concurrent load, N users in a loop) sends a request only when one of its N slots
     engine   has request i at send(i) + input_latency_s (the frontend, as for any arrival)
 
 With every arrival at 0 (a burst) this is a closed loop of N users; with arrival times it is an open
-loop capped at N in flight, the requests beyond it waiting at the client. A request's ``arrival_s``
+loop capped at N in flight, the requests beyond it waiting at the client. A request fanned out into samples
+(``scheduler.parallel_sampling: fanout``: consecutive requests of one ``sample_of``) is one request to the
+client: its samples are sent together under one slot, which is free again a pause after the last of their
+responses is whole. A request's ``arrival_s``
 becomes its send time, as a client measures TTFT and E2E from there.
 
 The engines are fed (``Engine.submit``, or a cluster's router; disaggregated, the client's requests
@@ -110,14 +113,32 @@ def with_client_rows(timeline: pd.DataFrame, reqs: pd.DataFrame, planned: pd.Ser
     return both.sort_values(["req_id", "start_s"], kind="stable").reset_index(drop=True)
 
 
+def send_batches(requests: list[Request]) -> list[tuple[int, int]]:
+    """The requests (in send order) the client sends together, as index ranges [lo, hi): a fanned-out
+    request's samples (consecutive, of one ``sample_of``), else one request each."""
+    out: list[tuple[int, int]] = []
+    lo = 0
+    for i in range(1, len(requests) + 1):
+        if i == len(requests) or requests[i].sample_of < 0 or requests[i].sample_of != requests[lo].sample_of:
+            out.append((lo, i))
+            lo = i
+    return out
+
+
 def core_client(scn: Any, requests: list[Request], output_latency_s: float, token_latency_s: float) -> tuple:
     """The client of ``scn`` as the compiled core reads it (sim/csrc/client.h), over ``requests`` in send order:
-    (each request's limit, the pauses in answer order or None, the fixed pause, the output latencies)."""
+    (each request's limit, the pauses in answer order or None, the fixed pause, the output latencies, and
+    where samples are sent together each request's batch's first one, else None)."""
     arrivals = np.fromiter((r.arrival_s for r in requests), dtype=np.float64, count=len(requests))
     rng = think_rng(scn)
     pauses = None if rng is None else rng.exponential(scn.workload.think_time_s, size=len(requests))
+    batches = send_batches(requests)
+    leads = None
+    if len(batches) < len(requests):
+        leads = np.repeat(np.array([lo for lo, _ in batches], dtype=np.int64),
+                          np.array([hi - lo for lo, hi in batches], dtype=np.int64))
     return (stage_limits(stages_of(scn), arrivals), pauses, float(scn.workload.think_time_s),
-            float(output_latency_s), float(token_latency_s))
+            float(output_latency_s), float(token_latency_s), leads)
 
 
 class ClientPool:
@@ -141,11 +162,12 @@ class ClientPool:
         # prefill replica: only those of one output token, the others go on to a decode replica)
         self.answers = answers if answers is not None else [None] * len(engines)
         self.requests = sorted(requests, key=lambda r: r.arrival_s)   # (stable: ties keep their order)
+        self.batches = send_batches(self.requests)   # sent together: a fanned-out request's samples
         # a request arriving at t may be sent while fewer than the limit of the last stage from at most t
         # are in flight
         stages = [(0.0, max_concurrency)] if isinstance(max_concurrency, int) else list(max_concurrency)
-        self.limits = stage_limits(stages, np.fromiter((r.arrival_s for r in self.requests), dtype=np.float64,
-                                                       count=len(self.requests))).tolist()
+        self.limits = stage_limits(stages, np.fromiter((self.requests[lo].arrival_s for lo, _ in self.batches),
+                                                       dtype=np.float64, count=len(self.batches))).tolist()
         self.think_time_s = think_time_s
         self.think_rng = think_rng   # given: each pause is exponential with mean think_time_s, in answer order
         self.input_latency_s = input_latency_s
@@ -156,6 +178,7 @@ class ClientPool:
         self._all_sent = False
         self._slot: simpy.Event | None = None   # the sender waits on it for a free slot
         self._seen = [0] * len(engines)   # per engine, its scheduler's finished requests already answered
+        self._due: dict[int, list] = {}   # a batch of samples sent, by sample_of: [answers due, latest answer]
 
     @classmethod
     def for_scenario(cls, scn: Any, engines: list[Engine], deliver: Callable[[Request], None], requests: list[Request],
@@ -181,7 +204,7 @@ class ClientPool:
         def add_or_answer(req: Request, now: float) -> bool:
             queued = add(req, now)
             if not queued:   # rejected as it reached the engine: the client has its error at once
-                self._answered(now)
+                self._answered(req, now)
             return queued
         return add_or_answer
 
@@ -194,18 +217,21 @@ class ClientPool:
 
     def _send(self):
         env = self.env
-        for req, limit in zip(self.requests, self.limits):
+        for (lo, hi), limit in zip(self.batches, self.limits):
             while self.in_flight >= limit:
                 self._slot = env.event()
                 yield self._slot
                 self._slot = None
-            wait = req.arrival_s - env.now
+            wait = self.requests[lo].arrival_s - env.now
             if wait > 0:
                 yield env.timeout(wait)
-            req.arrival_s = float(env.now)
             self.in_flight += 1
-            self._in_transit += 1
-            env.timeout(self.input_latency_s).callbacks.append(partial(self._hand_over, req))
+            if hi - lo > 1:
+                self._due[self.requests[lo].sample_of] = [hi - lo, 0.0]
+            for req in self.requests[lo:hi]:
+                req.arrival_s = float(env.now)
+                self._in_transit += 1
+                env.timeout(self.input_latency_s).callbacks.append(partial(self._hand_over, req))
         self._all_sent = True
         self._end_if_sent()
 
@@ -226,12 +252,21 @@ class ClientPool:
         answers = self.answers[i]
         for req in finished[self._seen[i]:]:
             if answers is None or answers(req):
-                self._answered(req.finish_s + self.output_latency_s
+                self._answered(req, req.finish_s + self.output_latency_s
                                + self.token_latency_s * max(req.output_len - 1, 0))
         self._seen[i] = len(finished)
 
-    def _answered(self, at: float) -> None:
-        """The client has a whole response at ``at`` (>= now): its slot is free a pause later."""
+    def _answered(self, req: Request, at: float) -> None:
+        """The client has ``req``'s whole response at ``at`` (>= now): its slot is free a pause later (a sample
+        sent with others: once the last of theirs is whole too)."""
+        due = self._due.get(req.sample_of) if req.sample_of >= 0 else None
+        if due is not None:
+            due[0] -= 1
+            due[1] = max(due[1], at)
+            if due[0]:
+                return
+            del self._due[req.sample_of]
+            at = due[1]
         think = self.think_time_s if self.think_rng is None else float(self.think_rng.exponential(self.think_time_s))
         self.env.timeout(max(at + think - self.env.now, 0.0)).callbacks.append(self._release)
 

@@ -210,10 +210,7 @@ def _combination_problem(data: dict) -> tuple[str, str] | None:
     from sim.scenario import Scenario, unsupported_combination
 
     probe = {k: v for k, v in data.items() if k != "workload"}
-    wl = data.get("workload", {})   # (a request of the drawn samples, and the drawn client, stand for the workload)
-    samples = max([r.get("n", 1) for r in wl.get("requests") or [wl.get("synthetic") or {}]], default=1)
-    probe["workload"] = {"requests": [{"prompt_len": 1, "output_len": 1, "n": samples}],
-                         **{k: wl[k] for k in ("max_concurrency",) if k in wl}}
+    probe["workload"] = {"requests": [{"prompt_len": 1, "output_len": 1}]}
     return unsupported_combination(Scenario.model_validate(probe))
 
 

@@ -29,7 +29,7 @@ from sim.kv import make_kv_manager
 from sim.limits import MAX_BLOCKS
 from sim.metrics import SUMMARY_STEP_COLUMNS, Recorder, requests_frame, summarize, with_latencies
 from sim.progress_bar import ProgressBar
-from sim.scenario import FANOUT_CLIENT, Scenario
+from sim.scenario import Scenario
 from sim.sched import make_scheduler
 from sim.sched.records import PHASE_NAMES, TokenGaps, Transitions, intervals_frame, transition_intervals
 from sim.small_pages import small_pages
@@ -133,13 +133,11 @@ _FANOUT_HINT = ", or set scheduler.parallel_sampling: fanout (each sample a requ
 
 
 def fan_out_samples(scn: Scenario, workload: Workload) -> None:
-    """``scheduler.parallel_sampling: fanout``: each request of n samples becomes n requests. A client's
-    concurrency limit counts the requests it sent, not their samples: refused where some request fans out."""
+    """``scheduler.parallel_sampling: fanout``: each request of n samples becomes n requests (a client sends
+    them together, under one slot: sim/clients.py)."""
     if scn.scheduler.parallel_sampling != "fanout":
         return
     workload.fan_out(sample_output_lengths(scn.workload, workload.requests, scn.base_dir, scn.seed))
-    if workload.origin is not None and scn.workload.max_concurrency:   # (a trace's samples: known only now)
-        raise KvsimError(f"{scn.source}: scheduler.parallel_sampling", FANOUT_CLIENT)
 
 
 def _check_sequences_supported(scn: Scenario, requests: list) -> None:

@@ -348,10 +348,6 @@ def scenario_from_dict(
     return scn
 
 
-FANOUT_CLIENT = ("fanout sends each sample as a request of its own, and a client's concurrency limit "
-                 "(workload.max_concurrency) counts the requests it sent, not their samples; use fork with a client")
-
-
 def unsupported_combination(scn: Scenario) -> tuple[str, str] | None:
     """(key, why) for settings that cannot take effect together, rather than silently ignoring one."""
     sch, kv = scn.scheduler, scn.kv_cache
@@ -365,8 +361,6 @@ def unsupported_combination(scn: Scenario) -> tuple[str, str] | None:
         if kv.prefix_caching:
             return "kv_cache.prefix_caching", "needs scheduler.batching: continuous (static batching reserves " \
                                               "each request's memory whole)"
-    if sch.parallel_sampling == "fanout" and scn.workload.max_concurrency and scn.workload.declares_samples():
-        return "scheduler.parallel_sampling", FANOUT_CLIENT
     syn = scn.workload.synthetic
     if syn is not None and syn.sample_lengths == "independent" and syn.n > 1 and sch.parallel_sampling == "fork":
         return "workload.synthetic.sample_lengths", ("independent needs scheduler.parallel_sampling: fanout (forked "

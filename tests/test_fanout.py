@@ -1,8 +1,9 @@
 """Parallel samples fanned out as vLLM v1 serves them (``scheduler.parallel_sampling: fanout``,
 sim/workload/fanout.py): each sample a request of its own sharing the prompt's token ids. Checked by hand on
 one request (its prefill tokens and blocks with and without a prefix cache), on the token ids themselves,
-against the SimPy loop in the compiled core, and with what forked samples cannot do (speculative decoding,
-static batching, a contiguous allocator, prefill/decode pools)."""
+against the SimPy loop in the compiled core, behind a client that counts a request's samples once, and with
+what forked samples cannot do (speculative decoding, static batching, a contiguous allocator, prefill/decode
+pools)."""
 
 from __future__ import annotations
 
@@ -121,14 +122,56 @@ def test_what_forks_cannot_do_runs_fanned_out(case):
     assert res.summary["num_finished"] == 90 and (res.requests["sample"] < 3).all()
 
 
-def test_a_client_limit_is_refused_where_a_request_fans_out():
-    data = _samples({})
-    data["workload"]["max_concurrency"] = 4
-    with pytest.raises(KvsimError) as e:
-        run_scenario(scenario_from_dict(data, source="s.yaml"))
-    assert "s.yaml: scheduler.parallel_sampling:" in str(e.value) and "max_concurrency" in str(e.value)
-    data["workload"]["synthetic"]["n"] = 1   # (nothing to fan out: the client runs)
-    assert run_scenario(scenario_from_dict(data)).summary["num_finished"] == 30
+def _in_flight_most(reqs) -> int:
+    """The most workload requests in flight at once: each from the send of its samples to the last one's
+    finish (the frontend off: a response is whole when its engine finishes it)."""
+    spans = reqs.groupby("sample_of").agg(start=("arrival_s", "min"), end=("finish_s", "max"))
+    events = sorted([(t, 1) for t in spans["start"]] + [(t, -1) for t in spans["end"]], key=lambda e: (e[0], e[1]))
+    most = now = 0
+    for _, step in events:
+        now += step
+        most = max(most, now)
+    return most
+
+
+@pytest.mark.parametrize("think", [0.0, 0.05], ids=["no-pause", "pause"])
+def test_a_client_counts_a_request_of_samples_once(monkeypatch, think):
+    """A client of 2 slots sends a request's 3 samples together, under one slot, and frees it when the last
+    of them is answered: never more than 2 requests' samples in flight, and a held-back request's samples
+    all sent at the moment (plus the pause) the request before it had its last answer."""
+    data = _samples({"frontend": {"enabled": False}})
+    data["workload"]["synthetic"].update(num_requests=12, n=3, sample_lengths="independent")
+    data["workload"].update(max_concurrency=2, think_time_s=think)
+    loop, core = off_and_on(monkeypatch, engine_core, "enabled",
+                            lambda: run_scenario(scenario_from_dict(copy.deepcopy(data)), check_integrity=True))
+    assert_same(loop, core)
+    assert core.profile["compiled_core"]
+    reqs = core.requests
+    assert _in_flight_most(reqs) == 2 and reqs.groupby("sample_of")["arrival_s"].nunique().eq(1).all()
+    sends = reqs.groupby("sample_of")["arrival_s"].first().to_numpy()
+    ends = reqs.groupby("sample_of")["finish_s"].max().to_numpy()
+    held = reqs.groupby("sample_of")["client_wait_s"].first().to_numpy() > 0
+    answers = np.sort(ends)   # (a slot frees at each request's last answer, plus the pause, in that order)
+    for k in np.flatnonzero(held):   # the k-th request waited for the (k - 2)-th answer (2 slots)
+        assert sends[k] == pytest.approx(answers[k - 2] + think)
+
+
+def test_fanned_out_behind_clients_equals_in_the_core(monkeypatch):
+    data = _scenario(PRESSURE, parallel_sampling="fanout")
+    data["kv_cache"]["prefix_caching"] = True
+    for i, r in enumerate(data["workload"]["requests"]):
+        r["n"] = 1 + i % 3
+    data["workload"].update(max_concurrency=[{"from_s": 0, "limit": 3}, {"from_s": 5.0, "limit": 6}],
+                            think_time_s=0.01, think_time_dist="exponential")
+    loop, core = off_and_on(monkeypatch, engine_core, "enabled",
+                            lambda: run_scenario(scenario_from_dict(copy.deepcopy(data)), check_integrity=True))
+    assert_same(loop, core)
+    assert core.profile["compiled_core"] and core.summary["client_wait_s"]["mean"] > 0
+    data["cluster"] = {"replicas": 2, "router": {"policy": "least_kv"}}
+    loop, core = off_and_on(monkeypatch, engine_core, "enabled",
+                            lambda: run_scenario(scenario_from_dict(copy.deepcopy(data)), check_integrity=True))
+    assert_same(loop, core)
+    assert core.profile["compiled_core"]
 
 
 def test_independent_sample_lengths_draw_each_sample_its_own_output():

@@ -8,9 +8,9 @@
 
 int client_open(Client *cl, PyObject *spec, Py_ssize_t n)
 {
-    PyObject *limits, *pauses;
+    PyObject *limits, *pauses, *leads;
     memset(cl, 0, sizeof *cl);
-    if (!PyArg_ParseTuple(spec, "OOddd", &limits, &pauses, &cl->pause_s, &cl->output_s, &cl->token_s))
+    if (!PyArg_ParseTuple(spec, "OOdddO", &limits, &pauses, &cl->pause_s, &cl->output_s, &cl->token_s, &leads))
         return -1;
     cl->n = n;
     if (get_buffer(limits, &cl->limit_buf, "q", 8, n, "client limits") < 0)
@@ -28,6 +28,23 @@ int client_open(Client *cl, PyObject *spec, Py_ssize_t n)
         cl->held_pause = 1;
         cl->pause = cl->pause_buf.buf;
     }
+    if (leads != Py_None) {   /* batches of samples: consecutive, each led by its first */
+        if (get_buffer(leads, &cl->lead_buf, "q", 8, n, "client batches") < 0)
+            return -1;
+        cl->held_lead = 1;
+        cl->lead = cl->lead_buf.buf;
+        for (Py_ssize_t g = 0; g < n; g++)
+            if (cl->lead[g] < 0 || cl->lead[g] > g || (g && cl->lead[g] != g && cl->lead[g] != cl->lead[g - 1])) {
+                PyErr_SetString(PyExc_ValueError, "run_core: a client batch is not a run of consecutive requests");
+                return -1;
+            }
+        cl->due = calloc(n > 0 ? (size_t)n : 1, sizeof(int64_t));
+        cl->due_at = calloc(n > 0 ? (size_t)n : 1, sizeof(double));
+        if (!cl->due || !cl->due_at) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
     return 0;
 }
 
@@ -37,9 +54,16 @@ void client_close(Client *cl)
         PyBuffer_Release(&cl->limit_buf);
     if (cl->held_pause)
         PyBuffer_Release(&cl->pause_buf);
+    if (cl->held_lead)
+        PyBuffer_Release(&cl->lead_buf);
     free(cl->heap);
+    free(cl->due);
+    free(cl->due_at);
     cl->heap = NULL;
-    cl->held_limit = cl->held_pause = 0;
+    cl->due = NULL;
+    cl->due_at = NULL;
+    cl->lead = NULL;
+    cl->held_limit = cl->held_pause = cl->held_lead = 0;
 }
 
 double client_next_pause(Client *cl)

@@ -6,8 +6,10 @@ its counters and the timeouts it leaves pending, many at once:
     release     a slot is free again a pause after the client has a whole response  (what = CLIENT_RELEASE)
 
 Both are SimPy timeouts (priority NORMAL, a float time), held in a binary min-heap by (time, eid), the order
-SimPy processes them in. Invariants: ``in_flight`` = sent - released; ``in_transit`` = sent - handed over;
-``pauses`` <= requests answered. */
+SimPy processes them in. A fanned-out request's samples (``lead``: each request's batch's first one) are
+sent together under one slot, released once the last of their answers is in (``due``: answers still due
+of the batch led there, ``due_at``: the latest so far). Invariants: ``in_flight`` = batches sent - released;
+``in_transit`` = requests sent - handed over; ``pauses`` <= batches answered. */
 #ifndef KVSIM_CLIENT_H
 #define KVSIM_CLIENT_H
 
@@ -24,8 +26,11 @@ typedef struct {
 } Timeout;
 
 typedef struct {
-    Py_buffer limit_buf, pause_buf;
-    int held_limit, held_pause;
+    Py_buffer limit_buf, pause_buf, lead_buf;
+    int held_limit, held_pause, held_lead;
+    const int64_t *lead;      /* NULL: one request a send; else each request's batch's first (in send order) */
+    int64_t *due;
+    double *due_at;
     const int64_t *limit;     /* per request (in send order): the slots it may be sent under */
     const double *pause;      /* NULL: ``pause_s`` after each answer; else the pauses, in answer order */
     double pause_s, output_s, token_s;
@@ -37,7 +42,8 @@ typedef struct {
     Py_ssize_t len, cap;
 } Client;
 
-/* read ``spec`` (limits int64[n], pauses float64[n] or None, pause_s, output_s, token_s); -1 (error set) */
+/* read ``spec`` (limits int64[n], pauses float64[n] or None, pause_s, output_s, token_s, leads int64[n] or
+None); -1 (error set) */
 int client_open(Client *cl, PyObject *spec, Py_ssize_t n);
 void client_close(Client *cl);
 /* the pause after the next answer */

@@ -249,7 +249,7 @@ typedef struct {
 } Core;
 
 static void unhold(Core *c, int64_t r);
-static int client_answered(World *w, double at);
+static int client_answered(World *w, int64_t r, double at);
 static int prefill_stopped(World *w);
 static int prefill_finished(Core *P, int64_t g);
 static int reserve(World *w, Core *D);
@@ -1078,7 +1078,7 @@ static int add_request(Core *c, int64_t i, double t)
         c->rej[i] = t;
         c->int_zero[i] |= c->w->int_clock && t == 0.0 ? 2 : 0;
         c->rejected++;
-        if (c->w->client && client_answered(c->w, t) < 0)   /* (the client has the error at once) */
+        if (c->w->client && client_answered(c->w, i, t) < 0)   /* (the client has the error at once) */
             return -1;
         return 0;
     }
@@ -2730,10 +2730,18 @@ static void client_end_if_sent(World *w)
         end_arrivals(w);
 }
 
-/* ClientPool._answered: the client has a whole response at ``at`` (>= now); its slot is free a pause later */
-static int client_answered(World *w, double at)
+/* ClientPool._answered: the client has request r's whole response at ``at`` (>= now); its slot is free a pause
+later (a sample sent with others: once the last of theirs is in too) */
+static int client_answered(World *w, int64_t r, double at)
 {
     Client *cl = w->client;
+    if (cl->lead && cl->due[cl->lead[r]] > 0) {
+        const int64_t f = cl->lead[r];
+        cl->due_at[f] = py_max(cl->due_at[f], at);
+        if (--cl->due[f])
+            return 0;
+        at = cl->due_at[f];
+    }
     const double delay = py_max(at + client_next_pause(cl) - w->now, 0.0);
     return client_push(cl, w->now + delay, w->eid++, CLIENT_RELEASE);
 }
@@ -2747,7 +2755,7 @@ static int client_collect(Core *c)
         if (c->role == ROLE_PREFILL && c->w->dg->out_full[r] > 1)
             continue;   /* (its response goes on from a decode engine) */
         const int64_t more = c->output[r] - 1 > 0 ? c->output[r] - 1 : 0;
-        if (client_answered(c->w, c->fin[r] + cl->output_s + cl->token_s * (double)more) < 0)
+        if (client_answered(c->w, r, c->fin[r] + cl->output_s + cl->token_s * (double)more) < 0)
             return -1;
     }
     return 0;
@@ -2761,14 +2769,24 @@ static int sender_resume(World *w)
     Client *cl = w->client;
     w->ev_a.active = 0;
     for (;;) {
-        if (w->a_holds) {   /* its arrival has come: sent now */
+        if (w->a_holds) {   /* its arrival has come: sent now (a batch of samples: all of them) */
             w->a_holds = 0;
-            const Py_ssize_t g = w->ai++;
-            w->arrival[g] = w->now;
+            const Py_ssize_t g = w->ai;
+            Py_ssize_t end = g + 1;
+            while (cl->lead && end < w->N && cl->lead[end] == g)
+                end++;
             cl->in_flight++;
-            cl->in_transit++;
-            if (client_push(cl, w->now + w->lag, w->eid++, g) < 0)
-                return -1;
+            if (end - g > 1) {
+                cl->due[g] = end - g;
+                cl->due_at[g] = 0.0;
+            }
+            for (Py_ssize_t h = g; h < end; h++) {
+                w->arrival[h] = w->now;
+                cl->in_transit++;
+                if (client_push(cl, w->now + w->lag, w->eid++, h) < 0)
+                    return -1;
+            }
+            w->ai = end;
         }
         if (w->ai == w->N) {
             cl->all_sent = 1;

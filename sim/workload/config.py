@@ -145,10 +145,3 @@ class WorkloadConfig(_Strict):
         if self.arrival is not None and self.trace is None:
             raise ValueError("workload.arrival applies to a trace; a synthetic workload has synthetic.arrival")
         return self
-
-    def declares_samples(self) -> bool:
-        """Whether a synthetic or inline workload asks for several samples of a request (a trace's are known
-        only once it is read)."""
-        if self.synthetic is not None:
-            return self.synthetic.n > 1
-        return any(r.n > 1 for r in self.requests or ())
