@@ -164,8 +164,8 @@ typedef struct {
     /* KV counters (sim/kv/manager.py) */
     int64_t free_blocks, held, beyond_final, logical, peak_used, peak_logical, sum_used, sum_logical;
     int64_t n_prefilling, num_preemptions, finished, rejected, submitted, swapped_blocks;
-    /* parallel samples (sim/kv/sharing.py SeqGroup; counts only, as without a prefix cache): each request's
-    samples (``nseq``: n; NULL where every request has one). Forked after its first token, a request's
+    /* parallel samples (sim/kv/sharing.py SeqGroup; as counts without a prefix cache, by identity with one):
+    each request's samples (``nseq``: n; NULL where every request has one). Forked after its first token, a request's
     sequences hold tables of one length (tlen), all sharing its first ``gcom`` blocks, each owning the
     rest (``gk``: its sequences, 0 before the fork); ``gpriv``: each one's last block is its own; ``gsib``:
     tokens each sibling recomputes at its next step (after a re-fork); ``st_copy``: copies this step */
@@ -672,7 +672,7 @@ static void trim(Core *c, int64_t i)
     note_beyond(c, i);
 }
 
-/* ------------------------------------------------------------------ forked sequences (no prefix cache) */
+/* ------------------------------------------------------------------ forked sequences (parallel samples) */
 /* sequence q of forked request i's table (0: its own) */
 static inline int64_t *seq_table(const Core *c, int64_t i, int64_t q)
 {
@@ -695,11 +695,11 @@ static void note_peaks(Core *c)
         c->peak_logical = c->logical;
 }
 
+static int grow_entries(Core *c, Py_ssize_t cap);
+
 /* SharingMixin._fork: request i's table shared by its n - 1 siblings. After a preemption (more than one token
 generated) the siblings own fresh copies of the blocks past the prompt's full ones, filled as if recomputed
 with sequence 0 (they recompute them at their next step: ``gsib``), where the pool has them */
-static int grow_entries(Core *c, Py_ssize_t cap);
-
 static int fork_group(Core *c, int64_t i)
 {
     const int64_t k = c->nseq[i], t = c->tlen[i];
