@@ -37,7 +37,7 @@ from sim.specs import GiB, group_kv_bytes_per_block, hbm_budget, kv_capacity_blo
 from sim.speculative import Speculation, add_request_columns, drafter_bytes
 from sim.workload import Workload, build_workload
 from sim.workload.build import sample_output_lengths
-from sim.workload.fanout import add_sample_columns
+from sim.workload.fanout import add_sample_columns, fanout_summary
 
 # a run in the compiled core (one engine, or a colocated cluster) takes its per-request table from the core's
 # arrays (sim/core_requests.py); False reads it back from the Requests as the SimPy loop's runs do (the
@@ -318,6 +318,8 @@ def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, pro
     summary["step_model"] = pricing
     if speculation is not None:
         summary["speculative"] = speculation.summary()
+    if "sample_of" in reqs:
+        summary["fanout"] = fanout_summary(reqs)
     profile = {"load_s": t_load - t0, "simulate_s": t_sim - t_load, "summarise_s": time.perf_counter() - t_sim,
                **profile}
     return Result(scn, summary, reqs, steps if keep_steps else None, stats, timeline, profile)

@@ -195,3 +195,22 @@ def test_independent_sample_lengths_draw_each_sample_its_own_output():
     fork["scheduler"]["parallel_sampling"] = "fork"
     with pytest.raises(KvsimError, match="workload.synthetic.sample_lengths: independent needs"):
         scenario_from_dict(fork, source="s.yaml")
+
+
+def test_the_summary_counts_the_workload_requests_whole():
+    """summary.json's ``fanout``: per workload request, the first token of its first sample and the finish of
+    its last (a plain loop over the rows here), for the requests all of whose samples finished."""
+    data = _samples({"kv_cache": {"num_gpu_blocks": 40}})   # (a small cache: some requests never fit)
+    data["workload"]["synthetic"].update(n=3, sample_lengths="independent",
+                                         prompt_len={"dist": "uniform", "min": 20, "max": 1000})
+    res = run_scenario(scenario_from_dict(data))
+    rows = res.requests.to_dict("records")
+    by: dict[int, list] = {}
+    for r in rows:
+        by.setdefault(r["sample_of"], []).append(r)
+    whole = [rs for rs in by.values() if all(r["status"] == "FINISHED" for r in rs)]
+    block = res.summary["fanout"]
+    assert block["requests"] == 30 and block["finished"] == len(whole) and 0 < len(whole) < 30
+    assert block["ttft_s"]["mean"] == pytest.approx(np.mean([min(r["ttft_s"] for r in rs) for rs in whole]))
+    assert block["e2e_s"]["mean"] == pytest.approx(np.mean([max(r["e2e_s"] for r in rs) for rs in whole]))
+    assert block["e2e_s"]["p90"] >= res.summary["e2e_s"]["p90"]   # (a request's last sample is its slowest)

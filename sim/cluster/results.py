@@ -38,7 +38,7 @@ from sim.sched.records import TokenGaps
 from sim.specs import group_kv_bytes_per_block
 from sim.speculative import add_request_columns
 from sim.speculative import summary_of as speculation_summary
-from sim.workload.fanout import add_sample_columns
+from sim.workload.fanout import add_sample_columns, fanout_summary
 
 SLOT_COLS = ["slots_token_states", "slots_reserved", "slots_internal_frag", "slots_external_frag", "slots_free"]
 
@@ -196,6 +196,8 @@ def cluster_result(scn, workload, reps: list[Replica], served: dict[int, int], h
         reqs["kv_wait_s"] = 0.0
         reqs["transfer_s"] = 0.0
     summary["step_model"] = _step_models(reps)
+    if "sample_of" in reqs:
+        summary["fanout"] = fanout_summary(reqs)
     speculating = [rep.engine.scheduler.speculation for rep in reps if rep.engine.scheduler.speculation is not None]
     if speculating:   # (the replicas' drafts and acceptances together)
         summary["speculative"] = speculation_summary(speculating)
