@@ -448,6 +448,18 @@ def _stats(x: np.ndarray, weights: np.ndarray | None = None) -> dict[str, float]
     return {"mean": float((xs * ws).sum() / total), "p50": q(0.5), "p90": q(0.9), "p99": q(0.99)}
 
 
+def fanout_summary(reqs: pd.DataFrame) -> dict:
+    """summary.json's ``fanout`` block: the workload's requests as a client sees them, each with all its
+    samples (``add_sample_columns``' table): how many, how many had every sample finish, and over those
+    the time to the first sample's first token (``ttft_s``) and to the last sample's finish (``e2e_s``),
+    frontend latencies included as in the samples' own columns."""
+    whole = reqs.groupby("sample_of", sort=False).agg(
+        done=("status", lambda s: bool((s == "FINISHED").all())), ttft=("ttft_s", "min"), e2e=("e2e_s", "max"))
+    done = whole[whole["done"]]
+    return {"requests": len(whole), "finished": len(done), "ttft_s": _stats(done["ttft"].to_numpy()),
+            "e2e_s": _stats(done["e2e"].to_numpy())}
+
+
 def itl_stats(step_gaps, other_gaps) -> dict[str, float]:
     """Inter-token latency statistics from per-step gap counts plus the irregular gaps.
 

@@ -27,7 +27,14 @@ from sim.executors.drafter import make_drafter
 from sim.gc_pause import gc_paused
 from sim.kv import make_kv_manager
 from sim.limits import MAX_BLOCKS
-from sim.metrics import SUMMARY_STEP_COLUMNS, Recorder, requests_frame, summarize, with_latencies
+from sim.metrics import (
+    SUMMARY_STEP_COLUMNS,
+    Recorder,
+    fanout_summary,
+    requests_frame,
+    summarize,
+    with_latencies,
+)
 from sim.progress_bar import ProgressBar
 from sim.scenario import Scenario
 from sim.sched import make_scheduler
@@ -37,7 +44,7 @@ from sim.specs import GiB, group_kv_bytes_per_block, hbm_budget, kv_capacity_blo
 from sim.speculative import Speculation, add_request_columns, drafter_bytes
 from sim.workload import Workload, build_workload
 from sim.workload.build import sample_output_lengths
-from sim.workload.fanout import add_sample_columns, fanout_summary
+from sim.workload.fanout import add_sample_columns
 
 # a run in the compiled core (one engine, or a colocated cluster) takes its per-request table from the core's
 # arrays (sim/core_requests.py); False reads it back from the Requests as the SimPy loop's runs do (the

@@ -32,13 +32,20 @@ from sim.cluster.disagg import Handoff
 from sim.cluster.link import KVLink
 from sim.cluster.replica import Replica
 from sim.executors.base import step_model
-from sim.metrics import SUMMARY_STEP_COLUMNS, requests_frame, step_dtype, summarize, with_latencies
+from sim.metrics import (
+    SUMMARY_STEP_COLUMNS,
+    fanout_summary,
+    requests_frame,
+    step_dtype,
+    summarize,
+    with_latencies,
+)
 from sim.runner import Result, hbm_budget_of
 from sim.sched.records import TokenGaps
 from sim.specs import group_kv_bytes_per_block
 from sim.speculative import add_request_columns
 from sim.speculative import summary_of as speculation_summary
-from sim.workload.fanout import add_sample_columns, fanout_summary
+from sim.workload.fanout import add_sample_columns
 
 SLOT_COLS = ["slots_token_states", "slots_reserved", "slots_internal_frag", "slots_external_frag", "slots_free"]
 

@@ -55,20 +55,6 @@ def fan_out(requests: list[Request], lengths: np.ndarray | None = None) -> tuple
     return out, np.array(origin, dtype=np.int64)
 
 
-def fanout_summary(reqs: pd.DataFrame) -> dict:
-    """summary.json's ``fanout`` block: the workload's requests as a client sees them, each with all its
-    samples (``add_sample_columns``' table): how many, how many had every sample finish, and over those
-    the time to the first sample's first token (``ttft_s``) and to the last sample's finish (``e2e_s``),
-    frontend latencies included as in the samples' own columns."""
-    from sim.metrics import _stats
-
-    whole = reqs.groupby("sample_of", sort=False).agg(
-        done=("status", lambda s: bool((s == "FINISHED").all())), ttft=("ttft_s", "min"), e2e=("e2e_s", "max"))
-    done = whole[whole["done"]]
-    return {"requests": len(whole), "finished": len(done), "ttft_s": _stats(done["ttft"].to_numpy()),
-            "e2e_s": _stats(done["e2e"].to_numpy())}
-
-
 def add_sample_columns(reqs: pd.DataFrame, origin: np.ndarray | None) -> None:
     """The requests' table gains ``sample_of`` (the workload request each row serves) and ``sample`` (its
     index among that request's samples; 0 for a request of one sample), where the workload fanned out."""
