@@ -81,6 +81,27 @@ def test_long_decodes_equal(monkeypatch, async_scheduling, chunked):
     assert core.profile["compiled_core"]
 
 
+
+def test_a_mixture_of_experts_eager_steps_count_its_router_kernels(monkeypatch, tmp_path):
+    """A step beyond the captured graphs runs eagerly, and a mixture of experts' layer dispatches its router
+    and the fused MoE kernel's small kernels besides a dense layer's ops: with the CPU not hidden under the
+    GPU and a millisecond an op, the CPU sets such a step's time, and the core must count those ops as the
+    loop does (it once counted a dense layer's)."""
+    import json
+
+    doc = json.loads((ROOT / "sim" / "data" / "calibration" / "h100-80gb.json").read_text())
+    doc["engine"].update(overlap_cpu=False, eager_op_s=1e-3)
+    (tmp_path / "slow_cpu.json").write_text(json.dumps(doc))
+    data = {"name": "moe-eager", "model": "mixtral-8x7b", "hardware": {"name": "h100-80gb", "tensor_parallel": 2},
+            "executor": {"calibration": str(tmp_path / "slow_cpu.json")},
+            "scheduler": {"chunked_prefill": False, "max_num_batched_tokens": 16384},
+            "workload": {"requests": [{"arrival": 0.1 * i, "prompt_len": 600 + 97 * i, "output_len": 20}
+                                      for i in range(12)]}, "output": {"plots": False}}
+    loop, core = _both(monkeypatch, lambda: run_scenario(scenario_from_dict(data), check_integrity=True))
+    assert_same(loop, core)
+    # 32 layers x (14 + 1 router + 3 small kernels) ops at 1 ms: a prompt step's CPU side is 0.576 s or more
+    assert core.profile["compiled_core"] and core.steps["duration_s"].max() >= 32 * 18 * 1e-3
+
 # a cache of 48 blocks of 4 tokens under 12 seats: requests are preempted (recompute) again and again, some
 # are refused (a prompt longer than the model's context, one that cannot fit the cache) or cut (output past
 # the context), arrivals coincide with step ends (whole-second arrivals, whole-millisecond steps)
