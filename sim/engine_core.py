@@ -184,7 +184,7 @@ def _pricing(ex: CostModelExecutor) -> tuple:
     e = ex.engine
     if e is not None:
         ints = (ex._layers, ex._attn_new_bytes, ex._graph_max, FUSED_ELEMENTWISE_KERNELS, ATTENTION_OPS_PER_LAYER,
-                ex._eager_ops)   # (a mixture of experts' router and small kernels included)
+                ex._eager_ops)   # (over all layers: a mixture of experts' router and small kernels included)
         floats = (*head, ex._eng_half, ex._eng_kv_s, ex._eng_qo_s, e.sampler_s, e.step_gap_s,
                   1.0 if e.overlap_cpu else 0.0, ex._swap_s_per_block, ex._fused_s_per_token, e.graph_kernel_s,
                   p.elementwise_latency_s, e.cpu_step_s, e.cpu_seq_s, e.eager_op_s, ex._overhead, ex._copy_s_per_block)

@@ -14,18 +14,22 @@ The keys read (the transformers names; the first present wins):
     vocabulary         vocab_size (padded_vocab_size)
     context            max_position_embeddings, n_positions, seq_length, max_seq_len
     tied embeddings    tie_word_embeddings (default false)
-    experts            num_local_experts or num_experts, with num_experts_per_tok (a mixture of experts)
+    experts            num_local_experts, num_experts or n_routed_experts, with num_experts_per_tok
+    shared experts     shared_expert_intermediate_size (Qwen-MoE), or n_shared_experts x the experts' width
+                       (DeepSeek)
+    dense layers       first_k_dense_replace and moe_layer_freq (DeepSeek), mlp_only_layers and
+                       decoder_sparse_step (Qwen-MoE): those layers' MLP is dense, of intermediate_size
     quantization       quantization_config (AWQ, GPTQ, Marlin, fp8, compressed-tensors: sim/hf_quantization.py)
 
 The MLP is gated (SwiGLU: gate, up, down) unless the config names a plain one: OPT's ``ffn_dim``, GPT-2's
 ``n_inner``, or a model type with a two-matrix MLP (``PLAIN_MLP_TYPES``: OPT, GPT-2, GPT-NeoX, Falcon,
 Phi-1/2, StarCoder2, ...). The dtype is kvsim's default (fp16) unless the config is quantized; a
 scenario may set ``model.dtype``. Mixture-of-experts configs whose experts differ in width from ``intermediate_size``
-(``moe_intermediate_size``) use that width.
+(``moe_intermediate_size``) use that width for the experts, and ``intermediate_size`` for their dense layers.
 
 Invariant: a config missing a required key, or with a value that is not a positive integer, is an error that
 names the key; so is one of an architecture kvsim cannot price (``UNSUPPORTED_KEYS``: DeepSeek's latent
-attention, shared experts, state-space layers; and a sliding window shorter than the context,
+attention, state-space layers; and a sliding window shorter than the context,
 ``_refuse_sliding_windows``), and one of a quantization it does not model (bitsandbytes, NVFP4, ...);
 nothing is guessed beyond the defaults listed above.
 """
@@ -47,9 +51,6 @@ from sim.yamlfile import read_text_bounded
 # priced as something it is not
 UNSUPPORTED_KEYS = {
     "kv_lora_rank": "multi-head latent attention (DeepSeek-V2/V3)",
-    "n_shared_experts": "shared experts",
-    "shared_expert_intermediate_size": "shared experts",
-    "first_k_dense_replace": "dense layers before the mixture of experts",
     "ssm_state_size": "state-space (Mamba) layers",
     "mamba_d_state": "state-space (Mamba) layers",
     "layers_block_type": "hybrid attention and state-space layers",
@@ -88,19 +89,26 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str) -> ModelSpec:
             raise ValueError(f"{key}: {what} is not modelled by kvsim (a dense or Mixtral-style transformer is)")
     layers = _first(cfg, ("num_hidden_layers", "n_layer", "num_layers"), "layer count")
     _refuse_sliding_windows(cfg, layers)
-    _refuse_mixed_layers(cfg)
+    _refuse_llama4_layouts(cfg)
     hidden = _first(cfg, ("hidden_size", "n_embd", "d_model"), "hidden size")
     heads = _first(cfg, ("num_attention_heads", "n_head"), "attention head count")
     kv = _first(cfg, ("num_key_value_heads", "num_kv_heads", "multi_query_group_num"), "KV head count", heads)
     head_dim = _first(cfg, ("head_dim",), "head dim", hidden // heads)
-    moe = cfg.get("num_local_experts") or cfg.get("num_experts")   # (dense configs may say 0)
-    experts = _first(cfg, ("num_local_experts", "num_experts"), "expert count") if moe else 0
+    expert_keys = ("num_local_experts", "num_experts", "n_routed_experts")
+    moe = any(cfg.get(k) for k in expert_keys)   # (dense configs may say 0)
+    experts = _first(cfg, expert_keys, "expert count") if moe else 0
     per_token = _first(cfg, ("num_experts_per_tok",), "experts per token", 0) if experts else 0
     width_keys = ("moe_intermediate_size", "intermediate_size") if experts else ("intermediate_size",)
     inter = _first(cfg, (*width_keys, "ffn_dim", "n_inner"), "MLP width", 4 * hidden)
     vocab = _first(cfg, ("vocab_size", "padded_vocab_size"), "vocabulary size")
     max_len = _first(cfg, ("max_position_embeddings", "n_positions", "seq_length", "max_seq_len"), "context length")
     plain = str(cfg.get("model_type", "")).lower() in PLAIN_MLP_TYPES or "ffn_dim" in cfg or "n_inner" in cfg
+    mixture = _mixture_layout(cfg, layers, inter) if experts else {}
+    stray = next((k for k in ("shared_expert_intermediate_size", "n_shared_experts", "first_k_dense_replace")
+                  if not experts and cfg.get(k)), None)
+    if stray:
+        raise ValueError(f"{stray}: shared experts and dense layers describe a mixture of experts, and this config "
+                         "has no experts (num_experts)")
     tied = cfg.get("tie_word_embeddings", False)
     if not isinstance(tied, bool):
         raise ValueError(f"tie_word_embeddings: expected true or false, got {tied!r}")
@@ -108,7 +116,7 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str) -> ModelSpec:
         return ModelSpec(name=name, num_layers=layers, hidden_size=hidden, num_heads=heads, num_kv_heads=kv,
                          head_dim=head_dim, intermediate_size=inter, vocab_size=vocab, max_model_len=max_len,
                          gated_mlp=not plain, tied_embeddings=tied, num_experts=experts,
-                         experts_per_token=per_token, **quantized)
+                         experts_per_token=per_token, **mixture, **quantized)
     except ValidationError as e:
         first = e.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])
@@ -143,19 +151,41 @@ def _refuse_sliding_windows(cfg: dict[str, Any], layers: int) -> None:
                      "model uses)")
 
 
-def _refuse_mixed_layers(cfg: dict[str, Any]) -> None:
-    """A ValueError naming the key where the layers are not all alike in a way kvsim would miss: a mixture of
-    experts on some layers only (Qwen-MoE's ``decoder_sparse_step`` or ``mlp_only_layers``, Llama 4's
-    ``interleave_moe_layer_step``), or attention over local chunks shorter than the context (Llama 4's
-    ``attention_chunk_size``)."""
-    for key in ("decoder_sparse_step", "interleave_moe_layer_step"):
-        step = cfg.get(key)
-        if isinstance(step, int) and not isinstance(step, bool) and step > 1:
-            raise ValueError(f"{key}: experts on one layer in {step}, dense layers between, is not modelled by "
-                             "kvsim (every layer dense or every layer a mixture of experts is)")
-    if isinstance(cfg.get("mlp_only_layers"), list) and cfg["mlp_only_layers"]:
-        raise ValueError("mlp_only_layers: dense layers among the mixture of experts are not modelled by kvsim "
-                         "(every layer dense or every layer a mixture of experts is)")
+def _mixture_layout(cfg: dict[str, Any], layers: int, expert_width: int) -> dict[str, int]:
+    """A mixture of experts' shared experts and dense layers as ModelSpec fields (ValueError naming the key):
+    the shared experts' width (Qwen's ``shared_expert_intermediate_size``; DeepSeek's ``n_shared_experts`` x
+    the experts' width), and the layers whose MLP is dense, of ``intermediate_size``: DeepSeek's first
+    ``first_k_dense_replace`` and those past them not on a multiple of ``moe_layer_freq``; Qwen's
+    ``mlp_only_layers`` and those not ending a run of ``decoder_sparse_step``."""
+    out: dict[str, int] = {}
+    if cfg.get("shared_expert_intermediate_size"):
+        out["shared_expert_size"] = _first(cfg, ("shared_expert_intermediate_size",), "shared experts' width")
+    elif cfg.get("n_shared_experts"):
+        out["shared_expert_size"] = _first(cfg, ("n_shared_experts",), "shared expert count") * expert_width
+    first_dense = _first(cfg, ("first_k_dense_replace",), "dense layer count") if cfg.get("first_k_dense_replace") else 0
+    freq = _first(cfg, ("moe_layer_freq",), "expert layer frequency", 1)
+    sparse_step = _first(cfg, ("decoder_sparse_step",), "expert layer step", 1)
+    only = cfg.get("mlp_only_layers") or []
+    if not isinstance(only, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in only):
+        raise ValueError(f"mlp_only_layers: expected a list of layer indices, got {only!r}")
+    experts = sum(1 for i in range(layers)
+                  if i >= first_dense and i % freq == 0 and (i + 1) % sparse_step == 0 and i not in only)
+    if experts == 0:
+        raise ValueError("first_k_dense_replace: no layer is left a mixture of experts")
+    if experts < layers:
+        out["dense_layers"] = layers - experts
+        out["dense_intermediate_size"] = _first(cfg, ("intermediate_size",), "dense layers' MLP width", expert_width)
+    return out
+
+
+def _refuse_llama4_layouts(cfg: dict[str, Any]) -> None:
+    """A ValueError naming the key of Llama 4's layouts: attention over local chunks shorter than the context
+    (``attention_chunk_size``; kvsim prices full attention over the whole context), and experts interleaved
+    with dense layers whose MLP has a width of its own (``interleave_moe_layer_step``)."""
+    step = cfg.get("interleave_moe_layer_step")
+    if isinstance(step, int) and not isinstance(step, bool) and step > 1:
+        raise ValueError(f"interleave_moe_layer_step: experts on one layer in {step}, dense layers between, is not "
+                         "modelled by kvsim for this architecture (DeepSeek's and Qwen's layouts are)")
     chunk = cfg.get("attention_chunk_size")
     max_len = cfg.get("max_position_embeddings")
     if isinstance(chunk, int) and not isinstance(chunk, bool) and chunk > 0 and not (

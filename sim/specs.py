@@ -48,6 +48,14 @@ class ModelSpec(BaseModel):
     # sends every token to experts_per_token of them; 0 = a dense MLP
     num_experts: int = Field(default=0, ge=0, le=1024)
     experts_per_token: int = Field(default=0, ge=0, le=1024)
+    # shared experts (Qwen-MoE, DeepSeek): a gated MLP of this width beside the routed experts on every
+    # mixture-of-experts layer, run by every token (DeepSeek's n_shared_experts x moe_intermediate_size,
+    # Qwen's shared_expert_intermediate_size; Qwen's sigmoid gate on them, hidden to 1, is not priced); 0: none
+    shared_expert_size: int = Field(default=0, ge=0, le=1 << 22)
+    # layers whose MLP is a dense one of dense_intermediate_size instead of the experts (DeepSeek's
+    # first_k_dense_replace, Qwen-MoE's mlp_only_layers); the other num_layers - dense_layers are mixtures
+    dense_layers: int = Field(default=0, ge=0, le=10_000)
+    dense_intermediate_size: int = Field(default=0, ge=0, le=1 << 22)
     # weight-only quantization of the projections and experts (vLLM's AWQ / GPTQ / Marlin kernels: int4 or
     # int8, or fp8 weights with fp16 activations); None: their weights are in ``dtype``. Scales: one fp16 per
     # ``weight_group_size`` rows of K in each column (0: one per column, "per channel")
@@ -67,6 +75,14 @@ class ModelSpec(BaseModel):
                              f"got {self.experts_per_token}")
         if self.experts_per_token and not self.num_experts:
             raise ValueError("experts_per_token needs num_experts")
+        for key in ("shared_expert_size", "dense_layers"):
+            if getattr(self, key) and not self.num_experts:
+                raise ValueError(f"{key} needs num_experts (it describes a mixture of experts)")
+        if self.dense_layers >= self.num_layers:
+            raise ValueError(f"dense_layers ({self.dense_layers}) must be fewer than num_layers ({self.num_layers}): "
+                             "a model of dense layers only has no experts")
+        if bool(self.dense_layers) != bool(self.dense_intermediate_size):
+            raise ValueError("dense_layers and dense_intermediate_size go together (both set, or neither)")
         if self.weight_dtype is not None:
             if self.weight_dtype not in WEIGHT_DTYPE_BITS:
                 raise ValueError(f"weight_dtype must be one of {sorted(WEIGHT_DTYPE_BITS)} (or absent), "
@@ -104,8 +120,11 @@ class ModelSpec(BaseModel):
         if (kv % tp if tp <= kv else tp % kv):
             return (f"{tp} GPUs cannot share {self.name}'s {kv} KV heads: vLLM splits them evenly, or with more "
                     f"GPUs than KV heads copies one to each, so the GPU count must divide {kv} or be a multiple of it")
-        if self.intermediate_size % tp:
-            return f"{tp} does not divide {self.name}'s MLP intermediate size {self.intermediate_size}"
+        for width, what in ((self.intermediate_size, "MLP intermediate size"),
+                            (self.shared_expert_size, "shared experts' width"),
+                            (self.dense_intermediate_size, "dense layers' MLP width")):
+            if width % tp:
+                return f"{tp} does not divide {self.name}'s {what} {width}"
         return None
 
     def kv_replicas(self, tp: int) -> int:
@@ -121,17 +140,48 @@ class ModelSpec(BaseModel):
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
-    def projection_matrices(self) -> list[tuple[int, int, int]]:
-        """One layer's projection weights as (K, N, copies): fused QKV, output, gate and up (or up), down;
-        copies = the experts of a mixture of experts (the router is not a projection)."""
-        h, inter, experts = self.hidden_size, self.intermediate_size, max(1, self.num_experts)
-        up = (2 if self.gated_mlp else 1) * inter
-        return [(h, self.q_size + 2 * self.kv_size, 1), (self.q_size, h, 1), (h, up, experts), (inter, h, experts)]
+    def layer_groups(self) -> list[tuple[int, bool]]:
+        """(layers, dense) for each kind of layer the model has, in a fixed order: a dense model's layers all
+        dense; a mixture of experts' ``num_layers - dense_layers`` expert layers, then its dense ones."""
+        if not self.num_experts:
+            return [(self.num_layers, True)]
+        groups = [(self.num_layers - self.dense_layers, False)]
+        return groups + [(self.dense_layers, True)] if self.dense_layers else groups
 
-    def layer_params(self) -> int:
-        """Parameters of one layer: fused QKV, output projection, MLP (every expert, and the router), two norms."""
-        router = self.hidden_size * self.num_experts
-        return sum(k * n * c for k, n, c in self.projection_matrices()) + router + 2 * self.hidden_size
+    def projection_matrices(self, dense: bool = False) -> list[tuple[int, int, int]]:
+        """One layer's projection weights as (K, N, copies): fused QKV, output, gate and up (or up), down;
+        copies = the experts of a mixture of experts (the router is not a projection), whose shared experts
+        follow as another gate-and-up and down. ``dense``: a mixture of experts' dense layer (its MLP of
+        ``dense_intermediate_size``); a dense model's layers are the same either way."""
+        h = self.hidden_size
+        attention = [(h, self.q_size + 2 * self.kv_size, 1), (self.q_size, h, 1)]
+        gate = 2 if self.gated_mlp else 1
+        if not self.num_experts or dense:
+            width = self.dense_intermediate_size if self.num_experts else self.intermediate_size
+            return attention + [(h, gate * width, 1), (width, h, 1)]
+        inter, experts = self.intermediate_size, self.num_experts
+        mlp = [(h, gate * inter, experts), (inter, h, experts)]
+        shared = [(h, gate * self.shared_expert_size, 1), (self.shared_expert_size, h, 1)] \
+            if self.shared_expert_size else []
+        return attention + mlp + shared
+
+    def layer_params(self, dense: bool = False) -> int:
+        """Parameters of one layer: fused QKV, output projection, MLP (every expert, the shared experts and the
+        router on an expert layer), two norms."""
+        router = 0 if dense else self.hidden_size * self.num_experts
+        return sum(k * n * c for k, n, c in self.projection_matrices(dense)) + router + 2 * self.hidden_size
+
+    def activated_mlp_width(self, tp: int = 1) -> int | float:
+        """The MLP width one token runs through in a layer on one of ``tp`` GPUs, on average over the layers:
+        the experts it is routed to plus the shared experts on an expert layer, the dense width on a dense one
+        (what the activation between gate-and-up and down reads). An int where the layers are alike."""
+        total = 0
+        for layers, dense in self.layer_groups():
+            if dense:
+                total += layers * ((self.dense_intermediate_size if self.num_experts else self.intermediate_size) // tp)
+            else:
+                total += layers * (self.intermediate_size // tp * self.experts_per_token + self.shared_expert_size // tp)
+        return total // self.num_layers if total % self.num_layers == 0 else total / self.num_layers
 
     def weight_bytes_per_element(self, k: int) -> float:
         """Bytes a projection weight of a [K = ``k``, N] matrix takes as stored, scales included: the dtype's
@@ -146,7 +196,8 @@ class ModelSpec(BaseModel):
         """All parameters: layers, token embedding, LM head (unless tied), final norm."""
         emb = self.vocab_size * self.hidden_size
         head = 0 if self.tied_embeddings else emb
-        return self.num_layers * self.layer_params() + emb + head + self.hidden_size
+        layers = sum(n * self.layer_params(dense) for n, dense in self.layer_groups())
+        return layers + emb + head + self.hidden_size
 
     def weight_bytes(self) -> int:
         """Bytes of every weight as stored: ``num_params`` x dtype bytes, or with ``weight_dtype`` the projections
@@ -155,11 +206,12 @@ class ModelSpec(BaseModel):
             return self.num_params() * self.dtype_bytes
         bits = WEIGHT_DTYPE_BITS[self.weight_dtype]
         proj = proj_params = 0
-        for k, n, copies in self.projection_matrices():
-            group = self.weight_group_size or k
-            proj += copies * (k * n * bits // 8 + SCALE_BYTES * math.ceil(k / group) * n)
-            proj_params += copies * k * n
-        return self.num_layers * proj + (self.num_params() - self.num_layers * proj_params) * self.dtype_bytes
+        for layers, dense in self.layer_groups():
+            for k, n, copies in self.projection_matrices(dense):
+                group = self.weight_group_size or k
+                proj += layers * copies * (k * n * bits // 8 + SCALE_BYTES * math.ceil(k / group) * n)
+                proj_params += layers * copies * k * n
+        return proj + (self.num_params() - proj_params) * self.dtype_bytes
 
     @classmethod
     def from_name(cls, name: str) -> ModelSpec:
@@ -370,6 +422,14 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     # Qwen/Qwen3-30B-A3B config.json: 128 experts of moe_intermediate_size 768, 8 a token
     "qwen3-30b-a3b": _llama("qwen3-30b-a3b", 48, 2048, 32, 4, 768, 151936, 40960, head_dim=128, num_experts=128,
                             experts_per_token=8),
+    # Qwen/Qwen1.5-MoE-A2.7B and Qwen/Qwen2-57B-A14B config.json: experts of moe_intermediate_size on every
+    # layer (decoder_sparse_step 1, no mlp_only_layers) beside a shared expert of
+    # shared_expert_intermediate_size (its sigmoid gate, a hidden-to-1 projection, and the QKV biases are
+    # not priced); "14.3B parameters in total and 2.7B activated" and "57B, 14B activated" (the model cards)
+    "qwen1.5-moe-a2.7b": _llama("qwen1.5-moe-a2.7b", 24, 2048, 16, 16, 1408, 151936, 8192, num_experts=60,
+                                experts_per_token=4, shared_expert_size=5632),
+    "qwen2-57b-a14b": _llama("qwen2-57b-a14b", 28, 3584, 28, 4, 2560, 151936, 131072, num_experts=64,
+                             experts_per_token=8, shared_expert_size=20480),
     # A toy shape for running the real backend on a CPU: 2 layers, hidden 256, 4 heads, 2 KV heads
     "tiny-llama": _llama("tiny-llama", 2, 256, 4, 2, 512, 1024, 4096),
 }

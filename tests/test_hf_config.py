@@ -64,15 +64,16 @@ def test_a_multimodal_config_reads_its_text_model():
     (lambda c: c.__setitem__("tie_word_embeddings", "yes"), "tie_word_embeddings: expected true or false"),
     (lambda c: c.__setitem__("kv_lora_rank", 512), "kv_lora_rank: multi-head latent attention (DeepSeek-V2/V3) is "
                                                    "not modelled"),
-    (lambda c: c.__setitem__("shared_expert_intermediate_size", 5632), "shared experts is not modelled"),
     (lambda c: c.__setitem__("full_attention_interval", 4), "full_attention_interval: linear-attention (Gated "
                                                             "DeltaNet) layers"),
     (lambda c: c.__setitem__("layer_types", ["linear_attention", "full_attention"] * 16),
      "layer_types: linear_attention layers are not modelled"),
-    (lambda c: c.update(num_local_experts=8, num_experts_per_tok=2, decoder_sparse_step=2),
-     "decoder_sparse_step: experts on one layer in 2"),
-    (lambda c: c.update(num_experts=8, num_experts_per_tok=2, mlp_only_layers=[0, 1]),
-     "mlp_only_layers: dense layers among the mixture of experts"),
+    (lambda c: c.__setitem__("shared_expert_intermediate_size", 5632), "shared_expert_intermediate_size: shared experts and dense "
+                                                                        "layers describe a mixture of experts"),
+    (lambda c: c.update(num_experts=8, num_experts_per_tok=2, mlp_only_layers="0,1"),
+     "mlp_only_layers: expected a list of layer indices"),
+    (lambda c: c.update(num_experts=8, num_experts_per_tok=2, first_k_dense_replace=32),
+     "first_k_dense_replace: no layer is left a mixture of experts"),
     (lambda c: c.update(interleave_moe_layer_step=2), "interleave_moe_layer_step: experts on one layer in 2"),
     (lambda c: c.update(attention_chunk_size=1024), "attention_chunk_size: attention over local chunks of 1024"),
 ])
@@ -214,3 +215,32 @@ def test_a_sliding_window_config_file_exits_2_naming_it(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     err = r.stderr.strip().splitlines()
     assert len(err) == 1 and f"{config}: sliding_window: sliding-window attention" in err[0]
+
+
+# Qwen/Qwen1.5-MoE-A2.7B config.json (the keys that matter)
+QWEN_MOE_A2_7B = {"model_type": "qwen2_moe", "hidden_size": 2048, "intermediate_size": 5632,
+                  "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632, "num_experts": 60,
+                  "num_experts_per_tok": 4, "decoder_sparse_step": 1, "num_attention_heads": 16,
+                  "num_key_value_heads": 16, "num_hidden_layers": 24, "vocab_size": 151936,
+                  "max_position_embeddings": 8192, "tie_word_embeddings": False}
+
+
+def test_shared_experts_and_dense_layers_from_a_config():
+    assert spec_from_hf_config(QWEN_MOE_A2_7B, "qwen1.5-moe-a2.7b") == MODEL_PRESETS["qwen1.5-moe-a2.7b"]
+    # Qwen's layout: layer i has experts where (i + 1) is a multiple of decoder_sparse_step and i is not in
+    # mlp_only_layers; of 24 layers, step 2 leaves 12 with experts, and listing 1 (an expert layer) and 2 (a
+    # dense one already) makes 11
+    stepped = spec_from_hf_config({**QWEN_MOE_A2_7B, "decoder_sparse_step": 2, "mlp_only_layers": [1, 2]}, "q")
+    assert (stepped.dense_layers, stepped.dense_intermediate_size) == (13, 5632)
+    # DeepSeek's: the first first_k_dense_replace layers dense, then experts on each layer i with
+    # i % moe_layer_freq == 0; shared experts are n_shared_experts of the experts' width (2 x 1408)
+    deepseek = {**QWEN_MOE_A2_7B, "n_routed_experts": 64, "num_experts_per_tok": 6, "n_shared_experts": 2,
+                "intermediate_size": 10944, "first_k_dense_replace": 1, "moe_layer_freq": 1, "num_hidden_layers": 27}
+    for key in ("num_experts", "shared_expert_intermediate_size", "decoder_sparse_step"):
+        deepseek.pop(key)
+    spec = spec_from_hf_config(deepseek, "d")
+    assert (spec.num_experts, spec.experts_per_token, spec.shared_expert_size) == (64, 6, 2816)
+    assert (spec.dense_layers, spec.dense_intermediate_size, spec.intermediate_size) == (1, 10944, 1408)
+    # every other layer past the first 3: 3 dense + layers 3, 5, ..., 25 (12 odd) dense of the 24 past them
+    sparse = spec_from_hf_config({**deepseek, "first_k_dense_replace": 3, "moe_layer_freq": 2}, "d")
+    assert sparse.dense_layers == 3 + 12

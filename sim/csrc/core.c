@@ -1756,7 +1756,7 @@ static int engine_fixed(Core *c, int64_t tokens, int64_t seqs, int has_prefill, 
         return -1;
     /* k[12..17]: fused_s_per_token, graph_kernel_s, elementwise_latency_s, cpu_step_s, cpu_seq_s, eager_op_s */
     const double k_elem = graph ? k[13] : k[14];
-    const int64_t eager_ops = full ? 0 : c->layers * (graph ? c->attn_ops : c->eager_ops);
+    const int64_t eager_ops = full ? 0 : (graph ? c->layers * c->attn_ops : c->eager_ops);   /* (eager_ops: all layers') */
     t[0] = lc[0] + head;
     t[1] = lc[1];
     t[2] = (double)c->layers * ((double)padded * k[12] + (double)c->n_fused * k_elem);

@@ -56,6 +56,7 @@ from sim.executors.engine_params import (
     EAGER_OPS_PER_LAYER,
     FUSED_ELEMENTWISE_KERNELS,
     MOE_AUX_KERNELS,
+    SHARED_EXPERT_KERNELS,
     EngineParams,
     capture_sizes,
     graph_max_tokens_for,
@@ -79,17 +80,23 @@ DATA_DIR = Path(__file__).resolve().parent.parent / "data"  # package data: sim/
 
 
 def linear_shapes(model: ModelSpec, tp: int) -> list[tuple[str, int, int]]:
-    """(operator, K inputs, N outputs) of one layer's GEMMs on one TP shard (Vidur's operator names)."""
+    """(operator, K inputs, N outputs) of one layer's GEMMs on one TP shard (Vidur's operator names); a
+    mixture of experts' up and down are one expert's."""
     hd = model.head_dim
     q = math.ceil(model.num_heads / tp) * hd
     kv = math.ceil(model.num_kv_heads / tp) * hd
-    inter = model.intermediate_size // tp
     return [
         ("attn_pre_proj", model.hidden_size, q + 2 * kv),
         ("attn_post_proj", q, model.hidden_size),
-        ("mlp_up_proj", model.hidden_size, inter * (2 if model.gated_mlp else 1)),
-        ("mlp_down_proj", inter, model.hidden_size),
+        *mlp_shapes(model, model.intermediate_size, tp),
     ]
+
+
+def mlp_shapes(model: ModelSpec, width: int, tp: int) -> list[tuple[str, int, int]]:
+    """(operator, K, N) of a dense MLP of ``width`` on one TP shard: gate and up (or up), down."""
+    inter = width // tp
+    return [("mlp_up_proj", model.hidden_size, inter * (2 if model.gated_mlp else 1)),
+            ("mlp_down_proj", inter, model.hidden_size)]
 
 
 def shipped_calibration(name: str) -> Path | None:
@@ -188,11 +195,13 @@ class CostModelExecutor:
         self._layers = model.num_layers
         self._shapes = linear_shapes(model, tp)
         # bytes a projection's weight takes as stored, by shape (None: the dtype's, as the activations')
-        self._weight_bytes = [model.weight_bytes_per_element(k) if model.weight_dtype else None
-                              for _, k, _ in self._shapes]
+        self._weight_bytes = self._stored_bytes(self._shapes)
+        # a mixture of experts' dense MLPs: its shared experts (on the expert layers), its dense layers' MLP
+        self._shared_shapes = mlp_shapes(model, model.shared_expert_size, tp) if model.shared_expert_size else []
+        self._dense_shapes = mlp_shapes(model, model.dense_intermediate_size, tp) if model.dense_layers else []
+        self._layer_groups = model.layer_groups()
         q = math.ceil(model.num_heads / tp) * model.head_dim
         kv = math.ceil(model.num_kv_heads / tp) * model.head_dim
-        inter = model.intermediate_size // tp
         self._vocab_shard = math.ceil(model.vocab_size / tp)
         # attention constants (per layer, per shard)
         self._attn_flops_per_pair = 4.0 * model.head_dim * math.ceil(model.num_heads / tp)
@@ -210,7 +219,7 @@ class CostModelExecutor:
         h = model.hidden_size
         self._elem_s_per_token = b / self._bw * (
             2 * h / e["input_layernorm"] + 2 * (q + kv) / e["attn_rope"] + 2 * h / e["post_attention_layernorm"]
-            + (3 if model.gated_mlp else 2) * inter * max(1, model.experts_per_token) / e["mlp_act"]
+            + (3 if model.gated_mlp else 2) * model.activated_mlp_width(tp) / e["mlp_act"]
             + 2 * 3 * h / e["add"])
         self._elem_fixed = ELEMENTWISE_KERNELS * params.elementwise_latency_s
         self._act_bytes = b * model.hidden_size
@@ -220,16 +229,18 @@ class CostModelExecutor:
         self._copy_s_per_block = 2.0 * block_bytes / self._bw
         self._overhead = max(params.step_overhead_s, 1e-9)
         self._moe_tile_eff = engine.moe_tile_eff if engine is not None else 1.0
-        self._eager_ops = EAGER_OPS_PER_LAYER + (1 + MOE_AUX_KERNELS if model.num_experts else 0)   # + router
+        # Python-dispatched ops of a step run without graphs, over all layers: an expert layer's router and small
+        # kernels, and its shared experts' two GEMMs, activation and sum, besides a dense layer's
+        self._eager_ops = sum(n * (EAGER_OPS_PER_LAYER + self._extra_eager_ops(dense)) for n, dense in self._layer_groups)
         self.engine = engine
         memo = price_memo(model, hardware, params, engine)   # (shared with executors of the same setup)
         self._linear_cache, self._head_cache = memo.linear, memo.head
         if engine is not None:
-            self._init_engine(engine, q, kv, inter, memo)
+            self._init_engine(engine, q, kv, memo)
         self._native_consts = self._decode_constants()
 
     # ------------------------------------------------------------ engine-level terms
-    def _init_engine(self, e: EngineParams, q: int, kv: int, inter: int, memo: PriceMemo) -> None:
+    def _init_engine(self, e: EngineParams, q: int, kv: int, memo: PriceMemo) -> None:
         """Constants of the engine-level step (sim/executors/engine_params.py)."""
         b, h = self.model.dtype_bytes, self.model.hidden_size
         self._graph_max = e.graph_max_tokens if e.cuda_graphs else 0
@@ -247,7 +258,7 @@ class CostModelExecutor:
         self._eng_qo_s = self._attn_new_bytes / self._attn_bw
         # fused elementwise kernels stream at the bandwidth of a copy (memory_eff); the low efficiencies
         # fitted to isolated small kernels are their launch latency, which a graph replaces
-        act = (3 if self.model.gated_mlp else 2) * inter * max(1, self.model.experts_per_token)  # k experts a token
+        act = (3 if self.model.gated_mlp else 2) * self.model.activated_mlp_width(self.hardware.tensor_parallel)
         # (the KV-cache write reads the new K and V in the model's dtype and stores them in the cache's)
         self._fused_s_per_token = (b * (8 * h + 2 * (q + kv) + 2 * kv + act) + self.model.kv_dtype_bytes * 2 * kv) \
             / (self._bw * self.params.memory_eff)
@@ -259,10 +270,12 @@ class CostModelExecutor:
         hit = self._eng_linear_cache.get(key)
         if hit is None:
             e, p, hw = self.engine, self.params, self.hardware
-            per_layer = self.layer_linear_time(padded)
-            if graph:   # inside a graph each GEMM pays graph_kernel_s instead of its isolated latency
-                kernels = len(self._shapes) + (1 + MOE_AUX_KERNELS if self.model.num_experts else 0)   # + router
-                per_layer += kernels * (e.graph_kernel_s - p.kernel_latency_s)
+            layers = 0.0
+            for n, dense in self._layer_groups:
+                per_layer = self.layer_linear_time(padded, dense)
+                if graph:   # inside a graph each GEMM pays graph_kernel_s instead of its isolated latency
+                    per_layer += self._layer_kernels(dense) * (e.graph_kernel_s - p.kernel_latency_s)
+                layers += n * per_layer
             nbytes = padded * self._act_bytes
             tp = hw.tensor_parallel
             if tp <= 1:
@@ -273,7 +286,7 @@ class CostModelExecutor:
                     + 2.0 * (tp - 1) / tp * nbytes / (hw.interconnect_bandwidth * e.custom_ar_eff)
             else:
                 comm = float(allreduce_time(nbytes, tp, hw.interconnect_bandwidth, hw.interconnect_latency_s, p))
-            hit = self._eng_linear_cache[key] = (self._layers * per_layer, 2 * self._layers * comm)
+            hit = self._eng_linear_cache[key] = (layers, 2 * self._layers * comm)
         return hit
 
     def _engine_fixed(self, tokens: int, seqs: int, has_prefill: bool) -> tuple[float, float, float, float, float]:
@@ -299,7 +312,7 @@ class CostModelExecutor:
         k_elem = e.graph_kernel_s if graph else p.elementwise_latency_s
         elementwise = self._layers * (padded * self._fused_s_per_token + FUSED_ELEMENTWISE_KERNELS * k_elem)
         k_attn = e.graph_kernel_s if full else p.kernel_latency_s
-        eager_ops = 0 if full else self._layers * (ATTENTION_OPS_PER_LAYER if graph else self._eager_ops)
+        eager_ops = 0 if full else (self._layers * ATTENTION_OPS_PER_LAYER if graph else self._eager_ops)
         cpu = e.cpu_step_s + e.cpu_seq_s * seqs + e.eager_op_s * eager_ops
         return linear, comm, elementwise, k_attn, cpu
 
@@ -506,13 +519,42 @@ class CostModelExecutor:
                                     "elementwise": _per_step(elementwise, zero), "allreduce": _per_step(comm, zero),
                                     "swap": zero, "copy": zero, "overhead": overhead})
 
-    def layer_linear_time(self, tokens: int) -> float:
+    def layer_linear_time(self, tokens: int, dense: bool = False) -> float:
         """Seconds of one layer's four projections on ``tokens`` tokens (a mixture of experts: see
-        ``_moe_mlp_time``)."""
-        p, b, peak, wb = self.params, self.model.dtype_bytes, self._gemm_peak, self._weight_bytes
-        shapes = self._shapes if not self.model.num_experts else self._shapes[:2]
-        t = sum(gemm_time_scalar(tokens, n, k, peak, self._bw, b, p, op, w) for (op, k, n), w in zip(shapes, wb))
-        return t if not self.model.num_experts else t + self._moe_mlp_time(tokens)
+        ``_moe_mlp_time``, then its shared experts' two GEMMs and two small kernels, the activation and the sum
+        into the experts' output; ``dense``: its dense layer's, the same as any layer's for a dense model)."""
+        if dense and self.model.num_experts:
+            return self._gemms(tokens, self._shapes[:2] + self._dense_shapes)
+        if not self.model.num_experts:
+            return self._gemms(tokens, self._shapes)
+        t = self._gemms(tokens, self._shapes[:2]) + self._moe_mlp_time(tokens)
+        if self._shared_shapes:
+            t += self._gemms(tokens, self._shared_shapes) + SHARED_EXPERT_KERNELS * self.params.kernel_latency_s
+        return t
+
+    def _gemms(self, tokens: int, shapes: list[tuple[str, int, int]]) -> float:
+        """Seconds of ``shapes``' GEMMs (operator, K, N) on ``tokens`` tokens, each weight read as stored."""
+        p, b, peak = self.params, self.model.dtype_bytes, self._gemm_peak
+        return sum(gemm_time_scalar(tokens, n, k, peak, self._bw, b, p, op, w)
+                   for (op, k, n), w in zip(shapes, self._stored_bytes(shapes)))
+
+    def _stored_bytes(self, shapes: list[tuple[str, int, int]]) -> list[float | None]:
+        """Bytes each of ``shapes``' weights takes as stored (None: the dtype's, as the activations')."""
+        return [self.model.weight_bytes_per_element(k) if self.model.weight_dtype else None for _, k, _ in shapes]
+
+    def _layer_kernels(self, dense: bool) -> int:
+        """GEMM-like launches of one layer, each priced at ``kernel_latency_s`` outside a graph: its four
+        projections; an expert layer's router and MOE_AUX_KERNELS small kernels too (its up and down are one
+        grouped launch each), and its shared experts' two GEMMs and SHARED_EXPERT_KERNELS."""
+        if dense or not self.model.num_experts:
+            return len(self._shapes)
+        shared = len(self._shared_shapes) + SHARED_EXPERT_KERNELS if self._shared_shapes else 0
+        return len(self._shapes) + 1 + MOE_AUX_KERNELS + shared
+
+    def _extra_eager_ops(self, dense: bool) -> int:
+        """A layer's Python-dispatched ops without graphs beyond a dense layer's EAGER_OPS_PER_LAYER: an expert
+        layer's router and small kernels, and its shared experts' GEMMs and small kernels."""
+        return 0 if dense or not self.model.num_experts else self._layer_kernels(False) - len(self._shapes)
 
     def _moe_mlp_time(self, tokens: int) -> float:
         """A mixture-of-experts MLP on ``tokens`` tokens, as vLLM's fused MoE kernel runs it:
@@ -562,7 +604,8 @@ class CostModelExecutor:
         hit = self._linear_cache.get(tokens)
         if hit is None:
             hw = self.hardware
-            lin = self._layers * self.layer_linear_time(tokens)
+            lin = sum(n * self.layer_linear_time(tokens, dense) for n, dense in self._layer_groups) \
+                if len(self._layer_groups) > 1 else self._layers * self.layer_linear_time(tokens)
             comm = 2 * self._layers * float(allreduce_time(tokens * self._act_bytes, hw.tensor_parallel,
                                                            hw.interconnect_bandwidth, hw.interconnect_latency_s,
                                                            self.params))

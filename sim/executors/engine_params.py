@@ -55,6 +55,7 @@ CUSTOM_AR_WORLD_SIZES = (2, 4, 6, 8)   # vLLM's custom all-reduce (its _SUPPORTE
 EAGER_OPS_PER_LAYER = 14        # Python-dispatched ops of one layer without graphs (norms, GEMMs, views...)
 ATTENTION_OPS_PER_LAYER = 2     # the eager part of a piecewise graph: KV-cache write + attention
 MOE_AUX_KERNELS = 3             # a fused MoE layer's top-k softmax, block alignment and sum over the k experts
+SHARED_EXPERT_KERNELS = 2       # shared experts' SiLU-and-mul and the sum of their output into the routed one
 
 
 @dataclass(slots=True)
