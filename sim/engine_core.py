@@ -184,7 +184,7 @@ def _pricing(ex: CostModelExecutor) -> tuple:
     e = ex.engine
     if e is not None:
         ints = (ex._layers, ex._attn_new_bytes, ex._graph_max, FUSED_ELEMENTWISE_KERNELS, ATTENTION_OPS_PER_LAYER,
-                ex._eager_ops)   # (over all layers: a mixture of experts' router and small kernels included)
+                ex._eager_ops, ex._attn_dec_new_bytes)   # (eager ops over all layers: a mixture's router and more)
         floats = (*head, ex._eng_half, ex._eng_kv_s, ex._eng_qo_s, e.sampler_s, e.step_gap_s,
                   1.0 if e.overlap_cpu else 0.0, ex._swap_s_per_block, ex._fused_s_per_token, e.graph_kernel_s,
                   p.elementwise_latency_s, e.cpu_step_s, e.cpu_seq_s, e.eager_op_s, ex._overhead, ex._copy_s_per_block)
@@ -194,8 +194,8 @@ def _pricing(ex: CostModelExecutor) -> tuple:
         return ex._linear(tokens)
 
     floats = (*head, ex._attn_seq, ex._attn_pre_seq, ex._elem_s_per_token, ex._elem_fixed, ex._overhead,
-              ex._swap_s_per_block, ex._copy_s_per_block)
-    return 0, (ex._layers, ex._attn_new_bytes, 0, 0, 0, 0), floats, None, linear, ex._lm_head
+              ex._swap_s_per_block, ex._attn_dec_flops_per_pair, ex._attn_dec_kv_s, ex._copy_s_per_block)
+    return 0, (ex._layers, ex._attn_new_bytes, 0, 0, 0, 0, ex._attn_dec_new_bytes), floats, None, linear, ex._lm_head
 
 
 @dataclass
@@ -402,10 +402,11 @@ def _speculation(scheduler: Any, executor: CostModelExecutor, drafts: np.ndarray
     terms = executor.drafter.size_terms
     drafter = None
     if ex is not None and ex.engine is not None:
-        drafter = (1, ex._layers, ex._attn_new_bytes, (ex._eng_half, ex._eng_kv_s, ex._eng_qo_s), terms)
-    elif ex is not None:
-        drafter = (0, ex._layers, ex._attn_new_bytes,
-                   (ex._attn_flops_per_pair, ex._attn_peak, ex._attn_kv_s, ex._attn_bw, ex.params.kernel_latency_s,
+        drafter = (1, ex._layers, ex._attn_dec_new_bytes, (ex._eng_half, ex._eng_kv_s, ex._eng_qo_s), terms)
+    elif ex is not None:   # (the drafter's passes are decodes: a decode's attention constants)
+        drafter = (0, ex._layers, ex._attn_dec_new_bytes,
+                   (ex._attn_dec_flops_per_pair, ex._attn_peak, ex._attn_dec_kv_s, ex._attn_bw,
+                    ex.params.kernel_latency_s,
                     ex._attn_seq, ex._elem_s_per_token, ex._elem_fixed), terms)
     return (spec.k, tuple(spec._survival), np.array(words, dtype=np.int64), np.zeros(3, dtype=np.int64), drafts,
             drafter)

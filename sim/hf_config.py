@@ -10,6 +10,8 @@ The keys read (the transformers names; the first present wins):
     attention heads    num_attention_heads, n_head
     KV heads           num_key_value_heads, num_kv_heads, multi_query_group_num (else = attention heads)
     head dim           head_dim (else hidden size / heads)
+    latent attention   kv_lora_rank, q_lora_rank (null: none), qk_nope_head_dim, qk_rope_head_dim, v_head_dim
+                       (DeepSeek-V2/V3: the head dim is qk_nope_head_dim + qk_rope_head_dim)
     MLP width          intermediate_size, ffn_dim, n_inner (else 4 x hidden size)
     vocabulary         vocab_size (padded_vocab_size)
     context            max_position_embeddings, n_positions, seq_length, max_seq_len
@@ -28,8 +30,7 @@ scenario may set ``model.dtype``. Mixture-of-experts configs whose experts diffe
 (``moe_intermediate_size``) use that width for the experts, and ``intermediate_size`` for their dense layers.
 
 Invariant: a config missing a required key, or with a value that is not a positive integer, is an error that
-names the key; so is one of an architecture kvsim cannot price (``UNSUPPORTED_KEYS``: DeepSeek's latent
-attention, state-space layers; and a sliding window shorter than the context,
+names the key; so is one of an architecture kvsim cannot price (``UNSUPPORTED_KEYS``: state-space layers; and a sliding window shorter than the context,
 ``_refuse_sliding_windows``), and one of a quantization it does not model (bitsandbytes, NVFP4, ...);
 nothing is guessed beyond the defaults listed above.
 """
@@ -50,7 +51,6 @@ from sim.yamlfile import read_text_bounded
 # config keys of architectures kvsim's ModelSpec cannot price: loading one is an error rather than a model
 # priced as something it is not
 UNSUPPORTED_KEYS = {
-    "kv_lora_rank": "multi-head latent attention (DeepSeek-V2/V3)",
     "ssm_state_size": "state-space (Mamba) layers",
     "mamba_d_state": "state-space (Mamba) layers",
     "layers_block_type": "hybrid attention and state-space layers",
@@ -94,6 +94,9 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str) -> ModelSpec:
     heads = _first(cfg, ("num_attention_heads", "n_head"), "attention head count")
     kv = _first(cfg, ("num_key_value_heads", "num_kv_heads", "multi_query_group_num"), "KV head count", heads)
     head_dim = _first(cfg, ("head_dim",), "head dim", hidden // heads)
+    latent = _latent_attention(cfg) if cfg.get("kv_lora_rank") else {}
+    if latent:   # a query's and key's head: its rotary and its other part
+        head_dim = latent.pop("head_dim")
     expert_keys = ("num_local_experts", "num_experts", "n_routed_experts")
     moe = any(cfg.get(k) for k in expert_keys)   # (dense configs may say 0)
     experts = _first(cfg, expert_keys, "expert count") if moe else 0
@@ -116,7 +119,7 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str) -> ModelSpec:
         return ModelSpec(name=name, num_layers=layers, hidden_size=hidden, num_heads=heads, num_kv_heads=kv,
                          head_dim=head_dim, intermediate_size=inter, vocab_size=vocab, max_model_len=max_len,
                          gated_mlp=not plain, tied_embeddings=tied, num_experts=experts,
-                         experts_per_token=per_token, **mixture, **quantized)
+                         experts_per_token=per_token, **mixture, **latent, **quantized)
     except ValidationError as e:
         first = e.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])
@@ -176,6 +179,17 @@ def _mixture_layout(cfg: dict[str, Any], layers: int, expert_width: int) -> dict
         out["dense_layers"] = layers - experts
         out["dense_intermediate_size"] = _first(cfg, ("intermediate_size",), "dense layers' MLP width", expert_width)
     return out
+
+
+def _latent_attention(cfg: dict[str, Any]) -> dict[str, int]:
+    """Multi-head latent attention's fields (DeepSeek-V2/V3, Kimi-K2): the latent's and the query's ranks
+    (``q_lora_rank`` null: queries straight from the hidden state), the rotary and other parts of a query's
+    and key's head, the value's head (ValueError naming a missing or bad key)."""
+    rope = _first(cfg, ("qk_rope_head_dim",), "rotary head dim")
+    return {"kv_lora_rank": _first(cfg, ("kv_lora_rank",), "latent rank"), "qk_rope_head_dim": rope,
+            "head_dim": _first(cfg, ("qk_nope_head_dim",), "non-rotary head dim") + rope,
+            "v_head_dim": _first(cfg, ("v_head_dim",), "value head dim"),
+            "q_lora_rank": _first(cfg, ("q_lora_rank",), "query rank") if cfg.get("q_lora_rank") is not None else 0}
 
 
 def _refuse_llama4_layouts(cfg: dict[str, Any]) -> None:

@@ -2,7 +2,8 @@
 
 Invariants:
 - ``head_dim * num_heads`` need not equal ``hidden_size`` (it does for every preset here).
-- KV bytes per token = 2 (K and V) x layers x kv_heads x head_dim x dtype bytes; with GQA kv_heads < heads.
+- KV bytes per token = 2 (K and V) x layers x kv_heads x head_dim x dtype bytes; with GQA kv_heads < heads;
+  under multi-head latent attention layers x (kv_lora_rank + qk_rope_head_dim) x dtype bytes, on every GPU.
 - Weight-only quantization (``weight_dtype``) narrows the layers' projection and expert weights alone: a
   [K, N] matrix takes K x N x bits / 8 bytes plus one fp16 scale per group of ``weight_group_size`` rows of
   K in each of its N columns; embeddings, LM head, norms and the router keep ``dtype``.
@@ -56,6 +57,14 @@ class ModelSpec(BaseModel):
     # first_k_dense_replace, Qwen-MoE's mlp_only_layers); the other num_layers - dense_layers are mixtures
     dense_layers: int = Field(default=0, ge=0, le=10_000)
     dense_intermediate_size: int = Field(default=0, ge=0, le=1 << 22)
+    # multi-head latent attention (DeepSeek-V2/V3): each layer caches one latent of kv_lora_rank plus the
+    # rotary key's qk_rope_head_dim per token, on every GPU of a tensor-parallel group (vLLM does not shard
+    # it); head_dim is the query's and key's head (qk_nope_head_dim + qk_rope_head_dim), v_head_dim the
+    # value's; queries come through a q_lora_rank bottleneck (0: straight from the hidden state). 0: none
+    kv_lora_rank: int = Field(default=0, ge=0, le=1 << 16)
+    qk_rope_head_dim: int = Field(default=0, ge=0, le=1 << 16)
+    v_head_dim: int = Field(default=0, ge=0, le=1 << 16)
+    q_lora_rank: int = Field(default=0, ge=0, le=1 << 20)
     # weight-only quantization of the projections and experts (vLLM's AWQ / GPTQ / Marlin kernels: int4 or
     # int8, or fp8 weights with fp16 activations); None: their weights are in ``dtype``. Scales: one fp16 per
     # ``weight_group_size`` rows of K in each column (0: one per column, "per channel")
@@ -83,6 +92,14 @@ class ModelSpec(BaseModel):
                              "a model of dense layers only has no experts")
         if bool(self.dense_layers) != bool(self.dense_intermediate_size):
             raise ValueError("dense_layers and dense_intermediate_size go together (both set, or neither)")
+        if self.kv_lora_rank:
+            if not (0 < self.qk_rope_head_dim < self.head_dim) or not self.v_head_dim:
+                raise ValueError(f"latent attention (kv_lora_rank {self.kv_lora_rank}) needs qk_rope_head_dim below "
+                                 f"head_dim ({self.head_dim}: the rotary and the other part of a query's head) "
+                                 "and v_head_dim")
+        elif self.qk_rope_head_dim or self.v_head_dim or self.q_lora_rank:
+            raise ValueError("qk_rope_head_dim, v_head_dim and q_lora_rank describe latent attention and need "
+                             "kv_lora_rank")
         if self.weight_dtype is not None:
             if self.weight_dtype not in WEIGHT_DTYPE_BITS:
                 raise ValueError(f"weight_dtype must be one of {sorted(WEIGHT_DTYPE_BITS)} (or absent), "
@@ -101,10 +118,23 @@ class ModelSpec(BaseModel):
         """Bytes of one cached K or V element: ``kv_dtype``'s, else the model's dtype's."""
         return DTYPE_BYTES[self.kv_dtype or self.dtype]
 
+    @property
+    def latent_attention(self) -> bool:
+        """Whether the attention is multi-head latent attention (``kv_lora_rank``)."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def latent_size(self) -> int:
+        """Elements one token caches a layer under latent attention: the latent and the rotary key."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
     def kv_bytes_per_token(self, dtype: str | None = None) -> int:
         """2 x layers x kv_heads x head_dim x bytes (of ``dtype``, else the KV dtype): the K and V of one token in
-        every layer."""
+        every layer; under latent attention layers x (kv_lora_rank + qk_rope_head_dim) x bytes, one latent a
+        layer (for one GPU: each GPU of a group holds them all, ``kv_replicas``)."""
         nbytes = DTYPE_BYTES[dtype] if dtype else self.kv_dtype_bytes
+        if self.latent_attention:
+            return self.num_layers * self.latent_size * nbytes
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * nbytes
 
     def kv_bytes_per_block(self, block_size: int, dtype: str | None = None) -> int:
@@ -117,7 +147,7 @@ class ModelSpec(BaseModel):
         if self.num_heads % tp:
             return f"{tp} does not divide {self.name}'s {self.num_heads} attention heads (vLLM shards them evenly)"
         kv = self.num_kv_heads
-        if (kv % tp if tp <= kv else tp % kv):
+        if not self.latent_attention and (kv % tp if tp <= kv else tp % kv):
             return (f"{tp} GPUs cannot share {self.name}'s {kv} KV heads: vLLM splits them evenly, or with more "
                     f"GPUs than KV heads copies one to each, so the GPU count must divide {kv} or be a multiple of it")
         for width, what in ((self.intermediate_size, "MLP intermediate size"),
@@ -129,7 +159,10 @@ class ModelSpec(BaseModel):
 
     def kv_replicas(self, tp: int) -> int:
         """How many GPUs of a ``tp`` group hold each KV head: 1, or tp / KV heads when there are more GPUs
-        than KV heads (each holds a copy of one), which multiplies the group's KV bytes per token."""
+        than KV heads (each holds a copy of one), which multiplies the group's KV bytes per token; every GPU
+        (``tp``) under latent attention, whose one latent a layer vLLM does not shard."""
+        if self.latent_attention:
+            return tp
         return tp // self.num_kv_heads if tp > self.num_kv_heads else 1
 
     @property
@@ -154,7 +187,7 @@ class ModelSpec(BaseModel):
         follow as another gate-and-up and down. ``dense``: a mixture of experts' dense layer (its MLP of
         ``dense_intermediate_size``); a dense model's layers are the same either way."""
         h = self.hidden_size
-        attention = [(h, self.q_size + 2 * self.kv_size, 1), (self.q_size, h, 1)]
+        attention = self.attention_matrices()
         gate = 2 if self.gated_mlp else 1
         if not self.num_experts or dense:
             width = self.dense_intermediate_size if self.num_experts else self.intermediate_size
@@ -165,11 +198,28 @@ class ModelSpec(BaseModel):
             if self.shared_expert_size else []
         return attention + mlp + shared
 
+    def attention_matrices(self) -> list[tuple[int, int, int]]:
+        """One layer's attention projections as (K, N, 1): fused QKV and output; under latent attention
+        (vLLM's names) the query's down projection fused with the latent's (fused_qkv_a_proj; without a
+        q_lora_rank, kv_a_proj_with_mqa and q_proj), the query's up projection (q_b_proj), the latent's up
+        projection to each head's key and value (kv_b_proj), and the output (o_proj)."""
+        h = self.hidden_size
+        if not self.latent_attention:
+            return [(h, self.q_size + 2 * self.kv_size, 1), (self.q_size, h, 1)]
+        heads, q_head = self.num_heads, self.head_dim
+        k_nope = self.head_dim - self.qk_rope_head_dim
+        query = [(h, self.q_lora_rank + self.latent_size, 1), (self.q_lora_rank, heads * q_head, 1)] \
+            if self.q_lora_rank else [(h, self.latent_size, 1), (h, heads * q_head, 1)]
+        return query + [(self.kv_lora_rank, heads * (k_nope + self.v_head_dim), 1),
+                        (heads * self.v_head_dim, h, 1)]
+
     def layer_params(self, dense: bool = False) -> int:
         """Parameters of one layer: fused QKV, output projection, MLP (every expert, the shared experts and the
-        router on an expert layer), two norms."""
+        router on an expert layer), two norms (latent attention: two more, on the query's and the latent's
+        bottlenecks)."""
         router = 0 if dense else self.hidden_size * self.num_experts
-        return sum(k * n * c for k, n, c in self.projection_matrices(dense)) + router + 2 * self.hidden_size
+        norms = 2 * self.hidden_size + (self.q_lora_rank + self.kv_lora_rank if self.latent_attention else 0)
+        return sum(k * n * c for k, n, c in self.projection_matrices(dense)) + router + norms
 
     def activated_mlp_width(self, tp: int = 1) -> int | float:
         """The MLP width one token runs through in a layer on one of ``tp`` GPUs, on average over the layers:
@@ -428,6 +478,21 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     # not priced); "14.3B parameters in total and 2.7B activated" and "57B, 14B activated" (the model cards)
     "qwen1.5-moe-a2.7b": _llama("qwen1.5-moe-a2.7b", 24, 2048, 16, 16, 1408, 151936, 8192, num_experts=60,
                                 experts_per_token=4, shared_expert_size=5632),
+    # deepseek-ai/DeepSeek-V2-Lite and DeepSeek-V3 config.json: multi-head latent attention (kv_lora_rank 512,
+    # qk_rope_head_dim 64, qk_nope_head_dim 128 -> head_dim 192, v_head_dim 128; V3's queries through a
+    # q_lora_rank of 1536, V2-Lite's straight from the hidden state), experts of moe_intermediate_size beside
+    # n_shared_experts of the same width, the first first_k_dense_replace layers dense (intermediate_size);
+    # "15.7B" and "671B" parameters (the model cards; V3's multi-token-prediction layer, loaded only to draft,
+    # left out). V3 ships fp8 weights (block-quantized, dynamic activations) and serves a 16-bit KV cache;
+    # DeepSeek-R1 has V3's shapes
+    "deepseek-v2-lite": _llama("deepseek-v2-lite", 27, 2048, 16, 16, 1408, 102400, 163840, head_dim=192,
+                               num_experts=64, experts_per_token=6, shared_expert_size=2 * 1408, dense_layers=1,
+                               dense_intermediate_size=10944, kv_lora_rank=512, qk_rope_head_dim=64, v_head_dim=128),
+    **{name: _llama(name, 61, 7168, 128, 128, 2048, 129280, 163840, head_dim=192, num_experts=256,
+                    experts_per_token=8, shared_expert_size=2048, dense_layers=3, dense_intermediate_size=18432,
+                    kv_lora_rank=512, qk_rope_head_dim=64, v_head_dim=128, q_lora_rank=1536, dtype="fp8",
+                    kv_dtype="fp16")
+       for name in ("deepseek-v3", "deepseek-r1")},
     "qwen2-57b-a14b": _llama("qwen2-57b-a14b", 28, 3584, 28, 4, 2560, 151936, 131072, num_experts=64,
                              experts_per_token=8, shared_expert_size=20480),
     # A toy shape for running the real backend on a CPU: 2 layers, hidden 256, 4 heads, 2 KV heads

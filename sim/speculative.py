@@ -139,6 +139,9 @@ def problem(scn: Any) -> tuple[str, str] | None:
         if cfg.draft_vocab_size > target.vocab_size:
             return "speculative.draft_vocab_size", (f"{cfg.draft_vocab_size:,} is more than the target "
                                                     f"{target.name}'s vocabulary ({target.vocab_size:,})")
+    if cfg.method == "eagle3" and target.latent_attention:
+        return "speculative.method", ("an EAGLE-3 head of a latent-attention target is not modelled; use eagle (one "
+                                      "layer of the target's, as DeepSeek's multi-token prediction is) or draft_model")
     if cfg.method != "draft_model":
         if cfg.model is not None:
             return "speculative.model", (f"only method draft_model takes a model ({cfg.method}: "
@@ -170,11 +173,16 @@ def drafter_model(cfg: SpeculativeConfig, target: ModelSpec) -> ModelSpec | None
     if cfg.method == "ngram":
         return None
     if cfg.method == "eagle":
-        return target.model_copy(update={"name": f"{target.name}-eagle-head", "num_layers": 1})
+        return _layers_of(target, 1, name=f"{target.name}-eagle-head")
     if cfg.method == "eagle3":
-        return target.model_copy(update={"name": f"{target.name}-eagle3-head", "num_layers": 1,
-                                         "vocab_size": cfg.draft_vocab(target)})
+        return _layers_of(target, 1, name=f"{target.name}-eagle3-head", vocab_size=cfg.draft_vocab(target))
     return cfg.draft_spec().model_copy(update={"kv_dtype": target.kv_dtype})
+
+
+def _layers_of(target: ModelSpec, layers: int, **update) -> ModelSpec:
+    """``target`` cut to ``layers`` layers of its kind that repeats (a mixture of experts' expert layers, none
+    of its dense ones, as DeepSeek's multi-token-prediction layer is)."""
+    return target.model_copy(update={"num_layers": layers, "dense_layers": 0, "dense_intermediate_size": 0, **update})
 
 
 def drafter_weight_bytes(cfg: SpeculativeConfig, target: ModelSpec) -> int:
@@ -186,8 +194,8 @@ def drafter_weight_bytes(cfg: SpeculativeConfig, target: ModelSpec) -> int:
     if cfg.method == "ngram":
         return 0
     if cfg.method in ("eagle", "eagle3"):
-        one = target.model_copy(update={"num_layers": 1}).weight_bytes()
-        two = target.model_copy(update={"num_layers": 2}).weight_bytes()
+        one = _layers_of(target, 1).weight_bytes()
+        two = _layers_of(target, 2).weight_bytes()
         h, b = target.hidden_size, target.dtype_bytes
         if cfg.method == "eagle":
             return (two - one) + 2 * h * h * b

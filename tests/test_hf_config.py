@@ -62,8 +62,7 @@ def test_a_multimodal_config_reads_its_text_model():
     (lambda c: c.__setitem__("hidden_size", "4096"), "hidden_size: hidden size must be a positive integer"),
     (lambda c: c.__setitem__("num_key_value_heads", 5), "num_heads (32) must be a multiple of num_kv_heads (5)"),
     (lambda c: c.__setitem__("tie_word_embeddings", "yes"), "tie_word_embeddings: expected true or false"),
-    (lambda c: c.__setitem__("kv_lora_rank", 512), "kv_lora_rank: multi-head latent attention (DeepSeek-V2/V3) is "
-                                                   "not modelled"),
+    (lambda c: c.__setitem__("kv_lora_rank", 512), "no rotary head dim (qk_rope_head_dim)"),   # latent, half given
     (lambda c: c.__setitem__("full_attention_interval", 4), "full_attention_interval: linear-attention (Gated "
                                                             "DeltaNet) layers"),
     (lambda c: c.__setitem__("layer_types", ["linear_attention", "full_attention"] * 16),

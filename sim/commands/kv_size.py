@@ -54,7 +54,8 @@ def kv_size(model: ModelSpec, seq_len: int, dtype: str, block_size: int) -> dict
     blocks = -(-seq_len // block_size)
     return {
         "model": model.name, "dtype": dtype, "seq_len": seq_len, "block_size": block_size,
-        "num_layers": model.num_layers, "num_kv_heads": model.num_kv_heads, "head_dim": model.head_dim,
+        "num_layers": model.num_layers, "num_kv_heads": 1 if model.latent_attention else model.num_kv_heads,
+        "head_dim": model.latent_size if model.latent_attention else model.head_dim,
         "bytes_per_token": per_token,
         "bytes_per_block": per_token * block_size,
         "bytes_per_sequence": per_token * seq_len,
@@ -157,8 +158,12 @@ def main(args: argparse.Namespace) -> int:
         (f"  paged ({info['blocks_per_sequence']} blocks)", info["bytes_per_sequence_paged"]),
         (f"model weights ({info['weight_dtype']})", info["weight_bytes"]),
     ]
-    print(f"{model.name}: {model.num_layers} layers x {model.num_kv_heads} KV heads x {model.head_dim} "
-          f"head_dim x {DTYPE_BYTES[args.dtype]} bytes ({args.dtype}) x 2 (K and V)")
+    if model.latent_attention:
+        print(f"{model.name}: {model.num_layers} layers x a latent of {model.kv_lora_rank} + {model.qk_rope_head_dim} "
+              f"(rotary key) x {DTYPE_BYTES[args.dtype]} bytes ({args.dtype}), on every GPU of a group")
+    else:
+        print(f"{model.name}: {model.num_layers} layers x {model.num_kv_heads} KV heads x {model.head_dim} "
+              f"head_dim x {DTYPE_BYTES[args.dtype]} bytes ({args.dtype}) x 2 (K and V)")
     for name, b in rows:
         print(f"  {name:<34} {b:>18,d} bytes  {b / GiB:>10.3f} GiB  {b / 1e9:>10.3f} GB")
     fits = info.get("fits")

@@ -218,7 +218,7 @@ typedef struct {
     int engine;
     double c[24];
     double swap_s_per_block;
-    int64_t layers, new_bytes, graph_max, n_fused, attn_ops, eager_ops;
+    int64_t layers, new_bytes, graph_max, n_fused, attn_ops, eager_ops, dec_new_bytes;   /* (new_bytes: a prefill's) */
     int64_t *pad;         /* CUDA graphs: a batch of n tokens runs the graph captured for pad[n] (n <= graph_max) */
     Terms lin, head;
     int bd_cols;          /* the breakdown's columns: BD_COLS with a draft part, else one fewer */
@@ -1896,7 +1896,8 @@ static int price(Core *c)
         c->d = duration;
         return 0;
     }
-    /* k: fpp, attn_peak, attn_bw, kv_s, kernel_latency, attn_seq, attn_pre_seq, elem_s, elem_fixed, overhead */
+    /* k: fpp, attn_peak, attn_bw, kv_s, kernel_latency, attn_seq, attn_pre_seq, elem_s, elem_fixed, overhead,
+       swap, then a decode's fpp and kv_s (k[11], k[12]: a prefill's and a decode's differ under latent attention) */
     double linear = 0.0, attention = 0.0, elementwise = 0.0, comm = 0.0;
     if (tokens) {
         const double *lc = linear_terms(c, tokens, 0);
@@ -1910,9 +1911,9 @@ static int price(Core *c)
             per_layer = per_layer + (py_max(k[0] * (double)pairs / k[1],
                                             (double)(c->new_bytes * pre_new) / k[2] + k[3] * (double)pre_ctx) + k[4]);
         if (dec_seqs)
-            per_layer = per_layer + (py_max(k[0] * (double)dec_ctx / k[1],
-                                            k[3] * (double)dec_ctx
-                                                + (double)(c->new_bytes * (dec_seqs + drafts)) / k[2]) + k[4]);
+            per_layer = per_layer + (py_max(k[11] * (double)dec_ctx / k[1],
+                                            k[12] * (double)dec_ctx
+                                                + (double)(c->dec_new_bytes * (dec_seqs + drafts)) / k[2]) + k[4]);
         attention = (double)c->layers * (per_layer + (double)dec_seqs * k[5] + (double)(seqs - dec_seqs) * k[6]);
         elementwise = (double)c->layers * ((double)tokens * k[7] + k[8]);
     }
@@ -3142,18 +3143,18 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
     if (!PyArg_ParseTuple(spec, "O!(iO!O!OOO)On|O", &PyTuple_Type, &cfg, &mode, &PyTuple_Type, &ints, &PyTuple_Type,
                           &floats, &pad, &linear_fn, &head_fn, &sink, &chunk, &speculation))
         return -1;
-    if (chunk < 1 || PyTuple_GET_SIZE(cfg) != 23 || PyTuple_GET_SIZE(ints) != 6
-        || PyTuple_GET_SIZE(floats) != (mode ? 20 : 12)) {
+    if (chunk < 1 || PyTuple_GET_SIZE(cfg) != 23 || PyTuple_GET_SIZE(ints) != 7
+        || PyTuple_GET_SIZE(floats) != (mode ? 20 : 14)) {
         PyErr_SetString(PyExc_ValueError, "run_core: bad sizes, settings or pricing constants");
         return -1;
     }
-    int64_t cv[23], iv[6];
+    int64_t cv[23], iv[7];
     for (int j = 0; j < 23; j++) {
         cv[j] = PyLong_AsLongLong(PyTuple_GET_ITEM(cfg, j));
         if (cv[j] == -1 && PyErr_Occurred())
             return -1;
     }
-    for (int j = 0; j < 6; j++) {
+    for (int j = 0; j < 7; j++) {
         iv[j] = PyLong_AsLongLong(PyTuple_GET_ITEM(ints, j));
         if (iv[j] == -1 && PyErr_Occurred())
             return -1;
@@ -3207,6 +3208,7 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
     c->n_fused = iv[3];
     c->attn_ops = iv[4];
     c->eager_ops = iv[5];
+    c->dec_new_bytes = iv[6];
     const Py_ssize_t nk = PyTuple_GET_SIZE(floats);
     for (Py_ssize_t j = 0; j < nk; j++) {
         c->c[j] = PyFloat_AsDouble(PyTuple_GET_ITEM(floats, j));

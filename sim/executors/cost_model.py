@@ -26,6 +26,14 @@ bytes, H = hidden, I = intermediate, hd = head_dim, q = ceil(heads / t) x hd, kv
 
 ``duration_s`` is the sum of the breakdown. ``gemm_time`` (roofline.py) holds the GEMM formulas.
 
+A mixture of experts' layers (``_moe_mlp_time``) price their experts as vLLM's fused kernel runs them, their
+shared experts as a dense MLP beside it, and its dense layers' MLP as a dense model's: ``linear`` sums
+each kind of layer (``ModelSpec.layer_groups``). Multi-head latent attention (DeepSeek-V2/V3;
+``attention_shapes``) has four projections, the latent's up projection among them on every token; its
+prefill attends keys of hd and values of v_head_dim a head (a cached token's latent up-projected, its FLOPs
+priced with its bytes), its decode every head's query against one cached latent of kv_lora_rank +
+qk_rope_head_dim a token (``_attn_dec_*``: a decode's constants, a prefill's for every other model).
+
 Speculative decoding (sim/speculative.py): a request verifying d drafts is a decode of 1 + d queries over
 c + 1 + d tokens of KV (its 1 + d tokens in T, a row of logits each in the LM head), and the step gains a
 ``draft`` part: the drafter's k passes (sim/executors/drafter.py), part of the GPU's work.
@@ -80,16 +88,28 @@ DATA_DIR = Path(__file__).resolve().parent.parent / "data"  # package data: sim/
 
 
 def linear_shapes(model: ModelSpec, tp: int) -> list[tuple[str, int, int]]:
-    """(operator, K inputs, N outputs) of one layer's GEMMs on one TP shard (Vidur's operator names); a
-    mixture of experts' up and down are one expert's."""
-    hd = model.head_dim
-    q = math.ceil(model.num_heads / tp) * hd
-    kv = math.ceil(model.num_kv_heads / tp) * hd
-    return [
-        ("attn_pre_proj", model.hidden_size, q + 2 * kv),
-        ("attn_post_proj", q, model.hidden_size),
-        *mlp_shapes(model, model.intermediate_size, tp),
-    ]
+    """(operator, K inputs, N outputs) of one layer's GEMMs on one TP shard (Vidur's operator names): the
+    attention's (``attention_shapes``), then the MLP's; a mixture of experts' up and down are one expert's."""
+    return [*attention_shapes(model, tp), *mlp_shapes(model, model.intermediate_size, tp)]
+
+
+def attention_shapes(model: ModelSpec, tp: int) -> list[tuple[str, int, int]]:
+    """(operator, K, N) of one layer's attention projections on one TP shard: fused QKV and output; under
+    latent attention (``ModelSpec.attention_matrices``) the query's and the latent's down projections, which
+    vLLM does not shard, the query's up projection, the latent's up projection to the shard's heads' keys and
+    values, and the output. The latent's up projection runs on every token: on a prefill's as kv_b_proj, on a
+    decode's as the two per-head products it is absorbed into (the query's key part into the latent, the
+    attention's output back to the heads' values), the same FLOPs and weights."""
+    h, hd = model.hidden_size, model.head_dim
+    heads = math.ceil(model.num_heads / tp)
+    if not model.latent_attention:
+        q = heads * hd
+        kv = math.ceil(model.num_kv_heads / tp) * hd
+        return [("attn_pre_proj", h, q + 2 * kv), ("attn_post_proj", q, h)]
+    rank, dv = model.kv_lora_rank, model.v_head_dim
+    query = [("attn_pre_proj", h, model.q_lora_rank + model.latent_size), ("attn_pre_proj", model.q_lora_rank, heads * hd)] \
+        if model.q_lora_rank else [("attn_pre_proj", h, model.latent_size), ("attn_pre_proj", h, heads * hd)]
+    return [*query, ("attn_pre_proj", rank, heads * (hd - model.qk_rope_head_dim + dv)), ("attn_post_proj", heads * dv, h)]
 
 
 def mlp_shapes(model: ModelSpec, width: int, tp: int) -> list[tuple[str, int, int]]:
@@ -193,7 +213,9 @@ class CostModelExecutor:
         self._gemm_peak = (hardware.peak_flops_fp8 if model.dtype == "fp8" and hardware.peak_flops_fp8
                            else hardware.peak_flops)
         self._layers = model.num_layers
-        self._shapes = linear_shapes(model, tp)
+        self._attn_shapes = attention_shapes(model, tp)
+        self._mlp_shapes = mlp_shapes(model, model.intermediate_size, tp)
+        self._shapes = self._attn_shapes + self._mlp_shapes
         # bytes a projection's weight takes as stored, by shape (None: the dtype's, as the activations')
         self._weight_bytes = self._stored_bytes(self._shapes)
         # a mixture of experts' dense MLPs: its shared experts (on the expert layers), its dense layers' MLP
@@ -203,24 +225,53 @@ class CostModelExecutor:
         q = math.ceil(model.num_heads / tp) * model.head_dim
         kv = math.ceil(model.num_kv_heads / tp) * model.head_dim
         self._vocab_shard = math.ceil(model.vocab_size / tp)
-        # attention constants (per layer, per shard)
-        self._attn_flops_per_pair = 4.0 * model.head_dim * math.ceil(model.num_heads / tp)
+        # attention constants (per layer, per shard): a prefill's, then a decode's (the same unless latent)
         kvb = model.kv_dtype_bytes
-        self._attn_new_bytes = b * 2 * q + kvb * 2 * kv  # Q and O, new K and V, per new token
-        self._attn_kv_bytes = kvb * 2 * kv               # cached K and V, per context token
+        up_flops = 0.0   # FLOPs of the work a cached token of a prefill's context costs besides its bytes
+        if model.latent_attention:
+            heads, lat, rank, dv = math.ceil(model.num_heads / tp), model.latent_size, model.kv_lora_rank, model.v_head_dim
+            hd = model.head_dim
+            # a prefill runs ordinary attention over keys of hd and values of dv a head, up-projected from the
+            # latent: Q, K, V and O of a new token and its latent stored; a cached token's latent read,
+            # up-projected (2 x rank FLOPs a key and value element) into K and V, written and read back
+            self._attn_flops_per_pair = 2.0 * heads * (hd + dv)
+            self._attn_new_bytes = b * 2 * heads * (hd + dv) + kvb * lat
+            self._attn_kv_bytes = 2 * b * heads * (hd + dv) + kvb * lat
+            up_flops = 2.0 * rank * heads * (hd - model.qk_rope_head_dim + dv)
+            # a decode attends in the latent: every head's query (lat wide) against one cached latent a token,
+            # the output rank wide (multi-query attention over the latent; vLLM's FlashMLA)
+            self._attn_dec_flops_per_pair = 2.0 * heads * (lat + rank)
+            self._attn_dec_new_bytes = b * heads * (lat + rank) + kvb * lat
+            self._attn_dec_kv_bytes = kvb * lat
+            rope, kv_write, bottlenecks = heads * model.qk_rope_head_dim + model.qk_rope_head_dim, lat, \
+                model.q_lora_rank + rank
+        else:
+            self._attn_flops_per_pair = 4.0 * model.head_dim * math.ceil(model.num_heads / tp)
+            self._attn_new_bytes = b * 2 * q + kvb * 2 * kv  # Q and O, new K and V, per new token
+            self._attn_kv_bytes = kvb * 2 * kv               # cached K and V, per context token
+            self._attn_dec_flops_per_pair = self._attn_flops_per_pair
+            self._attn_dec_new_bytes, self._attn_dec_kv_bytes = self._attn_new_bytes, self._attn_kv_bytes
+            rope, kv_write, bottlenecks = q + kv, 2 * kv, 0
+        # (elementwise widths: the rotary embedding's, the KV-cache write's, latent attention's two more norms)
+        self._rope_width, self._kv_write_width, self._bottleneck_width = rope, kv_write, bottlenecks
         self._attn_peak = self._peak * params.attn_compute_eff
         self._attn_bw = self._bw * params.attn_memory_eff
         self._attn_seq = params.attn_seq_latency_s
         self._attn_pre_seq = params.attn_prefill_seq_latency_s
         self._attn_kv_s = self._attn_kv_bytes / (self._bw * params.attn_kv_read_eff)  # seconds per cached token
+        if up_flops:   # (latent attention's up-projection of a cached token, at a large GEMM's rate)
+            self._attn_kv_s += up_flops / (self._peak * params.compute_eff)
+        self._attn_dec_kv_s = self._attn_dec_kv_bytes / (self._bw * params.attn_kv_read_eff)
         # elementwise and communication constants
         e = {op: params.elementwise_effs.get(op, params.elementwise_eff) for op in
              ("input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")}
         h = model.hidden_size
         self._elem_s_per_token = b / self._bw * (
-            2 * h / e["input_layernorm"] + 2 * (q + kv) / e["attn_rope"] + 2 * h / e["post_attention_layernorm"]
+            2 * h / e["input_layernorm"] + 2 * rope / e["attn_rope"] + 2 * h / e["post_attention_layernorm"]
             + (3 if model.gated_mlp else 2) * model.activated_mlp_width(tp) / e["mlp_act"]
             + 2 * 3 * h / e["add"])
+        if bottlenecks:   # latent attention's norms of the query's and the latent's bottlenecks
+            self._elem_s_per_token += b / self._bw * 2 * bottlenecks / e["input_layernorm"]
         self._elem_fixed = ELEMENTWISE_KERNELS * params.elementwise_latency_s
         self._act_bytes = b * model.hidden_size
         # block movement
@@ -236,11 +287,11 @@ class CostModelExecutor:
         memo = price_memo(model, hardware, params, engine)   # (shared with executors of the same setup)
         self._linear_cache, self._head_cache = memo.linear, memo.head
         if engine is not None:
-            self._init_engine(engine, q, kv, memo)
+            self._init_engine(engine, memo)
         self._native_consts = self._decode_constants()
 
     # ------------------------------------------------------------ engine-level terms
-    def _init_engine(self, e: EngineParams, q: int, kv: int, memo: PriceMemo) -> None:
+    def _init_engine(self, e: EngineParams, memo: PriceMemo) -> None:
         """Constants of the engine-level step (sim/executors/engine_params.py)."""
         b, h = self.model.dtype_bytes, self.model.hidden_size
         self._graph_max = e.graph_max_tokens if e.cuda_graphs else 0
@@ -253,15 +304,16 @@ class CostModelExecutor:
             pad[n] = sizes[i]
         self._pad = pad
         # decode attention: (context + half_ctx) x KV bytes per token / (bw x eff), plus Q and O
-        self._eng_kv_s = self._attn_kv_bytes / (self._bw * e.attn_kv_read_eff)
+        self._eng_kv_s = self._attn_dec_kv_bytes / (self._bw * e.attn_kv_read_eff)
         self._eng_half = e.attn_half_ctx
-        self._eng_qo_s = self._attn_new_bytes / self._attn_bw
+        self._eng_qo_s = self._attn_dec_new_bytes / self._attn_bw
         # fused elementwise kernels stream at the bandwidth of a copy (memory_eff); the low efficiencies
         # fitted to isolated small kernels are their launch latency, which a graph replaces
         act = (3 if self.model.gated_mlp else 2) * self.model.activated_mlp_width(self.hardware.tensor_parallel)
         # (the KV-cache write reads the new K and V in the model's dtype and stores them in the cache's)
-        self._fused_s_per_token = (b * (8 * h + 2 * (q + kv) + 2 * kv + act) + self.model.kv_dtype_bytes * 2 * kv) \
-            / (self._bw * self.params.memory_eff)
+        rope, kv_write = self._rope_width, self._kv_write_width
+        self._fused_s_per_token = (b * (8 * h + 2 * rope + kv_write + act + 2 * self._bottleneck_width)
+                                   + self.model.kv_dtype_bytes * kv_write) / (self._bw * self.params.memory_eff)
         self._eng_linear_cache, self._eng_fixed_cache = memo.engine_linear, memo.engine_fixed
 
     def _engine_linear(self, padded: int, graph: bool) -> tuple[float, float]:
@@ -404,11 +456,12 @@ class CostModelExecutor:
     def _decode_constants(self) -> tuple | None:
         """The constants of ``_decode_prices``' formulas, in the order sim/csrc/pricing.c reads them (None where an
         integer of them is not an int: numpy's arithmetic on it would differ from the compiled loop's)."""
-        if not (type(self._layers) is int and type(self._attn_new_bytes) is int):
+        if not (type(self._layers) is int and type(self._attn_new_bytes) is int
+                and type(self._attn_dec_new_bytes) is int):
             return None
-        if self.engine is None:
-            return ("roofline", self._layers, self._attn_flops_per_pair, self._attn_peak, self._attn_kv_s,
-                    self._attn_new_bytes, self._attn_bw, self.params.kernel_latency_s, self._attn_seq,
+        if self.engine is None:   # (decode steps only: a decode's attention constants)
+            return ("roofline", self._layers, self._attn_dec_flops_per_pair, self._attn_peak, self._attn_dec_kv_s,
+                    self._attn_dec_new_bytes, self._attn_bw, self.params.kernel_latency_s, self._attn_seq,
                     self._attn_pre_seq, self._elem_s_per_token, self._elem_fixed, self._overhead)
         e = self.engine
         return ("engine", self._layers, self._eng_half, self._eng_kv_s, self._eng_qo_s, e.sampler_s,
@@ -426,8 +479,8 @@ class CostModelExecutor:
             fixed = linear + comm + layers * (seqs * self._elem_s_per_token + self._elem_fixed)
             for j in range(k):
                 ctx = ctx0 + seqs * j
-                per_layer = max(self._attn_flops_per_pair * ctx / self._attn_peak,
-                                self._attn_kv_s * ctx + self._attn_new_bytes * seqs / self._attn_bw) \
+                per_layer = max(self._attn_dec_flops_per_pair * ctx / self._attn_peak,
+                                self._attn_dec_kv_s * ctx + self._attn_dec_new_bytes * seqs / self._attn_bw) \
                     + self.params.kernel_latency_s
                 total += fixed + layers * (per_layer + seqs * self._attn_seq)
             return total
@@ -460,8 +513,8 @@ class CostModelExecutor:
         if self.engine is None:
             lin, comm = self._linear(tokens)
             linear = lin + self._lm_head(seqs)
-            per_layer = max(self._attn_flops_per_pair * ctx / self._attn_peak,
-                            self._attn_kv_s * ctx + self._attn_new_bytes * tokens / self._attn_bw) \
+            per_layer = max(self._attn_dec_flops_per_pair * ctx / self._attn_peak,
+                            self._attn_dec_kv_s * ctx + self._attn_dec_new_bytes * tokens / self._attn_bw) \
                 + self.params.kernel_latency_s
             return linear + comm + layers * (tokens * self._elem_s_per_token + self._elem_fixed) \
                 + layers * (per_layer + seqs * self._attn_seq)
@@ -496,8 +549,8 @@ class CostModelExecutor:
         zero = np.zeros(len(dec_ctx))
         if self.engine is None:
             linear, comm = terms
-            per_layer = np.maximum(self._attn_flops_per_pair * dec_ctx / self._attn_peak,
-                                   self._attn_kv_s * dec_ctx + self._attn_new_bytes * seqs / self._attn_bw) \
+            per_layer = np.maximum(self._attn_dec_flops_per_pair * dec_ctx / self._attn_peak,
+                                   self._attn_dec_kv_s * dec_ctx + self._attn_dec_new_bytes * seqs / self._attn_bw) \
                 + self.params.kernel_latency_s
             attention = self._layers * (per_layer + seqs * self._attn_seq + (seqs - seqs) * self._attn_pre_seq)
             elementwise = self._layers * (seqs * self._elem_s_per_token + self._elem_fixed)
@@ -524,10 +577,10 @@ class CostModelExecutor:
         ``_moe_mlp_time``, then its shared experts' two GEMMs and two small kernels, the activation and the sum
         into the experts' output; ``dense``: its dense layer's, the same as any layer's for a dense model)."""
         if dense and self.model.num_experts:
-            return self._gemms(tokens, self._shapes[:2] + self._dense_shapes)
+            return self._gemms(tokens, self._attn_shapes + self._dense_shapes)
         if not self.model.num_experts:
             return self._gemms(tokens, self._shapes)
-        t = self._gemms(tokens, self._shapes[:2]) + self._moe_mlp_time(tokens)
+        t = self._gemms(tokens, self._attn_shapes) + self._moe_mlp_time(tokens)
         if self._shared_shapes:
             t += self._gemms(tokens, self._shared_shapes) + SHARED_EXPERT_KERNELS * self.params.kernel_latency_s
         return t
@@ -552,9 +605,11 @@ class CostModelExecutor:
         return len(self._shapes) + 1 + MOE_AUX_KERNELS + shared
 
     def _extra_eager_ops(self, dense: bool) -> int:
-        """A layer's Python-dispatched ops without graphs beyond a dense layer's EAGER_OPS_PER_LAYER: an expert
-        layer's router and small kernels, and its shared experts' GEMMs and small kernels."""
-        return 0 if dense or not self.model.num_experts else self._layer_kernels(False) - len(self._shapes)
+        """A layer's Python-dispatched ops without graphs beyond a dense layer's EAGER_OPS_PER_LAYER: latent
+        attention's two more GEMMs and two more norms; an expert layer's router and small kernels, and its
+        shared experts' GEMMs and small kernels."""
+        latent = len(self._attn_shapes) - 2 + (2 if self.model.latent_attention else 0)
+        return latent + (0 if dense or not self.model.num_experts else self._layer_kernels(False) - len(self._shapes))
 
     def _moe_mlp_time(self, tokens: int) -> float:
         """A mixture-of-experts MLP on ``tokens`` tokens, as vLLM's fused MoE kernel runs it:
@@ -574,9 +629,9 @@ class CostModelExecutor:
         e, k_top = m.num_experts, m.experts_per_token
         active = e * (1.0 - (1.0 - k_top / e) ** tokens)
         per = tokens * k_top / active
-        (_, k_up, n_up), (_, k_down, n_down) = self._shapes[2], self._shapes[3]
+        (_, k_up, n_up), (_, k_down, n_down) = self._mlp_shapes
         eff = self._moe_tile_eff
-        w_up, w_down = self._weight_bytes[2:]
+        w_up, w_down = self._stored_bytes(self._mlp_shapes)
         experts = (grouped_gemm_time_scalar(active, per, n_up, k_up, self._gemm_peak, self._bw, b, p, eff, w_up)
                    + grouped_gemm_time_scalar(active, per, n_down, k_down, self._gemm_peak, self._bw, b, p, eff,
                                               w_down))
@@ -685,8 +740,9 @@ class CostModelExecutor:
                                  self._attn_new_bytes * pre_new / self._attn_bw + self._attn_kv_s * pre_ctx) + lat
             if dec_seqs:
                 queries = dec_seqs + drafts
-                per_layer += max(self._attn_flops_per_pair * dec_ctx / self._attn_peak,
-                                 self._attn_kv_s * dec_ctx + self._attn_new_bytes * queries / self._attn_bw) + lat
+                per_layer += max(self._attn_dec_flops_per_pair * dec_ctx / self._attn_peak,
+                                 self._attn_dec_kv_s * dec_ctx + self._attn_dec_new_bytes * queries / self._attn_bw) \
+                    + lat
             attention = self._layers * (per_layer + dec_seqs * self._attn_seq + (seqs - dec_seqs) * self._attn_pre_seq)
             elementwise = self._layers * (tokens * self._elem_s_per_token + self._elem_fixed)
         swap = (len(plan.blocks_to_swap_out) + len(plan.blocks_to_swap_in)) * self._swap_s_per_block
