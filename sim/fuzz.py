@@ -37,7 +37,7 @@ from typing import Any
 from sim.scenario import KVCacheConfig, SchedulerConfig
 from sim.specs import ModelSpec, complete_from_preset
 
-MODELS = ["tiny-llama", "tiny-llama", "llama-2-7b", "llama-3-8b"]
+MODELS = ["tiny-llama", "tiny-llama", "llama-2-7b", "llama-3-8b", "tiny-deepseek"]   # (the last: MoE, latent)
 HARDWARE = ["a100-80gb", "h100-80gb", "cpu", "h200-141gb", "a100-40gb"]   # (the last two: derived calibrations)
 STALL_STEPS = 5_000  # fuzzed runs use a tight watchdog so a livelock fails fast instead of hanging
 

@@ -497,6 +497,12 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
                              experts_per_token=8, shared_expert_size=20480),
     # A toy shape for running the real backend on a CPU: 2 layers, hidden 256, 4 heads, 2 KV heads
     "tiny-llama": _llama("tiny-llama", 2, 256, 4, 2, 512, 1024, 4096),
+    # A toy of DeepSeek's layout for tests and fuzzing: 4 layers, the first dense; latent attention (a latent of
+    # 64 + a rotary key of 16, heads of 48 = 32 + 16, values of 32, queries through a rank of 96); 8 experts
+    # of 128, 2 a token, beside a shared expert of 128
+    "tiny-deepseek": _llama("tiny-deepseek", 4, 256, 4, 4, 128, 1024, 4096, head_dim=48, num_experts=8,
+                            experts_per_token=2, shared_expert_size=128, dense_layers=1, dense_intermediate_size=512,
+                            kv_lora_rank=64, qk_rope_head_dim=16, v_head_dim=32, q_lora_rank=96),
 }
 
 # Hardware presets: vendor datasheets. Dense (no sparsity) fp16/bf16 and fp8 tensor FLOP/s; one direction of

@@ -11,7 +11,8 @@ from result_compare import assert_same, off_and_on
 
 import sim.engine_core as engine_core
 from sim.errors import KvsimError
-from sim.executors.cost_model import CostModelExecutor, attention_shapes
+from sim.executors.cost_model import CostModelExecutor
+from sim.executors.layer_terms import attention_shapes
 from sim.executors.roofline import CostParams
 from sim.hf_config import spec_from_hf_config
 from sim.native import native

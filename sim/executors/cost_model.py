@@ -69,6 +69,7 @@ from sim.executors.engine_params import (
     capture_sizes,
     graph_max_tokens_for,
 )
+from sim.executors.layer_terms import attention_shapes, attention_terms, mlp_shapes
 from sim.executors.price_memo import PriceMemo, price_memo
 from sim.executors.roofline import (
     DEFAULT_NUM_SMS,
@@ -85,38 +86,6 @@ from sim.specs import HardwareSpec, ModelSpec
 ELEMENTWISE_KERNELS = 6
 BREAKDOWN_PARTS = ("linear", "attention", "elementwise", "allreduce", "swap", "copy", "overhead")
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"  # package data: sim/data
-
-
-def linear_shapes(model: ModelSpec, tp: int) -> list[tuple[str, int, int]]:
-    """(operator, K inputs, N outputs) of one layer's GEMMs on one TP shard (Vidur's operator names): the
-    attention's (``attention_shapes``), then the MLP's; a mixture of experts' up and down are one expert's."""
-    return [*attention_shapes(model, tp), *mlp_shapes(model, model.intermediate_size, tp)]
-
-
-def attention_shapes(model: ModelSpec, tp: int) -> list[tuple[str, int, int]]:
-    """(operator, K, N) of one layer's attention projections on one TP shard: fused QKV and output; under
-    latent attention (``ModelSpec.attention_matrices``) the query's and the latent's down projections, which
-    vLLM does not shard, the query's up projection, the latent's up projection to the shard's heads' keys and
-    values, and the output. The latent's up projection runs on every token: on a prefill's as kv_b_proj, on a
-    decode's as the two per-head products it is absorbed into (the query's key part into the latent, the
-    attention's output back to the heads' values), the same FLOPs and weights."""
-    h, hd = model.hidden_size, model.head_dim
-    heads = math.ceil(model.num_heads / tp)
-    if not model.latent_attention:
-        q = heads * hd
-        kv = math.ceil(model.num_kv_heads / tp) * hd
-        return [("attn_pre_proj", h, q + 2 * kv), ("attn_post_proj", q, h)]
-    rank, dv = model.kv_lora_rank, model.v_head_dim
-    query = [("attn_pre_proj", h, model.q_lora_rank + model.latent_size), ("attn_pre_proj", model.q_lora_rank, heads * hd)] \
-        if model.q_lora_rank else [("attn_pre_proj", h, model.latent_size), ("attn_pre_proj", h, heads * hd)]
-    return [*query, ("attn_pre_proj", rank, heads * (hd - model.qk_rope_head_dim + dv)), ("attn_post_proj", heads * dv, h)]
-
-
-def mlp_shapes(model: ModelSpec, width: int, tp: int) -> list[tuple[str, int, int]]:
-    """(operator, K, N) of a dense MLP of ``width`` on one TP shard: gate and up (or up), down."""
-    inter = width // tp
-    return [("mlp_up_proj", model.hidden_size, inter * (2 if model.gated_mlp else 1)),
-            ("mlp_down_proj", inter, model.hidden_size)]
 
 
 def shipped_calibration(name: str) -> Path | None:
@@ -222,56 +191,33 @@ class CostModelExecutor:
         self._shared_shapes = mlp_shapes(model, model.shared_expert_size, tp) if model.shared_expert_size else []
         self._dense_shapes = mlp_shapes(model, model.dense_intermediate_size, tp) if model.dense_layers else []
         self._layer_groups = model.layer_groups()
-        q = math.ceil(model.num_heads / tp) * model.head_dim
-        kv = math.ceil(model.num_kv_heads / tp) * model.head_dim
         self._vocab_shard = math.ceil(model.vocab_size / tp)
         # attention constants (per layer, per shard): a prefill's, then a decode's (the same unless latent)
-        kvb = model.kv_dtype_bytes
-        up_flops = 0.0   # FLOPs of the work a cached token of a prefill's context costs besides its bytes
-        if model.latent_attention:
-            heads, lat, rank, dv = math.ceil(model.num_heads / tp), model.latent_size, model.kv_lora_rank, model.v_head_dim
-            hd = model.head_dim
-            # a prefill runs ordinary attention over keys of hd and values of dv a head, up-projected from the
-            # latent: Q, K, V and O of a new token and its latent stored; a cached token's latent read,
-            # up-projected (2 x rank FLOPs a key and value element) into K and V, written and read back
-            self._attn_flops_per_pair = 2.0 * heads * (hd + dv)
-            self._attn_new_bytes = b * 2 * heads * (hd + dv) + kvb * lat
-            self._attn_kv_bytes = 2 * b * heads * (hd + dv) + kvb * lat
-            up_flops = 2.0 * rank * heads * (hd - model.qk_rope_head_dim + dv)
-            # a decode attends in the latent: every head's query (lat wide) against one cached latent a token,
-            # the output rank wide (multi-query attention over the latent; vLLM's FlashMLA)
-            self._attn_dec_flops_per_pair = 2.0 * heads * (lat + rank)
-            self._attn_dec_new_bytes = b * heads * (lat + rank) + kvb * lat
-            self._attn_dec_kv_bytes = kvb * lat
-            rope, kv_write, bottlenecks = heads * model.qk_rope_head_dim + model.qk_rope_head_dim, lat, \
-                model.q_lora_rank + rank
-        else:
-            self._attn_flops_per_pair = 4.0 * model.head_dim * math.ceil(model.num_heads / tp)
-            self._attn_new_bytes = b * 2 * q + kvb * 2 * kv  # Q and O, new K and V, per new token
-            self._attn_kv_bytes = kvb * 2 * kv               # cached K and V, per context token
-            self._attn_dec_flops_per_pair = self._attn_flops_per_pair
-            self._attn_dec_new_bytes, self._attn_dec_kv_bytes = self._attn_new_bytes, self._attn_kv_bytes
-            rope, kv_write, bottlenecks = q + kv, 2 * kv, 0
-        # (elementwise widths: the rotary embedding's, the KV-cache write's, latent attention's two more norms)
-        self._rope_width, self._kv_write_width, self._bottleneck_width = rope, kv_write, bottlenecks
+        a = attention_terms(model, tp)
+        self._attn_flops_per_pair, self._attn_new_bytes, self._attn_kv_bytes = a.flops_per_pair, a.new_bytes, \
+            a.kv_bytes
+        self._attn_dec_flops_per_pair, self._attn_dec_new_bytes, self._attn_dec_kv_bytes = \
+            a.dec_flops_per_pair, a.dec_new_bytes, a.dec_kv_bytes
+        self._rope_width, self._kv_write_width, self._bottleneck_width = a.rope_width, a.kv_write_width, \
+            a.bottleneck_width
         self._attn_peak = self._peak * params.attn_compute_eff
         self._attn_bw = self._bw * params.attn_memory_eff
         self._attn_seq = params.attn_seq_latency_s
         self._attn_pre_seq = params.attn_prefill_seq_latency_s
         self._attn_kv_s = self._attn_kv_bytes / (self._bw * params.attn_kv_read_eff)  # seconds per cached token
-        if up_flops:   # (latent attention's up-projection of a cached token, at a large GEMM's rate)
-            self._attn_kv_s += up_flops / (self._peak * params.compute_eff)
+        if a.up_flops:   # (latent attention's up-projection of a cached token, at a large GEMM's rate)
+            self._attn_kv_s += a.up_flops / (self._peak * params.compute_eff)
         self._attn_dec_kv_s = self._attn_dec_kv_bytes / (self._bw * params.attn_kv_read_eff)
         # elementwise and communication constants
         e = {op: params.elementwise_effs.get(op, params.elementwise_eff) for op in
              ("input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")}
         h = model.hidden_size
         self._elem_s_per_token = b / self._bw * (
-            2 * h / e["input_layernorm"] + 2 * rope / e["attn_rope"] + 2 * h / e["post_attention_layernorm"]
+            2 * h / e["input_layernorm"] + 2 * a.rope_width / e["attn_rope"] + 2 * h / e["post_attention_layernorm"]
             + (3 if model.gated_mlp else 2) * model.activated_mlp_width(tp) / e["mlp_act"]
             + 2 * 3 * h / e["add"])
-        if bottlenecks:   # latent attention's norms of the query's and the latent's bottlenecks
-            self._elem_s_per_token += b / self._bw * 2 * bottlenecks / e["input_layernorm"]
+        if a.bottleneck_width:   # latent attention's norms of the query's and the latent's bottlenecks
+            self._elem_s_per_token += b / self._bw * 2 * a.bottleneck_width / e["input_layernorm"]
         self._elem_fixed = ELEMENTWISE_KERNELS * params.elementwise_latency_s
         self._act_bytes = b * model.hidden_size
         # block movement
