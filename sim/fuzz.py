@@ -267,8 +267,11 @@ def drop_refused(data: dict) -> dict:
     """``data`` with each setting the schema refuses dropped back to its default until none is left."""
     problem = _combination_problem(data)
     while problem is not None:
-        section, key = problem[0].split(".")
-        data[section].pop(key, None)
+        section, _, key = problem[0].partition(".")
+        if section == "speculative" or not key:   # (its keys go together: speculation is dropped whole)
+            data.pop(section, None)
+        else:
+            data[section].pop(key, None)
         problem = _combination_problem(data)
     return data
 
