@@ -198,20 +198,21 @@ class ModelSpec(BaseModel):
             if self.shared_expert_size else []
         return attention + mlp + shared
 
-    def attention_matrices(self) -> list[tuple[int, int, int]]:
-        """One layer's attention projections as (K, N, 1): fused QKV and output; under latent attention
-        (vLLM's names) the query's down projection fused with the latent's (fused_qkv_a_proj; without a
-        q_lora_rank, kv_a_proj_with_mqa and q_proj), the query's up projection (q_b_proj), the latent's up
-        projection to each head's key and value (kv_b_proj), and the output (o_proj)."""
-        h = self.hidden_size
+    def attention_matrices(self, tp: int = 1) -> list[tuple[int, int, int]]:
+        """One layer's attention projections as (K, N, 1) on one of ``tp`` GPUs: fused QKV and output (ceil(heads
+        / tp) query heads, ceil(kv_heads / tp) KV heads); under latent attention (vLLM's names) the query's down
+        projection fused with the latent's (fused_qkv_a_proj; without a q_lora_rank, kv_a_proj_with_mqa and
+        q_proj), which vLLM does not shard, the query's up projection (q_b_proj), the latent's up projection
+        to each head's key and value (kv_b_proj), and the output (o_proj), over the GPU's heads."""
+        h, hd = self.hidden_size, self.head_dim
+        heads = math.ceil(self.num_heads / tp)
         if not self.latent_attention:
-            return [(h, self.q_size + 2 * self.kv_size, 1), (self.q_size, h, 1)]
-        heads, q_head = self.num_heads, self.head_dim
-        k_nope = self.head_dim - self.qk_rope_head_dim
-        query = [(h, self.q_lora_rank + self.latent_size, 1), (self.q_lora_rank, heads * q_head, 1)] \
-            if self.q_lora_rank else [(h, self.latent_size, 1), (h, heads * q_head, 1)]
-        return query + [(self.kv_lora_rank, heads * (k_nope + self.v_head_dim), 1),
-                        (heads * self.v_head_dim, h, 1)]
+            q, kv = heads * hd, math.ceil(self.num_kv_heads / tp) * hd
+            return [(h, q + 2 * kv, 1), (q, h, 1)]
+        query = [(h, self.q_lora_rank + self.latent_size, 1), (self.q_lora_rank, heads * hd, 1)] \
+            if self.q_lora_rank else [(h, self.latent_size, 1), (h, heads * hd, 1)]
+        up = (self.kv_lora_rank, heads * (hd - self.qk_rope_head_dim + self.v_head_dim), 1)
+        return [*query, up, (heads * self.v_head_dim, h, 1)]
 
     def layer_params(self, dense: bool = False) -> int:
         """Parameters of one layer: fused QKV, output projection, MLP (every expert, the shared experts and the

@@ -22,23 +22,15 @@ def linear_shapes(model: ModelSpec, tp: int) -> list[tuple[str, int, int]]:
 
 
 def attention_shapes(model: ModelSpec, tp: int) -> list[tuple[str, int, int]]:
-    """(operator, K, N) of one layer's attention projections on one TP shard: fused QKV and output; under
-    latent attention (``ModelSpec.attention_matrices``) the query's and the latent's down projections, which
-    vLLM does not shard, the query's up projection, the latent's up projection to the shard's heads' keys and
-    values, and the output. The latent's up projection runs on every token: on a prefill's as kv_b_proj, on a
-    decode's as the two per-head products it is absorbed into (the query's key part into the latent, the
-    attention's output back to the heads' values), the same FLOPs and weights."""
-    h, hd = model.hidden_size, model.head_dim
-    heads = math.ceil(model.num_heads / tp)
-    if not model.latent_attention:
-        q = heads * hd
-        kv = math.ceil(model.num_kv_heads / tp) * hd
-        return [("attn_pre_proj", h, q + 2 * kv), ("attn_post_proj", q, h)]
-    rank, dv, lat = model.kv_lora_rank, model.v_head_dim, model.latent_size
-    query = [("attn_pre_proj", h, model.q_lora_rank + lat), ("attn_pre_proj", model.q_lora_rank, heads * hd)] \
-        if model.q_lora_rank else [("attn_pre_proj", h, lat), ("attn_pre_proj", h, heads * hd)]
-    up = ("attn_pre_proj", rank, heads * (hd - model.qk_rope_head_dim + dv))
-    return [*query, up, ("attn_post_proj", heads * dv, h)]
+    """(operator, K, N) of one layer's attention projections on one TP shard (``ModelSpec.attention_matrices``:
+    fused QKV and output; under latent attention the query's and latent's down projections, unsharded, the
+    query's up projection, the latent's up projection and the output); the last is the output projection.
+    The latent's up projection runs on every token: on a prefill's as kv_b_proj, on a decode's as the two
+    per-head products it is absorbed into (the query's key part into the latent, the attention's output back
+    to the heads' values), the same FLOPs and weights."""
+    matrices = model.attention_matrices(tp)
+    return [("attn_post_proj" if i == len(matrices) - 1 else "attn_pre_proj", k, n)
+            for i, (k, n, _) in enumerate(matrices)]
 
 
 def mlp_shapes(model: ModelSpec, width: int, tp: int) -> list[tuple[str, int, int]]:
