@@ -125,6 +125,26 @@ def test_cpu_overlaps_the_gpu_with_async_scheduling():
         assert r.breakdown["overhead"] == pytest.approx(r.duration_s - gpu, rel=1e-9)
 
 
+def test_without_async_scheduling_the_cpu_side_is_not_hidden():
+    # the shipped H100 engine terms: with async scheduling (the default) a decode step of Llama-2-7B at
+    # batch 2 is max(GPU, CPU) + gap, its CPU side (0.6 ms a step + 4 us a sequence; no eager op in a full
+    # graph) under the GPU's; without, the CPU side runs first: the step is that much longer
+    base = {"model": "llama-2-7b", "hardware": "h100-80gb",
+            "workload": {"requests": [{"prompt_len": 10, "output_len": 2}]}}
+    steps = {}
+    for on in (True, False):
+        scn = scenario_from_dict({**base, "scheduler": {"async_scheduling": on}})
+        exe = make_cost_model_executor(model=scn.model_spec, hardware=scn.hardware_spec, config=scn.executor,
+                                       scheduler=scn.scheduler)
+        assert exe.engine.overlap_cpu is on
+        steps[on] = exe.execute(_decode(100, 200))
+    e = steps[True]
+    gpu = sum(v for k, v in e.breakdown.items() if k != "overhead")
+    cpu = 0.6e-3 + 2 * 4e-6
+    assert cpu < gpu
+    assert steps[False].duration_s == pytest.approx(steps[True].duration_s + cpu, rel=1e-9)
+
+
 def test_mixed_and_large_steps_run_outside_full_graphs():
     mixed = StepPlan(scheduled=[ScheduledRequest(0, 1, 100, []), ScheduledRequest(1, 30, 0, [])])
     # piecewise graph: 2 eager ops a layer (cache write, attention) cost CPU, here the whole step

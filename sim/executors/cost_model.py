@@ -709,7 +709,8 @@ def make_cost_model_executor(*, model: ModelSpec, hardware: HardwareSpec, config
     calibration shipped for the hardware (by its name; for a GPU without measurements, derived from one on the
     same chip), else the uncalibrated roofline. ``calibration: roofline`` asks for the uncalibrated roofline
     explicitly. A calibration made for other hardware is used as given and named in ``describe()``
-    (``calibrated_for``)."""
+    (``calibrated_for``). The engine terms follow the scheduler: CUDA graphs captured up to its batch, and
+    without async scheduling (``scheduler.async_scheduling: false``) a step's CPU side not hidden."""
     ref = getattr(config, "calibration", None)
     if ref is None and shipped_calibration(hardware.name) is not None:
         ref = hardware.name
@@ -731,5 +732,7 @@ def make_cost_model_executor(*, model: ModelSpec, hardware: HardwareSpec, config
             engine = None   # executor.engine: false prices isolated operators (the per-operator model)
         elif scheduler is not None:
             engine.graph_max_tokens = min(engine.graph_max_tokens, graph_max_tokens_for(scheduler.max_num_seqs))
+            if not getattr(scheduler, "async_scheduling", True):
+                engine.overlap_cpu = False   # without async scheduling a step's CPU side runs before its GPU work
     return CostModelExecutor(model, hardware, params, block_size=getattr(kv, "block_size", 16), engine=engine,
                              calibration=str(ref), derived_from=derived, calibrated_for=other)

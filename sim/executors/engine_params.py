@@ -14,7 +14,7 @@ sum of isolated operators that the per-operator calibration prices.
            + LM head(sequences) + sampler_s
     cpu  = cpu_step_s + cpu_seq_s x sequences + eager_op_s x eager ops
     step = max(gpu, cpu) + step_gap_s     when overlap_cpu (async scheduling)
-         = gpu + cpu + step_gap_s          otherwise
+         = gpu + cpu + step_gap_s          otherwise (also with scheduler.async_scheduling: false)
 
 Attention of a decode sequence with context c reads its K and V at an efficiency that grows with c,
 
