@@ -30,7 +30,8 @@ scenario may set ``model.dtype``. Mixture-of-experts configs whose experts diffe
 (``moe_intermediate_size``) use that width for the experts, and ``intermediate_size`` for their dense layers.
 
 Invariant: a config missing a required key, or with a value that is not a positive integer, is an error that
-names the key; so is one of an architecture kvsim cannot price (``UNSUPPORTED_KEYS``: state-space layers; and a sliding window shorter than the context,
+names the key; so is one of an architecture kvsim cannot price (``UNSUPPORTED_KEYS``: DeepSeek's sparse
+attention, state-space layers; and a sliding window shorter than the context,
 ``_refuse_sliding_windows``), and one of a quantization it does not model (bitsandbytes, NVFP4, ...);
 nothing is guessed beyond the defaults listed above.
 """
@@ -51,6 +52,7 @@ from sim.yamlfile import read_text_bounded
 # config keys of architectures kvsim's ModelSpec cannot price: loading one is an error rather than a model
 # priced as something it is not
 UNSUPPORTED_KEYS = {
+    "index_topk": "DeepSeek's sparse attention (V3.2: each query attends the top-k tokens an indexer picks)",
     "ssm_state_size": "state-space (Mamba) layers",
     "mamba_d_state": "state-space (Mamba) layers",
     "layers_block_type": "hybrid attention and state-space layers",
@@ -86,7 +88,8 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str) -> ModelSpec:
         cfg = {**cfg["text_config"], **{k: v for k, v in cfg.items() if k == "tie_word_embeddings"}}
     for key, what in UNSUPPORTED_KEYS.items():
         if cfg.get(key):
-            raise ValueError(f"{key}: {what} is not modelled by kvsim (a dense or Mixtral-style transformer is)")
+            raise ValueError(f"{key}: {what} is not modelled by kvsim (a dense transformer, or a mixture of experts "
+                             "with full or latent attention, is)")
     layers = _first(cfg, ("num_hidden_layers", "n_layer", "num_layers"), "layer count")
     _refuse_sliding_windows(cfg, layers)
     _refuse_llama4_layouts(cfg)

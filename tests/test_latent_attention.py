@@ -69,6 +69,7 @@ def test_configs_give_the_presets():
 
 @pytest.mark.parametrize("edit, message", [
     ({"qk_rope_head_dim": None}, "no rotary head dim (qk_rope_head_dim)"),
+    ({"index_topk": 2048, "index_n_heads": 64}, "index_topk: DeepSeek's sparse attention (V3.2"),
     ({"v_head_dim": 0}, "v_head_dim: value head dim must be a positive integer"),
 ])
 def test_bad_latent_configs_name_the_key(edit, message):
