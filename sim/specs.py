@@ -250,6 +250,16 @@ class ModelSpec(BaseModel):
         layers = sum(n * self.layer_params(dense) for n, dense in self.layer_groups())
         return layers + emb + head + self.hidden_size
 
+    def activated_params(self) -> int:
+        """Parameters one token runs through: ``num_params`` with a mixture of experts' routed experts counted
+        only ``experts_per_token`` of ``num_experts`` (the model cards' "activated" figure: Qwen1.5-MoE-A2.7B's
+        2.7B, DeepSeek-V3's 37B); a dense model's all of them."""
+        if not self.num_experts:
+            return self.num_params()
+        h, inter, gate = self.hidden_size, self.intermediate_size, 2 if self.gated_mlp else 1
+        idle = (self.num_experts - self.experts_per_token) * (gate + 1) * h * inter
+        return self.num_params() - (self.num_layers - self.dense_layers) * idle
+
     def weight_bytes(self) -> int:
         """Bytes of every weight as stored: ``num_params`` x dtype bytes, or with ``weight_dtype`` the projections
         and experts at its bits plus their scales (``weight_bytes_per_element``) and the rest in ``dtype``."""

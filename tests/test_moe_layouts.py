@@ -136,3 +136,16 @@ def test_the_core_prices_them_as_the_loop_does(monkeypatch, chunked):
                             lambda: run_scenario(scenario_from_dict(data), check_integrity=True))
     assert_same(loop, core)
     assert core.profile["compiled_core"] and core.summary["num_finished"] == 150
+
+
+def test_activated_parameters_match_the_model_cards():
+    # a token runs through 4 of Qwen1.5-MoE's 60 experts: 24 x (QKV, out, 4 experts, the shared expert, router,
+    # norms) + embedding + LM head + final norm
+    layer = 2048 * 6144 + 2048 * 2048 + 4 * 3 * 2048 * 1408 + 3 * 2048 * 5632 + 2048 * 60 + 2 * 2048
+    assert QWEN.activated_params() == 24 * layer + 2 * 151936 * 2048 + 2048
+    cards = {"qwen1.5-moe-a2.7b": 2.7e9, "qwen2-57b-a14b": 14e9, "deepseek-v3": 37e9, "mixtral-8x7b": 12.9e9,
+             "qwen3-30b-a3b": 3.3e9}   # "activated" / "active" parameters on each model card
+    for name, active in cards.items():
+        assert ModelSpec.from_name(name).activated_params() == pytest.approx(active, rel=0.025), name
+    llama = ModelSpec.from_name("llama-2-7b")
+    assert llama.activated_params() == llama.num_params()

@@ -62,6 +62,7 @@ def kv_size(model: ModelSpec, seq_len: int, dtype: str, block_size: int) -> dict
         "blocks_per_sequence": blocks,
         "bytes_per_sequence_paged": blocks * per_token * block_size,
         "weight_bytes": model.weight_bytes(),
+        "params": model.num_params(), "activated_params": model.activated_params(),
         "weight_dtype": model.weight_dtype or model.dtype,
     }
 
@@ -166,6 +167,9 @@ def main(args: argparse.Namespace) -> int:
               f"head_dim x {DTYPE_BYTES[args.dtype]} bytes ({args.dtype}) x 2 (K and V)")
     for name, b in rows:
         print(f"  {name:<34} {b:>18,d} bytes  {b / GiB:>10.3f} GiB  {b / 1e9:>10.3f} GB")
+    if model.num_experts:
+        print(f"  parameters: {info['params'] / 1e9:,.2f} B, {info['activated_params'] / 1e9:,.2f} B a token "
+              f"({model.experts_per_token} of {model.num_experts} experts)")
     fits = info.get("fits")
     if fits:
         print(f"on {fits['tensor_parallel']} x {fits['hardware']} at gpu_memory_utilization "
