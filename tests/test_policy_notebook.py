@@ -20,3 +20,7 @@ def test_policy_notebook_executes():
     # 4 x 161 / (161 + 3 x 8) = 3.5x the prefill tokens, recomputed preemptions aside
     fanned = float(text.split("fanned out without a prefix cache:")[1].split("x")[0])
     assert 2.5 <= fanned <= 4.5
+    # section 9: DeepSeek-V3's latent on each of 8 GPUs, 8 x 61 layers x 576 x 2 bytes, against Llama-3.1-405B's
+    # KV split over them, 2 x 126 layers x 8 KV heads x 128 x 2 bytes (its fp8 checkpoint keeps a 16-bit cache)
+    latent = float(text.split("latent over the group:")[1].split("x")[0])
+    assert latent == pytest.approx(8 * 61 * 576 * 2 / (2 * 126 * 8 * 128 * 2), abs=0.005)
