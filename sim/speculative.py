@@ -39,12 +39,14 @@ class SpeculativeConfig(BaseModel):
     layer of the target's width and the target's LM head, run k times a step) or ``eagle3`` (an EAGLE-3
     head: a fusion layer of three of the target's hidden states, once a step, then k passes of one decoder
     layer whose attention reads twice the width, and an LM head over its own ``draft_vocab_size``
-    tokens)."""
+    tokens) or ``mtp`` (the target's own multi-token-prediction layer, DeepSeek-V3's: a projection of the
+    token's embedding and the last hidden state, one of the target's decoder layers and its LM head, run k
+    times a step; priced as an EAGLE head, which has that shape)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     enabled: bool = True   # false: the section is read and checked, the engine decodes without drafts
-    method: Literal["ngram", "draft_model", "eagle", "eagle3"]
+    method: Literal["ngram", "draft_model", "eagle", "eagle3", "mtp"]
     num_speculative_tokens: int = Field(ge=1, le=MAX_SPECULATIVE_TOKENS)
     acceptance_rate: float | list[float] | None = None
     # instead of acceptance_rate: the tokens a verifying step gives a request on average (1 + accepted drafts, vLLM's
@@ -140,8 +142,8 @@ def problem(scn: Any) -> tuple[str, str] | None:
             return "speculative.draft_vocab_size", (f"{cfg.draft_vocab_size:,} is more than the target "
                                                     f"{target.name}'s vocabulary ({target.vocab_size:,})")
     if cfg.method == "eagle3" and target.latent_attention:
-        return "speculative.method", ("an EAGLE-3 head of a latent-attention target is not modelled; use eagle (one "
-                                      "layer of the target's, as DeepSeek's multi-token prediction is) or draft_model")
+        return "speculative.method", ("an EAGLE-3 head of a latent-attention target is not modelled; use mtp (its "
+                                      "multi-token-prediction layer), eagle or draft_model")
     if cfg.method != "draft_model":
         if cfg.model is not None:
             return "speculative.model", (f"only method draft_model takes a model ({cfg.method}: "
@@ -172,8 +174,8 @@ def drafter_model(cfg: SpeculativeConfig, target: ModelSpec) -> ModelSpec | None
     (sim/executors/drafter.py prices their fusion layers and EAGLE-3's wider attention input besides)."""
     if cfg.method == "ngram":
         return None
-    if cfg.method == "eagle":
-        return _layers_of(target, 1, name=f"{target.name}-eagle-head")
+    if cfg.method in ("eagle", "mtp"):
+        return _layers_of(target, 1, name=f"{target.name}-{'eagle-head' if cfg.method == 'eagle' else 'mtp-layer'}")
     if cfg.method == "eagle3":
         return _layers_of(target, 1, name=f"{target.name}-eagle3-head", vocab_size=cfg.draft_vocab(target))
     return cfg.draft_spec().model_copy(update={"kv_dtype": target.kv_dtype})
@@ -193,11 +195,11 @@ def drafter_weight_bytes(cfg: SpeculativeConfig, target: ModelSpec) -> int:
     (draft vocabulary x H), the embedding shared; none for ngram."""
     if cfg.method == "ngram":
         return 0
-    if cfg.method in ("eagle", "eagle3"):
+    if cfg.method in ("eagle", "eagle3", "mtp"):
         one = _layers_of(target, 1).weight_bytes()
         two = _layers_of(target, 2).weight_bytes()
         h, b = target.hidden_size, target.dtype_bytes
-        if cfg.method == "eagle":
+        if cfg.method in ("eagle", "mtp"):
             return (two - one) + 2 * h * h * b
         qkv = (target.num_heads + 2 * target.num_kv_heads) * target.head_dim
         return (two - one) + h * qkv * b + 3 * h * h * b + cfg.draft_vocab(target) * h * b

@@ -164,11 +164,11 @@ def test_refusals():
 @pytest.mark.parametrize("setting", [
     {"executor": {"calibration": "roofline"}},
     {"kv_cache": {"prefix_caching": True}},
-    {"speculative": {"method": "eagle", "num_speculative_tokens": 2, "acceptance_rate": 0.7}},
+    {"speculative": {"method": "mtp", "num_speculative_tokens": 2, "acceptance_rate": 0.7}},
     {"speculative": {"method": "ngram", "num_speculative_tokens": 3, "acceptance_rate": 0.5}},
     {"executor": {"calibration": "roofline"},
      "speculative": {"method": "eagle", "num_speculative_tokens": 2, "acceptance_rate": 0.7}},
-], ids=["roofline", "engine-prefix-cache", "engine-mtp-like-head", "engine-ngram", "roofline-head"])
+], ids=["roofline", "engine-prefix-cache", "engine-mtp", "engine-ngram", "roofline-eagle-head"])
 def test_the_core_prices_latent_attention_as_the_loop_does(monkeypatch, setting):
     data = {"name": "latent", "model": "deepseek-v2-lite", "hardware": "h100-80gb",
             "scheduler": {"chunked_prefill": True, "max_num_batched_tokens": 1024, "max_num_seqs": 24},
@@ -197,3 +197,24 @@ def test_decode_attention_against_flashmla():
     for batch, context, heads, measured, source in check.KERNEL:
         if source.startswith("FlashMLA"):
             assert check.kernel_s(batch, context, heads) == pytest.approx(measured, rel=0.10), heads
+
+
+def test_the_multi_token_prediction_layer():
+    # DeepSeek-V3's MTP layer beside the target: one expert layer of its own (fp8: a byte a parameter) and the
+    # projection of the token's embedding and the last hidden state (2 x 7168 -> 7168), the embedding and LM
+    # head shared; its KV one latent a token in the target's blocks, on each of the 8 GPUs
+    from sim.speculative import SpeculativeConfig, drafter_bytes
+
+    cfg = SpeculativeConfig(method="mtp", num_speculative_tokens=1, acceptance_rate=0.8)
+    attention = 7168 * 2112 + 1536 * 128 * 192 + 512 * 128 * 256 + 128 * 128 * 7168 + 2 * 7168 + 1536 + 512
+    layer = attention + 257 * 3 * 7168 * 2048 + 7168 * 256
+    weights, block = drafter_bytes(cfg, V3, HardwareSpec.from_name("h200-141gb").model_copy(
+        update={"tensor_parallel": 8}), 64)
+    assert weights == layer + 2 * 7168 * 7168
+    assert block == 8 * 64 * 576 * 2
+    # priced as an EAGLE head, which has its shape: the same run either way
+    data = {"model": "deepseek-v2-lite", "hardware": "h100-80gb", "output": {"plots": False},
+            "workload": {"requests": [{"arrival": 0.01 * i, "prompt_len": 300, "output_len": 40} for i in range(20)]}}
+    mtp, eagle = (run_scenario(scenario_from_dict({**data, "speculative": {
+        "method": m, "num_speculative_tokens": 2, "acceptance_rate": 0.7}})) for m in ("mtp", "eagle"))
+    assert mtp.steps.equals(eagle.steps) and mtp.summary["num_steps"] == eagle.summary["num_steps"]

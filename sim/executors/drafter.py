@@ -52,10 +52,10 @@ class Drafter:
 
     def _extra_terms(self, seqs: int, first: int) -> float:
         ex = self.executor
-        if self.method not in ("eagle", "eagle3"):
+        if self.method not in ("eagle", "eagle3", "mtp"):
             return 0.0
         h = ex.model.hidden_size
-        if self.method == "eagle":
+        if self.method in ("eagle", "mtp"):   # (a multi-token-prediction layer's projection is EAGLE's fusion)
             return ex.gemm_s(first, h, 2 * h) + (self.k - 1) * ex.gemm_s(seqs, h, 2 * h)
         op, k_in, n_qkv = ex._shapes[0]   # (attn_pre_proj: the QKV projection on one shard)
 
