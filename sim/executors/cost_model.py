@@ -185,8 +185,6 @@ class CostModelExecutor:
         self._attn_shapes = attention_shapes(model, tp)
         self._mlp_shapes = mlp_shapes(model, model.intermediate_size, tp)
         self._shapes = self._attn_shapes + self._mlp_shapes
-        # bytes a projection's weight takes as stored, by shape (None: the dtype's, as the activations')
-        self._weight_bytes = self._stored_bytes(self._shapes)
         # a mixture of experts' dense MLPs: its shared experts (on the expert layers), its dense layers' MLP
         self._shared_shapes = mlp_shapes(model, model.shared_expert_size, tp) if model.shared_expert_size else []
         self._dense_shapes = mlp_shapes(model, model.dense_intermediate_size, tp) if model.dense_layers else []
@@ -519,7 +517,7 @@ class CostModelExecutor:
                                     "swap": zero, "copy": zero, "overhead": overhead})
 
     def layer_linear_time(self, tokens: int, dense: bool = False) -> float:
-        """Seconds of one layer's four projections on ``tokens`` tokens (a mixture of experts: see
+        """Seconds of one layer's projections on ``tokens`` tokens (a mixture of experts: see
         ``_moe_mlp_time``, then its shared experts' two GEMMs and two small kernels, the activation and the sum
         into the experts' output; ``dense``: its dense layer's, the same as any layer's for a dense model)."""
         if dense and self.model.num_experts:
@@ -605,8 +603,7 @@ class CostModelExecutor:
         hit = self._linear_cache.get(tokens)
         if hit is None:
             hw = self.hardware
-            lin = sum(n * self.layer_linear_time(tokens, dense) for n, dense in self._layer_groups) \
-                if len(self._layer_groups) > 1 else self._layers * self.layer_linear_time(tokens)
+            lin = sum(n * self.layer_linear_time(tokens, dense) for n, dense in self._layer_groups)
             comm = 2 * self._layers * float(allreduce_time(tokens * self._act_bytes, hw.tensor_parallel,
                                                            hw.interconnect_bandwidth, hw.interconnect_latency_s,
                                                            self.params))
