@@ -177,7 +177,9 @@ def _mixture_layout(cfg: dict[str, Any], layers: int, expert_width: int) -> dict
     experts = sum(1 for i in range(layers)
                   if i >= first_dense and i % freq == 0 and (i + 1) % sparse_step == 0 and i not in only)
     if experts == 0:
-        raise ValueError("first_k_dense_replace: no layer is left a mixture of experts")
+        key = next(k for k in ("first_k_dense_replace", "moe_layer_freq", "decoder_sparse_step", "mlp_only_layers")
+                   if cfg.get(k))
+        raise ValueError(f"{key}: no layer is left a mixture of experts")
     if experts < layers:
         out["dense_layers"] = layers - experts
         out["dense_intermediate_size"] = _first(cfg, ("intermediate_size",), "dense layers' MLP width", expert_width)

@@ -73,6 +73,8 @@ def test_a_multimodal_config_reads_its_text_model():
      "mlp_only_layers: expected a list of layer indices"),
     (lambda c: c.update(num_experts=8, num_experts_per_tok=2, first_k_dense_replace=32),
      "first_k_dense_replace: no layer is left a mixture of experts"),
+    (lambda c: c.update(num_experts=8, num_experts_per_tok=2, mlp_only_layers=list(range(32))),
+     "mlp_only_layers: no layer is left a mixture of experts"),
     (lambda c: c.update(interleave_moe_layer_step=2), "interleave_moe_layer_step: experts on one layer in 2"),
     (lambda c: c.update(attention_chunk_size=1024), "attention_chunk_size: attention over local chunks of 1024"),
 ])
