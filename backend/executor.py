@@ -52,6 +52,9 @@ def make_gpu_executor(*, model: Any, hardware: Any, config: Any, kv: Any, num_gp
     if getattr(model, "kv_lora_rank", 0):
         raise KvsimError("executor.kind", f"the GPU backend runs multi-head attention only; {model.name} has latent "
                          "attention: price it with executor.kind: cost_model")
+    if getattr(model, "windowed_layers", 0):
+        raise KvsimError("model.sliding_window", f"the GPU backend's kernels attend the whole context; {model.name} "
+                         "has sliding-window layers: price it with executor.kind: cost_model")
     if getattr(model, "weight_dtype", None) is not None:
         raise KvsimError("model.weight_dtype", f"the GPU backend multiplies weights in the model's dtype "
                          f"({model.dtype}); price {model.weight_dtype} weights with executor.kind: cost_model")

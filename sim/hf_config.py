@@ -21,6 +21,8 @@ The keys read (the transformers names; the first present wins):
                        (DeepSeek)
     dense layers       first_k_dense_replace and moe_layer_freq (DeepSeek), mlp_only_layers and
                        decoder_sparse_step (Qwen-MoE): those layers' MLP is dense, of intermediate_size
+    sliding window     sliding_window (null, or use_sliding_window false: none), on the layers layer_types
+                       names sliding_attention, else as the model type places them (``_sliding_window``)
     quantization       quantization_config (AWQ, GPTQ, Marlin, fp8, compressed-tensors: sim/hf_quantization.py)
 
 The MLP is gated (SwiGLU: gate, up, down) unless the config names a plain one: OPT's ``ffn_dim``, GPT-2's
@@ -31,8 +33,8 @@ scenario may set ``model.dtype``. Mixture-of-experts configs whose experts diffe
 
 Invariant: a config missing a required key, or with a value that is not a positive integer, is an error that
 names the key; so is one of an architecture kvsim cannot price (``UNSUPPORTED_KEYS``: DeepSeek's sparse
-attention, state-space layers; and a sliding window shorter than the context,
-``_refuse_sliding_windows``), and one of a quantization it does not model (bitsandbytes, NVFP4, ...);
+attention, state-space layers; layer types other than full and sliding-window attention), and one of a
+quantization it does not model (bitsandbytes, NVFP4, ...);
 nothing is guessed beyond the defaults listed above.
 """
 
@@ -91,7 +93,7 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str) -> ModelSpec:
             raise ValueError(f"{key}: {what} is not modelled by kvsim (a dense transformer, or a mixture of experts "
                              "with full or latent attention, is)")
     layers = _first(cfg, ("num_hidden_layers", "n_layer", "num_layers"), "layer count")
-    _refuse_sliding_windows(cfg, layers)
+    window = _sliding_window(cfg, layers)
     _refuse_llama4_layouts(cfg)
     hidden = _first(cfg, ("hidden_size", "n_embd", "d_model"), "hidden size")
     heads = _first(cfg, ("num_attention_heads", "n_head"), "attention head count")
@@ -122,39 +124,57 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str) -> ModelSpec:
         return ModelSpec(name=name, num_layers=layers, hidden_size=hidden, num_heads=heads, num_kv_heads=kv,
                          head_dim=head_dim, intermediate_size=inter, vocab_size=vocab, max_model_len=max_len,
                          gated_mlp=not plain, tied_embeddings=tied, num_experts=experts,
-                         experts_per_token=per_token, **mixture, **latent, **quantized)
+                         experts_per_token=per_token, **mixture, **latent, **window, **quantized)
     except ValidationError as e:
         first = e.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])
         raise ValueError(f"{loc + ': ' if loc else ''}{first['msg'].removeprefix('Value error, ')}") from None
 
 
-def _refuse_sliding_windows(cfg: dict[str, Any], layers: int) -> None:
-    """A ValueError naming the key where the config's attention looks back over a sliding window shorter than
-    its context (Mistral-7B-v0.1, Gemma 2 and 3, gpt-oss, Phi-3): kvsim keeps every layer's KV for the whole
-    context, so it would price such a model's memory and attention as something it is not. A window that is
-    switched off (``use_sliding_window: false``, Qwen2), absent, or at least the context is full attention."""
+def _sliding_window(cfg: dict[str, Any], layers: int) -> dict[str, int]:
+    """Sliding-window attention's ModelSpec fields (none where every layer attends the whole context): the
+    window (``sliding_window``) and how many layers use it. ``layer_types`` counts them where present; else
+    Gemma 2 slides on every other layer (the even ones), Gemma 3 and Cohere 2 on all but every
+    ``sliding_window_pattern``-th (6, 4 by default), Qwen2's on the layers from ``max_window_layers`` on,
+    and every other model (Mistral-7B-v0.1, Phi-3) on all of them. A window that is switched off
+    (``use_sliding_window: false``) or covers the whole context is none. ValueError naming the key on a layer
+    type kvsim does not model, or sliding layers without a window."""
     types = cfg.get("layer_types")
     if isinstance(types, list):
         other = sorted({str(t) for t in types} - ATTENTION_LAYER_TYPES)
         if other:
             raise ValueError(f"layer_types: {', '.join(other)} layers are not modelled by kvsim (a transformer of "
-                             "full-attention layers is)")
-    sliding = sum(1 for t in types if t == "sliding_attention") if isinstance(types, list) else None
+                             "full-attention and sliding-window layers is)")
     window = cfg.get("sliding_window")
+    if cfg.get("use_sliding_window") is False or window is None:
+        if isinstance(types, list) and "sliding_attention" in types and cfg.get("use_sliding_window") is not False:
+            raise ValueError("sliding_window: layer_types names sliding_attention layers, but the config gives no "
+                             "window")
+        return {}
+    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+        raise ValueError(f"sliding_window: the window must be a positive integer (or null), got {window!r}")
     max_len = next((cfg[k] for k in ("max_position_embeddings", "n_positions", "seq_length", "max_seq_len")
                     if isinstance(cfg.get(k), int)), None)
-    sized = isinstance(window, int) and not isinstance(window, bool) and window > 0
-    if cfg.get("use_sliding_window") is False or sliding == 0 or (sized and max_len and window >= max_len):
-        return   # switched off, no sliding layer, or a window that covers the whole context
-    if not (sized or sliding):
-        return   # no window at all
-    key = "layer_types" if sliding and not sized else "sliding_window"
-    span = f"{window} tokens" if sized else "a window"
-    on = f"on {sliding} of {layers} layers" if sliding else "on every layer"
-    raise ValueError(f"{key}: sliding-window attention ({span}, {on}) is not modelled by kvsim; delete the key to "
-                     "price every layer with full attention (KV kept for the whole context: more memory than the "
-                     "model uses)")
+    if max_len and window >= max_len:
+        return {}   # no context outgrows it
+    kind = str(cfg.get("model_type", "")).lower()
+    if isinstance(types, list):
+        sliding = sum(1 for t in types[:layers] if t == "sliding_attention")
+    elif kind == "gemma2":
+        sliding = (layers + 1) // 2
+    elif kind in ("gemma3", "gemma3_text", "cohere2") or cfg.get("sliding_window_pattern"):
+        pattern = _first(cfg, ("sliding_window_pattern",), "sliding window pattern", 4 if kind == "cohere2" else 6)
+        sliding = sum(1 for i in range(layers) if (i + 1) % pattern)
+    elif cfg.get("use_sliding_window") and cfg.get("max_window_layers") is not None:
+        first = cfg["max_window_layers"]
+        if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+            raise ValueError(f"max_window_layers: expected a layer count, got {first!r}")
+        sliding = max(0, layers - first)
+    else:
+        sliding = layers
+    if not sliding:
+        return {}
+    return {"sliding_window": window} if sliding >= layers else {"sliding_window": window, "sliding_layers": sliding}
 
 
 def _mixture_layout(cfg: dict[str, Any], layers: int, expert_width: int) -> dict[str, int]:

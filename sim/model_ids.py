@@ -18,13 +18,18 @@ def model_preset(name: str) -> str | None:
     """'meta-llama/Llama-2-7b-hf' -> 'llama-2-7b'; 'codellama/CodeLlama-34b-Instruct-hf' -> 'codellama-34b';
     'mistralai/Mixtral-8x7B-v0.1' -> 'mixtral-8x7b'; 'Meta-Llama-3.1-8B-Instruct' -> 'llama-3.1-8b';
     'mistralai/Mistral-Small-24B-Instruct-2501' -> 'mistral-small-24b'; 'Qwen/Qwen3-14B-Base' -> 'qwen3-14b';
-    'deepseek-ai/DeepSeek-V3-0324' -> 'deepseek-v3'."""
+    'deepseek-ai/DeepSeek-V3-0324' -> 'deepseek-v3'; 'mistralai/Mistral-7B-Instruct-v0.1' -> 'mistral-7b-v0.1'
+    (v0.1's sliding window), 'mistralai/Mistral-7B-Instruct-v0.3' -> 'mistral-7b'; 'google/gemma-3-27b-it' ->
+    'gemma-3-27b'."""
     key = name.strip().split("/")[-1].lower().removeprefix("meta-")
     for _ in range(3):   # e.g. CodeLlama-34b-Instruct-hf, Mixtral-8x7B-Instruct-v0.1
-        for suffix in ("-hf", "-instruct", "-chat", "-base"):
+        for suffix in ("-hf", "-instruct", "-chat", "-base", "-it", "-pt"):
             key = key.removesuffix(suffix)
         if key in MODEL_PRESETS:   # (before a version is dropped: DeepSeek-V3 is a preset, "deepseek" none)
             return key
+        versioned = re.sub(r"-(instruct|chat|base|it)(-v\d+(\.\d+)*)$", r"\2", key)   # Mistral-7B-Instruct-v0.1
+        if versioned in MODEL_PRESETS:
+            return versioned
         key = re.sub(r"-v\d+(\.\d+)*$", "", key)   # a release suffix: -v0.1
         key = re.sub(r"-\d{4}$", "", key)             # a release date: -2501
     return key if key in MODEL_PRESETS else None

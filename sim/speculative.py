@@ -163,6 +163,9 @@ def draft_model_problem(draft: ModelSpec, target: ModelSpec, tensor_parallel: in
     if abs(draft.vocab_size - target.vocab_size) > VOCAB_PADDING:
         return (f"{draft.name} has a vocabulary of {draft.vocab_size:,} tokens, the target {target.name} "
                 f"{target.vocab_size:,}: a draft model must share the target's tokenizer")
+    if draft.windowed_layers:
+        return (f"{draft.name} has sliding-window layers: a draft model's passes are priced from context sums, "
+                "which a window does not keep; draft with a full-attention model, or use eagle or ngram")
     why = draft.tensor_parallel_problem(tensor_parallel)
     return f"the draft model runs at the target's tensor_parallel {tensor_parallel}: {why}" if why else ""
 
@@ -183,8 +186,10 @@ def drafter_model(cfg: SpeculativeConfig, target: ModelSpec) -> ModelSpec | None
 
 def _layers_of(target: ModelSpec, layers: int, **update) -> ModelSpec:
     """``target`` cut to ``layers`` layers of its kind that repeats (a mixture of experts' expert layers, none
-    of its dense ones, as DeepSeek's multi-token-prediction layer is)."""
-    return target.model_copy(update={"num_layers": layers, "dense_layers": 0, "dense_intermediate_size": 0, **update})
+    of its dense ones, as DeepSeek's multi-token-prediction layer is), attending the whole context (an EAGLE
+    head's layer is a full-attention one)."""
+    return target.model_copy(update={"num_layers": layers, "dense_layers": 0, "dense_intermediate_size": 0,
+                                     "sliding_window": 0, "sliding_layers": None, **update})
 
 
 def drafter_weight_bytes(cfg: SpeculativeConfig, target: ModelSpec) -> int:

@@ -177,21 +177,66 @@ def test_an_override_of_a_config_models_field_reads_the_config_beside_the_scenar
 
 
 
-# published config.json values (the keys that matter): Mistral-7B-v0.1, Gemma-3-4B (text), gpt-oss-20b
+# published config.json values (the keys that matter): Mistral-7B-v0.1, Gemma-3-4B (text), gpt-oss-20b, Gemma-2-9B,
+# Phi-3-mini-4k
 MISTRAL_7B_V01 = {**LLAMA_2_7B, "model_type": "mistral", "intermediate_size": 14336, "num_key_value_heads": 8,
                   "max_position_embeddings": 32768, "sliding_window": 4096}
 GEMMA_3_4B = {"model_type": "gemma3_text", "hidden_size": 2560, "intermediate_size": 10240, "num_attention_heads": 8,
               "num_hidden_layers": 34, "num_key_value_heads": 4, "head_dim": 256, "vocab_size": 262208,
-              "max_position_embeddings": 131072, "sliding_window": 1024,
+              "max_position_embeddings": 131072, "sliding_window": 1024, "tie_word_embeddings": True,
               "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 5 + ["sliding_attention"] * 4}
+GPT_OSS_20B = {"model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880, "num_attention_heads": 64,
+               "num_hidden_layers": 24, "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 201088,
+               "max_position_embeddings": 131072, "sliding_window": 128, "num_local_experts": 32,
+               "num_experts_per_tok": 4, "layer_types": ["sliding_attention", "full_attention"] * 12}
+GEMMA_2_9B = {"model_type": "gemma2", "hidden_size": 3584, "intermediate_size": 14336, "num_attention_heads": 16,
+              "num_hidden_layers": 42, "num_key_value_heads": 8, "head_dim": 256, "vocab_size": 256000,
+              "max_position_embeddings": 8192, "sliding_window": 4096, "sliding_window_size": 4096,
+              "cache_implementation": "hybrid", "tie_word_embeddings": True}
+PHI_3_MINI_4K = {"model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192, "num_attention_heads": 32,
+                 "num_hidden_layers": 32, "num_key_value_heads": 32, "vocab_size": 32064,
+                 "max_position_embeddings": 4096, "sliding_window": 2047}
+
+
+@pytest.mark.parametrize("cfg, window, sliding", [
+    (MISTRAL_7B_V01, 4096, 32),                                      # every layer
+    (PHI_3_MINI_4K, 2047, 32),
+    (GEMMA_3_4B, 1024, 29),                                          # layer_types: 5 of every 6, the last 4 too
+    ({k: v for k, v in GEMMA_3_4B.items() if k != "layer_types"}, 1024, 29),   # Gemma 3's pattern of 6 alone
+    ({**GEMMA_3_4B, "layer_types": None, "sliding_window_pattern": 2}, 1024, 17),
+    (GPT_OSS_20B, 128, 12),                                          # every other layer
+    (GEMMA_2_9B, 4096, 21),                                          # Gemma 2: the even layers (0, 2, .. 40)
+    ({**QWEN_2_5_7B, "use_sliding_window": True, "sliding_window": 4096, "max_window_layers": 20}, 4096, 8),
+])
+def test_a_sliding_window_is_read_with_the_layers_it_covers(cfg, window, sliding):
+    spec = spec_from_hf_config(cfg, "x")
+    assert (spec.sliding_window, spec.windowed_layers) == (window, sliding)
+    # the KV cache keeps every layer's tokens: the bytes a token are the full-attention model's
+    full = spec_from_hf_config({**cfg, "sliding_window": None, "layer_types": None}, "x")
+    assert spec.kv_bytes_per_token() == full.kv_bytes_per_token() and spec.num_params() == full.num_params()
+
+
+def test_sliding_window_configs_give_the_presets():
+    assert spec_from_hf_config(MISTRAL_7B_V01, "mistral-7b-v0.1") == MODEL_PRESETS["mistral-7b-v0.1"]
+    assert spec_from_hf_config(GEMMA_2_9B, "gemma-2-9b") == MODEL_PRESETS["gemma-2-9b"]
+    assert spec_from_hf_config({"text_config": GEMMA_3_4B}, "gemma-3-4b") == MODEL_PRESETS["gemma-3-4b"]
 
 
 @pytest.mark.parametrize("cfg, message", [
-    (MISTRAL_7B_V01, "sliding_window: sliding-window attention (4096 tokens, on every layer) is not modelled"),
-    (GEMMA_3_4B, "sliding_window: sliding-window attention (1024 tokens, on 29 of 34 layers) is not modelled"),
-    ({**GEMMA_3_4B, "sliding_window": None}, "layer_types: sliding-window attention (a window, on 29 of 34 layers)"),
+    ({**GEMMA_3_4B, "sliding_window": None}, "sliding_window: layer_types names sliding_attention layers, but the "
+                                             "config gives no window"),
+    ({**MISTRAL_7B_V01, "sliding_window": -1}, "sliding_window: the window must be a positive integer (or null), "
+                                               "got -1"),
+    ({**MISTRAL_7B_V01, "sliding_window": True}, "sliding_window: the window must be a positive integer"),
+    ({**GEMMA_3_4B, "layer_types": ["sliding_attention", "chunked_attention"] * 17},
+     "layer_types: chunked_attention layers are not modelled by kvsim (a transformer of full-attention and "
+     "sliding-window layers is)"),
+    ({**QWEN_2_5_7B, "use_sliding_window": True, "sliding_window": 4096, "max_window_layers": -2},
+     "max_window_layers: expected a layer count, got -2"),
+    ({**GEMMA_3_4B, "layer_types": None, "sliding_window_pattern": 0}, "sliding_window_pattern: sliding window "
+                                                                        "pattern must be a positive integer"),
 ])
-def test_a_sliding_window_shorter_than_the_context_is_refused(cfg, message):
+def test_a_bad_sliding_window_is_refused_naming_the_key(cfg, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         spec_from_hf_config(cfg, "x")
 
@@ -201,6 +246,7 @@ def test_a_sliding_window_shorter_than_the_context_is_refused(cfg, message):
     {"sliding_window": None},                                                            # Mistral-7B-v0.2 on
     {"sliding_window": 32768},                                                           # covers the whole context
     {"layer_types": ["full_attention"] * 28, "sliding_window": 512},                     # no sliding layer
+    {"use_sliding_window": True, "sliding_window": 4096, "max_window_layers": 28},       # every layer below it
     {"decoder_sparse_step": 1, "mlp_only_layers": [], "attention_chunk_size": 32768},
 ])
 def test_a_window_that_is_off_or_covers_the_context_is_full_attention(edit):
@@ -209,13 +255,14 @@ def test_a_window_that_is_off_or_covers_the_context_is_full_attention(edit):
     assert spec == spec_from_hf_config(QWEN_2_5_7B, "x")
 
 
-def test_a_sliding_window_config_file_exits_2_naming_it(tmp_path):
+def test_a_sliding_window_config_file_runs(tmp_path):
     config = tmp_path / "config.json"
     config.write_text(json.dumps(MISTRAL_7B_V01))
-    r = _kvsim("run", "scenarios/quickstart.yaml", "--set", f"model={config}", "--no-plots")
-    assert r.returncode == 2 and "Traceback" not in r.stderr
-    err = r.stderr.strip().splitlines()
-    assert len(err) == 1 and f"{config}: sliding_window: sliding-window attention" in err[0]
+    out = tmp_path / "out"
+    r = _kvsim("run", "scenarios/quickstart.yaml", "--set", f"model={config}", "--set", "workload.limit=50",
+               "--no-plots", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert json.loads((out / "summary.json").read_text())["num_requests"] == 50
 
 
 # Qwen/Qwen1.5-MoE-A2.7B config.json (the keys that matter)

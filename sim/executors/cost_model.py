@@ -79,6 +79,7 @@ from sim.executors.roofline import (
     grouped_gemm_time_scalar,
 )
 from sim.executors.shape_correction import check as check_correction
+from sim.executors.sliding_window import lane_decode_keys, window_stats
 from sim.native import native
 from sim.sched.plan import LaneEntries, StepPlan, StepResult
 from sim.specs import HardwareSpec, ModelSpec
@@ -182,6 +183,12 @@ class CostModelExecutor:
         self._gemm_peak = (hardware.peak_flops_fp8 if model.dtype == "fp8" and hardware.peak_flops_fp8
                            else hardware.peak_flops)
         self._layers = model.num_layers
+        # sliding-window attention: these layers' attention reads the window (sim/executors/sliding_window.py),
+        # step by step: no decode runs, no compiled core (both price from context sums alone)
+        self._window, self._win_layers = model.sliding_window, model.windowed_layers
+        self._full_layers = self._layers - self._win_layers
+        if self._win_layers:
+            self.supports_decode_runs = False
         self._attn_shapes = attention_shapes(model, tp)
         self._mlp_shapes = mlp_shapes(model, model.intermediate_size, tp)
         self._shapes = self._attn_shapes + self._mlp_shapes
@@ -232,7 +239,7 @@ class CostModelExecutor:
         self._linear_cache, self._head_cache = memo.linear, memo.head
         if engine is not None:
             self._init_engine(engine, memo)
-        self._native_consts = self._decode_constants()
+        self._native_consts = None if self._win_layers else self._decode_constants()
 
     # ------------------------------------------------------------ engine-level terms
     def _init_engine(self, e: EngineParams, memo: PriceMemo) -> None:
@@ -313,23 +320,24 @@ class CostModelExecutor:
         return linear, comm, elementwise, k_attn, cpu
 
     def _engine_step(self, tokens: int, seqs: int, dec_seqs: int, dec_ctx: int, pre_new: int, pre_ctx: int,
-                     pairs: int, swap: float, copy: float, spec: tuple[int, float] | None = None) -> StepResult:
+                     pairs: int, swap: float, copy: float, spec: tuple[int, float] | None = None,
+                     win: tuple[int, int, int] | None = None) -> StepResult:
         """``spec``: (draft tokens verified, the draft passes' seconds) of a step that verifies drafts; its
-        verifying sequences are among the decodes (``dec_seqs``, ``dec_ctx`` counting their new tokens)."""
+        verifying sequences are among the decodes (``dec_seqs``, ``dec_ctx`` counting their new tokens).
+        ``win``: the sliding-window layers' (decode keys, prefill cached tokens, prefill pairs); None: every
+        layer attends the whole context."""
         e = self.engine
         linear, comm, elementwise, k_attn, cpu = self._engine_fixed(tokens, seqs, pre_new > 0)
         queries = dec_seqs
         if spec is not None:   # a query and a row of logits for each draft token too
             queries += spec[0]
             linear += self._lm_head(seqs + spec[0]) - self._lm_head(seqs)
-        per_layer = 0.0
-        if pre_new:
-            per_layer += max(self._attn_flops_per_pair * pairs / self._attn_peak,
-                             self._attn_new_bytes * pre_new / self._attn_bw + self._attn_kv_s * pre_ctx) \
-                + self.params.kernel_latency_s
-        if dec_seqs:
-            per_layer += (dec_ctx + dec_seqs * self._eng_half) * self._eng_kv_s + queries * self._eng_qo_s + k_attn
-        attention = self._layers * per_layer
+        per_layer = self._engine_attention(pre_new, pre_ctx, pairs, dec_seqs, dec_ctx, queries, k_attn)
+        if win is None:
+            attention = self._layers * per_layer
+        else:   # the sliding-window layers' attention over their windows
+            attention = self._full_layers * per_layer + self._win_layers * self._engine_attention(
+                pre_new, win[1], win[2], dec_seqs, win[0], queries, k_attn)
         gpu = linear + attention + elementwise + comm + e.sampler_s
         draft = 0.0
         if spec is not None:
@@ -343,6 +351,19 @@ class CostModelExecutor:
         if spec is not None:
             breakdown["draft"] = draft
         return StepResult(duration_s=duration, breakdown=breakdown)
+
+    def _engine_attention(self, pre_new: int, pre_ctx: int, pairs: int, dec_seqs: int, dec_ctx: int, queries: int,
+                          k_attn: float) -> float:
+        """One layer's attention in an engine step: the prefills' kernel (roofline of their pairs and bytes),
+        then the decodes' (their keys read at the engine's efficiency by context, and queries and outputs)."""
+        per_layer = 0.0
+        if pre_new:
+            per_layer += max(self._attn_flops_per_pair * pairs / self._attn_peak,
+                             self._attn_new_bytes * pre_new / self._attn_bw + self._attn_kv_s * pre_ctx) \
+                + self.params.kernel_latency_s
+        if dec_seqs:
+            per_layer += (dec_ctx + dec_seqs * self._eng_half) * self._eng_kv_s + queries * self._eng_qo_s + k_attn
+        return per_layer
 
     def execute_decode_run(self, plan: StepPlan, k: int):
         """``k`` consecutive all-decode steps (step j: every context + j) at once, each equal bit for bit
@@ -634,14 +655,33 @@ class CostModelExecutor:
         """A block's time over the host link (a swap, or a load from the prefix cache's host tier)."""
         return self._swap_s_per_block
 
+    def _operator_attention(self, pre_new: int, pre_ctx: int, pairs: int, dec_seqs: int, dec_ctx: int,
+                            queries: int) -> float:
+        """One layer's attention as isolated kernels: the prefills' and the decodes', each a roofline of its
+        FLOPs and bytes plus a kernel's latency."""
+        lat = self.params.kernel_latency_s
+        per_layer = 0.0
+        if pre_new:
+            per_layer += max(self._attn_flops_per_pair * pairs / self._attn_peak,
+                             self._attn_new_bytes * pre_new / self._attn_bw + self._attn_kv_s * pre_ctx) + lat
+        if dec_seqs:
+            per_layer += max(self._attn_dec_flops_per_pair * dec_ctx / self._attn_peak,
+                             self._attn_dec_kv_s * dec_ctx + self._attn_dec_new_bytes * queries / self._attn_bw) \
+                + lat
+        return per_layer
+
     def execute(self, plan: StepPlan) -> StepResult:
         tokens = seqs = 0
         pairs = pre_new = pre_ctx = 0
         dec_seqs = dec_ctx = 0
         entries = plan.scheduled
+        win = None
+        lane_keys = 0   # (a lane's decode keys over the window, on a sliding-window model)
         if type(entries) is LaneEntries:   # a decode lane: its size and context sum (all contexts > 0)
             tokens = seqs = dec_seqs = len(entries.ids)
             dec_ctx = entries.ctx_sum + dec_seqs
+            if self._win_layers:
+                lane_keys = lane_decode_keys(entries.ctx, self._window)
             entries = entries.rest
         drafts = ver_seqs = ver_ctx = 0
         for s in entries:
@@ -661,6 +701,9 @@ class CostModelExecutor:
                 pre_new += n
                 pre_ctx += c
                 pairs += n * c + n * (n + 1) // 2
+        if self._win_layers:   # (decode keys, prefill cached tokens, prefill pairs) over the window
+            w_dec, w_pairs, w_cached = window_stats(entries, self._window)
+            win = (lane_keys + w_dec, w_cached, w_pairs)
         spec = None   # (every step of a speculating engine has a draft part, so that its table has the column)
         if self.drafter is not None:
             spec = (drafts, self.drafter.price(ver_seqs, ver_ctx, drafts))
@@ -669,24 +712,20 @@ class CostModelExecutor:
         if self.engine is not None and tokens:
             swap = (len(plan.blocks_to_swap_out) + len(plan.blocks_to_swap_in)) * self._swap_s_per_block
             copy = len(plan.blocks_to_copy) * self._copy_s_per_block
-            return self._engine_step(tokens, seqs, dec_seqs, dec_ctx, pre_new, pre_ctx, pairs, swap, copy, spec)
+            return self._engine_step(tokens, seqs, dec_seqs, dec_ctx, pre_new, pre_ctx, pairs, swap, copy, spec, win)
         linear = attention = elementwise = comm = 0.0
         if tokens:
             lin, comm = self._linear(tokens)
             linear = lin + self._lm_head(seqs)
             if spec is not None:   # a query and a row of logits for each draft token too
                 linear += self._lm_head(seqs + drafts) - self._lm_head(seqs)
-            lat = self.params.kernel_latency_s
-            per_layer = 0.0
-            if pre_new:
-                per_layer += max(self._attn_flops_per_pair * pairs / self._attn_peak,
-                                 self._attn_new_bytes * pre_new / self._attn_bw + self._attn_kv_s * pre_ctx) + lat
-            if dec_seqs:
-                queries = dec_seqs + drafts
-                per_layer += max(self._attn_dec_flops_per_pair * dec_ctx / self._attn_peak,
-                                 self._attn_dec_kv_s * dec_ctx + self._attn_dec_new_bytes * queries / self._attn_bw) \
-                    + lat
-            attention = self._layers * (per_layer + dec_seqs * self._attn_seq + (seqs - dec_seqs) * self._attn_pre_seq)
+            per_layer = self._operator_attention(pre_new, pre_ctx, pairs, dec_seqs, dec_ctx, dec_seqs + drafts)
+            if win is None:
+                attention = self._layers * (per_layer + dec_seqs * self._attn_seq + (seqs - dec_seqs) * self._attn_pre_seq)
+            else:   # the sliding-window layers' attention over their windows
+                per_seq = dec_seqs * self._attn_seq + (seqs - dec_seqs) * self._attn_pre_seq
+                windowed = self._operator_attention(pre_new, win[1], win[2], dec_seqs, win[0], dec_seqs + drafts)
+                attention = self._full_layers * (per_layer + per_seq) + self._win_layers * (windowed + per_seq)
             elementwise = self._layers * (tokens * self._elem_s_per_token + self._elem_fixed)
         swap = (len(plan.blocks_to_swap_out) + len(plan.blocks_to_swap_in)) * self._swap_s_per_block
         copy = len(plan.blocks_to_copy) * self._copy_s_per_block
