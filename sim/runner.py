@@ -150,9 +150,17 @@ def fan_out_samples(scn: Scenario, workload: Workload) -> None:
 def _check_sequences_supported(scn: Scenario, requests: list) -> None:
     """Parallel samples and beams fork block tables: only the paged allocator with continuous batching does,
     without speculative decoding (its drafts are one sequence's). (Fanned out, samples are requests.)"""
-    if scn.scheduler.batching == "continuous" and scn.kv_cache.allocator == "paged" and scn.speculative is None:
+    paged = scn.model_spec.kv_pages() is not None
+    if (scn.scheduler.batching == "continuous" and scn.kv_cache.allocator == "paged" and scn.speculative is None
+            and not paged):
         return
-    wide = next((r for r in requests if r.n > 1 or getattr(r, "beam_width", 1) > 1), None)
+    wide = next((r for r in requests if r.n > 1 or getattr(r, "beam_width", 1) > 1), None)   # (after any fan-out)
+    if wide is not None and paged:
+        raise KvsimError(f"{scn.source}: workload", f"request {wide.req_id} has n={wide.n}, "
+                         f"beam_width={getattr(wide, 'beam_width', 1)}: forked samples and beams with "
+                         f"{scn.model_spec.name}'s sliding-window pages (vLLM's hybrid KV cache manager) are not "
+                         "modelled; set kv_cache.hybrid_manager: false"
+                         + _FANOUT_HINT * (getattr(wide, "beam_width", 1) == 1))
     if wide is not None and scn.speculative is not None:
         raise KvsimError(f"{scn.source}: speculative", f"request {wide.req_id} has n={wide.n}, "
                          f"beam_width={getattr(wide, 'beam_width', 1)}: speculative decoding drafts for one "
@@ -166,12 +174,27 @@ def _check_sequences_supported(scn: Scenario, requests: list) -> None:
                          + _FANOUT_HINT * (getattr(wide, "beam_width", 1) == 1))
 
 
+def window_pages(scn: Scenario) -> tuple[int, int, int] | None:
+    """The sliding-window pages' settings of the scenario's manager (sim/kv/window_pages.py): the window, the
+    pages a logical block takes, and the most tokens one step computes for a request (the prefill budget with
+    chunked prefill, else its whole KV); None where the model keeps every token (``ModelSpec.kv_pages``)."""
+    model = scn.model_spec
+    pages = model.kv_pages()
+    if pages is None:
+        return None
+    sch = scn.scheduler
+    chunk = (sch.max_num_batched_tokens or max(model.max_model_len, 2048)) if sch.chunked_prefill \
+        else model.max_model_len
+    return model.sliding_window, pages[1], chunk
+
+
 def build_parts(scn: Scenario, num_gpu: int, num_cpu: int, executor: Any = None, replica_id: int = 0):
     """(KV manager, scheduler, executor, recorder) of one engine of ``scn`` with these block counts (the
     single engine's, and each cluster replica's: ``replica_id``). ``executor``: one already built for the
     same scenario and block counts, shared (a pure pricer: see ``shared_executor``)."""
     model = scn.model_spec
-    manager = make_kv_manager(scn.kv_cache, num_gpu, num_cpu, model.max_model_len, host_blocks(scn))
+    manager = make_kv_manager(scn.kv_cache, num_gpu, num_cpu, model.max_model_len, host_blocks(scn),
+                              window_pages(scn))
     scheduler = make_scheduler(scn.scheduler, manager, model.max_model_len)
     if scn.speculative is not None:   # (each engine draws its acceptances from a stream of its own)
         scheduler.enable_speculation(Speculation(scn.speculative, scn.seed, replica_id))

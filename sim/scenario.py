@@ -49,6 +49,10 @@ class KVCacheConfig(_Strict):
     # the cached K and V's element type (vLLM's --kv-cache-dtype): auto = the model's dtype; fp8 halves an fp16
     # model's KV bytes (capacity, attention reads, swaps), the weights and activations keep the model's dtype
     dtype: Literal["auto", "fp16", "bf16", "fp8", "fp32"] = "auto"
+    # a model with sliding-window layers: blocks of those layers are freed once they leave the window, as
+    # vLLM's hybrid KV cache manager does (sim/kv/window_pages.py); false keeps every token of every layer
+    # (vLLM's --disable-hybrid-kv-cache-manager). No effect on other models
+    hybrid_manager: bool = True
 
     @field_validator("block_size")
     @classmethod
@@ -153,11 +157,15 @@ class Scenario(_Strict):
 
     @property
     def model_spec(self) -> ModelSpec:
-        """The model (a preset, or the mapping given), with ``kv_cache.dtype`` as its KV dtype unless auto."""
+        """The model (a preset, or the mapping given), with ``kv_cache.dtype`` as its KV dtype unless auto, and
+        without the hybrid manager's paging where ``kv_cache.hybrid_manager`` is false."""
         spec = ModelSpec.from_name(self.model) if isinstance(self.model, str) else self.model
-        if self.kv_cache.dtype == "auto":
-            return spec
-        return spec.model_copy(update={"kv_dtype": self.kv_cache.dtype})
+        update: dict[str, Any] = {}
+        if self.kv_cache.dtype != "auto":
+            update["kv_dtype"] = self.kv_cache.dtype
+        if not self.kv_cache.hybrid_manager and spec.hybrid_kv and spec.windowed_layers:
+            update["hybrid_kv"] = False
+        return spec.model_copy(update=update) if update else spec
 
     @property
     def hardware_spec(self) -> HardwareSpec:
@@ -375,7 +383,34 @@ def unsupported_combination(scn: Scenario) -> tuple[str, str] | None:
         problem = speculative_problem(scn)
         if problem:
             return problem
-    return _tensor_parallel_problem(scn)
+    return _hybrid_manager_problem(scn) or _tensor_parallel_problem(scn)
+
+
+def _hybrid_manager_problem(scn: Scenario) -> tuple[str, str] | None:
+    """(key, why) where a setting meets sliding-window pages (``ModelSpec.kv_pages``), which kvsim models with
+    continuous batching on the paged allocator, preemption by recompute, one sequence a request (or samples
+    fanned out as requests), a GPU-only prefix cache, no drafts, colocated engines."""
+    model = scn.model_spec
+    if model.kv_pages() is None:
+        return None
+    sch, kv, syn = scn.scheduler, scn.kv_cache, scn.workload.synthetic
+    forks = sch.parallel_sampling == "fork" and syn is not None and syn.n > 1
+    clash = next(((key, what) for key, what, bad in (
+        ("scheduler.batching", "static batching", sch.batching == "static"),
+        ("kv_cache.allocator", f"the {kv.allocator} allocator", kv.allocator != "paged"),
+        ("scheduler.preemption", "preemption by swap", sch.preemption == "swap"),
+        ("kv_cache.cpu_offload_gib", "a host tier of the prefix cache", bool(kv.cpu_offload_gib)),
+        ("speculative", "speculative decoding", scn.speculative is not None),
+        ("cluster", "disaggregated prefill and decode pools", scn.cluster is not None and scn.cluster.disaggregated),
+        ("workload.synthetic.n", "forked parallel samples", forks),
+        ("workload.synthetic.beam_width", "beam search", syn is not None and syn.beam_width > 1),
+    ) if bad), None)
+    if clash is None:
+        return None
+    key, what = clash
+    return key, (f"{what} with {model.name}'s sliding-window pages (vLLM's hybrid KV cache manager) is not "
+                 "modelled; set kv_cache.hybrid_manager: false to keep every layer's KV whole "
+                 "(--disable-hybrid-kv-cache-manager)")
 
 
 def _tensor_parallel_problem(scn: Scenario) -> tuple[str, str] | None:

@@ -65,6 +65,15 @@ class ModelSpec(BaseModel):
     qk_rope_head_dim: int = Field(default=0, ge=0, le=1 << 16)
     v_head_dim: int = Field(default=0, ge=0, le=1 << 16)
     q_lora_rank: int = Field(default=0, ge=0, le=1 << 20)
+    # sliding-window attention (Mistral-7B-v0.1, Gemma 2 and 3, gpt-oss): on ``sliding_layers`` of the layers
+    # (None: all of them) a query attends only its own token and the sliding_window - 1 before it; 0: every
+    # layer attends the whole context (``windowed_layers``)
+    sliding_window: int = Field(default=0, ge=0, le=10_000_000)
+    sliding_layers: int | None = Field(default=None, ge=1, le=10_000)
+    # how the KV cache keeps sliding-window layers (a cache setting: scenarios set it with
+    # kv_cache.hybrid_manager): True frees their blocks once they leave the window, as vLLM's hybrid KV cache
+    # manager does (``kv_pages``); False keeps every token of every layer (--disable-hybrid-kv-cache-manager)
+    hybrid_kv: bool = True
     # weight-only quantization of the projections and experts (vLLM's AWQ / GPTQ / Marlin kernels: int4 or
     # int8, or fp8 weights with fp16 activations); None: their weights are in ``dtype``. Scales: one fp16 per
     # ``weight_group_size`` rows of K in each column (0: one per column, "per channel")
@@ -100,6 +109,12 @@ class ModelSpec(BaseModel):
         elif self.qk_rope_head_dim or self.v_head_dim or self.q_lora_rank:
             raise ValueError("qk_rope_head_dim, v_head_dim and q_lora_rank describe latent attention and need "
                              "kv_lora_rank")
+        if self.sliding_layers is not None and not self.sliding_window:
+            raise ValueError("sliding_layers needs sliding_window (the window those layers attend over)")
+        if self.sliding_layers is not None and self.sliding_layers > self.num_layers:
+            raise ValueError(f"sliding_layers ({self.sliding_layers}) must be at most num_layers ({self.num_layers})")
+        if self.sliding_window and self.latent_attention:
+            raise ValueError("sliding_window with latent attention (kv_lora_rank) is not modelled")
         if self.weight_dtype is not None:
             if self.weight_dtype not in WEIGHT_DTYPE_BITS:
                 raise ValueError(f"weight_dtype must be one of {sorted(WEIGHT_DTYPE_BITS)} (or absent), "
@@ -128,6 +143,33 @@ class ModelSpec(BaseModel):
         """Elements one token caches a layer under latent attention: the latent and the rotary key."""
         return self.kv_lora_rank + self.qk_rope_head_dim
 
+    @property
+    def windowed_layers(self) -> int:
+        """How many layers attend over the sliding window: ``sliding_layers``, all of them where only the
+        window is given, none without one (or with a window at least ``max_model_len``: no context outgrows it)."""
+        if not self.sliding_window or self.sliding_window >= self.max_model_len:
+            return 0
+        return self.num_layers if self.sliding_layers is None else self.sliding_layers
+
+    def kv_pages(self) -> tuple[int, int] | None:
+        """(layers a block holds, pages a logical block takes on the sliding-window layers) where the cache
+        frees sliding-window blocks as vLLM's hybrid KV cache manager does (``hybrid_kv``); None where every
+        layer keeps every token. vLLM groups the layers of each kind into groups of one size g: the smaller
+        kind's count, or the larger's where that is under 1.5 times it (gpt-oss: 12 and 12, g = 12; Gemma-3-27B:
+        10 full, 52 sliding, g = 10 and six sliding groups, the last padded); a block is a page of one group.
+        kvsim keeps the full layers' table as a full-attention model's, so it pages a model whose full layers
+        fill one group (all but models with 1.5 times more full layers than sliding ones) and that has full
+        layers at all (not Mistral-7B-v0.1's every-layer window): the others keep every token."""
+        sliding = self.windowed_layers
+        full = self.num_layers - sliding
+        if not self.hybrid_kv or not sliding or not full:
+            return None
+        small, large = min(full, sliding), max(full, sliding)
+        group = large if large < 1.5 * small else small
+        if -(-full // group) != 1:
+            return None
+        return group, -(-sliding // group)
+
     def kv_bytes_per_token(self, dtype: str | None = None) -> int:
         """2 x layers x kv_heads x head_dim x bytes (of ``dtype``, else the KV dtype): the K and V of one token in
         every layer; under latent attention layers x (kv_lora_rank + qk_rope_head_dim) x bytes, one latent a
@@ -138,7 +180,11 @@ class ModelSpec(BaseModel):
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * nbytes
 
     def kv_bytes_per_block(self, block_size: int, dtype: str | None = None) -> int:
-        return block_size * self.kv_bytes_per_token(dtype)
+        """A block's bytes: ``block_size`` tokens of every layer, or under ``kv_pages`` of one group's layers."""
+        pages = self.kv_pages()
+        if pages is None:
+            return block_size * self.kv_bytes_per_token(dtype)
+        return block_size * self.kv_bytes_per_token(dtype) // self.num_layers * pages[0]
 
     def tensor_parallel_problem(self, tp: int) -> str | None:
         """Why ``tp`` GPUs cannot shard this model the way vLLM does (None: they can). vLLM splits the
@@ -439,8 +485,10 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     "llama-3.1-70b": _llama("llama-3.1-70b", 80, 8192, 64, 8, 28672, 128256, 131072),
     # meta-llama/Llama-3.1-405B(-Instruct) config.json: 126 layers, hidden 16384, 128 heads, 8 KV heads
     "llama-3.1-405b": _llama("llama-3.1-405b", 126, 16384, 128, 8, 53248, 128256, 131072),
-    # mistralai/Mistral-7B-Instruct-v0.2 config.json (full attention; v0.1's 4,096-token sliding window is not modelled)
+    # mistralai/Mistral-7B-Instruct-v0.2 config.json (full attention)
     "mistral-7b": _llama("mistral-7b", 32, 4096, 32, 8, 14336, 32000, 32768),
+    # mistralai/Mistral-7B-v0.1 config.json: the same shapes, every layer attending a 4,096-token sliding window
+    "mistral-7b-v0.1": _llama("mistral-7b-v0.1", 32, 4096, 32, 8, 14336, 32000, 32768, sliding_window=4096),
     # facebook/opt-13b config.json: ffn_dim 20480, ReLU MLP, 2048 positions, tied embeddings
     "opt-13b": _llama("opt-13b", 40, 5120, 40, 40, 20480, 50272, 2048, gated_mlp=False, tied_embeddings=True),
     # codellama/CodeLlama-34b-Instruct-hf config.json
@@ -506,8 +554,25 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
        for name in ("deepseek-v3", "deepseek-r1")},
     "qwen2-57b-a14b": _llama("qwen2-57b-a14b", 28, 3584, 28, 4, 2560, 151936, 131072, num_experts=64,
                              experts_per_token=8, shared_expert_size=20480),
+    # google/gemma-2-9b and -27b config.json: a gated GELU MLP, tied embeddings, every other layer (the even
+    # ones) attending a 4,096-token sliding window, 8,192 positions (the soft-capped logits change no shape)
+    "gemma-2-9b": _llama("gemma-2-9b", 42, 3584, 16, 8, 14336, 256000, 8192, head_dim=256, tied_embeddings=True,
+                         sliding_window=4096, sliding_layers=21),
+    "gemma-2-27b": _llama("gemma-2-27b", 46, 4608, 32, 16, 36864, 256000, 8192, head_dim=128, tied_embeddings=True,
+                          sliding_window=4096, sliding_layers=23),
+    # google/gemma-3-4b-it, -12b-it and -27b-it config.json (text_config; the vision tower is not priced):
+    # five of every six layers attend a 1,024-token sliding window (sliding_window_pattern 6), tied embeddings
+    "gemma-3-4b": _llama("gemma-3-4b", 34, 2560, 8, 4, 10240, 262208, 131072, head_dim=256, tied_embeddings=True,
+                         sliding_window=1024, sliding_layers=29),
+    "gemma-3-12b": _llama("gemma-3-12b", 48, 3840, 16, 8, 15360, 262208, 131072, head_dim=256, tied_embeddings=True,
+                          sliding_window=1024, sliding_layers=40),
+    "gemma-3-27b": _llama("gemma-3-27b", 62, 5376, 32, 16, 21504, 262208, 131072, head_dim=128, tied_embeddings=True,
+                          sliding_window=1024, sliding_layers=52),
     # A toy shape for running the real backend on a CPU: 2 layers, hidden 256, 4 heads, 2 KV heads
     "tiny-llama": _llama("tiny-llama", 2, 256, 4, 2, 512, 1024, 4096),
+    # A toy of Gemma's layout for tests and fuzzing: 4 layers, the first three attending a 64-token sliding window
+    "tiny-gemma": _llama("tiny-gemma", 4, 256, 4, 2, 512, 1024, 4096, head_dim=64, tied_embeddings=True,
+                         sliding_window=64, sliding_layers=3),
     # A toy of DeepSeek's layout for tests and fuzzing: 4 layers, the first dense; latent attention (a latent of
     # 64 + a rotary key of 16, heads of 48 = 32 + 16, values of 32, queries through a rank of 96); 8 experts
     # of 128, 2 a token, beside a shared expert of 128

@@ -164,12 +164,15 @@ def test_kv_size_of_a_config_file(tmp_path):
     d = json.loads(kvsim("kv-size", "--model", str(path), "--seq-len", "1000", "--json").stdout)
     assert d["model"] == "qwen" and d["bytes_per_token"] == 2 * 28 * 4 * 128 * 2 == 57_344
     assert d["bytes_per_sequence"] == 57_344_000
+    # a window on every layer (no max_window_layers): every token's KV kept all the same; kept for the window
+    # only, 28 layers x 4,096 tokens x 2,048 bytes a layer and token
     path.write_text(json.dumps({**cfg, "use_sliding_window": True, "sliding_window": 4096}))
-    r = kvsim("kv-size", "--model", str(path), "--seq-len", "1000")
-    assert r.returncode == 2 and r.stderr.strip() == (
-        f"error: {path}: sliding_window: sliding-window attention (4096 tokens, on every layer) is not modelled by "
-        "kvsim; delete the key to price every layer with full attention (KV kept for the whole context: more memory "
-        "than the model uses)")
+    d = json.loads(kvsim("kv-size", "--model", str(path), "--seq-len", "10000", "--json").stdout)
+    assert d["bytes_per_sequence"] == 57_344 * 10_000
+    assert (d["sliding_window"], d["sliding_layers"]) == (4096, 28)
+    assert d["bytes_per_sequence_window_only"] == 28 * 4096 * 2 * 4 * 128 * 2 == 234_881_024
+    text = kvsim("kv-size", "--model", str(path), "--seq-len", "10000").stdout
+    assert "sliding window: 4,096 tokens on 28 of 28 layers" in text and "against 0.235 GB with the window's" in text
 
 
 def test_kv_size_unknown_model():

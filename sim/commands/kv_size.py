@@ -45,26 +45,61 @@ def add_parser(sub) -> None:
     drafter.add_argument("--eagle", action="store_true", help="with --hardware: an EAGLE head beside the target")
     drafter.add_argument("--eagle3", action="store_true", help="with --hardware: an EAGLE-3 head beside the target "
                                                                "(its own LM head of 32,000 tokens)")
+    p.add_argument("--disable-hybrid-kv-cache-manager", action="store_true",
+                   help="a sliding-window model's layers keep every token (else blocks leaving the window are freed)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=main)
 
 
 def kv_size(model: ModelSpec, seq_len: int, dtype: str, block_size: int) -> dict:
+    """The KV arithmetic of one sequence of ``seq_len`` tokens; under sliding-window pages (``ModelSpec.kv_pages``)
+    a block is a page of one group of layers and a sequence holds its full layers' pages and its window's."""
     per_token = model.kv_bytes_per_token(dtype)
-    blocks = -(-seq_len // block_size)
+    blocks = pages_per_sequence(model, seq_len, block_size)
+    window = _window_sizes(model, seq_len, dtype)
+    block = model.kv_bytes_per_block(block_size, dtype)
     return {
         "model": model.name, "dtype": dtype, "seq_len": seq_len, "block_size": block_size,
         "num_layers": model.num_layers, "num_kv_heads": 1 if model.latent_attention else model.num_kv_heads,
         "head_dim": model.latent_size if model.latent_attention else model.head_dim,
         "bytes_per_token": per_token,
-        "bytes_per_block": per_token * block_size,
-        "bytes_per_sequence": per_token * seq_len,
+        "bytes_per_block": block,
+        "bytes_per_sequence": window.get("bytes_per_sequence_kept", per_token * seq_len),
         "blocks_per_sequence": blocks,
-        "bytes_per_sequence_paged": blocks * per_token * block_size,
+        "bytes_per_sequence_paged": blocks * block,
         "weight_bytes": model.weight_bytes(),
         "params": model.num_params(), "activated_params": model.activated_params(),
         "weight_dtype": model.weight_dtype or model.dtype,
+        **{k: v for k, v in window.items() if k != "bytes_per_sequence_kept"},
     }
+
+
+def pages_per_sequence(model: ModelSpec, seq_len: int, block_size: int) -> int:
+    """Blocks a sequence of ``seq_len`` tokens holds once its last token is computed: its table, and under
+    sliding-window pages its window's (sim/kv/window_pages.py)."""
+    table = -(-seq_len // block_size)
+    pages = model.kv_pages()
+    if pages is None:
+        return table
+    first = max(0, seq_len - 1 - model.sliding_window + 1) // block_size
+    return table + pages[1] * (table - first)
+
+
+def _window_sizes(model: ModelSpec, seq_len: int, dtype: str) -> dict:
+    """A sliding-window model's window, its layers, the pages' group, and the bytes a sequence's KV takes with
+    every token of every layer kept (vLLM's --disable-hybrid-kv-cache-manager) and kept for the window only
+    on the sliding layers (its hybrid manager, to the token); nothing for other models."""
+    sliding = model.windowed_layers
+    if not sliding:
+        return {}
+    per_layer = model.kv_bytes_per_token(dtype) // model.num_layers
+    window_only = per_layer * ((model.num_layers - sliding) * seq_len + sliding * min(seq_len, model.sliding_window))
+    pages = model.kv_pages()
+    return {"sliding_window": model.sliding_window, "sliding_layers": sliding,
+            "layers_per_block": pages[0] if pages else model.num_layers,
+            "bytes_per_sequence_all_layers": per_layer * model.num_layers * seq_len,
+            "bytes_per_sequence_window_only": window_only,
+            "bytes_per_sequence_kept": window_only if pages else per_layer * model.num_layers * seq_len}
 
 
 def capacity(model: ModelSpec, hardware: HardwareSpec, seq_len: int, block_size: int, utilization: float,
@@ -77,7 +112,9 @@ def capacity(model: ModelSpec, hardware: HardwareSpec, seq_len: int, block_size:
     return {"hardware": hardware.name, "tensor_parallel": hardware.tensor_parallel,
             "gpu_memory_utilization": utilization, "group_bytes_per_block": group_kv_bytes_per_block(
                 model, hardware, block_size) + draft[1],
-            "kv_blocks": blocks, "kv_tokens": blocks * block_size, "sequences": blocks // -(-seq_len // block_size),
+            "kv_blocks": blocks, "kv_tokens": blocks * seq_len // pages_per_sequence(model, seq_len, block_size)
+            if model.kv_pages() else blocks * block_size,
+            "sequences": blocks // pages_per_sequence(model, seq_len, block_size),
             "hbm_budget": hbm_budget(model, hardware, block_size, blocks, utilization, None, *draft)}
 
 
@@ -108,7 +145,7 @@ def _model(args: argparse.Namespace) -> ModelSpec:
             raise KvsimError("--model", e.args[0]) from None
     if args.dtype not in DTYPE_BYTES:
         raise KvsimError("--dtype", f"unknown dtype {args.dtype!r}; known: {', '.join(DTYPE_BYTES)}")
-    update = {"kv_dtype": args.dtype}
+    update = {"kv_dtype": args.dtype, "hybrid_kv": not args.disable_hybrid_kv_cache_manager}
     if args.weight_dtype is not None:
         update["weight_dtype"] = args.weight_dtype
     try:
@@ -167,6 +204,19 @@ def main(args: argparse.Namespace) -> int:
               f"head_dim x {DTYPE_BYTES[args.dtype]} bytes ({args.dtype}) x 2 (K and V)")
     for name, b in rows:
         print(f"  {name:<34} {b:>18,d} bytes  {b / GiB:>10.3f} GiB  {b / 1e9:>10.3f} GB")
+    if "sliding_window" in info:
+        print(f"  sliding window: {model.sliding_window:,} tokens on {info['sliding_layers']} of {model.num_layers} "
+              "layers; their attention reads the window")
+        alone, whole = info["bytes_per_sequence_window_only"], info["bytes_per_sequence_all_layers"]
+        if model.kv_pages():
+            print(f"  their blocks leave the cache with the window (vLLM's hybrid KV cache manager): a block holds "
+                  f"{info['layers_per_block']} layers, a {args.seq_len:,}-token sequence {alone / 1e9:.3f} GB of KV "
+                  f"against {whole / 1e9:.3f} GB with every token kept (--disable-hybrid-kv-cache-manager)")
+        else:
+            why = ("kvsim pages only models whose full-attention layers fill one group of layers" if model.hybrid_kv
+                   else "--disable-hybrid-kv-cache-manager")
+            print(f"  every layer keeps every token ({why}): {whole / 1e9:.3f} GB a {args.seq_len:,}-token sequence, "
+                  f"against {alone / 1e9:.3f} GB with the window's alone (vLLM's hybrid KV cache manager)")
     if model.num_experts:
         print(f"  parameters: {info['params'] / 1e9:,.2f} B, {info['activated_params'] / 1e9:,.2f} B a token "
               f"({model.experts_per_token} of {model.num_experts} experts)")

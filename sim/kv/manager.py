@@ -323,12 +323,17 @@ class KVCacheManager(SharingMixin):
         return pairs
 
     # ------------------------------------------------------------ accounting
+    def window_pages_held(self) -> int:
+        """Blocks held outside the tables (sliding-window pages, sim/kv/window_pages.py): none here."""
+        return 0
+
     def memory_slots(self) -> tuple[int, int, int, int, int]:
-        """(token_states, reserved, internal_fragmentation, external_fragmentation, free), in token slots."""
+        """(token_states, reserved, internal_fragmentation, external_fragmentation, free), in token slots
+        (sliding-window pages count whole as token states)."""
         bs = self.block_size
         free = self.pool.num_free
         allocated = (self.num_blocks - free) * bs   # used = total - free
-        token_states = self._held_tokens
+        token_states = self._held_tokens + self.window_pages_held() * bs
         internal = self._beyond_final
         reserved = allocated - token_states - internal
         return token_states, reserved, internal, 0, free * bs
@@ -337,8 +342,10 @@ class KVCacheManager(SharingMixin):
     def capacity_slots(self) -> int:
         return self.num_blocks * self.block_size
 
-    def check_integrity(self) -> None:
-        holders: Counter[int] = Counter()
+    def check_integrity(self, extra_holders: Counter[int] | None = None) -> None:
+        """The pool's ref counts against the tables (and ``extra_holders``: blocks held outside them), the
+        sharing counters, the swap space and the slot accounting."""
+        holders: Counter[int] = Counter() if extra_holders is None else Counter(extra_holders)
         for table in self.block_tables.values():
             holders.update(table)
         self._check_sharing(holders)   # adds the forked sequences' tables to the holders

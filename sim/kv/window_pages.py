@@ -1,0 +1,167 @@
+"""WindowedKVCacheManager: the paged cache of a model with sliding-window layers, as vLLM's hybrid KV cache
+manager keeps it.
+
+vLLM groups a model's layers into groups of equal size g (``ModelSpec.kv_pages``): one group of its full-
+attention layers and ``sliding_groups`` of its sliding-window ones (Gemma-3-27B: 10 full and 52 sliding
+layers, groups of 10: one full group and six sliding ones, the last padded). A block (a page) holds
+``block_size`` tokens of one group's layers, so the pool has L / g times the blocks a block of every layer
+would give. A request's table is the full group's, as a full-attention model's is (prefix cache, copy
+counts and all); beside it each sliding group holds pages only for the logical blocks the window still
+reaches:
+
+    computed c tokens, computing n more:   pages for logical blocks  first .. ceil((c + n) / bs) - 1,
+                                           first = max(0, c - window + 1) // bs
+
+(vLLM's ``remove_skipped_blocks``, run before a step allocates: the blocks before ``first`` leave the
+window and are freed, then the step's new blocks are taken). A step that cannot have both its table's
+blocks and its window's pages fails as a whole, as in vLLM; the pages that left the window are freed
+either way.
+
+Approximations (docs/architecture.md): window pages are a request's own, never cached nor shared, so a
+prefix-cache hit is decided by the full group's blocks (vLLM also needs the window's pages cached, and
+shares them between requests of one prefix), and the hit's window pages are taken fresh.
+
+Invariants (``check_integrity``, besides the manager's): each running request holds exactly
+``sliding_groups`` pages per logical block of its window span, every page held by one request with ref
+count 1; the pages count as used and logical blocks and as token slots of KV.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+
+from sim.kv.manager import KVCacheManager
+from sim.request import Request
+
+
+class WindowedKVCacheManager(KVCacheManager):
+    """The paged manager with each request's sliding-window pages beside its table (the module docstring).
+    ``window``: the sliding window in tokens; ``sliding_groups``: pages a logical block takes in the window;
+    ``chunk``: the most tokens one step computes for a request (the prefill budget, else its whole KV), for
+    ``can_ever_fit``."""
+
+    def __init__(self, num_blocks: int, block_size: int, window: int, sliding_groups: int, chunk: int,
+                 prefix_caching: bool = False) -> None:
+        super().__init__(num_blocks, block_size, 0, prefix_caching)
+        self.window, self.sliding_groups, self.chunk = window, sliding_groups, chunk
+        self.window_pages: dict[int, list[int]] = {}   # req_id -> pages, oldest logical block first
+        self._window_first: dict[int, int] = {}         # req_id -> the first logical block they hold
+        self._num_pages = 0
+        self.decode_fast_path = False   # every step moves the window: the manager sees each decode
+
+    # ------------------------------------------------------------ sizing
+    def _span(self, computed: int, end: int) -> tuple[int, int]:
+        """Logical blocks ``first .. stop - 1`` whose window pages a step needs, from ``computed`` tokens to
+        ``end``."""
+        bs = self.block_size
+        return max(0, computed - self.window + 1) // bs, -(-end // bs)
+
+    def window_blocks_max(self, max_kv: int) -> int:
+        """The most logical blocks a request of ``max_kv`` KV tokens ever holds window pages for: a step
+        computes at most ``chunk`` tokens, which reach back ``window - 1`` (vLLM's bound for its startup check,
+        plus a block for alignment)."""
+        bs = self.block_size
+        return min(-(-max_kv // bs), -(-(self.window - 1 + min(self.chunk, max_kv)) // bs) + 1)
+
+    def can_ever_fit(self, req: Request) -> bool:
+        return (self.blocks_for(req.max_kv_tokens) + self.sliding_groups * self.window_blocks_max(req.max_kv_tokens)
+                <= self.num_blocks)
+
+    def blocks_needed(self, req: Request, num_new_tokens: int) -> int:
+        """The table's new blocks and the window's new pages, less the pages that leave the window."""
+        first, stop = self._span(req.num_computed_tokens, req.num_computed_tokens + num_new_tokens)
+        dropped, taken = self._window_change(req.req_id, first, stop)
+        return max(0, super().blocks_needed(req, num_new_tokens) + taken - dropped)
+
+    def _window_change(self, rid: int, first: int, stop: int) -> tuple[int, int]:
+        """(pages freed, pages taken) when ``rid``'s window moves to logical blocks ``first .. stop - 1``."""
+        pages = self.window_pages.get(rid)
+        have = len(pages) // self.sliding_groups if pages else 0
+        at = self._window_first.get(rid, first)
+        dropped = min(max(0, first - at), have)
+        held_to = at + have if have else first
+        return self.sliding_groups * dropped, self.sliding_groups * max(0, stop - max(first, held_to))
+
+    # ------------------------------------------------------------ allocation
+    def allocate_slots(self, req: Request, num_new_tokens: int, cached: Sequence[int] | np.ndarray | None = None,
+                       loaded: int = 0, drafts: int = 0) -> bool:
+        """The manager's ``allocate_slots``, with the window's pages: those behind the window are freed first,
+        then the step takes its table's blocks and its window's new pages, or nothing."""
+        if loaded or drafts:
+            raise ValueError("sliding-window pages are not modelled with a host tier or speculative drafts")
+        bs = self.block_size
+        hits = len(cached) if cached is not None else 0
+        computed = hits * bs if hits else req.num_computed_tokens
+        first, stop = self._span(computed, computed + num_new_tokens)
+        self._drop_before(req.req_id, first)   # (vLLM frees them whether or not the step fits)
+        new_pages = self._window_change(req.req_id, first, stop)[1]
+        if hits:
+            blocks = np.asarray(cached, dtype=np.int64)
+            table_need = -(-(hits * bs + num_new_tokens) // bs) - hits + int(np.count_nonzero(
+                self.pool.refs[blocks] == 0))
+        else:
+            table_need = max(0, -(-(computed + num_new_tokens) // bs) - len(self.block_tables.get(req.req_id, ())))
+        if table_need + new_pages > self.pool.num_free:
+            return False
+        if not super().allocate_slots(req, num_new_tokens, cached):
+            raise AssertionError(f"request {req.req_id}: its table did not grow though {table_need} blocks were free")
+        if new_pages:
+            pages = self.window_pages.get(req.req_id)
+            if not pages:   # (a first step, or one past a gap: every held page left the window)
+                pages = self.window_pages[req.req_id] = []
+                self._window_first[req.req_id] = stop - new_pages // self.sliding_groups
+            pages.extend(self.pool.allocate(new_pages))
+            self._num_pages += new_pages
+            self._logical_blocks += new_pages
+            self._note_peaks(False)
+        return True
+
+    def _drop_before(self, rid: int, first: int) -> None:
+        """Free the pages of ``rid``'s logical blocks before ``first`` (they left the window), oldest first."""
+        pages = self.window_pages.get(rid)
+        if not pages:
+            return
+        at = self._window_first[rid]
+        gone = min(first - at, len(pages) // self.sliding_groups)
+        if gone <= 0:
+            return
+        cut = gone * self.sliding_groups
+        self.pool.free_last_refs(np.array(pages[:cut][::-1], dtype=np.int64))
+        del pages[:cut]
+        self._window_first[rid] = at + gone
+        self._num_pages -= cut
+        self._logical_blocks -= cut
+
+    def free(self, req: Request) -> None:
+        """Release the table (the manager's ``free``) and every window page."""
+        super().free(req)
+        pages = self.window_pages.pop(req.req_id, None)
+        self._window_first.pop(req.req_id, None)
+        if pages:
+            self.pool.free_last_refs(np.array(pages[::-1], dtype=np.int64))
+            self._num_pages -= len(pages)
+            self._logical_blocks -= len(pages)
+
+    # ------------------------------------------------------------ accounting
+    def window_pages_held(self) -> int:
+        """Sliding-window pages held by every request."""
+        return self._num_pages
+
+    def check_integrity(self) -> None:
+        """The manager's invariants with the pages as holders and logical blocks, and each request's pages
+        a whole number of logical blocks, ending at its table's end."""
+        pages: Counter[int] = Counter()
+        for rid, held in self.window_pages.items():
+            assert len(held) % self.sliding_groups == 0, f"request {rid}: {len(held)} window pages"
+            table = self.block_tables.get(rid)
+            assert table is not None, f"request {rid} holds window pages without a table"
+            if held:
+                assert self._window_first[rid] + len(held) // self.sliding_groups == len(table), (
+                    f"request {rid}: window pages end at a logical block other than its table's last")
+            pages.update(held)
+        assert sum(pages.values()) == self._num_pages, "window page count differs from the pages held"
+        assert all(c == 1 for c in pages.values()), "a window page is held twice"
+        super().check_integrity(extra_holders=pages)
