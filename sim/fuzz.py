@@ -38,6 +38,7 @@ from sim.scenario import KVCacheConfig, SchedulerConfig
 from sim.specs import ModelSpec, complete_from_preset
 
 MODELS = ["tiny-llama", "tiny-llama", "llama-2-7b", "llama-3-8b", "tiny-deepseek"]   # (the last: MoE, latent)
+WINDOW_P = 0.35   # of the cases drawn on tiny-llama: tiny-gemma instead (sliding-window layers; _sliding_window)
 HARDWARE = ["a100-80gb", "h100-80gb", "cpu", "h200-141gb", "a100-40gb"]   # (the last two: derived calibrations)
 STALL_STEPS = 5_000  # fuzzed runs use a tight watchdog so a livelock fails fast instead of hanging
 
@@ -101,7 +102,7 @@ NOT_FUZZED: dict[str, str] = {
 }
 # drawn by draw_scenario itself (they depend on each other): capacity from HBM instead of num_gpu_blocks
 DRAWN_IN_SCENARIO = ("kv_cache.gpu_memory_utilization", "kv_cache.activation_reserve_gb", "hardware.tensor_parallel",
-                     "kv_cache.cpu_offload_gib")
+                     "kv_cache.cpu_offload_gib", "kv_cache.hybrid_manager")
 HBM_CAPACITY_P = 0.1   # share of cases sized from HBM (gpu_memory_utilization, activation reserve)
 TP_P = 0.15            # share of cases with tensor parallelism (2 or 4 GPUs)
 REFUSED_P = 0.05       # share of drawn unsupported combinations kept (they must be refused cleanly)
@@ -303,7 +304,38 @@ def draw_scenario(rng: random.Random, index: int = 0) -> dict:
     draw_client(rng, data["workload"])
     _quantized_weights(data)
     _speculative(data)
+    _sliding_window(data)
     return data
+
+
+def _sliding_window(data: dict) -> None:
+    """Sometimes tiny-gemma where tiny-llama was drawn with a block count (its shapes, with sliding-window
+    layers), its cache as vLLM's hybrid manager keeps it where the case allows (sim/kv/window_pages.py), else
+    every token kept (``kv_cache.hybrid_manager: false``), and now and then the latter anyway. Drawn from a
+    stream of its own (the case's other draws stay as they were)."""
+    rng = random.Random(f"window:{data['seed']}")
+    model = data["model"]
+    name = model.get("name") if isinstance(model, dict) else model
+    if name != "tiny-llama" or rng.random() >= WINDOW_P or "num_gpu_blocks" not in data["kv_cache"]:
+        return   # (a cache sized from HBM was sized for tiny-llama's weights)
+    if isinstance(model, dict):
+        model["name"] = "tiny-gemma"
+    else:
+        data["model"] = "tiny-gemma"
+    if rng.random() < 0.2 or not _pages_allowed(data):
+        data["kv_cache"]["hybrid_manager"] = False
+
+
+def _pages_allowed(data: dict) -> bool:
+    """Whether a drawn case may keep sliding-window pages (``scenario._hybrid_manager_problem``'s settings, and
+    inline requests of one sequence each)."""
+    kv, sched, work = data["kv_cache"], data["scheduler"], data["workload"]
+    syn = work.get("synthetic", {})
+    wide = any(r.get("n", 1) > 1 or r.get("beam_width", 1) > 1 for r in work.get("requests", []))
+    forks = sched.get("parallel_sampling", "fork") == "fork" and (wide or syn.get("n", 1) > 1)
+    return not (sched.get("batching", "continuous") == "static" or kv.get("allocator", "paged") != "paged"
+                or sched.get("preemption", "recompute") == "swap" or kv.get("cpu_offload_gib")
+                or "speculative" in data or forks or syn.get("beam_width", 1) > 1 or wide)
 
 
 def _speculative(data: dict) -> None:

@@ -89,9 +89,12 @@ def draw_cluster_scenario(rng: random.Random, index: int = 0) -> dict:
     if rng.random() < COLOCATED_P:
         data["cluster"] = {"replicas": rng.randint(1, 4), "router": router}
         return data
-    # prefill/decode pools: paged blocks, continuous batching, one sequence a request
+    # prefill/decode pools: paged blocks, continuous batching, one sequence a request, every token of a
+    # sliding-window model kept (pools move whole tables)
     data["kv_cache"]["allocator"] = "paged"
     data["scheduler"]["batching"] = "continuous"
+    if "tiny-gemma" in str(data["model"]):
+        data["kv_cache"]["hybrid_manager"] = False
     data = drop_refused(data)
     data["workload"] = draw_workload(rng, drawn_cache_tokens(data), multi_seq=False)
     draw_client(rng, data["workload"])

@@ -284,12 +284,14 @@ def _into_core(data: dict, samples: bool = True) -> dict:
     """A fuzz case moved inside what the core covers: FCFS, round-robin or priority, continuous batching, the paged
     manager (with a prefix cache as drawn, hit only by a preempted request's own blocks: no shared prefixes
     here; tests/test_engine_core_prefix.py fuzzes those), requests of one sequence or parallel samples as
-    drawn (no beams; ``samples`` False: none), outside shared-prefix groups."""
+    drawn (no beams; ``samples`` False: none), outside shared-prefix groups, on a model without sliding windows."""
     d = copy.deepcopy(data)
     if d["scheduler"].get("policy") not in ("fcfs", "priority", "round_robin", "longest_prefix_first"):
         d["scheduler"]["policy"] = "fcfs"
     d["scheduler"]["batching"] = "continuous"
     d["kv_cache"].update(allocator="paged")   # prefix caching as drawn: unhit without shared prefixes
+    if d.get("model") == "tiny-gemma":   # (sliding-window layers run step by step in the SimPy loop)
+        d["model"] = "tiny-llama"
     work = d["workload"]   # (a client limit, as drawn: the core runs it too)
     for r in work.get("requests", []):
         for key in ("beam_width", "prefix_group", "prefix_len", *(() if samples else ("n",))):
