@@ -9,10 +9,14 @@ What vLLM serves such a checkpoint with, and what kvsim makes of it:
     compressed-tensors              from config_groups: int 4/8 weights alone (w4a16, w8a16), fp8 weights
                                     alone, fp8 weights and activations (dtype fp8), int8 weights and
                                     activations (dtype int8); kv_cache_scheme fp8: an fp8 KV cache
+    mxfp4 (gpt-oss)                 the routed        dtype          weight_dtype mxfp4, one e8m0 exponent a
+                                    experts in fp4                   32 elements, weight_scope experts (vLLM's
+                                                                     MXFP4 method quantizes only fused MoE
+                                                                     layers), dtype the config's (bf16)
 
 vLLM keeps the KV cache in the model's dtype unless told otherwise (``--kv-cache-dtype auto``), so a W8A8
 checkpoint's KV stays 16-bit: ``kv_dtype`` is set to the config's ``torch_dtype`` (bf16 or fp16).
-Invariant: anything else (bitsandbytes, GGUF, NVFP4 and MXFP4, 2- or 3-bit weights, schemes that differ
+Invariant: anything else (bitsandbytes, GGUF, NVFP4, 2- or 3-bit weights, schemes that differ
 between layer groups) is a ValueError naming the key: kvsim does not price a model as something it is not.
 """
 
@@ -21,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 WEIGHT_ONLY_METHODS = {"awq", "gptq", "awq_marlin", "gptq_marlin", "marlin"}
-KNOWN = sorted(WEIGHT_ONLY_METHODS | {"fp8", "compressed-tensors"})
+KNOWN = sorted(WEIGHT_ONLY_METHODS | {"fp8", "compressed-tensors", "mxfp4"})
 
 
 def quantization_fields(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -40,6 +44,12 @@ def quantization_fields(cfg: dict[str, Any]) -> dict[str, Any]:
         return {"dtype": "fp8", "kv_dtype": _activation_dtype(cfg)}
     if method == "compressed-tensors":
         return _compressed_tensors(q, cfg)
+    if method == "mxfp4":
+        if not any(cfg.get(k) for k in ("num_local_experts", "num_experts", "n_routed_experts")):
+            raise ValueError("quantization_config.quant_method: mxfp4 quantizes a mixture of experts' experts, "
+                             "and this config has none")
+        return {"weight_dtype": "mxfp4", "weight_group_size": 32, "weight_scope": "experts",
+                "dtype": _activation_dtype(cfg)}
     raise ValueError(f"quantization_config.quant_method: {method or 'none'!r} is not modelled by kvsim "
                      f"({', '.join(KNOWN)} are)")
 

@@ -13,7 +13,7 @@ Invariants:
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -21,8 +21,11 @@ GiB = 1024**3
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
 # weight-only quantized linear weights (AWQ, GPTQ, Marlin): bits a weight; the GEMMs dequantize them to the
 # model's dtype and multiply at its rate
-WEIGHT_DTYPE_BITS = {"int4": 4, "int8": 8, "fp8": 8}
+WEIGHT_DTYPE_BITS = {"int4": 4, "int8": 8, "fp8": 8, "mxfp4": 4}
 SCALE_BYTES = 2   # one fp16 scale a group of quantized weights
+# a scale's bytes where it is not fp16: MXFP4's shared exponent (e8m0), one a block of 32 elements
+WEIGHT_SCALE_BYTES = {"mxfp4": 1}
+MXFP4_BLOCK = 32
 
 
 class ModelSpec(BaseModel):
@@ -79,6 +82,10 @@ class ModelSpec(BaseModel):
     # ``weight_group_size`` rows of K in each column (0: one per column, "per channel")
     weight_dtype: str | None = None
     weight_group_size: int = Field(default=128, ge=0, le=1 << 20)
+    # which weights ``weight_dtype`` covers: every projection and expert ("all"), or a mixture of experts'
+    # routed experts alone ("experts": gpt-oss's MXFP4 checkpoints, whose attention, router, embeddings and
+    # LM head stay in ``dtype``, as vLLM's MXFP4 method quantizes only the fused MoE layers)
+    weight_scope: Literal["all", "experts"] = "all"
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
@@ -122,6 +129,11 @@ class ModelSpec(BaseModel):
             if WEIGHT_DTYPE_BITS[self.weight_dtype] >= 8 * DTYPE_BYTES[self.dtype]:
                 raise ValueError(f"weight_dtype {self.weight_dtype} is not narrower than dtype {self.dtype}: "
                                  "weight-only quantization stores weights in fewer bits than the activations")
+            if self.weight_dtype == "mxfp4" and self.weight_group_size != MXFP4_BLOCK:
+                raise ValueError(f"weight_dtype mxfp4 shares one exponent a block of {MXFP4_BLOCK} elements: "
+                                 f"weight_group_size must be {MXFP4_BLOCK}, got {self.weight_group_size}")
+        if self.weight_scope == "experts" and not self.num_experts:
+            raise ValueError("weight_scope experts needs num_experts (a mixture of experts' routed experts)")
         return self
 
     @property
@@ -280,14 +292,16 @@ class ModelSpec(BaseModel):
                 total += layers * (self.intermediate_size // tp * self.experts_per_token + self.shared_expert_size // tp)
         return total // self.num_layers if total % self.num_layers == 0 else total / self.num_layers
 
-    def weight_bytes_per_element(self, k: int) -> float:
+    def weight_bytes_per_element(self, k: int, expert: bool = True) -> float:
         """Bytes a projection weight of a [K = ``k``, N] matrix takes as stored, scales included: the dtype's
-        bytes, or with ``weight_dtype`` its bits / 8 plus a 2-byte scale per group of K rows, ceil(k / group)
-        groups a column (a group size of 0: one scale a column)."""
-        if self.weight_dtype is None:
+        bytes, or with ``weight_dtype`` its bits / 8 plus a scale (2 bytes; MXFP4's 1) per group of K rows,
+        ceil(k / group) groups a column (a group size of 0: one scale a column). ``expert``: whether the matrix
+        is a routed expert's (under ``weight_scope`` experts, only those are quantized)."""
+        if self.weight_dtype is None or not (expert or self.weight_scope == "all"):
             return float(self.dtype_bytes)
         group = self.weight_group_size or k
-        return WEIGHT_DTYPE_BITS[self.weight_dtype] / 8 + SCALE_BYTES * math.ceil(k / group) / k
+        scale = WEIGHT_SCALE_BYTES.get(self.weight_dtype, SCALE_BYTES)
+        return WEIGHT_DTYPE_BITS[self.weight_dtype] / 8 + scale * math.ceil(k / group) / k
 
     def num_params(self) -> int:
         """All parameters: layers, token embedding, LM head (unless tied), final norm."""
@@ -308,15 +322,20 @@ class ModelSpec(BaseModel):
 
     def weight_bytes(self) -> int:
         """Bytes of every weight as stored: ``num_params`` x dtype bytes, or with ``weight_dtype`` the projections
-        and experts at its bits plus their scales (``weight_bytes_per_element``) and the rest in ``dtype``."""
+        and experts (the routed experts alone under ``weight_scope`` experts) at its bits plus their scales
+        (``weight_bytes_per_element``) and the rest in ``dtype``."""
         if self.weight_dtype is None:
             return self.num_params() * self.dtype_bytes
         bits = WEIGHT_DTYPE_BITS[self.weight_dtype]
+        scale = WEIGHT_SCALE_BYTES.get(self.weight_dtype, SCALE_BYTES)
+        routed = len(self.attention_matrices())   # (the routed experts' gate-and-up and down follow attention)
         proj = proj_params = 0
         for layers, dense in self.layer_groups():
-            for k, n, copies in self.projection_matrices(dense):
+            for i, (k, n, copies) in enumerate(self.projection_matrices(dense)):
+                if self.weight_scope == "experts" and (dense or not routed <= i < routed + 2):
+                    continue   # (kept in the dtype with the rest)
                 group = self.weight_group_size or k
-                proj += layers * copies * (k * n * bits // 8 + SCALE_BYTES * math.ceil(k / group) * n)
+                proj += layers * copies * (k * n * bits // 8 + scale * math.ceil(k / group) * n)
                 proj_params += layers * copies * k * n
         return proj + (self.num_params() - proj_params) * self.dtype_bytes
 
@@ -568,6 +587,15 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
                           sliding_window=1024, sliding_layers=40),
     "gemma-3-27b": _llama("gemma-3-27b", 62, 5376, 32, 16, 21504, 262208, 131072, head_dim=128, tied_embeddings=True,
                           sliding_window=1024, sliding_layers=52),
+    # openai/gpt-oss-20b and -120b config.json: 32 or 128 experts of 2,880, 4 a token, every other layer (the
+    # even ones) attending a 128-token sliding window, 64 query heads of 64 over 8 KV heads, untied
+    # embeddings; the experts in MXFP4 (one e8m0 exponent a 32 elements), the rest in bf16, as the checkpoints
+    # ship and vLLM serves them (its attention sinks, biases and clamped SwiGLU change no shape); "21B
+    # parameters with 3.6B active" and "117B, 5.1B active" (the model card)
+    **{name: _llama(name, layers, 2880, 64, 8, 2880, 201088, 131072, head_dim=64, num_experts=experts,
+                    experts_per_token=4, sliding_window=128, sliding_layers=layers // 2, dtype="bf16",
+                    weight_dtype="mxfp4", weight_group_size=32, weight_scope="experts")
+       for name, layers, experts in (("gpt-oss-20b", 24, 32), ("gpt-oss-120b", 36, 128))},
     # A toy shape for running the real backend on a CPU: 2 layers, hidden 256, 4 heads, 2 KV heads
     "tiny-llama": _llama("tiny-llama", 2, 256, 4, 2, 512, 1024, 4096),
     # A toy of Gemma's layout for tests and fuzzing: 4 layers, the first three attending a 64-token sliding window

@@ -148,6 +148,11 @@ def _model(args: argparse.Namespace) -> ModelSpec:
     update = {"kv_dtype": args.dtype, "hybrid_kv": not args.disable_hybrid_kv_cache_manager}
     if args.weight_dtype is not None:
         update["weight_dtype"] = args.weight_dtype
+        if args.weight_dtype == "mxfp4":   # (gpt-oss's: a mixture of experts' experts, exponents a 32)
+            if not model.num_experts:
+                raise KvsimError("--weight-dtype", f"mxfp4 quantizes a mixture of experts' experts; {model.name} "
+                                 "has none (int4 or int8 quantize every projection)")
+            update.update(weight_group_size=32, weight_scope="experts")
     try:
         return ModelSpec(**{**model.model_dump(), **update})
     except ValidationError as e:

@@ -556,9 +556,13 @@ class CostModelExecutor:
         return sum(gemm_time_scalar(tokens, n, k, peak, self._bw, b, p, op, w)
                    for (op, k, n), w in zip(shapes, self._stored_bytes(shapes)))
 
-    def _stored_bytes(self, shapes: list[tuple[str, int, int]]) -> list[float | None]:
-        """Bytes each of ``shapes``' weights takes as stored (None: the dtype's, as the activations')."""
-        return [self.model.weight_bytes_per_element(k) if self.model.weight_dtype else None for _, k, _ in shapes]
+    def _stored_bytes(self, shapes: list[tuple[str, int, int]], experts: bool = False) -> list[float | None]:
+        """Bytes each of ``shapes``' weights takes as stored (None: the dtype's, as the activations');
+        ``experts``: they are the routed experts' (``ModelSpec.weight_scope``)."""
+        m = self.model
+        if m.weight_dtype is None or not (experts or m.weight_scope == "all"):
+            return [None] * len(shapes)
+        return [m.weight_bytes_per_element(k) for _, k, _ in shapes]
 
     def _layer_kernels(self, dense: bool) -> int:
         """GEMM-like launches of one layer, each priced at ``kernel_latency_s`` outside a graph: its four
@@ -596,7 +600,7 @@ class CostModelExecutor:
         per = tokens * k_top / active
         (_, k_up, n_up), (_, k_down, n_down) = self._mlp_shapes
         eff = self._moe_tile_eff
-        w_up, w_down = self._stored_bytes(self._mlp_shapes)
+        w_up, w_down = self._stored_bytes(self._mlp_shapes, experts=True)
         experts = (grouped_gemm_time_scalar(active, per, n_up, k_up, self._gemm_peak, self._bw, b, p, eff, w_up)
                    + grouped_gemm_time_scalar(active, per, n_down, k_down, self._gemm_peak, self._bw, b, p, eff,
                                               w_down))
