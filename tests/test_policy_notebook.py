@@ -11,7 +11,7 @@ from notebook_util import execute_fresh, stream_text  # noqa: E402
 
 
 def test_policy_notebook_executes():
-    nb = execute_fresh("policy_comparison.ipynb", min_figures=3)
+    nb = execute_fresh("policy_comparison.ipynb", min_figures=4)
     text = stream_text(nb)
     ratio = float(text.split("continuous / static output throughput:")[1].split()[0])
     assert ratio >= 2.0
@@ -24,3 +24,7 @@ def test_policy_notebook_executes():
     # KV split over them, 2 x 126 layers x 8 KV heads x 128 x 2 bytes (its fp8 checkpoint keeps a 16-bit cache)
     latent = float(text.split("latent over the group:")[1].split("x")[0])
     assert latent == pytest.approx(8 * 61 * 576 * 2 / (2 * 126 * 8 * 128 * 2), abs=0.005)
+    # section 10: Gemma-3-27B at 32,768 tokens: 62 layers x 32,768 tokens kept whole, against pages of 16 tokens
+    # x 10 layers: 2,048 for the full group and 6 x 64 for the sliding groups' 1,024-token window
+    whole = float(text.split("a 32,768-token sequence:")[1].split("x")[0])
+    assert whole == pytest.approx(62 * 32768 / ((2048 + 6 * 64) * 16 * 10), abs=0.005)
