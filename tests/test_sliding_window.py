@@ -108,18 +108,18 @@ def _scenario(model, **extra) -> dict:
 
 
 def test_a_windowed_model_runs_step_by_step_and_the_same_twice():
-    model = WINDOWED.model_dump()
-    a = run_scenario(scenario_from_dict(_scenario(model)), check_integrity=True)
-    b = run_scenario(scenario_from_dict(_scenario(model)), check_integrity=True)
+    model = WINDOWED.model_dump()   # (invariants: tests/test_window_pages.py, on small caches)
+    a = run_scenario(scenario_from_dict(_scenario(model)), check_integrity=False)
+    b = run_scenario(scenario_from_dict(_scenario(model)), check_integrity=False)
     assert a.summary["num_finished"] == 60 and not a.profile.get("compiled_core")
     assert a.steps.equals(b.steps) and a.requests.equals(b.requests)
-    full = run_scenario(scenario_from_dict(_scenario(MISTRAL.model_dump())))
+    full = run_scenario(scenario_from_dict(_scenario(MISTRAL.model_dump())), check_integrity=False)
     # cheaper decodes past the window; the same bytes in blocks of 8 layers (sim/kv/window_pages.py), or with
     # every token kept in the full model's blocks of 32
     assert a.summary["tpot_s"]["mean"] < full.summary["tpot_s"]["mean"]
     blocks = full.summary["num_gpu_blocks"]
     assert 4 * blocks <= a.summary["num_gpu_blocks"] < 4 * blocks + 4
-    kept = run_scenario(scenario_from_dict(_scenario(model, kv_cache={"hybrid_manager": False})))
+    kept = run_scenario(scenario_from_dict(_scenario(model, kv_cache={"hybrid_manager": False})), check_integrity=False)
     assert kept.summary["num_gpu_blocks"] == blocks
 
 
@@ -127,8 +127,8 @@ def test_a_window_no_context_reaches_runs_as_the_full_model():
     # prompts and outputs under 3,300 tokens against a window of 4,000, every token kept: the same steps,
     # prices equal to within rounding (the layers are summed in two parts)
     wide = MISTRAL.model_copy(update={"sliding_window": 4000, "sliding_layers": 16}).model_dump()
-    a = run_scenario(scenario_from_dict(_scenario(wide, kv_cache={"hybrid_manager": False})))
-    b = run_scenario(scenario_from_dict(_scenario(MISTRAL.model_dump())))
+    a = run_scenario(scenario_from_dict(_scenario(wide, kv_cache={"hybrid_manager": False})), check_integrity=False)
+    b = run_scenario(scenario_from_dict(_scenario(MISTRAL.model_dump())), check_integrity=False)
     assert len(a.steps) == len(b.steps)
     assert a.steps["duration_s"].to_numpy() == pytest.approx(b.steps["duration_s"].to_numpy(), rel=1e-12)
 
@@ -155,7 +155,8 @@ def test_an_eagle_head_of_a_windowed_target_attends_the_whole_context():
     cfg = SpeculativeConfig(method="eagle", num_speculative_tokens=2, acceptance_rate=0.6)
     head = drafter_model(cfg, WINDOWED)
     assert head.num_layers == 1 and head.windowed_layers == 0
-    run = run_scenario(scenario_from_dict(_scenario(WINDOWED.model_dump(), kv_cache={"hybrid_manager": False},
+    run = run_scenario(scenario_from_dict(_scenario(WINDOWED.model_dump(), kv_cache={"hybrid_manager": False,
+                                                                                     "num_gpu_blocks": 2000},
                                                     speculative={"method": "eagle", "num_speculative_tokens": 2,
                                                                  "acceptance_rate": 0.6})), check_integrity=True)
     assert run.summary["num_finished"] == 60

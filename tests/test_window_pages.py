@@ -192,7 +192,7 @@ def test_settings_paging_does_not_model_are_refused(edit, key):
 
 def test_inline_forked_samples_are_refused_at_run():
     data = {"model": "tiny-gemma", "hardware": "a100-80gb", "output": {"plots": False},
-            "workload": {"requests": [{"prompt_len": 5, "output_len": 2, "n": 3}]}}
+            "kv_cache": {"num_gpu_blocks": 400}, "workload": {"requests": [{"prompt_len": 5, "output_len": 2, "n": 3}]}}
     with pytest.raises(KvsimError, match="forked samples and beams with tiny-gemma's sliding-window pages"):
         run_scenario(scenario_from_dict(data))
     data["scheduler"] = {"parallel_sampling": "fanout"}   # samples as requests of their own: paged
