@@ -39,6 +39,7 @@ from sim.specs import ModelSpec, complete_from_preset
 
 MODELS = ["tiny-llama", "tiny-llama", "llama-2-7b", "llama-3-8b", "tiny-deepseek"]   # (the last: MoE, latent)
 WINDOW_P = 0.35   # of the cases drawn on tiny-llama: tiny-gemma instead (sliding-window layers; _sliding_window)
+LOCAL_KEYS = ("sliding_window", "sliding_layers", "attention_chunk_size", "chunked_layers")   # (its model's keys)
 HARDWARE = ["a100-80gb", "h100-80gb", "cpu", "h200-141gb", "a100-40gb"]   # (the last two: derived calibrations)
 STALL_STEPS = 5_000  # fuzzed runs use a tight watchdog so a livelock fails fast instead of hanging
 
@@ -310,7 +311,8 @@ def draw_scenario(rng: random.Random, index: int = 0) -> dict:
 
 def _sliding_window(data: dict) -> None:
     """Sometimes tiny-gemma where tiny-llama was drawn with a block count (its shapes, with sliding-window
-    layers), its cache as vLLM's hybrid manager keeps it where the case allows (sim/kv/window_pages.py), else
+    layers, or chunked ones as Llama 4 has), its cache as vLLM's hybrid manager keeps it where the case allows
+    (sim/kv/window_pages.py), else
     every token kept (``kv_cache.hybrid_manager: false``), and now and then the latter anyway. Drawn from a
     stream of its own (the case's other draws stay as they were)."""
     rng = random.Random(f"window:{data['seed']}")
@@ -321,7 +323,13 @@ def _sliding_window(data: dict) -> None:
     if isinstance(model, dict):
         model["name"] = "tiny-gemma"
     else:
-        data["model"] = "tiny-gemma"
+        data["model"] = model = {"name": "tiny-gemma"}
+    if rng.random() < 0.4:   # Llama 4's kind instead: chunks of 64 on the same three layers
+        model.update(sliding_window=0, sliding_layers=None, attention_chunk_size=64, chunked_layers=3)
+    kv = data["kv_cache"]
+    for key in ("swap_space_gb", "cpu_offload_gib"):   # (its 4 layers' blocks are twice tiny-llama's 2 layers')
+        if kv.get(key):
+            kv[key] *= 2
     if rng.random() < 0.2 or not _pages_allowed(data):
         data["kv_cache"]["hybrid_manager"] = False
 

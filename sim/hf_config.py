@@ -20,7 +20,10 @@ The keys read (the transformers names; the first present wins):
     shared experts     shared_expert_intermediate_size (Qwen-MoE), or n_shared_experts x the experts' width
                        (DeepSeek)
     dense layers       first_k_dense_replace and moe_layer_freq (DeepSeek), mlp_only_layers and
-                       decoder_sparse_step (Qwen-MoE): those layers' MLP is dense, of intermediate_size
+                       decoder_sparse_step (Qwen-MoE): those layers' MLP is dense, of intermediate_size;
+                       Llama 4's moe_layers or interleave_moe_layer_step, its dense layers of
+                       intermediate_size_mlp and a shared expert on each expert layer
+    chunked attention  attention_chunk_size (Llama 4), on the layers layer_types or no_rope_layers name
     sliding window     sliding_window (null, or use_sliding_window false: none), on the layers layer_types
                        names sliding_attention, else as the model type places them (``_sliding_window``)
     quantization       quantization_config (AWQ, GPTQ, Marlin, fp8, compressed-tensors: sim/hf_quantization.py)
@@ -61,7 +64,8 @@ UNSUPPORTED_KEYS = {
     "full_attention_interval": "linear-attention (Gated DeltaNet) layers between full-attention ones (Qwen3-Next)",
     "linear_num_value_heads": "linear-attention (Gated DeltaNet) layers between full-attention ones (Qwen3-Next)",
 }
-ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention"}   # ``layer_types`` entries kvsim reads
+# ``layer_types`` entries kvsim reads (chunked_attention: Llama 4's, with attention_chunk_size)
+ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention", "chunked_attention"}
 
 # model types whose MLP is two matrices (up, down) with a plain activation
 PLAIN_MLP_TYPES = {"opt", "gpt2", "gpt_neox", "gptj", "falcon", "bloom", "phi", "starcoder2", "gpt_bigcode",
@@ -93,8 +97,7 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str) -> ModelSpec:
             raise ValueError(f"{key}: {what} is not modelled by kvsim (a dense transformer, or a mixture of experts "
                              "with full or latent attention, is)")
     layers = _first(cfg, ("num_hidden_layers", "n_layer", "num_layers"), "layer count")
-    window = _sliding_window(cfg, layers)
-    _refuse_llama4_layouts(cfg)
+    window = _sliding_window(cfg, layers) or _chunked_attention(cfg, layers)
     hidden = _first(cfg, ("hidden_size", "n_embd", "d_model"), "hidden size")
     heads = _first(cfg, ("num_attention_heads", "n_head"), "attention head count")
     kv = _first(cfg, ("num_key_value_heads", "num_kv_heads", "multi_query_group_num"), "KV head count", heads)
@@ -144,7 +147,7 @@ def _sliding_window(cfg: dict[str, Any], layers: int) -> dict[str, int]:
         other = sorted({str(t) for t in types} - ATTENTION_LAYER_TYPES)
         if other:
             raise ValueError(f"layer_types: {', '.join(other)} layers are not modelled by kvsim (a transformer of "
-                             "full-attention and sliding-window layers is)")
+                             "full-attention, sliding-window and chunked layers is)")
     window = cfg.get("sliding_window")
     if cfg.get("use_sliding_window") is False or window is None:
         if isinstance(types, list) and "sliding_attention" in types and cfg.get("use_sliding_window") is not False:
@@ -182,7 +185,10 @@ def _mixture_layout(cfg: dict[str, Any], layers: int, expert_width: int) -> dict
     the shared experts' width (Qwen's ``shared_expert_intermediate_size``; DeepSeek's ``n_shared_experts`` x
     the experts' width), and the layers whose MLP is dense, of ``intermediate_size``: DeepSeek's first
     ``first_k_dense_replace`` and those past them not on a multiple of ``moe_layer_freq``; Qwen's
-    ``mlp_only_layers`` and those not ending a run of ``decoder_sparse_step``."""
+    ``mlp_only_layers`` and those not ending a run of ``decoder_sparse_step``; Llama 4's (``intermediate_size_mlp``
+    beside the experts' ``intermediate_size``: ``_llama4_layout``)."""
+    if cfg.get("intermediate_size_mlp"):
+        return _llama4_layout(cfg, layers, expert_width)
     out: dict[str, int] = {}
     if cfg.get("shared_expert_intermediate_size"):
         out["shared_expert_size"] = _first(cfg, ("shared_expert_intermediate_size",), "shared experts' width")
@@ -206,6 +212,26 @@ def _mixture_layout(cfg: dict[str, Any], layers: int, expert_width: int) -> dict
     return out
 
 
+def _llama4_layout(cfg: dict[str, Any], layers: int, expert_width: int) -> dict[str, int]:
+    """Llama 4's mixture: every expert layer has a shared expert as wide as an expert; the expert layers are
+    ``moe_layers`` (else every ``interleave_moe_layer_step``-th, the last of each step), the others dense, of
+    ``intermediate_size_mlp``."""
+    out = {"shared_expert_size": expert_width}
+    moe = cfg.get("moe_layers")
+    if moe is None:
+        step = _first(cfg, ("interleave_moe_layer_step",), "expert layer step", 1)
+        moe = list(range(step - 1, layers, step))
+    if not isinstance(moe, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in moe):
+        raise ValueError(f"moe_layers: expected a list of layer indices, got {moe!r}")
+    experts = len({i for i in moe if 0 <= i < layers})
+    if experts == 0:
+        raise ValueError("moe_layers: no layer is a mixture of experts")
+    if experts < layers:
+        out["dense_layers"] = layers - experts
+        out["dense_intermediate_size"] = _first(cfg, ("intermediate_size_mlp",), "dense layers' MLP width")
+    return out
+
+
 def _latent_attention(cfg: dict[str, Any]) -> dict[str, int]:
     """Multi-head latent attention's fields (DeepSeek-V2/V3, Kimi-K2): the latent's and the query's ranks
     (``q_lora_rank`` null: queries straight from the hidden state), the rotary and other parts of a query's
@@ -217,20 +243,37 @@ def _latent_attention(cfg: dict[str, Any]) -> dict[str, int]:
             "q_lora_rank": _first(cfg, ("q_lora_rank",), "query rank") if cfg.get("q_lora_rank") is not None else 0}
 
 
-def _refuse_llama4_layouts(cfg: dict[str, Any]) -> None:
-    """A ValueError naming the key of Llama 4's layouts: attention over local chunks shorter than the context
-    (``attention_chunk_size``; kvsim prices full attention over the whole context), and experts interleaved
-    with dense layers whose MLP has a width of its own (``interleave_moe_layer_step``)."""
-    step = cfg.get("interleave_moe_layer_step")
-    if isinstance(step, int) and not isinstance(step, bool) and step > 1:
-        raise ValueError(f"interleave_moe_layer_step: experts on one layer in {step}, dense layers between, is not "
-                         "modelled by kvsim for this architecture (DeepSeek's and Qwen's layouts are)")
+def _chunked_attention(cfg: dict[str, Any], layers: int) -> dict[str, int]:
+    """Llama 4's chunked local attention as ModelSpec fields: ``attention_chunk_size`` on the layers
+    ``layer_types`` names chunked_attention, else those ``no_rope_layers`` marks 1 (the RoPE layers; the NoPE
+    ones attend the whole context), else all but every ``no_rope_layer_interval``-th (4: the last of each four
+    global, as Llama 4 has it); none where the chunk covers the context. ValueError naming a bad key."""
     chunk = cfg.get("attention_chunk_size")
+    types = cfg.get("layer_types")
+    if chunk is None:
+        if isinstance(types, list) and "chunked_attention" in types:
+            raise ValueError("attention_chunk_size: layer_types names chunked_attention layers, but the config gives "
+                             "no chunk")
+        return {}
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk <= 0:
+        raise ValueError(f"attention_chunk_size: the chunk must be a positive integer (or null), got {chunk!r}")
     max_len = cfg.get("max_position_embeddings")
-    if isinstance(chunk, int) and not isinstance(chunk, bool) and chunk > 0 and not (
-            isinstance(max_len, int) and chunk >= max_len):
-        raise ValueError(f"attention_chunk_size: attention over local chunks of {chunk} tokens is not modelled by "
-                         "kvsim (full attention over the whole context is)")
+    if isinstance(max_len, int) and chunk >= max_len:
+        return {}
+    rope = cfg.get("no_rope_layers")
+    if isinstance(types, list) and "chunked_attention" in types:
+        chunked = sum(1 for t in types[:layers] if t == "chunked_attention")
+    elif isinstance(rope, list) and rope:
+        if not all(v in (0, 1) for v in rope):
+            raise ValueError(f"no_rope_layers: expected a 0 or 1 a layer, got {rope!r}")
+        chunked = sum(rope[:layers])
+    else:
+        interval = _first(cfg, ("no_rope_layer_interval",), "NoPE layer interval", 4)
+        chunked = sum(1 for i in range(layers) if (i + 1) % interval)
+    if not chunked:
+        return {}
+    return {"attention_chunk_size": chunk} if chunked >= layers else {"attention_chunk_size": chunk,
+                                                                      "chunked_layers": chunked}
 
 
 def load_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:

@@ -24,6 +24,7 @@ from sim.engine_core import core_supported, run_core
 from sim.errors import KvsimError
 from sim.executors.base import make_executor, step_model
 from sim.executors.drafter import make_drafter
+from sim.executors.local_attention import LocalAttention
 from sim.gc_pause import gc_paused
 from sim.kv import make_kv_manager
 from sim.limits import MAX_BLOCKS
@@ -174,10 +175,11 @@ def _check_sequences_supported(scn: Scenario, requests: list) -> None:
                          + _FANOUT_HINT * (getattr(wide, "beam_width", 1) == 1))
 
 
-def window_pages(scn: Scenario) -> tuple[int, int, int] | None:
-    """The sliding-window pages' settings of the scenario's manager (sim/kv/window_pages.py): the window, the
-    pages a logical block takes, and the most tokens one step computes for a request (the prefill budget with
-    chunked prefill, else its whole KV); None where the model keeps every token (``ModelSpec.kv_pages``)."""
+def window_pages(scn: Scenario) -> tuple[LocalAttention, int, int] | None:
+    """The window pages' settings of the scenario's manager (sim/kv/window_pages.py): what the local layers
+    see, the pages a logical block takes, and the most tokens one step computes for a request (the prefill
+    budget with chunked prefill, else its whole KV); None where the model keeps every token
+    (``ModelSpec.kv_pages``)."""
     model = scn.model_spec
     pages = model.kv_pages()
     if pages is None:
@@ -185,7 +187,7 @@ def window_pages(scn: Scenario) -> tuple[int, int, int] | None:
     sch = scn.scheduler
     chunk = (sch.max_num_batched_tokens or max(model.max_model_len, 2048)) if sch.chunked_prefill \
         else model.max_model_len
-    return model.sliding_window, pages[1], chunk
+    return model.local_attention, pages[1], chunk
 
 
 def build_parts(scn: Scenario, num_gpu: int, num_cpu: int, executor: Any = None, replica_id: int = 0):

@@ -163,7 +163,7 @@ class Scenario(_Strict):
         update: dict[str, Any] = {}
         if self.kv_cache.dtype != "auto":
             update["kv_dtype"] = self.kv_cache.dtype
-        if not self.kv_cache.hybrid_manager and spec.hybrid_kv and spec.windowed_layers:
+        if not self.kv_cache.hybrid_manager and spec.hybrid_kv and spec.local_layers:
             update["hybrid_kv"] = False
         return spec.model_copy(update=update) if update else spec
 

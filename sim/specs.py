@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from sim.executors.local_attention import LocalAttention
+
 GiB = 1024**3
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
 # weight-only quantized linear weights (AWQ, GPTQ, Marlin): bits a weight; the GEMMs dequantize them to the
@@ -41,7 +43,7 @@ class ModelSpec(BaseModel):
     head_dim: int = Field(gt=0, le=1 << 16)
     intermediate_size: int = Field(gt=0, le=1 << 22)
     vocab_size: int = Field(gt=0, le=1 << 24)
-    max_model_len: int = Field(gt=0, le=10_000_000)
+    max_model_len: int = Field(gt=0, le=1 << 24)   # (Llama 4 Scout's: 10,485,760)
     gated_mlp: bool = True  # SwiGLU (gate, up, down) vs a plain two-matrix MLP (OPT)
     tied_embeddings: bool = False
     dtype: str = "fp16"
@@ -70,11 +72,15 @@ class ModelSpec(BaseModel):
     q_lora_rank: int = Field(default=0, ge=0, le=1 << 20)
     # sliding-window attention (Mistral-7B-v0.1, Gemma 2 and 3, gpt-oss): on ``sliding_layers`` of the layers
     # (None: all of them) a query attends only its own token and the sliding_window - 1 before it; 0: every
-    # layer attends the whole context (``windowed_layers``)
+    # layer attends the whole context (``local_layers``)
     sliding_window: int = Field(default=0, ge=0, le=10_000_000)
     sliding_layers: int | None = Field(default=None, ge=1, le=10_000)
-    # how the KV cache keeps sliding-window layers (a cache setting: scenarios set it with
-    # kv_cache.hybrid_manager): True frees their blocks once they leave the window, as vLLM's hybrid KV cache
+    # chunked local attention (Llama 4): on ``chunked_layers`` of the layers (None: all of them) a query
+    # attends only the tokens of its own chunk of attention_chunk_size, up to itself; 0: none
+    attention_chunk_size: int = Field(default=0, ge=0, le=10_000_000)
+    chunked_layers: int | None = Field(default=None, ge=1, le=10_000)
+    # how the KV cache keeps local-attention layers (a cache setting: scenarios set it with
+    # kv_cache.hybrid_manager): True frees their blocks once no query sees them, as vLLM's hybrid KV cache
     # manager does (``kv_pages``); False keeps every token of every layer (--disable-hybrid-kv-cache-manager)
     hybrid_kv: bool = True
     # weight-only quantization of the projections and experts (vLLM's AWQ / GPTQ / Marlin kernels: int4 or
@@ -120,8 +126,16 @@ class ModelSpec(BaseModel):
             raise ValueError("sliding_layers needs sliding_window (the window those layers attend over)")
         if self.sliding_layers is not None and self.sliding_layers > self.num_layers:
             raise ValueError(f"sliding_layers ({self.sliding_layers}) must be at most num_layers ({self.num_layers})")
-        if self.sliding_window and self.latent_attention:
-            raise ValueError("sliding_window with latent attention (kv_lora_rank) is not modelled")
+        if self.chunked_layers is not None and not self.attention_chunk_size:
+            raise ValueError("chunked_layers needs attention_chunk_size (the chunk those layers attend within)")
+        if self.chunked_layers is not None and self.chunked_layers > self.num_layers:
+            raise ValueError(f"chunked_layers ({self.chunked_layers}) must be at most num_layers ({self.num_layers})")
+        if self.sliding_window and self.attention_chunk_size:
+            raise ValueError("sliding_window and attention_chunk_size together are not modelled (a model with "
+                             "both kinds of local attention)")
+        if (self.sliding_window or self.attention_chunk_size) and self.latent_attention:
+            raise ValueError("local attention (sliding_window, attention_chunk_size) with latent attention "
+                             "(kv_lora_rank) is not modelled")
         if self.weight_dtype is not None:
             if self.weight_dtype not in WEIGHT_DTYPE_BITS:
                 raise ValueError(f"weight_dtype must be one of {sorted(WEIGHT_DTYPE_BITS)} (or absent), "
@@ -156,23 +170,36 @@ class ModelSpec(BaseModel):
         return self.kv_lora_rank + self.qk_rope_head_dim
 
     @property
-    def windowed_layers(self) -> int:
-        """How many layers attend over the sliding window: ``sliding_layers``, all of them where only the
-        window is given, none without one (or with a window at least ``max_model_len``: no context outgrows it)."""
-        if not self.sliding_window or self.sliding_window >= self.max_model_len:
+    def local_layers(self) -> int:
+        """How many layers see only part of the context: ``sliding_layers`` or ``chunked_layers``, all of them
+        where only the window or chunk is given, none without one (or with one of at least ``max_model_len``:
+        no context outgrows it)."""
+        span = self.sliding_window or self.attention_chunk_size
+        if not span or span >= self.max_model_len:
             return 0
-        return self.num_layers if self.sliding_layers is None else self.sliding_layers
+        layers = self.sliding_layers if self.sliding_window else self.chunked_layers
+        return self.num_layers if layers is None else layers
+
+    @property
+    def local_attention(self) -> LocalAttention | None:
+        """What the ``local_layers`` see (a sliding window, or a chunk), as sim/executors/local_attention.py
+        prices it; None where every layer attends the whole context."""
+        if not self.local_layers:
+            return None
+        if self.sliding_window:
+            return LocalAttention(self.sliding_window)
+        return LocalAttention(self.attention_chunk_size, chunked=True)
 
     def kv_pages(self) -> tuple[int, int] | None:
-        """(layers a block holds, pages a logical block takes on the sliding-window layers) where the cache
-        frees sliding-window blocks as vLLM's hybrid KV cache manager does (``hybrid_kv``); None where every
-        layer keeps every token. vLLM groups the layers of each kind into groups of one size g: the smaller
+        """(layers a block holds, pages a logical block takes on the local-attention layers) where the cache
+        frees their blocks as vLLM's hybrid KV cache manager does (``hybrid_kv``); None where every layer
+        keeps every token. vLLM groups the layers of each kind into groups of one size g: the smaller
         kind's count, or the larger's where that is under 1.5 times it (gpt-oss: 12 and 12, g = 12; Gemma-3-27B:
         10 full, 52 sliding, g = 10 and six sliding groups, the last padded); a block is a page of one group.
         kvsim keeps the full layers' table as a full-attention model's, so it pages a model whose full layers
-        fill one group (all but models with 1.5 times more full layers than sliding ones) and that has full
+        fill one group (all but models with 1.5 times more full layers than local ones) and that has full
         layers at all (not Mistral-7B-v0.1's every-layer window): the others keep every token."""
-        sliding = self.windowed_layers
+        sliding = self.local_layers
         full = self.num_layers - sliding
         if not self.hybrid_kv or not sliding or not full:
             return None
@@ -596,6 +623,18 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
                     experts_per_token=4, sliding_window=128, sliding_layers=layers // 2, dtype="bf16",
                     weight_dtype="mxfp4", weight_group_size=32, weight_scope="experts")
        for name, layers, experts in (("gpt-oss-20b", 24, 32), ("gpt-oss-120b", 36, 128))},
+    # meta-llama/Llama-4-Scout-17B-16E and -Maverick-17B-128E config.json (text_config; the vision tower is not
+    # priced): 16 or 128 experts of 8,192, one a token, beside a shared expert of 8,192 on every expert layer
+    # (Maverick's every other layer, interleave_moe_layer_step 2; the others dense, intermediate_size_mlp
+    # 16,384); three of every four layers (the RoPE ones) attend within chunks of 8,192 tokens, the fourth the
+    # whole context; "109B" / "400B" parameters, "17B active" (the model card, the vision tower included)
+    "llama-4-scout-17b-16e": _llama("llama-4-scout-17b-16e", 48, 5120, 40, 8, 8192, 202048, 10485760, head_dim=128,
+                                    num_experts=16, experts_per_token=1, shared_expert_size=8192,
+                                    attention_chunk_size=8192, chunked_layers=36),
+    "llama-4-maverick-17b-128e": _llama("llama-4-maverick-17b-128e", 48, 5120, 40, 8, 8192, 202048, 1048576,
+                                        head_dim=128, num_experts=128, experts_per_token=1, shared_expert_size=8192,
+                                        dense_layers=24, dense_intermediate_size=16384, attention_chunk_size=8192,
+                                        chunked_layers=36),
     # A toy shape for running the real backend on a CPU: 2 layers, hidden 256, 4 heads, 2 KV heads
     "tiny-llama": _llama("tiny-llama", 2, 256, 4, 2, 512, 1024, 4096),
     # A toy of Gemma's layout for tests and fuzzing: 4 layers, the first three attending a 64-token sliding window

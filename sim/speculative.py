@@ -163,7 +163,7 @@ def draft_model_problem(draft: ModelSpec, target: ModelSpec, tensor_parallel: in
     if abs(draft.vocab_size - target.vocab_size) > VOCAB_PADDING:
         return (f"{draft.name} has a vocabulary of {draft.vocab_size:,} tokens, the target {target.name} "
                 f"{target.vocab_size:,}: a draft model must share the target's tokenizer")
-    if draft.windowed_layers:
+    if draft.local_layers:
         return (f"{draft.name} has sliding-window layers: a draft model's passes are priced from context sums, "
                 "which a window does not keep; draft with a full-attention model, or use eagle or ngram")
     why = draft.tensor_parallel_problem(tensor_parallel)

@@ -169,10 +169,10 @@ def test_kv_size_of_a_config_file(tmp_path):
     path.write_text(json.dumps({**cfg, "use_sliding_window": True, "sliding_window": 4096}))
     d = json.loads(kvsim("kv-size", "--model", str(path), "--seq-len", "10000", "--json").stdout)
     assert d["bytes_per_sequence"] == 57_344 * 10_000
-    assert (d["sliding_window"], d["sliding_layers"]) == (4096, 28)
+    assert (d["local_attention"], d["local_span"], d["local_layers"]) == ("sliding_window", 4096, 28)
     assert d["bytes_per_sequence_window_only"] == 28 * 4096 * 2 * 4 * 128 * 2 == 234_881_024
     text = kvsim("kv-size", "--model", str(path), "--seq-len", "10000").stdout
-    assert "sliding window: 4,096 tokens on 28 of 28 layers" in text and "against 0.235 GB with the window's" in text
+    assert "sliding window: 4,096 tokens on 28 of 28 layers" in text and "against 0.235 GB with what a query" in text
 
 
 def test_kv_size_unknown_model():

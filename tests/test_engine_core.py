@@ -17,7 +17,7 @@ from result_compare import assert_same, assert_same_outcome, off_and_on, same_cl
 from test_multi_step import NOT_COMPARABLE, STRESS
 
 import sim.engine_core as engine_core
-from sim.fuzz import draw_scenario
+from sim.fuzz import LOCAL_KEYS, draw_scenario
 from sim.metrics import Columns
 from sim.native import native
 from sim.runner import run_scenario
@@ -290,8 +290,9 @@ def _into_core(data: dict, samples: bool = True) -> dict:
         d["scheduler"]["policy"] = "fcfs"
     d["scheduler"]["batching"] = "continuous"
     d["kv_cache"].update(allocator="paged")   # prefix caching as drawn: unhit without shared prefixes
-    if d.get("model") == "tiny-gemma":   # (sliding-window layers run step by step in the SimPy loop)
-        d["model"] = "tiny-llama"
+    model = d.get("model")   # (local-attention layers run step by step in the SimPy loop)
+    if isinstance(model, dict) and model.get("name") == "tiny-gemma":
+        d["model"] = {k: v for k, v in model.items() if k not in LOCAL_KEYS} | {"name": "tiny-llama"}
     work = d["workload"]   # (a client limit, as drawn: the core runs it too)
     for r in work.get("requests", []):
         for key in ("beam_width", "prefix_group", "prefix_len", *(() if samples else ("n",))):

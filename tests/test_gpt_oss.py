@@ -40,7 +40,7 @@ def test_presets_against_the_card():
     # the card's active figures (3.6B, 5.1B) leave out the input embedding (a lookup), which kvsim counts
     for spec, active in ((small, 3.6e9), (big, 5.1e9)):
         assert spec.activated_params() - 201088 * 2880 == pytest.approx(active, rel=0.01)
-    assert (small.windowed_layers, big.windowed_layers, small.kv_pages()) == (12, 18, (12, 1))
+    assert (small.local_layers, big.local_layers, small.kv_pages()) == (12, 18, (12, 1))
 
 
 def test_the_config_gives_the_preset():

@@ -75,8 +75,10 @@ def test_a_multimodal_config_reads_its_text_model():
      "first_k_dense_replace: no layer is left a mixture of experts"),
     (lambda c: c.update(num_experts=8, num_experts_per_tok=2, mlp_only_layers=list(range(32))),
      "mlp_only_layers: no layer is left a mixture of experts"),
-    (lambda c: c.update(interleave_moe_layer_step=2), "interleave_moe_layer_step: experts on one layer in 2"),
-    (lambda c: c.update(attention_chunk_size=1024), "attention_chunk_size: attention over local chunks of 1024"),
+    (lambda c: c.update(attention_chunk_size="1024"), "attention_chunk_size: the chunk must be a positive integer"),
+    (lambda c: c.update(attention_chunk_size=1024, no_rope_layers=[2] * 32), "no_rope_layers: expected a 0 or 1"),
+    (lambda c: c.update(layer_types=["sliding_attention"] * 32), "sliding_window: layer_types names sliding_attention "
+                                                                  "layers, but the config gives no window"),
 ])
 def test_bad_configs_name_the_key(edit, message):
     cfg = dict(LLAMA_2_7B)
@@ -210,7 +212,7 @@ PHI_3_MINI_4K = {"model_type": "phi3", "hidden_size": 3072, "intermediate_size":
 ])
 def test_a_sliding_window_is_read_with_the_layers_it_covers(cfg, window, sliding):
     spec = spec_from_hf_config(cfg, "x")
-    assert (spec.sliding_window, spec.windowed_layers) == (window, sliding)
+    assert (spec.sliding_window, spec.local_layers) == (window, sliding)
     # the KV cache keeps every layer's tokens: the bytes a token are the full-attention model's
     full = spec_from_hf_config({**cfg, "sliding_window": None, "layer_types": None}, "x")
     assert spec.kv_bytes_per_token() == full.kv_bytes_per_token() and spec.num_params() == full.num_params()
@@ -228,9 +230,11 @@ def test_sliding_window_configs_give_the_presets():
     ({**MISTRAL_7B_V01, "sliding_window": -1}, "sliding_window: the window must be a positive integer (or null), "
                                                "got -1"),
     ({**MISTRAL_7B_V01, "sliding_window": True}, "sliding_window: the window must be a positive integer"),
-    ({**GEMMA_3_4B, "layer_types": ["sliding_attention", "chunked_attention"] * 17},
-     "layer_types: chunked_attention layers are not modelled by kvsim (a transformer of full-attention and "
-     "sliding-window layers is)"),
+    ({**GEMMA_3_4B, "layer_types": ["sliding_attention", "linear_attention"] * 17},
+     "layer_types: linear_attention layers are not modelled by kvsim (a transformer of full-attention, "
+     "sliding-window and chunked layers is)"),
+    ({**GEMMA_3_4B, "sliding_window": None, "layer_types": ["full_attention", "chunked_attention"] * 17},
+     "attention_chunk_size: layer_types names chunked_attention layers, but the config gives no chunk"),
     ({**QWEN_2_5_7B, "use_sliding_window": True, "sliding_window": 4096, "max_window_layers": -2},
      "max_window_layers: expected a layer count, got -2"),
     ({**GEMMA_3_4B, "layer_types": None, "sliding_window_pattern": 0}, "sliding_window_pattern: sliding window "
@@ -292,3 +296,30 @@ def test_shared_experts_and_dense_layers_from_a_config():
     # every other layer past the first 3: 3 dense + layers 3, 5, ..., 25 (12 odd) dense of the 24 past them
     sparse = spec_from_hf_config({**deepseek, "first_k_dense_replace": 3, "moe_layer_freq": 2}, "d")
     assert sparse.dense_layers == 3 + 12
+
+
+# meta-llama/Llama-4-Scout-17B-16E and -Maverick-17B-128E config.json (text_config, the keys that matter)
+LLAMA_4_SCOUT = {"model_type": "llama4_text", "hidden_size": 5120, "intermediate_size": 8192,
+                 "intermediate_size_mlp": 16384, "num_attention_heads": 40, "num_hidden_layers": 48,
+                 "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 202048, "max_position_embeddings": 10485760,
+                 "num_local_experts": 16, "num_experts_per_tok": 1, "interleave_moe_layer_step": 1,
+                 "attention_chunk_size": 8192, "tie_word_embeddings": False,
+                 "no_rope_layers": [1, 1, 1, 0] * 12, "moe_layers": list(range(48))}
+LLAMA_4_MAVERICK = {**LLAMA_4_SCOUT, "num_local_experts": 128, "interleave_moe_layer_step": 2,
+                    "max_position_embeddings": 1048576, "moe_layers": list(range(1, 48, 2))}
+
+
+def test_llama4_configs_give_the_presets():
+    # the wrapper's text_config; the RoPE layers (1 in no_rope_layers) attend within chunks of 8,192
+    assert spec_from_hf_config({"model_type": "llama4", "text_config": LLAMA_4_SCOUT},
+                               "llama-4-scout-17b-16e") == MODEL_PRESETS["llama-4-scout-17b-16e"]
+    maverick = spec_from_hf_config(LLAMA_4_MAVERICK, "llama-4-maverick-17b-128e")
+    assert maverick == MODEL_PRESETS["llama-4-maverick-17b-128e"]
+    # without the lists: every interleave_moe_layer_step-th layer has experts, every fourth attends it all
+    bare = {k: v for k, v in LLAMA_4_MAVERICK.items() if k not in ("moe_layers", "no_rope_layers")}
+    assert spec_from_hf_config(bare, "llama-4-maverick-17b-128e") == maverick
+    assert (maverick.dense_layers, maverick.dense_intermediate_size, maverick.shared_expert_size) == (24, 16384, 8192)
+    # cards: 109B and 400B parameters (the vision tower, about 1B, not priced here), 17B active
+    assert MODEL_PRESETS["llama-4-scout-17b-16e"].num_params() == pytest.approx(108e9, rel=0.01)
+    assert maverick.num_params() == pytest.approx(400e9, rel=0.01)
+    assert maverick.activated_params() == pytest.approx(17e9, rel=0.02)

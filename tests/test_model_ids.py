@@ -16,6 +16,11 @@ WORK = {"requests": [{"prompt_len": 5, "output_len": 2}]}
 @pytest.mark.parametrize("model_id, preset", [
     ("meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b"), ("Qwen/Qwen2.5-7B-Instruct", "qwen2.5-7b"),
     ("mistralai/Mixtral-8x7B-Instruct-v0.1", "mixtral-8x7b"), ("LLAMA-2-7B", "llama-2-7b"),
+    # a version named by a preset of its own is that one (v0.1's sliding window; v0.2 and v0.3 are mistral-7b)
+    ("mistralai/Mistral-7B-v0.1", "mistral-7b-v0.1"), ("mistralai/Mistral-7B-Instruct-v0.1", "mistral-7b-v0.1"),
+    ("mistralai/Mistral-7B-Instruct-v0.3", "mistral-7b"), ("google/gemma-3-27b-it", "gemma-3-27b"),
+    ("google/gemma-2-9b-it", "gemma-2-9b"), ("openai/gpt-oss-120b", "gpt-oss-120b"),
+    ("meta-llama/Llama-4-Scout-17B-16E-Instruct", "llama-4-scout-17b-16e"),
 ])
 def test_a_presets_hub_id_is_the_preset(model_id, preset):
     assert ModelSpec.from_name(model_id) is ModelSpec.from_name(preset)

@@ -8,8 +8,8 @@ import pytest
 
 from sim.errors import KvsimError
 from sim.executors.cost_model import CostModelExecutor
+from sim.executors.local_attention import LocalAttention, chunk_pairs, window_pairs
 from sim.executors.roofline import CostParams
-from sim.executors.sliding_window import window_pairs, window_stats
 from sim.runner import run_scenario
 from sim.scenario import scenario_from_dict
 from sim.sched.plan import ScheduledRequest, StepPlan
@@ -31,13 +31,24 @@ def test_window_pairs_count_each_query_against_its_window(window):
             assert window_pairs(n, c, window) == brute, (n, c)
 
 
+@pytest.mark.parametrize("chunk", [1, 3, 16, 64])
+def test_chunk_pairs_count_each_query_against_its_chunk(chunk):
+    for c in range(0, 150, 7):
+        for n in range(1, 150, 5):
+            brute = sum(p - (p // chunk) * chunk + 1 for p in range(c, c + n))
+            assert chunk_pairs(n, c, chunk) == brute, (n, c)
+
+
 def test_a_wide_window_is_the_full_attention():
     # a window no context reaches: every figure is the full layers' (n c + n (n + 1) / 2, c, c + 1)
     entries = [ScheduledRequest(0, 100, 900, []), ScheduledRequest(1, 1, 499, []), ScheduledRequest(2, 1, 7, [])]
-    assert window_stats(entries, 10_000) == (500 + 8, 100 * 900 + 5050, 900)
+    assert LocalAttention(10_000).step_stats(entries) == (500 + 8, 100 * 900 + 5050, 900)
     # a window of 64: the chunk's first query sees 63 cached tokens, each of its 100 queries 64 keys; the
     # decodes read 64 and 8 keys
-    assert window_stats(entries, 64) == (64 + 8, 100 * 64, 63)
+    assert LocalAttention(64).step_stats(entries) == (64 + 8, 100 * 64, 63)
+    # chunks of 256: the chunk's first query (at 900) is in the chunk from 768, so it sees 132 cached tokens,
+    # and the queries 900 .. 999 see 133 .. 232 keys; the decodes at 499 and 7 see 244 and 8 keys
+    assert LocalAttention(256, chunked=True).step_stats(entries) == (244 + 8, sum(range(133, 233)), 132)
 
 
 def _attention(plan: StepPlan, model: ModelSpec, engine: bool = False) -> float:
@@ -92,10 +103,10 @@ def test_presets_against_the_model_cards():
     for name, params in cards.items():
         assert ModelSpec.from_name(name).num_params() == pytest.approx(params, rel=0.005), name
     # Gemma 3: 5 of every 6 layers slide (62 layers: 52); Gemma 2: every other (46: 23)
-    assert ModelSpec.from_name("google/gemma-3-27b-it").windowed_layers == 62 - 62 // 6 == 52
-    assert ModelSpec.from_name("google/gemma-2-27b-it").windowed_layers == 23
-    assert ModelSpec.from_name("mistralai/Mistral-7B-Instruct-v0.1").windowed_layers == 32
-    assert ModelSpec.from_name("mistralai/Mistral-7B-Instruct-v0.2").windowed_layers == 0
+    assert ModelSpec.from_name("google/gemma-3-27b-it").local_layers == 62 - 62 // 6 == 52
+    assert ModelSpec.from_name("google/gemma-2-27b-it").local_layers == 23
+    assert ModelSpec.from_name("mistralai/Mistral-7B-Instruct-v0.1").local_layers == 32
+    assert ModelSpec.from_name("mistralai/Mistral-7B-Instruct-v0.2").local_layers == 0
 
 
 def _scenario(model, **extra) -> dict:
@@ -154,9 +165,39 @@ def test_an_eagle_head_of_a_windowed_target_attends_the_whole_context():
 
     cfg = SpeculativeConfig(method="eagle", num_speculative_tokens=2, acceptance_rate=0.6)
     head = drafter_model(cfg, WINDOWED)
-    assert head.num_layers == 1 and head.windowed_layers == 0
+    assert head.num_layers == 1 and head.local_layers == 0
     run = run_scenario(scenario_from_dict(_scenario(WINDOWED.model_dump(), kv_cache={"hybrid_manager": False,
                                                                                      "num_gpu_blocks": 2000},
                                                     speculative={"method": "eagle", "num_speculative_tokens": 2,
                                                                  "acceptance_rate": 0.6})), check_integrity=True)
     assert run.summary["num_finished"] == 60
+
+
+def test_chunked_layers_read_their_chunk():
+    # Mistral-7B's shapes with 24 of 32 layers attending within chunks of 256 (Llama 4's kind): a decode at
+    # context 1,000 (position 1,000, in the chunk from 768) reads 233 keys there, 1,001 on the full layers
+    chunked = MISTRAL.model_copy(update={"attention_chunk_size": 256, "chunked_layers": 24})
+    qo = 2 * 4096 * 2 + 4096
+    full = (1001 * 4096 + qo) / 3.35e12
+    local = (233 * 4096 + qo) / 3.35e12
+    plan = StepPlan(scheduled=[ScheduledRequest(0, 1, 1000, [])])
+    assert _attention(plan, chunked) == pytest.approx(8 * full + 24 * local, rel=1e-12)
+    # a chunk of 512 new tokens after 1,000 cached: the queries 1,000 .. 1,023 see 233 .. 256 keys (the chunk
+    # from 768), those from 1,024 on start a chunk of their own: 1 .. 256, then 1 .. 232; 232 cached tokens read
+    flops = 4 * 128 * 32
+    new = 512 * (2 * 4096 * 2 + 4096)
+    pairs = sum(range(233, 257)) + sum(range(1, 257)) + sum(range(1, 233))
+    local = max(flops * pairs / 989e12, (new + 232 * 4096) / 3.35e12)
+    full = max(flops * (512 * 1000 + 512 * 513 // 2) / 989e12, (new + 1000 * 4096) / 3.35e12)
+    prefill = StepPlan(scheduled=[ScheduledRequest(0, 512, 1000, [])])
+    assert _attention(prefill, chunked) == pytest.approx(8 * full + 24 * local, rel=1e-12)
+
+
+def test_llama4_scout_runs_with_chunk_pages():
+    # 12 full layers and 36 chunked ones: blocks of 12 layers, three chunked groups; prompts crossing chunks
+    scout = ModelSpec.from_name("meta-llama/Llama-4-Scout-17B-16E-Instruct")
+    assert scout.kv_pages() == (12, 3)
+    data = {**_scenario("llama-4-scout-17b-16e"), "hardware": {"name": "h100-80gb", "tensor_parallel": 4}}
+    data["workload"]["synthetic"].update(num_requests=30, prompt_len={"dist": "uniform", "min": 6000, "max": 20000})
+    run = run_scenario(scenario_from_dict(data), check_integrity=False)
+    assert run.summary["num_finished"] == 30 and not run.profile.get("compiled_core")

@@ -9,6 +9,7 @@ import random
 import pytest
 
 from sim.errors import KvsimError
+from sim.executors.local_attention import LocalAttention
 from sim.kv.window_pages import WindowedKVCacheManager
 from sim.request import Request
 from sim.runner import gpu_blocks, run_scenario
@@ -31,7 +32,8 @@ def _step(mgr: WindowedKVCacheManager, req: Request, n: int) -> bool:
 
 def test_pages_follow_the_window_by_hand():
     # blocks of 4 tokens, a window of 8, two sliding groups: a logical block in the window takes 2 pages
-    mgr = WindowedKVCacheManager(num_blocks=100, block_size=4, window=8, sliding_groups=2, chunk=1000)
+    mgr = WindowedKVCacheManager(num_blocks=100, block_size=4, local=LocalAttention(8), sliding_groups=2,
+                                 step_tokens=1000)
     r = _req(0, 10, 20)
     assert _step(mgr, r, 10)   # 10 tokens: 3 table blocks, and all 3 blocks' pages (the prefill saw them all)
     assert mgr.pool.num_used == 3 + 2 * 3
@@ -51,18 +53,22 @@ def test_pages_follow_the_window_by_hand():
     mgr.check_integrity()
 
 
-def _reference_pages(computed: int, end: int, window: int, bs: int, groups: int) -> int:
+def _reference_pages(computed: int, end: int, span: int, chunked: bool, bs: int, groups: int) -> int:
     """Pages a step from ``computed`` to ``end`` tokens holds: each logical block below ``end`` with a token the
-    next query (at position ``computed``) can still see, ``groups`` pages each."""
-    visible_from = computed - window + 1
-    return groups * sum(1 for k in range(-(-end // bs)) if (k + 1) * bs - 1 >= visible_from)
+    next query (at position ``computed``) can still see (the ``span`` tokens up to it, or its chunk of
+    ``span``), ``groups`` pages each."""
+    seen = {t for t in range(computed + 1) if (t // span == computed // span if chunked else computed - t < span)}
+    return groups * sum(1 for k in range(-(-end // bs)) if any(k * bs <= t < (k + 1) * bs for t in seen)
+                        or k * bs > computed)
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_pages_against_a_reference_rule(seed):
+@pytest.mark.parametrize("chunked", [False, True])
+def test_pages_against_a_reference_rule(seed, chunked):
     rng = random.Random(seed)
-    bs, window, groups = rng.choice([4, 8, 16]), rng.randint(1, 70), rng.randint(1, 4)
-    mgr = WindowedKVCacheManager(num_blocks=10_000, block_size=bs, window=window, sliding_groups=groups, chunk=64)
+    bs, span, groups = rng.choice([4, 8, 16]), rng.randint(1, 70), rng.randint(1, 4)
+    mgr = WindowedKVCacheManager(num_blocks=10_000, block_size=bs, local=LocalAttention(span, chunked),
+                                 sliding_groups=groups, step_tokens=64)
     reqs = [_req(i, rng.randint(1, 150), rng.randint(1, 80)) for i in range(5)]
     live = list(reqs)
     while live:
@@ -74,7 +80,7 @@ def test_pages_against_a_reference_rule(seed):
         c = r.num_computed_tokens
         assert _step(mgr, r, n)
         table = -(-(c + n) // bs)
-        assert len(mgr.window_pages[r.req_id]) == _reference_pages(c, c + n, window, bs, groups)
+        assert len(mgr.window_pages[r.req_id]) == _reference_pages(c, c + n, span, chunked, bs, groups)
         assert len(mgr.block_tables[r.req_id]) == table
         if r.num_computed_tokens >= r.prompt_len + r.output_len - 1 or rng.random() < 0.02:
             mgr.free(r)   # finished, or preempted (by recompute: it starts again)
@@ -87,7 +93,8 @@ def test_pages_against_a_reference_rule(seed):
 
 
 def test_a_step_that_does_not_fit_takes_nothing():
-    mgr = WindowedKVCacheManager(num_blocks=8, block_size=4, window=8, sliding_groups=2, chunk=1000)
+    mgr = WindowedKVCacheManager(num_blocks=8, block_size=4, local=LocalAttention(8), sliding_groups=2,
+                                 step_tokens=1000)
     r = _req(0, 12, 4)
     assert not mgr.allocate_slots(r, 12)   # 3 table blocks and 6 pages: 9 > 8
     assert mgr.pool.num_used == 0 and r.req_id not in mgr.window_pages
@@ -102,12 +109,14 @@ def test_a_step_that_does_not_fit_takes_nothing():
 def test_what_can_ever_fit_counts_the_window_of_a_chunk():
     # vLLM's bound: a step computes at most the chunk and sees window - 1 tokens before it: ceil((8 - 1 + 16) /
     # 4) + 1 = 7 logical blocks of pages at most, below a request's own 12 blocks
-    mgr = WindowedKVCacheManager(num_blocks=12 + 2 * 7, block_size=4, window=8, sliding_groups=2, chunk=16)
+    mgr = WindowedKVCacheManager(num_blocks=12 + 2 * 7, block_size=4, local=LocalAttention(8), sliding_groups=2,
+                                 step_tokens=16)
     assert mgr.window_blocks_max(48) == 7
     assert mgr.can_ever_fit(_req(0, 40, 9))   # 48 KV tokens
     assert not mgr.can_ever_fit(_req(1, 41, 9))
     # without chunks a prompt is one step: all of its blocks' pages
-    whole = WindowedKVCacheManager(num_blocks=100, block_size=4, window=8, sliding_groups=2, chunk=48)
+    whole = WindowedKVCacheManager(num_blocks=100, block_size=4, local=LocalAttention(8), sliding_groups=2,
+                                   step_tokens=48)
     assert whole.window_blocks_max(48) == 12
 
 

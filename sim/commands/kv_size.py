@@ -76,27 +76,30 @@ def kv_size(model: ModelSpec, seq_len: int, dtype: str, block_size: int) -> dict
 
 def pages_per_sequence(model: ModelSpec, seq_len: int, block_size: int) -> int:
     """Blocks a sequence of ``seq_len`` tokens holds once its last token is computed: its table, and under
-    sliding-window pages its window's (sim/kv/window_pages.py)."""
+    window pages those of what its next query sees (sim/kv/window_pages.py)."""
     table = -(-seq_len // block_size)
     pages = model.kv_pages()
     if pages is None:
         return table
-    first = max(0, seq_len - 1 - model.sliding_window + 1) // block_size
+    first = model.local_attention.first_visible(seq_len - 1) // block_size
     return table + pages[1] * (table - first)
 
 
 def _window_sizes(model: ModelSpec, seq_len: int, dtype: str) -> dict:
-    """A sliding-window model's window, its layers, the pages' group, and the bytes a sequence's KV takes with
-    every token of every layer kept (vLLM's --disable-hybrid-kv-cache-manager) and kept for the window only
-    on the sliding layers (its hybrid manager, to the token); nothing for other models."""
-    sliding = model.windowed_layers
-    if not sliding:
+    """A local-attention model's kind (sliding_window or chunked), span and layers, the pages' group, and the
+    bytes a sequence's KV takes with every token of every layer kept (vLLM's --disable-hybrid-kv-cache-manager)
+    and kept on the local layers only for what the next query sees (its hybrid manager, to the token);
+    nothing for other models."""
+    local = model.local_attention
+    if local is None:
         return {}
     per_layer = model.kv_bytes_per_token(dtype) // model.num_layers
-    window_only = per_layer * ((model.num_layers - sliding) * seq_len + sliding * min(seq_len, model.sliding_window))
+    seen = seq_len - local.first_visible(seq_len - 1)
+    layers = model.local_layers
+    window_only = per_layer * ((model.num_layers - layers) * seq_len + layers * seen)
     pages = model.kv_pages()
-    return {"sliding_window": model.sliding_window, "sliding_layers": sliding,
-            "layers_per_block": pages[0] if pages else model.num_layers,
+    return {"local_attention": "chunked" if local.chunked else "sliding_window", "local_span": local.span,
+            "local_layers": layers, "layers_per_block": pages[0] if pages else model.num_layers,
             "bytes_per_sequence_all_layers": per_layer * model.num_layers * seq_len,
             "bytes_per_sequence_window_only": window_only,
             "bytes_per_sequence_kept": window_only if pages else per_layer * model.num_layers * seq_len}
@@ -209,19 +212,20 @@ def main(args: argparse.Namespace) -> int:
               f"head_dim x {DTYPE_BYTES[args.dtype]} bytes ({args.dtype}) x 2 (K and V)")
     for name, b in rows:
         print(f"  {name:<34} {b:>18,d} bytes  {b / GiB:>10.3f} GiB  {b / 1e9:>10.3f} GB")
-    if "sliding_window" in info:
-        print(f"  sliding window: {model.sliding_window:,} tokens on {info['sliding_layers']} of {model.num_layers} "
-              "layers; their attention reads the window")
+    if "local_attention" in info:
+        kind = "chunked attention, chunks of" if info["local_attention"] == "chunked" else "sliding window:"
+        print(f"  {kind} {info['local_span']:,} tokens on {info['local_layers']} of {model.num_layers} layers; "
+              "their attention reads what a query sees")
         alone, whole = info["bytes_per_sequence_window_only"], info["bytes_per_sequence_all_layers"]
         if model.kv_pages():
-            print(f"  their blocks leave the cache with the window (vLLM's hybrid KV cache manager): a block holds "
+            print(f"  their blocks leave the cache when no query sees them (vLLM's hybrid KV cache manager): a block holds "
                   f"{info['layers_per_block']} layers, a {args.seq_len:,}-token sequence {alone / 1e9:.3f} GB of KV "
                   f"against {whole / 1e9:.3f} GB with every token kept (--disable-hybrid-kv-cache-manager)")
         else:
             why = ("kvsim pages only models whose full-attention layers fill one group of layers" if model.hybrid_kv
                    else "--disable-hybrid-kv-cache-manager")
             print(f"  every layer keeps every token ({why}): {whole / 1e9:.3f} GB a {args.seq_len:,}-token sequence, "
-                  f"against {alone / 1e9:.3f} GB with the window's alone (vLLM's hybrid KV cache manager)")
+                  f"against {alone / 1e9:.3f} GB with what a query sees alone (vLLM's hybrid KV cache manager)")
     if model.num_experts:
         print(f"  parameters: {info['params'] / 1e9:,.2f} B, {info['activated_params'] / 1e9:,.2f} B a token "
               f"({model.experts_per_token} of {model.num_experts} experts)")

@@ -79,7 +79,6 @@ from sim.executors.roofline import (
     grouped_gemm_time_scalar,
 )
 from sim.executors.shape_correction import check as check_correction
-from sim.executors.sliding_window import lane_decode_keys, window_stats
 from sim.native import native
 from sim.sched.plan import LaneEntries, StepPlan, StepResult
 from sim.specs import HardwareSpec, ModelSpec
@@ -183,9 +182,10 @@ class CostModelExecutor:
         self._gemm_peak = (hardware.peak_flops_fp8 if model.dtype == "fp8" and hardware.peak_flops_fp8
                            else hardware.peak_flops)
         self._layers = model.num_layers
-        # sliding-window attention: these layers' attention reads the window (sim/executors/sliding_window.py),
-        # step by step: no decode runs, no compiled core (both price from context sums alone)
-        self._window, self._win_layers = model.sliding_window, model.windowed_layers
+        # local attention (a sliding window, or a chunk): these layers' attention reads only what their queries
+        # see (sim/executors/local_attention.py), step by step: no decode runs, no compiled core (both price
+        # from context sums alone)
+        self._local, self._win_layers = model.local_attention, model.local_layers
         self._full_layers = self._layers - self._win_layers
         if self._win_layers:
             self.supports_decode_runs = False
@@ -324,7 +324,7 @@ class CostModelExecutor:
                      win: tuple[int, int, int] | None = None) -> StepResult:
         """``spec``: (draft tokens verified, the draft passes' seconds) of a step that verifies drafts; its
         verifying sequences are among the decodes (``dec_seqs``, ``dec_ctx`` counting their new tokens).
-        ``win``: the sliding-window layers' (decode keys, prefill cached tokens, prefill pairs); None: every
+        ``win``: the local-attention layers' (decode keys, prefill cached tokens, prefill pairs); None: every
         layer attends the whole context."""
         e = self.engine
         linear, comm, elementwise, k_attn, cpu = self._engine_fixed(tokens, seqs, pre_new > 0)
@@ -335,7 +335,7 @@ class CostModelExecutor:
         per_layer = self._engine_attention(pre_new, pre_ctx, pairs, dec_seqs, dec_ctx, queries, k_attn)
         if win is None:
             attention = self._layers * per_layer
-        else:   # the sliding-window layers' attention over their windows
+        else:   # the local-attention layers' attention over what they see
             attention = self._full_layers * per_layer + self._win_layers * self._engine_attention(
                 pre_new, win[1], win[2], dec_seqs, win[0], queries, k_attn)
         gpu = linear + attention + elementwise + comm + e.sampler_s
@@ -680,12 +680,12 @@ class CostModelExecutor:
         dec_seqs = dec_ctx = 0
         entries = plan.scheduled
         win = None
-        lane_keys = 0   # (a lane's decode keys over the window, on a sliding-window model)
+        lane_keys = 0   # (a lane's decode keys on the local-attention layers, where the model has them)
         if type(entries) is LaneEntries:   # a decode lane: its size and context sum (all contexts > 0)
             tokens = seqs = dec_seqs = len(entries.ids)
             dec_ctx = entries.ctx_sum + dec_seqs
             if self._win_layers:
-                lane_keys = lane_decode_keys(entries.ctx, self._window)
+                lane_keys = self._local.lane_decode_keys(entries.ctx)
             entries = entries.rest
         drafts = ver_seqs = ver_ctx = 0
         for s in entries:
@@ -705,8 +705,8 @@ class CostModelExecutor:
                 pre_new += n
                 pre_ctx += c
                 pairs += n * c + n * (n + 1) // 2
-        if self._win_layers:   # (decode keys, prefill cached tokens, prefill pairs) over the window
-            w_dec, w_pairs, w_cached = window_stats(entries, self._window)
+        if self._win_layers:   # (decode keys, prefill cached tokens, prefill pairs) the local layers see
+            w_dec, w_pairs, w_cached = self._local.step_stats(entries)
             win = (lane_keys + w_dec, w_cached, w_pairs)
         spec = None   # (every step of a speculating engine has a draft part, so that its table has the column)
         if self.drafter is not None:
@@ -726,7 +726,7 @@ class CostModelExecutor:
             per_layer = self._operator_attention(pre_new, pre_ctx, pairs, dec_seqs, dec_ctx, dec_seqs + drafts)
             if win is None:
                 attention = self._layers * (per_layer + dec_seqs * self._attn_seq + (seqs - dec_seqs) * self._attn_pre_seq)
-            else:   # the sliding-window layers' attention over their windows
+            else:   # the local-attention layers' attention over what they see
                 per_seq = dec_seqs * self._attn_seq + (seqs - dec_seqs) * self._attn_pre_seq
                 windowed = self._operator_attention(pre_new, win[1], win[2], dec_seqs, win[0], dec_seqs + drafts)
                 attention = self._full_layers * (per_layer + per_seq) + self._win_layers * (windowed + per_seq)

@@ -9,10 +9,10 @@ from sim.kv.window_pages import WindowedKVCacheManager
 
 
 def make_kv_manager(kv_config, num_gpu_blocks: int, num_cpu_blocks: int, max_model_len: int,
-                    host_blocks: int = 0, window: tuple[int, int, int] | None = None) -> KVCacheManager:
+                    host_blocks: int = 0, window: tuple | None = None) -> KVCacheManager:
     """The KV manager a scenario's ``kv_cache`` section asks for (``host_blocks``: its prefix cache's host tier,
-    sim/kv/host_tier.py; ``window``: a model's sliding window, its pages a logical block and the most tokens a
-    step computes, for sliding-window pages, sim/kv/window_pages.py)."""
+    sim/kv/host_tier.py; ``window``: what a model's local layers see, their pages a logical block and the most
+    tokens a step computes, for window pages, sim/kv/window_pages.py)."""
     if kv_config.allocator != "paged":
         return ContiguousKVManager(num_gpu_blocks, kv_config.block_size, kv_config.allocator, max_model_len)
     if window is not None:

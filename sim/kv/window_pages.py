@@ -1,19 +1,20 @@
-"""WindowedKVCacheManager: the paged cache of a model with sliding-window layers, as vLLM's hybrid KV cache
-manager keeps it.
+"""WindowedKVCacheManager: the paged cache of a model with local-attention layers (a sliding window, or
+Llama 4's chunks), as vLLM's hybrid KV cache manager keeps it.
 
 vLLM groups a model's layers into groups of equal size g (``ModelSpec.kv_pages``): one group of its full-
-attention layers and ``sliding_groups`` of its sliding-window ones (Gemma-3-27B: 10 full and 52 sliding
+attention layers and ``sliding_groups`` of its local ones (Gemma-3-27B: 10 full and 52 sliding-window
 layers, groups of 10: one full group and six sliding ones, the last padded). A block (a page) holds
 ``block_size`` tokens of one group's layers, so the pool has L / g times the blocks a block of every layer
 would give. A request's table is the full group's, as a full-attention model's is (prefix cache, copy
-counts and all); beside it each sliding group holds pages only for the logical blocks the window still
-reaches:
+counts and all); beside it each local group holds pages only for the logical blocks the next query still
+sees:
 
     computed c tokens, computing n more:   pages for logical blocks  first .. ceil((c + n) / bs) - 1,
-                                           first = max(0, c - window + 1) // bs
+                                           first = first_visible(c) // bs
+                                           (a window W: max(0, c - W + 1); chunks of C: (c // C) x C)
 
 (vLLM's ``remove_skipped_blocks``, run before a step allocates: the blocks before ``first`` leave the
-window and are freed, then the step's new blocks are taken). A step that cannot have both its table's
+window and are freed, then the step's new blocks are taken; sim/executors/local_attention.py). A step that cannot have both its table's
 blocks and its window's pages fails as a whole, as in vLLM; the pages that left the window are freed
 either way.
 
@@ -33,20 +34,21 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from sim.executors.local_attention import LocalAttention
 from sim.kv.manager import KVCacheManager
 from sim.request import Request
 
 
 class WindowedKVCacheManager(KVCacheManager):
-    """The paged manager with each request's sliding-window pages beside its table (the module docstring).
-    ``window``: the sliding window in tokens; ``sliding_groups``: pages a logical block takes in the window;
-    ``chunk``: the most tokens one step computes for a request (the prefill budget, else its whole KV), for
+    """The paged manager with each request's window pages beside its table (the module docstring). ``local``:
+    what the local layers see; ``sliding_groups``: pages a logical block takes in the window; ``step_tokens``:
+    the most tokens one step computes for a request (the prefill budget, else its whole KV), for
     ``can_ever_fit``."""
 
-    def __init__(self, num_blocks: int, block_size: int, window: int, sliding_groups: int, chunk: int,
-                 prefix_caching: bool = False) -> None:
+    def __init__(self, num_blocks: int, block_size: int, local: LocalAttention, sliding_groups: int,
+                 step_tokens: int, prefix_caching: bool = False) -> None:
         super().__init__(num_blocks, block_size, 0, prefix_caching)
-        self.window, self.sliding_groups, self.chunk = window, sliding_groups, chunk
+        self.local, self.sliding_groups, self.step_tokens = local, sliding_groups, step_tokens
         self.window_pages: dict[int, list[int]] = {}   # req_id -> pages, oldest logical block first
         self._window_first: dict[int, int] = {}         # req_id -> the first logical block they hold
         self._num_pages = 0
@@ -57,14 +59,14 @@ class WindowedKVCacheManager(KVCacheManager):
         """Logical blocks ``first .. stop - 1`` whose window pages a step needs, from ``computed`` tokens to
         ``end``."""
         bs = self.block_size
-        return max(0, computed - self.window + 1) // bs, -(-end // bs)
+        return self.local.first_visible(computed) // bs, -(-end // bs)
 
     def window_blocks_max(self, max_kv: int) -> int:
         """The most logical blocks a request of ``max_kv`` KV tokens ever holds window pages for: a step
-        computes at most ``chunk`` tokens, which reach back ``window - 1`` (vLLM's bound for its startup check,
-        plus a block for alignment)."""
+        computes at most ``step_tokens`` tokens, whose first query sees at most ``span - 1`` before it (vLLM's
+        bound for its startup check, plus a block for alignment)."""
         bs = self.block_size
-        return min(-(-max_kv // bs), -(-(self.window - 1 + min(self.chunk, max_kv)) // bs) + 1)
+        return min(-(-max_kv // bs), -(-(self.local.span - 1 + min(self.step_tokens, max_kv)) // bs) + 1)
 
     def can_ever_fit(self, req: Request) -> bool:
         return (self.blocks_for(req.max_kv_tokens) + self.sliding_groups * self.window_blocks_max(req.max_kv_tokens)
