@@ -52,7 +52,7 @@ def make_gpu_executor(*, model: Any, hardware: Any, config: Any, kv: Any, num_gp
     if getattr(model, "kv_lora_rank", 0):
         raise KvsimError("executor.kind", f"the GPU backend runs multi-head attention only; {model.name} has latent "
                          "attention: price it with executor.kind: cost_model")
-    if getattr(model, "windowed_layers", 0):
+    if getattr(model, "local_layers", 0):
         raise KvsimError("model.sliding_window", f"the GPU backend's kernels attend the whole context; {model.name} "
                          "has sliding-window layers: price it with executor.kind: cost_model")
     if getattr(model, "weight_dtype", None) is not None:
