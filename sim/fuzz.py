@@ -335,7 +335,7 @@ def _sliding_window(data: dict) -> None:
 
 
 def _pages_allowed(data: dict) -> bool:
-    """Whether a drawn case may keep sliding-window pages (``scenario._hybrid_manager_problem``'s settings, and
+    """Whether a drawn case may keep window pages (``scenario._hybrid_manager_problem``'s settings, and
     inline requests of one sequence each)."""
     kv, sched, work = data["kv_cache"], data["scheduler"], data["workload"]
     syn = work.get("synthetic", {})

@@ -39,6 +39,7 @@ from sim.metrics import (
 from sim.progress_bar import ProgressBar
 from sim.scenario import Scenario
 from sim.sched import make_scheduler
+from sim.sched.base import batched_tokens
 from sim.sched.records import PHASE_NAMES, TokenGaps, Transitions, intervals_frame, transition_intervals
 from sim.small_pages import small_pages
 from sim.specs import GiB, group_kv_bytes_per_block, hbm_budget, kv_capacity_blocks
@@ -159,7 +160,7 @@ def _check_sequences_supported(scn: Scenario, requests: list) -> None:
     if wide is not None and paged:
         raise KvsimError(f"{scn.source}: workload", f"request {wide.req_id} has n={wide.n}, "
                          f"beam_width={getattr(wide, 'beam_width', 1)}: forked samples and beams with "
-                         f"{scn.model_spec.name}'s sliding-window pages (vLLM's hybrid KV cache manager) are not "
+                         f"{scn.model_spec.name}'s window pages (vLLM's hybrid KV cache manager) are not "
                          "modelled; set kv_cache.hybrid_manager: false"
                          + _FANOUT_HINT * (getattr(wide, "beam_width", 1) == 1))
     if wide is not None and scn.speculative is not None:
@@ -185,9 +186,8 @@ def window_pages(scn: Scenario) -> tuple[LocalAttention, int, int] | None:
     if pages is None:
         return None
     sch = scn.scheduler
-    chunk = (sch.max_num_batched_tokens or max(model.max_model_len, 2048)) if sch.chunked_prefill \
-        else model.max_model_len
-    return model.local_attention, pages[1], chunk
+    step_tokens = batched_tokens(sch, model.max_model_len) if sch.chunked_prefill else model.max_model_len
+    return model.local_attention, pages[1], step_tokens
 
 
 def build_parts(scn: Scenario, num_gpu: int, num_cpu: int, executor: Any = None, replica_id: int = 0):

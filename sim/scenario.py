@@ -387,7 +387,7 @@ def unsupported_combination(scn: Scenario) -> tuple[str, str] | None:
 
 
 def _hybrid_manager_problem(scn: Scenario) -> tuple[str, str] | None:
-    """(key, why) where a setting meets sliding-window pages (``ModelSpec.kv_pages``), which kvsim models with
+    """(key, why) where a setting meets window pages (``ModelSpec.kv_pages``), which kvsim models with
     continuous batching on the paged allocator, preemption by recompute, one sequence a request (or samples
     fanned out as requests), a GPU-only prefix cache, no drafts, colocated engines."""
     model = scn.model_spec
@@ -408,7 +408,7 @@ def _hybrid_manager_problem(scn: Scenario) -> tuple[str, str] | None:
     if clash is None:
         return None
     key, what = clash
-    return key, (f"{what} with {model.name}'s sliding-window pages (vLLM's hybrid KV cache manager) is not "
+    return key, (f"{what} with {model.name}'s window pages (vLLM's hybrid KV cache manager) is not "
                  "modelled; set kv_cache.hybrid_manager: false to keep every layer's KV whole "
                  "(--disable-hybrid-kv-cache-manager)")
 

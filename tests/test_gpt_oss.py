@@ -1,5 +1,5 @@
 """gpt-oss: MXFP4 experts beside bf16 attention (``weight_scope: experts``), the presets against the model card
-and its config, the experts' bytes in a decode by hand, and a run on one H100 with its sliding-window pages."""
+and its config, the experts' bytes in a decode by hand, and a run on one H100 with its window pages."""
 
 from __future__ import annotations
 

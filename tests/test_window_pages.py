@@ -193,7 +193,7 @@ def test_settings_paging_does_not_model_are_refused(edit, key):
             "workload": {"requests": [{"prompt_len": 5, "output_len": 2}]}}
     for section, values in edit.items():
         data[section] = values
-    with pytest.raises(KvsimError, match=f"{key}.*sliding-window pages.*set kv_cache.hybrid_manager: false"):
+    with pytest.raises(KvsimError, match=f"{key}.*window pages.*set kv_cache.hybrid_manager: false"):
         scenario_from_dict(data)
     data["kv_cache"] = {**data.get("kv_cache", {}), "hybrid_manager": False}
     scenario_from_dict(data)   # every token kept: accepted
@@ -202,7 +202,7 @@ def test_settings_paging_does_not_model_are_refused(edit, key):
 def test_inline_forked_samples_are_refused_at_run():
     data = {"model": "tiny-gemma", "hardware": "a100-80gb", "output": {"plots": False},
             "kv_cache": {"num_gpu_blocks": 400}, "workload": {"requests": [{"prompt_len": 5, "output_len": 2, "n": 3}]}}
-    with pytest.raises(KvsimError, match="forked samples and beams with tiny-gemma's sliding-window pages"):
+    with pytest.raises(KvsimError, match="forked samples and beams with tiny-gemma's window pages"):
         run_scenario(scenario_from_dict(data))
     data["scheduler"] = {"parallel_sampling": "fanout"}   # samples as requests of their own: paged
     assert run_scenario(scenario_from_dict(data)).summary["num_finished"] == 3

@@ -52,7 +52,7 @@ def add_parser(sub) -> None:
 
 
 def kv_size(model: ModelSpec, seq_len: int, dtype: str, block_size: int) -> dict:
-    """The KV arithmetic of one sequence of ``seq_len`` tokens; under sliding-window pages (``ModelSpec.kv_pages``)
+    """The KV arithmetic of one sequence of ``seq_len`` tokens; under window pages (``ModelSpec.kv_pages``)
     a block is a page of one group of layers and a sequence holds its full layers' pages and its window's."""
     per_token = model.kv_bytes_per_token(dtype)
     blocks = pages_per_sequence(model, seq_len, block_size)

@@ -34,6 +34,10 @@ prefill attends keys of hd and values of v_head_dim a head (a cached token's lat
 priced with its bytes), its decode every head's query against one cached latent of kv_lora_rank +
 qk_rope_head_dim a token (``_attn_dec_*``: a decode's constants, a prefill's for every other model).
 
+Local attention (``ModelSpec.local_attention``: a sliding window, or Llama 4's chunks) prices its layers'
+attention over what their queries see (sim/executors/local_attention.py): ``attention`` is the full layers'
+share of the formulas above plus the local layers' with their decode keys, pairs and cached reads.
+
 Speculative decoding (sim/speculative.py): a request verifying d drafts is a decode of 1 + d queries over
 c + 1 + d tokens of KV (its 1 + d tokens in T, a row of logits each in the LM head), and the step gains a
 ``draft`` part: the drafter's k passes (sim/executors/drafter.py), part of the GPU's work.
@@ -185,9 +189,9 @@ class CostModelExecutor:
         # local attention (a sliding window, or a chunk): these layers' attention reads only what their queries
         # see (sim/executors/local_attention.py), step by step: no decode runs, no compiled core (both price
         # from context sums alone)
-        self._local, self._win_layers = model.local_attention, model.local_layers
-        self._full_layers = self._layers - self._win_layers
-        if self._win_layers:
+        self._local, self._local_layers = model.local_attention, model.local_layers
+        self._full_layers = self._layers - self._local_layers
+        if self._local_layers:
             self.supports_decode_runs = False
         self._attn_shapes = attention_shapes(model, tp)
         self._mlp_shapes = mlp_shapes(model, model.intermediate_size, tp)
@@ -239,7 +243,7 @@ class CostModelExecutor:
         self._linear_cache, self._head_cache = memo.linear, memo.head
         if engine is not None:
             self._init_engine(engine, memo)
-        self._native_consts = None if self._win_layers else self._decode_constants()
+        self._native_consts = None if self._local_layers else self._decode_constants()
 
     # ------------------------------------------------------------ engine-level terms
     def _init_engine(self, e: EngineParams, memo: PriceMemo) -> None:
@@ -336,7 +340,7 @@ class CostModelExecutor:
         if win is None:
             attention = self._layers * per_layer
         else:   # the local-attention layers' attention over what they see
-            attention = self._full_layers * per_layer + self._win_layers * self._engine_attention(
+            attention = self._full_layers * per_layer + self._local_layers * self._engine_attention(
                 pre_new, win[1], win[2], dec_seqs, win[0], queries, k_attn)
         gpu = linear + attention + elementwise + comm + e.sampler_s
         draft = 0.0
@@ -684,7 +688,7 @@ class CostModelExecutor:
         if type(entries) is LaneEntries:   # a decode lane: its size and context sum (all contexts > 0)
             tokens = seqs = dec_seqs = len(entries.ids)
             dec_ctx = entries.ctx_sum + dec_seqs
-            if self._win_layers:
+            if self._local_layers:
                 lane_keys = self._local.lane_decode_keys(entries.ctx)
             entries = entries.rest
         drafts = ver_seqs = ver_ctx = 0
@@ -705,7 +709,7 @@ class CostModelExecutor:
                 pre_new += n
                 pre_ctx += c
                 pairs += n * c + n * (n + 1) // 2
-        if self._win_layers:   # (decode keys, prefill cached tokens, prefill pairs) the local layers see
+        if self._local_layers:   # (decode keys, prefill cached tokens, prefill pairs) the local layers see
             w_dec, w_pairs, w_cached = self._local.step_stats(entries)
             win = (lane_keys + w_dec, w_cached, w_pairs)
         spec = None   # (every step of a speculating engine has a draft part, so that its table has the column)
@@ -729,7 +733,7 @@ class CostModelExecutor:
             else:   # the local-attention layers' attention over what they see
                 per_seq = dec_seqs * self._attn_seq + (seqs - dec_seqs) * self._attn_pre_seq
                 windowed = self._operator_attention(pre_new, win[1], win[2], dec_seqs, win[0], dec_seqs + drafts)
-                attention = self._full_layers * (per_layer + per_seq) + self._win_layers * (windowed + per_seq)
+                attention = self._full_layers * (per_layer + per_seq) + self._local_layers * (windowed + per_seq)
             elementwise = self._layers * (tokens * self._elem_s_per_token + self._elem_fixed)
         swap = (len(plan.blocks_to_swap_out) + len(plan.blocks_to_swap_in)) * self._swap_s_per_block
         copy = len(plan.blocks_to_copy) * self._copy_s_per_block

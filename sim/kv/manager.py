@@ -324,12 +324,12 @@ class KVCacheManager(SharingMixin):
 
     # ------------------------------------------------------------ accounting
     def window_pages_held(self) -> int:
-        """Blocks held outside the tables (sliding-window pages, sim/kv/window_pages.py): none here."""
+        """Blocks held outside the tables (window pages, sim/kv/window_pages.py): none here."""
         return 0
 
     def memory_slots(self) -> tuple[int, int, int, int, int]:
         """(token_states, reserved, internal_fragmentation, external_fragmentation, free), in token slots
-        (sliding-window pages count whole as token states)."""
+        (window pages count whole as token states)."""
         bs = self.block_size
         free = self.pool.num_free
         allocated = (self.num_blocks - free) * bs   # used = total - free

@@ -93,7 +93,7 @@ class WindowedKVCacheManager(KVCacheManager):
         """The manager's ``allocate_slots``, with the window's pages: those behind the window are freed first,
         then the step takes its table's blocks and its window's new pages, or nothing."""
         if loaded or drafts:
-            raise ValueError("sliding-window pages are not modelled with a host tier or speculative drafts")
+            raise ValueError("window pages are not modelled with a host tier or speculative drafts")
         bs = self.block_size
         hits = len(cached) if cached is not None else 0
         computed = hits * bs if hits else req.num_computed_tokens

@@ -50,6 +50,11 @@ class StepStats:
     num_sampled: int = 0      # tokens sampled in update(): the watchdog's measure of progress
 
 
+def batched_tokens(config, max_model_len: int) -> int:
+    """A step's token budget: ``max_num_batched_tokens``, else max(max_model_len, 2048)."""
+    return config.max_num_batched_tokens or max(max_model_len, 2048)
+
+
 class SchedulerBase:
     """Admission, the post-step update and bookkeeping; subclasses implement ``schedule``."""
 
@@ -57,7 +62,7 @@ class SchedulerBase:
         self.config = config
         self.manager = manager
         self.max_model_len = max_model_len
-        self.max_num_batched_tokens = config.max_num_batched_tokens or max(max_model_len, 2048)
+        self.max_num_batched_tokens = batched_tokens(config, max_model_len)
         self.running: list[Request] = []
         self.finished: list[Request] = []
         self.rejected: list[Request] = []
