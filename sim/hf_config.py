@@ -36,7 +36,7 @@ scenario may set ``model.dtype``. Mixture-of-experts configs whose experts diffe
 
 Invariant: a config missing a required key, or with a value that is not a positive integer, is an error that
 names the key; so is one of an architecture kvsim cannot price (``UNSUPPORTED_KEYS``: DeepSeek's sparse
-attention, state-space layers; layer types other than full and sliding-window attention), and one of a
+attention, state-space layers; layer types other than full, sliding-window and chunked attention), and one of a
 quantization it does not model (bitsandbytes, NVFP4, ...);
 nothing is guessed beyond the defaults listed above.
 """
