@@ -1,0 +1,72 @@
+"""kvsim against GPUStack's public vLLM benchmarks on H100, fitted to none of them.
+
+    PYTHONPATH=. python scripts/gpustack_benchmark_check.py
+
+GPUStack's performance lab (github.com/gpustack/gpustack, docs/performance-lab/; `vllm bench serve`, every
+prompt sent at once unless a concurrency is given):
+
+- gpt-oss-120b (gpt-oss-120b/h100.md; vLLM 0.10.2): on one H100 (`vllm serve openai/gpt-oss-120b
+  --max-model-len 32768`, no async scheduling) and on two (`--async-scheduling -tp 2`), random prompts of
+  32,000, 4,000, 2,000 and 128 tokens, and 100 ShareGPT conversations four at a time.
+- Qwen3-8B (qwen3-8b/h100-latency.md; vLLM 0.11.0, `vllm serve Qwen/Qwen3-8B`, no async scheduling): 100
+  ShareGPT conversations four at a time.
+
+kvsim replays each with the mean prompt and output lengths the benchmark printed (gpt-oss stops at its end
+token, so its outputs are shorter than asked), vLLM's serving defaults (8,192 batched tokens, 1,024
+sequences, chunked prefill, prefix caching) and the shipped H100 calibration, which is vLLM 0.15.1's engine
+on dense Llama models. gpt-oss's MXFP4 expert kernels and attention sinks are not timed: its experts read
+4.25 bits an element at the fused MoE kernel's fitted efficiency.
+"""
+
+from __future__ import annotations
+
+from sim.runner import run_scenario
+from sim.scenario import scenario_from_dict
+
+# case: (model, requests, mean prompt, mean output, concurrency or None,
+#        {GPUs: (duration s, mean TTFT s, mean TPOT s)} measured)
+CASES = {
+    "gpt-oss-120b, random 32K": ("openai/gpt-oss-120b", 100, 32000, 98.77, None,
+                                 {1: (198.92, 99.444, 0.02399), 2: (98.86, 48.826, 0.22032)}),
+    "gpt-oss-120b, random 4K": ("openai/gpt-oss-120b", 500, 3998.5, 134.41, None,
+                                {1: (145.04, 72.955, 0.03170), 2: (59.94, 29.487, 0.16473)}),
+    "gpt-oss-120b, random 2K": ("openai/gpt-oss-120b", 500, 1998.24, 98.39, None,
+                                {1: (72.87, 36.235, 0.04135), 2: (30.75, 15.292, 0.13932)}),
+    "gpt-oss-120b, random 128": ("openai/gpt-oss-120b", 1000, 127.755, 4.0, None,
+                                 {1: (7.72, 4.850, 0.30480), 2: (4.18, 2.800, 0.18305)}),
+    "gpt-oss-120b, ShareGPT x4": ("openai/gpt-oss-120b", 100, 229.46, 216.91, 4,
+                                  {1: (47.88, 0.04900, 0.00831), 2: (33.60, 0.03751, 0.00575)}),
+    "Qwen3-8B, ShareGPT x4": ("Qwen/Qwen3-8B", 100, 232.6, 220.61, 4, {1: (44.40, 0.06400, 0.00738)}),
+}
+
+
+def predict(model: str, requests: int, prompt: float, output: float, concurrency: int | None, tp: int
+            ) -> tuple[float, float, float]:
+    """kvsim's (duration, mean TTFT, mean TPOT) of one case on ``tp`` H100s (one: without async scheduling,
+    as the benchmarks' single-GPU runs were served; two: with it)."""
+    data = {"name": "gpustack", "model": model, "hardware": {"name": "h100-80gb", "tensor_parallel": tp},
+            "kv_cache": {"prefix_caching": True}, "output": {"plots": False},
+            "scheduler": {"chunked_prefill": True, "max_num_batched_tokens": 8192, "max_num_seqs": 1024,
+                          "async_scheduling": tp > 1},
+            "workload": {"max_model_len": 32768, "synthetic": {
+                "num_requests": requests, "arrival": {"process": "burst"},
+                "prompt_len": {"dist": "fixed", "value": round(prompt)},
+                "output_len": {"dist": "fixed", "value": max(1, round(output))}}}}
+    if concurrency:
+        data["workload"]["max_concurrency"] = concurrency
+    s = run_scenario(scenario_from_dict(data)).summary
+    return s["makespan_s"], s["ttft_s"]["mean"], s["tpot_s"]["mean"]
+
+
+def main() -> None:
+    print(f"{'case':<28}{'GPUs':>5}  {'duration s':>21}  {'mean TTFT s':>23}  {'mean TPOT ms':>22}")
+    for name, (model, n, prompt, output, conc, measured) in CASES.items():
+        for tp, (dur, ttft, tpot) in measured.items():
+            p_dur, p_ttft, p_tpot = predict(model, n, prompt, output, conc, tp)
+            print(f"{name:<28}{tp:>5}  {dur:>7.2f} {p_dur:>7.2f} {p_dur / dur - 1:+6.0%}  "
+                  f"{ttft:>7.3f} {p_ttft:>7.3f} {p_ttft / ttft - 1:+6.0%}  "
+                  f"{tpot * 1e3:>6.2f} {p_tpot * 1e3:>6.2f} {p_tpot / tpot - 1:+6.0%}")
+
+
+if __name__ == "__main__":
+    main()
