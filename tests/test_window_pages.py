@@ -5,6 +5,7 @@ bound on what can ever fit, whole runs with their invariants checked, and the se
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -13,8 +14,10 @@ from sim.executors.local_attention import LocalAttention
 from sim.kv.window_pages import WindowedKVCacheManager
 from sim.request import Request
 from sim.runner import gpu_blocks, run_scenario
-from sim.scenario import scenario_from_dict
+from sim.scenario import load_scenario, scenario_from_dict
 from sim.specs import HardwareSpec, ModelSpec
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _req(i: int, prompt: int, out: int) -> Request:
@@ -206,3 +209,18 @@ def test_inline_forked_samples_are_refused_at_run():
         run_scenario(scenario_from_dict(data))
     data["scheduler"] = {"parallel_sampling": "fanout"}   # samples as requests of their own: paged
     assert run_scenario(scenario_from_dict(data)).summary["num_finished"] == 3
+
+
+def test_a_window_no_request_outgrows_pages_as_the_full_blocks_do():
+    # Gemma-2-9B's 21 full and 21 sliding layers with a window of 8,000 tokens, over requests of at most
+    # 7,979: no page ever leaves, and two pages of 21 layers are one block of 42, so every step's decision is
+    # the same as with every token kept (the pool: 2 x 9,983 pages and one more, the floor of the same bytes)
+    def run(hybrid: bool):
+        scn = load_scenario(ROOT / "scenarios" / "quickstart.yaml",
+                            ["model=gemma-2-9b", "model.sliding_window=8000",
+                             f"kv_cache.hybrid_manager={str(hybrid).lower()}"])
+        return run_scenario(scn, check_integrity=False)
+    pages, whole = run(True), run(False)
+    assert pages.summary["num_gpu_blocks"] == 2 * whole.summary["num_gpu_blocks"] + 1
+    assert pages.summary["num_preemptions"] == whole.summary["num_preemptions"] > 0
+    assert pages.steps["duration_s"].tolist() == whole.steps["duration_s"].tolist()

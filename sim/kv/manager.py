@@ -40,6 +40,8 @@ class KVCacheManager(SharingMixin):
     """Paged KV memory for a set of requests, keyed by ``req_id``. Block sharing (prefix caching,
     forked sequences, copy-on-write) lives in ``SharingMixin`` (sim/kv/sharing.py)."""
 
+    decode_lane = True   # whether the scheduler's decode lane may grow tables (nothing is held beside them)
+
     def __init__(self, num_blocks: int, block_size: int, num_cpu_blocks: int = 0,
                  prefix_caching: bool = False, host_blocks: int = 0) -> None:
         self.block_size = block_size

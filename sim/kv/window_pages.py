@@ -20,7 +20,10 @@ either way.
 
 Approximations (docs/architecture.md): window pages are a request's own, never cached nor shared, so a
 prefix-cache hit is decided by the full group's blocks (vLLM also needs the window's pages cached, and
-shares them between requests of one prefix), and the hit's window pages are taken fresh.
+shares them between requests of one prefix), and the hit's window pages are taken fresh. A decode inside
+its table's last block makes no manager call (the scheduler's fast path), so pages that leave the window
+then are freed at the request's next block boundary: a step late where the window is a whole number of
+blocks (vLLM frees them at once).
 
 Invariants (``check_integrity``, besides the manager's): each running request holds exactly
 ``sliding_groups`` pages per logical block of its window span, every page held by one request with ref
@@ -52,7 +55,10 @@ class WindowedKVCacheManager(KVCacheManager):
         self.window_pages: dict[int, list[int]] = {}   # req_id -> pages, oldest logical block first
         self._window_first: dict[int, int] = {}         # req_id -> the first logical block they hold
         self._num_pages = 0
-        self.decode_fast_path = False   # every step moves the window: the manager sees each decode
+        # a decode inside its table's last block makes no call: the window's pages change at the next block
+        # boundary's call (vLLM frees a page the step its block leaves the window: here, for a window or
+        # chunk that is a whole number of blocks, one step later); the lane grows tables alone: none here
+        self.decode_lane = False
 
     # ------------------------------------------------------------ sizing
     def _span(self, computed: int, end: int) -> tuple[int, int]:

@@ -70,8 +70,9 @@ class ContinuousScheduler(SchedulerBase):
         self._ranks: dict[int, int] = {}   # running req_id -> when it joined running (running is in this order)
         self._next_rank = 0
         # a lane where the batch order is running order (the priority policy sorts it) and the manager is
-        # the paged one (a decode token inside its last block needs no call)
-        self._lane_policy = self.use_lane and config.policy != "priority" and isinstance(manager, KVCacheManager)
+        # the paged one (a decode token inside its last block needs no call) with nothing beside its tables
+        self._lane_policy = (self.use_lane and config.policy != "priority" and isinstance(manager, KVCacheManager)
+                             and manager.decode_lane)
         # (the waiting head, the token budget, its computed tokens, the free blocks) when that head could not
         # get its blocks as the first admission of a step: with the same head, budget and computed count
         # and no more free blocks it cannot get them at a later step either (paged blocks, no prefix cache:
