@@ -1,4 +1,4 @@
-"""kvsim against GPUStack's public vLLM benchmarks on H100, fitted to none of them.
+"""kvsim against GPUStack's public vLLM benchmarks on H100 and A100, fitted to none of them.
 
     PYTHONPATH=. python scripts/gpustack_benchmark_check.py
 
@@ -10,6 +10,9 @@ prompt sent at once unless a concurrency is given):
   32,000, 4,000, 2,000 and 128 tokens, and 100 ShareGPT conversations four at a time.
 - Qwen3-8B (qwen3-8b/h100-latency.md; vLLM 0.11.0, `vllm serve Qwen/Qwen3-8B`, no async scheduling): 100
   ShareGPT conversations four at a time.
+- Qwen3-14B on one A100 (qwen3-14b/a100.md; vLLM 0.11.0, `vllm serve Qwen/Qwen3-14B`, taken as the 80 GB
+  one, whose calibration kvsim ships): random prompts of 32,000, 4,000, 2,000 and 128 tokens. No engine run
+  on an A100 is among the calibration's measurements, so these are its first end-to-end check.
 
 kvsim replays each with the mean prompt and output lengths the benchmark printed (gpt-oss stops at its end
 token, so its outputs are shorter than asked), vLLM's serving defaults (8,192 batched tokens, 1,024
@@ -24,7 +27,7 @@ from sim.runner import run_scenario
 from sim.scenario import scenario_from_dict
 
 # case: (model, requests, mean prompt, mean output, concurrency or None,
-#        {GPUs: (duration s, mean TTFT s, mean TPOT s)} measured)
+#        {GPUs: (duration s, mean TTFT s, mean TPOT s)} measured); on H100s unless HARDWARE says otherwise
 CASES = {
     "gpt-oss-120b, random 32K": ("openai/gpt-oss-120b", 100, 32000, 98.77, None,
                                  {1: (198.92, 99.444, 0.02399), 2: (98.86, 48.826, 0.22032)}),
@@ -37,18 +40,23 @@ CASES = {
     "gpt-oss-120b, ShareGPT x4": ("openai/gpt-oss-120b", 100, 229.46, 216.91, 4,
                                   {1: (47.88, 0.04900, 0.00831), 2: (33.60, 0.03751, 0.00575)}),
     "Qwen3-8B, ShareGPT x4": ("Qwen/Qwen3-8B", 100, 232.6, 220.61, 4, {1: (44.40, 0.06400, 0.00738)}),
+    "Qwen3-14B A100, random 32K": ("Qwen/Qwen3-14B", 100, 32000, 98.91, None, {1: (724.56, 359.648, 0.44558)}),
+    "Qwen3-14B A100, random 4K": ("Qwen/Qwen3-14B", 500, 3995.88, 199.57, None, {1: (407.05, 197.625, 0.25461)}),
+    "Qwen3-14B A100, random 2K": ("Qwen/Qwen3-14B", 500, 1996.35, 100.0, None, {1: (175.66, 86.908, 0.30173)}),
+    "Qwen3-14B A100, random 128": ("Qwen/Qwen3-14B", 1000, 127.698, 4.0, None, {1: (26.79, 19.451, 0.23335)}),
 }
+HARDWARE = {name: "a100-80gb" for name in CASES if " A100," in name}
 
 
-def predict(model: str, requests: int, prompt: float, output: float, concurrency: int | None, tp: int
-            ) -> tuple[float, float, float]:
-    """kvsim's (duration, mean TTFT, mean TPOT) of one case on ``tp`` H100s (one: without async scheduling,
-    as the benchmarks' single-GPU runs were served; two: with it)."""
-    data = {"name": "gpustack", "model": model, "hardware": {"name": "h100-80gb", "tensor_parallel": tp},
+def predict(model: str, requests: int, prompt: float, output: float, concurrency: int | None, tp: int,
+            hardware: str = "h100-80gb") -> tuple[float, float, float]:
+    """kvsim's (duration, mean TTFT, mean TPOT) of one case on ``tp`` GPUs (one: without async scheduling, as
+    the benchmarks' single-GPU runs were served; two: with it)."""
+    data = {"name": "gpustack", "model": model, "hardware": {"name": hardware, "tensor_parallel": tp},
             "kv_cache": {"prefix_caching": True}, "output": {"plots": False},
             "scheduler": {"chunked_prefill": True, "max_num_batched_tokens": 8192, "max_num_seqs": 1024,
                           "async_scheduling": tp > 1},
-            "workload": {"max_model_len": 32768, "synthetic": {
+            "workload": {"max_model_len": 40960 if "Qwen3" in model else 32768, "synthetic": {
                 "num_requests": requests, "arrival": {"process": "burst"},
                 "prompt_len": {"dist": "fixed", "value": round(prompt)},
                 "output_len": {"dist": "fixed", "value": max(1, round(output))}}}}
@@ -62,7 +70,7 @@ def main() -> None:
     print(f"{'case':<28}{'GPUs':>5}  {'duration s':>21}  {'mean TTFT s':>23}  {'mean TPOT ms':>22}")
     for name, (model, n, prompt, output, conc, measured) in CASES.items():
         for tp, (dur, ttft, tpot) in measured.items():
-            p_dur, p_ttft, p_tpot = predict(model, n, prompt, output, conc, tp)
+            p_dur, p_ttft, p_tpot = predict(model, n, prompt, output, conc, tp, HARDWARE.get(name, "h100-80gb"))
             print(f"{name:<28}{tp:>5}  {dur:>7.2f} {p_dur:>7.2f} {p_dur / dur - 1:+6.0%}  "
                   f"{ttft:>7.3f} {p_ttft:>7.3f} {p_ttft / ttft - 1:+6.0%}  "
                   f"{tpot * 1e3:>6.2f} {p_tpot * 1e3:>6.2f} {p_tpot / tpot - 1:+6.0%}")
