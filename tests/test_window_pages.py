@@ -224,3 +224,22 @@ def test_a_window_no_request_outgrows_pages_as_the_full_blocks_do():
     assert pages.summary["num_gpu_blocks"] == 2 * whole.summary["num_gpu_blocks"] + 1
     assert pages.summary["num_preemptions"] == whole.summary["num_preemptions"] > 0
     assert pages.steps["duration_s"].tolist() == whole.steps["duration_s"].tolist()
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_the_decode_lane_moves_the_windows_as_the_loop_does(monkeypatch, chunked):
+    # the lane's block boundaries go through allocate_slots (boundary_need counts what they take and give
+    # back): with and without it, the same steps and requests under pressure (preemptions), bit for bit
+    from result_compare import assert_same, off_and_on
+
+    import sim.sched.continuous as continuous
+
+    data = _scenario(num_gpu_blocks=200)
+    if chunked:
+        data["model"] = {"name": "tiny-gemma", "sliding_window": 0, "sliding_layers": None,
+                         "attention_chunk_size": 64, "chunked_layers": 3}
+    monkeypatch.setattr(continuous, "LANE_MIN_BATCH", 1)
+    off, on = off_and_on(monkeypatch, continuous.ContinuousScheduler, "use_lane",
+                         lambda: run_scenario(scenario_from_dict(data), check_integrity=True))
+    assert_same(off, on)
+    assert on.summary["num_preemptions"] > 0

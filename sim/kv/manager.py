@@ -40,8 +40,6 @@ class KVCacheManager(SharingMixin):
     """Paged KV memory for a set of requests, keyed by ``req_id``. Block sharing (prefix caching,
     forked sequences, copy-on-write) lives in ``SharingMixin`` (sim/kv/sharing.py)."""
 
-    decode_lane = True   # whether the scheduler's decode lane may grow tables (nothing is held beside them)
-
     def __init__(self, num_blocks: int, block_size: int, num_cpu_blocks: int = 0,
                  prefix_caching: bool = False, host_blocks: int = 0) -> None:
         self.block_size = block_size
@@ -267,6 +265,11 @@ class KVCacheManager(SharingMixin):
         self._logical_blocks += len(at)
         self._note_peaks()
         return True
+
+    def boundary_need(self, reqs: list[Request], at: list[int], computed: list[int]) -> int:
+        """The most free blocks ``allocate_slots(reqs[i], 1)`` for each ``i`` in ``at`` (in that order; their
+        ``computed`` tokens fill their tables) needs at any point: one each."""
+        return len(at)
 
     def grow_lane(self, lane: DecodeLane) -> bool:
         """``grow_full_tables`` of the decode lane's block boundaries this step, found and allocated in one

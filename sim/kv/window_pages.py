@@ -55,10 +55,9 @@ class WindowedKVCacheManager(KVCacheManager):
         self.window_pages: dict[int, list[int]] = {}   # req_id -> pages, oldest logical block first
         self._window_first: dict[int, int] = {}         # req_id -> the first logical block they hold
         self._num_pages = 0
-        # a decode inside its table's last block makes no call: the window's pages change at the next block
-        # boundary's call (vLLM frees a page the step its block leaves the window: here, for a window or
-        # chunk that is a whole number of blocks, one step later); the lane grows tables alone: none here
-        self.decode_lane = False
+        # a decode inside its table's last block makes no call (the scheduler's fast path and decode lane):
+        # the window's pages change at the next block boundary's call (vLLM frees a page the step its block
+        # leaves the window: here, for a window or chunk that is a whole number of blocks, one step later)
 
     # ------------------------------------------------------------ sizing
     def _span(self, computed: int, end: int) -> tuple[int, int]:
@@ -92,6 +91,26 @@ class WindowedKVCacheManager(KVCacheManager):
         dropped = min(max(0, first - at), have)
         held_to = at + have if have else first
         return self.sliding_groups * dropped, self.sliding_groups * max(0, stop - max(first, held_to))
+
+    # ------------------------------------------------------------ the decode lane's block boundaries
+    def boundary_need(self, reqs: list[Request], at: list[int], computed: list[int]) -> int:
+        """The most free blocks the boundaries' ``allocate_slots(req, 1)`` need at any point, in batch order:
+        each takes a table block and its window's new pages and first gives back the pages that left it."""
+        most = total = 0
+        for i, c in zip(at, computed):
+            first, stop = self._span(c, c + 1)
+            dropped, taken = self._window_change(reqs[i].req_id, first, stop)
+            total += 1 + taken - dropped   # (its drops come before its allocation)
+            most = max(most, total)
+        return most
+
+    def grow_full_tables(self, reqs: list[Request], at: list[int], computed: list[int], finals: list[int]) -> bool:
+        """Not here: the boundaries go through ``allocate_slots``, which moves the windows."""
+        return False
+
+    def grow_lane(self, lane) -> bool:
+        """Not here: the boundaries go through ``allocate_slots``, which moves the windows."""
+        return False
 
     # ------------------------------------------------------------ allocation
     def allocate_slots(self, req: Request, num_new_tokens: int, cached: Sequence[int] | np.ndarray | None = None,

@@ -70,9 +70,8 @@ class ContinuousScheduler(SchedulerBase):
         self._ranks: dict[int, int] = {}   # running req_id -> when it joined running (running is in this order)
         self._next_rank = 0
         # a lane where the batch order is running order (the priority policy sorts it) and the manager is
-        # the paged one (a decode token inside its last block needs no call) with nothing beside its tables
-        self._lane_policy = (self.use_lane and config.policy != "priority" and isinstance(manager, KVCacheManager)
-                             and manager.decode_lane)
+        # the paged one (a decode token inside its last block needs no call)
+        self._lane_policy = self.use_lane and config.policy != "priority" and isinstance(manager, KVCacheManager)
         # (the waiting head, the token budget, its computed tokens, the free blocks) when that head could not
         # get its blocks as the first admission of a step: with the same head, budget and computed count
         # and no more free blocks it cannot get them at a later step either (paged blocks, no prefix cache:
@@ -344,8 +343,8 @@ class ContinuousScheduler(SchedulerBase):
             at = idx.tolist()
             computed, finals = lane.boundary(idx, bs) if at else ([], [])
         if at:
-            if len(at) > manager.pool.num_free:   # each boundary takes at most one block
-                self.drop_lane()
+            if manager.boundary_need(lane.reqs, at, computed) > manager.pool.num_free:
+                self.drop_lane()   # (a boundary takes at most a block, and a window's pages)
                 return None
             reqs = lane.reqs
             # one block each, leaving the pool in batch order (allocate_slots' bookkeeping at once)
