@@ -81,10 +81,15 @@ def test_pages_against_a_reference_rule(seed, chunked):
         else:
             n = 1
         c = r.num_computed_tokens
-        assert _step(mgr, r, n)
+        assert mgr.allocate_slots(r, n)   # during the step: what its queries see
         table = -(-(c + n) // bs)
         assert len(mgr.window_pages[r.req_id]) == _reference_pages(c, c + n, span, chunked, bs, groups)
         assert len(mgr.block_tables[r.req_id]) == table
+        r.num_computed_tokens += n
+        mgr.note_computed(n)
+        mgr.free_stale_pages()   # as the next step is planned: a chunk's pages behind the next query are gone
+        if n > 1:
+            assert len(mgr.window_pages[r.req_id]) == _reference_pages(c + n, c + n, span, chunked, bs, groups)
         if r.num_computed_tokens >= r.prompt_len + r.output_len - 1 or rng.random() < 0.02:
             mgr.free(r)   # finished, or preempted (by recompute: it starts again)
             live.remove(r)

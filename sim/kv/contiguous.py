@@ -101,6 +101,8 @@ def _next_pow2(x: int) -> int:
 class ContiguousKVManager:
     """KVCacheManager's interface over contiguous per-request regions (no swapping, no sharing)."""
 
+    stale_pages: tuple = ()   # (nothing is freed as a step is planned: KVCacheManager.free_stale_pages)
+
     def __init__(self, num_blocks: int, block_size: int, mode: str, max_model_len: int) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown contiguous allocator {mode!r}")

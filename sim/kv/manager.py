@@ -266,6 +266,11 @@ class KVCacheManager(SharingMixin):
         self._note_peaks()
         return True
 
+    stale_pages: dict | tuple = ()   # blocks to free as the next step is planned (window pages): none here
+
+    def free_stale_pages(self) -> None:
+        """Free what ``stale_pages`` holds: nothing here."""
+
     def boundary_need(self, reqs: list[Request], at: list[int], computed: list[int]) -> int:
         """The most free blocks ``allocate_slots(reqs[i], 1)`` for each ``i`` in ``at`` (in that order; their
         ``computed`` tokens fill their tables) needs at any point: one each."""

@@ -23,7 +23,8 @@ prefix-cache hit is decided by the full group's blocks (vLLM also needs the wind
 shares them between requests of one prefix), and the hit's window pages are taken fresh. A decode inside
 its table's last block makes no manager call (the scheduler's fast path), so pages that leave the window
 then are freed at the request's next block boundary: a step late where the window is a whole number of
-blocks (vLLM frees them at once).
+blocks (vLLM frees them at once). Those a prefill chunk leaves behind are freed as the next step is
+planned, as in vLLM.
 
 Invariants (``check_integrity``, besides the manager's): each running request holds exactly
 ``sliding_groups`` pages per logical block of its window span, every page held by one request with ref
@@ -55,6 +56,9 @@ class WindowedKVCacheManager(KVCacheManager):
         self.window_pages: dict[int, list[int]] = {}   # req_id -> pages, oldest logical block first
         self._window_first: dict[int, int] = {}         # req_id -> the first logical block they hold
         self._num_pages = 0
+        # requests whose last step computed several tokens (a prefill chunk): the pages it leaves behind the
+        # window are freed when the next step is scheduled (``free_stale_pages``), as vLLM frees them then
+        self.stale_pages: dict[int, Request] = {}
         # a decode inside its table's last block makes no call (the scheduler's fast path and decode lane):
         # the window's pages change at the next block boundary's call (vLLM frees a page the step its block
         # leaves the window: here, for a window or chunk that is a whole number of blocks, one step later)
@@ -135,6 +139,8 @@ class WindowedKVCacheManager(KVCacheManager):
             return False
         if not super().allocate_slots(req, num_new_tokens, cached):
             raise AssertionError(f"request {req.req_id}: its table did not grow though {table_need} blocks were free")
+        if num_new_tokens > 1:   # its next query sees past this chunk: the pages it leaves go next step
+            self.stale_pages[req.req_id] = req
         if new_pages:
             pages = self.window_pages.get(req.req_id)
             if not pages:   # (a first step, or one past a gap: every held page left the window)
@@ -162,8 +168,18 @@ class WindowedKVCacheManager(KVCacheManager):
         self._num_pages -= cut
         self._logical_blocks -= cut
 
+    def free_stale_pages(self) -> None:
+        """Free the pages the last step's prefill chunks left behind the window (the scheduler calls it as it
+        plans the next step, before any allocation, where vLLM frees them; the decodes' fast path would only
+        at their next block boundary)."""
+        bs = self.block_size
+        for rid, req in self.stale_pages.items():
+            self._drop_before(rid, self.local.first_visible(req.num_computed_tokens) // bs)
+        self.stale_pages.clear()
+
     def free(self, req: Request) -> None:
         """Release the table (the manager's ``free``) and every window page."""
+        self.stale_pages.pop(req.req_id, None)
         super().free(req)
         pages = self.window_pages.pop(req.req_id, None)
         self._window_first.pop(req.req_id, None)

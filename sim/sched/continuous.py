@@ -222,6 +222,8 @@ class ContinuousScheduler(SchedulerBase):
         self.step_index += 1
         if self.loading:
             self._loads_ended(now)
+        if manager.stale_pages:   # (window pages a prefill chunk left behind: freed before any allocation)
+            manager.free_stale_pages()
 
         # 0. round-robin rotation (its preemptions do not hold back admissions)
         if cfg.policy == "round_robin" and self.running and (len(self.waiting) or self.swapped):
