@@ -312,9 +312,8 @@ def draw_scenario(rng: random.Random, index: int = 0) -> dict:
 def _sliding_window(data: dict) -> None:
     """Sometimes tiny-gemma where tiny-llama was drawn with a block count (its shapes, with sliding-window
     layers, or chunked ones as Llama 4 has), its cache as vLLM's hybrid manager keeps it where the case allows
-    (sim/kv/window_pages.py), else
-    every token kept (``kv_cache.hybrid_manager: false``), and now and then the latter anyway. Drawn from a
-    stream of its own (the case's other draws stay as they were)."""
+    (sim/kv/window_pages.py), else every token kept (``kv_cache.hybrid_manager: false``), and now and then the
+    latter anyway. Drawn from a stream of its own (the case's other draws stay as they were)."""
     rng = random.Random(f"window:{data['seed']}")
     model = data["model"]
     name = model.get("name") if isinstance(model, dict) else model

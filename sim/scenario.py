@@ -49,9 +49,9 @@ class KVCacheConfig(_Strict):
     # the cached K and V's element type (vLLM's --kv-cache-dtype): auto = the model's dtype; fp8 halves an fp16
     # model's KV bytes (capacity, attention reads, swaps), the weights and activations keep the model's dtype
     dtype: Literal["auto", "fp16", "bf16", "fp8", "fp32"] = "auto"
-    # a model with sliding-window layers: blocks of those layers are freed once they leave the window, as
-    # vLLM's hybrid KV cache manager does (sim/kv/window_pages.py); false keeps every token of every layer
-    # (vLLM's --disable-hybrid-kv-cache-manager). No effect on other models
+    # a model with local-attention layers (a sliding window, or Llama 4's chunks): their blocks are freed once
+    # no query sees them, as vLLM's hybrid KV cache manager does (sim/kv/window_pages.py); false keeps every
+    # token of every layer (vLLM's --disable-hybrid-kv-cache-manager). No effect on other models
     hybrid_manager: bool = True
 
     @field_validator("block_size")
