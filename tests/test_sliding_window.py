@@ -201,3 +201,18 @@ def test_llama4_scout_runs_with_chunk_pages():
     data["workload"]["synthetic"].update(num_requests=30, prompt_len={"dist": "uniform", "min": 6000, "max": 20000})
     run = run_scenario(scenario_from_dict(data), check_integrity=False)
     assert run.summary["num_finished"] == 30 and not run.profile.get("compiled_core")
+
+
+def test_chunk_pages_of_a_long_sequence_by_hand():
+    # Llama 4 Scout, 100,000 tokens: its table of 6,250 blocks (16 tokens of the 12 full layers each) and, for
+    # each of 3 chunked groups, the blocks of the chunk its next query is in (from 98,304 = 12 x 8,192: 106
+    # blocks); a block of 12 layers is 16 x 12 x 8 KV heads x 128 x 2 x 2 bytes
+    from sim.commands.kv_size import kv_size, pages_per_sequence
+
+    scout = ModelSpec.from_name("llama-4-scout-17b-16e")
+    assert pages_per_sequence(scout, 100_000, 16) == 6250 + 3 * (6250 - 98_304 // 16) == 6568
+    info = kv_size(scout, 100_000, "fp16", 16)
+    assert info["bytes_per_block"] == 16 * 12 * 8 * 128 * 2 * 2 == 786_432
+    assert info["bytes_per_sequence_paged"] == 6568 * 786_432
+    # kept for the next query alone: 12 full layers x 100,000 tokens, 36 chunked x the 1,696 of its chunk
+    assert info["bytes_per_sequence_window_only"] == (12 * 100_000 + 36 * 1_696) * 8 * 128 * 2 * 2
