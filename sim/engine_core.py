@@ -10,7 +10,11 @@ of parallel samples (n > 1: forked after the first token, copy-on-write of the s
 recomputing their own blocks after a preemption; sim/kv/sharing.py), the cost model
 as executor; static batching (FCFS or priority, the paged manager, no prefix cache: sim/sched/static.py's
 batches, their finished members idle until the last one finishes); the contiguous allocators instead of
-the paged manager (sim/kv/contiguous.py: a region a request, first fit over the free extents); in a cluster, a router that reads at most the replicas' loads and KV usage; a client with a concurrency limit in front (sim/clients.py: its sends, hand-overs, slot releases and pauses, sim/csrc/client.c; ``core_client``); speculative decoding (sim/speculative.py: each decode's drafts, the acceptance
+the paged manager (sim/kv/contiguous.py: a region a request, first fit over the free extents); models with
+local attention (sliding windows, Llama 4's chunks: each entry's keys, pairs and cached reads as the local
+layers see them, LocalAttention.step_stats), and vLLM's hybrid manager's window pages (sim/kv/window_pages.py:
+each request's pages of the blocks its next query sees, freed before a step allocates and, behind a prefill
+chunk, as the next step is planned; by identity with a prefix cache); in a cluster, a router that reads at most the replicas' loads and KV usage; a client with a concurrency limit in front (sim/clients.py: its sends, hand-overs, slot releases and pauses, sim/csrc/client.c; ``core_client``); speculative decoding (sim/speculative.py: each decode's drafts, the acceptance
 draws from the Speculation's own generator, whose state the core takes and gives back, sim/csrc/speculate.c;
 the rejected drafts' blocks trimmed; the drafter's passes priced from its executor's constants and size
 terms). There a step
@@ -53,6 +57,7 @@ from sim.executors.engine_params import (
 from sim.kv.contiguous import ContiguousKVManager
 from sim.kv.manager import KVCacheManager
 from sim.kv.prefix_cache import NO_BLOCKS
+from sim.kv.window_pages import WindowedKVCacheManager
 from sim.metrics import STEP_COLUMNS, Columns, Recorder
 from sim.native import native
 from sim.request import Request, RequestStatus
@@ -77,12 +82,14 @@ def core_supported(scheduler: Any, manager: Any, executor: Any, requests: list[R
         if manager.space.num_free != manager.num_blocks:
             return False   # (the core starts the space unused: one free extent)
         cache = None
-    elif type(manager) is not KVCacheManager:
+    elif type(manager) not in (KVCacheManager, WindowedKVCacheManager):
         return False
     else:
         cache = manager.prefix_cache
         if manager.host is not None and len(manager.host):
             return False   # (the core starts a host tier empty)
+        if manager.window_pages_held() or manager.stale_pages:
+            return False   # (the core starts with no window pages)
     if type(scheduler) is StaticScheduler:
         if cache is not None:
             return False
@@ -92,7 +99,7 @@ def core_supported(scheduler: Any, manager: Any, executor: Any, requests: list[R
         return False
     if cache is not None and (manager.pool.num_free != manager.num_blocks or cache.cached.any()):
         return False   # (the core starts a cache from an unused pool, its free queue in id order)
-    if type(executor) is not CostModelExecutor or executor._native_consts is None:
+    if type(executor) is not CostModelExecutor or not executor._core_priced:
         return False
     return requests is None or requests_supported(requests, forks_in_core(scheduler, manager))
 
@@ -104,7 +111,7 @@ def _speculation_supported(scheduler: Any, executor: Any) -> bool:
     if scheduler.speculation is None or drafter is None:
         return scheduler.speculation is None and drafter is None
     return drafter.executor is None or (type(drafter.executor) is CostModelExecutor
-                                        and drafter.executor._native_consts is not None)
+                                        and drafter.executor._core_priced)
 
 
 def forks_in_core(scheduler: Any, manager: Any) -> bool:
@@ -144,6 +151,8 @@ def admission(prompt: np.ndarray, out: np.ndarray, scheduler: ContinuousSchedule
     budget = scheduler.max_num_batched_tokens
     slots = mgr.region_tokens_of(prompt, capped) if type(mgr) is ContiguousKVManager else prompt + capped - 1
     need = -(-slots // mgr.block_size)
+    if type(mgr) is WindowedKVCacheManager:   # and its window's pages (WindowedKVCacheManager.can_ever_fit)
+        need = need + mgr.sliding_groups * mgr.window_blocks_max(slots)
     if width is not None:   # n samples share the prompt's full blocks (KVCacheManager.can_ever_fit)
         need = need + (width - 1) * (need - prompt // mgr.block_size)
     bad = (prompt >= mml) | (need > mgr.num_blocks) | (budget < 1)
@@ -181,10 +190,12 @@ def _pricing(ex: CostModelExecutor) -> tuple:
     head's by sequences), in ``CostModelExecutor.execute``'s and ``_engine_fixed_terms``' terms."""
     p = ex.params
     head = (ex._attn_flops_per_pair, ex._attn_peak, ex._attn_bw, ex._attn_kv_s, p.kernel_latency_s)
+    span = ex._local.span if ex._local_layers else 0
+    local = (ex._local_layers, span, int(ex._local_layers > 0 and ex._local.chunked))   # (layers, span, chunked)
     e = ex.engine
     if e is not None:
         ints = (ex._layers, ex._attn_new_bytes, ex._graph_max, FUSED_ELEMENTWISE_KERNELS, ATTENTION_OPS_PER_LAYER,
-                ex._eager_ops, ex._attn_dec_new_bytes)   # (eager ops over all layers: a mixture's router and more)
+                ex._eager_ops, ex._attn_dec_new_bytes, *local)   # (eager ops over all layers: a mixture's router and more)
         floats = (*head, ex._eng_half, ex._eng_kv_s, ex._eng_qo_s, e.sampler_s, e.step_gap_s,
                   1.0 if e.overlap_cpu else 0.0, ex._swap_s_per_block, ex._fused_s_per_token, e.graph_kernel_s,
                   p.elementwise_latency_s, e.cpu_step_s, e.cpu_seq_s, e.eager_op_s, ex._overhead, ex._copy_s_per_block)
@@ -195,7 +206,8 @@ def _pricing(ex: CostModelExecutor) -> tuple:
 
     floats = (*head, ex._attn_seq, ex._attn_pre_seq, ex._elem_s_per_token, ex._elem_fixed, ex._overhead,
               ex._swap_s_per_block, ex._attn_dec_flops_per_pair, ex._attn_dec_kv_s, ex._copy_s_per_block)
-    return 0, (ex._layers, ex._attn_new_bytes, 0, 0, 0, 0, ex._attn_dec_new_bytes), floats, None, linear, ex._lm_head
+    return 0, (ex._layers, ex._attn_new_bytes, 0, 0, 0, 0, ex._attn_dec_new_bytes, *local), floats, None, linear, \
+        ex._lm_head
 
 
 @dataclass
@@ -446,7 +458,7 @@ def _engine_spec(parts: EngineParts, drafts: np.ndarray | None) -> tuple:
                 int(getattr(mgr, "prefix_cache", None) is not None), int(cfg.policy == "longest_prefix_first" and not static),
                 getattr(scheduler.waiting, "window", 0), getattr(scheduler.waiting, "max_bypass", 0), int(static),
                 CONTIGUOUS_MODES.get(getattr(mgr, "mode", ""), 0), getattr(mgr, "max_model_len", 0),
-                mgr.host.capacity if getattr(mgr, "host", None) is not None else 0)
+                mgr.host.capacity if getattr(mgr, "host", None) is not None else 0, *_window_settings(mgr))
     width, chunk = len(STEP_COLUMNS), Columns.CHUNK_ROWS
     speculation = _speculation(scheduler, parts.executor, drafts)
     breakdown_parts = BREAKDOWN_PARTS if speculation is None else (*BREAKDOWN_PARTS, "draft")
@@ -459,6 +471,13 @@ def _engine_spec(parts: EngineParts, drafts: np.ndarray | None) -> tuple:
     if speculation is None:
         return settings, _pricing(parts.executor), sink, chunk
     return settings, _pricing(parts.executor), sink, chunk, speculation
+
+
+def _window_settings(mgr: Any) -> tuple[int, int, int]:
+    """core.c's window pages of a manager: (pages a logical block, span, chunked); (0, 0, 0): none."""
+    if type(mgr) is not WindowedKVCacheManager:
+        return 0, 0, 0
+    return mgr.sliding_groups, mgr.local.span, int(mgr.local.chunked)
 
 
 def _raise(err: tuple) -> None:
@@ -531,7 +550,8 @@ def write_engine(scheduler: ContinuousScheduler, requests: list[Request], record
     scheduler.num_preemptions += preemptions
     scheduler.swapped_blocks += swapped_blocks
     mgr = scheduler.manager
-    if type(mgr) is not KVCacheManager:   # (a contiguous allocator keeps neither peaks nor sums: its rows say all)
+    if type(mgr) not in (KVCacheManager, WindowedKVCacheManager):   # (a contiguous allocator keeps neither peaks
+        # nor sums: its rows say all)
         if collect:
             _collect(scheduler, requests)
         return

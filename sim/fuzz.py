@@ -39,7 +39,6 @@ from sim.specs import ModelSpec, complete_from_preset
 
 MODELS = ["tiny-llama", "tiny-llama", "llama-2-7b", "llama-3-8b", "tiny-deepseek"]   # (the last: MoE, latent)
 WINDOW_P = 0.35   # of the cases drawn on tiny-llama: tiny-gemma instead (sliding-window layers; _sliding_window)
-LOCAL_KEYS = ("sliding_window", "sliding_layers", "attention_chunk_size", "chunked_layers")   # (its model's keys)
 HARDWARE = ["a100-80gb", "h100-80gb", "cpu", "h200-141gb", "a100-40gb"]   # (the last two: derived calibrations)
 STALL_STEPS = 5_000  # fuzzed runs use a tight watchdog so a livelock fails fast instead of hanging
 

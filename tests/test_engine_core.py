@@ -17,7 +17,7 @@ from result_compare import assert_same, assert_same_outcome, off_and_on, same_cl
 from test_multi_step import NOT_COMPARABLE, STRESS
 
 import sim.engine_core as engine_core
-from sim.fuzz import LOCAL_KEYS, draw_scenario
+from sim.fuzz import draw_scenario
 from sim.metrics import Columns
 from sim.native import native
 from sim.runner import run_scenario
@@ -284,15 +284,12 @@ def _into_core(data: dict, samples: bool = True) -> dict:
     """A fuzz case moved inside what the core covers: FCFS, round-robin or priority, continuous batching, the paged
     manager (with a prefix cache as drawn, hit only by a preempted request's own blocks: no shared prefixes
     here; tests/test_engine_core_prefix.py fuzzes those), requests of one sequence or parallel samples as
-    drawn (no beams; ``samples`` False: none), outside shared-prefix groups, on a model without sliding windows."""
+    drawn (no beams; ``samples`` False: none), outside shared-prefix groups; local-attention models as drawn."""
     d = copy.deepcopy(data)
     if d["scheduler"].get("policy") not in ("fcfs", "priority", "round_robin", "longest_prefix_first"):
         d["scheduler"]["policy"] = "fcfs"
     d["scheduler"]["batching"] = "continuous"
     d["kv_cache"].update(allocator="paged")   # prefix caching as drawn: unhit without shared prefixes
-    model = d.get("model")   # (local-attention layers run step by step in the SimPy loop)
-    if isinstance(model, dict) and model.get("name") == "tiny-gemma":
-        d["model"] = {k: v for k, v in model.items() if k not in LOCAL_KEYS} | {"name": "tiny-llama"}
     work = d["workload"]   # (a client limit, as drawn: the core runs it too)
     for r in work.get("requests", []):
         for key in ("beam_width", "prefix_group", "prefix_len", *(() if samples else ("n",))):

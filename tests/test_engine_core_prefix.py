@@ -31,7 +31,7 @@ from result_compare import assert_same, assert_same_outcome, off_and_on
 from test_multi_step import STRESS
 
 import sim.engine_core as engine_core
-from sim.fuzz import LOCAL_KEYS, draw_scenario
+from sim.fuzz import draw_scenario
 from sim.kv.manager import KVCacheManager
 from sim.native import native
 from sim.runner import run_scenario
@@ -260,9 +260,6 @@ def _into_core(data: dict, index: int) -> dict:
         d["scheduler"]["policy"] = "fcfs"
     d["scheduler"]["batching"] = "continuous"
     d["kv_cache"].update(allocator="paged", prefix_caching=True)
-    model = d.get("model")   # (local-attention layers run step by step in the SimPy loop)
-    if isinstance(model, dict) and model.get("name") == "tiny-gemma":
-        d["model"] = {k: v for k, v in model.items() if k not in LOCAL_KEYS} | {"name": "tiny-llama"}
     work = d["workload"]   # (a client limit, as drawn: the core runs it too)
     for r in work.get("requests", []):
         for key in ("n", "beam_width"):

@@ -5,7 +5,9 @@ a windowed model takes, and the refusals."""
 from __future__ import annotations
 
 import pytest
+from result_compare import assert_same, off_and_on
 
+from sim import engine_core
 from sim.errors import KvsimError
 from sim.executors.cost_model import CostModelExecutor
 from sim.executors.local_attention import LocalAttention, chunk_pairs, window_pairs
@@ -118,11 +120,13 @@ def _scenario(model, **extra) -> dict:
             "output": {"plots": False}, **extra}
 
 
-def test_a_windowed_model_runs_step_by_step_and_the_same_twice():
+def test_a_windowed_model_runs_in_the_core_as_in_the_loop_and_the_same_twice(monkeypatch):
     model = WINDOWED.model_dump()   # (invariants: tests/test_window_pages.py, on small caches)
-    a = run_scenario(scenario_from_dict(_scenario(model)), check_integrity=False)
+    loop, a = off_and_on(monkeypatch, engine_core, "enabled",
+                         lambda: run_scenario(scenario_from_dict(_scenario(model)), check_integrity=True))
     b = run_scenario(scenario_from_dict(_scenario(model)), check_integrity=False)
-    assert a.summary["num_finished"] == 60 and not a.profile.get("compiled_core")
+    assert a.summary["num_finished"] == 60 and a.profile["compiled_core"] and not loop.profile["compiled_core"]
+    assert_same(loop, a)
     assert a.steps.equals(b.steps) and a.requests.equals(b.requests)
     full = run_scenario(scenario_from_dict(_scenario(MISTRAL.model_dump())), check_integrity=False)
     # cheaper decodes past the window; the same bytes in blocks of 8 layers (sim/kv/window_pages.py), or with
@@ -193,14 +197,16 @@ def test_chunked_layers_read_their_chunk():
     assert _attention(prefill, chunked) == pytest.approx(8 * full + 24 * local, rel=1e-12)
 
 
-def test_llama4_scout_runs_with_chunk_pages():
+def test_llama4_scout_runs_with_chunk_pages(monkeypatch):
     # 12 full layers and 36 chunked ones: blocks of 12 layers, three chunked groups; prompts crossing chunks
     scout = ModelSpec.from_name("meta-llama/Llama-4-Scout-17B-16E-Instruct")
     assert scout.kv_pages() == (12, 3)
     data = {**_scenario("llama-4-scout-17b-16e"), "hardware": {"name": "h100-80gb", "tensor_parallel": 4}}
     data["workload"]["synthetic"].update(num_requests=30, prompt_len={"dist": "uniform", "min": 6000, "max": 20000})
-    run = run_scenario(scenario_from_dict(data), check_integrity=False)
-    assert run.summary["num_finished"] == 30 and not run.profile.get("compiled_core")
+    loop, run = off_and_on(monkeypatch, engine_core, "enabled",
+                           lambda: run_scenario(scenario_from_dict(data), check_integrity=True))
+    assert run.summary["num_finished"] == 30 and run.profile["compiled_core"]
+    assert_same(loop, run)
 
 
 def test_chunk_pages_of_a_long_sequence_by_hand():

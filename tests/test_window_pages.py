@@ -164,6 +164,7 @@ def _scenario(**kv) -> dict:
             "output": {"plots": False}}
 
 
+@pytest.mark.usefixtures("simpy_loop")   # (the manager's own checks; the core's: the next test)
 @pytest.mark.parametrize("prefix", [False, True])
 def test_runs_under_pressure_keep_their_invariants(prefix):
     # tiny-gemma: 1 full and 3 sliding layers (a 64-token window), 200 pages of one layer: preemptions
@@ -175,6 +176,32 @@ def test_runs_under_pressure_keep_their_invariants(prefix):
         assert s["prefix_cache_hit_rate"] > 0
     again = run_scenario(scenario_from_dict(_scenario(prefix_caching=prefix, num_gpu_blocks=200)))
     assert run.steps.equals(again.steps) and run.requests.equals(again.requests)
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "round_robin", "priority"])
+@pytest.mark.parametrize("model", ["window", "chunks"])
+@pytest.mark.parametrize("prefix", [False, True], ids=["counts", "prefix-cache"])
+def test_the_compiled_core_keeps_the_pages_as_the_loop_does(monkeypatch, policy, model, prefix):
+    # core.c's window pages (counts, or blocks by identity beside a prefix cache: the free queue's order
+    # decides every later eviction) against the manager's, under pressure, bit for bit, every invariant
+    # checked after every step both ways; round-robin's head check counts the window's pages too
+    from result_compare import assert_same, off_and_on
+
+    from sim import engine_core
+
+    data = _scenario(prefix_caching=prefix, num_gpu_blocks=200)
+    data["scheduler"].update(policy=policy, rr_quantum_steps=8)
+    if policy == "priority":
+        data["workload"]["synthetic"]["priority"] = {"dist": "uniform", "min": 0, "max": 3}
+    if model == "chunks":
+        data["model"] = {"name": "tiny-gemma", "sliding_window": 0, "sliding_layers": None,
+                         "attention_chunk_size": 64, "chunked_layers": 3}
+    loop, core = off_and_on(monkeypatch, engine_core, "enabled",
+                            lambda: run_scenario(scenario_from_dict(data), check_integrity=True))
+    assert core.profile["compiled_core"] and not loop.profile["compiled_core"]
+    assert_same(loop, core)
+    s = core.summary
+    assert s["num_preemptions"] > 0 and (s["prefix_cache_hit_rate"] > 0) == prefix
 
 
 def test_pages_hold_more_than_whole_layers():
@@ -231,6 +258,7 @@ def test_a_window_no_request_outgrows_pages_as_the_full_blocks_do():
     assert pages.steps["duration_s"].tolist() == whole.steps["duration_s"].tolist()
 
 
+@pytest.mark.usefixtures("simpy_loop")   # (the lane is the loop's)
 @pytest.mark.parametrize("chunked", [False, True])
 def test_the_decode_lane_moves_the_windows_as_the_loop_does(monkeypatch, chunked):
     # the lane's block boundaries go through allocate_slots (boundary_need counts what they take and give

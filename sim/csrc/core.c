@@ -5,7 +5,8 @@ instead of Python objects.
 It computes what sim/engine.py's SimPy loop computes (and sim/cluster/runner.py's, for several engines
 behind one arrival process) with a ContinuousScheduler (FCFS, round-robin or priority; preemption by
 recompute or by swap) or a StaticScheduler (FCFS or priority, no prefix cache: schedule_static), a
-KVCacheManager with or without prefix caching or a ContiguousKVManager (allocate_region over extents.c),
+KVCacheManager with or without prefix caching, a WindowedKVCacheManager (window pages beside each table:
+allocate_windowed) or a ContiguousKVManager (allocate_region over extents.c),
 with parallel samples (forked sequences: sharing.py's groups, below) but no beams, and the cost model, with
 or without speculative decoding (speculate.c's draws),
 stepping one step per event as the plain loop does (no decode runs: a step here costs about a
@@ -22,7 +23,7 @@ microsecond):
     record_step), the timeline's state changes and the inter-token gaps (sim/sched/records.py), the
     watchdog (sim/engine.py);
   - the cost model's step (sim/executors/cost_model.py execute, _engine_fixed_terms): the same float
-    operations in the same order; the GEMM, all-reduce and LM-head times come from the executor itself
+    operations in the same order (local-attention layers over what their queries see: first_visible); the GEMM, all-reduce and LM-head times come from the executor itself
     (a Python call for the first step of each size, then a table lookup); a speculating engine's drafts
     (sim/sched/continuous.py's decodes with drafts, base.py update's acceptance and trim), its verifying
     decodes' prices and its drafter's passes (sim/executors/drafter.py, decode_work_s);
@@ -50,7 +51,8 @@ Rows go to the caller a chunk at a time (``sink``); everything else comes back a
 enum { ST_WAITING = 0, ST_RUNNING = 1, ST_PREEMPTED = 2, ST_SWAPPED = 3, ST_FINISHED = 4 };
 enum { PH_WAITING = 0, PH_PREFILL = 1, PH_DECODE = 2, PH_PREEMPTED = 3, PH_SWAPPED = 4, PH_IDLE = 5, PH_DONE = 6,
        PH_HOST_LOAD = 7 };
-enum { MAIN_COLS = 18, BD_COLS = 8 };   /* (the 8th, the draft part, where speculating) */
+enum { MAIN_COLS = 18, BD_COLS = 8 };
+enum { CFG_SIZE = 26 };   /* an engine's settings (engine_core._engine_spec) */   /* (the 8th, the draft part, where speculating) */
 enum { ERR_NONE = 0, ERR_DEADLOCK = 1, ERR_DURATION = 2, ERR_LIVELOCK = 3 };
 enum { URGENT = 0, NORMAL = 1 };
 enum { ROLE_COLOCATED = 0, ROLE_PREFILL = 1, ROLE_DECODE = 2 };
@@ -197,6 +199,17 @@ typedef struct {
     int8_t *looked;
     Py_buffer *hbuf;
     int64_t query_tokens, hit_tokens;
+    /* vLLM's hybrid KV cache manager (sim/kv/window_pages.py; ``wg`` 0: none): besides its table, each request
+    holds ``wg`` pages a logical block for the blocks its next query sees on the local layers (a window of
+    ``wspan`` tokens, or chunks of it: ``wchunked``): ``whave[i]`` logical blocks from ``wfirst[i]``, their
+    pages by identity with a prefix cache (``wpg[i][k * wg + g]``: logical block k, group g), else counts;
+    ``npages`` held in all. ``stale``: the requests whose last step left pages behind the window, in the
+    order marked (``wstale[i]``: its position + 1, 0 where not listed), freed as the next step is planned */
+    int64_t wg, wspan, npages;
+    int wchunked;
+    int64_t *wfirst, *whave, *wstale, **wpg;
+    int64_t *stale;
+    Py_ssize_t nstale, stale_cap;
     /* the cache's host tier (kv_cache.cpu_offload_gib; ``host.cap`` 0: none): hashes of blocks copied to host
     memory (hostlru.h), the tokens its loads served at first admissions, the blocks loaded in all and in the
     step being planned */
@@ -220,6 +233,10 @@ typedef struct {
     double swap_s_per_block;
     int64_t layers, new_bytes, graph_max, n_fused, attn_ops, eager_ops, dec_new_bytes;   /* (new_bytes: a prefill's) */
     int64_t *pad;         /* CUDA graphs: a batch of n tokens runs the graph captured for pad[n] (n <= graph_max) */
+    /* local attention (sim/executors/local_attention.py; ``loc_layers`` 0: none): the layers that see only a
+    sliding window of ``loc_span`` tokens, or the chunk of ``loc_span`` their query is in (``loc_chunked``) */
+    int64_t loc_layers, loc_span;
+    int loc_chunked;
     Terms lin, head;
     int bd_cols;          /* the breakdown's columns: BD_COLS with a draft part, else one fewer */
     /* the engine loop */
@@ -461,7 +478,9 @@ static int open_request(Core *c, int64_t i)
     c->own[i] = calloc(max_blocks_of(c, i), sizeof(int64_t));   /* (block 0 where none: holds() says not) */
     if (c->nseq && c->nseq[i] > 1)
         c->gtbl[i] = malloc((c->nseq[i] - 1) * max_blocks_of(c, i) * sizeof(int64_t));
-    if (!c->tbl[i] || !c->own[i] || (c->nseq && c->nseq[i] > 1 && !c->gtbl[i])) {
+    if (c->wg)   /* (its window's pages by logical block) */
+        c->wpg[i] = malloc(c->wg * max_blocks_of(c, i) * sizeof(int64_t));
+    if (!c->tbl[i] || !c->own[i] || (c->nseq && c->nseq[i] > 1 && !c->gtbl[i]) || (c->wg && !c->wpg[i])) {
         PyErr_NoMemory();
         return -1;
     }
@@ -474,6 +493,10 @@ static void close_request(Core *c, int64_t i)
     if (c->gtbl) {
         free(c->gtbl[i]);
         c->gtbl[i] = NULL;
+    }
+    if (c->wpg) {
+        free(c->wpg[i]);
+        c->wpg[i] = NULL;
     }
     free(c->own[i]);
     c->own[i] = NULL;
@@ -606,6 +629,149 @@ static int allocate_region(Core *c, int64_t i)
     return 1;
 }
 
+/* ------------------------------------------------------------------ local attention and window pages */
+/* LocalAttention.first_visible: the first token a query at position p sees on a local layer */
+static inline int64_t first_visible(int64_t span, int chunked, int64_t p)
+{
+    if (chunked)
+        return (p / span) * span;
+    return p - span + 1 > 0 ? p - span + 1 : 0;
+}
+
+/* LocalAttention.pairs: (query, key) pairs of n new tokens after c cached ones on a local layer */
+static int64_t local_pairs(int64_t span, int chunked, int64_t n, int64_t c)
+{
+    if (!chunked) {   /* window_pairs: the sum of min(x, span) over x = c + 1 .. c + n */
+        const int64_t lo = c + 1, hi = c + n;
+        if (hi <= span)
+            return (lo + hi) * n / 2;
+        if (lo >= span)
+            return n * span;
+        return (lo + span) * (span - lo + 1) / 2 + (hi - span) * span;
+    }
+    int64_t total = 0, p = c;   /* chunk_pairs: the sum of p % span + 1, a chunk at a time */
+    const int64_t end = c + n;
+    while (p < end) {
+        const int64_t base = (p / span) * span, stop = end < base + span ? end : base + span;
+        total += ((p - base + 1) + (stop - base)) * (stop - p) / 2;
+        p = stop;
+    }
+    return total;
+}
+
+static void note_peaks(Core *c);
+
+/* WindowedKVCacheManager._window_change: (pages freed, pages taken) when request i's window moves to logical
+blocks first .. stop - 1 */
+static inline void window_change(const Core *c, int64_t i, int64_t first, int64_t stop, int64_t *dropped,
+                                 int64_t *taken)
+{
+    const int64_t have = c->whave[i];
+    int64_t gone = 0, held_to = first;
+    if (have) {
+        gone = first - c->wfirst[i];
+        gone = gone < 0 ? 0 : (gone > have ? have : gone);
+        held_to = c->wfirst[i] + have;
+    }
+    const int64_t from = first > held_to ? first : held_to;
+    *dropped = c->wg * gone;
+    *taken = c->wg * (stop > from ? stop - from : 0);
+}
+
+/* pages of request i's logical blocks [a, b) back to the pool, last first (free_last_refs of them reversed) */
+static void give_pages(Core *c, int64_t i, int64_t a, int64_t b)
+{
+    const int64_t n = (b - a) * c->wg;
+    if (c->cache) {
+        const int64_t *pg = c->wpg[i];
+        for (int64_t j = b * c->wg - 1; j >= a * c->wg; j--)
+            kvpool_decref(&c->pool, pg[j]);
+        c->free_blocks = c->pool.num_free;
+    } else {
+        c->free_blocks += n;
+    }
+    c->npages -= n;
+    c->logical -= n;
+}
+
+/* WindowedKVCacheManager._drop_before: request i's pages of logical blocks before ``first`` (they left the
+window) freed, oldest block's first */
+static void drop_before(Core *c, int64_t i, int64_t first)
+{
+    const int64_t have = c->whave[i], at = c->wfirst[i];
+    int64_t gone = first - at;
+    if (!have || gone <= 0)
+        return;
+    if (gone > have)
+        gone = have;
+    give_pages(c, i, at, at + gone);
+    c->wfirst[i] = at + gone;
+    c->whave[i] = have - gone;
+}
+
+/* the window's new pages (``taken``: wg a logical block) for request i's blocks up to ``stop``, in block order */
+static void take_pages(Core *c, int64_t i, int64_t stop, int64_t taken)
+{
+    const int64_t blocks = taken / c->wg;
+    if (!c->whave[i])
+        c->wfirst[i] = stop - blocks;
+    if (c->cache) {
+        int64_t *pg = c->wpg[i];
+        for (int64_t j = (stop - blocks) * c->wg; j < stop * c->wg; j++)
+            pg[j] = kvpool_pop(&c->pool);
+        c->free_blocks = c->pool.num_free;
+    } else {
+        c->free_blocks -= taken;
+    }
+    c->whave[i] += blocks;
+    c->npages += taken;
+    c->logical += taken;
+    note_peaks(c);
+}
+
+/* request i's pages all freed (WindowedKVCacheManager.free, after its table) */
+static void release_window(Core *c, int64_t i)
+{
+    c->wstale[i] = 0;
+    if (c->whave[i])
+        give_pages(c, i, c->wfirst[i], c->wfirst[i] + c->whave[i]);
+    c->whave[i] = 0;
+}
+
+/* request i's last step computed several tokens: the pages it leaves behind go as the next step is planned
+(``stale_pages``: a dict in insertion order; a request listed already keeps its place) */
+static void mark_stale(Core *c, int64_t i)
+{
+    if (c->wstale[i])
+        return;
+    if (c->nstale == c->stale_cap) {   /* (full of entries of requests freed since: keep the listed ones, in order) */
+        Py_ssize_t k = 0;
+        for (Py_ssize_t j = 0; j < c->nstale; j++) {
+            const int64_t r = c->stale[j];
+            if (c->wstale[r] == j + 1) {
+                c->stale[k] = r;
+                c->wstale[r] = ++k;
+            }
+        }
+        c->nstale = k;
+    }
+    c->stale[c->nstale++] = i;
+    c->wstale[i] = c->nstale;
+}
+
+/* WindowedKVCacheManager.free_stale_pages */
+static void free_stale(Core *c)
+{
+    for (Py_ssize_t j = 0; j < c->nstale; j++) {
+        const int64_t r = c->stale[j];
+        if (c->wstale[r] != j + 1)
+            continue;   /* (freed since, or listed again later) */
+        c->wstale[r] = 0;
+        drop_before(c, r, first_visible(c->wspan, c->wchunked, c->comp[r]) / c->bs);
+    }
+    c->nstale = 0;
+}
+
 /* the blocks request i still needs for comp + n tokens (KVCacheManager / ContiguousKVManager.blocks_needed) */
 static inline int64_t blocks_needed(const Core *c, int64_t i, int64_t n)
 {
@@ -620,12 +786,41 @@ static inline int64_t blocks_needed(const Core *c, int64_t i, int64_t n)
 (a block they fill joins the prefix cache only once they are accepted); 0 where blocks ran out */
 static int allocate_group(Core *c, int64_t i, int64_t n);
 
+static int allocate_table(Core *c, int64_t i, int64_t n, int64_t drafts);
+
+/* WindowedKVCacheManager.allocate_slots without cached blocks: the pages behind the window freed first (fit
+or not), then the table's blocks and the window's new pages together, or nothing */
+static int allocate_windowed(Core *c, int64_t i, int64_t n)
+{
+    const int64_t bs = c->bs, comp = c->comp[i];
+    const int64_t first = first_visible(c->wspan, c->wchunked, comp) / bs, stop = (comp + n + bs - 1) / bs;
+    drop_before(c, i, first);
+    int64_t dropped, taken;
+    window_change(c, i, first, stop, &dropped, &taken);
+    const int64_t need = stop - c->tlen[i];
+    if ((need > 0 ? need : 0) + taken > c->free_blocks || !allocate_table(c, i, n, 0))
+        return 0;
+    if (n > 1)
+        mark_stale(c, i);
+    if (taken)
+        take_pages(c, i, stop, taken);
+    return 1;
+}
+
 static int allocate_drafts(Core *c, int64_t i, int64_t n, int64_t drafts)
 {
     if (c->contig)
         return allocate_region(c, i);
     if (c->nseq && c->gk[i] > 1)
         return allocate_group(c, i, n);
+    if (c->wg)
+        return allocate_windowed(c, i, n);
+    return allocate_table(c, i, n, drafts);
+}
+
+/* KVCacheManager.allocate_slots of request i's table alone */
+static int allocate_table(Core *c, int64_t i, int64_t n, int64_t drafts)
+{
     const int64_t old = c->tlen[i];
     const int64_t need = (c->comp[i] + n + c->bs - 1) / c->bs - old;
     if (need > c->free_blocks)
@@ -876,7 +1071,15 @@ static int allocate_cached(Core *c, int64_t i, int64_t n, int64_t m, int64_t h)
     for (int64_t k = 0; k < m; k++)
         revive += c->pool.refs[run[k]] == 0;
     const int64_t need = ((m + h) * bs + n + bs - 1) / bs - m;
-    if (need + revive > c->free_blocks)
+    int64_t wstop = 0, taken = 0;   /* (the hybrid manager: the window's pages after the hits) */
+    if (c->wg) {
+        const int64_t first = first_visible(c->wspan, c->wchunked, (m + h) * bs) / bs;
+        int64_t dropped;
+        wstop = ((m + h) * bs + n + bs - 1) / bs;
+        drop_before(c, i, first);
+        window_change(c, i, first, wstop, &dropped, &taken);
+    }
+    if (need + revive + taken > c->free_blocks)
         return 0;
     c->held += (revive + h) * bs;
     for (int64_t k = 0; k < m; k++)
@@ -898,6 +1101,12 @@ static int allocate_cached(Core *c, int64_t i, int64_t n, int64_t m, int64_t h)
     c->upto[i] = m;   /* the hits are cached under these very hashes */
     if (!h)   /* (loaded blocks join the cache when the request computes after its load) */
         cache_full(c, i, c->comp[i] + n);
+    if (c->wg) {
+        if (n > 1)
+            mark_stale(c, i);
+        if (taken)
+            take_pages(c, i, wstop, taken);
+    }
     return 1;
 }
 
@@ -949,6 +1158,8 @@ static int release(Core *c, int64_t i)
     c->tlen[i] = 0;
     c->beyond_final -= c->beyond[i];
     c->beyond[i] = 0;
+    if (c->wg)
+        release_window(c, i);
     return 0;
 }
 
@@ -1420,7 +1631,15 @@ static int head_fits(Core *c)
     const int64_t blocks = (c->prompt[r] + c->gen[r] + c->bs - 1) / c->bs;   /* all its tokens computed */
     if (c->stat[r] == ST_SWAPPED)
         return (c->cpu_held[r] > blocks ? c->cpu_held[r] : blocks) <= c->free_blocks;
-    return (blocks > c->tlen[r] ? blocks - c->tlen[r] : 0) <= c->free_blocks;
+    int64_t need = blocks > c->tlen[r] ? blocks - c->tlen[r] : 0;
+    if (c->wg) {   /* WindowedKVCacheManager.blocks_needed: and the window's pages, less those leaving it */
+        int64_t dropped, taken;
+        window_change(c, r, first_visible(c->wspan, c->wchunked, c->comp[r]) / c->bs, blocks, &dropped, &taken);
+        need += taken - dropped;
+        if (need < 0)
+            need = 0;
+    }
+    return need <= c->free_blocks;
 }
 
 /* ContinuousScheduler._startable: how many queued requests this step's token budget could start (>= 1) */
@@ -1570,6 +1789,8 @@ static int schedule(Core *c, double now)
     c->step_index++;
     if (c->ld_len && loads_ended(c, now) < 0)
         return -1;
+    if (c->nstale)   /* (window pages a prefill chunk left behind: freed before any allocation) */
+        free_stale(c);
     if (c->rr && c->nrun && (c->wq_len || c->ahead.len || c->nswapped) && rotate(c, now) < 0)
         return -1;
     const int64_t rotated = c->st_preempted;   /* (its preemptions do not hold back admissions) */
@@ -1840,25 +2061,35 @@ static int price(Core *c)
 {
     int64_t tokens = 0, seqs = 0, pairs = 0, pre_new = 0, pre_ctx = 0, dec_seqs = 0, dec_ctx = 0;
     int64_t drafts = 0, ver_seqs = 0, ver_ctx = 0;
+    int64_t w_dec = 0, w_pairs = 0, w_cached = 0;   /* what the local layers see (LocalAttention.step_stats) */
+    const int64_t span = c->loc_span;
     for (Py_ssize_t j = 0; j < c->ne; j++) {
         const int64_t n = c->e_new[j], ctx = c->e_ctx[j];
+        const int64_t first = c->loc_layers ? first_visible(span, c->loc_chunked, ctx) : 0;
         tokens += n;
         seqs++;
         if (n == 1 && ctx > 0) {
             dec_seqs++;
             dec_ctx += ctx + 1;
+            w_dec += ctx + 1 - first;
         } else if (c->spec.k && c->e_draft[j]) {
             dec_seqs++;
             dec_ctx += ctx + n;
             drafts += n - 1;
             ver_seqs++;
             ver_ctx += ctx + 1;
+            w_dec += ctx + n - first;
         } else {
             pre_new += n;
             pre_ctx += ctx;
             pairs += n * ctx + n * (n + 1) / 2;
+            if (c->loc_layers) {
+                w_pairs += local_pairs(span, c->loc_chunked, n, ctx);
+                w_cached += ctx - first;
+            }
         }
     }
+    const double full_layers = (double)(c->layers - c->loc_layers), loc_layers = (double)c->loc_layers;
     const double *k = c->c;
     double *bd = c->bdv;
     const double swap = (double)(c->st_swap_out + c->st_swap_in) * c->swap_s_per_block;
@@ -1880,14 +2111,23 @@ static int price(Core *c)
         if (engine_fixed(c, tokens, seqs, pre_new > 0, t) < 0)
             return -1;
         const double linear = t[0] + more_logits, comm = t[1], elementwise = t[2], k_attn = t[3], cpu = t[4];
-        double per_layer = 0.0;
+        double per_layer = 0.0, local = 0.0;   /* (_engine_attention: every layer's; the local layers') */
         if (pre_new)
             per_layer = per_layer + (py_max(k[0] * (double)pairs / k[1],
                                             (double)(c->new_bytes * pre_new) / k[2] + k[3] * (double)pre_ctx) + k[4]);
         if (dec_seqs)
             per_layer = per_layer + (((double)dec_ctx + (double)dec_seqs * k[5]) * k[6]
                                      + (double)(dec_seqs + drafts) * k[7] + k_attn);
-        const double attention = (double)c->layers * per_layer;
+        if (c->loc_layers) {
+            if (pre_new)
+                local = local + (py_max(k[0] * (double)w_pairs / k[1],
+                                        (double)(c->new_bytes * pre_new) / k[2] + k[3] * (double)w_cached) + k[4]);
+            if (dec_seqs)
+                local = local + (((double)w_dec + (double)dec_seqs * k[5]) * k[6]
+                                 + (double)(dec_seqs + drafts) * k[7] + k_attn);
+        }
+        const double attention = c->loc_layers ? full_layers * per_layer + loc_layers * local
+                                               : (double)c->layers * per_layer;
         const double gpu = linear + attention + elementwise + comm + k[8] + draft;
         const double busy = k[10] != 0.0 ? py_max(gpu, cpu) : gpu + cpu;
         const double duration = busy + k[9] + swap + copy;
@@ -1906,7 +2146,7 @@ static int price(Core *c)
             return -1;
         linear = lc[0] + head + more_logits;
         comm = lc[1];
-        double per_layer = 0.0;
+        double per_layer = 0.0, local = 0.0;   /* (_operator_attention: every layer's; the local layers') */
         if (pre_new)
             per_layer = per_layer + (py_max(k[0] * (double)pairs / k[1],
                                             (double)(c->new_bytes * pre_new) / k[2] + k[3] * (double)pre_ctx) + k[4]);
@@ -1914,7 +2154,19 @@ static int price(Core *c)
             per_layer = per_layer + (py_max(k[11] * (double)dec_ctx / k[1],
                                             k[12] * (double)dec_ctx
                                                 + (double)(c->dec_new_bytes * (dec_seqs + drafts)) / k[2]) + k[4]);
-        attention = (double)c->layers * (per_layer + (double)dec_seqs * k[5] + (double)(seqs - dec_seqs) * k[6]);
+        if (!c->loc_layers) {
+            attention = (double)c->layers * (per_layer + (double)dec_seqs * k[5] + (double)(seqs - dec_seqs) * k[6]);
+        } else {
+            if (pre_new)
+                local = local + (py_max(k[0] * (double)w_pairs / k[1],
+                                        (double)(c->new_bytes * pre_new) / k[2] + k[3] * (double)w_cached) + k[4]);
+            if (dec_seqs)
+                local = local + (py_max(k[11] * (double)w_dec / k[1],
+                                        k[12] * (double)w_dec
+                                            + (double)(c->dec_new_bytes * (dec_seqs + drafts)) / k[2]) + k[4]);
+            const double per_seq = (double)dec_seqs * k[5] + (double)(seqs - dec_seqs) * k[6];
+            attention = full_layers * (per_layer + per_seq) + loc_layers * (local + per_seq);
+        }
         elementwise = (double)c->layers * ((double)tokens * k[7] + k[8]);
     }
     const double overhead = c->engine ? k[18] : k[9];   /* (a step of no tokens in engine mode: swaps alone) */
@@ -2056,11 +2308,12 @@ static int record(Core *c)
 {
     const Py_ssize_t f = c->fill, w = c->chunk;
     const int64_t used = c->num_blocks - c->free_blocks, bs = c->bs;
+    const int64_t states = c->held + c->npages * bs;   /* (window pages count whole as token states) */
     const double row[MAIN_COLS] = {
         c->start, c->d, (double)c->ne, (double)c->st_prefill, (double)c->st_decode, (double)c->nrun,
         (double)(c->wq_len + c->ahead.len - (c->num_swapped - c->nswapped) + c->ld_len), (double)c->num_swapped, (double)used, (double)c->st_preempted, (double)c->st_swap_out,
-        (double)c->st_swap_in, (double)c->st_copy, (double)c->held,
-        (double)(used * bs - c->held - c->beyond_final), (double)c->beyond_final,
+        (double)c->st_swap_in, (double)c->st_copy, (double)states,
+        (double)(used * bs - states - c->beyond_final), (double)c->beyond_final,
         c->contig ? (double)((c->free_blocks - extents_largest(&c->ext)) * bs) : 0.0,
         (double)((c->contig ? extents_largest(&c->ext) : c->free_blocks) * bs)};
     for (int j = 0; j < MAIN_COLS; j++)
@@ -2138,6 +2391,8 @@ static int check_pool(Core *c, int64_t *held)
                 goto out;
             }
         }
+        for (int64_t j = c->wg ? c->wfirst[i] * c->wg : 0; c->wg && j < (c->wfirst[i] + c->whave[i]) * c->wg; j++)
+            count[c->wpg[i][j]]++;   /* (its window's pages: one holder each) */
     }
     int64_t n = 0;
     for (int64_t b = p->head, prev = -1; b >= 0; prev = b, b = p->next[b]) {
@@ -2230,7 +2485,7 @@ core's counters: blocks held add up, slots add up to the capacity, each running 
 exactly its computed tokens, nobody else holds a block. */
 static int check_integrity(Core *c)
 {
-    int64_t tables = 0, phys = 0, held = 0, beyond = 0, pre = 0, idle = 0, sibs = 0;
+    int64_t tables = 0, phys = 0, held = 0, beyond = 0, pre = 0, idle = 0, sibs = 0, pages = 0;
     const int64_t bs = c->bs;
     if (c->host.cap && hostlru_check(&c->host) < 0)
         return -1;
@@ -2277,7 +2532,16 @@ static int check_integrity(Core *c)
             idle += c->stat[i] == ST_FINISHED && !handing;
             held += c->comp[i] < c->tlen[i] * bs ? c->comp[i] : c->tlen[i] * bs;
         }
+        if (c->wg && c->whave[i]) {   /* window pages: a whole number of logical blocks, ending at its table's */
+            if (c->wfirst[i] + c->whave[i] != t || c->wfirst[i] < 0)
+                return fail("a request's window pages do not end at its table's last block", c->rid[i], c->wfirst[i]);
+            tables += c->wg * c->whave[i];
+            phys += c->wg * c->whave[i];
+            pages += c->wg * c->whave[i];
+        }
     }
+    if (pages != c->npages)
+        return fail("window pages miscounted", c->npages, pages);
     if (c->contig && check_extents(c) < 0)
         return -1;
     if (c->cache) {
@@ -2296,7 +2560,7 @@ static int check_integrity(Core *c)
         return fail("held slots differ from the computed tokens", c->held, held);
     if (beyond != c->beyond_final)
         return fail("slots beyond final lengths differ", c->beyond_final, beyond);
-    const int64_t reserved = (c->num_blocks - c->free_blocks) * bs - c->held - c->beyond_final;
+    const int64_t reserved = (c->num_blocks - c->free_blocks) * bs - c->held - c->npages * bs - c->beyond_final;
     if (reserved < 0 || c->held < 0 || c->beyond_final < 0)
         return fail("a negative slot count", reserved, c->beyond_final);
     if (pre != c->n_prefilling)
@@ -3037,7 +3301,7 @@ static void free_engine(Core *c)
                     c->tmp, c->idle, c->e_sib,
                     c->main, c->bd, c->lin.keys, c->lin.vals, c->head.keys, c->head.vals, c->pad, c->tr_rid.p,
                     c->tr_time.p, c->tr_phase.p,
-                    c->gap_d.p, c->gap_n.p, c->other.p, c->pref, c->ld_idx, c->ld_ready, c->hw};
+                    c->gap_d.p, c->gap_n.p, c->other.p, c->pref, c->ld_idx, c->ld_ready, c->hw, c->stale};
     for (size_t j = 0; j < sizeof bufs / sizeof bufs[0]; j++)
         free(bufs[j]);
     free(c->dr_terms.keys);
@@ -3143,18 +3407,18 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
     if (!PyArg_ParseTuple(spec, "O!(iO!O!OOO)On|O", &PyTuple_Type, &cfg, &mode, &PyTuple_Type, &ints, &PyTuple_Type,
                           &floats, &pad, &linear_fn, &head_fn, &sink, &chunk, &speculation))
         return -1;
-    if (chunk < 1 || PyTuple_GET_SIZE(cfg) != 23 || PyTuple_GET_SIZE(ints) != 7
+    if (chunk < 1 || PyTuple_GET_SIZE(cfg) != CFG_SIZE || PyTuple_GET_SIZE(ints) != 10
         || PyTuple_GET_SIZE(floats) != (mode ? 20 : 14)) {
         PyErr_SetString(PyExc_ValueError, "run_core: bad sizes, settings or pricing constants");
         return -1;
     }
-    int64_t cv[23], iv[7];
-    for (int j = 0; j < 23; j++) {
+    int64_t cv[CFG_SIZE], iv[10];
+    for (int j = 0; j < CFG_SIZE; j++) {
         cv[j] = PyLong_AsLongLong(PyTuple_GET_ITEM(cfg, j));
         if (cv[j] == -1 && PyErr_Occurred())
             return -1;
     }
-    for (int j = 0; j < 7; j++) {
+    for (int j = 0; j < 10; j++) {
         iv[j] = PyLong_AsLongLong(PyTuple_GET_ITEM(ints, j));
         if (iv[j] == -1 && PyErr_Occurred())
             return -1;
@@ -3209,6 +3473,19 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
     c->attn_ops = iv[4];
     c->eager_ops = iv[5];
     c->dec_new_bytes = iv[6];
+    c->loc_layers = iv[7];
+    c->loc_span = iv[8];
+    c->loc_chunked = (int)iv[9];
+    c->wg = cv[23];
+    c->wspan = cv[24];
+    c->wchunked = (int)cv[25];
+    if (c->loc_layers < 0 || c->loc_layers > c->layers || (c->loc_layers && c->loc_span < 1) || c->wg < 0
+        || (c->wg && (c->wspan < 1 || !c->wfirst || c->contig || c->staticb || c->swap || c->nseq || cv[22] > 0
+                      || w->dg))) {
+        PyErr_SetString(PyExc_ValueError, "run_core: bad local attention, or window pages with what they do not take "
+                                          "(static batching, contiguous regions, swap, samples, a host tier, pools)");
+        return -1;
+    }
     const Py_ssize_t nk = PyTuple_GET_SIZE(floats);
     for (Py_ssize_t j = 0; j < nk; j++) {
         c->c[j] = PyFloat_AsDouble(PyTuple_GET_ITEM(floats, j));
@@ -3266,6 +3543,9 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
     c->staged_t = alloc_n(N, 8, &failed);
     c->main = alloc_n(MAIN_COLS * chunk, 8, &failed);
     c->bd = alloc_n(BD_COLS * chunk, 8, &failed);
+    c->stale = c->wg ? alloc_n(batch, 8, &failed) : NULL;   /* (at most the running requests are listed) */
+    c->nstale = 0;
+    c->stale_cap = batch;
     if (failed) {
         PyErr_NoMemory();
         return -1;
@@ -3311,9 +3591,15 @@ static int open_engine(Core *c, World *w, Py_ssize_t index, PyObject *spec, cons
 
 /* a pool's KV arrays per request (a disaggregated decode pool has its own; the world's counters, times and
 statuses are shared) */
-static int alloc_pool_arrays(Core *d, Py_ssize_t N)
+static int alloc_pool_arrays(Core *d, Py_ssize_t N, int windows)
 {
     int failed = 0;
+    if (windows) {   /* (the hybrid manager's windows) */
+        d->wfirst = alloc_n(N, 8, &failed);
+        d->whave = alloc_n(N, 8, &failed);
+        d->wstale = alloc_n(N, 8, &failed);
+        d->wpg = alloc_n(N, sizeof(int64_t *), &failed);
+    }
     d->tlen = alloc_n(N, 8, &failed);
     d->beyond = alloc_n(N, 8, &failed);
     d->rstart = alloc_n(N, 8, &failed);
@@ -3342,7 +3628,7 @@ static void free_pool_arrays(Core *d, Py_ssize_t N)
         for (Py_ssize_t j = 0; j < N; j++)
             close_request(d, j);
     void *bufs[] = {d->tlen, d->beyond, d->rstart, d->furthest, d->cpu_held, d->tbl, d->own, d->upto, d->memo,
-                    d->memo_at, d->hs, d->looked, d->hbuf};
+                    d->memo_at, d->hs, d->looked, d->hbuf, d->wfirst, d->whave, d->wstale, d->wpg};
     for (size_t j = 0; j < sizeof bufs / sizeof bufs[0]; j++)
         free(bufs[j]);
 }
@@ -3426,7 +3712,7 @@ static int open_disagg(Disagg *dg, Core *shared, Core *shared_d, PyObject *spec,
     shared_d->output = b[1].buf;
     shared_d->accepted = b[2].buf;
     shared_d->hash_fn = hash_d == Py_None ? NULL : hash_d;
-    return alloc_pool_arrays(shared_d, N);
+    return alloc_pool_arrays(shared_d, N, 0);
 }
 
 /* the hand-off's totals back to the caller */
@@ -3541,7 +3827,19 @@ PyObject *kv_run_core(PyObject *self, PyObject *args)
         PyErr_NoMemory();
         goto done;
     }
-    if (alloc_pool_arrays(&shared, N) < 0)
+    int windows = 0;   /* (whether an engine keeps window pages: cfg[23], its ``wg``) */
+    for (Py_ssize_t e = 0; e < M; e++) {
+        PyObject *one = PyList_GET_ITEM(specs, e), *cfg = PyTuple_Check(one) && PyTuple_GET_SIZE(one) ? PyTuple_GET_ITEM(one, 0) : NULL;
+        if (!cfg || !PyTuple_Check(cfg) || PyTuple_GET_SIZE(cfg) != CFG_SIZE) {
+            PyErr_SetString(PyExc_ValueError, "run_core: an engine's settings are not a tuple of CFG_SIZE");
+            goto done;
+        }
+        const long long wg = PyLong_AsLongLong(PyTuple_GET_ITEM(cfg, 23));
+        if (wg == -1 && PyErr_Occurred())
+            goto done;
+        windows |= wg > 0;
+    }
+    if (alloc_pool_arrays(&shared, N, windows) < 0)
         goto done;
     for (Py_ssize_t j = 0; j < 6 * N; j++)
         oi[j] = 0;

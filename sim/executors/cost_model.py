@@ -187,8 +187,8 @@ class CostModelExecutor:
                            else hardware.peak_flops)
         self._layers = model.num_layers
         # local attention (a sliding window, or a chunk): these layers' attention reads only what their queries
-        # see (sim/executors/local_attention.py), step by step: no decode runs, no compiled core (both price
-        # from context sums alone)
+        # see (sim/executors/local_attention.py), step by step: no decode runs (they price from context sums
+        # alone); the compiled core sums what each entry sees as execute does
         self._local, self._local_layers = model.local_attention, model.local_layers
         self._full_layers = self._layers - self._local_layers
         if self._local_layers:
@@ -243,7 +243,10 @@ class CostModelExecutor:
         self._linear_cache, self._head_cache = memo.linear, memo.head
         if engine is not None:
             self._init_engine(engine, memo)
-        self._native_consts = None if self._local_layers else self._decode_constants()
+        consts = self._decode_constants()
+        # the compiled core prices step by step (local layers too); decode runs price from context sums alone
+        self._core_priced = consts is not None
+        self._native_consts = None if self._local_layers else consts
 
     # ------------------------------------------------------------ engine-level terms
     def _init_engine(self, e: EngineParams, memo: PriceMemo) -> None:

@@ -70,16 +70,16 @@ class WindowedKVCacheManager(KVCacheManager):
         bs = self.block_size
         return self.local.first_visible(computed) // bs, -(-end // bs)
 
-    def window_blocks_max(self, max_kv: int) -> int:
-        """The most logical blocks a request of ``max_kv`` KV tokens ever holds window pages for: a step
-        computes at most ``step_tokens`` tokens, whose first query sees at most ``span - 1`` before it (vLLM's
-        bound for its startup check, plus a block for alignment)."""
+    def window_blocks_max(self, max_kv: int | np.ndarray) -> int | np.ndarray:
+        """The most logical blocks a request of ``max_kv`` KV tokens ever holds window pages for (each of an
+        array of them): a step computes at most ``step_tokens`` tokens, whose first query sees at most
+        ``span - 1`` before it (vLLM's bound for its startup check, plus a block for alignment)."""
         bs = self.block_size
-        return min(-(-max_kv // bs), -(-(self.local.span - 1 + min(self.step_tokens, max_kv)) // bs) + 1)
+        return np.minimum(-(-max_kv // bs), -(-(self.local.span - 1 + np.minimum(self.step_tokens, max_kv)) // bs) + 1)
 
     def can_ever_fit(self, req: Request) -> bool:
-        return (self.blocks_for(req.max_kv_tokens) + self.sliding_groups * self.window_blocks_max(req.max_kv_tokens)
-                <= self.num_blocks)
+        return bool(self.blocks_for(req.max_kv_tokens)
+                    + self.sliding_groups * self.window_blocks_max(req.max_kv_tokens) <= self.num_blocks)
 
     def blocks_needed(self, req: Request, num_new_tokens: int) -> int:
         """The table's new blocks and the window's new pages, less the pages that leave the window."""
