@@ -2061,32 +2061,35 @@ static int price(Core *c)
 {
     int64_t tokens = 0, seqs = 0, pairs = 0, pre_new = 0, pre_ctx = 0, dec_seqs = 0, dec_ctx = 0;
     int64_t drafts = 0, ver_seqs = 0, ver_ctx = 0;
-    int64_t w_dec = 0, w_pairs = 0, w_cached = 0;   /* what the local layers see (LocalAttention.step_stats) */
-    const int64_t span = c->loc_span;
     for (Py_ssize_t j = 0; j < c->ne; j++) {
         const int64_t n = c->e_new[j], ctx = c->e_ctx[j];
-        const int64_t first = c->loc_layers ? first_visible(span, c->loc_chunked, ctx) : 0;
         tokens += n;
         seqs++;
         if (n == 1 && ctx > 0) {
             dec_seqs++;
             dec_ctx += ctx + 1;
-            w_dec += ctx + 1 - first;
         } else if (c->spec.k && c->e_draft[j]) {
             dec_seqs++;
             dec_ctx += ctx + n;
             drafts += n - 1;
             ver_seqs++;
             ver_ctx += ctx + 1;
-            w_dec += ctx + n - first;
         } else {
             pre_new += n;
             pre_ctx += ctx;
             pairs += n * ctx + n * (n + 1) / 2;
-            if (c->loc_layers) {
-                w_pairs += local_pairs(span, c->loc_chunked, n, ctx);
-                w_cached += ctx - first;
-            }
+        }
+    }
+    int64_t w_dec = 0, w_pairs = 0, w_cached = 0;   /* what the local layers see (LocalAttention.step_stats) */
+    for (Py_ssize_t j = 0; c->loc_layers && j < c->ne; j++) {
+        const int64_t n = c->e_new[j], ctx = c->e_ctx[j], first = first_visible(c->loc_span, c->loc_chunked, ctx);
+        if (n == 1 && ctx > 0) {
+            w_dec += ctx + 1 - first;
+        } else if (c->spec.k && c->e_draft[j]) {
+            w_dec += ctx + n - first;
+        } else {
+            w_pairs += local_pairs(c->loc_span, c->loc_chunked, n, ctx);
+            w_cached += ctx - first;
         }
     }
     const double full_layers = (double)(c->layers - c->loc_layers), loc_layers = (double)c->loc_layers;
