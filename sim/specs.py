@@ -600,6 +600,34 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
        for name in ("deepseek-v3", "deepseek-r1")},
     "qwen2-57b-a14b": _llama("qwen2-57b-a14b", 28, 3584, 28, 4, 2560, 151936, 131072, num_experts=64,
                              experts_per_token=8, shared_expert_size=20480),
+    # deepseek-ai/DeepSeek-V3.1 config.json: DeepSeek-V3's shapes (a later release of the same model)
+    "deepseek-v3.1": _llama("deepseek-v3.1", 61, 7168, 128, 128, 2048, 129280, 163840, head_dim=192,
+                            num_experts=256, experts_per_token=8, shared_expert_size=2048, dense_layers=3,
+                            dense_intermediate_size=18432, kv_lora_rank=512, qk_rope_head_dim=64, v_head_dim=128,
+                            q_lora_rank=1536, dtype="fp8", kv_dtype="fp16"),
+    # moonshotai/Kimi-K2-Instruct config.json: DeepSeek-V3's architecture with 64 query heads, 384 experts of
+    # 2,048 (8 a token) beside one shared expert, the first layer dense (18,432), a vocabulary of 163,840,
+    # block-fp8 weights as it ships them; "1T total parameters, 32B activated" (the model card)
+    "kimi-k2": _llama("kimi-k2", 61, 7168, 64, 64, 2048, 163840, 131072, head_dim=192, num_experts=384,
+                      experts_per_token=8, shared_expert_size=2048, dense_layers=1, dense_intermediate_size=18432,
+                      kv_lora_rank=512, qk_rope_head_dim=64, v_head_dim=128, q_lora_rank=1536, dtype="fp8",
+                      kv_dtype="fp16"),
+    # Qwen/Qwen3-235B-A22B config.json: 128 experts of moe_intermediate_size 1,536 (8 a token) on every layer,
+    # 64 query heads of 128 over 4 KV heads; "235B total, 22B activated" (the model card)
+    "qwen3-235b-a22b": _llama("qwen3-235b-a22b", 94, 4096, 64, 4, 1536, 151936, 40960, head_dim=128,
+                              num_experts=128, experts_per_token=8),
+    # zai-org/GLM-4.5 and GLM-4.5-Air config.json: 160 or 128 experts (8 a token) beside one shared expert of
+    # the same width, the first 3 or 1 layers dense, 96 query heads of 128 over 8 KV heads (rotary on half of
+    # each head, partial_rotary_factor 0.5, and the QKV biases are not priced); their multi-token-prediction
+    # layer (num_nextn_predict_layers), loaded only to draft, is left out: "355B total / 32B active" and "106B /
+    # 12B" (the model cards)
+    "glm-4.5": _llama("glm-4.5", 92, 5120, 96, 8, 1536, 151552, 131072, head_dim=128, num_experts=160,
+                      experts_per_token=8, shared_expert_size=1536, dense_layers=3, dense_intermediate_size=12288),
+    "glm-4.5-air": _llama("glm-4.5-air", 46, 4096, 96, 8, 1408, 151552, 131072, head_dim=128, num_experts=128,
+                          experts_per_token=8, shared_expert_size=1408, dense_layers=1, dense_intermediate_size=10944),
+    # mistralai/Mixtral-8x22B-v0.1 config.json: 8 experts of 16,384, 2 a token; "141B parameters, 39B active"
+    "mixtral-8x22b": _llama("mixtral-8x22b", 56, 6144, 48, 8, 16384, 32768, 65536, num_experts=8,
+                            experts_per_token=2),
     # google/gemma-2-9b and -27b config.json: a gated GELU MLP, tied embeddings, every other layer (the even
     # ones) attending a 4,096-token sliding window, 8,192 positions (the soft-capped logits change no shape)
     "gemma-2-9b": _llama("gemma-2-9b", 42, 3584, 16, 8, 14336, 256000, 8192, head_dim=256, tied_embeddings=True,

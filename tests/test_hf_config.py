@@ -161,6 +161,10 @@ def test_new_presets_have_their_published_size(preset, billions):
     ("codellama/CodeLlama-13b-Instruct-hf", "codellama-13b"), ("acme/Giant-9000", None),
     ("Qwen/Qwen3-8B", "qwen3-8b"), ("Qwen/Qwen3-14B-Base", "qwen3-14b"),
     ("Qwen/Qwen3-30B-A3B-Instruct-2507", "qwen3-30b-a3b"),
+    ("Qwen/Qwen3-235B-A22B-Instruct-2507", "qwen3-235b-a22b"), ("zai-org/GLM-4.5", "glm-4.5"),
+    ("zai-org/GLM-4.5-Air", "glm-4.5-air"), ("moonshotai/Kimi-K2-Instruct-0905", "kimi-k2"),
+    ("moonshotai/Kimi-K2-Thinking", None),   # (its experts in int4: a config.json, not a guess)
+    ("mistralai/Mixtral-8x22B-Instruct-v0.1", "mixtral-8x22b"), ("deepseek-ai/DeepSeek-V3.1", "deepseek-v3.1"),
 ])
 def test_runs_files_name_models_as_the_hub_does(model_id, preset):
     from sim.fidelity.runs import model_preset

@@ -149,3 +149,57 @@ def test_activated_parameters_match_the_model_cards():
         assert ModelSpec.from_name(name).activated_params() == pytest.approx(active, rel=0.025), name
     llama = ModelSpec.from_name("llama-2-7b")
     assert llama.activated_params() == llama.num_params()
+
+
+# published config.json values (the keys that matter): GLM-4.5 (zai-org), Qwen3-235B-A22B, Kimi-K2-Instruct
+GLM_4_5 = {"model_type": "glm4_moe", "hidden_size": 5120, "intermediate_size": 12288, "moe_intermediate_size": 1536,
+           "num_attention_heads": 96, "num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 92,
+           "n_routed_experts": 160, "num_experts_per_tok": 8, "n_shared_experts": 1, "first_k_dense_replace": 3,
+           "partial_rotary_factor": 0.5, "attention_bias": True, "num_nextn_predict_layers": 1,
+           "vocab_size": 151552, "max_position_embeddings": 131072, "tie_word_embeddings": False}
+QWEN3_235B = {"model_type": "qwen3_moe", "hidden_size": 4096, "intermediate_size": 12288, "moe_intermediate_size": 1536,
+              "num_attention_heads": 64, "num_key_value_heads": 4, "head_dim": 128, "num_hidden_layers": 94,
+              "num_experts": 128, "num_experts_per_tok": 8, "decoder_sparse_step": 1, "mlp_only_layers": [],
+              "vocab_size": 151936, "max_position_embeddings": 40960, "tie_word_embeddings": False}
+KIMI_K2 = {"model_type": "kimi_k2", "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+           "num_attention_heads": 64, "num_key_value_heads": 64, "num_hidden_layers": 61, "n_routed_experts": 384,
+           "num_experts_per_tok": 8, "n_shared_experts": 1, "first_k_dense_replace": 1, "moe_layer_freq": 1,
+           "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+           "v_head_dim": 128, "vocab_size": 163840, "max_position_embeddings": 131072,
+           "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                   "weight_block_size": [128, 128]}}
+
+
+def test_large_moe_presets_by_hand_and_against_their_cards():
+    # GLM-4.5, one expert layer: attention (96 x 128 queries, 8 x 128 keys and values, 12,288 -> 5,120 out),
+    # 160 experts and a shared one of 3 x 5,120 x 1,536, the router, two norms; a dense layer's MLP 3 x 5,120 x
+    # 12,288; 89 expert layers, 3 dense, untied embedding and head, the final norm
+    h, attn = 5120, 5120 * (96 + 16) * 128 + 96 * 128 * 5120
+    moe = attn + 161 * 3 * h * 1536 + h * 160 + 2 * h
+    dense = attn + 3 * h * 12288 + 2 * h
+    glm = ModelSpec.from_name("zai-org/GLM-4.5")
+    assert glm.num_params() == 89 * moe + 3 * dense + 2 * 151552 * h + h
+    # the cards: "355B total" (with its multi-token-prediction layer, left out here: 352.8B), "32B active" and
+    # GLM-4.5-Air's "106B / 12B" counted without the embedding and the LM head; Qwen3-235B-A22B's "235B / 22B";
+    # Kimi K2's "1T / 32B"; Mixtral-8x22B's "141B / 39B"
+    air = ModelSpec.from_name("zai-org/GLM-4.5-Air")
+    for spec, total, active, outside in ((glm, 355e9, 32e9, 2), (air, 106e9, 12e9, 2),
+                                         (ModelSpec.from_name("Qwen/Qwen3-235B-A22B"), 235e9, 22e9, 0),
+                                         (ModelSpec.from_name("moonshotai/Kimi-K2-Instruct"), 1e12, 32e9, 0),
+                                         (ModelSpec.from_name("mistralai/Mixtral-8x22B-v0.1"), 141e9, 39e9, 0)):
+        assert spec.num_params() == pytest.approx(total, rel=0.03), spec.name
+        assert spec.activated_params() - outside * spec.vocab_size * spec.hidden_size == pytest.approx(
+            active, rel=0.03), spec.name
+
+
+@pytest.mark.parametrize("config, preset", [(GLM_4_5, "glm-4.5"), (QWEN3_235B, "qwen3-235b-a22b"),
+                                            (KIMI_K2, "kimi-k2")])
+def test_their_configs_give_the_presets(config, preset):
+    from sim.hf_config import spec_from_hf_config
+
+    assert spec_from_hf_config(config, preset) == ModelSpec.from_name(preset)
+
+
+def test_deepseek_v3_1_has_v3s_shapes():
+    v31 = ModelSpec.from_name("deepseek-ai/DeepSeek-V3.1")
+    assert v31.model_copy(update={"name": "deepseek-v3"}) == ModelSpec.from_name("deepseek-v3")
