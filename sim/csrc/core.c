@@ -203,11 +203,13 @@ typedef struct {
     holds ``wg`` pages a logical block for the blocks its next query sees on the local layers (a window of
     ``wspan`` tokens, or chunks of it: ``wchunked``): ``whave[i]`` logical blocks from ``wfirst[i]``, their
     pages by identity with a prefix cache (``wpg[i][k * wg + g]``: logical block k, group g), else counts;
-    ``npages`` held in all. ``stale``: the requests whose last step left pages behind the window, in the
-    order marked (``wstale[i]``: its position + 1, 0 where not listed), freed as the next step is planned */
+    ``npages`` distinct pages held in all. ``stale``: the requests whose last step left pages behind the
+    window, in the order marked (``wstale[i]``: its position + 1, 0 where not listed), freed as the next step
+    is planned. With a prefix cache a full block's pages are cached with it (under ``page_hash``; ``wupto[i]``:
+    the logical blocks whose pages were offered) and a hit shares them (``window_hit``) */
     int64_t wg, wspan, npages;
     int wchunked;
-    int64_t *wfirst, *whave, *wstale, **wpg;
+    int64_t *wfirst, *whave, *wstale, *wupto, **wpg;
     int64_t *stale;
     Py_ssize_t nstale, stale_cap;
     /* the cache's host tier (kv_cache.cpu_offload_gib; ``host.cap`` 0: none): hashes of blocks copied to host
@@ -535,11 +537,13 @@ static void first_lookup(Core *c, int64_t i, int64_t hit_tokens, int64_t loaded_
     c->ncached[i] = hit_tokens + loaded_tokens;
 }
 
+static int64_t window_hit(const Core *c, int64_t i, int64_t full);
+
 /* SharingMixin.match_prefix_blocks: the cached blocks a fresh admission of request i reuses, at least one
 token left to compute, into its table's room (empty while it waits). The run found last time is
 remembered (``memo``): its blocks still cached under the same hashes are checked in the arrays, and
 lookups begin at the first that is not (a waiting head matched again every step costs a pass over
-its blocks, not a lookup each) */
+its blocks, not a lookup each); with window pages, cut where they are not cached (``window_hit``) */
 static int64_t match_prefix(Core *c, int64_t i)
 {
     if (c->comp[i] || c->tlen[i])
@@ -559,7 +563,7 @@ static int64_t match_prefix(Core *c, int64_t i)
     }
     c->memo[i] = m;
     c->memo_at[i] = c->pool.evicted;
-    return m;
+    return c->wg ? window_hit(c, i, m) : m;   /* (cut where the window's pages are not cached) */
 }
 
 /* SharingMixin.host_run: the blocks after request i's m GPU hits the host tier holds without a gap (at least
@@ -682,15 +686,17 @@ static inline void window_change(const Core *c, int64_t i, int64_t first, int64_
 static void give_pages(Core *c, int64_t i, int64_t a, int64_t b)
 {
     const int64_t n = (b - a) * c->wg;
-    if (c->cache) {
+    if (c->cache) {   /* (a page shared by prefix hits stays held until its last holder gives it back) */
         const int64_t *pg = c->wpg[i];
-        for (int64_t j = b * c->wg - 1; j >= a * c->wg; j--)
+        for (int64_t j = b * c->wg - 1; j >= a * c->wg; j--) {
+            c->npages -= c->pool.refs[pg[j]] == 1;
             kvpool_decref(&c->pool, pg[j]);
+        }
         c->free_blocks = c->pool.num_free;
     } else {
         c->free_blocks += n;
+        c->npages -= n;
     }
-    c->npages -= n;
     c->logical -= n;
 }
 
@@ -733,9 +739,77 @@ static void take_pages(Core *c, int64_t i, int64_t stop, int64_t taken)
 static void release_window(Core *c, int64_t i)
 {
     c->wstale[i] = 0;
+    if (c->cache)
+        c->wupto[i] = 0;
     if (c->whave[i])
         give_pages(c, i, c->wfirst[i], c->wfirst[i] + c->whave[i]);
     c->whave[i] = 0;
+}
+
+/* the hash page g of a block of hash h is cached under (window_pages.page_hashes) */
+static inline int64_t page_hash(int64_t h, int64_t g)
+{
+    return (int64_t)kv_mix64((uint64_t)h + 0x9E3779B97F4A7C15ULL * (uint64_t)(g + 1));
+}
+
+/* the page cached as group g's of request i's logical block k, or -1 */
+static inline int64_t find_page(const Core *c, int64_t i, int64_t k, int64_t g)
+{
+    return kvpool_find(&c->pool, page_hash(block_hash(c, i, k), g));
+}
+
+/* whether every page of request i's logical block k is cached */
+static int pages_cached(const Core *c, int64_t i, int64_t k)
+{
+    for (int64_t g = 0; g < c->wg; g++)
+        if (find_page(c, i, k, g) < 0)
+            return 0;
+    return 1;
+}
+
+/* WindowedKVCacheManager.window_hit: the prefix hit given the full group's run of ``full`` blocks, the longest
+whose next query finds the pages it sees cached (vLLM's rule: a window's rightmost run of ceil((span - 1) / bs)
+cached blocks, else the run from block 0; a chunk's cached blocks from its start) */
+static int64_t window_hit(const Core *c, int64_t i, int64_t full)
+{
+    if (full <= 0)
+        return 0;
+    const int64_t bs = c->bs, span = c->wspan;
+    if (c->wchunked) {
+        int64_t k = (full * bs / span) * span / bs;
+        if (k > full)
+            k = full;
+        while (k < full && pages_cached(c, i, k))
+            k++;
+        return k;
+    }
+    const int64_t need = (span - 1 + bs - 1) / bs;
+    int64_t run = 0;
+    for (int64_t k = full - 1; k >= 0; k--) {   /* right to left, as vLLM searches */
+        if (!pages_cached(c, i, k)) {
+            run = 0;
+            continue;
+        }
+        if (++run >= need)
+            return k + run;
+    }
+    return run;
+}
+
+/* WindowedKVCacheManager._cache_pages: the pages request i still holds of its full blocks among its first
+``tokens`` offered to the cache */
+static void cache_pages(Core *c, int64_t i, int64_t tokens)
+{
+    const int64_t full = tokens / c->bs, done = c->wupto[i];
+    if (full <= done)
+        return;
+    c->wupto[i] = full;
+    if (!c->whave[i])
+        return;
+    const int64_t at = c->wfirst[i], lo = done > at ? done : at, end = at + c->whave[i], hi = full < end ? full : end;
+    for (int64_t k = lo; k < hi; k++)
+        for (int64_t g = 0; g < c->wg; g++)
+            kvpool_insert(&c->pool, c->wpg[i][k * c->wg + g], page_hash(block_hash(c, i, k), g));
 }
 
 /* request i's last step computed several tokens: the pages it leaves behind go as the next step is planned
@@ -804,6 +878,8 @@ static int allocate_windowed(Core *c, int64_t i, int64_t n)
         mark_stale(c, i);
     if (taken)
         take_pages(c, i, stop, taken);
+    if (c->cache)
+        cache_pages(c, i, comp + n);
     return 1;
 }
 
@@ -1071,16 +1147,32 @@ static int allocate_cached(Core *c, int64_t i, int64_t n, int64_t m, int64_t h)
     for (int64_t k = 0; k < m; k++)
         revive += c->pool.refs[run[k]] == 0;
     const int64_t need = ((m + h) * bs + n + bs - 1) / bs - m;
-    int64_t wstop = 0, taken = 0;   /* (the hybrid manager: the window's pages after the hits) */
+    int64_t wstop = 0, taken = 0, first = 0, wrevive = 0;   /* (the hybrid manager: the hit's pages, then new ones) */
     if (c->wg) {
-        const int64_t first = first_visible(c->wspan, c->wchunked, (m + h) * bs) / bs;
-        int64_t dropped;
+        first = first_visible(c->wspan, c->wchunked, (m + h) * bs) / bs;
         wstop = ((m + h) * bs + n + bs - 1) / bs;
         drop_before(c, i, first);
-        window_change(c, i, first, wstop, &dropped, &taken);
+        int64_t *pg = c->wpg[i];
+        for (int64_t k = first; k < m; k++)   /* (window_hit found every one) */
+            for (int64_t g = 0; g < c->wg; g++) {
+                const int64_t b = find_page(c, i, k, g);
+                pg[k * c->wg + g] = b;
+                wrevive += c->pool.refs[b] == 0;
+            }
+        taken = c->wg * (wstop - (first > m ? first : m));
     }
-    if (need + revive + taken > c->free_blocks)
+    if (need + revive + wrevive + taken > c->free_blocks)
         return 0;
+    if (c->wg && first < m) {   /* the hit's pages first, out of the free queue before any allocation */
+        for (int64_t j = first * c->wg; j < m * c->wg; j++)
+            kvpool_incref(&c->pool, c->wpg[i][j]);
+        c->wfirst[i] = first;
+        c->whave[i] = m - first;
+        c->npages += wrevive;
+        c->logical += (m - first) * c->wg;
+    }
+    if (c->wg)
+        c->wupto[i] = m;
     c->held += (revive + h) * bs;
     for (int64_t k = 0; k < m; k++)
         kvpool_incref(&c->pool, run[k]);
@@ -1106,6 +1198,9 @@ static int allocate_cached(Core *c, int64_t i, int64_t n, int64_t m, int64_t h)
             mark_stale(c, i);
         if (taken)
             take_pages(c, i, wstop, taken);
+        else if (wrevive)
+            note_peaks(c);
+        cache_pages(c, i, c->comp[i] + n);
     }
     return 1;
 }
@@ -1140,6 +1235,8 @@ static int release(Core *c, int64_t i)
         c->held -= comp < cap ? comp : cap;
         c->free_blocks += t;
     } else {
+        if (c->wg)   /* (as the table's full blocks are) */
+            cache_pages(c, i, comp);
         if (!forked)   /* (a forked request's blocks joined the cache up to its fork, no further) */
             cache_full(c, i, comp);
         const int64_t *tb = c->tbl[i];
@@ -2486,6 +2583,27 @@ out:
 /* The invariants KVCacheManager.check_integrity and ContinuousScheduler.check_integrity assert, on the
 core's counters: blocks held add up, slots add up to the capacity, each running request's table covers
 exactly its computed tokens, nobody else holds a block. */
+/* the distinct window pages this engine's requests hold (prefix hits share them); -1 (MemoryError) on failure */
+static int64_t distinct_pages(const Core *c)
+{
+    int8_t *seen = calloc((size_t)c->num_blocks, 1);
+    if (!seen) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    int64_t n = 0;
+    for (Py_ssize_t i = 0; i < c->N; i++) {
+        if (!is_mine(c, i) || !c->whave[i])
+            continue;
+        for (int64_t j = c->wfirst[i] * c->wg; j < (c->wfirst[i] + c->whave[i]) * c->wg; j++) {
+            n += !seen[c->wpg[i][j]];
+            seen[c->wpg[i][j]] = 1;
+        }
+    }
+    free(seen);
+    return n;
+}
+
 static int check_integrity(Core *c)
 {
     int64_t tables = 0, phys = 0, held = 0, beyond = 0, pre = 0, idle = 0, sibs = 0, pages = 0;
@@ -2543,6 +2661,8 @@ static int check_integrity(Core *c)
             pages += c->wg * c->whave[i];
         }
     }
+    if (c->cache && c->wg && (pages = distinct_pages(c)) < 0)
+        return -1;
     if (pages != c->npages)
         return fail("window pages miscounted", c->npages, pages);
     if (c->contig && check_extents(c) < 0)
@@ -3601,6 +3721,7 @@ static int alloc_pool_arrays(Core *d, Py_ssize_t N, int windows)
         d->wfirst = alloc_n(N, 8, &failed);
         d->whave = alloc_n(N, 8, &failed);
         d->wstale = alloc_n(N, 8, &failed);
+        d->wupto = alloc_n(N, 8, &failed);
         d->wpg = alloc_n(N, sizeof(int64_t *), &failed);
     }
     d->tlen = alloc_n(N, 8, &failed);
@@ -3631,7 +3752,8 @@ static void free_pool_arrays(Core *d, Py_ssize_t N)
         for (Py_ssize_t j = 0; j < N; j++)
             close_request(d, j);
     void *bufs[] = {d->tlen, d->beyond, d->rstart, d->furthest, d->cpu_held, d->tbl, d->own, d->upto, d->memo,
-                    d->memo_at, d->hs, d->looked, d->hbuf, d->wfirst, d->whave, d->wstale, d->wpg};
+                    d->memo_at, d->hs, d->looked, d->hbuf, d->wfirst, d->whave, d->wstale, d->wupto,
+                    d->wpg};
     for (size_t j = 0; j < sizeof bufs / sizeof bufs[0]; j++)
         free(bufs[j]);
 }

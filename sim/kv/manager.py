@@ -337,6 +337,10 @@ class KVCacheManager(SharingMixin):
         """Blocks held outside the tables (window pages, sim/kv/window_pages.py): none here."""
         return 0
 
+    def window_pages_logical(self) -> int:
+        """``window_pages_held`` counting a page once for each request holding it: none here."""
+        return 0
+
     def memory_slots(self) -> tuple[int, int, int, int, int]:
         """(token_states, reserved, internal_fragmentation, external_fragmentation, free), in token slots
         (window pages count whole as token states)."""

@@ -137,6 +137,16 @@ class PrefixCache:
             width *= 4
         return out
 
+    def find_each(self, hashes: np.ndarray) -> np.ndarray:
+        """The block cached under each of ``hashes`` (an int64 array), -1 where none is (no side effects)."""
+        if not len(hashes):
+            return NO_BLOCKS
+        listed = hashes.tolist()
+        found = list(map(self._index.get, listed, repeat(-1)))
+        blocks = np.array(found, dtype=np.int64)
+        blocks[~self._live(listed, found)] = -1
+        return blocks
+
     # ------------------------------------------------------------ changes
     def insert(self, block_id: int, h: int) -> None:
         """Make a newly filled block findable. A hash already cached keeps its block (the new one stays

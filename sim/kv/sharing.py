@@ -465,7 +465,7 @@ class SharingMixin:
                     assert fill.setdefault(b, f) == f, f"block {b} filled differently by its holders"
         assert sum(fill.values()) == self._held_tokens, (
             f"held slots {self._held_tokens} != {sum(fill.values())} recomputed from the tables")
-        logical = sum(len(t) for rid in self.block_tables for t in self.seq_tables(rid)) + self.window_pages_held()
+        logical = sum(len(t) for rid in self.block_tables for t in self.seq_tables(rid)) + self.window_pages_logical()
         assert logical == self._logical_blocks, f"logical blocks {self._logical_blocks} != {logical}"
         if self.prefix_cache is not None:
             self.prefix_cache.check_integrity()
