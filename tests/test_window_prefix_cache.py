@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from sim.executors.local_attention import LocalAttention
-from sim.kv.window_pages import WindowedKVCacheManager, page_hashes
+from sim.kv.window_pages import WindowedKVCacheManager, page_hashes, page_hashes_few
 from sim.request import Request
 
 
@@ -165,3 +165,12 @@ def test_shared_prefixes_under_pressure_leave_no_page_behind(seed):
         mgr.check_integrity()
     assert mgr.pool.num_used == 0 and mgr.window_pages_held() == 0 and mgr.window_pages_logical() == 0
     assert shared_seen or seed % 2 == 0   # (chunks of 8 with 4-token blocks may never need a shared page)
+
+
+def test_page_hashes_are_one_function_in_numpy_and_in_python():
+    # (core.c's page_hash is checked against them by every run the core and the loop must agree on)
+    rng = random.Random(5)
+    hashes = [rng.randint(-2**63, 2**63 - 1) for _ in range(50)] + [0, -1, 2**63 - 1, -2**63]
+    keys = page_hashes(np.array(hashes, dtype=np.int64), 3)
+    assert keys.ravel().tolist() == page_hashes_few(hashes, 3)
+    assert len(set(keys.ravel().tolist()) | set(hashes)) == 4 * len(hashes)   # none equals a block's or another's

@@ -54,6 +54,8 @@ from sim.kv.prefix_cache import NO_BLOCKS
 from sim.request import Request
 
 _PAGE_STEP = np.uint64(0x9E3779B97F4A7C15)
+_M64 = (1 << 64) - 1
+FEW_PAGES = 16   # up to this many pages are hashed and cached in plain Python (else numpy)
 
 
 def page_hashes(block_hashes: np.ndarray, groups: int) -> np.ndarray:
@@ -67,6 +69,19 @@ def page_hashes(block_hashes: np.ndarray, groups: int) -> np.ndarray:
     x *= np.uint64(0x94D049BB133111EB)
     x ^= x >> np.uint64(31)
     return x.view(np.int64)
+
+
+def page_hashes_few(block_hashes: list[int], groups: int) -> list[int]:
+    """``page_hashes(...).ravel()`` in plain Python, for a few blocks (the same values)."""
+    out = []
+    for h in block_hashes:
+        for g in range(1, groups + 1):
+            x = (h + 0x9E3779B97F4A7C15 * g) & _M64
+            x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+            x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+            x ^= x >> 31
+            out.append(x - (1 << 64) if x >> 63 else x)
+    return out
 
 
 class WindowedKVCacheManager(KVCacheManager):
@@ -83,6 +98,7 @@ class WindowedKVCacheManager(KVCacheManager):
         self._window_first: dict[int, int] = {}         # req_id -> the first logical block they hold
         self._num_pages = 0   # distinct pages held (a page shared by prefix hits counts once)
         self._pages_cached_upto: dict[int, int] = {}   # req_id -> logical blocks whose pages were offered to the cache
+        self._whole_hits: dict[int, tuple[int, int]] = {}   # req_id -> (full run, evictions then): window_hit was it
         # requests whose last step computed several tokens (a prefill chunk): the pages it leaves behind the
         # window are freed when the next step is scheduled (``free_stale_pages``), as vLLM frees them then
         self.stale_pages: dict[int, Request] = {}
@@ -186,6 +202,8 @@ class WindowedKVCacheManager(KVCacheManager):
             new_pages = self._window_change(rid, first, stop)[1]
         if table_need + revived + new_pages > self.pool.num_free:
             return False
+        if hits:
+            self._whole_hits.pop(rid, None)
         if len(hit_pages):   # (taken from the free queue before any allocation can evict them, as vLLM does)
             self.pool.incref_distinct(hit_pages)
             self.window_pages[rid] = hit_pages.tolist()
@@ -246,11 +264,19 @@ class WindowedKVCacheManager(KVCacheManager):
         return run   # (the cached blocks from block 0, fewer than the window needs)
 
     def match_prefix_blocks(self, req: Request) -> np.ndarray:
-        """The full group's cached run (the manager's), cut to where the window's pages are cached too."""
+        """The full group's cached run (the manager's), cut to where the window's pages are cached too (a
+        waiting request matched again finds its whole run still a hit where nothing was evicted since)."""
         run = super().match_prefix_blocks(req)
-        if not len(run):
+        full = len(run)
+        if not full:
             return run
-        return run[:self.window_hit(self._hashes_upto(req, len(run)), len(run))]
+        seen = (full, self.prefix_cache.num_evicted)
+        if self._whole_hits.get(req.req_id) == seen:
+            return run
+        hit = self.window_hit(self._hashes_upto(req, full), full)
+        if hit == full:
+            self._whole_hits[req.req_id] = seen
+        return run[:hit]
 
     def _cache_pages(self, req: Request, num_tokens: int) -> None:
         """Offer the pages of ``req``'s full blocks among its first ``num_tokens`` to the cache (those it still
@@ -269,8 +295,14 @@ class WindowedKVCacheManager(KVCacheManager):
         lo, hi = max(done, at), min(full, at + len(pages) // g)
         if hi <= lo:
             return
-        keys = page_hashes(np.array(self._hashes_upto(req, hi)[lo:hi], dtype=np.int64), g).ravel()
-        self.prefix_cache.insert_run(pages[(lo - at) * g:(hi - at) * g], keys.tolist())
+        held = pages[(lo - at) * g:(hi - at) * g]
+        hashes = self._hashes_upto(req, hi)[lo:hi]
+        if len(held) <= FEW_PAGES:   # (a decode's block boundary: one block's pages, one at a time)
+            insert = self.prefix_cache.insert
+            for b, h in zip(held, page_hashes_few(hashes, g)):
+                insert(b, h)
+            return
+        self.prefix_cache.insert_run(held, page_hashes(np.array(hashes, dtype=np.int64), g).ravel().tolist())
 
     def _drop_before(self, rid: int, first: int) -> None:
         """Free the pages of ``rid``'s logical blocks before ``first`` (they left the window), oldest first."""
@@ -303,6 +335,7 @@ class WindowedKVCacheManager(KVCacheManager):
             self._cache_pages(req, req.num_computed_tokens)   # (as the table's full blocks are, in ``free``)
         super().free(req)
         self._pages_cached_upto.pop(rid, None)
+        self._whole_hits.pop(rid, None)
         pages = self.window_pages.pop(rid, None)
         self._window_first.pop(rid, None)
         if pages:
