@@ -204,14 +204,13 @@ class WindowedKVCacheManager(KVCacheManager):
             return False
         if hits:
             self._whole_hits.pop(rid, None)
+            self._pages_cached_upto[rid] = hits   # (the hit's pages are cached under these very hashes)
         if len(hit_pages):   # (taken from the free queue before any allocation can evict them, as vLLM does)
             self.pool.incref_distinct(hit_pages)
             self.window_pages[rid] = hit_pages.tolist()
             self._window_first[rid] = first
             self._num_pages += revived
             self._logical_blocks += len(hit_pages)
-        if hits:
-            self._pages_cached_upto[rid] = hits
         if not super().allocate_slots(req, num_new_tokens, cached):
             raise AssertionError(f"request {rid}: its table did not grow though {table_need} blocks were free")
         if num_new_tokens > 1:   # its next query sees past this chunk: the pages it leaves go next step
