@@ -746,7 +746,7 @@ static void release_window(Core *c, int64_t i)
     c->whave[i] = 0;
 }
 
-/* the hash page g of a block of hash h is cached under (window_pages.page_hashes) */
+/* the hash under which page g of a block of hash h is cached (window_pages.page_hashes: the same values) */
 static inline int64_t page_hash(int64_t h, int64_t g)
 {
     return (int64_t)kv_mix64((uint64_t)h + 0x9E3779B97F4A7C15ULL * (uint64_t)(g + 1));
@@ -2580,9 +2580,6 @@ out:
     return rc;
 }
 
-/* The invariants KVCacheManager.check_integrity and ContinuousScheduler.check_integrity assert, on the
-core's counters: blocks held add up, slots add up to the capacity, each running request's table covers
-exactly its computed tokens, nobody else holds a block. */
 /* the distinct window pages this engine's requests hold (prefix hits share them); -1 (MemoryError) on failure */
 static int64_t distinct_pages(const Core *c)
 {
@@ -2604,6 +2601,9 @@ static int64_t distinct_pages(const Core *c)
     return n;
 }
 
+/* The invariants KVCacheManager.check_integrity and ContinuousScheduler.check_integrity assert, on the
+core's counters: blocks held add up, slots add up to the capacity, each running request's table covers
+exactly its computed tokens, nobody else holds a block. */
 static int check_integrity(Core *c)
 {
     int64_t tables = 0, phys = 0, held = 0, beyond = 0, pre = 0, idle = 0, sibs = 0, pages = 0;
