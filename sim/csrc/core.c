@@ -682,16 +682,19 @@ static inline void window_change(const Core *c, int64_t i, int64_t first, int64_
     *taken = c->wg * (stop > from ? stop - from : 0);
 }
 
-/* pages of request i's logical blocks [a, b) back to the pool, last first (free_last_refs of them reversed) */
+/* pages of request i's logical blocks [a, b) back to the pool, group by group, each group's last block first
+(WindowedKVCacheManager._give_back) */
 static void give_pages(Core *c, int64_t i, int64_t a, int64_t b)
 {
     const int64_t n = (b - a) * c->wg;
     if (c->cache) {   /* (a page shared by prefix hits stays held until its last holder gives it back) */
         const int64_t *pg = c->wpg[i];
-        for (int64_t j = b * c->wg - 1; j >= a * c->wg; j--) {
-            c->npages -= c->pool.refs[pg[j]] == 1;
-            kvpool_decref(&c->pool, pg[j]);
-        }
+        for (int64_t g = 0; g < c->wg; g++)
+            for (int64_t k = b - 1; k >= a; k--) {
+                const int64_t p = pg[k * c->wg + g];
+                c->npages -= c->pool.refs[p] == 1;
+                kvpool_decref(&c->pool, p);
+            }
         c->free_blocks = c->pool.num_free;
     } else {
         c->free_blocks += n;
@@ -701,7 +704,7 @@ static void give_pages(Core *c, int64_t i, int64_t a, int64_t b)
 }
 
 /* WindowedKVCacheManager._drop_before: request i's pages of logical blocks before ``first`` (they left the
-window) freed, oldest block's first */
+window) freed, in give_pages' order */
 static void drop_before(Core *c, int64_t i, int64_t first)
 {
     const int64_t have = c->whave[i], at = c->wfirst[i];

@@ -304,7 +304,7 @@ class WindowedKVCacheManager(KVCacheManager):
         self.prefix_cache.insert_run(held, page_hashes(np.array(hashes, dtype=np.int64), g).ravel().tolist())
 
     def _drop_before(self, rid: int, first: int) -> None:
-        """Free the pages of ``rid``'s logical blocks before ``first`` (they left the window), oldest first."""
+        """Free the pages of ``rid``'s logical blocks before ``first`` (they left the window), as ``_give_back`` orders them."""
         pages = self.window_pages.get(rid)
         if not pages:
             return
@@ -341,9 +341,10 @@ class WindowedKVCacheManager(KVCacheManager):
             self._give_back(pages)
 
     def _give_back(self, pages: list[int]) -> None:
-        """Drop one reference to each of ``pages`` (a request's, oldest first), the last first: those left
-        with none join the free queue (cached ones stay findable there until evicted)."""
-        blocks = np.array(pages[::-1], dtype=np.int64)
+        """Drop one reference to each of ``pages`` (a request's, oldest logical block first), group by group
+        and each group's last block first, as vLLM's managers free theirs: those left with none join the free
+        queue in that order (cached ones stay findable there until evicted)."""
+        blocks = np.array(pages, dtype=np.int64).reshape(-1, self.sliding_groups)[::-1].T.ravel()
         self._logical_blocks -= len(blocks)
         if self.prefix_cache is None:   # (each page one request's)
             self.pool.free_last_refs(blocks)
