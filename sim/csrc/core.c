@@ -2153,6 +2153,28 @@ static void set_breakdown(double *bd, double linear, double attention, double el
     bd[6] = overhead;
 }
 
+/* one layer's attention time of a step's prefills: ``n`` new tokens, their (query, key) ``pairs`` and the ``cached``
+tokens they read (both step models: _operator_attention and _engine_attention) */
+static inline double prefill_attention(const Core *c, int64_t n, int64_t pairs, int64_t cached)
+{
+    const double *k = c->c;
+    return py_max(k[0] * (double)pairs / k[1], (double)(c->new_bytes * n) / k[2] + k[3] * (double)cached) + k[4];
+}
+
+/* _operator_attention's one layer of decodes: ``seqs`` of them (``drafts`` more queries) reading ``ctx`` keys */
+static inline double decode_attention(const Core *c, int64_t ctx, int64_t seqs, int64_t drafts)
+{
+    const double *k = c->c;
+    return py_max(k[11] * (double)ctx / k[1], k[12] * (double)ctx + (double)(c->dec_new_bytes * (seqs + drafts)) / k[2])
+           + k[4];
+}
+
+/* _engine_attention's one layer of decodes, its paged kernel's launch ``k_attn`` included */
+static inline double engine_decode_attention(const double *k, double k_attn, int64_t ctx, int64_t seqs, int64_t drafts)
+{
+    return ((double)ctx + (double)seqs * k[5]) * k[6] + (double)(seqs + drafts) * k[7] + k_attn;
+}
+
 /* CostModelExecutor.execute of the plan: the step's duration (``d``) and breakdown (``bdv``). A decode verifying
 d drafts is a decode of 1 + d queries reading c + 1 + d tokens of KV, with a row of logits for each query; a
 speculating engine's every step has a draft part, the drafter's passes (0.0 where none verifies). Where
@@ -2216,18 +2238,14 @@ static int price(Core *c)
         const double linear = t[0] + more_logits, comm = t[1], elementwise = t[2], k_attn = t[3], cpu = t[4];
         double per_layer = 0.0, local = 0.0;   /* (_engine_attention: every layer's; the local layers') */
         if (pre_new)
-            per_layer = per_layer + (py_max(k[0] * (double)pairs / k[1],
-                                            (double)(c->new_bytes * pre_new) / k[2] + k[3] * (double)pre_ctx) + k[4]);
+            per_layer = per_layer + prefill_attention(c, pre_new, pairs, pre_ctx);
         if (dec_seqs)
-            per_layer = per_layer + (((double)dec_ctx + (double)dec_seqs * k[5]) * k[6]
-                                     + (double)(dec_seqs + drafts) * k[7] + k_attn);
+            per_layer = per_layer + engine_decode_attention(k, k_attn, dec_ctx, dec_seqs, drafts);
         if (c->loc_layers) {
             if (pre_new)
-                local = local + (py_max(k[0] * (double)w_pairs / k[1],
-                                        (double)(c->new_bytes * pre_new) / k[2] + k[3] * (double)w_cached) + k[4]);
+                local = local + prefill_attention(c, pre_new, w_pairs, w_cached);
             if (dec_seqs)
-                local = local + (((double)w_dec + (double)dec_seqs * k[5]) * k[6]
-                                 + (double)(dec_seqs + drafts) * k[7] + k_attn);
+                local = local + engine_decode_attention(k, k_attn, w_dec, dec_seqs, drafts);
         }
         const double attention = c->loc_layers ? full_layers * per_layer + loc_layers * local
                                                : (double)c->layers * per_layer;
@@ -2251,22 +2269,16 @@ static int price(Core *c)
         comm = lc[1];
         double per_layer = 0.0, local = 0.0;   /* (_operator_attention: every layer's; the local layers') */
         if (pre_new)
-            per_layer = per_layer + (py_max(k[0] * (double)pairs / k[1],
-                                            (double)(c->new_bytes * pre_new) / k[2] + k[3] * (double)pre_ctx) + k[4]);
+            per_layer = per_layer + prefill_attention(c, pre_new, pairs, pre_ctx);
         if (dec_seqs)
-            per_layer = per_layer + (py_max(k[11] * (double)dec_ctx / k[1],
-                                            k[12] * (double)dec_ctx
-                                                + (double)(c->dec_new_bytes * (dec_seqs + drafts)) / k[2]) + k[4]);
+            per_layer = per_layer + decode_attention(c, dec_ctx, dec_seqs, drafts);
         if (!c->loc_layers) {
             attention = (double)c->layers * (per_layer + (double)dec_seqs * k[5] + (double)(seqs - dec_seqs) * k[6]);
         } else {
             if (pre_new)
-                local = local + (py_max(k[0] * (double)w_pairs / k[1],
-                                        (double)(c->new_bytes * pre_new) / k[2] + k[3] * (double)w_cached) + k[4]);
+                local = local + prefill_attention(c, pre_new, w_pairs, w_cached);
             if (dec_seqs)
-                local = local + (py_max(k[11] * (double)w_dec / k[1],
-                                        k[12] * (double)w_dec
-                                            + (double)(c->dec_new_bytes * (dec_seqs + drafts)) / k[2]) + k[4]);
+                local = local + decode_attention(c, w_dec, dec_seqs, drafts);
             const double per_seq = (double)dec_seqs * k[5] + (double)(seqs - dec_seqs) * k[6];
             attention = full_layers * (per_layer + per_seq) + loc_layers * (local + per_seq);
         }
