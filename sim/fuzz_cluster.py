@@ -52,6 +52,7 @@ from sim.fuzz import (
 )
 
 COLOCATED_P = 0.5   # share of colocated cases (the rest: prefill/decode pools)
+GROUPS_P = 0.3      # of the colocated cases: a mixed fleet of 2-3 groups (cluster.groups)
 EPS = 1e-9
 
 
@@ -87,6 +88,10 @@ def draw_cluster_scenario(rng: random.Random, index: int = 0) -> dict:
     if router["policy"] == "prefix_affinity" and rng.random() < 0.5:
         router["load_slack"] = rng.choice([0, 1, 8])
     if rng.random() < COLOCATED_P:
+        if rng.random() < GROUPS_P:   # each group as a pool may differ (hardware, TP, cache, limits)
+            groups = [_pool(rng, data, "prefill") for _ in range(rng.randint(2, 3))]
+            data["cluster"] = {"groups": groups, "router": router}
+            return data
         data["cluster"] = {"replicas": rng.randint(1, 4), "router": router}
         return data
     # prefill/decode pools: paged blocks, continuous batching, one sequence a request, every token of a

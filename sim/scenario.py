@@ -242,15 +242,28 @@ def _preset_mapping(section: str, name: Any, base_dir: Path | str = ".") -> Any:
     return {"name": spec.name}   # completed from the preset when validated (specs.complete_from_preset)
 
 
+def _position(node: list, part: str, path: list[str]) -> int:
+    """The item of a list that a key path's ``part`` names (``cluster.groups.1.replicas``: 0-based)."""
+    if not part.isdigit() or int(part) >= len(node):
+        raise KvsimError("--set", f"{'.'.join(path)}: {part} is not an item of its list (0 .. {len(node) - 1})")
+    return int(part)
+
+
 def _copy_along(data: dict, path: list[str]) -> None:
-    """Replace each mapping on ``path`` below ``data`` by a shallow copy, so that setting the path changes
-    no mapping ``data`` shares with its caller (a whole deep copy would copy every inline request)."""
-    node = data
+    """Replace each mapping (or list) on ``path`` below ``data`` by a shallow copy, so that setting the path
+    changes nothing ``data`` shares with its caller (a whole deep copy would copy every inline request)."""
+    node: Any = data
     for part in path[:-1]:
-        child = node.get(part)
-        if not isinstance(child, dict):
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                return   # (apply_override names the bad item)
+            key: Any = int(part)
+        else:
+            key = part
+        child = node[key] if isinstance(node, list) else node.get(part)
+        if not isinstance(child, dict | list):
             return
-        node[part] = node = dict(child)
+        node[key] = node = type(child)(child)
 
 
 def apply_override(data: dict, path: list[str], value: Any, base_dir: Path | str = ".") -> None:
@@ -259,24 +272,28 @@ def apply_override(data: dict, path: list[str], value: Any, base_dir: Path | str
     ``hardware.tensor_parallel=2`` works on a scenario that names a preset. ``hardware.name`` (``model.name``)
     set to another preset switches to it, the fields set beside the name kept; set to a name that is no
     preset, it renames the preset's fields."""
-    node = data
+    node: Any = data
     if len(path) > 1:
         node[path[0]] = _preset_mapping(path[0], node.get(path[0]), base_dir)
     for depth, part in enumerate(path[:-1]):
-        child = node.get(part)
+        key: Any = _position(node, part, path) if isinstance(node, list) else part   # (a list's item by position)
+        child = node[key] if isinstance(node, list) else node.get(part)
         if part == "hardware" and depth > 0 and isinstance(child, str):   # a cluster pool's preset
-            child = node[part] = _preset_mapping(part, child, base_dir)
+            child = node[key] = _preset_mapping(part, child, base_dir)
+        if isinstance(child, list):   # an item of it next, by position (e.g. cluster.groups.1.hardware)
+            node = child
+            continue
         if not isinstance(child, dict):
             child = {} if child is None else child
             if not isinstance(child, dict):
                 raise KvsimError("--set", f"{'.'.join(path)}: {part} is not a mapping")
-            node[part] = child
+            node[key] = child
         if depth == len(path) - 2 and part in ("model", "hardware") and path[-1] == "name":
             spec = ModelSpec if part == "model" else HardwareSpec
             if preset_named(value, spec) is None:   # renamed: the current preset's fields under the new name
-                child = node[part] = complete_from_preset(child, spec)
+                child = node[key] = complete_from_preset(child, spec)
         node = child
-    node[path[-1]] = value
+    node[_position(node, path[-1], path) if isinstance(node, list) else path[-1]] = value
 
 
 def _explain(err: ValidationError, source: str, lines: dict[tuple, int], overridden: set[tuple]) -> KvsimError:
@@ -383,7 +400,25 @@ def unsupported_combination(scn: Scenario) -> tuple[str, str] | None:
         problem = speculative_problem(scn)
         if problem:
             return problem
-    return _hybrid_manager_problem(scn) or _tensor_parallel_problem(scn)
+    return _hybrid_manager_problem(scn) or _tensor_parallel_problem(scn) or _group_problem(scn)
+
+
+def _group_problem(scn: Scenario) -> tuple[str, str] | None:
+    """(key, why) where a group of a mixed colocated fleet (``cluster.groups``) overrides its kv_cache or
+    scheduler into settings that cannot take effect together (its key: cluster.groups.I.KEY)."""
+    groups = scn.cluster.groups if scn.cluster is not None else None
+    if not groups:
+        return None
+    from sim.cluster.replica import pool_scenario  # (lazy: sim.cluster imports this module)
+
+    for i, group in enumerate(groups):
+        if not (group.kv_cache or group.scheduler):
+            continue
+        sub = pool_scenario(scn, group).model_copy(update={"cluster": None})
+        problem = unsupported_combination(sub)
+        if problem:
+            return f"cluster.groups.{i}.{problem[0]}", problem[1]
+    return None
 
 
 def _hybrid_manager_problem(scn: Scenario) -> tuple[str, str] | None:
@@ -420,15 +455,16 @@ def _tensor_parallel_problem(scn: Scenario) -> tuple[str, str] | None:
     if why:
         return "hardware.tensor_parallel", why
     cluster = scn.cluster
-    for role in ("prefill", "decode"):
-        pool = getattr(cluster, role) if cluster is not None else None
+    pools = [] if cluster is None else [(role, getattr(cluster, role)) for role in ("prefill", "decode")]
+    pools += [] if cluster is None or not cluster.groups else [(f"groups.{i}", g) for i, g in enumerate(cluster.groups)]
+    for where, pool in pools:
         if pool is None:
             continue
         hw = pool.hardware if pool.hardware is not None else scn.hardware
         tp = pool.tensor_parallel or (HardwareSpec.from_name(hw) if isinstance(hw, str) else hw).tensor_parallel
         why = model.tensor_parallel_problem(tp)
         if why:
-            return f"cluster.{role}.tensor_parallel", why
+            return f"cluster.{where}.tensor_parallel", why
     return None
 
 

@@ -20,7 +20,9 @@ BAD = {
     "unknown key": ("cluster:\n  replicas: 2\n  routr: {policy: random}\n", "cluster.routr: unknown key"),
     "pool override": ("cluster:\n  prefill: {replicas: 1, kv_cache: {blok_size: 8}}\n  decode: {replicas: 1}\n",
                       "blok_size: unknown key"),
-    "both shapes": ("cluster:\n  replicas: 2\n  prefill: {replicas: 1}\n  decode: {replicas: 1}\n", "not both"),
+    "both shapes": ("cluster:\n  replicas: 2\n  prefill: {replicas: 1}\n  decode: {replicas: 1}\n",
+                    "not replicas with prefill and decode pools"),
+    "groups and replicas": ("cluster:\n  replicas: 2\n  groups: [{replicas: 1}]\n", "not replicas with groups"),
 }
 
 

@@ -1,17 +1,21 @@
 """The scenario's ``cluster:`` section (pydantic, extra="forbid").
 
-Two shapes, exclusive:
+Three shapes, exclusive:
 
     cluster: {replicas: 4, router: {policy: round_robin, overhead_s: 0.0}}            # colocated
+    cluster: {groups: [{replicas: 2, hardware: h100-80gb},                            # colocated, mixed
+                       {replicas: 4, hardware: a100-80gb, tensor_parallel: 2}],
+              router: {policy: least_requests}}
     cluster: {prefill: {replicas: 2}, decode: {replicas: 6},                          # disaggregated
               kv_transfer: {link: infiniband-400g}, router: {policy: least_requests}}
 
-A pool may override ``hardware``, ``tensor_parallel``, ``kv_cache`` and ``scheduler`` (the last two key
-by key over the scenario's own). A link is a preset name or ``{bandwidth_gb_s, latency_s}``;
+A pool, or a group of a mixed colocated fleet, may override ``hardware``, ``tensor_parallel``, ``kv_cache``
+and ``scheduler`` (the last two key by key over the scenario's own); one router spreads the requests over
+every group's replicas, numbered group after group. A link is a preset name or ``{bandwidth_gb_s, latency_s}``;
 ``kv_transfer.mode`` is ``pull`` (the decode side allocates, then reads the KV) or ``push`` (sim/cluster/disagg.py);
 ``kv_transfer.layerwise`` (push only) streams the KV layer by layer while the prefill runs.
-Invariants: at least one replica per pool; a prefill pool always has a decode pool and back;
-``kv_transfer`` only with pools.
+Invariants: at least one replica per pool and per group; a prefill pool always has a decode pool and
+back; ``kv_transfer`` only with pools; ``groups: [{replicas: N}]`` is ``replicas: N``.
 """
 
 from __future__ import annotations
@@ -104,7 +108,7 @@ def _check_partial(section: str, v: dict[str, Any] | None) -> dict[str, Any] | N
 
 
 class PoolConfig(_Strict):
-    """One pool of identical replicas (prefill or decode)."""
+    """One pool of identical replicas: prefill, decode, or a group of a mixed colocated fleet."""
 
     replicas: int = Field(ge=1)
     hardware: str | HardwareSpec | None = None
@@ -135,6 +139,8 @@ class PoolConfig(_Strict):
 
 class ClusterConfig(_Strict):
     replicas: int | None = Field(default=None, ge=1)
+    # a colocated fleet of mixed replicas: each group its own hardware, tensor_parallel, kv_cache, scheduler
+    groups: list[PoolConfig] | None = Field(default=None, min_length=1)
     router: RouterConfig = RouterConfig()
     prefill: PoolConfig | None = None
     decode: PoolConfig | None = None
@@ -146,10 +152,13 @@ class ClusterConfig(_Strict):
         if pools[0] != pools[1]:
             have, lack = ("prefill", "decode") if pools[0] else ("decode", "prefill")
             raise ValueError(f"a {have} pool needs a {lack} pool")
-        if pools[0] and self.replicas is not None:
-            raise ValueError("give either replicas (colocated) or prefill and decode pools, not both")
-        if not pools[0] and self.replicas is None:
-            raise ValueError("give replicas (colocated) or prefill and decode pools")
+        given = [name for name, there in (("replicas", self.replicas is not None), ("groups", self.groups is not None),
+                                          ("prefill and decode pools", pools[0])) if there]
+        if len(given) > 1:
+            raise ValueError(f"give one of replicas (colocated), groups (colocated, mixed) or prefill and decode "
+                             f"pools, not {' with '.join(given)}")
+        if not given:
+            raise ValueError("give replicas (colocated), groups (colocated, mixed) or prefill and decode pools")
         if self.kv_transfer is not None and not pools[0]:
             raise ValueError("kv_transfer applies to prefill and decode pools")
         return self
@@ -162,7 +171,20 @@ class ClusterConfig(_Strict):
     def num_replicas(self) -> int:
         if self.prefill is not None and self.decode is not None:
             return self.prefill.replicas + self.decode.replicas
+        if self.groups is not None:
+            return sum(g.replicas for g in self.groups)
         return int(self.replicas or 1)
+
+    def colocated_groups(self) -> list[tuple[PoolConfig | None, range]]:
+        """A colocated fleet's groups, each with its replicas' ids (numbered group after group); one group
+        of the scenario's own replicas (None: no overrides) without ``groups``."""
+        if self.groups is None:
+            return [(None, range(self.num_replicas))]
+        out, at = [], 0
+        for g in self.groups:
+            out.append((g, range(at, at + g.replicas)))
+            at += g.replicas
+        return out
 
     @property
     def link(self) -> KVTransferConfig:

@@ -26,7 +26,7 @@ Layout = list[tuple[str, str]]   # (key.path, value) of each varied key
 
 def gpus_of(scn: Scenario, answer: dict[str, Any] | None = None) -> tuple[int, dict[str, int]]:
     """(GPUs, GPUs per hardware name) of ``scn``'s fleet, or of a replicas search's ``answer`` for it: each
-    pool's replicas x its tensor-parallel degree (no cluster: one replica)."""
+    pool's (or group's) replicas x its tensor-parallel degree (no cluster: one replica)."""
     cl = scn.cluster
     if answer is not None:
         pools = [(answer["prefill"], cl.prefill), (answer["decode"], cl.decode)] if "prefill" in answer \
@@ -35,6 +35,8 @@ def gpus_of(scn: Scenario, answer: dict[str, Any] | None = None) -> tuple[int, d
         pools = [(1, None)]
     elif cl.prefill is not None:
         pools = [(cl.prefill.replicas, cl.prefill), (cl.decode.replicas, cl.decode)]
+    elif cl.groups is not None:
+        pools = [(g.replicas, g) for g in cl.groups]
     else:
         pools = [(cl.replicas, None)]
     per_hw: dict[str, int] = {}

@@ -54,6 +54,7 @@ class Replica:
     num_gpu_blocks: int
     submitted: int = 0
     incoming: int = 0    # routed here and not yet submitted (a decode replica's KV on its way)
+    group: int | None = None   # its group in a mixed colocated fleet (cluster.groups)
 
     def __post_init__(self) -> None:
         # what ``load`` reads at every arrival (the scheduler's lists are never replaced)
@@ -139,15 +140,17 @@ def build_replica(scn: Scenario, replica_id: int, role: str, env: simpy.Environm
 
 
 def build_pool(scn: Scenario, ids: range, role: str, env: simpy.Environment, check_integrity: bool,
-               arrival_delay_s: float) -> list[Replica]:
+               arrival_delay_s: float, group: int | None = None) -> list[Replica]:
     """The replicas ``ids`` of one scenario, sharing the first one's executor where it is a pure pricer
-    (sim.runner.shared_executor: each step size is then priced once for the pool, not once a replica)."""
+    (sim.runner.shared_executor: each step size is then priced once for the pool, not once a replica);
+    ``group``: their group of a mixed colocated fleet."""
     from sim.runner import shared_executor
 
     pool: list[Replica] = []
     executor = None
     for i in ids:
         rep = build_replica(scn, i, role, env, check_integrity, arrival_delay_s, executor)
+        rep.group = group
         executor = shared_executor(rep.engine.executor)
         pool.append(rep)
     return pool

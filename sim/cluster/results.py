@@ -102,10 +102,10 @@ def _dtype(name: str) -> type:
 
 def _step_models(reps: list[Replica]) -> dict:
     """What priced the replicas' steps: one description when every replica's is the same, else one a role
-    (prefill and decode pools may run on different hardware)."""
+    (prefill and decode pools may run on different hardware), or a group of a mixed fleet ("group 0", ...)."""
     by_role = {}
     for rep in reps:
-        by_role.setdefault(rep.role, step_model(rep.engine.executor))
+        by_role.setdefault(rep.role if rep.group is None else f"group {rep.group}", step_model(rep.engine.executor))
     models = list(by_role.values())
     return models[0] if all(m == models[0] for m in models) else by_role
 
@@ -150,7 +150,10 @@ def replicas_frame(reps: list[Replica], steps: pd.DataFrame, bounds: list[int], 
             "prefix_hit_rate": _hit_rate([rep]) if rep.role != "decode" else 0.0,
             "preemptions": int(rep.scheduler.num_preemptions), "num_steps": len(st),
         })
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    if any(rep.group is not None for rep in reps):   # a mixed colocated fleet: each replica's group
+        table.insert(1, "group", [rep.group for rep in reps])
+    return table
 
 
 def cluster_result(scn, workload, reps: list[Replica], served: dict[int, int], handoff: Handoff | None,
@@ -184,7 +187,7 @@ def cluster_result(scn, workload, reps: list[Replica], served: dict[int, int], h
         if budget is not None:
             summary["hbm_budget"] = budget
         if hasattr(manager, "sharing_summary"):
-            summary.update(manager.sharing_summary(group_kv_bytes_per_block(scn.model_spec, scn.hardware_spec,
+            summary.update(manager.sharing_summary(group_kv_bytes_per_block(rep.scn.model_spec, rep.scn.hardware_spec,
                                                                             rep.block_size)))
         timeline = sched.timeline_frame() if hasattr(sched, "timeline_frame") else None
     else:
@@ -216,9 +219,11 @@ def cluster_result(scn, workload, reps: list[Replica], served: dict[int, int], h
     table = replicas_frame(reps, steps, bounds, summary["makespan_s"], reqs, handoff)
     if len(reps) > 1:
         summary["cluster"] = _cluster_block(scn, reps, reqs, handoff, link)
-        budgets = {rep.role: hbm_budget_of(rep.scn, rep.num_gpu_blocks) for rep in reps}
+        mixed = scn.cluster.groups is not None
+        budgets = {f"group {rep.group}" if mixed else rep.role: hbm_budget_of(rep.scn, rep.num_gpu_blocks)
+                   for rep in reps}
         if any(b is not None for b in budgets.values()):   # a pool's cache sized from HBM: one replica's budget
-            summary["cluster"]["hbm_budget_per_replica"] = {role: b for role, b in budgets.items() if b is not None}
+            summary["cluster"]["hbm_budget_per_replica"] = {key: b for key, b in budgets.items() if b is not None}
     return ClusterResult(scn, summary, reqs, steps if keep_steps else None, dict(workload.stats), timeline,
                          replicas=table)
 
@@ -299,6 +304,24 @@ def _without_handed_done(tl: pd.DataFrame, transfer_start: dict[int, float]) -> 
     return tl[~handed]
 
 
+def _groups_block(reps: list[Replica], reqs: pd.DataFrame) -> list[dict]:
+    """A mixed fleet's groups: each one's replicas, hardware, tensor-parallel degree, the requests routed
+    to it and its finished requests' mean TTFT and E2E (client-side, as requests.csv's)."""
+    done = reqs[reqs["status"] == "FINISHED"]
+    where = {rep.replica_id: rep.group for rep in reps}
+    group_of = done["replica"].map(where)
+    out = []
+    for g in sorted({rep.group for rep in reps}):
+        mine = [rep for rep in reps if rep.group == g]
+        hw = mine[0].scn.hardware_spec
+        own = done[group_of == g]
+        out.append({"group": g, "replicas": len(mine), "hardware": hw.name, "tensor_parallel": hw.tensor_parallel,
+                    "requests": sum(rep.submitted for rep in mine), "finished": len(own),
+                    "ttft_s_mean": float(own["ttft_s"].mean()) if len(own) else math.nan,
+                    "e2e_s_mean": float(own["e2e_s"].mean()) if len(own) else math.nan})
+    return out
+
+
 def _cluster_block(scn, reps: list[Replica], reqs: pd.DataFrame, handoff: Handoff | None,
                    link: KVLink | None) -> dict:
     cfg = scn.cluster
@@ -308,6 +331,8 @@ def _cluster_block(scn, reps: list[Replica], reqs: pd.DataFrame, handoff: Handof
         block["load_imbalance"] = _imbalance(counts)
         block.update(prefill_replicas=0, decode_replicas=0, transferred_kv_bytes=0, kv_wait_s_mean=0.0,
                      kv_wait_s_p90=0.0, transfer_s_mean=0.0, transfer_s_p90=0.0, link_busy_fraction=0.0)
+        if cfg.groups is not None:
+            block["groups"] = _groups_block(reps, reqs)
         return block
     pre = [r.submitted for r in reps if r.role == "prefill"]
     dec = [r.submitted for r in reps if r.role == "decode"]

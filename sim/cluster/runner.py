@@ -175,7 +175,9 @@ def _run_colocated(scn: Scenario, workload: Workload, check: bool, lag: float, f
     requests = workload.requests
     env = simpy.Environment()
     served: dict[int, int] = {}
-    pool = build_pool(scn, range(cfg.num_replicas), "colocated", env, check, lag)
+    mixed = cfg.groups is not None
+    pool = [rep for g, (group, ids) in enumerate(cfg.colocated_groups())
+            for rep in build_pool(pool_scenario(scn, group), ids, "colocated", env, check, lag, g if mixed else None)]
     router = _observed(make_router(cfg.router, scn.seed), pool, requests, lag)
     reads = router.reads_load or router.reads_memory or router.reads_state
     clients = scn.workload.max_concurrency   # a client with a concurrency limit (sim/clients.py)
@@ -270,7 +272,8 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
     served: dict[int, int] = {}
     bar = ProgressBar(len(requests), progress_after_s) if progress else None
     if not cfg.disaggregated:
-        _check_sequences_supported(scn, requests)
+        for group, _ in cfg.colocated_groups():   # (a group may batch or allocate its own way)
+            _check_sequences_supported(pool_scenario(scn, group), requests)
         try:
             return _run_colocated(scn, workload, check, lag, fe_out, fe_token, t0, bar, keep_steps)
         finally:

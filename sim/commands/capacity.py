@@ -107,6 +107,10 @@ def _search_data(args: argparse.Namespace, overrides: list[str]) -> tuple[dict, 
         path, value = parse_override(text)
         apply_override(data, path, value, Path(args.scenario).parent)
     cl = data.get("cluster")
+    if args.search == "replicas" and isinstance(cl, dict) and "groups" in cl:
+        raise KvsimError(f"{args.scenario}: cluster.groups", "a mixed fleet has no one replica count to search; "
+                         "use --search rate or concurrency for it, or search each group's hardware as a fleet of "
+                         "its own (cluster.replicas)")
     if args.search == "replicas" and (not isinstance(cl, dict) or not {"replicas", "prefill", "decode"} & set(cl)):
         overrides.append("cluster.replicas=1")            # e.g. only --set cluster.router.policy=...: a fleet
         apply_override(data, ["cluster", "replicas"], 1)

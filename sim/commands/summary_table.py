@@ -32,10 +32,20 @@ def print_summary(summary: dict, title: str = "summary") -> None:
     for k, v in summary.items():
         if k in LATENCIES or k in ("memory_breakdown", "slo", "hbm_budget") or (k in SHARING and not shared):
             continue
-        if k == "cluster":   # (its replicas' memory gets a table of its own, below)
-            v = {kk: vv for kk, vv in v.items() if kk != "hbm_budget_per_replica"}
+        if k == "cluster":   # (its replicas' memory and a mixed fleet's groups get tables of their own, below)
+            v = {kk: vv for kk, vv in v.items() if kk not in ("hbm_budget_per_replica", "groups")}
         t.add_row(k, _fmt(v))
     console.print(t)
+    groups = summary.get("cluster", {}).get("groups")
+    if groups:   # a mixed colocated fleet (cluster.groups)
+        gt = Table(title="groups of the fleet", header_style="bold")
+        short = {"tensor_parallel": "TP", "ttft_s_mean": "TTFT mean (s)", "e2e_s_mean": "E2E mean (s)"}
+        for name in groups[0]:
+            gt.add_column(short.get(name, name), justify="left" if name == "hardware" else "right",
+                          no_wrap=name == "hardware")
+        for row in groups:
+            gt.add_row(*(_fmt(x) for x in row.values()))
+        console.print(gt)
     lat = Table(title="latency (s)", header_style="bold")
     lat.add_column("metric")
     for q in ("mean", "p50", "p90", "p99"):

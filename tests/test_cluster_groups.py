@@ -1,0 +1,172 @@
+"""A mixed colocated fleet (``cluster.groups``): replicas of several hardware or settings behind one router.
+
+Checked against independent references: one group is the homogeneous fleet bit for bit; under round-robin
+(choices fixed ahead) every replica serves exactly what a single engine of its group's settings serves when
+given the same requests; GPU counts by hand; the compiled core against the SimPy loop.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from result_compare import off_and_on
+
+from sim import engine_core
+from sim.cli import main
+from sim.cluster.layouts import gpus_of
+from sim.errors import KvsimError
+from sim.native import native
+from sim.runner import run_scenario
+from sim.scenario import load_scenario, scenario_from_dict
+
+BASE = {
+    "name": "mixed", "seed": 3, "model": "tiny-llama", "hardware": "a100-80gb", "output": {"plots": False},
+    "kv_cache": {"block_size": 16, "num_gpu_blocks": 120},
+    "workload": {"synthetic": {"num_requests": 48, "arrival": {"process": "poisson", "rate": 40.0},
+                               "prompt_len": {"dist": "uniform", "min": 20, "max": 300},
+                               "output_len": {"dist": "uniform", "min": 1, "max": 60}}},
+}
+
+
+def _fleet(groups: list[dict] | None = None, policy: str = "round_robin", **cluster) -> dict:
+    data = copy.deepcopy(BASE)
+    data["cluster"] = {"router": {"policy": policy}, **cluster}
+    if groups is not None:
+        data["cluster"]["groups"] = groups
+    return data
+
+
+MIXED = [{"replicas": 1, "hardware": "h100-80gb"}, {"replicas": 2, "hardware": "a100-80gb"}]
+
+
+def test_one_group_is_the_fleet_of_its_replicas():
+    one = run_scenario(scenario_from_dict(_fleet([{"replicas": 3}], policy="least_requests")))
+    plain = run_scenario(scenario_from_dict(_fleet(policy="least_requests", replicas=3)))
+    pd.testing.assert_frame_equal(one.requests, plain.requests, check_exact=True)
+    pd.testing.assert_frame_equal(one.steps, plain.steps, check_exact=True)
+    pd.testing.assert_frame_equal(one.replicas.drop(columns="group"), plain.replicas, check_exact=True)
+    assert list(one.replicas["group"]) == [0, 0, 0] and "group" not in plain.replicas
+    strip = lambda s: {k: v for k, v in s.items() if k not in ("wall_time_s", "cluster")}   # noqa: E731
+    assert strip(one.summary) == strip(plain.summary)
+    assert one.summary["cluster"]["groups"][0]["requests"] == 48
+
+
+def test_round_robin_replicas_serve_as_single_engines_of_their_group():
+    """Round-robin's choices do not depend on the replicas, so replica i serves requests i, i + 3, ...; a
+    single engine on replica i's hardware given exactly those requests (same arrivals and lengths) must
+    produce the same first-token and finish times for each."""
+    res = run_scenario(scenario_from_dict(_fleet(MIXED)))
+    reqs = res.requests.sort_values("arrival_s", kind="stable")
+    assert list(res.replicas["hardware"]) == ["h100-80gb", "a100-80gb", "a100-80gb"]
+    for replica, hardware in enumerate(["h100-80gb", "a100-80gb", "a100-80gb"]):
+        mine = reqs[reqs["replica"] == replica]
+        assert len(mine) == 16
+        single = copy.deepcopy(BASE)
+        single["hardware"] = hardware
+        single["workload"] = {"requests": [{"arrival": float(a), "prompt_len": int(p), "output_len": int(o)}
+                                           for a, p, o in zip(mine["arrival_s"], mine["prompt_tokens"],
+                                                              mine["output_tokens"])]}
+        alone = run_scenario(scenario_from_dict(single)).requests.sort_values("arrival_s", kind="stable")
+        for col in ("first_token_s", "finish_s", "ttft_s", "e2e_s"):
+            np.testing.assert_array_equal(mine[col].to_numpy(), alone[col].to_numpy(), err_msg=col)
+
+
+def test_the_summary_describes_each_group_from_the_request_table():
+    res = run_scenario(scenario_from_dict(_fleet(MIXED, policy="least_requests")))
+    groups = res.summary["cluster"]["groups"]
+    group_of = dict(zip(res.replicas["replica"], res.replicas["group"]))
+    reqs = res.requests.assign(group=res.requests["replica"].map(group_of))
+    assert [(g["group"], g["replicas"], g["hardware"], g["tensor_parallel"]) for g in groups] == [
+        (0, 1, "h100-80gb", 1), (1, 2, "a100-80gb", 1)]
+    for g in groups:
+        own = reqs[reqs["group"] == g["group"]]
+        assert g["requests"] == len(own) == g["finished"]
+        assert math.isclose(g["ttft_s_mean"], own["ttft_s"].mean(), rel_tol=1e-12)
+        assert math.isclose(g["e2e_s_mean"], own["e2e_s"].mean(), rel_tol=1e-12)
+    assert sum(g["requests"] for g in groups) == 48
+    assert set(res.summary["step_model"]) == {"group 0", "group 1"}
+    assert res.summary["step_model"]["group 0"]["calibration"] == "h100-80gb"
+
+
+def test_a_fleet_sized_from_hbm_reports_each_groups_budget():
+    data = _fleet([{"replicas": 1, "hardware": "h100-80gb"}, {"replicas": 1, "hardware": "a100-40gb"}])
+    data["model"] = "llama-2-7b"
+    del data["kv_cache"]["num_gpu_blocks"]
+    res = run_scenario(scenario_from_dict(data))
+    budgets = res.summary["cluster"]["hbm_budget_per_replica"]
+    assert set(budgets) == {"group 0", "group 1"}
+    assert budgets["group 0"]["hbm_bytes"] == 80 * 2**30 and budgets["group 1"]["hbm_bytes"] == 40 * 2**30
+    blocks = dict(zip(res.replicas["hardware"], res.replicas["num_gpu_blocks"]))
+    assert blocks["h100-80gb"] > 2 * blocks["a100-40gb"]   # the same weights in half the memory
+
+
+def test_gpus_of_a_mixed_fleet_by_hand():
+    scn = scenario_from_dict(_fleet([{"replicas": 2, "hardware": "h100-80gb"},
+                                     {"replicas": 3, "hardware": "a100-80gb", "tensor_parallel": 2}]))
+    assert gpus_of(scn) == (8, {"h100-80gb": 2, "a100-80gb": 6})
+
+
+@pytest.mark.skipif(native is None, reason="sim._native is not built")
+def test_the_core_runs_groups_that_admit_alike_as_the_loop_does(monkeypatch):
+    """Both groups have 120 blocks, so they cap and reject requests alike: the compiled core covers them."""
+    data = _fleet(MIXED, policy="least_kv")
+    loop, core = off_and_on(monkeypatch, engine_core, "enabled", lambda: run_scenario(scenario_from_dict(data)))
+    assert core.profile["compiled_core"] and not loop.profile["compiled_core"]
+    pd.testing.assert_frame_equal(loop.requests, core.requests, check_exact=True)
+    pd.testing.assert_frame_equal(loop.steps, core.steps, check_exact=True)
+    pd.testing.assert_frame_equal(loop.replicas, core.replicas, check_exact=True)
+
+
+def test_groups_of_other_block_counts_run_in_the_loop():
+    data = _fleet([{"replicas": 1}, {"replicas": 1, "kv_cache": {"num_gpu_blocks": 60}}], policy="least_requests")
+    res = run_scenario(scenario_from_dict(data))
+    assert not res.profile["compiled_core"]
+    assert list(res.replicas["num_gpu_blocks"]) == [120, 60] and res.summary["num_finished"] == 48
+
+
+@pytest.mark.parametrize("cluster, message", [
+    ({"replicas": 2, "groups": [{"replicas": 1}]}, "not replicas with groups"),
+    ({"groups": []}, "groups"),
+    ({"groups": [{"replicas": 0}]}, "replicas"),
+    ({"groups": [{"replicas": 1, "colour": "red"}]}, "colour"),
+    ({"groups": [{"replicas": 1}], "kv_transfer": {"link": "nvlink"}}, "kv_transfer applies to prefill and decode"),
+    ({"groups": [{"replicas": 1}, {"replicas": 1, "tensor_parallel": 3}]},
+     "cluster.groups.1.tensor_parallel: 3 does not divide"),
+    ({"groups": [{"replicas": 1}, {"replicas": 1, "scheduler": {"batching": "static", "policy": "round_robin"}}]},
+     "cluster.groups.1.scheduler.policy: round_robin needs scheduler.batching: continuous"),
+])
+def test_bad_groups_are_one_line_errors_naming_the_key(cluster, message):
+    data = copy.deepcopy(BASE)
+    data["cluster"] = cluster
+    with pytest.raises(KvsimError) as e:
+        scenario_from_dict(data)
+    assert message in e.value.one_line()
+
+
+def test_a_group_is_set_by_its_position(tmp_path):
+    path = tmp_path / "mixed.yaml"
+    path.write_text(yaml.safe_dump(_fleet(MIXED)))
+    scn = load_scenario(path, ["cluster.groups.1.replicas=4", "cluster.groups.0.hardware.tensor_parallel=2"])
+    assert [g.replicas for g in scn.cluster.groups] == [1, 4]
+    assert gpus_of(scn) == (6, {"h100-80gb": 2, "a100-80gb": 4})
+    with pytest.raises(KvsimError, match=r"cluster\.groups\.2\.replicas: 2 is not an item of its list \(0 \.\. 1\)"):
+        load_scenario(path, ["cluster.groups.2.replicas=1"])
+    assert yaml.safe_load(path.read_text())["cluster"]["groups"][1]["replicas"] == 2   # (the file as it was)
+
+
+def test_cli_runs_a_mixed_fleet_and_refuses_a_replicas_search(tmp_path, capsys):
+    path = tmp_path / "mixed.yaml"
+    path.write_text(yaml.safe_dump(_fleet(MIXED)))
+    assert main(["run", str(path), "--out", str(tmp_path / "out"), "--no-plots"]) == 0
+    out = capsys.readouterr().out
+    assert "groups of the fleet" in out and "h100-80gb" in out
+    table = pd.read_csv(tmp_path / "out" / "replicas.csv")
+    assert list(table["group"]) == [0, 1, 1] and list(table["hardware"]) == ["h100-80gb", "a100-80gb", "a100-80gb"]
+    assert main(["capacity", str(path), "--slo", "ttft_p90=1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cluster.groups: a mixed fleet has no one replica count to search" in err[0]
