@@ -149,18 +149,25 @@ def admission(prompt: np.ndarray, out: np.ndarray, scheduler: ContinuousSchedule
     capped = np.where((prompt + out > mml) & (prompt < mml), mml - prompt, out)
     mgr = scheduler.manager
     budget = scheduler.max_num_batched_tokens
-    slots = mgr.region_tokens_of(prompt, capped) if type(mgr) is ContiguousKVManager else prompt + capped - 1
-    need = -(-slots // mgr.block_size)
-    if type(mgr) is WindowedKVCacheManager:   # and its window's pages (WindowedKVCacheManager.can_ever_fit)
-        need = need + mgr.sliding_groups * mgr.window_blocks_max(slots)
-    if width is not None:   # n samples share the prompt's full blocks (KVCacheManager.can_ever_fit)
-        need = need + (width - 1) * (need - prompt // mgr.block_size)
+    need = blocks_needed(prompt, capped, mgr, width)
     bad = (prompt >= mml) | (need > mgr.num_blocks) | (budget < 1)
     if width is not None:
         bad |= width > budget   # a decode step of every sample at once
     if not scheduler.config.chunked_prefill:
         bad |= prompt > budget
     return capped, capped != out, bad
+
+
+def blocks_needed(prompt: np.ndarray, capped: np.ndarray, mgr: Any, width: np.ndarray | None = None) -> np.ndarray:
+    """The most blocks each request (prompt, output as served, samples) ever holds at once in ``mgr``
+    (its ``can_ever_fit``): its tokens' blocks, a windowed cache's pages, samples' own blocks."""
+    slots = mgr.region_tokens_of(prompt, capped) if type(mgr) is ContiguousKVManager else prompt + capped - 1
+    need = -(-slots // mgr.block_size)
+    if type(mgr) is WindowedKVCacheManager:   # and its window's pages (WindowedKVCacheManager.can_ever_fit)
+        need = need + mgr.sliding_groups * mgr.window_blocks_max(slots)
+    if width is not None:   # n samples share the prompt's full blocks (KVCacheManager.can_ever_fit)
+        need = need + (width - 1) * (need - prompt // mgr.block_size)
+    return need
 
 
 def prepare(requests: list[Request], scheduler: ContinuousScheduler, samples: np.ndarray | None = None
@@ -237,13 +244,28 @@ def run_core(requests: list[Request], scheduler: ContinuousScheduler, executor: 
                        columns=columns, client=client)[0][0]
 
 
-def same_admission(schedulers: list[ContinuousScheduler]) -> bool:
+def same_admission(schedulers: list[ContinuousScheduler], requests: list[Request] | None = None) -> bool:
     """Whether these engines cap and reject a request alike (the settings ``prepare`` reads): the replicas
-    of one pool."""
+    of one pool; or, given ``requests``, engines whose caches differ in size only (a mixed fleet's groups)
+    where every one of them has room for every request (so no block count decides a rejection or its
+    reason)."""
     def key(s: ContinuousScheduler) -> tuple:
         m = s.manager
         return (s.max_model_len, s.max_num_batched_tokens, s.config.chunked_prefill, m.block_size, m.num_blocks)
-    return len({key(s) for s in schedulers}) == 1
+    keys = {key(s) for s in schedulers}
+    if len(keys) == 1:
+        return True
+    if requests is None or len({k[:-1] for k in keys}) != 1:
+        return False
+    n = len(requests)
+    prompt = np.fromiter((r.prompt_len for r in requests), dtype=np.int64, count=n)
+    out = np.fromiter((r.output_len for r in requests), dtype=np.int64, count=n)
+    samples = np.fromiter((r.n for r in requests), dtype=np.int64, count=n)
+    width = samples if (samples > 1).any() else None
+    mml = schedulers[0].max_model_len
+    capped = np.where((prompt + out > mml) & (prompt < mml), mml - prompt, out)
+    return all(not (blocks_needed(prompt, capped, s.manager, width) > s.manager.num_blocks).any()
+               for s in {key(s): s for s in schedulers}.values())
 
 
 def run_engines(requests: list[Request], engines: list[EngineParts], lag: float, *, dest: list[int] | None = None,
@@ -260,7 +282,7 @@ def run_engines(requests: list[Request], engines: list[EngineParts], lag: float,
     Returns each engine's run and the engine each request went to (``columns``: the first run carries the
     requests' columns, and the Requests get only their status); errors are raised as the SimPy loop raises
     them."""
-    if not same_admission([p.scheduler for p in engines]):
+    if not same_admission([p.scheduler for p in engines], requests):
         raise ValueError("run_engines: the engines cap or reject requests differently")
     n, m = len(requests), len(engines)
     samples = np.fromiter((r.n for r in requests), dtype=np.int64, count=n)   # (no beams here: requests_supported)

@@ -1,7 +1,8 @@
 """The cluster fuzzer: random small clusters, run with every invariant checked, then checks across replicas.
 
     draw_cluster_scenario(rng)  -> dict        a random, valid cluster scenario (tiny caches, few requests):
-                                               colocated replicas behind any router, or prefill and decode
+                                               colocated replicas behind any router (a mixed fleet of 2-3
+                                               groups with settings of their own too), or prefill and decode
                                                pools (pull, push or layer-wise push, any link, pools with hardware, a
                                                tensor-parallel degree, a cache and limits of their own)
     run_cluster_case(data)      -> CaseResult  run it three ways and check the outcome

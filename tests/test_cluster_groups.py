@@ -122,11 +122,33 @@ def test_the_core_runs_groups_that_admit_alike_as_the_loop_does(monkeypatch):
     pd.testing.assert_frame_equal(loop.replicas, core.replicas, check_exact=True)
 
 
-def test_groups_of_other_block_counts_run_in_the_loop():
-    data = _fleet([{"replicas": 1}, {"replicas": 1, "kv_cache": {"num_gpu_blocks": 60}}], policy="least_requests")
+@pytest.mark.skipif(native is None, reason="sim._native is not built")
+@pytest.mark.parametrize("policy", ["least_kv", "least_requests", "prefix_affinity", "power_of_two"])
+def test_caches_of_other_sizes_that_hold_every_request_run_in_the_core(monkeypatch, policy):
+    """120 blocks beside 60 (every request needs at most 23): no block count decides an admission, so the
+    core runs the fleet, least_kv comparing each replica's share of blocks in use as Replica.kv_usage does."""
+    data = _fleet([{"replicas": 1}, {"replicas": 2, "hardware": "h100-80gb", "kv_cache": {"num_gpu_blocks": 60}}],
+                  policy=policy)
+    loop, core = off_and_on(monkeypatch, engine_core, "enabled",
+                            lambda: run_scenario(scenario_from_dict(data), check_integrity=True))
+    assert core.profile["compiled_core"] and not loop.profile["compiled_core"]
+    assert list(core.replicas["num_gpu_blocks"]) == [120, 60, 60] and core.summary["num_finished"] == 48
+    pd.testing.assert_frame_equal(loop.requests, core.requests, check_exact=True)
+    pd.testing.assert_frame_equal(loop.steps, core.steps, check_exact=True)
+    pd.testing.assert_frame_equal(loop.replicas, core.replicas, check_exact=True)
+
+
+def test_a_request_too_large_for_one_group_is_rejected_there_only():
+    """Group 1 holds 8 blocks (128 tokens): a request routed there with more KV than that is rejected with
+    its reason; on group 0 (120 blocks) every request fits. Such a fleet runs in the SimPy loop."""
+    data = _fleet([{"replicas": 1}, {"replicas": 1, "kv_cache": {"num_gpu_blocks": 8}}])
     res = run_scenario(scenario_from_dict(data))
     assert not res.profile["compiled_core"]
-    assert list(res.replicas["num_gpu_blocks"]) == [120, 60] and res.summary["num_finished"] == 48
+    reqs = res.requests
+    need = -(-(reqs["prompt_tokens"] + reqs["output_tokens"] - 1) // 16)   # (as served: none is capped)
+    rejected = reqs["status"] == "REJECTED"
+    assert (rejected == ((reqs["replica"] == 1) & (need > 8))).all() and rejected.any()
+    assert reqs.loc[rejected, "reject_reason"].str.len().gt(0).all()
 
 
 @pytest.mark.parametrize("cluster, message", [

@@ -86,8 +86,8 @@ class Router:
     def core_rule(self, requests: Sequence[Request], num_replicas: int) -> CoreRule | None:
         """This router's choices as a rule the compiled core applies itself (sim/csrc/core.c
         ``rule_choice``: the same choices from the same counts, without a Python call per request), for
-        ``requests`` (the next ones, in hand-over order) over ``num_replicas`` replicas of one block count;
-        None: ``choose`` is called. Drawn randomness is used up as ``choose`` would use it; what a router
+        ``requests`` (the next ones, in hand-over order) over ``num_replicas`` replicas (their caches may
+        differ in size: least_kv compares each one's share in use); None: ``choose`` is called. Drawn randomness is used up as ``choose`` would use it; what a router
         remembers of its choices (session's homes) is not kept: it is not called after the run."""
         return None
 

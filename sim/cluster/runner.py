@@ -164,7 +164,7 @@ def _in_core(pool: list[Replica], requests: list[Request], router: Router) -> bo
     if (router.reads_state and not router.rule_reads_caches) or not requests_supported(requests, forks):
         return False
     return (all(core_supported(rep.scheduler, rep.manager, rep.engine.executor, None) for rep in pool)
-            and same_admission([rep.scheduler for rep in pool]))
+            and same_admission([rep.scheduler for rep in pool], requests))
 
 
 def _run_colocated(scn: Scenario, workload: Workload, check: bool, lag: float, fe_out: float, fe_token: float,
