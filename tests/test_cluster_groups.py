@@ -8,6 +8,7 @@ given the same requests; GPU counts by hand; the compiled core against the SimPy
 from __future__ import annotations
 
 import copy
+import json
 import math
 
 import numpy as np
@@ -181,7 +182,7 @@ def test_a_group_is_set_by_its_position(tmp_path):
     assert yaml.safe_load(path.read_text())["cluster"]["groups"][1]["replicas"] == 2   # (the file as it was)
 
 
-def test_cli_runs_a_mixed_fleet_and_refuses_a_replicas_search(tmp_path, capsys):
+def test_cli_runs_a_mixed_fleet_and_refuses_a_replicas_search_without_a_group(tmp_path, capsys):
     path = tmp_path / "mixed.yaml"
     path.write_text(yaml.safe_dump(_fleet(MIXED)))
     assert main(["run", str(path), "--out", str(tmp_path / "out"), "--no-plots"]) == 0
@@ -192,3 +193,41 @@ def test_cli_runs_a_mixed_fleet_and_refuses_a_replicas_search(tmp_path, capsys):
     assert main(["capacity", str(path), "--slo", "ttft_p90=1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "cluster.groups: a mixed fleet has no one replica count to search" in err[0]
+
+
+def test_capacity_grows_one_group_of_a_mixed_fleet(tmp_path, capsys):
+    """--group 1: the fewest replicas of group 1 (group 0 kept) meeting the SLO; checked by running the
+    answer N and N - 1 directly and reading TTFT p90 off their request tables."""
+    data = _fleet([{"replicas": 1, "hardware": "h100-80gb"}, {"replicas": 1, "hardware": "a100-80gb"}],
+                  policy="least_requests")
+    data["model"] = "llama-2-7b"
+    data["workload"]["synthetic"].update(num_requests=300, arrival={"process": "poisson", "rate": 100.0})
+    path = tmp_path / "mixed.yaml"
+    path.write_text(yaml.safe_dump(data))
+    bound = 0.052
+    assert main(["capacity", str(path), "--group", "1", "--slo", f"ttft_p90={bound}", "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    n = answer["replicas"]
+    assert answer["group"] == 1 and n > 1
+
+    def ttft_p90(replicas: int) -> float:
+        res = run_scenario(load_scenario(path, [f"cluster.groups.1.replicas={replicas}"]))
+        done = res.requests[res.requests["status"] == "FINISHED"]
+        return float(np.percentile(done["ttft_s"], 90))
+
+    assert ttft_p90(n) <= bound < ttft_p90(n - 1)
+    scn = load_scenario(path, [f"cluster.groups.1.replicas={n}"])
+    assert gpus_of(scn) == gpus_of(load_scenario(path), answer) == (1 + n, {"h100-80gb": 1, "a100-80gb": n})
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--group", "2"], "--group: the fleet has groups 0 .. 1, not 2"),
+    (["--group", "0", "--search", "rate"], "--group: grows one group of a mixed fleet"),
+    ([], "cluster.groups: a mixed fleet has no one replica count to search; give --group I"),
+])
+def test_bad_group_searches_exit_2_in_one_line(tmp_path, capsys, args, message):
+    path = tmp_path / "mixed.yaml"
+    path.write_text(yaml.safe_dump(_fleet(MIXED)))
+    assert main(["capacity", str(path), "--slo", "ttft_p90=1", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err

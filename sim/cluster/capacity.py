@@ -11,7 +11,8 @@ Search (each candidate an independent run of the scenario with ``cluster.replica
                failure and the first success: the answer N meets, N - 1 was run and fails.
                Prefill/decode pools: a total of N replicas meets when some split p + (N - p) does; every
                split of a candidate total is run, and the answer carries the best split (lowest worst
-               SLO ratio).
+               SLO ratio). A mixed fleet (``cluster.groups``, ``--group I``): group I's replicas grow, the
+               other groups as they are.
     rate:      from the workload's own mean rate, double (or halve) until the SLOs fail (or hold), then
                bisect to 1% of the rate: the answer R meets, and a rate 1% above it failed.
     concurrency: the client's ``workload.max_concurrency`` (sim/clients.py) grows 1, 2, 4, ... (up to
@@ -167,17 +168,20 @@ def _spread(lo: float, hi: float, k: int, integer: bool) -> list[float]:
     return pts
 
 
-def search_replicas(data: dict, run: Runner, max_replicas: int, workers: int) -> dict[str, Any]:
-    """The fewest replicas meeting the SLOs; every candidate's figures in ``candidates``."""
+def search_replicas(data: dict, run: Runner, max_replicas: int, workers: int, group: int | None = None
+                    ) -> dict[str, Any]:
+    """The fewest replicas meeting the SLOs; every candidate's figures in ``candidates``. ``group``: of that
+    group of a mixed fleet (``cluster.groups``), the others as they are (the answer names it)."""
     disagg = "prefill" in (data.get("cluster") or {})
     seen: dict[int, dict[str, Any]] = {}
+    key = "cluster__replicas" if group is None else f"cluster__groups__{group}__replicas"
 
     def try_totals(totals: list[int]) -> None:
         todo = [n for n in totals if n not in seen]
         if not todo:
             return
         if not disagg:
-            rows = run([_with(data, cluster__replicas=n) for n in todo])
+            rows = run([_with(data, **{key: n}) for n in todo])
             for n, row in zip(todo, rows):
                 seen[n] = {"replicas": n, **row}
             return
@@ -221,6 +225,8 @@ def search_replicas(data: dict, run: Runner, max_replicas: int, workers: int) ->
                 break
             lo = m
     answer: dict[str, Any] = {"replicas": hi}
+    if group is not None:
+        answer["group"] = group
     if disagg:
         answer.update(prefill=seen[hi]["prefill"], decode=seen[hi]["decode"])
     answer["candidates"] = [seen[k] for k in sorted(seen)]

@@ -28,7 +28,9 @@ def gpus_of(scn: Scenario, answer: dict[str, Any] | None = None) -> tuple[int, d
     """(GPUs, GPUs per hardware name) of ``scn``'s fleet, or of a replicas search's ``answer`` for it: each
     pool's (or group's) replicas x its tensor-parallel degree (no cluster: one replica)."""
     cl = scn.cluster
-    if answer is not None:
+    if answer is not None and "group" in answer:   # one group of a mixed fleet grown, the others as they are
+        pools = [(answer["replicas"] if i == answer["group"] else g.replicas, g) for i, g in enumerate(cl.groups)]
+    elif answer is not None:
         pools = [(answer["prefill"], cl.prefill), (answer["decode"], cl.decode)] if "prefill" in answer \
             else [(answer["replicas"], None)]
     elif cl is None:

@@ -26,7 +26,8 @@ from sim.cluster.capacity import (
     search_rate,
     search_replicas,
 )
-from sim.cluster.layouts import cost_of, hardware_names, score_key, search_layouts
+from sim.cluster.layouts import cost_of, gpus_of, hardware_names, score_key, search_layouts
+from sim.cluster.replica import pool_scenario
 from sim.commands.compare import combinations, parse_vary
 from sim.errors import KvsimError
 from sim.output import prepare_out_dir, summary_json, write_atomic, write_text
@@ -45,6 +46,9 @@ def add_parser(sub) -> None:
     p.add_argument("--search", choices=["replicas", "rate", "concurrency"], default="replicas",
                    help="replicas: the fewest replicas; rate: the highest workload.rate for the scenario's fleet; "
                         "concurrency: the highest workload.max_concurrency (a client's requests in flight)")
+    p.add_argument("--group", type=int, default=None, metavar="I",
+                   help="with --search replicas on a mixed fleet (cluster.groups): the fewest replicas of group I "
+                        "(0-based), the other groups as they are")
     p.add_argument("--max", type=int, default=None,
                    help="most replicas (default 64), or highest concurrency (default: the workload's requests), "
                         "to consider")
@@ -107,11 +111,17 @@ def _search_data(args: argparse.Namespace, overrides: list[str]) -> tuple[dict, 
         path, value = parse_override(text)
         apply_override(data, path, value, Path(args.scenario).parent)
     cl = data.get("cluster")
-    if args.search == "replicas" and isinstance(cl, dict) and "groups" in cl:
+    groups = cl.get("groups") if isinstance(cl, dict) else None
+    if args.group is not None:
+        if args.search != "replicas" or not isinstance(groups, list):
+            raise KvsimError("--group", "grows one group of a mixed fleet: give it with --search replicas and a "
+                             "scenario with cluster.groups")
+        if not 0 <= args.group < len(groups):
+            raise KvsimError("--group", f"the fleet has groups 0 .. {len(groups) - 1}, not {args.group}")
+    elif args.search == "replicas" and groups is not None:
         raise KvsimError(f"{args.scenario}: cluster.groups", "a mixed fleet has no one replica count to search; "
-                         "use --search rate or concurrency for it, or search each group's hardware as a fleet of "
-                         "its own (cluster.replicas)")
-    if args.search == "replicas" and (not isinstance(cl, dict) or not {"replicas", "prefill", "decode"} & set(cl)):
+                         "give --group I to grow group I, or use --search rate or concurrency")
+    if args.search == "replicas" and (not isinstance(cl, dict) or not {"replicas", "groups", "prefill", "decode"} & set(cl)):
         overrides.append("cluster.replicas=1")            # e.g. only --set cluster.router.policy=...: a fleet
         apply_override(data, ["cluster", "replicas"], 1)
     return data, overrides
@@ -149,7 +159,7 @@ def main(args: argparse.Namespace) -> int:
     with parallel_runner(str(Path(args.scenario).parent), args.scenario, slos, workers=args.workers,
                          use_ray=args.ray is not None, ray_address=args.ray or None) as run:
         if args.search == "replicas":
-            answer = search_replicas(data, run, args.max or 64, args.workers)
+            answer = search_replicas(data, run, args.max or 64, args.workers, args.group)
             x = "replicas"
         elif args.search == "concurrency":
             answer = search_concurrency(data, run, args.max or _num_requests(scn), args.workers)
@@ -166,7 +176,12 @@ def main(args: argparse.Namespace) -> int:
             [f"attain_{s.name}" for s in slos] + ["meets"]
         print(table[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
         slo_text = ", ".join(f"{s.name} <= {s.value:g} s" for s in slos)
-        if x == "replicas":
+        if x == "replicas" and "group" in answer:
+            g = scn.cluster.groups[answer["group"]]
+            hw = pool_scenario(scn, g).hardware_spec
+            print(f"fewest replicas of group {answer['group']} ({hw.name}, TP {hw.tensor_parallel}) meeting "
+                  f"{slo_text}: {answer['replicas']} ({gpus_of(scn, answer)[0]} GPUs in the fleet)")
+        elif x == "replicas":
             split = f" ({answer['prefill']} prefill + {answer['decode']} decode)" if "prefill" in answer else ""
             print(f"fewest replicas meeting {slo_text}: {answer['replicas']}{split}")
         elif x == "concurrency":
@@ -209,7 +224,7 @@ def _main_layouts(args: argparse.Namespace, slos: list[SLO]) -> int:
         def search(layout, data):
             scn = prepared[tuple(layout)][1]
             if key == "replicas":
-                return search_replicas(data, run, args.max or 64, args.workers)
+                return search_replicas(data, run, args.max or 64, args.workers, args.group)
             if key == "concurrency":
                 return search_concurrency(data, run, args.max or _num_requests(scn), args.workers)
             return search_rate(data, run, _base_rate(scn), args.workers)
