@@ -18,6 +18,7 @@ Three questions a serving team asks before buying GPUs, answered on the CPU in a
 2. Which router makes the most of prefix caching on multi-turn conversations? (Mooncake trace)
 3. At equal GPU count, colocated or disaggregated prefill/decode under a tight TPOT SLO?
 4. A 70B model quantized on one GPU, or in fp16 on two?
+5. With one H100 in hand, how many A100s (or H100s) to add, and which router spreads a mixed fleet's load?
 
 Every run is `run_scenario(load_scenario(path, overrides))` with a `cluster:` section set through
 overrides; `kvsim capacity` is the same search from the shell."""),
@@ -188,6 +189,49 @@ quarter of the fp16 weights' bytes, so one GPU serves more requests than the fp1
 little room for the cache; on two it does best per GPU here: half the weight bytes, a large cache, and steps
 of many tokens multiplied at the fp8 tensor cores' doubled rate, where int4's weight-only GEMMs still
 multiply in fp16."""),
+    ("md", """## 5. A mixed fleet: what to add beside the GPUs you have
+
+`scenarios/cluster_mixed_fleet.yaml`: Llama-2-13B, one replica on an H100-80GB beside two on A100-80GBs
+(`cluster.groups`), the quickstart's Azure requests. Each group prices its steps with its own GPU's shipped
+calibration. First the routers: round-robin gives every replica a third of the requests whatever its speed;
+least_requests and least_kv read the replicas and send more to the one that empties sooner."""),
+    ("code", """rows = {}
+for policy in ["round_robin", "least_requests", "least_kv"]:
+    res = run_scenario(load_scenario(SCN / "cluster_mixed_fleet.yaml", [f"cluster.router.policy={policy}"]))
+    s = res.summary
+    for g in s["cluster"]["groups"]:
+        rows[(policy, f"{g['replicas']} x {g['hardware']}")] = {"requests": g["requests"],
+                                                             "TTFT mean (s)": g["ttft_s_mean"],
+                                                             "E2E mean (s)": g["e2e_s_mean"]}
+    rows[(policy, "fleet")] = {"requests": s["num_finished"], "TTFT mean (s)": s["ttft_s"]["mean"],
+                               "E2E mean (s)": s["e2e_s"]["mean"]}
+routers = pd.DataFrame(rows).T
+display(routers)
+ax = routers.xs("fleet", level=1)["E2E mean (s)"].plot.barh(color="#1c7ed6", figsize=(6, 2.6))
+ax.set_xlabel("mean E2E of the fleet (s)")
+show(ax.figure, "mixed_routers.png")"""),
+    ("md", """Then the purchase: the fewest A100s beside the H100 that meet TTFT p90 under 0.3 s and TPOT p90 under
+30 ms on the first 4,000 requests (`kvsim capacity --group 1`: group 1 grows, group 0 is kept), against the
+fewest H100s beside it (group 1's hardware set to H100). Prices are an assumption of this notebook (an H100
+at 4, an A100 at 2 an hour), not kvsim's."""),
+    ("code", """SLO = ["--slo", "ttft_p90=0.3", "--slo", "tpot_p90=0.03", "--set", "workload.limit=4000", "--workers", "2"]
+PRICE = {"h100-80gb": 4.0, "a100-80gb": 2.0}
+options = {}
+for added in ["a100-80gb", "h100-80gb"]:
+    ans = capacity(SCN / "cluster_mixed_fleet.yaml", "--group", "1", *SLO, "--set", f"cluster.groups.1.hardware={added}")
+    n = ans["replicas"]
+    options[f"1 x h100-80gb + {n} x {added}"] = {"GPUs": 1 + n, "price an hour": PRICE["h100-80gb"] + n * PRICE[added]}
+    display(figures(ans, "replicas"))
+purchase = pd.DataFrame(options).T
+display(purchase)
+ax = purchase["price an hour"].plot.barh(color="#2b8a3e", figsize=(6, 2.2))
+ax.set_xlabel("price an hour (this notebook's prices)")
+show(ax.figure, "mixed_purchase.png")"""),
+    ("md", """The routers that read the replicas cut the fleet's mean E2E from 7.1 s (round-robin) to 5.8 s: round-robin
+gives each A100 as many requests as the H100, whose requests finish in well under half the time; least_requests
+sends the H100 about 950 of the 2,000. For the purchase, three A100s beside the H100 meet both SLOs where two
+leave TPOT p90 at 31 ms (4 GPUs, 10 an hour at these prices); a second H100 alone meets them (2 GPUs, 8 an
+hour). Which is cheaper follows the prices you pay: kvsim gives the counts, the table does the sums."""),
 ]
 
 
