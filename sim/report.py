@@ -39,6 +39,15 @@ def _table(rows: list[tuple[str, Any]], head: tuple[str, str] = ("key", "value")
     return f"<table><thead><tr><th>{head[0]}</th><th>{head[1]}</th></tr></thead><tbody>{body}</tbody></table>"
 
 
+def _rows_table(rows: list[dict[str, Any]]) -> str:
+    """A table with a column a key (the first row's keys, in order) and a row a mapping."""
+    cols = list(rows[0])
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(f"<td class=\"n\">{html.escape(_fmt(r.get(c)))}</td>" for c in cols) + "</tr>"
+                   for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
 def _figure(path: Path) -> str:
     data = base64.b64encode(path.read_bytes()).decode("ascii")
     alt = html.escape(path.stem.replace("_", " "))
@@ -51,7 +60,9 @@ def report_html(result, figures: list[Path]) -> str:
     flat = flatten(result.summary)
     headline = [(k, flat[k]) for k in HEADLINE if k in flat]
     breakdown = list(result.summary.get("memory_breakdown", {}).items())
-    rest = [(k, v) for k, v in flat.items() if k not in dict(headline) and not k.startswith("memory_breakdown.")]
+    groups = result.summary.get("cluster", {}).get("groups")
+    rest = [(k, v) for k, v in flat.items() if k not in dict(headline) and not k.startswith("memory_breakdown.")
+            and k != "cluster.groups"]   # (a mixed fleet's groups get a table of their own)
     scenario_yaml = yaml.safe_dump(scn.model_dump(mode="json"), sort_keys=False)
     title = f"kvsim report: {scn.name}"
     parts = [
@@ -63,6 +74,11 @@ def report_html(result, figures: list[Path]) -> str:
         "<h2>Summary</h2>", _table(headline),
         "<h2>KV memory breakdown (time-weighted share of capacity)</h2>", _table(breakdown, ("part", "share")),
     ]
+    replicas = getattr(result, "replicas", None)
+    if replicas is not None and len(replicas):   # a cluster: replicas.csv's rows, and a mixed fleet's groups
+        if groups:
+            parts += ["<h2>Groups of the fleet</h2>", _rows_table(groups)]
+        parts += ["<h2>Replicas</h2>", _rows_table(replicas.to_dict("records"))]
     timeline = getattr(result, "timeline", None)
     if timeline is not None:
         from sim.latency_breakdown import phase_means

@@ -231,3 +231,14 @@ def test_bad_group_searches_exit_2_in_one_line(tmp_path, capsys, args, message):
     assert main(["capacity", str(path), "--slo", "ttft_p90=1", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+
+
+def test_the_report_shows_the_groups_and_replicas_as_tables(tmp_path):
+    path = tmp_path / "mixed.yaml"
+    path.write_text(yaml.safe_dump(_fleet(MIXED)))
+    assert main(["run", str(path), "--out", str(tmp_path / "out"), "--no-plots"]) == 0
+    page = (tmp_path / "out" / "report.html").read_text()
+    groups = page.split("<h2>Groups of the fleet</h2>")[1].split("</table>")[0]
+    replicas = page.split("<h2>Replicas</h2>")[1].split("</table>")[0]
+    assert groups.count("<tr>") == 1 + 2 and replicas.count("<tr>") == 1 + 3   # header + a row each
+    assert "<td class=\"n\">h100-80gb</td>" in groups and "cluster.groups" not in page
