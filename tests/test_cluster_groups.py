@@ -242,3 +242,13 @@ def test_the_report_shows_the_groups_and_replicas_as_tables(tmp_path):
     replicas = page.split("<h2>Replicas</h2>")[1].split("</table>")[0]
     assert groups.count("<tr>") == 1 + 2 and replicas.count("<tr>") == 1 + 3   # header + a row each
     assert "<td class=\"n\">h100-80gb</td>" in groups and "cluster.groups" not in page
+
+
+def test_figures_name_each_replicas_hardware_in_a_mixed_fleet():
+    from sim.cluster.output import replica_labels
+
+    mixed = pd.DataFrame({"replica": [0, 1, 2], "group": [0, 1, 1], "hardware": ["h100-80gb", "a100-80gb", "a100-80gb"],
+                          "tensor_parallel": [2, 1, 1]})
+    assert replica_labels(mixed) == {0: "replica 0 (h100-80gb TP 2)", 1: "replica 1 (a100-80gb)",
+                                     2: "replica 2 (a100-80gb)"}
+    assert replica_labels(mixed.drop(columns="group")) == {0: "replica 0", 1: "replica 1", 2: "replica 2"}
