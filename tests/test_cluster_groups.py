@@ -252,3 +252,15 @@ def test_figures_name_each_replicas_hardware_in_a_mixed_fleet():
     assert replica_labels(mixed) == {0: "replica 0 (h100-80gb TP 2)", 1: "replica 1 (a100-80gb)",
                                      2: "replica 2 (a100-80gb)"}
     assert replica_labels(mixed.drop(columns="group")) == {0: "replica 0", 1: "replica 1", 2: "replica 2"}
+
+
+def test_a_group_whose_gpus_cannot_hold_the_weights_is_named(tmp_path, capsys):
+    data = _fleet([{"replicas": 1}, {"replicas": 1, "hardware": "a100-40gb"}])
+    data["model"] = "llama-2-70b"
+    del data["kv_cache"]["num_gpu_blocks"]
+    path = tmp_path / "mixed.yaml"
+    path.write_text(yaml.safe_dump({**data, "hardware": {"name": "a100-80gb", "tensor_parallel": 4}}))
+    assert main(["run", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{path}: cluster.groups.1: model weights" in err[0] and "a100-40gb" in err[0], err
+    assert not (tmp_path / "out").exists()

@@ -115,19 +115,22 @@ def check_released(rep: Replica, free_blocks: int | None = None) -> None:
 
 
 def build_replica(scn: Scenario, replica_id: int, role: str, env: simpy.Environment, check_integrity: bool,
-                  arrival_delay_s: float, executor: Any = None) -> Replica:
+                  arrival_delay_s: float, executor: Any = None, group: int | None = None) -> Replica:
     """Build a replica's parts the way ``run_scenario`` builds the single engine's (``executor``: one of
-    another replica of the same scenario, shared: sim.runner.shared_executor)."""
+    another replica of the same scenario, shared: sim.runner.shared_executor; ``group``: its group of a
+    mixed fleet, named in errors)."""
     from sim.runner import build_parts, cpu_blocks, gpu_blocks
 
     try:
         num_gpu = gpu_blocks(scn)
-    except KvsimError as e:   # a pool's own hardware or tensor_parallel: name the pool
-        if role == "colocated":
+    except KvsimError as e:   # a pool's (or group's) own hardware or tensor_parallel: name it
+        if role == "colocated" and group is None:
             raise
-        raise KvsimError(f"{scn.source}: cluster.{role}", e.what) from None
+        where = f"groups.{group}" if group is not None else role
+        raise KvsimError(f"{scn.source}: cluster.{where}", e.what) from None
     if num_gpu < 1:
-        raise KvsimError(f"{scn.source}: kv_cache", f"no room for a single KV block on a {role} replica")
+        which = f"group {group}'s replicas" if group is not None else f"a {role} replica"
+        raise KvsimError(f"{scn.source}: kv_cache", f"no room for a single KV block on {which}")
     num_cpu = cpu_blocks(scn)
     manager, scheduler, executor, recorder = build_parts(scn, num_gpu, num_cpu, executor, replica_id)
     engine = Engine(None, scheduler, executor, recorder, check_integrity=check_integrity,
@@ -149,7 +152,7 @@ def build_pool(scn: Scenario, ids: range, role: str, env: simpy.Environment, che
     pool: list[Replica] = []
     executor = None
     for i in ids:
-        rep = build_replica(scn, i, role, env, check_integrity, arrival_delay_s, executor)
+        rep = build_replica(scn, i, role, env, check_integrity, arrival_delay_s, executor, group)
         rep.group = group
         executor = shared_executor(rep.engine.executor)
         pool.append(rep)
