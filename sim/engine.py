@@ -248,6 +248,7 @@ class Engine:
         prev = 0.0   # the last step's duration (sizes a run's pricing call)
         chain_from = None   # the last run, applied after its wait, if nothing has happened since
         eager = self.eager_steps
+        gave_up = getattr(sched, "aborted", [])   # requests whose clients gave up (workload.timeout_s)
         now = env.now   # the engine's clock: >= env.now, and < _next_arrival while ahead of it
         while True:
             if staged and not sched.has_work():
@@ -313,11 +314,15 @@ class Engine:
                 prev = float(last.durations[last.k - 1])
                 stall = 0
                 continue
+            aborted = len(gave_up)
             plan = sched.schedule(start)
             arrived = bool(staged)
             if arrived:
                 self._admit_staged()
             if plan.is_empty():
+                # every request left was aborted (workload.timeout_s): idle, or plan the arrivals just admitted
+                if not sched.has_work() or (arrived and len(gave_up) > aborted):
+                    continue
                 if sched.loading:   # requests wait for loads from the host tier: on to the first one's end
                     if sched.stats.num_preempted or arrived:   # made room, or requests came: plan again now
                         continue

@@ -76,8 +76,8 @@ def core_supported(scheduler: Any, manager: Any, executor: Any, requests: list[R
     if not enabled or native is None or not hasattr(native, "run_core"):
         return False
     cfg = scheduler.config
-    if not _speculation_supported(scheduler, executor):
-        return False
+    if not _speculation_supported(scheduler, executor) or scheduler.timeout_s is not None:
+        return False   # (client timeouts abort requests in the SimPy loop only)
     if type(manager) is ContiguousKVManager:
         if manager.space.num_free != manager.num_blocks:
             return False   # (the core starts the space unused: one free extent)

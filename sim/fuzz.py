@@ -10,7 +10,8 @@ touching this file; a new boolean or number is one line in ``KNOBS``. A run that
 NotImplementedError (a setting whose code has not landed yet) counts as *unsupported*, not as a failure.
 
 End-of-run checks (``check_outcome``), each computed from the run's tables, not from its summary code:
-- every request is FINISHED, or REJECTED with a reason (and never scheduled); finished + rejected = requests;
+- every request is FINISHED, REJECTED with a reason (and never scheduled), or ABORTED with a reason (its
+  client's timeout); finished + rejected + aborted = requests;
 - the summary's preemption count equals the per-request sum;
 - per finished request: arrival <= first scheduled <= first token <= finish;
 - step times are monotone: each step starts at or after the previous one's end;
@@ -305,7 +306,21 @@ def draw_scenario(rng: random.Random, index: int = 0) -> dict:
     _quantized_weights(data)
     _speculative(data)
     _sliding_window(data)
+    _timeout(rng, data)
     return data
+
+
+TIMEOUT_P = 0.15   # of the cases whose settings allow it: a client timeout (workload.timeout_s)
+
+
+def _timeout(rng: random.Random, data: dict) -> None:
+    """Sometimes a client timeout, where the settings are those it is modelled with (continuous batching,
+    recompute, no host tier, an open-loop client, no beams)."""
+    sch, kv, wl = data["scheduler"], data["kv_cache"], data["workload"]
+    if (rng.random() < TIMEOUT_P and sch.get("batching", "continuous") == "continuous"
+            and sch.get("preemption", "recompute") == "recompute" and not kv.get("cpu_offload_gib")
+            and "max_concurrency" not in wl and not _has_beams(data)):
+        wl["timeout_s"] = rng.choice([0.0005, 0.005, 0.05, 0.5])
 
 
 def _sliding_window(data: dict) -> None:
@@ -444,20 +459,26 @@ def check_outcome(requests, steps, summary: dict, capacity_slots: int, beams: bo
     ``beams``: some request searches beams (its token count depends on the draws: that check is skipped)."""
     bad: list[str] = []
     status = requests["status"]
-    if not status.isin(["FINISHED", "REJECTED"]).all():
-        left = requests.loc[~status.isin(["FINISHED", "REJECTED"]), "req_id"].tolist()
-        bad.append(f"requests neither finished nor rejected: {left[:10]}")
-    rej = requests[status == "REJECTED"]
+    ended = ["FINISHED", "REJECTED", "ABORTED"]
+    if not status.isin(ended).all():
+        left = requests.loc[~status.isin(ended), "req_id"].tolist()
+        bad.append(f"requests neither finished, rejected nor aborted: {left[:10]}")
+    rej = requests[status.isin(["REJECTED", "ABORTED"])]
     if (rej["reject_reason"].fillna("") == "").any():
-        bad.append(f"rejected without a reason: {rej.loc[rej['reject_reason'].fillna('') == '', 'req_id'].tolist()}")
+        bad.append(f"rejected or aborted without a reason: "
+                   f"{rej.loc[rej['reject_reason'].fillna('') == '', 'req_id'].tolist()}")
+    rej = requests[status == "REJECTED"]
     if rej["first_scheduled_s"].notna().any() or rej["first_token_s"].notna().any():
         bad.append("a rejected request was scheduled or produced a token")
     done = requests[status == "FINISHED"]
     if "num_preemptions" in requests.columns and int(requests["num_preemptions"].sum()) != summary["num_preemptions"]:
         bad.append(f"summary num_preemptions {summary['num_preemptions']} != per-request sum "
                    f"{int(requests['num_preemptions'].sum())}")
-    if summary["num_finished"] + summary["num_rejected"] != len(requests):
-        bad.append("num_finished + num_rejected != num_requests")
+    aborted = summary.get("num_aborted", 0)
+    if aborted != int((status == "ABORTED").sum()):
+        bad.append("the summary's num_aborted differs from the requests table")
+    if summary["num_finished"] + summary["num_rejected"] + aborted != len(requests):
+        bad.append("num_finished + num_rejected + num_aborted != num_requests")
     eps = 1e-9
     for col_a, col_b in (("arrival_s", "first_scheduled_s"), ("first_scheduled_s", "first_token_s"),
                          ("first_token_s", "finish_s")):
@@ -478,7 +499,9 @@ def check_outcome(requests, steps, summary: dict, capacity_slots: int, beams: bo
         last = steps.iloc[-1]
         if last.get("num_swapped", 0) != 0:
             bad.append(f"after the last step {last['num_swapped']} requests are still swapped out")
-        if last["kv_blocks_used"] != 0 or last["slots_token_states"] != 0:
+        # (a request aborted after the last step frees its blocks then, with no step to record it)
+        late = (status == "ABORTED") & (requests["finish_s"] >= end[-1] - eps)
+        if (last["kv_blocks_used"] != 0 or last["slots_token_states"] != 0) and not late.any():
             bad.append(f"after the last step {last['kv_blocks_used']} blocks and "
                        f"{last['slots_token_states']} token slots are still held")
         slots = steps[["slots_token_states", "slots_reserved", "slots_internal_frag", "slots_external_frag",
@@ -490,7 +513,7 @@ def check_outcome(requests, steps, summary: dict, capacity_slots: int, beams: bo
     elif len(done):
         bad.append("requests finished without any step")
     plain = (not beams and summary["num_preemptions"] == 0 and (requests["num_cached_tokens"] == 0).all()
-             and summary.get("swapped_blocks", 0) == 0)
+             and summary.get("swapped_blocks", 0) == 0 and not aborted)
     if plain and len(steps):
         # the prompt once, then each of the n sequences computes every output token but the last (and,
         # speculating, the drafts it rejected)

@@ -13,7 +13,8 @@ Each case runs as drawn (integrity checked after every step), again with decode 
 (``sim.engine_core.enabled``): the three must give the same requests and steps, bit for bit.
 
 End-of-run checks (``check_cluster_outcome``), computed from the run's tables:
-- every request is FINISHED, or REJECTED with a reason; finished + rejected = requests, in the summary too;
+- every request is FINISHED, or REJECTED or ABORTED (a client timeout) with a reason; finished + rejected +
+  aborted = requests, in the summary too;
 - per finished request: arrival <= first scheduled <= first token <= finish, and every output token made;
 - its timeline's intervals add up to its life, from its arrival to its finish;
 - its replicas: colocated, ``prefill_replica`` = ``replica``, one of the pool; disaggregated, a request of
@@ -126,13 +127,15 @@ def check_cluster_outcome(result, scn, beams: bool = False) -> list[str]:
     steps: pd.DataFrame = result.steps
     summary: dict = result.summary
     status = reqs["status"]
-    if not status.isin(["FINISHED", "REJECTED"]).all():
-        bad.append(f"requests neither finished nor rejected: {reqs.loc[~status.isin(['FINISHED', 'REJECTED']), 'req_id'].tolist()[:10]}")
-    rej = reqs[status == "REJECTED"]
+    ended = ["FINISHED", "REJECTED", "ABORTED"]
+    if not status.isin(ended).all():
+        bad.append(f"requests neither finished, rejected nor aborted: {reqs.loc[~status.isin(ended), 'req_id'].tolist()[:10]}")
+    rej = reqs[status.isin(["REJECTED", "ABORTED"])]
     if (rej["reject_reason"].fillna("") == "").any():
-        bad.append("a request rejected without a reason")
-    if summary["num_finished"] + summary["num_rejected"] != len(reqs):
-        bad.append("num_finished + num_rejected != num_requests")
+        bad.append("a request rejected or aborted without a reason")
+    aborted = summary.get("num_aborted", 0)
+    if summary["num_finished"] + summary["num_rejected"] + aborted != len(reqs):
+        bad.append("num_finished + num_rejected + num_aborted != num_requests")
     if summary["num_finished"] != int((status == "FINISHED").sum()):
         bad.append("the summary's num_finished differs from the requests table")
     done = reqs[status == "FINISHED"]
@@ -224,15 +227,17 @@ def _check_steps(steps: pd.DataFrame, replicas: pd.DataFrame | None, done: pd.Da
         if slots.nunique() != 1:
             bad.append(f"replica {rid}: memory slots do not add up to one capacity in every step")
     if replicas is not None:
-        ends = int(replicas["finished"].sum() + replicas["rejected"].sum())
+        ends = int(replicas["finished"].sum() + replicas["rejected"].sum()
+                   + (replicas["aborted"].sum() if "aborted" in replicas else 0))
         if ends != len(reqs):
-            bad.append(f"replicas.csv: finished + rejected over the replicas {ends} != {len(reqs)} requests")
+            bad.append(f"replicas.csv: finished + rejected + aborted over the replicas {ends} != {len(reqs)} requests")
         handed = int(replicas["handed_off"].sum())
         sent = int(reqs["transfer_s"].notna().sum()) if "prefill" in set(replicas["role"]) else 0
         if handed != sent:
             bad.append(f"replicas.csv: {handed} prompts handed off, {sent} KV transfers")
     plain = (not beams and int(reqs["num_preemptions"].sum()) == 0 and (reqs["num_cached_tokens"] == 0).all()
-             and not (reqs["status"].eq("REJECTED") & reqs["first_token_s"].notna()).any())
+             and not (reqs["status"].eq("REJECTED") & reqs["first_token_s"].notna()).any()
+             and not reqs["status"].eq("ABORTED").any())
     if plain:   # the prompt once, then each of the n sequences computes every output token but the last
         computed = int(steps["num_prefill_tokens"].sum() + steps["num_decode_tokens"].sum()) - rejected_drafts
         expect = int((done["prompt_tokens"] + done["n"] * (done["output_tokens"] - 1)).sum())

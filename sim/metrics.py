@@ -534,6 +534,8 @@ def summarize(reqs: pd.DataFrame, steps: pd.DataFrame, sched, *, capacity_slots:
         "num_steps": int(len(steps)),
         "wall_time_s": wall_time_s,
     }
+    if getattr(sched, "timeout_s", None) is not None:   # workload.timeout_s: the requests their clients gave up
+        out["num_aborted"] = int((reqs["status"] == "ABORTED").sum())
     if "client_wait_s" in reqs.columns:   # a client with a concurrency limit: how long it held requests back
         out["client_wait_s"] = _stats(reqs["client_wait_s"].to_numpy(dtype=float))
     return out

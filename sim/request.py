@@ -2,6 +2,7 @@
 
     WAITING -> RUNNING -> (PREEMPTED | SWAPPED -> RUNNING)* -> FINISHED
     WAITING -> REJECTED (it can never fit; ``reject_reason`` says why)
+    WAITING | RUNNING | PREEMPTED -> ABORTED (its client gave up: ``workload.timeout_s``; the reason says so)
 
 Token accounting follows vLLM: ``num_tokens = prompt_len + num_generated``; ``num_computed_tokens``
 catches up with it. A step that brings ``num_computed_tokens`` up to ``num_tokens`` samples one new
@@ -23,6 +24,7 @@ class RequestStatus(IntEnum):
     SWAPPED = 3
     FINISHED = 4
     REJECTED = 5
+    ABORTED = 6   # its client gave up (workload.timeout_s) before it finished
 
 
 @dataclass(slots=True)

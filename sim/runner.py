@@ -200,6 +200,7 @@ def build_parts(scn: Scenario, num_gpu: int, num_cpu: int, executor: Any = None,
     scheduler = make_scheduler(scn.scheduler, manager, model.max_model_len)
     if scn.speculative is not None:   # (each engine draws its acceptances from a stream of its own)
         scheduler.enable_speculation(Speculation(scn.speculative, scn.seed, replica_id))
+    scheduler.timeout_s = scn.workload.timeout_s   # (aborts at a step's start: single steps, the SimPy loop)
     if executor is None:
         try:
             executor = make_executor(scn.executor.kind, model=model, hardware=scn.hardware_spec,
@@ -292,8 +293,8 @@ def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, pro
         engine = Engine(None if clients else workload.requests, scheduler, executor, recorder,
                         check_integrity=check, max_steps_without_progress=scn.scheduler.max_steps_without_progress,
                         async_scheduling=scn.scheduler.async_scheduling, arrival_delay_s=fe_in,
-                        multi_step=scn.scheduler.multi_step,
-                        on_step=bar.stepper(lambda s=scheduler: len(s.finished) + len(s.rejected))
+                        multi_step=scn.scheduler.multi_step and scn.workload.timeout_s is None,
+                        on_step=bar.stepper(lambda s=scheduler: len(s.finished) + len(s.rejected) + len(s.aborted))
                         if bar else None)
         if clients:
             ClientPool.for_scenario(scn, [engine], engine.submit, workload.requests, fe_in).start()
@@ -321,7 +322,7 @@ def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, pro
     sharing = manager.sharing_summary(block_bytes) if hasattr(manager, "sharing_summary") else {}
     capacity_slots = manager.capacity_slots
     counters = _Counters(scheduler.num_truncated, scheduler.num_preemptions, scheduler.swapped_blocks,
-                         scheduler.gaps)
+                         scheduler.gaps, scheduler.timeout_s)
     transitions = getattr(scheduler, "transitions", None)
     profile = {"steps": recorder.num_steps, "decode_runs": runs, "engine_waits": waits,
                "arrivals": len(workload.requests), "compiled_core": engine is None}
@@ -365,6 +366,7 @@ class _Counters:
     num_preemptions: int
     swapped_blocks: int
     gaps: TokenGaps
+    timeout_s: float | None = None   # workload.timeout_s (summarize then counts the aborted)
 
 
 def timeline_with_frontend(transitions: Transitions, reqs: pd.DataFrame, fe_in: float,

@@ -76,7 +76,7 @@ def test_checker_accepts_a_consistent_run():
 
 
 @pytest.mark.parametrize("breakage, fragment", [
-    (lambda r, s, m: r.__setitem__("status", ["RUNNING", "REJECTED"]), "neither finished nor rejected"),
+    (lambda r, s, m: r.__setitem__("status", ["RUNNING", "REJECTED"]), "neither finished, rejected nor aborted"),
     (lambda r, s, m: r.__setitem__("reject_reason", ["", ""]), "without a reason"),
     (lambda r, s, m: r.__setitem__("first_scheduled_s", [0.0, 0.0]), "rejected request was scheduled"),
     (lambda r, s, m: r.__setitem__("num_preemptions", [1, 0]), "num_preemptions"),

@@ -73,7 +73,7 @@ def _broken(fn):
 
 
 @pytest.mark.parametrize("breakage, fragment", [
-    (lambda r: r.requests.__setitem__("status", ["RUNNING"] + ["FINISHED"] * 5), "neither finished nor rejected"),
+    (lambda r: r.requests.__setitem__("status", ["RUNNING"] + ["FINISHED"] * 5), "neither finished, rejected nor aborted"),
     (lambda r: r.requests.loc.__setitem__((0, "replica"), 1), "did not go from a prefill replica"),
     (lambda r: r.requests.loc.__setitem__((1, "transfer_s"), 0.5), "one output token"),
     (lambda r: r.requests.loc.__setitem__((0, "transfer_s"), 1e-6), "faster than the link"),
@@ -82,7 +82,7 @@ def _broken(fn):
     (lambda r: r.steps.loc.__setitem__((0, "slots_free"), 0), "memory slots"),
     (lambda r: r.steps.loc.__setitem__((1, "start_s"), -1.0), "overlap or go back"),
     (lambda r: r.steps.loc.__setitem__((0, "num_prefill_tokens"), 1), "tokens computed"),
-    (lambda r: r.replicas.loc.__setitem__((0, "finished"), 5), "finished + rejected over the replicas"),
+    (lambda r: r.replicas.loc.__setitem__((0, "finished"), 5), "finished + rejected + aborted over the replicas"),
     (lambda r: r.timeline.loc.__setitem__(((r.timeline["req_id"] == 2) & (r.timeline["phase"] == "transferring"),
                                            "phase"), "idle"), "timeline of requests [2]"),
     (lambda r: r.replicas.loc.__setitem__((0, "handed_off"), 0), "handed off"),

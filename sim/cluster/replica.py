@@ -60,6 +60,7 @@ class Replica:
         # what ``load`` reads at every arrival (the scheduler's lists are never replaced)
         self._finished = self.engine.scheduler.finished
         self._rejected = self.engine.scheduler.rejected
+        self._aborted = self.engine.scheduler.aborted
         self._pending_finished = self.engine.pending_finished
         # and what ``kv_usage`` reads (the manager is never replaced)
         manager = self.engine.scheduler.manager
@@ -86,7 +87,7 @@ class Replica:
     def load(self) -> int:
         """Requests submitted here (or routed here, their KV on its way) and not yet finished or rejected
         (queued, staged or running), counting the finishes of a decode run in progress by now."""
-        return (self.submitted + self.incoming - len(self._finished) - len(self._rejected)
+        return (self.submitted + self.incoming - len(self._finished) - len(self._rejected) - len(self._aborted)
                 - self._pending_finished())
 
     def kv_usage(self) -> float:
@@ -136,7 +137,8 @@ def build_replica(scn: Scenario, replica_id: int, role: str, env: simpy.Environm
     engine = Engine(None, scheduler, executor, recorder, check_integrity=check_integrity,
                     max_steps_without_progress=scn.scheduler.max_steps_without_progress,
                     async_scheduling=scn.scheduler.async_scheduling, arrival_delay_s=arrival_delay_s,
-                    multi_step=scn.scheduler.multi_step, env=env, replica_id=replica_id)
+                    multi_step=scn.scheduler.multi_step and scn.workload.timeout_s is None, env=env,
+                    replica_id=replica_id)
     # prefill/decode pools: transfers act on the engines between arrivals (sim/cluster/disagg.py)
     engine.eager_steps = role == "colocated"
     return Replica(replica_id, role, scn, engine, num_gpu)

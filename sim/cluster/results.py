@@ -63,6 +63,7 @@ class _Merged:
     num_preemptions: int
     swapped_blocks: int
     gaps: TokenGaps
+    timeout_s: float | None = None   # workload.timeout_s (summarize then counts the aborted)
 
 
 def _step_table(reps: list[Replica], only: list[str] | None = None) -> tuple[pd.DataFrame, list[int]]:
@@ -143,7 +144,8 @@ def replicas_frame(reps: list[Replica], steps: pd.DataFrame, bounds: list[int], 
             "replica": rep.replica_id, "role": rep.role, "hardware": hw.name, "tensor_parallel": hw.tensor_parallel,
             "num_gpu_blocks": rep.num_gpu_blocks, "requests": rep.submitted,
             "finished": int(finished.get(rep.replica_id, 0)), "handed_off": handed.get(rep.replica_id, 0),
-            "rejected": len(rep.scheduler.rejected),
+            "rejected": len(rep.scheduler.rejected), **({"aborted": len(rep.scheduler.aborted)}
+                                                         if rep.scheduler.timeout_s is not None else {}),
             "busy_s": busy, "busy_fraction": busy / makespan if makespan else 0.0,
             "kv_usage_mean": float((st["kv_usage"] * w).sum() / busy) if busy else 0.0,
             "kv_usage_max": float(st["kv_usage"].max()) if len(st) else 0.0,
@@ -236,7 +238,7 @@ def _merged_summary(scn, reqs, reps, steps: pd.DataFrame, bounds: list[int], han
         gaps.step_gaps.extend(rep.scheduler.gaps.step_gaps)
         gaps.other_gaps.extend(rep.scheduler.gaps.other_gaps)
     merged = _Merged(sum(r.scheduler.num_truncated for r in reps), sum(r.scheduler.num_preemptions for r in reps),
-                     sum(r.scheduler.swapped_blocks for r in reps), gaps)
+                     sum(r.scheduler.swapped_blocks for r in reps), gaps, reps[0].scheduler.timeout_s)
     # what summarize reads of the steps, each step's slots as a share of its own replica's capacity
     share = pd.DataFrame({"duration_s": steps["duration_s"].to_numpy(), "kv_usage": steps["kv_usage"].to_numpy(),
                           **{c: _shares(steps[c].to_numpy(), reps, bounds) for c in SLOT_COLS}}, copy=False)

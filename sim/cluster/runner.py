@@ -243,7 +243,7 @@ def _show_progress(bar: ProgressBar, ends: list[Replica], prefill: list[Replica]
     (``ends``: every replica of a colocated pool, the decode pool), rejected by a prefill replica, or done
     there (one output token)."""
     def done() -> int:
-        n = sum(len(r.scheduler.finished) + len(r.scheduler.rejected) for r in ends)
+        n = sum(len(r.scheduler.finished) + len(r.scheduler.rejected) + len(r.scheduler.aborted) for r in ends)
         n += sum(len(r.scheduler.rejected) for r in prefill)
         return n + (handoff.done_on_prefill if handoff is not None else 0)
 
@@ -347,7 +347,8 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
 def _check_ended(requests: list[Request]) -> None:
     """Every request finished or was refused (a prefill replica waiting for memory that no transfer was
     going to free leaves some that never did)."""
-    stuck = [r.req_id for r in requests if r.status not in (RequestStatus.FINISHED, RequestStatus.REJECTED)]
+    stuck = [r.req_id for r in requests
+             if r.status not in (RequestStatus.FINISHED, RequestStatus.REJECTED, RequestStatus.ABORTED)]
     if stuck:
         raise KvsimError("engine", f"deadlock: {len(stuck)} requests never finished (first: {stuck[0]})")
 

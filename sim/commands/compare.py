@@ -42,9 +42,10 @@ TABLE = [
     ("swapped", "swapped_blocks", None), ("Jain", "jain_fairness", None), ("wait max", "queue_wait_max_s", None),
     ("swap s", "swap_time_s", None), ("done", "num_finished", None), ("makespan", "makespan_s", None),
 ]
-# shown where a run has a prefix cache / a host tier under it / a client with a concurrency limit in front
+# shown where a run has a prefix cache / a host tier under it / a client with a concurrency limit in front /
+# a client timeout
 CACHE_COLUMNS = [("prefix hit", "prefix_cache_hit_rate", None), ("host hit", "host_cache_hit_rate", None),
-                 ("client wait", "client_wait_s", "mean")]
+                 ("client wait", "client_wait_s", "mean"), ("aborted", "num_aborted", None)]
 SLO_COLUMNS = [("SLOs met", "slo", "meets"), ("goodput", "slo", "goodput_req_s")]   # with --slo
 # where the runs' caches, sized from HBM, differ (other weights, other GPUs): the KV cache's size, in GB
 KV_COLUMN = ("KV GB", "hbm_budget", "kv_cache_bytes")
@@ -169,7 +170,9 @@ def print_table(results: dict[str, Result]) -> None:
     caching = [r.scenario.kv_cache.prefix_caching for r in results.values()]
     hosts = ["host_cache_hit_rate" in r.summary for r in results.values()]
     clients = ["client_wait_s" in r.summary for r in results.values()]
-    table = TABLE + [c for c, shown in zip(CACHE_COLUMNS, (any(caching), any(hosts), any(clients))) if shown]
+    timeouts = ["num_aborted" in r.summary for r in results.values()]   # (workload.timeout_s)
+    table = TABLE + [c for c, shown in zip(CACHE_COLUMNS, (any(caching), any(hosts), any(clients), any(timeouts)))
+                     if shown]
     kv_bytes = {r.summary.get("hbm_budget", {}).get("kv_cache_bytes") for r in results.values()}
     if len(kv_bytes) > 1:
         table.append(KV_COLUMN)

@@ -66,6 +66,11 @@ class SchedulerBase:
         self.running: list[Request] = []
         self.finished: list[Request] = []
         self.rejected: list[Request] = []
+        self.aborted: list[Request] = []   # their clients gave up (``timeout_s``)
+        # workload.timeout_s: a request not finished this long after its arrival is aborted at the next
+        # schedule (continuous batching; sim/sched/continuous.py ``_expire``), queued ones in arrival order
+        self.timeout_s: float | None = None
+        self._deadlines: deque[Request] = deque()
         self.num_preemptions = 0
         self.num_truncated = 0
         self.swapped_blocks = 0
@@ -171,6 +176,8 @@ class SchedulerBase:
             self._multi_seq = True
         self.mark(req, Phase.WAITING, now)
         self._enqueue(req)
+        if self.timeout_s is not None:
+            self._deadlines.append(req)
         return True
 
     def _enqueue(self, req: Request) -> None:

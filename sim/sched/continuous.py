@@ -171,6 +171,32 @@ class ContinuousScheduler(SchedulerBase):
         else:
             self.waiting.push_front(req)
 
+    def _expire(self, now: float) -> None:
+        """Abort every request whose client gave up by ``now`` (arrival + ``timeout_s``) and that has not
+        finished: a queued one leaves the queue, a running one its batch, its blocks freed as a finished
+        request's are (full blocks stay in the prefix cache). Deadlines come in arrival order, as requests
+        are handed over (a request handed over late, after another that arrived later, waits its turn)."""
+        deadlines, limit = self._deadlines, self.timeout_s
+        ended = (RequestStatus.FINISHED, RequestStatus.REJECTED)
+        while deadlines and deadlines[0].arrival_s + limit <= now:
+            req = deadlines.popleft()
+            if req.status in ended:
+                continue
+            if req.status == _RUNNING:
+                self.drop_lane()
+                self._ranks.pop(req.req_id, None)
+                self.running = [r for r in self.running if r is not req]
+                self.manager.free(req)
+                where = "running"
+            else:   # queued: never started, or preempted by recompute (holding no blocks)
+                self.waiting.remove(req)
+                where = "queued"
+            req.status = RequestStatus.ABORTED
+            req.finish_s = now
+            req.reject_reason = f"client timeout after {limit:g} s ({where}, {req.num_generated} tokens out)"
+            self.aborted.append(req)
+            self.mark(req, Phase.DONE, now)
+
     def _rotate(self, now: float) -> None:
         """Round-robin time slice: expired turns (the head of ``running`` has run longest) make way."""
         if len(self.running) < self.config.max_num_seqs and self._head_fits():
@@ -220,6 +246,8 @@ class ContinuousScheduler(SchedulerBase):
         plan = self._plan = StepPlan()
         scheduled = plan.scheduled
         self.step_index += 1
+        if self._deadlines:
+            self._expire(now)
         if self.loading:
             self._loads_ended(now)
         if manager.stale_pages:   # (window pages a prefill chunk left behind: freed before any allocation)

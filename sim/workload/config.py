@@ -123,6 +123,9 @@ class WorkloadConfig(_Strict):
     max_concurrency: Annotated[int, Field(ge=1, le=L.MAX_REQUESTS)] | list[ConcurrencyStep] | None = None
     think_time_s: float = Field(default=0.0, ge=0, le=L.MAX_TIME_S)   # a slot's pause after its response
     think_time_dist: Literal["fixed", "exponential"] = "fixed"        # that pause: always, or its mean
+    # the client gives up on a request not finished this long after it was sent: the engine aborts it at its
+    # next step (vLLM aborts a request whose client disconnected), its KV freed
+    timeout_s: float | None = Field(default=None, gt=0, le=L.MAX_TIME_S)
 
     @model_validator(mode="after")
     def _exactly_one(self) -> WorkloadConfig:

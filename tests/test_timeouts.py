@@ -1,0 +1,124 @@
+"""Client timeouts (``workload.timeout_s``): a request not finished that long after its arrival is aborted at
+the engine's next step, queued or running, and its blocks are freed.
+
+References: a run without the timeout (before the first abort both runs are the same step for step, so the
+abort falls at its first step starting at or after the deadline), hand arithmetic, and numpy's percentile.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sim.cluster.capacity import SLO
+from sim.errors import KvsimError
+from sim.goodput import slo_report
+from sim.runner import run_scenario
+from sim.scenario import scenario_from_dict
+
+BASE = {
+    "name": "timeouts", "seed": 0, "model": "tiny-llama", "hardware": "a100-80gb", "output": {"plots": False},
+    "frontend": {"enabled": False},
+    "kv_cache": {"block_size": 16, "num_gpu_blocks": 64},
+    "scheduler": {"max_num_seqs": 1, "max_num_batched_tokens": 512},
+    # r0 runs first (one seat), r1 queues behind it, r2 arrives later
+    "workload": {"requests": [{"arrival": 0.0, "prompt_len": 100, "output_len": 40},
+                              {"arrival": 0.0, "prompt_len": 60, "output_len": 200},
+                              {"arrival": 0.05, "prompt_len": 30, "output_len": 5}]},
+}
+
+
+def _run(timeout: float | None, **changes):
+    data = copy.deepcopy(BASE)
+    if timeout is not None:
+        data["workload"]["timeout_s"] = timeout
+    for key, value in changes.items():
+        data[key] = value
+    return run_scenario(scenario_from_dict(data), check_integrity=True)
+
+
+def test_a_timeout_that_never_fires_changes_nothing():
+    """Aborts are checked at each step's start, so a timed run steps one step at a time in the SimPy loop:
+    with a deadline nobody reaches, its tables are those of the run without one (decode runs, the core)."""
+    plain, timed = _run(None), _run(1e6)
+    pd.testing.assert_frame_equal(plain.requests, timed.requests, check_exact=True)
+    pd.testing.assert_frame_equal(plain.steps, timed.steps, check_exact=True)
+    assert timed.summary["num_aborted"] == 0 and "num_aborted" not in plain.summary
+    assert not timed.profile.get("compiled_core")
+
+
+def test_aborts_fall_at_the_first_step_after_the_deadline():
+    plain = _run(None)
+    reqs = plain.requests.set_index("req_id")
+    starts = plain.steps["start_s"].to_numpy()
+    # a timeout after r0 has finished but long before r1 could: r1 is running then, r2 queued behind it
+    f0, f1 = float(reqs.loc[0, "finish_s"]), float(reqs.loc[1, "finish_s"])
+    timeout = f0 + 0.3 * (f1 - f0)
+    timed = _run(timeout)
+    out = timed.requests.set_index("req_id")
+    assert out.loc[0, "status"] == "FINISHED" and out.loc[1, "status"] == "ABORTED"
+    abort = starts[starts >= timeout].min()   # r1's deadline (arrival 0): the same steps as the plain run till then
+    assert out.loc[1, "finish_s"] == abort
+    assert out.loc[1, "reject_reason"].startswith(f"client timeout after {timeout:g} s (running, ")
+    assert math.isnan(out.loc[1, "e2e_s"]) and not math.isnan(out.loc[1, "first_token_s"])   # (tokens out, no E2E)
+    # r1's tokens out at its abort: one a step from its first (r1 alone in the batch after r0 finished)
+    sampled = int(out.loc[1, "reject_reason"].split(", ")[1].split()[0])
+    first = float(reqs.loc[1, "first_token_s"])
+    ends = plain.steps["start_s"] + plain.steps["duration_s"]
+    assert sampled == int(((ends >= first) & (ends <= abort)).sum()) > 0
+    # r2 (one seat) waits for r1's seat: it starts at r1's abort, as it would have at r1's finish
+    assert out.loc[2, "first_scheduled_s"] == abort
+    assert timed.summary["num_aborted"] == 1
+
+
+def test_a_request_still_queued_is_aborted_and_the_rest_run_on():
+    """Timeout shorter than r0's service: r0 itself is aborted while running, and r1, r2 behind it."""
+    timed = _run(0.001)
+    assert list(timed.requests["status"]) == ["ABORTED"] * 3
+    assert timed.summary["num_finished"] == 0 and timed.summary["num_aborted"] == 3
+
+
+def test_slo_figures_count_aborted_requests_beyond_every_bound():
+    reqs = pd.DataFrame({"status": ["FINISHED"] * 9 + ["ABORTED"], "ttft_s": [0.1 * i for i in range(1, 10)] + [np.nan],
+                         "tpot_s": [0.01] * 9 + [np.nan], "e2e_s": [1.0] * 9 + [np.nan]})
+    summary = {"ttft_s": {"p50": 0.5, "p90": 0.9}, "e2e_s": {"mean": 1.0}, "makespan_s": 10.0}
+    rep = slo_report(reqs, summary, [SLO("ttft_s", "p50", 0.6), SLO("ttft_s", "p90", 1.0), SLO("e2e_s", "mean", 2)])
+    finite = np.concatenate([np.arange(1, 10) * 0.1, [1e9]])
+    assert rep["ttft_p50"] == pytest.approx(np.percentile(finite, 50))     # 0.55: between the 5th and 6th
+    assert rep["ttft_p90"] == math.inf and rep["e2e_mean"] == math.inf     # the 10th value is the aborted one
+    assert rep["attain_ttft_p50"] == pytest.approx(5 / 10) and not rep["meets"]
+    assert rep["goodput_req_s"] == pytest.approx(5 / 10.0)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("scheduler", {"max_num_seqs": 1, "preemption": "swap"}, "scheduler.preemption: preemption by swap"),
+    ("scheduler", {"batching": "static", "chunked_prefill": False}, "scheduler.batching: static batching"),
+    ("cluster", {"prefill": {"replicas": 1}, "decode": {"replicas": 1}}, "cluster: disaggregated"),
+])
+def test_what_timeouts_do_not_model_is_refused_naming_the_key(key, value, message):
+    data = copy.deepcopy(BASE)
+    data["workload"]["timeout_s"] = 5
+    data[key] = value
+    with pytest.raises(KvsimError) as e:
+        scenario_from_dict(data)
+    assert message in e.value.one_line() and "workload.timeout_s" in e.value.one_line()
+
+
+def test_a_cluster_counts_aborted_requests_out_of_each_replicas_load():
+    data = copy.deepcopy(BASE)
+    data["workload"] = {"synthetic": {"num_requests": 40, "arrival": {"process": "poisson", "rate": 200.0},
+                                      "prompt_len": {"dist": "fixed", "value": 200},
+                                      "output_len": {"dist": "fixed", "value": 50}}, "timeout_s": 0.05}
+    data["cluster"] = {"replicas": 2, "router": {"policy": "least_requests"}}
+    res = run_scenario(scenario_from_dict(data), check_integrity=True)
+    reqs = res.requests
+    assert res.summary["num_aborted"] == int((reqs["status"] == "ABORTED").sum()) > 0
+    assert res.summary["num_finished"] + res.summary["num_aborted"] + res.summary["num_rejected"] == 40
+    per = reqs[reqs["status"] == "ABORTED"]["replica"].value_counts().reindex([0, 1], fill_value=0)
+    assert list(res.replicas["aborted"]) == list(per)
+    done = reqs[reqs["status"] == "FINISHED"]
+    assert (done["e2e_s"] <= 0.05 + res.steps["duration_s"].max()).all()   # nobody finished long past it
