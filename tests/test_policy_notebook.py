@@ -28,3 +28,6 @@ def test_policy_notebook_executes():
     # x 10 layers: 2,048 for the full group and 6 x 64 for the sliding groups' 1,024-token window
     whole = float(text.split("a 32,768-token sequence:")[1].split("x")[0])
     assert whole == pytest.approx(62 * 32768 / ((2048 + 6 * 64) * 16 * 10), abs=0.005)
+    # section 11: clients that give up sooner abort at least as many requests, and none without a timeout
+    aborted = [int(a) for a in text.split("aborted (no timeout, 60, 20, 10, 5 s):")[1].split("of")[0].split()]
+    assert aborted[0] == 0 and aborted == sorted(aborted) and 0 < aborted[-1] <= 1500
