@@ -62,7 +62,7 @@ def request_columns(requests: list[Request], ints: np.ndarray, arrival: np.ndarr
     cols["num_cached_tokens"] = cached
     reasons = {"": 0}   # each reason once (the refused requests' own), then a code a request
     codes = np.zeros(n, dtype=np.int64)
-    for i in np.flatnonzero(refused).tolist():
+    for i in np.flatnonzero(refused | (status == int(RequestStatus.ABORTED))).tolist():   # (aborted: engine_core's)
         codes[i] = reasons.setdefault(requests[i].reject_reason, len(reasons))
     cols["reject_reason"] = labels(codes, list(reasons))
     for name, col in cols.items():   # (rows of their own: the arrays' other rows are let go with them)

@@ -76,8 +76,8 @@ def core_supported(scheduler: Any, manager: Any, executor: Any, requests: list[R
     if not enabled or native is None or not hasattr(native, "run_core"):
         return False
     cfg = scheduler.config
-    if not _speculation_supported(scheduler, executor) or scheduler.timeout_s is not None:
-        return False   # (client timeouts abort requests in the SimPy loop only)
+    if not _speculation_supported(scheduler, executor):
+        return False
     if type(manager) is ContiguousKVManager:
         if manager.space.num_free != manager.num_blocks:
             return False   # (the core starts the space unused: one free extent)
@@ -309,6 +309,7 @@ def run_engines(requests: list[Request], engines: list[EngineParts], lag: float,
     if client is not None:   # (the core wrote each request's send time over its arrival)
         for req, sent in zip(requests, arrival.tolist()):
             req.arrival_s = sent
+    abort_reasons(requests, counters, [p.scheduler for p in engines], where)
     table = None
     if columns:   # (request_columns leaves each request's final status in counters[0])
         table = request_columns(requests, ints, arrival, counters, times)
@@ -480,7 +481,9 @@ def _engine_spec(parts: EngineParts, drafts: np.ndarray | None) -> tuple:
                 int(getattr(mgr, "prefix_cache", None) is not None), int(cfg.policy == "longest_prefix_first" and not static),
                 getattr(scheduler.waiting, "window", 0), getattr(scheduler.waiting, "max_bypass", 0), int(static),
                 CONTIGUOUS_MODES.get(getattr(mgr, "mode", ""), 0), getattr(mgr, "max_model_len", 0),
-                mgr.host.capacity if getattr(mgr, "host", None) is not None else 0, *_window_settings(mgr))
+                mgr.host.capacity if getattr(mgr, "host", None) is not None else 0, *_window_settings(mgr),
+                int(np.float64(scheduler.timeout_s or 0.0).view(np.int64)))   # (the timeout's bits: core.c reads
+                # the same double)
     width, chunk = len(STEP_COLUMNS), Columns.CHUNK_ROWS
     speculation = _speculation(scheduler, parts.executor, drafts)
     breakdown_parts = BREAKDOWN_PARTS if speculation is None else (*BREAKDOWN_PARTS, "draft")
@@ -531,7 +534,7 @@ def write_requests(requests: list[Request], counters: np.ndarray, times: np.ndar
 
 
 def _write_chunk(requests: list[Request], counters: np.ndarray, times: np.ndarray) -> None:
-    status = [RequestStatus(s) for s in range(6)]
+    status = list(RequestStatus)
     rejected = RequestStatus.REJECTED
     for req, st, comp, gen, pre, int_zero, cached, sched_s, first, last, fin, rej in zip(
             requests, *counters.tolist(), *times.tolist()):
@@ -599,10 +602,21 @@ def write_engine(scheduler: ContinuousScheduler, requests: list[Request], record
 
 
 def _collect(scheduler: Any, requests: list[Request]) -> None:
-    """The scheduler's finished and rejected lists from the requests handed to it (in that order)."""
-    finished, refused = scheduler.finished, scheduler.rejected
+    """The scheduler's finished, rejected and aborted lists from the requests handed to it (in that order)."""
+    finished, refused, aborted = scheduler.finished, scheduler.rejected, scheduler.aborted
     for req in requests:
         if req.status == RequestStatus.FINISHED:
             finished.append(req)
         elif req.status == RequestStatus.REJECTED:
             refused.append(req)
+        elif req.status == RequestStatus.ABORTED:
+            aborted.append(req)
+
+
+def abort_reasons(requests: list[Request], counters: np.ndarray, schedulers: list[Any], where: np.ndarray) -> None:
+    """Each request the core aborted (its client's timeout) gets the SimPy loop's reason: where it was (bit 2
+    of ``counters[4]``: running) and the tokens it had sent (``counters[2]``)."""
+    for g in np.flatnonzero(counters[0] == int(RequestStatus.ABORTED)).tolist():
+        limit = schedulers[where[g]].timeout_s
+        state = "running" if counters[4, g] & 4 else "queued"
+        requests[g].reject_reason = f"client timeout after {limit:g} s ({state}, {int(counters[2, g])} tokens out)"

@@ -9,14 +9,20 @@ from __future__ import annotations
 
 import copy
 import math
+import random
 
 import numpy as np
 import pandas as pd
 import pytest
+from result_compare import assert_same_outcome, off_and_on
+from test_engine_core import _into_core
 
+from sim import engine_core
 from sim.cluster.capacity import SLO
 from sim.errors import KvsimError
+from sim.fuzz import draw_scenario
 from sim.goodput import slo_report
+from sim.native import native
 from sim.runner import run_scenario
 from sim.scenario import scenario_from_dict
 
@@ -41,14 +47,42 @@ def _run(timeout: float | None, **changes):
     return run_scenario(scenario_from_dict(data), check_integrity=True)
 
 
-def test_a_timeout_that_never_fires_changes_nothing():
-    """Aborts are checked at each step's start, so a timed run steps one step at a time in the SimPy loop:
-    with a deadline nobody reaches, its tables are those of the run without one (decode runs, the core)."""
-    plain, timed = _run(None), _run(1e6)
-    pd.testing.assert_frame_equal(plain.requests, timed.requests, check_exact=True)
-    pd.testing.assert_frame_equal(plain.steps, timed.steps, check_exact=True)
-    assert timed.summary["num_aborted"] == 0 and "num_aborted" not in plain.summary
-    assert not timed.profile.get("compiled_core")
+def test_a_timeout_that_never_fires_changes_nothing(monkeypatch):
+    """Aborts are checked at each step's start (the SimPy loop then steps one step at a time): with a
+    deadline nobody reaches, the tables are those of the run without one, in the loop and in the core."""
+    plain = _run(None)
+    for timed in off_and_on(monkeypatch, engine_core, "enabled", lambda: _run(1e6)):
+        pd.testing.assert_frame_equal(plain.requests, timed.requests, check_exact=True)
+        pd.testing.assert_frame_equal(plain.steps, timed.steps, check_exact=True)
+        assert timed.summary["num_aborted"] == 0 and "num_aborted" not in plain.summary
+
+
+@pytest.mark.skipif(native is None, reason="sim._native is not built")
+@pytest.mark.parametrize("case", range(6))
+def test_the_core_aborts_as_the_loop_does(monkeypatch, case):
+    """Fuzz cases the core covers, each with a client timeout short enough to abort queued and running
+    requests (every policy, preemption, prefix caches, async scheduling, clusters): the same tables."""
+    ran = aborted = 0
+    for i in range(8 * case, 8 * case + 8):
+        rng = random.Random(f"timeouts-core:{i}")
+        data = _into_core(draw_scenario(rng, i))
+        work = data["workload"]
+        work.pop("max_concurrency", None)
+        work.pop("think_time_s", None)
+        work.pop("think_time_dist", None)
+        data["scheduler"]["preemption"] = "recompute"
+        data["kv_cache"].pop("cpu_offload_gib", None)
+        work["timeout_s"] = rng.choice([0.0002, 0.001, 0.005])
+        if i % 3 == 0:
+            data["cluster"] = {"replicas": rng.randint(2, 3), "router": {"policy": rng.choice(
+                ["round_robin", "least_requests", "least_kv", "power_of_two"])}}
+        loop, core = off_and_on(monkeypatch, engine_core, "enabled", lambda d=data: run_scenario(
+            scenario_from_dict(copy.deepcopy(d), source="<fuzz>"), check_integrity=True))
+        assert_same_outcome(loop, core, f"case {i}")
+        if not isinstance(core, str):
+            ran += bool(core.profile.get("compiled_core"))
+            aborted += core.summary.get("num_aborted", 0) > 0
+    assert ran >= 5 and aborted >= 3, (ran, aborted)
 
 
 def test_aborts_fall_at_the_first_step_after_the_deadline():

@@ -7,8 +7,9 @@ behind one arrival process) with a ContinuousScheduler (FCFS, round-robin or pri
 recompute or by swap) or a StaticScheduler (FCFS or priority, no prefix cache: schedule_static), a
 KVCacheManager with or without prefix caching, a WindowedKVCacheManager (window pages beside each table:
 allocate_windowed) or a ContiguousKVManager (allocate_region over extents.c),
-with parallel samples (forked sequences: sharing.py's groups, below) but no beams, and the cost model, with
-or without speculative decoding (speculate.c's draws),
+with parallel samples (forked sequences: sharing.py's groups, below) but no beams, with or without client
+timeouts (workload.timeout_s: ContinuousScheduler._expire, core/schedule.inc `expire`), and the cost model,
+with or without speculative decoding (speculate.c's draws),
 stepping one step per event as the plain loop does (no decode runs: a step here costs about a
 microsecond):
 

@@ -5,11 +5,13 @@ A fragment of core.c (a unity build: core.c includes its parts in order; none co
 #define KVSIM_CORE_TYPES_H
 
 
-enum { ST_WAITING = 0, ST_RUNNING = 1, ST_PREEMPTED = 2, ST_SWAPPED = 3, ST_FINISHED = 4 };
+enum { ST_WAITING = 0, ST_RUNNING = 1, ST_PREEMPTED = 2, ST_SWAPPED = 3, ST_FINISHED = 4, ST_ABORTED = 6 };
+/* (5, REJECTED, is each refused request's, set by engine_core from its rejection time; ST_ABORTED: its client
+gave up, workload.timeout_s, with int_zero's bit 2 set where it was running then) */
 enum { PH_WAITING = 0, PH_PREFILL = 1, PH_DECODE = 2, PH_PREEMPTED = 3, PH_SWAPPED = 4, PH_IDLE = 5, PH_DONE = 6,
        PH_HOST_LOAD = 7 };
 enum { MAIN_COLS = 18, BD_COLS = 8 };
-enum { CFG_SIZE = 26 };   /* an engine's settings (engine_core._engine_spec) */   /* (the 8th, the draft part, where speculating) */
+enum { CFG_SIZE = 27 };   /* an engine's settings (engine_core._engine_spec) */   /* (the 8th, the draft part, where speculating) */
 enum { ERR_NONE = 0, ERR_DEADLOCK = 1, ERR_DURATION = 2, ERR_LIVELOCK = 3 };
 enum { URGENT = 0, NORMAL = 1 };
 enum { ROLE_COLOCATED = 0, ROLE_PREFILL = 1, ROLE_DECODE = 2 };
@@ -108,7 +110,8 @@ typedef struct {
     int64_t *comp, *gen, *tlen, *beyond, *furthest, *npre, *cpu_held;   /* cpu_held: CPU blocks while swapped */
     int64_t *turn;       /* round-robin: the step at which a request's turn began */
     int8_t *stat, *in_pre;
-    int64_t *int_zero;   /* bit 0: first scheduled, bit 1: rejected, while the clock was SimPy's int 0 */
+    int64_t *int_zero;   /* bit 0: first scheduled, bit 1: rejected, while the clock was SimPy's int 0; bit 2:
+                            aborted while running */
     double *fsched, *ftok, *ltok, *fin, *rej;
     int64_t *dst;         /* disaggregated: the decode engine each request was routed to (-1: none) */
     /* queues: running (in rank order), waiting (a ring: preempted requests go to its front), staged */
@@ -116,6 +119,12 @@ typedef struct {
     double *staged_t;
     Py_ssize_t ndone;     /* the last step's finished, first ``ndone`` of ``done`` in finish order */
     Py_ssize_t nrun, wq_head, wq_len, nstaged, nswapped;
+    /* client timeouts (workload.timeout_s; 0: none): the requests handed over, in that order, a ring of N + 1
+    whose head's deadline (arrival + timeout) comes first; ``aborted`` counts those it ended */
+    double timeout;
+    int64_t *dl;
+    Py_ssize_t dl_head, dl_len;
+    int64_t aborted;
     /* the plan being made: entries (request, new tokens, context) and its counters */
     int64_t *e_idx, *e_new, *e_ctx, *e_draft;   /* e_draft: of the new tokens, drafts to verify */
     Py_ssize_t ne;
