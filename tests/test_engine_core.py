@@ -291,7 +291,7 @@ def _into_core(data: dict, samples: bool = True) -> dict:
     d["scheduler"]["batching"] = "continuous"
     d["kv_cache"].update(allocator="paged")   # prefix caching as drawn: unhit without shared prefixes
     work = d["workload"]   # (a client limit, as drawn: the core runs it too)
-    work.pop("timeout_s", None)   # (client timeouts abort in the SimPy loop only)
+    work.pop("timeout_s", None)   # (client timeouts: tests/test_timeouts.py; a client limit below refuses them)
     for r in work.get("requests", []):
         for key in ("beam_width", "prefix_group", "prefix_len", *(() if samples else ("n",))):
             r.pop(key, None)

@@ -260,7 +260,7 @@ def _into_core(data: dict, index: int) -> dict:
         d["scheduler"]["policy"] = "fcfs"
     d["scheduler"]["batching"] = "continuous"
     d["kv_cache"].update(allocator="paged", prefix_caching=True)
-    d["workload"].pop("timeout_s", None)   # (client timeouts abort in the SimPy loop only)
+    d["workload"].pop("timeout_s", None)   # (client timeouts: tests/test_timeouts.py)
     work = d["workload"]   # (a client limit, as drawn: the core runs it too)
     for r in work.get("requests", []):
         for key in ("n", "beam_width"):
