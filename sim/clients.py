@@ -151,7 +151,7 @@ class ClientPool:
                  output_latency_s: float = 0.0, token_latency_s: float = 0.0,
                  fed: list[Engine] | None = None,
                  answers: list[Callable[[Request], bool] | None] | None = None,
-                 think_rng: np.random.Generator | None = None) -> None:
+                 think_rng: np.random.Generator | None = None, timeout_s: float | None = None) -> None:
         self.env: simpy.Environment = engines[0].env
         self.engines = engines
         self.deliver = deliver    # hands a request to an engine (Engine.submit, or a router's choice)
@@ -179,6 +179,10 @@ class ClientPool:
         self._slot: simpy.Event | None = None   # the sender waits on it for a free slot
         self._seen = [0] * len(engines)   # per engine, its scheduler's finished requests already answered
         self._due: dict[int, list] = {}   # a batch of samples sent, by sample_of: [answers due, latest answer]
+        # workload.timeout_s: the client gives up on a request not whole this long after sending it (its slot
+        # is free then; the engine aborts the request at its next step); each request is answered once
+        self.timeout_s = timeout_s
+        self._answered_ids: set[int] = set()
 
     @classmethod
     def for_scenario(cls, scn: Any, engines: list[Engine], deliver: Callable[[Request], None], requests: list[Request],
@@ -187,7 +191,7 @@ class ClientPool:
         frontend (the output latencies), handing requests over ``input_latency_s`` after they are sent."""
         _, fe_out, fe_token = scn.frontend.latencies()
         return cls(engines, deliver, requests, stages_of(scn), scn.workload.think_time_s, input_latency_s, fe_out,
-                   fe_token, think_rng=think_rng(scn), **kwargs)
+                   fe_token, think_rng=think_rng(scn), timeout_s=scn.workload.timeout_s, **kwargs)
 
     def start(self) -> None:
         """Hook into the engines (their rejections and their steps) and start sending; before the engines
@@ -232,6 +236,8 @@ class ClientPool:
                 req.arrival_s = float(env.now)
                 self._in_transit += 1
                 env.timeout(self.input_latency_s).callbacks.append(partial(self._hand_over, req))
+                if self.timeout_s is not None:
+                    env.timeout(self.timeout_s).callbacks.append(partial(self._give_up, req))
         self._all_sent = True
         self._end_if_sent()
 
@@ -256,9 +262,16 @@ class ClientPool:
                                + self.token_latency_s * max(req.output_len - 1, 0))
         self._seen[i] = len(finished)
 
+    def _give_up(self, req: Request, _event: simpy.Event) -> None:
+        """``timeout_s`` after sending ``req``: without its whole response by now, the client stops waiting."""
+        self._answered(req, self.env.now)
+
     def _answered(self, req: Request, at: float) -> None:
-        """The client has ``req``'s whole response at ``at`` (>= now): its slot is free a pause later (a sample
-        sent with others: once the last of theirs is whole too)."""
+        """The client has ``req``'s whole response at ``at`` (>= now), or has given up on it: its slot is free a
+        pause later (a sample sent with others: once the last of theirs is whole too). Once a request."""
+        if req.req_id in self._answered_ids:
+            return
+        self._answered_ids.add(req.req_id)
         due = self._due.get(req.sample_of) if req.sample_of >= 0 else None
         if due is not None:
             due[0] -= 1

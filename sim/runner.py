@@ -200,7 +200,7 @@ def build_parts(scn: Scenario, num_gpu: int, num_cpu: int, executor: Any = None,
     scheduler = make_scheduler(scn.scheduler, manager, model.max_model_len)
     if scn.speculative is not None:   # (each engine draws its acceptances from a stream of its own)
         scheduler.enable_speculation(Speculation(scn.speculative, scn.seed, replica_id))
-    scheduler.timeout_s = scn.workload.timeout_s   # (aborts at a step's start: single steps, the SimPy loop)
+    scheduler.timeout_s = scn.workload.timeout_s   # (aborts at a step's start: the SimPy loop steps singly)
     if executor is None:
         try:
             executor = make_executor(scn.executor.kind, model=model, hardware=scn.hardware_spec,
@@ -274,7 +274,8 @@ def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, pro
     clients = scn.workload.max_concurrency   # a client that keeps at most this many in flight (sim/clients.py)
     planned = planned_arrivals(workload.requests) if clients else None   # (the client's sends replace them)
     in_core = core_supported(scheduler, manager, executor, workload.requests) and \
-        (clients is None or in_send_order(workload.requests))
+        (clients is None or (in_send_order(workload.requests) and scn.workload.timeout_s is None))
+    # (a client that gives up on its requests runs in the SimPy loop: sim/clients.py ``_give_up``)
     if step_stream is not None:
         recorder.stream_to(step_stream, block_bytes)
     if in_core:   # compiled (sim/engine_core.py)

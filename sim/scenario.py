@@ -406,8 +406,8 @@ def unsupported_combination(scn: Scenario) -> tuple[str, str] | None:
 
 def _timeout_problem(scn: Scenario) -> tuple[str, str] | None:
     """(key, why) where a client timeout (``workload.timeout_s``) meets what it cannot yet abort: it is
-    modelled under continuous batching with preemption by recompute, GPU-only caches, colocated engines,
-    an open-loop client, and requests without beams."""
+    modelled under continuous batching with preemption by recompute, GPU-only caches, colocated engines and
+    requests without beams."""
     if scn.workload.timeout_s is None:
         return None
     sch, kv, syn = scn.scheduler, scn.kv_cache, scn.workload.synthetic
@@ -416,14 +416,13 @@ def _timeout_problem(scn: Scenario) -> tuple[str, str] | None:
         ("scheduler.preemption", "preemption by swap (a swapped request's CPU blocks)", sch.preemption == "swap"),
         ("kv_cache.cpu_offload_gib", "a host tier of the prefix cache", bool(kv.cpu_offload_gib)),
         ("cluster", "disaggregated prefill and decode pools", scn.cluster is not None and scn.cluster.disaggregated),
-        ("workload.max_concurrency", "a client with a concurrency limit", scn.workload.max_concurrency is not None),
         ("workload.synthetic.beam_width", "beam search", syn is not None and syn.beam_width > 1),
     ) if bad), None)
     if clash is None:
         return None
     key, what = clash
     return key, f"{what} with workload.timeout_s is not modelled (requests are aborted under continuous " \
-                "batching with preemption by recompute, colocated engines and an open-loop client)"
+                "batching with preemption by recompute, on colocated engines)"
 
 
 def _group_problem(scn: Scenario) -> tuple[str, str] | None:

@@ -156,3 +156,20 @@ def test_a_cluster_counts_aborted_requests_out_of_each_replicas_load():
     assert list(res.replicas["aborted"]) == list(per)
     done = reqs[reqs["status"] == "FINISHED"]
     assert (done["e2e_s"] <= 0.05 + res.steps["duration_s"].max()).all()   # nobody finished long past it
+
+
+def test_a_client_that_gives_up_sends_its_next_request_at_the_deadline():
+    """One slot, no pause: the client sends r0 at 0; when r0 is not whole 0.02 s later it gives up and sends
+    r1 then (its slot is free at the deadline, not when the engine notices at its next step)."""
+    data = copy.deepcopy(BASE)
+    data["scheduler"]["max_num_seqs"] = 4
+    data["workload"] = {"requests": [{"arrival": 0.0, "prompt_len": 100, "output_len": 500},
+                                     {"arrival": 0.0, "prompt_len": 30, "output_len": 3}],
+                        "max_concurrency": 1, "timeout_s": 0.02}
+    res = run_scenario(scenario_from_dict(data), check_integrity=True)
+    reqs = res.requests.set_index("req_id")
+    assert not res.profile["compiled_core"]
+    assert reqs.loc[0, "status"] == "ABORTED" and reqs.loc[0, "finish_s"] >= 0.02
+    assert reqs.loc[1, "arrival_s"] == 0.0 + 0.02          # sent at r0's deadline
+    assert reqs.loc[1, "client_wait_s"] == pytest.approx(0.02)
+    assert reqs.loc[1, "status"] == "FINISHED"
