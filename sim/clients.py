@@ -127,8 +127,8 @@ def send_batches(requests: list[Request]) -> list[tuple[int, int]]:
 
 def core_client(scn: Any, requests: list[Request], output_latency_s: float, token_latency_s: float) -> tuple:
     """The client of ``scn`` as the compiled core reads it (sim/csrc/client.h), over ``requests`` in send order:
-    (each request's limit, the pauses in answer order or None, the fixed pause, the output latencies, and
-    where samples are sent together each request's batch's first one, else None)."""
+    (each request's limit, the pauses in answer order or None, the fixed pause, the output latencies, where
+    samples are sent together each request's batch's first one, else None, and the timeout, 0 for none)."""
     arrivals = np.fromiter((r.arrival_s for r in requests), dtype=np.float64, count=len(requests))
     rng = think_rng(scn)
     pauses = None if rng is None else rng.exponential(scn.workload.think_time_s, size=len(requests))
@@ -138,7 +138,7 @@ def core_client(scn: Any, requests: list[Request], output_latency_s: float, toke
         leads = np.repeat(np.array([lo for lo, _ in batches], dtype=np.int64),
                           np.array([hi - lo for lo, hi in batches], dtype=np.int64))
     return (stage_limits(stages_of(scn), arrivals), pauses, float(scn.workload.think_time_s),
-            float(output_latency_s), float(token_latency_s), leads)
+            float(output_latency_s), float(token_latency_s), leads, float(scn.workload.timeout_s or 0.0))
 
 
 class ClientPool:

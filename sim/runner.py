@@ -274,8 +274,7 @@ def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, pro
     clients = scn.workload.max_concurrency   # a client that keeps at most this many in flight (sim/clients.py)
     planned = planned_arrivals(workload.requests) if clients else None   # (the client's sends replace them)
     in_core = core_supported(scheduler, manager, executor, workload.requests) and \
-        (clients is None or (in_send_order(workload.requests) and scn.workload.timeout_s is None))
-    # (a client that gives up on its requests runs in the SimPy loop: sim/clients.py ``_give_up``)
+        (clients is None or in_send_order(workload.requests))
     if step_stream is not None:
         recorder.stream_to(step_stream, block_bytes)
     if in_core:   # compiled (sim/engine_core.py)

@@ -67,9 +67,8 @@ def test_the_core_aborts_as_the_loop_does(monkeypatch, case):
         rng = random.Random(f"timeouts-core:{i}")
         data = _into_core(draw_scenario(rng, i))
         work = data["workload"]
-        work.pop("max_concurrency", None)
-        work.pop("think_time_s", None)
-        work.pop("think_time_dist", None)
+        if i % 2:   # (a client with a concurrency limit half the time: it gives up at the deadline itself)
+            work["max_concurrency"] = rng.choice([1, 2, 4])
         data["scheduler"]["preemption"] = "recompute"
         data["kv_cache"].pop("cpu_offload_gib", None)
         work["timeout_s"] = rng.choice([0.0002, 0.001, 0.005])
@@ -158,17 +157,20 @@ def test_a_cluster_counts_aborted_requests_out_of_each_replicas_load():
     assert (done["e2e_s"] <= 0.05 + res.steps["duration_s"].max()).all()   # nobody finished long past it
 
 
-def test_a_client_that_gives_up_sends_its_next_request_at_the_deadline():
+def test_a_client_that_gives_up_sends_its_next_request_at_the_deadline(monkeypatch):
     """One slot, no pause: the client sends r0 at 0; when r0 is not whole 0.02 s later it gives up and sends
-    r1 then (its slot is free at the deadline, not when the engine notices at its next step)."""
+    r1 then (its slot is free at the deadline, not when the engine notices at its next step); the same in
+    the SimPy loop and in the core."""
     data = copy.deepcopy(BASE)
     data["scheduler"]["max_num_seqs"] = 4
     data["workload"] = {"requests": [{"arrival": 0.0, "prompt_len": 100, "output_len": 500},
                                      {"arrival": 0.0, "prompt_len": 30, "output_len": 3}],
                         "max_concurrency": 1, "timeout_s": 0.02}
-    res = run_scenario(scenario_from_dict(data), check_integrity=True)
-    reqs = res.requests.set_index("req_id")
-    assert not res.profile["compiled_core"]
+    loop, core = off_and_on(monkeypatch, engine_core, "enabled",
+                            lambda: run_scenario(scenario_from_dict(data), check_integrity=True))
+    assert_same_outcome(loop, core, "one slot")
+    assert core.profile["compiled_core"] == (native is not None) and not loop.profile["compiled_core"]
+    reqs = core.requests.set_index("req_id")
     assert reqs.loc[0, "status"] == "ABORTED" and reqs.loc[0, "finish_s"] >= 0.02
     assert reqs.loc[1, "arrival_s"] == 0.0 + 0.02          # sent at r0's deadline
     assert reqs.loc[1, "client_wait_s"] == pytest.approx(0.02)

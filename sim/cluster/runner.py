@@ -182,8 +182,7 @@ def _run_colocated(scn: Scenario, workload: Workload, check: bool, lag: float, f
     reads = router.reads_load or router.reads_memory or router.reads_state
     clients = scn.workload.max_concurrency   # a client with a concurrency limit (sim/clients.py)
     planned = planned_arrivals(requests) if clients else None   # (the client's sends replace them)
-    core = _in_core(pool, requests, router) and (not clients or (in_send_order(requests)
-                                                                 and scn.workload.timeout_s is None))
+    core = _in_core(pool, requests, router) and (not clients or in_send_order(requests))
     # (routed ahead: the SimPy loop's client routes each request itself as it reaches the pool)
     ahead = None if reads or (clients and not core) else _route_ahead(router, requests, pool, lag)
     columns = None

@@ -10,8 +10,17 @@ int client_open(Client *cl, PyObject *spec, Py_ssize_t n)
 {
     PyObject *limits, *pauses, *leads;
     memset(cl, 0, sizeof *cl);
-    if (!PyArg_ParseTuple(spec, "OOdddO", &limits, &pauses, &cl->pause_s, &cl->output_s, &cl->token_s, &leads))
+    if (!PyArg_ParseTuple(spec, "OOdddOd", &limits, &pauses, &cl->pause_s, &cl->output_s, &cl->token_s, &leads,
+                          &cl->timeout))
         return -1;
+    if (cl->timeout < 0) {
+        PyErr_SetString(PyExc_ValueError, "run_core: a negative client timeout");
+        return -1;
+    }
+    if (cl->timeout > 0 && !(cl->answered = calloc(n > 0 ? (size_t)n : 1, 1))) {
+        PyErr_NoMemory();
+        return -1;
+    }
     cl->n = n;
     if (get_buffer(limits, &cl->limit_buf, "q", 8, n, "client limits") < 0)
         return -1;
@@ -50,6 +59,8 @@ int client_open(Client *cl, PyObject *spec, Py_ssize_t n)
 
 void client_close(Client *cl)
 {
+    free(cl->answered);
+    cl->answered = NULL;
     if (cl->held_limit)
         PyBuffer_Release(&cl->limit_buf);
     if (cl->held_pause)

@@ -4,12 +4,14 @@ its counters and the timeouts it leaves pending, many at once:
 
     hand-over   a request sent at t reaches the engines at t + the input latency      (what >= 0: the request)
     release     a slot is free again a pause after the client has a whole response  (what = CLIENT_RELEASE)
+    give-up     with a timeout, the client stops waiting for request r at t + timeout  (what = -2 - r)
 
 Both are SimPy timeouts (priority NORMAL, a float time), held in a binary min-heap by (time, eid), the order
 SimPy processes them in. A fanned-out request's samples (``lead``: each request's batch's first one) are
 sent together under one slot, released once the last of their answers is in (``due``: answers still due
 of the batch led there, ``due_at``: the latest so far). Invariants: ``in_flight`` = batches sent - released;
-``in_transit`` = requests sent - handed over; ``pauses`` <= batches answered. */
+``in_transit`` = requests sent - handed over; ``pauses`` <= batches answered; a request is answered once
+(``answered``, with a timeout: its response, its rejection or the client giving up, whichever comes first). */
 #ifndef KVSIM_CLIENT_H
 #define KVSIM_CLIENT_H
 
@@ -34,6 +36,8 @@ typedef struct {
     const int64_t *limit;     /* per request (in send order): the slots it may be sent under */
     const double *pause;      /* NULL: ``pause_s`` after each answer; else the pauses, in answer order */
     double pause_s, output_s, token_s;
+    double timeout;           /* workload.timeout_s (0: none): a give-up pending for each request sent */
+    int8_t *answered;         /* with a timeout, per request: answered already */
     Py_ssize_t n, paused;     /* requests; pauses taken */
     int64_t in_flight, in_transit;
     int all_sent;             /* the sender has sent every request */
