@@ -146,7 +146,7 @@ def admission(prompt: np.ndarray, out: np.ndarray, scheduler: ContinuousSchedule
     None: one each), as arrays: (the output as served, which are cut, which are rejected); they depend on
     the request and the settings only."""
     mml = scheduler.max_model_len
-    capped = np.where((prompt + out > mml) & (prompt < mml), mml - prompt, out)
+    capped = served_outputs(prompt, out, mml)
     mgr = scheduler.manager
     budget = scheduler.max_num_batched_tokens
     need = blocks_needed(prompt, capped, mgr, width)
@@ -156,6 +156,12 @@ def admission(prompt: np.ndarray, out: np.ndarray, scheduler: ContinuousSchedule
     if not scheduler.config.chunked_prefill:
         bad |= prompt > budget
     return capped, capped != out, bad
+
+
+def served_outputs(prompt: np.ndarray, out: np.ndarray, max_model_len: int) -> np.ndarray:
+    """Each request's output as served (``SchedulerBase.served_output_len``): generation stops at the context
+    limit."""
+    return np.where((prompt + out > max_model_len) & (prompt < max_model_len), max_model_len - prompt, out)
 
 
 def blocks_needed(prompt: np.ndarray, capped: np.ndarray, mgr: Any, width: np.ndarray | None = None) -> np.ndarray:
@@ -262,8 +268,7 @@ def same_admission(schedulers: list[ContinuousScheduler], requests: list[Request
     out = np.fromiter((r.output_len for r in requests), dtype=np.int64, count=n)
     samples = np.fromiter((r.n for r in requests), dtype=np.int64, count=n)
     width = samples if (samples > 1).any() else None
-    mml = schedulers[0].max_model_len
-    capped = np.where((prompt + out > mml) & (prompt < mml), mml - prompt, out)
+    capped = served_outputs(prompt, out, schedulers[0].max_model_len)
     return all(not (blocks_needed(prompt, capped, s.manager, width) > s.manager.num_blocks).any()
                for s in {key(s): s for s in schedulers}.values())
 
