@@ -264,3 +264,16 @@ def test_a_group_whose_gpus_cannot_hold_the_weights_is_named(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"{path}: cluster.groups.1: model weights" in err[0] and "a100-40gb" in err[0], err
     assert not (tmp_path / "out").exists()
+
+
+def test_layouts_of_a_group_name_its_replicas_in_the_answer(tmp_path, capsys):
+    """--vary with --group: each layout grows group 1; the line naming the best counts every group's GPUs."""
+    data = _fleet([{"replicas": 1, "hardware": "h100-80gb"}, {"replicas": 1, "hardware": "a100-80gb"}])
+    path = tmp_path / "mixed.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["capacity", str(path), "--group", "1", "--slo", "ttft_p90=10", "--vary",
+                 "cluster.groups.1.hardware=a100-80gb,h100-80gb", "--gpu-cost", "h100-80gb=4",
+                 "--gpu-cost", "a100-80gb=2"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    # a loose SLO: one replica of group 1 meets it either way, the A100 beside the H100 is the cheaper fleet
+    assert last.endswith("hardware=a100-80gb (6 an hour, 2 GPUs, group 1 at 1 replica)"), last

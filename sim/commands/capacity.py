@@ -237,7 +237,7 @@ def _main_layouts(args: argparse.Namespace, slos: list[SLO]) -> int:
     if args.json:
         print(summary_json(answer), end="")
     else:
-        _print_layouts(answer, rows, slos, key, costs is not None)
+        _print_layouts(answer, rows, slos, key, costs is not None, args.group)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         write_text(out / "capacity.json", summary_json(answer))
@@ -255,8 +255,10 @@ def _main_layouts(args: argparse.Namespace, slos: list[SLO]) -> int:
     return 0 if answer["layout"] is not None else 1
 
 
-def _print_layouts(answer: dict, rows: list[dict], slos: list[SLO], key: str, priced: bool) -> None:
-    """The layouts' table, why a layout is out, and the best one, as text."""
+def _print_layouts(answer: dict, rows: list[dict], slos: list[SLO], key: str, priced: bool,
+                   group: int | None = None) -> None:
+    """The layouts' table, why a layout is out, and the best one, as text (``group``: the mixed fleet's
+    group a replicas search grew)."""
     for r, row in zip(answer["layouts"], rows):
         row["hardware"] = " + ".join(f"{n} x {hw}" for hw, n in (r.get("gpus_by_hardware") or {}).items()) or "-"
     shown = pd.DataFrame(rows).drop(columns=["reason"], errors="ignore")
@@ -270,8 +272,9 @@ def _print_layouts(answer: dict, rows: list[dict], slos: list[SLO], key: str, pr
     elif key == "replicas":
         what = f"{answer['cost_per_hour']:.4g} an hour, " if priced else ""
         n = answer["replicas"]
-        print(f"{'cheapest' if priced else 'fewest GPUs'} meeting {slo_text}: {answer['layout']} "
-              f"({what}{answer['gpus']} GPUs in {n} replica{'s' if n != 1 else ''})")
+        fleet = (f"{answer['gpus']} GPUs in {n} replica{'s' if n != 1 else ''}" if group is None
+                 else f"{answer['gpus']} GPUs, group {group} at {n} replica{'s' if n != 1 else ''}")
+        print(f"{'cheapest' if priced else 'fewest GPUs'} meeting {slo_text}: {answer['layout']} ({what}{fleet})")
     else:
         unit = "requests/s" if key == "rate" else "requests in flight"
         per = "per unit of price an hour" if priced else "per GPU"
