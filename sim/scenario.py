@@ -321,7 +321,8 @@ def _explain(err: ValidationError, source: str, lines: dict[tuple, int], overrid
         if loc[:n] in lines:
             line = lines[loc[:n]]
             break
-    via = " (from --set)" if loc in overridden else ""
+    named = tuple(str(p) for p in loc)   # (a list item's position is an int in the loc, text in the --set path)
+    via = " (from --set)" if any(named[:n] in overridden for n in range(1, len(named) + 1)) else ""
     where = f"{source}:{line}" if line and not via else source
     return KvsimError(where, f"{key}: {msg}{via}")
 

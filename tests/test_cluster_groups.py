@@ -277,3 +277,11 @@ def test_layouts_of_a_group_name_its_replicas_in_the_answer(tmp_path, capsys):
     last = capsys.readouterr().out.strip().splitlines()[-1]
     # a loose SLO: one replica of group 1 meets it either way, the A100 beside the H100 is the cheaper fleet
     assert last.endswith("hardware=a100-80gb (6 an hour, 2 GPUs, group 1 at 1 replica)"), last
+
+
+def test_a_bad_group_item_set_on_the_command_line_is_named_as_from_set(tmp_path, capsys):
+    path = tmp_path / "mixed.yaml"
+    path.write_text(yaml.safe_dump(_fleet(MIXED)))
+    assert main(["run", str(path), "--set", "cluster.groups.0.replicas=0", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {path}: cluster.groups.0.replicas: Input should be greater than or equal to 1 (from --set)"]
