@@ -176,6 +176,13 @@ def blocks_needed(prompt: np.ndarray, capped: np.ndarray, mgr: Any, width: np.nd
     return need
 
 
+def request_lengths(requests: list[Request]) -> tuple[np.ndarray, np.ndarray]:
+    """(prompt lengths, output lengths) of ``requests``, int64 arrays."""
+    n = len(requests)
+    return (np.fromiter((r.prompt_len for r in requests), dtype=np.int64, count=n),
+            np.fromiter((r.output_len for r in requests), dtype=np.int64, count=n))
+
+
 def prepare(requests: list[Request], scheduler: ContinuousScheduler, samples: np.ndarray | None = None
             ) -> tuple[np.ndarray, np.ndarray]:
     """Apply ``add_request``'s output cap to every request and return (which would be queued (1) or
@@ -183,9 +190,7 @@ def prepare(requests: list[Request], scheduler: ContinuousScheduler, samples: np
     depend on the request and the settings only,
     and the cut are counted by the scheduler they are handed to (``run_engines``). Each rejected
     request gets its reason now (its status and time when handed over)."""
-    n = len(requests)
-    prompt = np.fromiter((r.prompt_len for r in requests), dtype=np.int64, count=n)
-    out = np.fromiter((r.output_len for r in requests), dtype=np.int64, count=n)
+    prompt, out = request_lengths(requests)
     capped, cut, bad = admission(prompt, out, scheduler, samples if samples is not None and (samples > 1).any() else None)
     for i in np.flatnonzero(cut).tolist():
         requests[i].output_len = int(capped[i])
@@ -263,10 +268,8 @@ def same_admission(schedulers: list[ContinuousScheduler], requests: list[Request
         return True
     if requests is None or len({k[:-1] for k in keys}) != 1:
         return False
-    n = len(requests)
-    prompt = np.fromiter((r.prompt_len for r in requests), dtype=np.int64, count=n)
-    out = np.fromiter((r.output_len for r in requests), dtype=np.int64, count=n)
-    samples = np.fromiter((r.n for r in requests), dtype=np.int64, count=n)
+    prompt, out = request_lengths(requests)
+    samples = np.fromiter((r.n for r in requests), dtype=np.int64, count=len(requests))
     width = samples if (samples > 1).any() else None
     capped = served_outputs(prompt, out, schedulers[0].max_model_len)
     return all(not (blocks_needed(prompt, capped, s.manager, width) > s.manager.num_blocks).any()

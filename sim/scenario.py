@@ -254,12 +254,7 @@ def _copy_along(data: dict, path: list[str]) -> None:
     changes nothing ``data`` shares with its caller (a whole deep copy would copy every inline request)."""
     node: Any = data
     for part in path[:-1]:
-        if isinstance(node, list):
-            if not part.isdigit() or int(part) >= len(node):
-                return   # (apply_override names the bad item)
-            key: Any = int(part)
-        else:
-            key = part
+        key: Any = _position(node, part, path) if isinstance(node, list) else part
         child = node[key] if isinstance(node, list) else node.get(part)
         if not isinstance(child, dict | list):
             return
@@ -412,18 +407,23 @@ def _timeout_problem(scn: Scenario) -> tuple[str, str] | None:
     if scn.workload.timeout_s is None:
         return None
     sch, kv, syn = scn.scheduler, scn.kv_cache, scn.workload.synthetic
-    clash = next(((key, what) for key, what, bad in (
+    clash = _first_clash((
         ("scheduler.batching", "static batching", sch.batching == "static"),
         ("scheduler.preemption", "preemption by swap (a swapped request's CPU blocks)", sch.preemption == "swap"),
         ("kv_cache.cpu_offload_gib", "a host tier of the prefix cache", bool(kv.cpu_offload_gib)),
         ("cluster", "disaggregated prefill and decode pools", scn.cluster is not None and scn.cluster.disaggregated),
         ("workload.synthetic.beam_width", "beam search", syn is not None and syn.beam_width > 1),
-    ) if bad), None)
+    ))
     if clash is None:
         return None
     key, what = clash
     return key, f"{what} with workload.timeout_s is not modelled (requests are aborted under continuous " \
                 "batching with preemption by recompute, on colocated engines)"
+
+
+def _first_clash(rows: tuple[tuple[str, str, bool], ...]) -> tuple[str, str] | None:
+    """(key, what) of the first of ``rows`` (key, what, whether it is set) that is set; None: none is."""
+    return next(((key, what) for key, what, bad in rows if bad), None)
 
 
 def _group_problem(scn: Scenario) -> tuple[str, str] | None:
@@ -453,7 +453,7 @@ def _hybrid_manager_problem(scn: Scenario) -> tuple[str, str] | None:
         return None
     sch, kv, syn = scn.scheduler, scn.kv_cache, scn.workload.synthetic
     forks = sch.parallel_sampling == "fork" and syn is not None and syn.n > 1
-    clash = next(((key, what) for key, what, bad in (
+    clash = _first_clash((
         ("scheduler.batching", "static batching", sch.batching == "static"),
         ("kv_cache.allocator", f"the {kv.allocator} allocator", kv.allocator != "paged"),
         ("scheduler.preemption", "preemption by swap", sch.preemption == "swap"),
@@ -462,7 +462,7 @@ def _hybrid_manager_problem(scn: Scenario) -> tuple[str, str] | None:
         ("cluster", "disaggregated prefill and decode pools", scn.cluster is not None and scn.cluster.disaggregated),
         ("workload.synthetic.n", "forked parallel samples", forks),
         ("workload.synthetic.beam_width", "beam search", syn is not None and syn.beam_width > 1),
-    ) if bad), None)
+    ))
     if clash is None:
         return None
     key, what = clash
