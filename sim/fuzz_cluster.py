@@ -44,6 +44,7 @@ from sim.fuzz import (
     CaseResult,
     FuzzReport,
     _has_beams,
+    _timeout,
     draw_client,
     draw_scenario,
     draw_workload,
@@ -105,6 +106,7 @@ def draw_cluster_scenario(rng: random.Random, index: int = 0) -> dict:
     data = drop_refused(data)
     data["workload"] = draw_workload(rng, drawn_cache_tokens(data), multi_seq=False)
     draw_client(rng, data["workload"])
+    _timeout(random.Random(f"pools-timeout:{index}"), data)   # (a stream of its own: the other draws stay)
     if rng.random() < 0.5:
         link: Any = rng.choice(list(LINK_PRESETS))
     else:

@@ -402,8 +402,8 @@ def unsupported_combination(scn: Scenario) -> tuple[str, str] | None:
 
 def _timeout_problem(scn: Scenario) -> tuple[str, str] | None:
     """(key, why) where a client timeout (``workload.timeout_s``) meets what it cannot yet abort: it is
-    modelled under continuous batching with preemption by recompute, GPU-only caches, colocated engines and
-    requests without beams."""
+    modelled under continuous batching with preemption by recompute, GPU-only caches and requests without
+    beams (colocated engines or prefill/decode pools)."""
     if scn.workload.timeout_s is None:
         return None
     sch, kv, syn = scn.scheduler, scn.kv_cache, scn.workload.synthetic
@@ -411,14 +411,13 @@ def _timeout_problem(scn: Scenario) -> tuple[str, str] | None:
         ("scheduler.batching", "static batching", sch.batching == "static"),
         ("scheduler.preemption", "preemption by swap (a swapped request's CPU blocks)", sch.preemption == "swap"),
         ("kv_cache.cpu_offload_gib", "a host tier of the prefix cache", bool(kv.cpu_offload_gib)),
-        ("cluster", "disaggregated prefill and decode pools", scn.cluster is not None and scn.cluster.disaggregated),
         ("workload.synthetic.beam_width", "beam search", syn is not None and syn.beam_width > 1),
     ))
     if clash is None:
         return None
     key, what = clash
     return key, f"{what} with workload.timeout_s is not modelled (requests are aborted under continuous " \
-                "batching with preemption by recompute, on colocated engines)"
+                "batching with preemption by recompute)"
 
 
 def _first_clash(rows: tuple[tuple[str, str, bool], ...]) -> tuple[str, str] | None:
@@ -459,7 +458,6 @@ def _hybrid_manager_problem(scn: Scenario) -> tuple[str, str] | None:
         ("scheduler.preemption", "preemption by swap", sch.preemption == "swap"),
         ("kv_cache.cpu_offload_gib", "a host tier of the prefix cache", bool(kv.cpu_offload_gib)),
         ("speculative", "speculative decoding", scn.speculative is not None),
-        ("cluster", "disaggregated prefill and decode pools", scn.cluster is not None and scn.cluster.disaggregated),
         ("workload.synthetic.n", "forked parallel samples", forks),
         ("workload.synthetic.beam_width", "beam search", syn is not None and syn.beam_width > 1),
     ))

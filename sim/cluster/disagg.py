@@ -27,6 +27,13 @@ The seam (vLLM's KV-connector hooks, done from outside the scheduler through its
   returns nothing for a request with computed tokens) allocates blocks for its prompt plus the next
   token (pull: already there); push: the decode manager's ``allocate_slots`` is wrapped to book the
   received prompt tokens as held KV (``note_computed``) then, as a swap-in would.
+Client timeouts (``workload.timeout_s``, SimPy loop only): a request whose client gives up while its prefill
+is queued or running is aborted by the prefill replica's scheduler at its next step; while it waits in a
+decode replica's queue for its blocks (pull), at its deadline exactly, its prefill blocks freed then; during
+its transfer, when the transfer lands (the link is not freed early), the decode blocks it had booked (pull)
+freed; on its decode replica, by that scheduler at its next step (deadlines there by time, not hand-over
+order). An abort in the queue or the transfer counts on the replica that held the request's blocks: the
+prefill replica, or (pulled, in transfer) the decode replica.
 Transferred bytes: every prompt token of every request that decodes (output_len > 1); the decode side's
 prefix cache is not consulted before the transfer (no deduplication). A request with one output token
 finishes on its prefill replica and transfers nothing; one the decode replica would reject reserves
@@ -37,20 +44,23 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import simpy
 
 from sim.cluster.link import KVLink
 from sim.cluster.replica import Replica
 from sim.cluster.routers import Router
-from sim.request import Request
+from sim.engine import delay_to
+from sim.request import Request, RequestStatus
+from sim.sched.deadlines import ByDeadline, UnlessHandedOn
 
 
 class Handoff:
     """Moves finished prefills to the decode pool; tells the decode pool when no more will come."""
 
     def __init__(self, env: simpy.Environment, decode: Sequence[Replica], router: Router, link: KVLink,
-                 kv_bytes_per_token: int, pull: bool = True, layers: int = 0) -> None:
+                 kv_bytes_per_token: int, pull: bool = True, layers: int = 0, timeout_s: float | None = None) -> None:
         self.env = env
         self.decode = decode
         self.router = router
@@ -58,6 +68,8 @@ class Handoff:
         self.kv_bytes_per_token = kv_bytes_per_token
         self.pull = pull
         self.layers = layers   # > 0: pushed KV leaves layer by layer during the prefill (link.py)
+        self.timeout_s = timeout_s   # workload.timeout_s: the client gives up this long after sending
+        self.aborted_at: dict[int, float] = {}    # req_id -> when the handoff aborted it (queued or in transfer)
         # pull: per decode replica, the requests routed there waiting for their blocks (FIFO), and those
         # holding blocks there whose KV is on its way (each will take a seat on arrival)
         self._queued: list[deque[tuple[Request, Callable[[Request], None], Replica]]] = [deque() for _ in decode]
@@ -79,6 +91,8 @@ class Handoff:
         manager = rep.manager
         free = manager.free
         rep.engine.may_block = True
+        if self.timeout_s is not None:   # (what it has handed on is no longer its own to abort)
+            rep.scheduler.deadlines = UnlessHandedOn(self.prefill_of)
 
         def deferred_free(req: Request, _free: Callable[[Request], None] = free) -> None:
             rid = req.req_id
@@ -121,6 +135,9 @@ class Handoff:
         """push: the KV leaves at once; the decode replica is chosen when it has landed."""
         yield from self._send(req, free, src)
         req.output_len = self.output_len[req.req_id]
+        if self._expired(req):   # its client gave up during the transfer
+            self._abort(req, src, "in transfer")
+            return
         self._hand_over(req, self.router.choose(req, self.decode))
 
     def _pulled(self, req: Request, free: Callable[[Request], None], src: Replica, i: int, reserved: bool):
@@ -130,8 +147,15 @@ class Handoff:
         self.decode[i].incoming -= 1
         if reserved:
             self._reserved[i] -= 1
-            self.decode[i].scheduler.ahead.add(req.req_id)   # it holds its blocks: admitted before anything waiting
-        self._hand_over(req, i, booked=reserved)
+        if self._expired(req):   # its client gave up during the transfer: the booked blocks go back
+            if reserved:
+                self.decode[i].manager.free(req)
+            self.decode_of[req.req_id] = self.decode[i].replica_id
+            self._abort(req, self.decode[i], "in transfer")
+        else:
+            if reserved:   # it holds its blocks: admitted before anything waiting
+                self.decode[i].scheduler.ahead.add(req.req_id)
+            self._hand_over(req, i, booked=reserved)
         if self._queued[i]:   # (a rejection takes no step: the queue goes on now)
             self._reserve(i)
 
@@ -142,9 +166,43 @@ class Handoff:
         if not booked:
             self._incoming.add(req.req_id)
         self.decode[i].submit(req)
+        self._left()
+
+    def _left(self) -> None:
+        """A request has left the handoff (handed over, or aborted on the way)."""
         self.in_flight -= 1
         if not self.in_flight and self._drained is not None and not self._drained.triggered:
             self._drained.succeed()
+
+    def _expired(self, req: Request) -> bool:
+        return self.timeout_s is not None and req.arrival_s + self.timeout_s <= self.env.now
+
+    def _abort(self, req: Request, holder: Replica, where: str) -> None:
+        """``req``'s client has given up while the handoff held it (``where``); counted on ``holder``, the
+        replica whose blocks it held."""
+        now = self.env.now
+        req.status = RequestStatus.ABORTED
+        req.finish_s = now
+        req.reject_reason = f"client timeout after {self.timeout_s:g} s ({where}, {req.num_generated} tokens out)"
+        holder.scheduler.aborted.append(req)
+        self.aborted_at[req.req_id] = now
+        self._left()
+
+    def _give_up_queued(self, req: Request, i: int, _event=None) -> None:
+        """pull, at ``req``'s deadline: if it still waits for its blocks on decode replica ``i``, it leaves the
+        queue, and its prefill replica lets go of its blocks."""
+        queued = self._queued[i]
+        at = next((k for k, entry in enumerate(queued) if entry[0] is req), None)
+        if at is None:   # (its blocks were booked: the transfer, or the decode replica, aborts it)
+            return
+        _, free, src = queued[at]
+        del queued[at]
+        self.decode[i].incoming -= 1
+        free(req)
+        src.engine.wake()
+        self._abort(req, src, "waiting for a decode seat")
+        if queued:
+            self._reserve(i)
 
     def _route(self, req: Request, free: Callable[[Request], None], src: Replica) -> None:
         """pull: choose the decode replica now (it counts the request in its load from now on) and queue
@@ -154,6 +212,12 @@ class Handoff:
         self.decode[i].incoming += 1
         self._queued[i].append((req, free, src))
         self._reserve(i)
+        if self.timeout_s is not None:
+            deadline = req.arrival_s + self.timeout_s
+            now = self.env.now
+            delay = delay_to(now, deadline) if deadline > now else 0.0
+            self.env.timeout(deadline - now if delay is None else delay).callbacks.append(
+                partial(self._give_up_queued, req, i))
 
     def _reserve(self, i: int) -> None:
         """pull: the requests routed to decode replica ``i`` take their blocks there (prompt and next token),
@@ -186,6 +250,8 @@ class Handoff:
         manager = rep.manager
         allocate = manager.allocate_slots
         incoming = self._incoming
+        if self.timeout_s is not None:   # (handed over as their prefills end: deadlines in no order)
+            rep.scheduler.deadlines = ByDeadline()
         if self.pull:   # after each of its steps (finishes and frees applied), the replica's queue goes on
             # nothing startable may be a wait for a request whose KV is on its way into blocks it holds:
             # its arrival (submit) wakes the engine

@@ -17,7 +17,7 @@ output token, every refusal at once); a decode engine's queue ahead of its polic
 keeps it; a prefill router
 the core covers for a colocated pool; a decode router applied by the core where its rule reads no order of
 calls (least_requests, least_kv, prefix_affinity: its hits read from the decode engines' caches), else
-called with the decode engines' counts. Everything else runs the SimPy loop.
+called with the decode engines' counts. Everything else runs the SimPy loop (client timeouts too).
 """
 
 from __future__ import annotations
@@ -58,6 +58,8 @@ def disagg_supported(prefill: list[Replica], decode: list[Replica], requests: li
     """Whether the compiled core runs these pools (the module docstring; ``client``: one is in front)."""
     if not engine_core.enabled or not requests_supported(requests) or (client and not in_send_order(requests)):
         return False
+    if any(rep.scheduler.timeout_s is not None for rep in prefill + decode):
+        return False   # (client timeouts between the pools: the SimPy loop, sim/cluster/disagg.py)
     if router.reads_state and not router.rule_reads_caches:
         return False
     if decode_router.reads_state and not decode_router.rule_reads_caches:

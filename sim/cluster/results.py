@@ -131,8 +131,8 @@ def replicas_frame(reps: list[Replica], steps: pd.DataFrame, bounds: list[int], 
     finished = reqs.loc[reqs["status"] == "FINISHED", "replica"].value_counts()
     handed: dict[int, int] = {}
     if handoff is not None:
-        for rid, src in handoff.prefill_of.items():
-            if handoff.output_len[rid] > 1:
+        for rid, src in handoff.prefill_of.items():   # (not one aborted before its transfer: it never left)
+            if handoff.output_len[rid] > 1 and (rid not in handoff.aborted_at or rid in handoff.transfer_start):
                 handed[src] = handed.get(src, 0) + 1
     rows = []
     for rep, lo, hi in zip(reps, bounds, bounds[1:]):
@@ -268,7 +268,18 @@ def _merged_summary(scn, reqs, reps, steps: pd.DataFrame, bounds: list[int], han
             waited = ended < start
             waiting = pd.DataFrame({"req_id": np.array(ids, dtype=np.int64)[waited], "phase": "kv_wait",
                                     "start_s": ended[waited], "end_s": start[waited]})
-            tls = [_without_handed_done(tl, handoff.transfer_start) for tl in tls] + [waiting, moving]
+            # aborted by the handoff (a client timeout): waiting for blocks from the prefill's end, or after
+            # the link, until the abort; the prefill replica's DONE point moves there
+            gone = handoff.aborted_at
+            queued = [i for i in gone if i not in handoff.transfer_start]
+            handed = dict(handoff.transfer_start) | {i: handoff.prefill_end[i] for i in queued}
+            held = pd.DataFrame({"req_id": np.array(queued, dtype=np.int64), "phase": "kv_wait",
+                                 "start_s": [handoff.prefill_end[i] for i in queued],
+                                 "end_s": [gone[i] for i in queued]})
+            done = pd.DataFrame({"req_id": np.array(list(gone), dtype=np.int64), "phase": "done",
+                                 "start_s": list(gone.values()), "end_s": list(gone.values())})
+            tls = [_without_handed_done(tl, handed) for tl in tls] + [waiting, moving] + \
+                [part for part in (held, done) if len(part)]
         timeline = pd.concat(tls).sort_values(["req_id", "start_s"], kind="stable").reset_index(drop=True)
     return summary, timeline
 

@@ -288,7 +288,8 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
     bw, lat = cfg.link.bandwidth_latency()
     link = KVLink(env, bw, lat)
     handoff = Handoff(env, decode, make_router(cfg.router, scn.seed + 1), link, scn.model_spec.kv_bytes_per_token(),
-                      pull=cfg.link.mode == "pull", layers=scn.model_spec.num_layers if cfg.link.layerwise else 0)
+                      pull=cfg.link.mode == "pull", layers=scn.model_spec.num_layers if cfg.link.layerwise else 0,
+                      timeout_s=scn.workload.timeout_s)
     router = _observed(make_router(cfg.router, scn.seed), prefill, requests, lag)
     if disagg_supported(prefill, decode, requests, router, handoff.router, bool(scn.workload.max_concurrency)):
         clients = scn.workload.max_concurrency   # a client with a concurrency limit (sim/clients.py)

@@ -25,6 +25,7 @@ import pandas as pd
 
 from sim.kv.manager import KVCacheManager
 from sim.request import Request, RequestStatus
+from sim.sched.deadlines import InOrder
 from sim.sched.plan import LaneEntries, ScheduledRequest, StepPlan, StepResult
 from sim.sched.records import (
     PHASE_NAMES,
@@ -68,9 +69,10 @@ class SchedulerBase:
         self.rejected: list[Request] = []
         self.aborted: list[Request] = []   # their clients gave up (``timeout_s``)
         # workload.timeout_s: a request not finished this long after its arrival is aborted at the next
-        # schedule (continuous batching; sim/sched/continuous.py ``_expire``), queued ones in arrival order
+        # schedule (continuous batching; sim/sched/continuous.py ``_expire``), in hand-over order
+        # (sim/sched/deadlines.py; a disaggregated decode replica's by deadline: ``ByDeadline``)
         self.timeout_s: float | None = None
-        self._deadlines: deque[Request] = deque()
+        self.deadlines: InOrder = InOrder()
         self.num_preemptions = 0
         self.num_truncated = 0
         self.swapped_blocks = 0
@@ -177,7 +179,7 @@ class SchedulerBase:
         self.mark(req, Phase.WAITING, now)
         self._enqueue(req)
         if self.timeout_s is not None:
-            self._deadlines.append(req)
+            self.deadlines.add(req)
         return True
 
     def _enqueue(self, req: Request) -> None:

@@ -174,12 +174,12 @@ class ContinuousScheduler(SchedulerBase):
     def _expire(self, now: float) -> None:
         """Abort every request whose client gave up by ``now`` (arrival + ``timeout_s``) and that has not
         finished: a queued one leaves the queue, a running one its batch, its blocks freed as a finished
-        request's are (full blocks stay in the prefix cache). Deadlines come in arrival order, as requests
-        are handed over (a request handed over late, after another that arrived later, waits its turn)."""
-        deadlines, limit = self._deadlines, self.timeout_s
-        ended = (RequestStatus.FINISHED, RequestStatus.REJECTED)
-        while deadlines and deadlines[0].arrival_s + limit <= now:
-            req = deadlines.popleft()
+        request's are (full blocks stay in the prefix cache); a request queued ahead holding blocks (a
+        decode replica's, its KV pulled into them) gives them back. Deadlines are taken as ``deadlines``
+        orders them (sim/sched/deadlines.py)."""
+        limit = self.timeout_s
+        ended = (RequestStatus.FINISHED, RequestStatus.REJECTED, RequestStatus.ABORTED)
+        while (req := self.deadlines.pop_due(now, limit)) is not None:
             if req.status in ended:
                 continue
             if req.status == _RUNNING:
@@ -188,8 +188,11 @@ class ContinuousScheduler(SchedulerBase):
                 self.running = [r for r in self.running if r is not req]
                 self.manager.free(req)
                 where = "running"
-            else:   # queued: never started, or preempted by recompute (holding no blocks)
+            else:   # queued: never started, or preempted by recompute (holding no blocks) ...
                 self.waiting.remove(req)
+                if req.req_id in self._ahead_waiting:   # ... or holding the blocks its pulled KV came into
+                    self._ahead_waiting.discard(req.req_id)
+                    self.manager.free(req)
                 where = "queued"
             req.status = RequestStatus.ABORTED
             req.finish_s = now
@@ -246,7 +249,7 @@ class ContinuousScheduler(SchedulerBase):
         plan = self._plan = StepPlan()
         scheduled = plan.scheduled
         self.step_index += 1
-        if self._deadlines:
+        if self.deadlines:
             self._expire(now)
         if self.loading:
             self._loads_ended(now)
