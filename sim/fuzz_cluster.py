@@ -233,6 +233,9 @@ def _check_steps(steps: pd.DataFrame, replicas: pd.DataFrame | None, done: pd.Da
                    + (replicas["aborted"].sum() if "aborted" in replicas else 0))
         if ends != len(reqs):
             bad.append(f"replicas.csv: finished + rejected + aborted over the replicas {ends} != {len(reqs)} requests")
+        mine = replicas["finished"] + replicas["rejected"] + (replicas["aborted"] if "aborted" in replicas else 0)
+        if (mine > replicas["requests"]).any():
+            bad.append("replicas.csv: a replica ended more requests than it was given")
         handed = int(replicas["handed_off"].sum())
         sent = int(reqs["transfer_s"].notna().sum()) if "prefill" in set(replicas["role"]) else 0
         if handed != sent:

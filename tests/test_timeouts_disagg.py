@@ -1,6 +1,6 @@
 """Client timeouts between prefill and decode pools: a request is aborted where it is when its client gives
 up (on its prefill replica, waiting for decode blocks, in transfer, on its decode replica), the blocks it
-held given back, and the abort counted on the replica that held them.
+held given back, and the abort counted on the replica that had it (on the way between: its prefill replica).
 
 References: the same run without the timeout (until the first abort both runs are the same, so an
 engine's abort falls at its first step starting at or after the deadline), the deadline itself (arrival +
@@ -80,13 +80,13 @@ def test_a_pulled_transfer_that_outlives_its_deadline_gives_its_booked_blocks_ba
     assert out.loc[0, "transfer_s"] == pytest.approx(0.5)
     assert out.loc[0, "status"] == "ABORTED" and out.loc[0, "finish_s"] == landed
     assert out.loc[0, "reject_reason"] == "client timeout after 0.3 s (in transfer, 1 tokens out)"
-    assert out.loc[0, "replica"] == 1                          # the decode replica whose blocks it had booked
+    assert out.loc[0, "replica"] == 0                          # its prefill replica: the decode pool never had it
     start = lambda reqs, rid: reqs.loc[rid, "first_token_s"] + reqs.loc[rid, "kv_wait_s"]   # noqa: E731
     assert start(out, 1) == pytest.approx(landed, abs=1e-12)
     assert start(was, 1) == pytest.approx(was.loc[0, "finish_s"], abs=1e-12)
     assert was.loc[0, "finish_s"] > landed
     assert out.loc[1, "status"] == "FINISHED"
-    assert list(timed.replicas["aborted"]) == [0, 1]
+    assert list(timed.replicas["aborted"]) == [1, 0] and list(timed.replicas["requests"]) == [2, 1]
 
 
 def test_pushed_kv_whose_client_gave_up_is_dropped_when_it_lands():

@@ -32,8 +32,8 @@ is queued or running is aborted by the prefill replica's scheduler at its next s
 decode replica's queue for its blocks (pull), at its deadline exactly, its prefill blocks freed then; during
 its transfer, when the transfer lands (the link is not freed early), the decode blocks it had booked (pull)
 freed; on its decode replica, by that scheduler at its next step (deadlines there by time, not hand-over
-order). An abort in the queue or the transfer counts on the replica that held the request's blocks: the
-prefill replica, or (pulled, in transfer) the decode replica.
+order). An abort in the queue or the transfer counts on the request's prefill replica (the decode pool
+never had it).
 Transferred bytes: every prompt token of every request that decodes (output_len > 1); the decode side's
 prefix cache is not consulted before the transfer (no deduplication). A request with one output token
 finishes on its prefill replica and transfers nothing; one the decode replica would reject reserves
@@ -136,7 +136,7 @@ class Handoff:
         yield from self._send(req, free, src)
         req.output_len = self.output_len[req.req_id]
         if self._expired(req):   # its client gave up during the transfer
-            self._abort(req, src, "in transfer")
+            self._abort(req, "in transfer")
             return
         self._hand_over(req, self.router.choose(req, self.decode))
 
@@ -150,8 +150,7 @@ class Handoff:
         if self._expired(req):   # its client gave up during the transfer: the booked blocks go back
             if reserved:
                 self.decode[i].manager.free(req)
-            self.decode_of[req.req_id] = self.decode[i].replica_id
-            self._abort(req, self.decode[i], "in transfer")
+            self._abort(req, "in transfer")
         else:
             if reserved:   # it holds its blocks: admitted before anything waiting
                 self.decode[i].scheduler.ahead.add(req.req_id)
@@ -177,14 +176,14 @@ class Handoff:
     def _expired(self, req: Request) -> bool:
         return self.timeout_s is not None and req.arrival_s + self.timeout_s <= self.env.now
 
-    def _abort(self, req: Request, holder: Replica, where: str) -> None:
-        """``req``'s client has given up while the handoff held it (``where``); counted on ``holder``, the
-        replica whose blocks it held."""
+    def _abort(self, req: Request, where: str) -> None:
+        """``req``'s client has given up while the handoff held it (``where``). Not in a scheduler's
+        ``aborted`` (its prefill replica finished it, and counts it in its load as ended; the decode pool never
+        had it): ``aborted_at`` keeps it, and replicas.csv counts it on its prefill replica."""
         now = self.env.now
         req.status = RequestStatus.ABORTED
         req.finish_s = now
         req.reject_reason = f"client timeout after {self.timeout_s:g} s ({where}, {req.num_generated} tokens out)"
-        holder.scheduler.aborted.append(req)
         self.aborted_at[req.req_id] = now
         self._left()
 
@@ -200,7 +199,7 @@ class Handoff:
         self.decode[i].incoming -= 1
         free(req)
         src.engine.wake()
-        self._abort(req, src, "waiting for a decode seat")
+        self._abort(req, "waiting for a decode seat")
         if queued:
             self._reserve(i)
 

@@ -130,7 +130,11 @@ def replicas_frame(reps: list[Replica], steps: pd.DataFrame, bounds: list[int], 
     request is finished or rejected on exactly one replica."""
     finished = reqs.loc[reqs["status"] == "FINISHED", "replica"].value_counts()
     handed: dict[int, int] = {}
+    dropped: dict[int, int] = {}   # aborted between the pools (a client timeout), by prefill replica
     if handoff is not None:
+        for rid in handoff.aborted_at:
+            src = handoff.prefill_of[rid]
+            dropped[src] = dropped.get(src, 0) + 1
         for rid, src in handoff.prefill_of.items():   # (not one aborted before its transfer: it never left)
             if handoff.output_len[rid] > 1 and (rid not in handoff.aborted_at or rid in handoff.transfer_start):
                 handed[src] = handed.get(src, 0) + 1
@@ -144,8 +148,9 @@ def replicas_frame(reps: list[Replica], steps: pd.DataFrame, bounds: list[int], 
             "replica": rep.replica_id, "role": rep.role, "hardware": hw.name, "tensor_parallel": hw.tensor_parallel,
             "num_gpu_blocks": rep.num_gpu_blocks, "requests": rep.submitted,
             "finished": int(finished.get(rep.replica_id, 0)), "handed_off": handed.get(rep.replica_id, 0),
-            "rejected": len(rep.scheduler.rejected), **({"aborted": len(rep.scheduler.aborted)}
-                                                         if rep.scheduler.timeout_s is not None else {}),
+            "rejected": len(rep.scheduler.rejected),
+            **({"aborted": len(rep.scheduler.aborted) + dropped.get(rep.replica_id, 0)}
+               if rep.scheduler.timeout_s is not None else {}),
             "busy_s": busy, "busy_fraction": busy / makespan if makespan else 0.0,
             "kv_usage_mean": float((st["kv_usage"] * w).sum() / busy) if busy else 0.0,
             "kv_usage_max": float(st["kv_usage"].max()) if len(st) else 0.0,

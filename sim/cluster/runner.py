@@ -215,9 +215,13 @@ def _run_colocated(scn: Scenario, workload: Workload, check: bool, lag: float, f
 
 
 def _check_released(pool: list[Replica]) -> None:
-    """Every request has ended: each replica's KV blocks are all free again (cached ones count as free)."""
+    """Every request has ended: each replica's KV blocks are all free again (cached ones count as free), and
+    the load a router reads of it is back to zero (each request it was given counted as ended once)."""
     for rep in pool:
         check_released(rep)
+        if rep.load():
+            raise KvsimError("engine", f"replica {rep.replica_id} ({rep.role}) counts a load of {rep.load()} "
+                             "after every request ended")
 
 
 def _check_disaggregated(scn: Scenario, pools: list[Scenario], requests: list[Request]) -> None:
