@@ -25,6 +25,7 @@ End-of-run checks (``check_outcome``), each computed from the run's tables, not 
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 import time
@@ -307,7 +308,33 @@ def draw_scenario(rng: random.Random, index: int = 0) -> dict:
     _speculative(data)
     _sliding_window(data)
     _timeout(rng, data)
+    _pipeline(data)
     return data
+
+
+PIPELINE_P = 0.1   # of the cases whose settings allow it: pipeline stages (hardware.pipeline_parallel)
+
+
+def _pipeline(data: dict) -> None:
+    """Sometimes 2 to 4 pipeline stages (as many as the model has layers), where the case allows them: a block
+    count given (a cache sized from HBM was sized for one stage's GPUs), one sequence a request, no drafts,
+    swaps or host tier (``scenario._pipeline_problem``). Drawn from a stream of its own."""
+    rng = random.Random(f"pipeline:{data['seed']}")
+    if rng.random() >= PIPELINE_P or "num_gpu_blocks" not in data["kv_cache"] or _max_n(data) > 1:
+        return
+    layers = drawn_model(data).num_layers
+    if layers < 2:
+        return
+    from sim.specs import HardwareSpec
+
+    hw = data["hardware"]
+    before = copy.deepcopy(hw)
+    hw = data["hardware"] = dict(hw) if isinstance(hw, dict) else HardwareSpec.from_name(hw).model_dump()
+    hw["pipeline_parallel"] = rng.randint(2, min(4, layers))
+    if rng.random() < 0.3:
+        hw["pipeline_link"] = rng.choice(["nvlink", "infiniband-400g", "ethernet-100g"])
+    if _combination_problem(data) is not None:
+        data["hardware"] = before
 
 
 TIMEOUT_P = 0.15   # of the cases whose settings allow it: a client timeout (workload.timeout_s)

@@ -107,7 +107,7 @@ def cpu_blocks(scn: Scenario) -> int:
     t times the swap space; a block holds the K and V of all heads, split over the t GPUs (with more GPUs
     than KV heads, each holds a copy of one: sim.specs.group_kv_bytes_per_block)."""
     block_bytes = group_kv_bytes_per_block(scn.model_spec, scn.hardware_spec, scn.kv_cache.block_size)
-    total = scn.kv_cache.swap_space_gb * GiB * scn.hardware_spec.tensor_parallel
+    total = scn.kv_cache.swap_space_gb * GiB * scn.hardware_spec.gpus
     return int(total // block_bytes)
 
 
@@ -153,10 +153,16 @@ def _check_sequences_supported(scn: Scenario, requests: list) -> None:
     """Parallel samples and beams fork block tables: only the paged allocator with continuous batching does,
     without speculative decoding (its drafts are one sequence's). (Fanned out, samples are requests.)"""
     paged = scn.model_spec.kv_pages() is not None
+    staged = scn.hardware_spec.pipeline_parallel > 1
     if (scn.scheduler.batching == "continuous" and scn.kv_cache.allocator == "paged" and scn.speculative is None
-            and not paged):
+            and not paged and not staged):
         return
     wide = next((r for r in requests if r.n > 1 or getattr(r, "beam_width", 1) > 1), None)   # (after any fan-out)
+    if wide is not None and staged:
+        raise KvsimError(f"{scn.source}: workload", f"request {wide.req_id} has n={wide.n}, "
+                         f"beam_width={getattr(wide, 'beam_width', 1)}: forked samples and beams copy blocks, "
+                         "which pipeline stages do not price (hardware.pipeline_parallel)"
+                         + _FANOUT_HINT * (getattr(wide, "beam_width", 1) == 1))
     if wide is not None and paged:
         raise KvsimError(f"{scn.source}: workload", f"request {wide.req_id} has n={wide.n}, "
                          f"beam_width={getattr(wide, 'beam_width', 1)}: forked samples and beams with "
@@ -198,6 +204,9 @@ def build_parts(scn: Scenario, num_gpu: int, num_cpu: int, executor: Any = None,
     manager = make_kv_manager(scn.kv_cache, num_gpu, num_cpu, model.max_model_len, host_blocks(scn),
                               window_pages(scn))
     scheduler = make_scheduler(scn.scheduler, manager, model.max_model_len)
+    stages = scn.hardware_spec.pipeline_parallel
+    if stages > 1:   # a step stands for the batches in flight, one a stage (sim/executors/pipeline.py)
+        scheduler.max_num_batched_tokens *= stages
     if scn.speculative is not None:   # (each engine draws its acceptances from a stream of its own)
         scheduler.enable_speculation(Speculation(scn.speculative, scn.seed, replica_id))
     scheduler.timeout_s = scn.workload.timeout_s   # (aborts at a step's start: the SimPy loop steps singly)

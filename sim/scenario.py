@@ -397,7 +397,7 @@ def unsupported_combination(scn: Scenario) -> tuple[str, str] | None:
         if problem:
             return problem
     return (_timeout_problem(scn) or _hybrid_manager_problem(scn) or _tensor_parallel_problem(scn)
-            or _group_problem(scn))
+            or _pipeline_problem(scn) or _group_problem(scn))
 
 
 def _timeout_problem(scn: Scenario) -> tuple[str, str] | None:
@@ -486,6 +486,40 @@ def _tensor_parallel_problem(scn: Scenario) -> tuple[str, str] | None:
         why = model.tensor_parallel_problem(tp)
         if why:
             return f"cluster.{where}.tensor_parallel", why
+    return None
+
+
+def _pipeline_problem(scn: Scenario) -> tuple[str, str] | None:
+    """(key, why) where pipeline stages (``hardware.pipeline_parallel``, the scenario's or a pool's) meet what
+    they are not modelled with (sim/executors/pipeline.py): more stages than layers, layers of two kinds (a
+    sliding window or chunks on some, dense MLPs before the experts), drafts, swaps, a host tier, beams,
+    another executor than the cost model."""
+    subs = [("hardware", scn)]
+    cluster = scn.cluster
+    if cluster is not None and cluster.disaggregated:
+        from sim.cluster.replica import pool_scenario  # (lazy: sim.cluster imports this module)
+
+        subs += [(f"cluster.{role}.hardware", pool_scenario(scn, getattr(cluster, role))) for role in ("prefill", "decode")]
+    for key, sub in subs:
+        stages = sub.hardware_spec.pipeline_parallel
+        if stages == 1:
+            continue
+        model, sch, syn = sub.model_spec, sub.scheduler, sub.workload.synthetic
+        if stages > model.num_layers:
+            return f"{key}.pipeline_parallel", f"{stages} stages for {model.name}'s {model.num_layers} layers " \
+                                               "(each stage needs a layer)"
+        clash = _first_clash((
+            ("model", f"{model.name}'s local-attention layers", bool(model.local_layers)),
+            ("model", f"{model.name}'s dense layers before its experts", bool(model.dense_layers)),
+            ("speculative", "speculative decoding", sub.speculative is not None),
+            ("scheduler.preemption", "preemption by swap", sch.preemption == "swap"),
+            ("kv_cache.cpu_offload_gib", "a host tier of the prefix cache", bool(sub.kv_cache.cpu_offload_gib)),
+            ("workload.synthetic.beam_width", "beam search", syn is not None and syn.beam_width > 1),
+            ("executor.kind", f"the {sub.executor.kind} executor", sub.executor.kind != "cost_model"),
+        ))
+        if clash is not None:
+            return clash[0], f"{clash[1]} with {key}.pipeline_parallel is not modelled (pipeline stages are " \
+                             "priced by the cost model, layers of one kind, sequences without block copies)"
     return None
 
 

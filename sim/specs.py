@@ -383,14 +383,36 @@ class ModelSpec(BaseModel):
         return spec
 
 
+# (bandwidth in GB/s per direction, latency in seconds) of one transfer path between GPUs: a prefill/decode
+# KV transfer (cluster.kv_transfer.link) or the hidden states between pipeline stages (hardware.pipeline_link)
+LINK_PRESETS: dict[str, tuple[float, float]] = {
+    "nvlink": (450.0, 2e-6),            # NVLink 4 (H100): 900 GB/s bidirectional per GPU
+    "infiniband-400g": (50.0, 5e-6),    # NDR 400 Gb/s
+    "ethernet-100g": (12.5, 20e-6),     # 100 GbE (RoCE)
+}
+GPUS_PER_NODE = 8   # an NVLink domain (HGX / DGX H100, A100): a replica of more GPUs spans nodes
+
+
+class LinkSpec(BaseModel):
+    """A transfer path given by its figures: GB/s per direction and a latency in seconds."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    bandwidth_gb_s: float = Field(gt=0, le=1e9)
+    latency_s: float = Field(default=0.0, ge=0, le=60)
+
+
 class HardwareSpec(BaseModel):
-    """One accelerator (or a tensor-parallel group of identical ones) and its host link.
+    """One accelerator (or a tensor-parallel group of identical ones, or a pipeline of such groups) and its
+    host link.
 
     Bandwidths are bytes/s, compute is dense fp16/bf16 FLOP/s without sparsity (``peak_flops``; ``peak_flops_fp8``
     the dense fp8 rate of GPUs with fp8 tensor cores, 0 for one without: there fp8 weights are multiplied at the
     fp16 rate, as weight-only fp8 kernels do), memory in bytes.
     With ``tensor_parallel = t`` each GPU holds 1/t of the weights and heads, and each layer adds
-    all-reduces over the interconnect.
+    all-reduces over the interconnect. With ``pipeline_parallel = p`` the layers are split into p stages, each
+    on t GPUs of its own (sim/pipeline_stages.py), the hidden states crossing ``pipeline_link`` between them
+    (sim/executors/pipeline.py): a replica is t x p GPUs (``gpus``).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -404,6 +426,33 @@ class HardwareSpec(BaseModel):
     interconnect_bandwidth: float = Field(default=0.0, ge=0, le=1e18)  # per-GPU NVLink bytes/s; 0: PCIe only
     interconnect_latency_s: float = Field(default=5e-6, ge=0, le=1.0)
     tensor_parallel: int = Field(default=1, ge=1, le=64)
+    pipeline_parallel: int = Field(default=1, ge=1, le=64)
+    # between pipeline stages: a LINK_PRESETS name or {bandwidth_gb_s, latency_s}; None: NVLink where the
+    # replica's GPUs fit one node (GPUS_PER_NODE), else InfiniBand 400G (``pipeline_link_figures``)
+    pipeline_link: str | LinkSpec | None = None
+
+    @model_validator(mode="after")
+    def _known_link(self) -> HardwareSpec:
+        if isinstance(self.pipeline_link, str) and self.pipeline_link not in LINK_PRESETS:
+            raise ValueError(f"pipeline_link: unknown link {self.pipeline_link!r}; known: {', '.join(LINK_PRESETS)} "
+                             "or {bandwidth_gb_s, latency_s}")
+        return self
+
+    @property
+    def gpus(self) -> int:
+        """The GPUs of one replica: tensor_parallel x pipeline_parallel."""
+        return self.tensor_parallel * self.pipeline_parallel
+
+    def pipeline_link_figures(self) -> tuple[float, float]:
+        """(bytes per second, seconds) of the link between pipeline stages."""
+        link = self.pipeline_link
+        if link is None:
+            link = "nvlink" if self.gpus <= GPUS_PER_NODE else "infiniband-400g"
+        if isinstance(link, str):
+            bw, lat = LINK_PRESETS[link]
+        else:
+            bw, lat = link.bandwidth_gb_s, link.latency_s
+        return bw * 1e9, lat
 
     @classmethod
     def from_name(cls, name: str) -> HardwareSpec:
@@ -458,7 +507,8 @@ def kv_capacity_blocks(
     draft_weight_bytes: int = 0,
     draft_block_bytes: int = 0,
 ) -> int:
-    """Blocks that fit: (HBM x utilization x TP - weights - activation reserve) / (block bytes x KV replicas).
+    """Blocks that fit: (HBM x utilization x TP - weights - activation reserve) / (block bytes x KV replicas);
+    over pipeline stages, the tightest stage's count (sim/pipeline_stages.py).
     A speculative drafter's weights (``draft_weight_bytes``) count with the weights, and its KV of a block's
     tokens (``draft_block_bytes``, over the group) with each block.
 
@@ -466,6 +516,10 @@ def kv_capacity_blocks(
     instead; its peak for a 13B model at 2k batched tokens is a few percent of an 80 GB card).
     Raises ValueError when the weights alone do not fit.
     """
+    if hardware.pipeline_parallel > 1:   # each stage its own weights and its layers' KV (no drafter there)
+        from sim.pipeline_stages import pipeline_capacity_blocks
+
+        return pipeline_capacity_blocks(model, hardware, block_size, gpu_memory_utilization, activation_reserve_bytes)
     usable = hardware.hbm_bytes * gpu_memory_utilization * hardware.tensor_parallel
     reserve = activation_reserve(usable, activation_reserve_bytes)
     weights = model.weight_bytes() + draft_weight_bytes
@@ -492,6 +546,11 @@ def hbm_budget(model: ModelSpec, hardware: HardwareSpec, block_size: int, num_bl
     ``gpu_memory_utilization`` leaves out and what is too small for a block). Bytes over the group; the
     four parts sum to ``hbm_bytes``. A speculative drafter's weights are in ``weights_bytes`` and its KV in
     ``kv_cache_bytes`` (each also given alone, ``draft_weights_bytes`` and ``draft_kv_cache_bytes``)."""
+    if hardware.pipeline_parallel > 1:
+        from sim.pipeline_stages import pipeline_hbm_budget
+
+        return pipeline_hbm_budget(model, hardware, block_size, num_blocks, gpu_memory_utilization,
+                                   activation_reserve_bytes)
     total = hardware.hbm_bytes * hardware.tensor_parallel
     weights = model.weight_bytes() + draft_weight_bytes
     reserve = round(activation_reserve(total * gpu_memory_utilization, activation_reserve_bytes))

@@ -24,17 +24,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from sim.specs import HardwareSpec, check_preset, complete_from_preset
+from sim.specs import LINK_PRESETS, HardwareSpec, check_preset, complete_from_preset
 
 ROUTER_POLICIES = ("round_robin", "random", "least_requests", "least_kv", "power_of_two", "prefix_affinity",
                    "session")
 
-# (bandwidth in GB/s per direction, latency in seconds) of one transfer path
-LINK_PRESETS: dict[str, tuple[float, float]] = {
-    "nvlink": (450.0, 2e-6),            # NVLink 4 (H100): 900 GB/s bidirectional per GPU
-    "infiniband-400g": (50.0, 5e-6),    # NDR 400 Gb/s
-    "ethernet-100g": (12.5, 20e-6),     # 100 GbE (RoCE)
-}
 
 
 class _Strict(BaseModel):

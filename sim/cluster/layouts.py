@@ -44,7 +44,7 @@ def gpus_of(scn: Scenario, answer: dict[str, Any] | None = None) -> tuple[int, d
     per_hw: dict[str, int] = {}
     for count, pool in pools:
         hw = pool_scenario(scn, pool).hardware_spec
-        per_hw[hw.name] = per_hw.get(hw.name, 0) + count * hw.tensor_parallel
+        per_hw[hw.name] = per_hw.get(hw.name, 0) + count * hw.gpus   # (tensor x pipeline parallel)
     return sum(per_hw.values()), per_hw
 
 

@@ -158,6 +158,9 @@ def replicas_frame(reps: list[Replica], steps: pd.DataFrame, bounds: list[int], 
             "preemptions": int(rep.scheduler.num_preemptions), "num_steps": len(st),
         })
     table = pd.DataFrame(rows)
+    stages = [rep.scn.hardware_spec.pipeline_parallel for rep in reps]
+    if any(p > 1 for p in stages):   # pipeline stages somewhere: each replica's (its GPUs: TP x PP)
+        table.insert(table.columns.get_loc("tensor_parallel") + 1, "pipeline_parallel", stages)
     if any(rep.group is not None for rep in reps):   # a mixed colocated fleet: each replica's group
         table.insert(1, "group", [rep.group for rep in reps])
     return table
@@ -334,6 +337,7 @@ def _groups_block(reps: list[Replica], reqs: pd.DataFrame) -> list[dict]:
         hw = mine[0].scn.hardware_spec
         own = done[group_of == g]
         out.append({"group": g, "replicas": len(mine), "hardware": hw.name, "tensor_parallel": hw.tensor_parallel,
+                    **({"pipeline_parallel": hw.pipeline_parallel} if hw.pipeline_parallel > 1 else {}),
                     "requests": sum(rep.submitted for rep in mine), "finished": len(own),
                     "ttft_s_mean": float(own["ttft_s"].mean()) if len(own) else math.nan,
                     "e2e_s_mean": float(own["e2e_s"].mean()) if len(own) else math.nan})

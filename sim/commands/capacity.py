@@ -179,7 +179,8 @@ def main(args: argparse.Namespace) -> int:
         if x == "replicas" and "group" in answer:
             g = scn.cluster.groups[answer["group"]]
             hw = pool_scenario(scn, g).hardware_spec
-            print(f"fewest replicas of group {answer['group']} ({hw.name}, TP {hw.tensor_parallel}) meeting "
+            shape = f"TP {hw.tensor_parallel}" + (f" x PP {hw.pipeline_parallel}" if hw.pipeline_parallel > 1 else "")
+            print(f"fewest replicas of group {answer['group']} ({hw.name}, {shape}) meeting "
                   f"{slo_text}: {answer['replicas']} ({gpus_of(scn, answer)[0]} GPUs in the fleet)")
         elif x == "replicas":
             split = f" ({answer['prefill']} prefill + {answer['decode']} decode)" if "prefill" in answer else ""

@@ -1,5 +1,5 @@
 """kvsim kv-size --model NAME|CONFIG.json --seq-len N [--dtype fp16] [--block-size 16] [--weight-dtype int4]
-[--hardware NAME [--tensor-parallel T] [--gpu-memory-utilization U] [--draft-model NAME | --eagle | --eagle3]]
+[--hardware NAME [--tensor-parallel T] [--pipeline-parallel P] [--gpu-memory-utilization U] [--draft-model NAME | --eagle | --eagle3]]
 [--json]:
 the KV arithmetic of a preset or
 of a Hugging Face config.json (sim/hf_config.py), as a scenario's ``model`` takes them; with ``--hardware``,
@@ -38,6 +38,8 @@ def add_parser(sub) -> None:
     p.add_argument("--weight-dtype", help="weight-only quantization of the projections: " + ", ".join(WEIGHT_DTYPE_BITS))
     p.add_argument("--hardware", help="a hardware preset: also the blocks, tokens and sequences that fit")
     p.add_argument("--tensor-parallel", type=int, default=1, help="with --hardware: GPUs in the group")
+    p.add_argument("--pipeline-parallel", type=int, default=1,
+                   help="with --hardware: pipeline stages, each a tensor-parallel group (the tightest stage decides)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="with --hardware: share of HBM used")
     drafter = p.add_mutually_exclusive_group()
     drafter.add_argument("--draft-model", help="with --hardware: a speculative draft model (preset or Hugging Face "
@@ -113,6 +115,7 @@ def capacity(model: ModelSpec, hardware: HardwareSpec, seq_len: int, block_size:
     draft = (0, 0) if drafter is None else drafter_bytes(drafter, model, hardware, block_size)
     blocks = kv_capacity_blocks(model, hardware, block_size, utilization, None, *draft)
     return {"hardware": hardware.name, "tensor_parallel": hardware.tensor_parallel,
+            **({"pipeline_parallel": hardware.pipeline_parallel} if hardware.pipeline_parallel > 1 else {}),
             "gpu_memory_utilization": utilization, "group_bytes_per_block": group_kv_bytes_per_block(
                 model, hardware, block_size) + draft[1],
             "kv_blocks": blocks, "kv_tokens": blocks * seq_len // pages_per_sequence(model, seq_len, block_size)
@@ -172,9 +175,15 @@ def _hardware(args: argparse.Namespace, model: ModelSpec) -> HardwareSpec:
     why = model.tensor_parallel_problem(args.tensor_parallel)
     if why:
         raise KvsimError("--tensor-parallel", why)
+    if not 1 <= args.pipeline_parallel <= min(64, model.num_layers):
+        raise KvsimError("--pipeline-parallel", f"must be 1 .. {min(64, model.num_layers)} (a stage needs one of "
+                         f"{model.name}'s {model.num_layers} layers), got {args.pipeline_parallel}")
+    if args.pipeline_parallel > 1 and (args.draft_model is not None or args.eagle or args.eagle3):
+        raise KvsimError("--pipeline-parallel", "a speculative drafter with pipeline stages is not modelled")
     if not 0 < args.gpu_memory_utilization <= 1:
         raise KvsimError("--gpu-memory-utilization", f"must be in (0, 1], got {args.gpu_memory_utilization}")
-    return HardwareSpec(**{**preset.model_dump(), "tensor_parallel": args.tensor_parallel})
+    return HardwareSpec(**{**preset.model_dump(), "tensor_parallel": args.tensor_parallel,
+                           "pipeline_parallel": args.pipeline_parallel})
 
 
 def main(args: argparse.Namespace) -> int:
@@ -231,7 +240,9 @@ def main(args: argparse.Namespace) -> int:
               f"({model.experts_per_token} of {model.num_experts} experts)")
     fits = info.get("fits")
     if fits:
-        print(f"on {fits['tensor_parallel']} x {fits['hardware']} at gpu_memory_utilization "
+        shape = (f"{fits['pipeline_parallel']} stages of {fits['tensor_parallel']}" if "pipeline_parallel" in fits
+                 else f"{fits['tensor_parallel']}")
+        print(f"on {shape} x {fits['hardware']} at gpu_memory_utilization "
               f"{fits['gpu_memory_utilization']:g} (5% of it kept for activations): {fits['kv_blocks']:,} blocks, "
               f"{fits['kv_tokens']:,} tokens, {fits['sequences']:,} sequences of {args.seq_len:,} tokens")
         b = fits["hbm_budget"]

@@ -173,8 +173,11 @@ class CostModelExecutor:
 
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, params: CostParams, block_size: int = 16,
                  engine: EngineParams | None = None, calibration: str = "custom", derived_from: str | None = None,
-                 calibrated_for: str | None = None) -> None:
+                 calibrated_for: str | None = None, lm_head: bool = True) -> None:
         self.model, self.hardware, self.params = model, hardware, params
+        # False: a pipeline stage before the last (sim/executors/pipeline.py), which computes no logits (its
+        # model is named after the stage, so its memo of prices is its own)
+        self._has_lm_head = lm_head
         self.calibration = calibration   # where params came from: a shipped name, a file, "roofline", "custom"
         self.derived_from = derived_from   # a derived calibration's measured source (derived_document)
         self.calibrated_for = calibrated_for   # the hardware the calibration was made for, where not this one
@@ -643,6 +646,8 @@ class CostModelExecutor:
         return hit
 
     def _lm_head(self, seqs: int) -> float:
+        if not self._has_lm_head:
+            return 0.0
         hit = self._head_cache.get(seqs)
         if hit is None:
             hit = self._head_cache[seqs] = gemm_time_scalar(seqs, self._vocab_shard, self.model.hidden_size,
@@ -781,5 +786,11 @@ def make_cost_model_executor(*, model: ModelSpec, hardware: HardwareSpec, config
             engine.graph_max_tokens = min(engine.graph_max_tokens, graph_max_tokens_for(scheduler.max_num_seqs))
             if not getattr(scheduler, "async_scheduling", True):
                 engine.overlap_cpu = False   # without async scheduling a step's CPU side runs before its GPU work
-    return CostModelExecutor(model, hardware, params, block_size=getattr(kv, "block_size", 16), engine=engine,
+    block_size = getattr(kv, "block_size", 16)
+    if hardware.pipeline_parallel > 1:   # one executor a stage kind, the step priced as the pipeline runs it
+        from sim.executors.pipeline import PipelineExecutor
+
+        return PipelineExecutor.build(model, hardware, params, block_size, engine, scheduler,
+                                      calibration=str(ref), derived_from=derived, calibrated_for=other)
+    return CostModelExecutor(model, hardware, params, block_size=block_size, engine=engine,
                              calibration=str(ref), derived_from=derived, calibrated_for=other)

@@ -63,7 +63,10 @@ class SchedulerBase:
         self.config = config
         self.manager = manager
         self.max_model_len = max_model_len
-        self.max_num_batched_tokens = batched_tokens(config, max_model_len)
+        self.max_num_batched_tokens = batched_tokens(config, max_model_len)   # a step's token budget
+        # one batch's (what a request must fit without chunked prefill): the step's, but under pipeline
+        # parallelism, where a step stands for the p batches in flight (sim/executors/pipeline.py)
+        self.batch_tokens = self.max_num_batched_tokens
         self.running: list[Request] = []
         self.finished: list[Request] = []
         self.rejected: list[Request] = []
@@ -129,13 +132,13 @@ class SchedulerBase:
         """Why ``req`` can never run here ('' when it can)."""
         if req.prompt_len >= self.max_model_len:
             return f"prompt of {req.prompt_len} tokens does not fit max_model_len {self.max_model_len}"
-        if not self.config.chunked_prefill and req.prompt_len > self.max_num_batched_tokens:
+        if not self.config.chunked_prefill and req.prompt_len > self.batch_tokens:
             return (f"prompt of {req.prompt_len} tokens exceeds max_num_batched_tokens "
-                    f"{self.max_num_batched_tokens} without chunked prefill")
+                    f"{self.batch_tokens} without chunked prefill")
         width = max(req.n, req.beam_width)
-        if width > self.max_num_batched_tokens:
+        if width > self.batch_tokens:
             return (f"{width} parallel sequences need {width} tokens per decode step, above "
-                    f"max_num_batched_tokens {self.max_num_batched_tokens}")
+                    f"max_num_batched_tokens {self.batch_tokens}")
         if not self.manager.can_ever_fit(req):
             region = getattr(self.manager, "region_tokens", None)   # contiguous baselines reserve a region
             need = self.manager.blocks_for(region(req) if region else req.max_kv_tokens)
