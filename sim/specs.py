@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sim.executors.local_attention import LocalAttention
 
@@ -431,12 +431,12 @@ class HardwareSpec(BaseModel):
     # replica's GPUs fit one node (GPUS_PER_NODE), else InfiniBand 400G (``pipeline_link_figures``)
     pipeline_link: str | LinkSpec | None = None
 
-    @model_validator(mode="after")
-    def _known_link(self) -> HardwareSpec:
-        if isinstance(self.pipeline_link, str) and self.pipeline_link not in LINK_PRESETS:
-            raise ValueError(f"pipeline_link: unknown link {self.pipeline_link!r}; known: {', '.join(LINK_PRESETS)} "
-                             "or {bandwidth_gb_s, latency_s}")
-        return self
+    @field_validator("pipeline_link")
+    @classmethod
+    def _known_link(cls, v: str | LinkSpec | None) -> str | LinkSpec | None:
+        if isinstance(v, str) and v not in LINK_PRESETS:
+            raise ValueError(f"unknown link {v!r}; known: {', '.join(LINK_PRESETS)} or {{bandwidth_gb_s, latency_s}}")
+        return v
 
     @property
     def gpus(self) -> int:

@@ -144,7 +144,8 @@ def test_without_chunked_prefill_a_prompt_must_fit_one_batch():
     ({"scheduler": {"preemption": "swap"}}, "scheduler.preemption"),
     ({"model": "gemma-3-12b"}, "model"),
     ({"hardware": {"name": "h100-80gb", "pipeline_parallel": 33}}, "hardware.pipeline_parallel"),
-    ({"hardware": {"name": "h100-80gb", "pipeline_parallel": 2, "pipeline_link": "carrier-pigeon"}}, "hardware"),
+    ({"hardware": {"name": "h100-80gb", "pipeline_parallel": 2, "pipeline_link": "carrier-pigeon"}},
+     "hardware.pipeline_link"),
 ])
 def test_what_pipelines_do_not_model_is_refused_naming_the_key(change, key):
     data = {**copy.deepcopy(BASE), **change}
