@@ -19,6 +19,7 @@ Three questions a serving team asks before buying GPUs, answered on the CPU in a
 3. At equal GPU count, colocated or disaggregated prefill/decode under a tight TPOT SLO?
 4. A 70B model quantized on one GPU, or in fp16 on two?
 5. With one H100 in hand, how many A100s (or H100s) to add, and which router spreads a mixed fleet's load?
+6. A model too large for one node: one tensor-parallel group across both nodes, or pipeline stages?
 
 Every run is `run_scenario(load_scenario(path, overrides))` with a `cluster:` section set through
 overrides; `kvsim capacity` is the same search from the shell."""),
@@ -232,6 +233,33 @@ gives each A100 as many requests as the H100, whose requests finish in well unde
 sends the H100 about 950 of the 2,000. For the purchase, three A100s beside the H100 meet both SLOs where two
 leave TPOT p90 at 31 ms (4 GPUs, 10 an hour at these prices); a second H100 alone meets them (2 GPUs, 8 an
 hour). Which is cheaper follows the prices you pay: kvsim gives the counts, the table does the sums."""),
+    ("md", """## 6. Past one node: pipeline stages for Llama-3.1-405B
+
+`scenarios/pipeline_parallel.yaml`: Llama-3.1-405B in fp16 (811 GB of weights) on 16 H100s, the first 2,000
+Azure conversation requests at a third of their rate. Three layouts of the same 16 GPUs: one tensor-parallel
+group of 16, two pipeline stages of 8 (one a node, the hidden states crossing InfiniBand between them), four
+stages of 4. Each stage holds its layers' weights and their share of every KV block; a step stands for the
+batches in flight, one a stage, priced as the pipeline runs them (README, Pipeline parallelism)."""),
+    ("code", """rows = {}
+for tp, pp in [(16, 1), (8, 2), (4, 4)]:
+    res = run_scenario(load_scenario(SCN / "pipeline_parallel.yaml", [f"hardware.tensor_parallel={tp}",
+                                                                   f"hardware.pipeline_parallel={pp}"]))
+    s = res.summary
+    rows[f"TP {tp} x PP {pp}"] = {"KV tokens": s["num_gpu_blocks"] * 16, "TTFT p50 (s)": s["ttft_s"]["p50"],
+                                  "TPOT mean (ms)": s["tpot_s"]["mean"] * 1e3,
+                                  "output tok/s": s["output_throughput_tok_s"],
+                                  "waiting on stages (%)": 100 * res.steps["time_pipeline_s"].sum()
+                                  / res.steps["duration_s"].sum() if "time_pipeline_s" in res.steps else 0.0}
+layouts = pd.DataFrame(rows).T
+display(layouts)
+ax = layouts["TPOT mean (ms)"].plot.barh(color="#e8590c", figsize=(6, 2.4))
+ax.set_xlabel("mean TPOT (ms)")
+show(ax.figure, "pipeline_layouts.png")"""),
+    ("md", """Llama-3.1-405B has 8 KV heads: a group of 16 holds each head twice, so its cache holds half the tokens that
+two stages of 8 hold, and its all-reduces span 16 GPUs. Two stages of 8 decode faster here as well: each
+stage reads half the weights for each of the two batches in flight, and only the hidden states cross the
+link. Four stages of 4 hold about as much KV, but a lone batch's way through four stages of slower 4-GPU
+GEMMs sets the pace at this load: the stages spend much of each step waiting for each other."""),
 ]
 
 
