@@ -305,6 +305,25 @@ At 20 s over a third of the requests are aborted, all of them while running, aft
 113,000 tokens between them; at 5 s nine in ten are, and the finished requests' output falls from 5,144 to
 413 tokens a second. Shedding load before it reaches the engine (section 6's cap, or a rate limit) keeps
 the work that is done useful; a client timeout alone, under overload, mostly wastes it."""),
+    ("md", """Between prefill and decode pools (`scenarios/cluster_disaggregated.yaml`: 2 prefill and 6 decode A100s,
+the quickstart's requests sent four times as fast), a request can be given up on in four places: queued or
+prefilling on its prefill replica, waiting for blocks on a decode replica (its KV pulled), in transfer,
+or decoding. Where they fall:"""),
+    ("code", r"""where = {}
+for t in [30, 10]:
+    r = run_scenario(load_scenario(SCN / "cluster_disaggregated.yaml", ["workload.time_scale=0.25",
+                                                                       f"workload.timeout_s={t}"]))
+    q = r.requests
+    aborted = q[q["status"] == "ABORTED"]
+    place = aborted["reject_reason"].str.extract(r"\(([^,]+),")[0]
+    on_decode = aborted["replica"] >= 2   # (replicas 0-1 prefill, 2-7 decode)
+    place = place.where(~place.eq("queued") | on_decode, "queued for its prefill").replace(
+        {"queued": "queued on its decode replica", "running": "decoding"})
+    where[f"{t} s"] = {"finished": r.summary["num_finished"], **place.value_counts().to_dict()}
+display(pd.DataFrame(where).T.fillna(0).astype(int))"""),
+    ("md", """At 30 s every abort falls while the request decodes; at 10 s a third of them fall during the KV transfer
+(the decode side booked its blocks, the link was still busy), and some before a prefill started: the
+pools throw work away at each stage of a request's way."""),
 ]
 
 
