@@ -124,10 +124,19 @@ BASE = {"model": "llama-2-7b", "hardware": {"name": "h100-80gb", "pipeline_paral
 
 
 def test_a_step_stands_for_one_batch_a_stage():
+    """Two stages, 512 tokens a batch: a lone 2,048-token prompt computes one chunk a step, each crossing
+    both stages (vLLM does not pipeline one request's chunks); two prompts fill a batch each."""
     res = run_scenario(scenario_from_dict(copy.deepcopy(BASE)), check_integrity=True)
-    assert list(res.steps["num_prefill_tokens"][:2]) == [1024, 1024]   # 2 stages x 512 tokens a batch
+    assert list(res.steps["num_prefill_tokens"][:4]) == [512, 512, 512, 512]
     assert res.summary["step_model"]["stage_layers"] == [16, 16]
     assert res.summary["hbm_budget"]["gpus"] == 2 and not res.profile["compiled_core"]
+    pipe = _pipeline(2, budget=512)
+    one = StepPlan(scheduled=[ScheduledRequest(0, 512, 0, [])])
+    assert res.steps["duration_s"][0] == pytest.approx(pipe.execute(one).duration_s, rel=1e-12)
+    two = copy.deepcopy(BASE)
+    two["workload"]["requests"] *= 2
+    steps = run_scenario(scenario_from_dict(two), check_integrity=True).steps
+    assert list(steps["num_prefill_tokens"][:4]) == [1024, 1024, 1024, 1024]   # 2 batches x 512 tokens
 
 
 def test_without_chunked_prefill_a_prompt_must_fit_one_batch():

@@ -5,10 +5,11 @@ batches in flight (the engine's batch queue), each with its own token budget (``
 stage hands its hidden states and residual to the next over ``hardware.pipeline_link``. A request is in one
 batch at a time, so it gets a token once its batch has crossed every stage. kvsim keeps one plan a step for
 the whole running batch (its token budget p x the per-batch one: ``sim/runner.py``) and prices it as the steady
-state of that pipeline:
+state of that pipeline (a request's chunk is at most one batch's, as vLLM does not pipeline one request's
+chunks: vllm-project/vllm issue 41682):
 
 - the plan is cut into k <= p microbatches of about equal tokens (longest first into the lightest): decodes
-  whole, a prefill chunk cut into pieces of at most the per-batch budget (whole without chunked prefill);
+  and prefill chunks whole (a chunk over the per-batch budget, which the scheduler does not make, in pieces);
 - each microbatch i is priced on each stage s by the cost model of that stage's layers, t[s][i] (the LM head
   and the sampler on the last stage alone; each stage pays its own per-step costs), and each hop between
   stages costs the link's latency plus 2 x tokens x hidden x 2 bytes / (TP x bandwidth) (vLLM sends the hidden
@@ -20,9 +21,8 @@ state of that pipeline:
 The breakdown is a stage's mean share of each part, and ``pipeline``: the rest of the step (stages idle
 waiting for each other, and the hops). A lone request's decode costs every stage in turn, as it does on one
 GPU group holding all layers, plus the hops; p full microbatches cost about one stage's time each.
-Not modelled: batches that the queue leaves unbalanced (vLLM forms each from what is not in flight; here
-they are balanced), and a request's next prefill chunk entering the pipeline before its previous one has
-left (here the chunks of one step are priced as microbatches of that step).
+Not modelled: batches that the queue leaves unbalanced (vLLM keeps a request in the batch it first joined,
+so its batches can stay unequal, issues 27462 and 15330; here they are balanced, the best case).
 """
 
 from __future__ import annotations

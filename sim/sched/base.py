@@ -64,8 +64,9 @@ class SchedulerBase:
         self.manager = manager
         self.max_model_len = max_model_len
         self.max_num_batched_tokens = batched_tokens(config, max_model_len)   # a step's token budget
-        # one batch's (what a request must fit without chunked prefill): the step's, but under pipeline
-        # parallelism, where a step stands for the p batches in flight (sim/executors/pipeline.py)
+        # one batch's (what a request must fit without chunked prefill, and the most a chunk computes): the
+        # step's, but under pipeline parallelism, where a step stands for the p batches in flight
+        # (sim/executors/pipeline.py)
         self.batch_tokens = self.max_num_batched_tokens
         self.running: list[Request] = []
         self.finished: list[Request] = []

@@ -313,6 +313,8 @@ class ContinuousScheduler(SchedulerBase):
                 budget -= 1
                 continue
             width = manager.seq_width_now(req.req_id) if self._multi_seq else 1
+            if chunked and num_new > self.batch_tokens:   # (a chunk is one batch's: pipeline stages, runner.py)
+                num_new = self.batch_tokens
             if chunked and num_new * width > budget:
                 num_new = budget // width
             if num_new <= 0 or num_new * width > budget:
@@ -518,6 +520,8 @@ class ContinuousScheduler(SchedulerBase):
                 self.mark(req, Phase.HOST_LOAD, now)
                 continue
             num_new = req.num_tokens - req.num_computed_tokens - (len(cached) * bs if caching else 0)
+            if self.config.chunked_prefill and num_new > self.batch_tokens:   # (a chunk is one batch's)
+                num_new = self.batch_tokens
             if num_new > budget:
                 # a recomputed prompt + output may exceed the budget: let it run alone rather than never
                 if not self.config.chunked_prefill and scheduled:
