@@ -458,6 +458,7 @@ def _hybrid_manager_problem(scn: Scenario) -> tuple[str, str] | None:
         ("scheduler.preemption", "preemption by swap", sch.preemption == "swap"),
         ("kv_cache.cpu_offload_gib", "a host tier of the prefix cache", bool(kv.cpu_offload_gib)),
         ("speculative", "speculative decoding", scn.speculative is not None),
+        ("cluster", "disaggregated prefill and decode pools", scn.cluster is not None and scn.cluster.disaggregated),
         ("workload.synthetic.n", "forked parallel samples", forks),
         ("workload.synthetic.beam_width", "beam search", syn is not None and syn.beam_width > 1),
     ))

@@ -222,6 +222,8 @@ def test_pages_hold_more_than_whole_layers():
      "speculative: speculative decoding"),
     ({"workload": {"synthetic": {"num_requests": 4, "n": 2, "prompt_len": {"value": 8}, "output_len": {"value": 4}}}},
      "workload.synthetic.n: forked parallel samples"),
+    ({"cluster": {"prefill": {"replicas": 1}, "decode": {"replicas": 1}}},
+     "cluster: disaggregated prefill and decode pools"),
 ])
 def test_settings_paging_does_not_model_are_refused(edit, key):
     data = {"model": "tiny-gemma", "hardware": "a100-80gb",
