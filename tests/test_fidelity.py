@@ -126,6 +126,26 @@ def test_runs_files_give_the_load_and_ignore_eos(tmp_path):
     assert "ignore_eos false: replayed with exactly output_len tokens" in text_table([r])
 
 
+def test_a_runs_file_may_give_pipeline_stages(tmp_path):
+    """An optional pipeline_parallel column: the 70B run replayed as 2 stages of TP 2 (its blocks sized from
+    the four GPUs' memory), both stages alike; a value out of range names the file, line and column."""
+    lines = RUNS.read_text().splitlines()
+    head = lines[0] + ",pipeline_parallel"
+    rows = [line.replace(",4,H100-80GB-SXM,", ",2,H100-80GB-SXM,", 1) + ",2" for line in lines[1:] if "70b" in line]
+    f = tmp_path / "pp.csv"
+    f.write_text("\n".join([head, *rows]) + "\n")
+    stages = read_runs(f)
+    assert [(s.tensor_parallel, s.pipeline_parallel) for s in stages] == [(2, 2), (2, 2)]
+    scn, _, _ = run_scenario_for(stages[:1], seed=0)
+    assert (scn.hardware_spec.tensor_parallel, scn.hardware_spec.pipeline_parallel, scn.hardware_spec.gpus) == (2, 2, 4)
+    from sim.fidelity.rebuild import NON_KV_GIB_PER_GPU
+
+    assert scn.kv_cache.activation_reserve_gb == pytest.approx(4 * NON_KV_GIB_PER_GPU)   # every GPU of the server
+    f.write_text("\n".join([head, rows[0][:-1] + "65"]) + "\n")
+    with pytest.raises(KvsimError, match="pp.csv:2: pipeline_parallel: must be 1 .. 64, got 65"):
+        read_runs(f)
+
+
 def test_requests_cycle_the_prompts_and_stages_run_back_to_back():
     stages = group_runs(read_runs(RUNS))["llama-2-7b-tp1-codegen"]
     reqs, windows, refused = build_requests(stages, seed=3)

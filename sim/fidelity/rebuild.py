@@ -191,12 +191,13 @@ def server_settings(stage: MeasuredStage) -> dict[str, Any]:
     """The scenario keys of the measured server (everything but the workload)."""
     spec = stage.model_spec or ModelSpec.from_name(stage.model)
     model = spec.model_dump() | {"max_model_len": stage.max_model_len}
-    hardware = HardwareSpec.from_name(stage.hardware).model_dump() | {"tensor_parallel": stage.tensor_parallel}
+    hardware = HardwareSpec.from_name(stage.hardware).model_dump() | {"tensor_parallel": stage.tensor_parallel,
+                                                                      "pipeline_parallel": stage.pipeline_parallel}
     kv: dict[str, Any] = {"block_size": 16, "prefix_caching": True}
     if stage.num_gpu_blocks:
         kv["num_gpu_blocks"] = stage.num_gpu_blocks
-    else:   # (activation_reserve_gb is the whole tensor-parallel group's)
-        kv["activation_reserve_gb"] = NON_KV_GIB_PER_GPU * stage.tensor_parallel
+    else:   # (activation_reserve_gb is over every GPU of the server)
+        kv["activation_reserve_gb"] = NON_KV_GIB_PER_GPU * stage.tensor_parallel * stage.pipeline_parallel
     return {"model": model, "hardware": hardware, "kv_cache": kv,
             "scheduler": {"max_num_seqs": stage.max_num_seqs, "chunked_prefill": True,
                           "max_num_batched_tokens": stage.max_num_batched_tokens}}

@@ -63,6 +63,7 @@ class MeasuredStage:
     ignore_eos: bool = True              # False: the real outputs may have ended before output_len (EOS)
     concurrency: int = 0                 # load concurrent: the client's requests in flight (its workers)
     requests: int = 0                    # load concurrent: the stage's requests (inference-perf's num_requests)
+    pipeline_parallel: int = 1           # pipeline stages (an optional column; each a tensor_parallel group)
 
     @property
     def num_requests(self) -> int:
@@ -164,6 +165,10 @@ def _stage(row: dict, where: str, models: dict[str, ModelSpec]) -> MeasuredStage
     eos = (row.get("ignore_eos") or "").strip().lower()
     if eos and eos not in _TRUE + _FALSE:
         raise KvsimError(where, f"ignore_eos: expected true or false, got {row['ignore_eos'].strip()!r}")
+    stages_raw = (row.get("pipeline_parallel") or "").strip()
+    stages = int(_num(row, "pipeline_parallel", where, int)) if stages_raw else 1
+    if not 1 <= stages <= 64:
+        raise KvsimError(where, f"pipeline_parallel: must be 1 .. 64, got {stages}")
     blocks_raw = (row.get("num_gpu_kv_blocks_vllm_log") or "").strip()
     blocks = int(_num(row, "num_gpu_kv_blocks_vllm_log", where, int)) if blocks_raw else None
     q = {"mean": floats["prompt_len_mean"], "p10": floats["prompt_len_p10"], "p50": floats["prompt_len_median"],
@@ -179,7 +184,7 @@ def _stage(row: dict, where: str, models: dict[str, ModelSpec]) -> MeasuredStage
         system_prompt_len=ints["system_prompt_len"], output_len=ints["output_len"], prompt_quantiles=q,
         measured={m: floats[c] for m, c in METRIC_COLUMNS.items()}, model_spec=spec, load=load,
         ignore_eos=eos not in _FALSE, num_groups=ints["num_groups"], question_len=ints["question_len"],
-        concurrency=level, requests=requests)
+        concurrency=level, requests=requests, pipeline_parallel=stages)
 
 
 def group_runs(stages: list[MeasuredStage]) -> dict[str, list[MeasuredStage]]:
@@ -191,7 +196,8 @@ def group_runs(stages: list[MeasuredStage]) -> dict[str, list[MeasuredStage]]:
         ss.sort(key=lambda s: s.stage)
         first = ss[0]
         for s in ss[1:]:
-            if (s.model, s.hardware, s.tensor_parallel, s.max_num_seqs) != (first.model, first.hardware,
-                                                                            first.tensor_parallel, first.max_num_seqs):
+            server = (s.model, s.hardware, s.tensor_parallel, s.pipeline_parallel, s.max_num_seqs)
+            if server != (first.model, first.hardware, first.tensor_parallel, first.pipeline_parallel,
+                          first.max_num_seqs):
                 raise KvsimError(name, f"stage {s.stage} has other server settings than stage {first.stage}")
     return runs
