@@ -1,6 +1,7 @@
 """Worker processes that run scenarios side by side (kvsim sweep, compare, capacity, fidelity).
 
-A pool's workers leave Ctrl-C to the parent and exit if the parent dies (each watches its parent's pid);
+A pool's workers leave Ctrl-C to the parent and exit if the parent dies (on Linux the kernel kills them,
+``PR_SET_PDEATHSIG``, even inside the compiled core's long native calls; each also watches its parent's pid);
 when the parent stops early (an error, Ctrl-C, SIGTERM: any exception out of ``worker_pool``'s block, or
 ``stop_pool``) the workers are terminated at once rather than after their current run, and what had not
 started is cancelled. A block that ends normally waits for its workers to finish.
@@ -9,6 +10,7 @@ started is cancelled. A block that ends normally waits for its workers to finish
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
@@ -22,6 +24,8 @@ def worker_init(parent: int) -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's handler (forked): terminate() must kill
+    if os.getppid() == parent:
+        _die_with_parent()
 
     def watch() -> None:
         import time
@@ -31,6 +35,20 @@ def worker_init(parent: int) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, daemon=True).start()
+
+
+def _die_with_parent() -> None:
+    """Linux: have the kernel kill this process when its parent dies (``prctl(PR_SET_PDEATHSIG)``), even in the
+    middle of a native call that holds the GIL (the compiled core), where the watching thread cannot run."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):   # (no libc prctl: the watching thread alone)
+        pass
 
 
 def new_pool(workers: int) -> ProcessPoolExecutor:
