@@ -249,7 +249,7 @@ class ContinuousScheduler(SchedulerBase):
         plan = self._plan = StepPlan()
         scheduled = plan.scheduled
         self.step_index += 1
-        if self.deadlines:
+        if self.timeout_s is not None and self.deadlines:   # (no method call a step without timeouts)
             self._expire(now)
         if self.loading:
             self._loads_ended(now)
