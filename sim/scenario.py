@@ -402,16 +402,15 @@ def unsupported_combination(scn: Scenario) -> tuple[str, str] | None:
 
 def _timeout_problem(scn: Scenario) -> tuple[str, str] | None:
     """(key, why) where a client timeout (``workload.timeout_s``) meets what it cannot yet abort: it is
-    modelled under continuous batching with preemption by recompute, GPU-only caches and requests without
-    beams (colocated engines or prefill/decode pools)."""
+    modelled under continuous batching with preemption by recompute and GPU-only caches (colocated engines or
+    prefill/decode pools; a request of several sequences, forked samples or beams, aborted whole)."""
     if scn.workload.timeout_s is None:
         return None
-    sch, kv, syn = scn.scheduler, scn.kv_cache, scn.workload.synthetic
+    sch, kv = scn.scheduler, scn.kv_cache
     clash = _first_clash((
         ("scheduler.batching", "static batching", sch.batching == "static"),
         ("scheduler.preemption", "preemption by swap (a swapped request's CPU blocks)", sch.preemption == "swap"),
         ("kv_cache.cpu_offload_gib", "a host tier of the prefix cache", bool(kv.cpu_offload_gib)),
-        ("workload.synthetic.beam_width", "beam search", syn is not None and syn.beam_width > 1),
     ))
     if clash is None:
         return None

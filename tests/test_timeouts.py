@@ -108,6 +108,25 @@ def test_aborts_fall_at_the_first_step_after_the_deadline():
     assert timed.summary["num_aborted"] == 1
 
 
+def test_a_beam_search_is_aborted_whole_with_every_beams_blocks():
+    """Three beams of one request (their tables forked from the prompt's): aborted at the first step from its
+    deadline on, as a single sequence is, every beam's blocks freed (the run checks none is left)."""
+    data = copy.deepcopy(BASE)
+    data["workload"] = {"requests": [{"arrival": 0.0, "prompt_len": 100, "output_len": 40, "beam_width": 3}]}
+    plain = run_scenario(scenario_from_dict(copy.deepcopy(data)), check_integrity=True)
+    first, finish = float(plain.requests["first_token_s"][0]), float(plain.requests["finish_s"][0])
+    timeout = first + 0.5 * (finish - first)
+    data["workload"]["timeout_s"] = timeout
+    timed = run_scenario(scenario_from_dict(data), check_integrity=True)
+    row = timed.requests.iloc[0]
+    starts, ends = plain.steps["start_s"].to_numpy(), plain.steps["end_s"].to_numpy()
+    abort = starts[starts >= timeout].min()
+    assert row["status"] == "ABORTED" and row["finish_s"] == abort
+    assert row["reject_reason"] == (f"client timeout after {timeout:g} s (running, "
+                                    f"{int((ends <= abort).sum())} tokens out)")   # one token a step from the first
+    assert timed.summary["num_aborted"] == 1
+
+
 def test_a_request_still_queued_is_aborted_and_the_rest_run_on():
     """Timeout shorter than r0's service: r0 itself is aborted while running, and r1, r2 behind it."""
     timed = _run(0.001)
