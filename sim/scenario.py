@@ -402,21 +402,20 @@ def unsupported_combination(scn: Scenario) -> tuple[str, str] | None:
 
 def _timeout_problem(scn: Scenario) -> tuple[str, str] | None:
     """(key, why) where a client timeout (``workload.timeout_s``) meets what it cannot yet abort: it is
-    modelled under continuous batching with preemption by recompute and GPU-only caches (colocated engines or
-    prefill/decode pools; a request of several sequences, forked samples or beams, aborted whole)."""
+    modelled under continuous batching with a GPU-only prefix cache (colocated engines or prefill/decode pools;
+    a request of several sequences, forked samples or beams, aborted whole; a swapped one's CPU blocks freed)."""
     if scn.workload.timeout_s is None:
         return None
     sch, kv = scn.scheduler, scn.kv_cache
     clash = _first_clash((
         ("scheduler.batching", "static batching", sch.batching == "static"),
-        ("scheduler.preemption", "preemption by swap (a swapped request's CPU blocks)", sch.preemption == "swap"),
         ("kv_cache.cpu_offload_gib", "a host tier of the prefix cache", bool(kv.cpu_offload_gib)),
     ))
     if clash is None:
         return None
     key, what = clash
     return key, f"{what} with workload.timeout_s is not modelled (requests are aborted under continuous " \
-                "batching with preemption by recompute)"
+                "batching)"
 
 
 def _first_clash(rows: tuple[tuple[str, str, bool], ...]) -> tuple[str, str] | None:

@@ -127,6 +127,31 @@ def test_a_beam_search_is_aborted_whole_with_every_beams_blocks():
     assert timed.summary["num_aborted"] == 1
 
 
+def test_a_swapped_out_request_is_aborted_and_its_cpu_blocks_freed():
+    """Twelve GPU blocks for two growing requests, preemption by swap: r1 is swapped out while r0 runs. A
+    deadline inside r1's time on the CPU aborts it at the first step from then on, as the run without the
+    timeout steps until then, and its CPU blocks are freed (the swap space's check counts them); r0, sent
+    with it, is aborted at the same step, running."""
+    data = copy.deepcopy(BASE)
+    data["kv_cache"] = {"block_size": 16, "num_gpu_blocks": 12, "swap_space_gb": 1}
+    data["scheduler"] = {"max_num_seqs": 2, "max_num_batched_tokens": 512, "preemption": "swap"}
+    data["workload"] = {"requests": [{"arrival": 0.0, "prompt_len": 60, "output_len": 100}] * 2}
+    plain = run_scenario(scenario_from_dict(copy.deepcopy(data)), check_integrity=True)
+    tl = plain.timeline
+    out_at, back_at = tl.loc[(tl["req_id"] == 1) & (tl["phase"] == "swapped"), ["start_s", "end_s"]].iloc[0]
+    timeout = (out_at + back_at) / 2
+    data["workload"]["timeout_s"] = timeout
+    timed = run_scenario(scenario_from_dict(data), check_integrity=True)
+    starts = plain.steps["start_s"].to_numpy()
+    abort = starts[starts >= timeout].min()
+    r0, r1 = timed.requests.iloc[0], timed.requests.iloc[1]
+    assert r1["status"] == "ABORTED" and r1["finish_s"] == abort < back_at
+    assert r1["reject_reason"].startswith(f"client timeout after {timeout:g} s (swapped, ")
+    # r0's deadline is the same one: it is aborted at the same step, while running
+    assert r0["status"] == "ABORTED" and r0["reject_reason"].startswith(f"client timeout after {timeout:g} s (running, ")
+    assert timed.summary["num_aborted"] == 2 and timed.summary["swapped_blocks"] > 0
+
+
 def test_a_request_still_queued_is_aborted_and_the_rest_run_on():
     """Timeout shorter than r0's service: r0 itself is aborted while running, and r1, r2 behind it."""
     timed = _run(0.001)
@@ -147,7 +172,6 @@ def test_slo_figures_count_aborted_requests_beyond_every_bound():
 
 
 @pytest.mark.parametrize("key, value, message", [
-    ("scheduler", {"max_num_seqs": 1, "preemption": "swap"}, "scheduler.preemption: preemption by swap"),
     ("scheduler", {"batching": "static", "chunked_prefill": False}, "scheduler.batching: static batching"),
     ("kv_cache", {"block_size": 16, "num_gpu_blocks": 64, "prefix_caching": True, "cpu_offload_gib": 1},
      "kv_cache.cpu_offload_gib: a host tier"),

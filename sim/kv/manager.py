@@ -332,6 +332,10 @@ class KVCacheManager(SharingMixin):
         self._held_tokens += req.num_computed_tokens
         return pairs
 
+    def drop_swapped(self, req: Request) -> None:
+        """Give back a swapped-out ``req``'s CPU blocks (aborted while swapped: never loaded back)."""
+        self.swap.drop(req.req_id)
+
     # ------------------------------------------------------------ accounting
     def window_pages_held(self) -> int:
         """Blocks held outside the tables (window pages, sim/kv/window_pages.py): none here."""

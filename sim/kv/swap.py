@@ -52,6 +52,11 @@ class SwapSpace:
         self.pool.free(cpu)
         return list(zip(cpu, gpu_blocks))
 
+    def drop(self, req_id: int) -> None:
+        """Free ``req_id``'s CPU blocks without loading them back (its request was aborted while swapped)."""
+        assert self.pool is not None
+        self.pool.free(self.tables.pop(req_id))
+
     def check_integrity(self) -> None:
         if self.pool is None:
             assert not self.tables, "swapped tables without a swap space"

@@ -174,8 +174,8 @@ class ContinuousScheduler(SchedulerBase):
     def _expire(self, now: float) -> None:
         """Abort every request whose client gave up by ``now`` (arrival + ``timeout_s``) and that has not
         finished: a queued one leaves the queue, a running one its batch, its blocks freed as a finished
-        request's are (full blocks stay in the prefix cache); a request queued ahead holding blocks (a
-        decode replica's, its KV pulled into them) gives them back. Deadlines are taken as ``deadlines``
+        request's are (full blocks stay in the prefix cache); a swapped-out one gives back its CPU blocks; a
+        request queued ahead holding blocks (a decode replica's, its KV pulled into them) gives them back. Deadlines are taken as ``deadlines``
         orders them (sim/sched/deadlines.py)."""
         limit = self.timeout_s
         ended = (RequestStatus.FINISHED, RequestStatus.REJECTED, RequestStatus.ABORTED)
@@ -188,6 +188,14 @@ class ContinuousScheduler(SchedulerBase):
                 self.running = [r for r in self.running if r is not req]
                 self.manager.free(req)
                 where = "running"
+            elif req.status == _SWAPPED:   # its blocks on the CPU (in ``swapped``, or queued by a rotation)
+                if req in self.swapped:
+                    self.swapped.remove(req)
+                else:
+                    self.waiting.remove(req)
+                self._num_swapped -= 1
+                self.manager.drop_swapped(req)
+                where = "swapped"
             else:   # queued: never started, or preempted by recompute (holding no blocks) ...
                 self.waiting.remove(req)
                 if req.req_id in self._ahead_waiting:   # ... or holding the blocks its pulled KV came into
