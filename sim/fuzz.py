@@ -341,11 +341,9 @@ TIMEOUT_P = 0.15   # of the cases whose settings allow it: a client timeout (wor
 
 
 def _timeout(rng: random.Random, data: dict) -> None:
-    """Sometimes a client timeout, where the settings are those it is modelled with (continuous batching, no
-    host tier)."""
-    sch, kv, wl = data["scheduler"], data["kv_cache"], data["workload"]
-    if (rng.random() < TIMEOUT_P and sch.get("batching", "continuous") == "continuous"
-            and not kv.get("cpu_offload_gib")):
+    """Sometimes a client timeout, where the settings are those it is modelled with (continuous batching)."""
+    sch, wl = data["scheduler"], data["workload"]
+    if rng.random() < TIMEOUT_P and sch.get("batching", "continuous") == "continuous":
         wl["timeout_s"] = rng.choice([0.0005, 0.005, 0.05, 0.5])
 
 

@@ -402,14 +402,13 @@ def unsupported_combination(scn: Scenario) -> tuple[str, str] | None:
 
 def _timeout_problem(scn: Scenario) -> tuple[str, str] | None:
     """(key, why) where a client timeout (``workload.timeout_s``) meets what it cannot yet abort: it is
-    modelled under continuous batching with a GPU-only prefix cache (colocated engines or prefill/decode pools;
-    a request of several sequences, forked samples or beams, aborted whole; a swapped one's CPU blocks freed)."""
+    modelled under continuous batching (colocated engines or prefill/decode pools; a request of several
+    sequences, forked samples or beams, aborted whole; a swapped one's CPU blocks freed; one loading from the
+    host tier its blocks freed)."""
     if scn.workload.timeout_s is None:
         return None
-    sch, kv = scn.scheduler, scn.kv_cache
     clash = _first_clash((
-        ("scheduler.batching", "static batching", sch.batching == "static"),
-        ("kv_cache.cpu_offload_gib", "a host tier of the prefix cache", bool(kv.cpu_offload_gib)),
+        ("scheduler.batching", "static batching", scn.scheduler.batching == "static"),
     ))
     if clash is None:
         return None

@@ -173,8 +173,6 @@ def test_slo_figures_count_aborted_requests_beyond_every_bound():
 
 @pytest.mark.parametrize("key, value, message", [
     ("scheduler", {"batching": "static", "chunked_prefill": False}, "scheduler.batching: static batching"),
-    ("kv_cache", {"block_size": 16, "num_gpu_blocks": 64, "prefix_caching": True, "cpu_offload_gib": 1},
-     "kv_cache.cpu_offload_gib: a host tier"),
 ])
 def test_what_timeouts_do_not_model_is_refused_naming_the_key(key, value, message):
     data = copy.deepcopy(BASE)

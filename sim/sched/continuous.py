@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 from bisect import bisect_left
+from collections import deque
 from collections.abc import Callable
 
 import numpy as np
@@ -174,8 +175,9 @@ class ContinuousScheduler(SchedulerBase):
     def _expire(self, now: float) -> None:
         """Abort every request whose client gave up by ``now`` (arrival + ``timeout_s``) and that has not
         finished: a queued one leaves the queue, a running one its batch, its blocks freed as a finished
-        request's are (full blocks stay in the prefix cache); a swapped-out one gives back its CPU blocks; a
-        request queued ahead holding blocks (a decode replica's, its KV pulled into them) gives them back. Deadlines are taken as ``deadlines``
+        request's are (full blocks stay in the prefix cache); a swapped-out one gives back its CPU blocks; one
+        loading its prefix from the host tier, or back from its load, or queued ahead holding blocks (a decode
+        replica's, its KV pulled into them) gives its blocks back. Deadlines are taken as ``deadlines``
         orders them (sim/sched/deadlines.py)."""
         limit = self.timeout_s
         ended = (RequestStatus.FINISHED, RequestStatus.REJECTED, RequestStatus.ABORTED)
@@ -196,10 +198,16 @@ class ContinuousScheduler(SchedulerBase):
                 self._num_swapped -= 1
                 self.manager.drop_swapped(req)
                 where = "swapped"
+            elif self.loading and any(r is req for _, r in self.loading):   # its prefix coming from the host tier
+                self.loading = deque(entry for entry in self.loading if entry[1] is not req)
+                self.manager.free(req)   # (the load under way still takes the link until it ends)
+                where = "loading"
             else:   # queued: never started, or preempted by recompute (holding no blocks) ...
                 self.waiting.remove(req)
                 if req.req_id in self._ahead_waiting:   # ... or holding the blocks its pulled KV came into
                     self._ahead_waiting.discard(req.req_id)
+                    self.manager.free(req)
+                elif self._held_waiting.pop(req.req_id, None) is not None:   # ... or back from its load
                     self.manager.free(req)
                 where = "queued"
             req.status = RequestStatus.ABORTED
