@@ -79,8 +79,9 @@ def core_supported(scheduler: Any, manager: Any, executor: Any, requests: list[R
     if not _speculation_supported(scheduler, executor):
         return False
     if scheduler.timeout_s is not None and (getattr(cfg, "preemption", "recompute") == "swap"
-                                            or getattr(manager, "host", None) is not None):
-        return False   # (a swapped or loading request's abort: the SimPy loop, sim/sched/continuous.py ``_expire``)
+                                            or getattr(manager, "host", None) is not None
+                                            or type(scheduler) is StaticScheduler):
+        return False   # (a swapped, loading or static batch's abort: the SimPy loop, the schedulers' ``_expire``)
     if type(manager) is ContiguousKVManager:
         if manager.space.num_free != manager.num_blocks:
             return False   # (the core starts the space unused: one free extent)

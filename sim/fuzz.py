@@ -337,14 +337,13 @@ def _pipeline(data: dict) -> None:
         data["hardware"] = before
 
 
-TIMEOUT_P = 0.15   # of the cases whose settings allow it: a client timeout (workload.timeout_s)
+TIMEOUT_P = 0.15   # share of cases with a client timeout (workload.timeout_s)
 
 
 def _timeout(rng: random.Random, data: dict) -> None:
-    """Sometimes a client timeout, where the settings are those it is modelled with (continuous batching)."""
-    sch, wl = data["scheduler"], data["workload"]
-    if rng.random() < TIMEOUT_P and sch.get("batching", "continuous") == "continuous":
-        wl["timeout_s"] = rng.choice([0.0005, 0.005, 0.05, 0.5])
+    """Sometimes a client timeout (every setting takes one)."""
+    if rng.random() < TIMEOUT_P:
+        data["workload"]["timeout_s"] = rng.choice([0.0005, 0.005, 0.05, 0.5])
 
 
 def _sliding_window(data: dict) -> None:

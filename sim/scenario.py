@@ -396,25 +396,8 @@ def unsupported_combination(scn: Scenario) -> tuple[str, str] | None:
         problem = speculative_problem(scn)
         if problem:
             return problem
-    return (_timeout_problem(scn) or _hybrid_manager_problem(scn) or _tensor_parallel_problem(scn)
-            or _pipeline_problem(scn) or _group_problem(scn))
-
-
-def _timeout_problem(scn: Scenario) -> tuple[str, str] | None:
-    """(key, why) where a client timeout (``workload.timeout_s``) meets what it cannot yet abort: it is
-    modelled under continuous batching (colocated engines or prefill/decode pools; a request of several
-    sequences, forked samples or beams, aborted whole; a swapped one's CPU blocks freed; one loading from the
-    host tier its blocks freed)."""
-    if scn.workload.timeout_s is None:
-        return None
-    clash = _first_clash((
-        ("scheduler.batching", "static batching", scn.scheduler.batching == "static"),
-    ))
-    if clash is None:
-        return None
-    key, what = clash
-    return key, f"{what} with workload.timeout_s is not modelled (requests are aborted under continuous " \
-                "batching)"
+    return (_hybrid_manager_problem(scn) or _tensor_parallel_problem(scn) or _pipeline_problem(scn)
+            or _group_problem(scn))
 
 
 def _first_clash(rows: tuple[tuple[str, str, bool], ...]) -> tuple[str, str] | None:

@@ -19,7 +19,6 @@ from test_engine_core import _into_core
 
 from sim import engine_core
 from sim.cluster.capacity import SLO
-from sim.errors import KvsimError
 from sim.fuzz import draw_scenario
 from sim.goodput import slo_report
 from sim.native import native
@@ -171,16 +170,27 @@ def test_slo_figures_count_aborted_requests_beyond_every_bound():
     assert rep["goodput_req_s"] == pytest.approx(5 / 10.0)
 
 
-@pytest.mark.parametrize("key, value, message", [
-    ("scheduler", {"batching": "static", "chunked_prefill": False}, "scheduler.batching: static batching"),
-])
-def test_what_timeouts_do_not_model_is_refused_naming_the_key(key, value, message):
+def test_a_static_batch_member_is_aborted_and_the_batch_ends_with_its_last_member():
+    """Static batching, two seats: r0 and r1 form a batch, r2 waits for the next. A deadline after r0 has
+    finished (idle, holding its memory) and before r1 has: r1 leaves at the first step from then on, the
+    batch is over, both give their memory back, and r2's batch starts at that very step."""
     data = copy.deepcopy(BASE)
-    data["workload"]["timeout_s"] = 5
-    data[key] = value
-    with pytest.raises(KvsimError) as e:
-        scenario_from_dict(data)
-    assert message in e.value.one_line() and "workload.timeout_s" in e.value.one_line()
+    data["scheduler"] = {"batching": "static", "max_num_seqs": 2, "max_num_batched_tokens": 512,
+                         "chunked_prefill": False}
+    plain = run_scenario(scenario_from_dict(copy.deepcopy(data)), check_integrity=True)
+    was = plain.requests.set_index("req_id")
+    f0, f1 = float(was.loc[0, "finish_s"]), float(was.loc[1, "finish_s"])
+    timeout = f0 + 0.3 * (f1 - f0)
+    data["workload"]["timeout_s"] = timeout
+    timed = run_scenario(scenario_from_dict(data), check_integrity=True)
+    out = timed.requests.set_index("req_id")
+    starts = plain.steps["start_s"].to_numpy()
+    abort = starts[starts >= timeout].min()
+    assert list(out["status"]) == ["FINISHED", "ABORTED", "FINISHED"]
+    assert out.loc[1, "finish_s"] == abort and out.loc[1, "reject_reason"].startswith(
+        f"client timeout after {timeout:g} s (running, ")
+    assert out.loc[2, "first_scheduled_s"] == abort < was.loc[2, "first_scheduled_s"]
+    assert not timed.profile["compiled_core"]
 
 
 def test_a_cluster_counts_aborted_requests_out_of_each_replicas_load():

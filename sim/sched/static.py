@@ -11,7 +11,9 @@ When the engine has no batch, up to ``max_num_seqs`` waiting requests, in queue 
 reserves the memory for its whole prompt + output at once (a request that does not fit ends the batch
 formation), and their prompts prefill together (within ``max_num_batched_tokens``). The batch then
 decodes until its last request finishes. Finished requests keep their memory (IDLE) until the batch
-ends; nobody joins a running batch, so nothing is ever preempted.
+ends; nobody joins a running batch, so nothing is ever preempted. A client timeout (``workload.timeout_s``)
+takes a queued request out of the queue, and a batch member out of the batch at the step that starts at or
+after its deadline; its memory stays with the batch until the batch ends, as a finished member's does.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ class StaticScheduler(SchedulerBase):
     def schedule(self, now: float) -> StepPlan:
         stats = self.stats = StepStats()
         self.step_index += 1
+        if self.timeout_s is not None and self.deadlines:
+            self._expire(now)
         if not self.running:
             self._form_batch(now)
         plan = StepPlan()
@@ -79,12 +83,39 @@ class StaticScheduler(SchedulerBase):
             self.mark(req, Phase.PREFILL, now)
             budget -= req.prompt_len
 
+    def _expire(self, now: float) -> None:
+        """Abort every request whose client gave up by ``now``: a queued one leaves the queue; a batch member
+        leaves the batch and idles with its memory until the batch ends (``_leave``)."""
+        limit = self.timeout_s
+        gone = []
+        while (req := self.deadlines.pop_due(now, limit)) is not None:
+            if req.status in (RequestStatus.FINISHED, RequestStatus.REJECTED, RequestStatus.ABORTED):
+                continue
+            where = "running" if req.status == RequestStatus.RUNNING else "queued"
+            if where == "queued":
+                self.waiting.remove(req)
+            req.status = RequestStatus.ABORTED
+            req.finish_s = now
+            req.reject_reason = f"client timeout after {limit:g} s ({where}, {req.num_generated} tokens out)"
+            self.aborted.append(req)
+            if where == "queued":
+                self.mark(req, Phase.DONE, now)
+            else:
+                gone.append(req)
+        if gone:
+            self._leave(gone, now)
+
     def _finish(self, done: list[Request], now: float) -> None:
         """Finished requests idle with their memory until the batch's last request finishes."""
         for req in done:
             req.status = RequestStatus.FINISHED
             req.finish_s = now
             self.finished.append(req)
+        self._leave(done, now)
+
+    def _leave(self, done: list[Request], now: float) -> None:
+        """``done`` (finished or aborted) leave the batch and idle with their memory until it ends."""
+        for req in done:
             self.mark(req, Phase.IDLE, now)
         gone = {id(r) for r in done}
         self.running = [r for r in self.running if id(r) not in gone]
