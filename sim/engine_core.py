@@ -62,6 +62,7 @@ from sim.metrics import STEP_COLUMNS, Columns, Recorder
 from sim.native import native
 from sim.request import Request, RequestStatus
 from sim.sched.continuous import ContinuousScheduler
+from sim.sched.deadlines import timeout_reason
 from sim.sched.static import StaticScheduler
 from sim.workload.tokens import block_hash_array, shareable_blocks
 
@@ -631,4 +632,4 @@ def abort_reasons(requests: list[Request], counters: np.ndarray, schedulers: lis
     for g in np.flatnonzero(counters[0] == int(RequestStatus.ABORTED)).tolist():
         limit = schedulers[where[g]].timeout_s
         state = "running" if counters[4, g] & 4 else "queued"
-        requests[g].reject_reason = f"client timeout after {limit:g} s ({state}, {int(counters[2, g])} tokens out)"
+        requests[g].reject_reason = timeout_reason(limit, state, int(counters[2, g]))

@@ -52,8 +52,8 @@ from sim.cluster.link import KVLink
 from sim.cluster.replica import Replica
 from sim.cluster.routers import Router
 from sim.engine import delay_to
-from sim.request import Request, RequestStatus
-from sim.sched.deadlines import ByDeadline, UnlessHandedOn
+from sim.request import Request
+from sim.sched.deadlines import ByDeadline, UnlessHandedOn, mark_aborted
 
 
 class Handoff:
@@ -181,9 +181,7 @@ class Handoff:
         ``aborted`` (its prefill replica finished it, and counts it in its load as ended; the decode pool never
         had it): ``aborted_at`` keeps it, and replicas.csv counts it on its prefill replica."""
         now = self.env.now
-        req.status = RequestStatus.ABORTED
-        req.finish_s = now
-        req.reject_reason = f"client timeout after {self.timeout_s:g} s ({where}, {req.num_generated} tokens out)"
+        mark_aborted(req, now, self.timeout_s, where)
         self.aborted_at[req.req_id] = now
         self._left()
 

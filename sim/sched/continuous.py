@@ -35,6 +35,7 @@ from sim.kv.manager import KVCacheManager
 from sim.native import native
 from sim.request import Request, RequestStatus
 from sim.sched.base import Phase, SchedulerBase, StepStats
+from sim.sched.deadlines import mark_aborted
 from sim.sched.decode_lane import DecodeLane
 from sim.sched.plan import LaneEntries, ScheduledRequest, StepPlan
 from sim.sched.queues import make_queue
@@ -210,9 +211,7 @@ class ContinuousScheduler(SchedulerBase):
                 elif self._held_waiting.pop(req.req_id, None) is not None:   # ... or back from its load
                     self.manager.free(req)
                 where = "queued"
-            req.status = RequestStatus.ABORTED
-            req.finish_s = now
-            req.reject_reason = f"client timeout after {limit:g} s ({where}, {req.num_generated} tokens out)"
+            mark_aborted(req, now, limit, where)
             self.aborted.append(req)
             self.mark(req, Phase.DONE, now)
 

@@ -12,7 +12,19 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
-from sim.request import Request
+from sim.request import Request, RequestStatus
+
+
+def timeout_reason(limit: float, where: str, tokens_out: int) -> str:
+    """An aborted request's ``reject_reason``: the timeout, where it was, what it had sent."""
+    return f"client timeout after {limit:g} s ({where}, {tokens_out} tokens out)"
+
+
+def mark_aborted(req: Request, now: float, limit: float, where: str) -> None:
+    """``req``'s client gave up at ``now`` (``limit`` after sending it) while it was ``where``."""
+    req.status = RequestStatus.ABORTED
+    req.finish_s = now
+    req.reject_reason = timeout_reason(limit, where, req.num_generated)
 
 
 class InOrder:

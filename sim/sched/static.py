@@ -21,6 +21,7 @@ from __future__ import annotations
 from sim.kv.manager import KVCacheManager
 from sim.request import Request, RequestStatus
 from sim.sched.base import Phase, SchedulerBase, StepStats
+from sim.sched.deadlines import mark_aborted
 from sim.sched.plan import StepPlan
 from sim.sched.queues import make_queue
 
@@ -94,9 +95,7 @@ class StaticScheduler(SchedulerBase):
             where = "running" if req.status == RequestStatus.RUNNING else "queued"
             if where == "queued":
                 self.waiting.remove(req)
-            req.status = RequestStatus.ABORTED
-            req.finish_s = now
-            req.reject_reason = f"client timeout after {limit:g} s ({where}, {req.num_generated} tokens out)"
+            mark_aborted(req, now, limit, where)
             self.aborted.append(req)
             if where == "queued":
                 self.mark(req, Phase.DONE, now)
