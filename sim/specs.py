@@ -606,6 +606,9 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     "mixtral-8x7b": _llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 32768, num_experts=8, experts_per_token=2),
     # meta-llama/Llama-3.3-70B-Instruct: the Llama-3.1-70B shapes
     "llama-3.3-70b": _llama("llama-3.3-70b", 80, 8192, 64, 8, 28672, 128256, 131072),
+    # deepseek-ai/DeepSeek-R1-Distill-Llama-8B and -70B config.json: Llama-3.1-8B's and Llama-3.3-70B's shapes
+    "deepseek-r1-distill-llama-8b": _llama("deepseek-r1-distill-llama-8b", 32, 4096, 32, 8, 14336, 128256, 131072),
+    "deepseek-r1-distill-llama-70b": _llama("deepseek-r1-distill-llama-70b", 80, 8192, 64, 8, 28672, 128256, 131072),
     # meta-llama/Llama-3.2-1B(-Instruct) and -3B config.json: tied embeddings
     "llama-3.2-1b": _llama("llama-3.2-1b", 16, 2048, 32, 8, 8192, 128256, 131072, tied_embeddings=True),
     "llama-3.2-3b": _llama("llama-3.2-3b", 28, 3072, 24, 8, 8192, 128256, 131072, tied_embeddings=True),
@@ -620,6 +623,12 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     "qwen2.5-14b": _llama("qwen2.5-14b", 48, 5120, 40, 8, 13824, 152064, 32768),
     "qwen2.5-32b": _llama("qwen2.5-32b", 64, 5120, 40, 8, 27648, 152064, 32768),
     "qwen2.5-72b": _llama("qwen2.5-72b", 80, 8192, 64, 8, 29568, 152064, 32768),
+    # Qwen/Qwen2.5-Coder-*-Instruct config.json: the Qwen2.5 models' shapes, vocabularies and context
+    "qwen2.5-coder-1.5b": _llama("qwen2.5-coder-1.5b", 28, 1536, 12, 2, 8960, 151936, 32768, tied_embeddings=True),
+    "qwen2.5-coder-3b": _llama("qwen2.5-coder-3b", 36, 2048, 16, 2, 11008, 151936, 32768, tied_embeddings=True),
+    "qwen2.5-coder-7b": _llama("qwen2.5-coder-7b", 28, 3584, 28, 4, 18944, 152064, 32768),
+    "qwen2.5-coder-14b": _llama("qwen2.5-coder-14b", 48, 5120, 40, 8, 13824, 152064, 32768),
+    "qwen2.5-coder-32b": _llama("qwen2.5-coder-32b", 64, 5120, 40, 8, 27648, 152064, 32768),
     # mistralai/Mistral-Small-24B-Instruct-2501 config.json: head_dim 128 (not 5120 / 32)
     "mistral-small-24b": _llama("mistral-small-24b", 40, 5120, 32, 8, 32768, 131072, 32768, head_dim=128),
     # microsoft/phi-4 config.json (Phi3ForCausalLM: a fused, gated gate/up projection)
@@ -627,6 +636,12 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     # ibm-granite/granite-3.1-8b-instruct config.json (its embedding, attention and residual multipliers
     # change no shape); tied embeddings
     "granite-3.1-8b": _llama("granite-3.1-8b", 40, 4096, 32, 8, 12800, 49155, 131072, tied_embeddings=True),
+    # ibm-granite/granite-3.0-8b-instruct (4,096 positions), granite-3.3-8b-instruct (49,159 tokens) and the
+    # 2B models of 3.1 and 3.3 config.json: the same layer shapes, tied embeddings
+    "granite-3.0-8b": _llama("granite-3.0-8b", 40, 4096, 32, 8, 12800, 49155, 4096, tied_embeddings=True),
+    "granite-3.3-8b": _llama("granite-3.3-8b", 40, 4096, 32, 8, 12800, 49159, 131072, tied_embeddings=True),
+    "granite-3.1-2b": _llama("granite-3.1-2b", 40, 2048, 32, 8, 8192, 49155, 131072, tied_embeddings=True),
+    "granite-3.3-2b": _llama("granite-3.3-2b", 40, 2048, 32, 8, 8192, 49159, 131072, tied_embeddings=True),
     # Qwen/Qwen3-*B config.json (head_dim 128 everywhere, so the 4B's and 32B's query width is not the hidden
     # size; max_position_embeddings 40960; the per-head QK norms are not priced); the 4B ties its embeddings
     "qwen3-4b": _llama("qwen3-4b", 36, 2560, 32, 8, 9728, 151936, 40960, head_dim=128, tied_embeddings=True),

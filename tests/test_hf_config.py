@@ -144,11 +144,13 @@ def test_load_names_the_file(tmp_path):
 
 
 @pytest.mark.parametrize("preset, billions", [
-    # the parameter counts on the models' cards
+    # the parameter counts on the models' cards (Qwen2.5-Coder-32B and the 2B Granite: the Hub's count of the weights)
     ("qwen2.5-1.5b", 1.54), ("qwen2.5-3b", 3.09), ("qwen2.5-7b", 7.61), ("qwen2.5-14b", 14.7),
     ("qwen2.5-72b", 72.7), ("llama-3.2-1b", 1.23), ("llama-3.2-3b", 3.21), ("phi-4", 14.7),
     ("qwen3-4b", 4.0), ("qwen3-8b", 8.2), ("qwen3-14b", 14.8), ("qwen3-32b", 32.8), ("qwen3-30b-a3b", 30.5),
-    ("llama-3.1-405b", 405.85),
+    ("llama-3.1-405b", 405.85), ("granite-3.3-8b", 8.17), ("granite-3.3-2b", 2.53),
+    ("qwen2.5-coder-7b", 7.61), ("qwen2.5-coder-32b", 32.8), ("deepseek-r1-distill-llama-8b", 8.03),
+    ("deepseek-r1-distill-llama-70b", 70.6),
 ])
 def test_new_presets_have_their_published_size(preset, billions):
     assert MODEL_PRESETS[preset].num_params() / 1e9 == pytest.approx(billions, rel=0.01)
@@ -165,6 +167,9 @@ def test_new_presets_have_their_published_size(preset, billions):
     ("zai-org/GLM-4.5-Air", "glm-4.5-air"), ("moonshotai/Kimi-K2-Instruct-0905", "kimi-k2"),
     ("moonshotai/Kimi-K2-Thinking", None),   # (its experts in int4: a config.json, not a guess)
     ("mistralai/Mixtral-8x22B-Instruct-v0.1", "mixtral-8x22b"), ("deepseek-ai/DeepSeek-V3.1", "deepseek-v3.1"),
+    ("ibm-granite/granite-3.3-8b-instruct", "granite-3.3-8b"), ("ibm-granite/granite-3.0-8b-base", "granite-3.0-8b"),
+    ("Qwen/Qwen2.5-Coder-32B-Instruct", "qwen2.5-coder-32b"),
+    ("deepseek-ai/DeepSeek-R1-Distill-Llama-70B", "deepseek-r1-distill-llama-70b"),
 ])
 def test_runs_files_name_models_as_the_hub_does(model_id, preset):
     from sim.fidelity.runs import model_preset
