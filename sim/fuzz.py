@@ -309,6 +309,7 @@ def draw_scenario(rng: random.Random, index: int = 0) -> dict:
     _sliding_window(data)
     _timeout(rng, data)
     _pipeline(data)
+    _expert_parallel(data)
     return data
 
 
@@ -335,6 +336,23 @@ def _pipeline(data: dict) -> None:
         hw["pipeline_link"] = rng.choice(["nvlink", "infiniband-400g", "ethernet-100g"])
     if _combination_problem(data) is not None:
         data["hardware"] = before
+
+
+EXPERT_PARALLEL_P = 0.5   # of the cases on a mixture of experts over several GPUs: experts placed whole
+
+
+def _expert_parallel(data: dict) -> None:
+    """Sometimes a mixture of experts' experts placed whole on its tensor-parallel GPUs
+    (``hardware.expert_parallel``, sim/expert_parallel.py), where the case allows it. Drawn from a stream of
+    its own."""
+    rng = random.Random(f"expert_parallel:{data['seed']}")
+    hw = data["hardware"]
+    if rng.random() >= EXPERT_PARALLEL_P or not isinstance(hw, dict) or hw.get("tensor_parallel", 1) < 2 \
+            or not drawn_model(data).num_experts:
+        return
+    hw["expert_parallel"] = True
+    if _combination_problem(data) is not None:
+        hw["expert_parallel"] = False
 
 
 TIMEOUT_P = 0.15   # share of cases with a client timeout (workload.timeout_s)

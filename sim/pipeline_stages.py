@@ -16,7 +16,14 @@ from __future__ import annotations
 
 import math
 
-from sim.specs import GiB, HardwareSpec, ModelSpec, activation_reserve, group_kv_bytes_per_block
+from sim.specs import (
+    GiB,
+    HardwareSpec,
+    ModelSpec,
+    activation_reserve,
+    expert_placement_excess,
+    group_kv_bytes_per_block,
+)
 
 
 def stage_layers(num_layers: int, stages: int) -> list[int]:
@@ -69,8 +76,11 @@ def pipeline_capacity_blocks(model: ModelSpec, hardware: HardwareSpec, block_siz
     reserve = activation_reserve(usable, None if activation_reserve_bytes is None else activation_reserve_bytes / stages)
     counts = []
     weights = stage_weight_bytes(model, stages)
+    layers = stage_layers(model.num_layers, stages)
     for i, (w, per_block) in enumerate(zip(weights, stage_block_bytes(model, hardware, block_size))):
-        free = usable - w - reserve
+        # (an uneven placement of experts: each stage's GPUs sized by its fullest, sim/expert_parallel.py)
+        free = usable - w - reserve - expert_placement_excess(model.model_copy(update={"num_layers": layers[i]}),
+                                                              hardware)
         if free <= 0:
             raise ValueError(f"pipeline stage {i + 1} of {stages}'s weights ({w / GiB:.1f} GiB) do not fit in "
                              f"{hardware.tensor_parallel} x {hardware.name} at gpu_memory_utilization="

@@ -453,7 +453,11 @@ def _hybrid_manager_problem(scn: Scenario) -> tuple[str, str] | None:
 def _tensor_parallel_problem(scn: Scenario) -> tuple[str, str] | None:
     """(key, why) where a tensor-parallel degree, the scenario's or a pool's, cannot shard the model."""
     model = scn.model_spec
-    why = model.tensor_parallel_problem(scn.hardware_spec.tensor_parallel)
+    spec = scn.hardware_spec
+    why = _expert_parallel_problem(scn, spec)
+    if why:
+        return "hardware.expert_parallel", why
+    why = model.tensor_parallel_problem(spec.tensor_parallel, spec.expert_parallel)
     if why:
         return "hardware.tensor_parallel", why
     cluster = scn.cluster
@@ -463,11 +467,28 @@ def _tensor_parallel_problem(scn: Scenario) -> tuple[str, str] | None:
         if pool is None:
             continue
         hw = pool.hardware if pool.hardware is not None else scn.hardware
-        tp = pool.tensor_parallel or (HardwareSpec.from_name(hw) if isinstance(hw, str) else hw).tensor_parallel
-        why = model.tensor_parallel_problem(tp)
+        spec = HardwareSpec.from_name(hw) if isinstance(hw, str) else hw
+        spec = spec.model_copy(update={"tensor_parallel": pool.tensor_parallel or spec.tensor_parallel})
+        why = _expert_parallel_problem(scn, spec)
+        if why:
+            return f"cluster.{where}.hardware.expert_parallel", why
+        why = model.tensor_parallel_problem(spec.tensor_parallel, spec.expert_parallel)
         if why:
             return f"cluster.{where}.tensor_parallel", why
     return None
+
+
+def _expert_parallel_problem(scn: Scenario, spec: HardwareSpec) -> str | None:
+    """Why ``spec``'s expert parallelism cannot place the scenario's model (sim/expert_parallel.py), or is not
+    priced by its executor (the cost model prices it); None without it or where it can."""
+    if not spec.expert_parallel:
+        return None
+    from sim.expert_parallel import expert_parallel_problem
+
+    why = expert_parallel_problem(scn.model_spec, spec.tensor_parallel)
+    if why is None and scn.executor.kind != "cost_model":
+        why = f"the {scn.executor.kind} executor does not price expert parallelism (executor.kind: cost_model does)"
+    return why
 
 
 def _pipeline_problem(scn: Scenario) -> tuple[str, str] | None:

@@ -225,17 +225,19 @@ class ModelSpec(BaseModel):
             return block_size * self.kv_bytes_per_token(dtype)
         return block_size * self.kv_bytes_per_token(dtype) // self.num_layers * pages[0]
 
-    def tensor_parallel_problem(self, tp: int) -> str | None:
+    def tensor_parallel_problem(self, tp: int, expert_parallel: bool = False) -> str | None:
         """Why ``tp`` GPUs cannot shard this model the way vLLM does (None: they can). vLLM splits the
         attention heads and the MLP's intermediate size evenly, and the KV heads evenly too, or, with more
-        GPUs than KV heads, gives each GPU a copy of one (``tp`` a multiple of them)."""
+        GPUs than KV heads, gives each GPU a copy of one (``tp`` a multiple of them). ``expert_parallel``: a
+        mixture of experts' routed experts are placed whole (their width not split)."""
         if self.num_heads % tp:
             return f"{tp} does not divide {self.name}'s {self.num_heads} attention heads (vLLM shards them evenly)"
         kv = self.num_kv_heads
         if not self.latent_attention and (kv % tp if tp <= kv else tp % kv):
             return (f"{tp} GPUs cannot share {self.name}'s {kv} KV heads: vLLM splits them evenly, or with more "
                     f"GPUs than KV heads copies one to each, so the GPU count must divide {kv} or be a multiple of it")
-        for width, what in ((self.intermediate_size, "MLP intermediate size"),
+        routed = 0 if expert_parallel and self.num_experts else self.intermediate_size
+        for width, what in ((routed, "MLP intermediate size"),
                             (self.shared_expert_size, "shared experts' width"),
                             (self.dense_intermediate_size, "dense layers' MLP width")):
             if width % tp:
@@ -410,7 +412,8 @@ class HardwareSpec(BaseModel):
     the dense fp8 rate of GPUs with fp8 tensor cores, 0 for one without: there fp8 weights are multiplied at the
     fp16 rate, as weight-only fp8 kernels do), memory in bytes.
     With ``tensor_parallel = t`` each GPU holds 1/t of the weights and heads, and each layer adds
-    all-reduces over the interconnect. With ``pipeline_parallel = p`` the layers are split into p stages, each
+    all-reduces over the interconnect; with ``expert_parallel`` a mixture of experts' routed experts are
+    placed whole on the t GPUs instead (sim/expert_parallel.py). With ``pipeline_parallel = p`` the layers are split into p stages, each
     on t GPUs of its own (sim/pipeline_stages.py), the hidden states crossing ``pipeline_link`` between them
     (sim/executors/pipeline.py): a replica is t x p GPUs (``gpus``).
     """
@@ -427,6 +430,9 @@ class HardwareSpec(BaseModel):
     interconnect_latency_s: float = Field(default=5e-6, ge=0, le=1.0)
     tensor_parallel: int = Field(default=1, ge=1, le=64)
     pipeline_parallel: int = Field(default=1, ge=1, le=64)
+    # a mixture of experts' routed experts placed whole on the tensor-parallel GPUs instead of each split over
+    # them (vLLM's --enable-expert-parallel without data parallelism: sim/expert_parallel.py)
+    expert_parallel: bool = False
     # between pipeline stages: a LINK_PRESETS name or {bandwidth_gb_s, latency_s}; None: NVLink where the
     # replica's GPUs fit one node (GPUS_PER_NODE), else InfiniBand 400G (``pipeline_link_figures``)
     pipeline_link: str | LinkSpec | None = None
@@ -523,7 +529,7 @@ def kv_capacity_blocks(
     usable = hardware.hbm_bytes * gpu_memory_utilization * hardware.tensor_parallel
     reserve = activation_reserve(usable, activation_reserve_bytes)
     weights = model.weight_bytes() + draft_weight_bytes
-    free = usable - weights - reserve
+    free = usable - weights - reserve - expert_placement_excess(model, hardware)
     if free <= 0:
         what = "model weights" if not draft_weight_bytes else "model and draft weights"
         raise ValueError(
@@ -531,6 +537,16 @@ def kv_capacity_blocks(
             f"{hardware.tensor_parallel} x {hardware.name} at gpu_memory_utilization={gpu_memory_utilization}"
         )
     return math.floor(free / (group_kv_bytes_per_block(model, hardware, block_size) + draft_block_bytes))
+
+
+def expert_placement_excess(model: ModelSpec, hardware: HardwareSpec) -> int:
+    """HBM of a tensor-parallel group that an uneven placement of experts leaves unused (every GPU's cache is
+    sized by the one holding the most experts: sim/expert_parallel.py); 0 without expert parallelism."""
+    if not hardware.expert_parallel or not model.num_experts or hardware.tensor_parallel == 1:
+        return 0
+    from sim.expert_parallel import weight_excess_bytes  # (it reads ModelSpec, defined here)
+
+    return weight_excess_bytes(model, hardware.tensor_parallel)
 
 
 def activation_reserve(usable: float, activation_reserve_bytes: int | None) -> float:

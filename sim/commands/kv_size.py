@@ -1,5 +1,5 @@
 """kvsim kv-size --model NAME|CONFIG.json --seq-len N [--dtype fp16] [--block-size 16] [--weight-dtype int4]
-[--hardware NAME [--tensor-parallel T] [--pipeline-parallel P] [--gpu-memory-utilization U] [--draft-model NAME | --eagle | --eagle3]]
+[--hardware NAME [--tensor-parallel T] [--pipeline-parallel P] [--expert-parallel] [--gpu-memory-utilization U] [--draft-model NAME | --eagle | --eagle3]]
 [--json]:
 the KV arithmetic of a preset or
 of a Hugging Face config.json (sim/hf_config.py), as a scenario's ``model`` takes them; with ``--hardware``,
@@ -40,6 +40,9 @@ def add_parser(sub) -> None:
     p.add_argument("--tensor-parallel", type=int, default=1, help="with --hardware: GPUs in the group")
     p.add_argument("--pipeline-parallel", type=int, default=1,
                    help="with --hardware: pipeline stages, each a tensor-parallel group (the tightest stage decides)")
+    p.add_argument("--expert-parallel", action="store_true",
+                   help="with --hardware: a mixture of experts' experts placed whole on the GPUs (an uneven "
+                        "placement sizes every GPU's cache by the fullest)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="with --hardware: share of HBM used")
     drafter = p.add_mutually_exclusive_group()
     drafter.add_argument("--draft-model", help="with --hardware: a speculative draft model (preset or Hugging Face "
@@ -116,6 +119,7 @@ def capacity(model: ModelSpec, hardware: HardwareSpec, seq_len: int, block_size:
     blocks = kv_capacity_blocks(model, hardware, block_size, utilization, None, *draft)
     return {"hardware": hardware.name, "tensor_parallel": hardware.tensor_parallel,
             **({"pipeline_parallel": hardware.pipeline_parallel} if hardware.pipeline_parallel > 1 else {}),
+            **({"expert_parallel": True} if hardware.expert_parallel else {}),
             "gpu_memory_utilization": utilization, "group_bytes_per_block": group_kv_bytes_per_block(
                 model, hardware, block_size) + draft[1],
             "kv_blocks": blocks, "kv_tokens": blocks * seq_len // pages_per_sequence(model, seq_len, block_size)
@@ -172,7 +176,13 @@ def _hardware(args: argparse.Namespace, model: ModelSpec) -> HardwareSpec:
         raise KvsimError("--hardware", e.args[0]) from None
     if not 1 <= args.tensor_parallel <= 1024:
         raise KvsimError("--tensor-parallel", f"must be 1 .. 1024, got {args.tensor_parallel}")
-    why = model.tensor_parallel_problem(args.tensor_parallel)
+    if args.expert_parallel:
+        from sim.expert_parallel import expert_parallel_problem
+
+        why = expert_parallel_problem(model, args.tensor_parallel)
+        if why:
+            raise KvsimError("--expert-parallel", why)
+    why = model.tensor_parallel_problem(args.tensor_parallel, args.expert_parallel)
     if why:
         raise KvsimError("--tensor-parallel", why)
     if not 1 <= args.pipeline_parallel <= min(64, model.num_layers):
@@ -183,7 +193,7 @@ def _hardware(args: argparse.Namespace, model: ModelSpec) -> HardwareSpec:
     if not 0 < args.gpu_memory_utilization <= 1:
         raise KvsimError("--gpu-memory-utilization", f"must be in (0, 1], got {args.gpu_memory_utilization}")
     return HardwareSpec(**{**preset.model_dump(), "tensor_parallel": args.tensor_parallel,
-                           "pipeline_parallel": args.pipeline_parallel})
+                           "pipeline_parallel": args.pipeline_parallel, "expert_parallel": args.expert_parallel})
 
 
 def main(args: argparse.Namespace) -> int:

@@ -83,6 +83,7 @@ from sim.executors.roofline import (
     grouped_gemm_time_scalar,
 )
 from sim.executors.shape_correction import check as check_correction
+from sim.expert_parallel import busiest_gpu
 from sim.native import native
 from sim.sched.plan import LaneEntries, StepPlan, StepResult
 from sim.specs import HardwareSpec, ModelSpec
@@ -199,6 +200,10 @@ class CostModelExecutor:
         self._attn_shapes = attention_shapes(model, tp)
         self._mlp_shapes = mlp_shapes(model, model.intermediate_size, tp)
         self._shapes = self._attn_shapes + self._mlp_shapes
+        # expert parallelism: each GPU holds whole experts (their full width) and waits for the busiest
+        self._ep = tp if hardware.expert_parallel and model.num_experts and tp > 1 else 1
+        self._expert_shapes = mlp_shapes(model, model.intermediate_size, 1) if self._ep > 1 else self._mlp_shapes
+        self._min_tile_rows = min((tile[0] for tile in params.tiles), default=1)
         # a mixture of experts' dense MLPs: its shared experts (on the expert layers), its dense layers' MLP
         self._shared_shapes = mlp_shapes(model, model.shared_expert_size, tp) if model.shared_expert_size else []
         self._dense_shapes = mlp_shapes(model, model.dense_intermediate_size, tp) if model.dense_layers else []
@@ -603,19 +608,42 @@ class CostModelExecutor:
 
         so a decode batch of a few dozen tokens reads every expert's weights (all of E x the dense MLP)
         while computing only k of them a token. The experts' part never falls as ``tokens`` grows (more
-        tokens never read fewer experts). (SiLU-and-mul is priced with the elementwise kernels.)"""
+        tokens never read fewer experts). (SiLU-and-mul is priced with the elementwise kernels.)
+        With expert parallelism (``hardware.expert_parallel``) the busiest GPU's, over its own experts at their
+        full width (sim/expert_parallel.py ``busiest_gpu``): the slower of its most active experts and its most
+        rows (as that many experts' worth of ``per`` rows, so that the rows of an expert stay the mean's and
+        its tiles as many as without expert parallelism, the weights read its active experts'; rows of fewer
+        than the smallest tile's still fill one)."""
         p, b, m = self.params, self.model.dtype_bytes, self.model
         e, k_top = m.num_experts, m.experts_per_token
         active = e * (1.0 - (1.0 - k_top / e) ** tokens)
         per = tokens * k_top / active
-        (_, k_up, n_up), (_, k_down, n_down) = self._mlp_shapes
-        eff = self._moe_tile_eff
-        w_up, w_down = self._stored_bytes(self._mlp_shapes, experts=True)
-        experts = (grouped_gemm_time_scalar(active, per, n_up, k_up, self._gemm_peak, self._bw, b, p, eff, w_up)
-                   + grouped_gemm_time_scalar(active, per, n_down, k_down, self._gemm_peak, self._bw, b, p, eff,
-                                              w_down))
+        if self._ep > 1:
+            most_active, most_rows = busiest_gpu(e, k_top, self._ep, tokens)
+            # its rows as experts of the mean's rows (at least a tile's: fewer ride in a padded tile), reading
+            # only its active experts' weights
+            rows = max(per, self._min_tile_rows)
+            groups = max(most_active, most_rows / rows)
+            experts = max(self._grouped_experts(most_active, per),
+                          self._grouped_experts(groups, rows, most_active / groups))
+        else:
+            experts = self._grouped_experts(active, per)
         router = gemm_time_scalar(tokens, e, m.hidden_size, self._gemm_peak, self._bw, b, p)
         return router + experts + MOE_AUX_KERNELS * p.kernel_latency_s
+
+    def _grouped_experts(self, groups: float, per: float, weights_read: float = 1.0) -> float:
+        """The fused kernel's up and down launches over ``groups`` experts of ``per`` rows each (expected,
+        fractional), their tiles at ``moe_tile_eff``; ``weights_read``: the share of those experts' weights
+        read (the rest are the same experts' rows again)."""
+        p, b = self.params, self.model.dtype_bytes
+        (_, k_up, n_up), (_, k_down, n_down) = self._expert_shapes
+        eff = self._moe_tile_eff
+        w_up, w_down = ((w if w is not None else (b if weights_read != 1.0 else None))
+                        for w in self._stored_bytes(self._expert_shapes, experts=True))
+        if weights_read != 1.0:
+            w_up, w_down = w_up * weights_read, w_down * weights_read
+        return (grouped_gemm_time_scalar(groups, per, n_up, k_up, self._gemm_peak, self._bw, b, p, eff, w_up)
+                + grouped_gemm_time_scalar(groups, per, n_down, k_down, self._gemm_peak, self._bw, b, p, eff, w_down))
 
     def moe_kernel_time(self, tokens: int) -> float:
         """Seconds of one mixture-of-experts layer's fused kernels as vLLM's kernel benchmark times them
