@@ -310,6 +310,7 @@ def draw_scenario(rng: random.Random, index: int = 0) -> dict:
     _timeout(rng, data)
     _pipeline(data)
     _expert_parallel(data)
+    _lora(data)
     return data
 
 
@@ -353,6 +354,24 @@ def _expert_parallel(data: dict) -> None:
     hw["expert_parallel"] = True
     if _combination_problem(data) is not None:
         hw["expert_parallel"] = False
+
+
+LORA_P = 0.25   # of the cases whose settings allow it: multi-LoRA serving (the lora section, sim/lora.py)
+
+
+def _lora(data: dict) -> None:
+    """Sometimes LoRA adapters (1 to 4 a batch, a host cache of at least as many, 1 to 8 adapters drawn), where
+    the case allows them (``scenario._lora_problem``) and gives a block count (a cache sized from HBM was sized
+    without the adapters' slots). Drawn from a stream of its own."""
+    rng = random.Random(f"lora:{data['seed']}")
+    if rng.random() >= LORA_P or "num_gpu_blocks" not in data["kv_cache"]:
+        return
+    slots = rng.randint(1, 4)
+    data["lora"] = {"max_loras": slots, "max_cpu_loras": slots + rng.randint(0, 3), "adapters": rng.randint(1, 8),
+                    "popularity": rng.choice(["uniform", "zipf"]), "share": rng.choice([0.3, 0.8, 1.0]),
+                    "load_latency_s": rng.choice([0.0, 0.01])}
+    if _combination_problem(data) is not None:
+        del data["lora"]
 
 
 TIMEOUT_P = 0.15   # share of cases with a client timeout (workload.timeout_s)

@@ -43,6 +43,7 @@ class Request:
     beam_width: int = 1                    # beam search: beams kept per step (memory pattern only)
     sample_of: int = -1                    # fanned out (scheduler.parallel_sampling: fanout): one of the samples
                                            # of this workload request, whose prompt (its token ids) it repeats
+    lora_id: int = -1                      # the LoRA adapter it names (sim/lora.py); -1: the base model
     # --- state (owned by the scheduler) ---
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0

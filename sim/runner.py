@@ -28,6 +28,7 @@ from sim.executors.local_attention import LocalAttention
 from sim.gc_pause import gc_paused
 from sim.kv import make_kv_manager
 from sim.limits import MAX_BLOCKS
+from sim.lora import AdapterCache, add_lora_column, draw_adapters, gpu_lora_bytes, lora_summary
 from sim.metrics import (
     SUMMARY_STEP_COLUMNS,
     Recorder,
@@ -74,7 +75,7 @@ def gpu_blocks(scn: Scenario) -> int:
         return kv.num_gpu_blocks
     try:
         return kv_capacity_blocks(scn.model_spec, scn.hardware_spec, kv.block_size, kv.gpu_memory_utilization,
-                                  _reserve_bytes(kv), *draft_bytes(scn))
+                                  _reserve_bytes(kv), *draft_bytes(scn), lora_bytes=lora_slot_bytes(scn))
     except ValueError as e:
         raise KvsimError(f"{scn.source}: model", str(e)) from None
 
@@ -86,7 +87,7 @@ def hbm_budget_of(scn: Scenario, num_gpu: int) -> dict[str, int] | None:
     if kv.num_gpu_blocks is not None:
         return None
     return hbm_budget(scn.model_spec, scn.hardware_spec, kv.block_size, num_gpu, kv.gpu_memory_utilization,
-                      _reserve_bytes(kv), *draft_bytes(scn))
+                      _reserve_bytes(kv), *draft_bytes(scn), lora_bytes=lora_slot_bytes(scn))
 
 
 def draft_bytes(scn: Scenario) -> tuple[int, int]:
@@ -95,6 +96,23 @@ def draft_bytes(scn: Scenario) -> tuple[int, int]:
     if scn.speculative is None:
         return 0, 0
     return drafter_bytes(scn.speculative, scn.model_spec, scn.hardware_spec, scn.kv_cache.block_size)
+
+
+def lora_slot_bytes(scn: Scenario) -> int:
+    """Bytes of the scenario's LoRA adapter slots over its tensor-parallel group (0 without LoRA: sim/lora.py)."""
+    if scn.lora is None:
+        return 0
+    return gpu_lora_bytes(scn.model_spec, scn.hardware_spec.tensor_parallel, scn.lora)
+
+
+def assign_adapters(scn: Scenario, workload: Any) -> None:
+    """Each request's LoRA adapter, drawn from the ``lora`` section's population (``adapters`` > 0; with 0 the
+    inline requests name their own). Before any fan-out: a request's samples share its adapter."""
+    if scn.lora is None or not scn.lora.adapters:
+        return
+    ids = draw_adapters(scn.lora, len(workload.requests), scn.seed).tolist()
+    for req, a in zip(workload.requests, ids, strict=True):
+        req.lora_id = a
 
 
 def _reserve_bytes(kv) -> int | None:
@@ -219,6 +237,11 @@ def build_parts(scn: Scenario, num_gpu: int, num_cpu: int, executor: Any = None,
             raise KvsimError(f"{scn.source}: executor.kind", e.args[0]) from None
         if scn.speculative is not None:
             executor.drafter = make_drafter(scn)
+        if scn.lora is not None:   # (its kernels: the cost model, the only executor that takes a lora section)
+            executor.enable_lora(scn.lora)
+    if scn.lora is not None:   # (each engine its own adapters' slots)
+        hw = scn.hardware_spec
+        scheduler.enable_lora(scn.lora, AdapterCache(scn.lora, model, hw.tensor_parallel, hw.host_link_bandwidth))
     _price_loads(scheduler, executor)
     return manager, scheduler, executor, Recorder(num_gpu, manager.capacity_slots)
 
@@ -272,6 +295,7 @@ def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, pro
     num_cpu = cpu_blocks(scn)
     check_block_counts(scn, num_gpu, num_cpu)
     workload = build_workload(scn.workload, base_dir=scn.base_dir, seed=scn.seed, source=scn.source)
+    assign_adapters(scn, workload)
     fan_out_samples(scn, workload)
     _check_sequences_supported(scn, workload.requests)
     manager, scheduler, executor, recorder = build_parts(scn, num_gpu, num_cpu)
@@ -302,7 +326,7 @@ def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, pro
         engine = Engine(None if clients else workload.requests, scheduler, executor, recorder,
                         check_integrity=check, max_steps_without_progress=scn.scheduler.max_steps_without_progress,
                         async_scheduling=scn.scheduler.async_scheduling, arrival_delay_s=fe_in,
-                        multi_step=scn.scheduler.multi_step and scn.workload.timeout_s is None,
+                        multi_step=scn.scheduler.multi_step and scn.workload.timeout_s is None and scn.lora is None,
                         on_step=bar.stepper(lambda s=scheduler: len(s.finished) + len(s.rejected) + len(s.aborted))
                         if bar else None)
         if clients:
@@ -324,6 +348,8 @@ def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, pro
         add_client_waits(reqs, planned)
     if scheduler.speculation is not None:
         add_request_columns(reqs, [scheduler.speculation])
+    if scn.lora is not None:
+        add_lora_column(reqs, workload.requests)
     add_sample_columns(reqs, workload.origin)
     # what the summary needs of the engine's parts; then the parts go (the Request objects with them), so
     # that the per-step and timeline tables are built without the run's objects in memory
@@ -338,6 +364,7 @@ def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, pro
     stats = dict(workload.stats)
     pricing = step_model(executor)
     speculation = scheduler.speculation
+    adapters = scheduler.adapters
     del workload, engine, scheduler, manager, executor, bar
     # the engine's SimPy processes refer back to it: a cycle. Everything the run made is still in the
     # youngest generation (the collector was paused, so nothing was promoted): collecting that one frees
@@ -360,6 +387,8 @@ def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, pro
     summary["step_model"] = pricing
     if speculation is not None:
         summary["speculative"] = speculation.summary()
+    if adapters is not None:
+        summary["lora"] = lora_summary([adapters])
     if "sample_of" in reqs:
         summary["fanout"] = fanout_summary(reqs)
     profile = {"load_s": t_load - t0, "simulate_s": t_sim - t_load, "summarise_s": time.perf_counter() - t_sim,

@@ -17,6 +17,7 @@ from sim import limits as L
 from sim.cluster.config import ClusterConfig
 from sim.errors import KvsimError
 from sim.hf_config import is_config_path, load_hf_config
+from sim.lora import LoraConfig, lora_problem
 from sim.specs import MODEL_PRESETS, HardwareSpec, ModelSpec, check_preset, complete_from_preset, preset_named
 from sim.speculative import SpeculativeConfig
 from sim.speculative import problem as speculative_problem
@@ -131,6 +132,7 @@ class Scenario(_Strict):
     output: OutputConfig = OutputConfig()
     cluster: ClusterConfig | None = None   # several replicas behind a router (sim/cluster/)
     speculative: SpeculativeConfig | None = None   # speculative decoding (sim/speculative.py)
+    lora: LoraConfig | None = None   # multi-LoRA serving (sim/lora.py)
 
     _base_dir: Path = PrivateAttr(default=Path("."))
     _source: str = PrivateAttr(default="<scenario>")
@@ -397,7 +399,31 @@ def unsupported_combination(scn: Scenario) -> tuple[str, str] | None:
         if problem:
             return problem
     return (_hybrid_manager_problem(scn) or _tensor_parallel_problem(scn) or _pipeline_problem(scn)
-            or _group_problem(scn))
+            or _group_problem(scn) or _lora_problem(scn))
+
+
+def _lora_problem(scn: Scenario) -> tuple[str, str] | None:
+    """(key, why) where LoRA serving (the ``lora`` section, sim/lora.py) meets what it is not modelled with, or
+    requests name adapters without it."""
+    if scn.lora is None:
+        named = scn.workload.requests is not None and any(r.lora >= 0 for r in scn.workload.requests)
+        return ("workload.requests", "a request names a LoRA adapter (lora) but the scenario has no lora "
+                                     "section") if named else None
+    if scn.lora.adapters and scn.workload.requests is not None and any(r.lora >= 0 for r in scn.workload.requests):
+        return "lora.adapters", "set it to 0 where the inline requests name their own adapters (lora)"
+    why = lora_problem(scn.model_spec)
+    if why:
+        return "model", why
+    sch, cluster = scn.scheduler, scn.cluster
+    return _first_clash((
+        ("hardware.pipeline_parallel", "LoRA with pipeline stages is not modelled", scn.hardware_spec.pipeline_parallel > 1),
+        ("speculative", "LoRA with speculative decoding is not modelled", scn.speculative is not None),
+        ("scheduler.preemption", "LoRA with preemption by swap is not modelled", sch.preemption == "swap"),
+        ("scheduler.batching", "LoRA with static batching is not modelled", sch.batching == "static"),
+        ("cluster", "LoRA with prefill/decode pools is not modelled", cluster is not None and cluster.disaggregated),
+        ("executor.kind", f"the {scn.executor.kind} executor does not price LoRA (executor.kind: cost_model does)",
+         scn.executor.kind != "cost_model"),
+    ))
 
 
 def _first_clash(rows: tuple[tuple[str, str, bool], ...]) -> tuple[str, str] | None:

@@ -512,11 +512,13 @@ def kv_capacity_blocks(
     activation_reserve_bytes: int | None = None,
     draft_weight_bytes: int = 0,
     draft_block_bytes: int = 0,
+    lora_bytes: int = 0,
 ) -> int:
     """Blocks that fit: (HBM x utilization x TP - weights - activation reserve) / (block bytes x KV replicas);
     over pipeline stages, the tightest stage's count (sim/pipeline_stages.py).
     A speculative drafter's weights (``draft_weight_bytes``) count with the weights, and its KV of a block's
-    tokens (``draft_block_bytes``, over the group) with each block.
+    tokens (``draft_block_bytes``, over the group) with each block; LoRA adapter slots (``lora_bytes``, over the
+    group: sim/lora.py) with the weights too.
 
     The activation reserve defaults to 5% of the usable HBM (vLLM profiles a dummy forward pass
     instead; its peak for a 13B model at 2k batched tokens is a few percent of an 80 GB card).
@@ -528,10 +530,11 @@ def kv_capacity_blocks(
         return pipeline_capacity_blocks(model, hardware, block_size, gpu_memory_utilization, activation_reserve_bytes)
     usable = hardware.hbm_bytes * gpu_memory_utilization * hardware.tensor_parallel
     reserve = activation_reserve(usable, activation_reserve_bytes)
-    weights = model.weight_bytes() + draft_weight_bytes
+    weights = model.weight_bytes() + draft_weight_bytes + lora_bytes
     free = usable - weights - reserve - expert_placement_excess(model, hardware)
     if free <= 0:
         what = "model weights" if not draft_weight_bytes else "model and draft weights"
+        what += " and LoRA slots" if lora_bytes else ""
         raise ValueError(
             f"{what} ({weights / GiB:.1f} GiB) do not fit in "
             f"{hardware.tensor_parallel} x {hardware.name} at gpu_memory_utilization={gpu_memory_utilization}"
@@ -556,19 +559,20 @@ def activation_reserve(usable: float, activation_reserve_bytes: int | None) -> f
 
 def hbm_budget(model: ModelSpec, hardware: HardwareSpec, block_size: int, num_blocks: int,
                gpu_memory_utilization: float = 0.9, activation_reserve_bytes: int | None = None,
-               draft_weight_bytes: int = 0, draft_block_bytes: int = 0) -> dict[str, int]:
+               draft_weight_bytes: int = 0, draft_block_bytes: int = 0, lora_bytes: int = 0) -> dict[str, int]:
     """Where a tensor-parallel group's HBM goes when its cache is sized from it (``kv_capacity_blocks``):
     the weights, the activation reserve, ``num_blocks`` KV blocks, and the rest (what
     ``gpu_memory_utilization`` leaves out and what is too small for a block). Bytes over the group; the
     four parts sum to ``hbm_bytes``. A speculative drafter's weights are in ``weights_bytes`` and its KV in
-    ``kv_cache_bytes`` (each also given alone, ``draft_weights_bytes`` and ``draft_kv_cache_bytes``)."""
+    ``kv_cache_bytes`` (each also given alone, ``draft_weights_bytes`` and ``draft_kv_cache_bytes``); LoRA
+    adapter slots in ``weights_bytes`` (and alone, ``lora_slots_bytes``)."""
     if hardware.pipeline_parallel > 1:
         from sim.pipeline_stages import pipeline_hbm_budget
 
         return pipeline_hbm_budget(model, hardware, block_size, num_blocks, gpu_memory_utilization,
                                    activation_reserve_bytes)
     total = hardware.hbm_bytes * hardware.tensor_parallel
-    weights = model.weight_bytes() + draft_weight_bytes
+    weights = model.weight_bytes() + draft_weight_bytes + lora_bytes
     reserve = round(activation_reserve(total * gpu_memory_utilization, activation_reserve_bytes))
     kv = num_blocks * (group_kv_bytes_per_block(model, hardware, block_size) + draft_block_bytes)
     out = {"gpus": hardware.tensor_parallel, "hbm_bytes": total, "weights_bytes": weights,
@@ -576,6 +580,8 @@ def hbm_budget(model: ModelSpec, hardware: HardwareSpec, block_size: int, num_bl
     if draft_weight_bytes or draft_block_bytes:
         out["draft_weights_bytes"] = draft_weight_bytes
         out["draft_kv_cache_bytes"] = num_blocks * draft_block_bytes
+    if lora_bytes:
+        out["lora_slots_bytes"] = lora_bytes
     return out
 
 

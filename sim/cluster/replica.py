@@ -137,7 +137,8 @@ def build_replica(scn: Scenario, replica_id: int, role: str, env: simpy.Environm
     engine = Engine(None, scheduler, executor, recorder, check_integrity=check_integrity,
                     max_steps_without_progress=scn.scheduler.max_steps_without_progress,
                     async_scheduling=scn.scheduler.async_scheduling, arrival_delay_s=arrival_delay_s,
-                    multi_step=scn.scheduler.multi_step and scn.workload.timeout_s is None, env=env,
+                    multi_step=scn.scheduler.multi_step and scn.workload.timeout_s is None and scn.lora is None,
+                    env=env,
                     replica_id=replica_id)
     # prefill/decode pools: transfers act on the engines between arrivals (sim/cluster/disagg.py)
     engine.eager_steps = role == "colocated"

@@ -32,6 +32,7 @@ from sim.cluster.disagg import Handoff
 from sim.cluster.link import KVLink
 from sim.cluster.replica import Replica
 from sim.executors.base import step_model
+from sim.lora import add_lora_column, lora_summary
 from sim.metrics import (
     SUMMARY_STEP_COLUMNS,
     fanout_summary,
@@ -218,6 +219,10 @@ def cluster_result(scn, workload, reps: list[Replica], served: dict[int, int], h
     summary["step_model"] = _step_models(reps)
     if "sample_of" in reqs:
         summary["fanout"] = fanout_summary(reqs)
+    caches = [rep.engine.scheduler.adapters for rep in reps if rep.engine.scheduler.adapters is not None]
+    if caches:   # (LoRA: the replicas' adapter loads together, each request's adapter)
+        summary["lora"] = lora_summary(caches)
+        add_lora_column(reqs, workload.requests)
     speculating = [rep.engine.scheduler.speculation for rep in reps if rep.engine.scheduler.speculation is not None]
     if speculating:   # (the replicas' drafts and acceptances together)
         summary["speculative"] = speculation_summary(speculating)

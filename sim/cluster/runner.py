@@ -261,12 +261,13 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
     """Run a scenario with a ``cluster`` section to completion; ``progress``: a bar on stderr over the
     requests done, shown once the run has lasted ``progress_after_s`` seconds of wall time; ``keep_steps``:
     as ``run_scenario``'s."""
-    from sim.runner import _check_sequences_supported, _integrity_default, fan_out_samples
+    from sim.runner import _check_sequences_supported, _integrity_default, assign_adapters, fan_out_samples
 
     t0 = time.perf_counter()
     cfg = scn.cluster
     assert cfg is not None
     workload = build_workload(scn.workload, base_dir=scn.base_dir, seed=scn.seed, source=scn.source)
+    assign_adapters(scn, workload)
     fan_out_samples(scn, workload)
     requests = workload.requests
     check = _integrity_default() if check_integrity is None else check_integrity

@@ -84,6 +84,7 @@ from sim.executors.roofline import (
 )
 from sim.executors.shape_correction import check as check_correction
 from sim.expert_parallel import busiest_gpu
+from sim.lora import lora_shapes
 from sim.native import native
 from sim.sched.plan import LaneEntries, StepPlan, StepResult
 from sim.specs import HardwareSpec, ModelSpec
@@ -171,6 +172,7 @@ class CostModelExecutor:
     supports_decode_runs = True   # execute_decode_run prices k decode steps at once, equal to k execute()s
     shareable = True   # no state but memos of its own prices: the engines of one scenario may share one
     drafter = None     # speculative decoding: prices each step's draft passes (sim/executors/drafter.py)
+    _lora = None       # LoRA serving (sim/lora.py, ``enable_lora``): its kernels and adapter loads in each step
 
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, params: CostParams, block_size: int = 16,
                  engine: EngineParams | None = None, calibration: str = "custom", derived_from: str | None = None,
@@ -336,11 +338,12 @@ class CostModelExecutor:
 
     def _engine_step(self, tokens: int, seqs: int, dec_seqs: int, dec_ctx: int, pre_new: int, pre_ctx: int,
                      pairs: int, swap: float, copy: float, spec: tuple[int, float] | None = None,
-                     win: tuple[int, int, int] | None = None) -> StepResult:
+                     win: tuple[int, int, int] | None = None, lora: tuple[float, float] | None = None) -> StepResult:
         """``spec``: (draft tokens verified, the draft passes' seconds) of a step that verifies drafts; its
         verifying sequences are among the decodes (``dec_seqs``, ``dec_ctx`` counting their new tokens).
         ``win``: the local-attention layers' (decode keys, prefill cached tokens, prefill pairs); None: every
-        layer attends the whole context."""
+        layer attends the whole context. ``lora``: (the LoRA kernels' seconds, on the GPU; the adapter loads'
+        seconds, before the step runs) of a LoRA engine's step (sim/lora.py)."""
         e = self.engine
         linear, comm, elementwise, k_attn, cpu = self._engine_fixed(tokens, seqs, pre_new > 0)
         queries = dec_seqs
@@ -358,13 +361,19 @@ class CostModelExecutor:
         if spec is not None:
             draft = spec[1]
             gpu += draft
+        adapters = loads = 0.0
+        if lora is not None:
+            adapters, loads = lora
+            gpu += adapters
         busy = max(gpu, cpu) if e.overlap_cpu else gpu + cpu
-        duration = busy + e.step_gap_s + swap + copy
-        overhead = duration - (linear + attention + elementwise + comm + swap + copy + draft)
+        duration = busy + e.step_gap_s + swap + copy + loads
+        overhead = duration - (linear + attention + elementwise + comm + swap + copy + draft + adapters + loads)
         breakdown = {"linear": linear, "attention": attention, "elementwise": elementwise, "allreduce": comm,
                      "swap": swap, "copy": copy, "overhead": overhead}
         if spec is not None:
             breakdown["draft"] = draft
+        if lora is not None:
+            breakdown["lora"] = adapters + loads
         return StepResult(duration_s=duration, breakdown=breakdown)
 
     def _engine_attention(self, pre_new: int, pre_ctx: int, pairs: int, dec_seqs: int, dec_ctx: int, queries: int,
@@ -631,6 +640,41 @@ class CostModelExecutor:
         router = gemm_time_scalar(tokens, e, m.hidden_size, self._gemm_peak, self._bw, b, p)
         return router + experts + MOE_AUX_KERNELS * p.kernel_latency_s
 
+    def enable_lora(self, lora: Any) -> None:
+        """Price LoRA serving's kernels and adapter loads in every step (sim/lora.py; ``lora``: the scenario's
+        section). Steps are then priced one by one (a decode run's price does not know its adapters)."""
+        self._lora = lora
+        self._lora_shapes = lora_shapes(self.model, self.hardware.tensor_parallel)
+        self._lora_memo: dict[tuple[int, int, bool], float] = {}
+        self.supports_decode_runs = False
+        self._core_priced = False
+
+    def _lora_parts(self, plan: StepPlan, graph: bool) -> tuple[float, float]:
+        """(the LoRA kernels' seconds, the adapter loads' seconds) of ``plan``: none without adapters."""
+        if not plan.lora_adapters:
+            return 0.0, plan.lora_load_s
+        key = (plan.lora_tokens, plan.lora_adapters, graph)
+        hit = self._lora_memo.get(key)
+        if hit is None:
+            hit = self._lora_memo[key] = self._lora_kernels(plan.lora_tokens, plan.lora_adapters, graph)
+        return hit, plan.lora_load_s
+
+    def _lora_kernels(self, tokens: int, adapters: int, graph: bool) -> float:
+        """Seconds of the LoRA kernels of a step whose ``tokens`` tokens name ``adapters`` adapters: for each
+        wrapped projection of each layer a shrink ([rows, input] x [input, rank]) and an expand ([rows, rank] x
+        [rank, output]), each one grouped launch over the adapters (``tokens / adapters`` rows each, every
+        adapter's A or B read once) at the slots' rank (``max_lora_rank``), their tiles at the grouped kernels'
+        ``moe_tile_eff``; in a CUDA graph each launch costs ``graph_kernel_s`` instead of its latency."""
+        p, b = self.params, self.model.dtype_bytes
+        rank, rows, eff = self._lora.max_lora_rank, tokens / adapters, self._moe_tile_eff
+        per_layer = 0.0
+        for k, n in self._lora_shapes:
+            per_layer += (grouped_gemm_time_scalar(adapters, rows, rank, k, self._gemm_peak, self._bw, b, p, eff)
+                          + grouped_gemm_time_scalar(adapters, rows, n, rank, self._gemm_peak, self._bw, b, p, eff))
+        if graph and self.engine is not None:
+            per_layer += 2 * len(self._lora_shapes) * (self.engine.graph_kernel_s - p.kernel_latency_s)
+        return self._layers * per_layer
+
     def _grouped_experts(self, groups: float, per: float, weights_read: float = 1.0) -> float:
         """The fused kernel's up and down launches over ``groups`` experts of ``per`` rows each (expected,
         fractional), their tiles at ``moe_tile_eff``; ``weights_read``: the share of those experts' weights
@@ -756,7 +800,9 @@ class CostModelExecutor:
         if self.engine is not None and tokens:
             swap = (len(plan.blocks_to_swap_out) + len(plan.blocks_to_swap_in)) * self._swap_s_per_block
             copy = len(plan.blocks_to_copy) * self._copy_s_per_block
-            return self._engine_step(tokens, seqs, dec_seqs, dec_ctx, pre_new, pre_ctx, pairs, swap, copy, spec, win)
+            lora = None if self._lora is None else self._lora_parts(plan, tokens <= self._graph_max)
+            return self._engine_step(tokens, seqs, dec_seqs, dec_ctx, pre_new, pre_ctx, pairs, swap, copy, spec, win,
+                                     lora)
         linear = attention = elementwise = comm = 0.0
         if tokens:
             lin, comm = self._linear(tokens)
@@ -779,6 +825,10 @@ class CostModelExecutor:
         if spec is not None:
             breakdown["draft"] = spec[1]
             duration += spec[1]
+        if self._lora is not None:   # (every step of a LoRA engine has the part, so that its table has the column)
+            kernels, loads = self._lora_parts(plan, False) if tokens else (0.0, plan.lora_load_s)
+            breakdown["lora"] = kernels + loads
+            duration += kernels + loads
         return StepResult(duration_s=duration, breakdown=breakdown)
 
 

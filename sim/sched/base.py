@@ -99,6 +99,9 @@ class SchedulerBase:
         self.loading: deque[tuple[float, Request]] = deque()
         # speculative decoding (sim/speculative.py; continuous batching): drafts a decode proposes, and the draws
         self.speculation = None
+        # LoRA serving (sim/lora.py): the section, and where this engine's adapters are resident
+        self.lora = None
+        self.adapters = None
 
     def enable_speculation(self, speculation) -> None:
         """Decode with drafts: each decode step of a request verifies up to ``speculation.k`` drafted tokens.
@@ -106,6 +109,30 @@ class SchedulerBase:
         self.speculation = speculation
         self.drop_lane()
         self._lane_policy = False
+
+    def enable_lora(self, lora, adapters) -> None:
+        """Serve LoRA adapters (sim/lora.py): a batch holds at most ``lora.max_loras`` of them, and each plan
+        carries its adapters' tokens and the loads they need (``adapters``, an AdapterCache). The per-request
+        loop plans every step (the plan reads each scheduled request's adapter)."""
+        self.lora, self.adapters = lora, adapters
+        self.drop_lane()
+        self._lane_policy = False
+
+    def _plan_lora(self, plan, batch: list) -> None:
+        """The plan's LoRA adapters (distinct ids of its requests), the tokens of the requests that name one,
+        and the seconds their loads into GPU slots take (the adapter cache's residency moves on)."""
+        adapters: set[int] = set()
+        tokens = 0
+        lora_id = -1
+        for entry, req in zip(plan.scheduled, batch):
+            if req is not None:   # (None: a forked request's further sequence, its adapter the request's)
+                lora_id = req.lora_id
+            if lora_id >= 0:
+                adapters.add(lora_id)
+                tokens += entry.num_new_tokens
+        assert len(adapters) <= self.lora.max_loras, "a batch holds at most max_loras adapters"
+        plan.lora_adapters, plan.lora_tokens = len(adapters), tokens
+        plan.lora_load_s = self.adapters.activate(adapters) if adapters else 0.0
 
     # ------------------------------------------------------------ timeline
     def mark(self, req: Request, phase: Phase, now: float) -> None:

@@ -361,6 +361,8 @@ class ContinuousScheduler(SchedulerBase):
                 self._admit(now, scheduled, batch, budget, stats, ahead_only=True)
         if self._multi_seq:
             plan.blocks_to_copy.extend(manager.take_copies())
+        if self.lora is not None:
+            self._plan_lora(plan, batch)
         self._batch = batch
         return plan
 
@@ -509,10 +511,19 @@ class ContinuousScheduler(SchedulerBase):
         host = getattr(manager, "host", None) is not None
         bs = manager.block_size
         ahead = self._ahead_waiting
+        lora = self.lora
+        if lora is not None:   # the batch's adapters (vLLM skips a request whose adapter would be one too many)
+            adapters = {r.lora_id for r in self.running if r.lora_id >= 0}
+            skipped: list[Request] = []
         while len(waiting) and seats < max_seqs and budget > 0:
             req = waiting.peek()
             if ahead_only and req.req_id not in ahead:
                 break
+            if lora is not None and req.lora_id >= 0 and req.lora_id not in adapters:
+                if len(adapters) >= lora.max_loras:
+                    skipped.append(waiting.pop())   # (it keeps its place: back at the front below)
+                    continue
+                adapters.add(req.lora_id)   # (taken back below if it does not start now)
             if req.status == _SWAPPED:  # round-robin: a rotated request swapped out, back at its turn
                 if not self._resume(req, now, scheduled, batch, budget, stats):
                     break
@@ -560,6 +571,18 @@ class ContinuousScheduler(SchedulerBase):
             req.kv_received = False
             self._add(scheduled, batch, req, num_new, stats)
             budget -= num_new
+        if lora is not None and skipped:
+            self._requeue_front(skipped)
+
+    def _requeue_front(self, requests: list[Request]) -> None:
+        """Put ``requests`` (taken from the front of the queue, in order) back where they were."""
+        waiting = self.waiting
+        if hasattr(waiting, "push_front"):
+            for req in reversed(requests):
+                waiting.push_front(req)
+        else:   # (a priority queue orders by its key: pushing restores each one's place)
+            for req in requests:
+                waiting.push(req)
 
     def _start(self, req: Request, now: float, phase: Phase) -> None:
         """``req`` joins the running batch; its round-robin turn starts now."""

@@ -60,6 +60,11 @@ class StepPlan:
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)      # copy-on-write (src, dst)
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (gpu block, cpu block)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)   # (cpu block, gpu block)
+    # LoRA serving (sim/lora.py): distinct adapters of the batch, tokens of its requests that name one, and the
+    # seconds the adapters' loads into GPU slots take before the step runs
+    lora_adapters: int = 0
+    lora_tokens: int = 0
+    lora_load_s: float = 0.0
 
     @property
     def num_tokens(self) -> int:

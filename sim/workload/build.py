@@ -151,6 +151,7 @@ def _from_inline(items: list[InlineRequest], source: str, hash_block_tokens: int
                    output_len=col("output_len", np.int64), priority=col("priority", np.int64),
                    n=col("n", np.int64), prefix_group=col("prefix_group", np.int64),
                    prefix_len=col("prefix_len", np.int64), beam_width=col("beam_width", np.int64),
+                   lora=col("lora", np.int64) if any(r.lora >= 0 for r in items) else None,
                    hash_ids=[None if r.hash_ids is None else tuple(r.hash_ids) for r in items]
                    if any(r.hash_ids for r in items) else None,
                    hash_block_tokens=hash_block_tokens)
@@ -185,4 +186,7 @@ def to_requests(cols: Columns) -> list[Request]:
     if beam is not None:
         for r, w in zip(out, beam, strict=True):
             r.beam_width = int(w)
+    if cols.lora is not None:
+        for r, a in zip(out, cols.lora.tolist(), strict=True):
+            r.lora_id = a
     return out

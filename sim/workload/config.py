@@ -88,6 +88,7 @@ class InlineRequest(_Strict):
     priority: int = Field(default=0, ge=-L.MAX_PRIORITY, le=L.MAX_PRIORITY)
     n: int = Field(default=1, ge=1, le=L.MAX_SAMPLES)
     beam_width: int = Field(default=1, ge=1, le=L.MAX_SAMPLES)
+    lora: int = Field(default=-1, ge=-1, le=L.MAX_REQUESTS)   # its LoRA adapter (the lora section, adapters: 0)
     prefix_group: int = Field(default=-1, ge=-1, le=L.MAX_REQUESTS)
     prefix_len: int = Field(default=0, ge=0, le=L.MAX_TOKENS)
     # the prompt's content, one id per workload.hash_block_tokens tokens (as Mooncake's hash_ids): requests

@@ -29,6 +29,7 @@ class Columns:
     prefix_group: np.ndarray | None = None  # int64; -1 means no shared prefix
     prefix_len: np.ndarray | None = None    # int64
     beam_width: np.ndarray | None = None    # int64; None means all 1
+    lora: np.ndarray | None = None          # int64 LoRA adapter ids (-1: the base model); None means all -1
     hash_ids: list[tuple[int, ...] | None] | None = None  # Mooncake: block ids per request (None: unknown)
     hash_block_tokens: int = 512
 
@@ -46,7 +47,7 @@ class Columns:
         return Columns(
             arrival=self.arrival[idx], prompt_len=self.prompt_len[idx], output_len=self.output_len[idx],
             priority=pick(self.priority), n=pick(self.n), prefix_group=pick(self.prefix_group),
-            prefix_len=pick(self.prefix_len), beam_width=pick(self.beam_width),
+            prefix_len=pick(self.prefix_len), beam_width=pick(self.beam_width), lora=pick(self.lora),
             hash_ids=None if self.hash_ids is None else [self.hash_ids[i] for i in idx.tolist()],
             hash_block_tokens=self.hash_block_tokens,
         )
@@ -69,7 +70,7 @@ class Columns:
         return Columns(
             arrival=cat("arrival"), prompt_len=cat("prompt_len"), output_len=cat("output_len"),  # type: ignore[arg-type]
             priority=cat("priority"), n=cat("n"), prefix_group=cat("prefix_group"),
-            prefix_len=cat("prefix_len"), beam_width=cat("beam_width"), hash_ids=hashes,
+            prefix_len=cat("prefix_len"), beam_width=cat("beam_width"), lora=cat("lora"), hash_ids=hashes,
             hash_block_tokens=first.hash_block_tokens,
         )
 
