@@ -427,7 +427,8 @@ def _hashes_of(requests: list[Request], block_size: int) -> Callable[[int, int],
             return NO_BLOCKS
         ids = req.hash_ids
         key = (req.prefix_group, req.prefix_len if req.prefix_group >= 0 else 0,
-               ids if ids is None or type(ids) is tuple else tuple(ids), req.hash_block_tokens, req.sample_of, k)
+               ids if ids is None or type(ids) is tuple else tuple(ids), req.hash_block_tokens, req.sample_of, req.lora_id,
+               k)
         hit = by_content.get(key)
         if hit is None:
             if len(by_content) >= CONTENT_MEMO:

@@ -20,6 +20,9 @@ vLLM (v1) serves LoRA adapters beside one base model:
   adapter tokens, grouped by adapter, at the slots' ``max_lora_rank`` (the buffers' width; a smaller adapter is
   zero-padded) (``CostModelExecutor._lora_time``).
 
+- **Prefix caching**: block hashes are keyed by the request's adapter (sim/workload/tokens.py ``root_hash``), so
+  a cached block serves only requests of its adapter.
+
 Adapters come from the section's population (``adapters`` of them, drawn per request with a uniform or Zipf
 popularity from the scenario's seed, a ``share`` of the requests; the rest use the base model) or, with
 ``adapters: 0``, from the inline requests' own ``lora`` ids. Mixture-of-experts and latent-attention models,

@@ -117,6 +117,24 @@ def test_a_lora_section_without_adapters_in_use_changes_no_timing():
     pd.testing.assert_frame_equal(without, with_section.drop(columns="lora_id"))
 
 
+def test_the_prefix_cache_shares_blocks_only_within_an_adapter():
+    # one 320-token system prompt (20 blocks of 16), then each request's own 40 tokens: the second request
+    # reuses the first's 20 blocks under the same adapter, none under another adapter or the base model
+    def second_hit(first: int, second: int) -> int:
+        reqs = [{"arrival": 0.0, "prompt_len": 360, "output_len": 2, "prefix_group": 0, "prefix_len": 320,
+                 "lora": first},
+                {"arrival": 1.0, "prompt_len": 360, "output_len": 2, "prefix_group": 0, "prefix_len": 320,
+                 "lora": second}]
+        data = {**copy.deepcopy(BASE), "workload": {"requests": reqs}}
+        data["kv_cache"]["prefix_caching"] = True
+        data["lora"].update(max_loras=2, max_cpu_loras=2)
+        return int(run_scenario(scenario_from_dict(data)).requests["num_cached_tokens"].iloc[1])
+
+    assert second_hit(3, 3) == 320
+    assert second_hit(3, 4) == 0
+    assert second_hit(3, -1) == 0
+
+
 def test_drawn_adapters_follow_their_popularity_and_share():
     lora = LoraConfig(adapters=4, popularity="zipf", zipf_exponent=1.0, share=0.5)
     ids = draw_adapters(lora, 200_000, seed=3)

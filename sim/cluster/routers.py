@@ -31,7 +31,7 @@ from typing import ClassVar, Protocol
 import numpy as np
 
 from sim.request import Request
-from sim.workload.tokens import ROOT_HASH, block_hashes
+from sim.workload.tokens import ROOT_HASH, block_hashes, root_hash
 
 
 class ReplicaView(Protocol):
@@ -239,7 +239,7 @@ class PrefixAffinity(Router):
             return least_loaded(replicas, among, loads)
         if not self.reads_state:   # no prefix cache anywhere: every hit is 0
             return min(among, key=lambda i: (loads[i], i))
-        hashes = block_hashes(req, 0, max_blocks, bs, ROOT_HASH)
+        hashes = block_hashes(req, 0, max_blocks, bs, root_hash(req))
         hits = {i: replicas[i].cached_prefix_blocks(req, hashes) for i in among}
         return min(among, key=lambda i: (-hits[i], loads[i], i))
 

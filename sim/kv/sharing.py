@@ -36,7 +36,7 @@ import numpy as np
 from sim.kv.host_tier import HostTier
 from sim.kv.prefix_cache import NO_BLOCKS, PrefixCache
 from sim.request import Request
-from sim.workload.tokens import ROOT_HASH, block_hashes
+from sim.workload.tokens import block_hashes, root_hash
 
 
 @dataclass(slots=True)
@@ -83,7 +83,7 @@ class SharingMixin:
         if lst is None:
             lst = self._hashes[req.req_id] = []
         if len(lst) < num_blocks:
-            lst.extend(block_hashes(req, len(lst), num_blocks, self.block_size, lst[-1] if lst else ROOT_HASH))
+            lst.extend(block_hashes(req, len(lst), num_blocks, self.block_size, lst[-1] if lst else root_hash(req)))
         return lst
 
     def match_prefix(self, req: Request) -> list[int]:

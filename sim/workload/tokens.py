@@ -32,6 +32,7 @@ _M2 = np.uint64(0x94D049BB133111EB)
 _GOLD = np.uint64(0x9E3779B97F4A7C15)
 _MASK62 = np.uint64((1 << 62) - 1)
 ROOT_HASH = 0x5EED  # the parent hash of a sequence's first block
+_LORA = 6           # (keys the chain of a request that names a LoRA adapter: ``root_hash``)
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -92,6 +93,13 @@ def _mixed_digest(req, start: int, end: int, seq: int) -> int:
         return int((_mix(toks) * _W[: end - start]).sum(dtype=np.uint64))
 
 
+def root_hash(req) -> int:
+    """The parent hash of ``req``'s first block: ``ROOT_HASH``, or for a request naming a LoRA adapter one of that
+    adapter's own, so that no block of it equals another adapter's or the base model's (vLLM keys every block
+    hash with the request's adapter: their KV differs)."""
+    return ROOT_HASH if req.lora_id < 0 else hash((ROOT_HASH, _LORA, req.lora_id))
+
+
 def block_hashes(req, first_block: int, end_block: int, block_size: int, parent: int, seq: int = 0) -> list[int]:
     """Chained hashes of full blocks ``first_block .. end_block-1``; ``parent`` is block first_block-1's
     hash (``ROOT_HASH`` for block 0): block i's is ``hash((hash of block i-1, key of block i))``.
@@ -127,12 +135,12 @@ def shareable_blocks(req, block_size: int) -> int:
 
 
 def block_hash_array(req, end_block: int, block_size: int) -> np.ndarray:
-    """``block_hashes(req, 0, end_block, block_size, ROOT_HASH)`` as an int64 array, each run of blocks
+    """``block_hashes(req, 0, end_block, block_size, root_hash(req))`` as an int64 array, each run of blocks
     from one source written into it at once where sim._native is built (no Python int a hash)."""
     if native is None:
-        return np.array(block_hashes(req, 0, end_block, block_size, ROOT_HASH), dtype=np.int64)
+        return np.array(block_hashes(req, 0, end_block, block_size, root_hash(req)), dtype=np.int64)
     out = np.empty(end_block, dtype=np.int64)
-    h = ROOT_HASH
+    h = root_hash(req)
     i = 0
     for tag, a, b, start, count, chunks in _runs(req, 0, end_block, block_size, 0):
         if tag == _MIXED:
