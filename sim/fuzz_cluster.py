@@ -101,6 +101,7 @@ def draw_cluster_scenario(rng: random.Random, index: int = 0) -> dict:
     # sliding-window model kept (pools move whole tables)
     data["kv_cache"]["allocator"] = "paged"
     data["scheduler"]["batching"] = "continuous"
+    data.pop("lora", None)   # (LoRA with pools is not modelled)
     if "tiny-gemma" in str(data["model"]):
         data["kv_cache"]["hybrid_manager"] = False
     data = drop_refused(data)
