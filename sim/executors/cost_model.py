@@ -682,10 +682,10 @@ class CostModelExecutor:
         p, b = self.params, self.model.dtype_bytes
         (_, k_up, n_up), (_, k_down, n_down) = self._expert_shapes
         eff = self._moe_tile_eff
-        w_up, w_down = ((w if w is not None else (b if weights_read != 1.0 else None))
-                        for w in self._stored_bytes(self._expert_shapes, experts=True))
-        if weights_read != 1.0:
-            w_up, w_down = w_up * weights_read, w_down * weights_read
+        stored = self._stored_bytes(self._expert_shapes, experts=True)
+        if weights_read != 1.0:   # (None: the dtype's bytes)
+            stored = [(b if w is None else w) * weights_read for w in stored]
+        w_up, w_down = stored
         return (grouped_gemm_time_scalar(groups, per, n_up, k_up, self._gemm_peak, self._bw, b, p, eff, w_up)
                 + grouped_gemm_time_scalar(groups, per, n_down, k_down, self._gemm_peak, self._bw, b, p, eff, w_down))
 

@@ -523,7 +523,9 @@ class ContinuousScheduler(SchedulerBase):
                 if len(adapters) >= lora.max_loras:
                     skipped.append(waiting.pop())   # (it keeps its place: back at the front below)
                     continue
-                adapters.add(req.lora_id)   # (taken back below if it does not start now)
+                # (counted from here on: a request that does not start now ends the loop, but one sent to load
+                # its prefix from the host tier holds its adapter's place this step too)
+                adapters.add(req.lora_id)
             if req.status == _SWAPPED:  # round-robin: a rotated request swapped out, back at its turn
                 if not self._resume(req, now, scheduled, batch, budget, stats):
                     break
@@ -571,18 +573,9 @@ class ContinuousScheduler(SchedulerBase):
             req.kv_received = False
             self._add(scheduled, batch, req, num_new, stats)
             budget -= num_new
-        if lora is not None and skipped:
-            self._requeue_front(skipped)
-
-    def _requeue_front(self, requests: list[Request]) -> None:
-        """Put ``requests`` (taken from the front of the queue, in order) back where they were."""
-        waiting = self.waiting
-        if hasattr(waiting, "push_front"):
-            for req in reversed(requests):
+        if lora is not None:   # the skipped ones back where they were (a priority queue: by their rank)
+            for req in reversed(skipped):
                 waiting.push_front(req)
-        else:   # (a priority queue orders by its key: pushing restores each one's place)
-            for req in requests:
-                waiting.push(req)
 
     def _start(self, req: Request, now: float, phase: Phase) -> None:
         """``req`` joins the running batch; its round-robin turn starts now."""
