@@ -31,3 +31,9 @@ def test_policy_notebook_executes():
     # section 11: clients that give up sooner abort at least as many requests, and none without a timeout
     aborted = [int(a) for a in text.split("aborted (no timeout, 60, 20, 10, 5 s):")[1].split("of")[0].split()]
     assert aborted[0] == 0 and aborted == sorted(aborted) and 0 < aborted[-1] <= 1500
+    # section 12: more adapters a batch never makes requests wait longer, and once the slots cover the adapters
+    # in use TTFT is within twice the base model's; LoRA's kernels make every decode step dearer
+    ttft = [float(v) for v in text.split("lora TTFT p50 (2, 4, 8, 16 adapters a batch; without LoRA):")[1].split()[:5]]
+    assert ttft[:4] == sorted(ttft[:4], reverse=True) and ttft[3] <= 2 * ttft[4] < ttft[0]
+    tpot = [float(v) for v in text.split("lora TPOT mean ms (2, 4, 8, 16 adapters a batch; without LoRA):")[1].split()[:5]]
+    assert min(tpot[:4]) > tpot[4]
