@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import copy
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -22,6 +25,7 @@ from sim.runner import build_parts, gpu_blocks, run_scenario
 from sim.scenario import scenario_from_dict
 from sim.specs import HardwareSpec, ModelSpec, activation_reserve, group_kv_bytes_per_block
 
+ROOT = Path(__file__).resolve().parents[1]
 H100 = HardwareSpec.from_name("h100-80gb")
 LLAMA7 = ModelSpec.from_name("llama-2-7b")
 # one rank of a Llama-2-7B adapter, a layer: QKV (4096 in, 3 x 4096 out), output (4096, 4096), gate and up
@@ -54,6 +58,18 @@ def test_the_slots_come_out_of_the_kv_cache():
     assert gpu_blocks(scenario_from_dict(data)) == math.floor((free - 4 * ADAPTER16) / per_block)
     del data["lora"]
     assert gpu_blocks(scenario_from_dict(data)) == math.floor(free / per_block)
+
+
+def test_kv_size_counts_the_slots():
+    usable = H100.hbm_bytes * 0.9
+    free = usable - LLAMA7.weight_bytes() - activation_reserve(usable, None)
+    want = math.floor((free - 4 * ADAPTER16) / group_kv_bytes_per_block(LLAMA7, H100, 16))
+    run = [sys.executable, "-m", "sim.cli", "kv-size", "--model", "llama-2-7b", "--seq-len", "4096", "--hardware",
+           "h100-80gb", "--max-loras", "4"]
+    out = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert f"{want:,} blocks" in out and "4 LoRA slots of rank 16: 0.27 GB" in out
+    bad = subprocess.run([*run, "--max-lora-rank", "17"], cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --max-lora-rank:") and "Traceback" not in bad.stderr
 
 
 def _run(requests: list[dict], **lora) -> pd.DataFrame:

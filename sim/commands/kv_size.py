@@ -1,5 +1,6 @@
 """kvsim kv-size --model NAME|CONFIG.json --seq-len N [--dtype fp16] [--block-size 16] [--weight-dtype int4]
-[--hardware NAME [--tensor-parallel T] [--pipeline-parallel P] [--expert-parallel] [--gpu-memory-utilization U] [--draft-model NAME | --eagle | --eagle3]]
+[--hardware NAME [--tensor-parallel T] [--pipeline-parallel P] [--expert-parallel] [--max-loras N [--max-lora-rank R]]
+[--gpu-memory-utilization U] [--draft-model NAME | --eagle | --eagle3]]
 [--json]:
 the KV arithmetic of a preset or
 of a Hugging Face config.json (sim/hf_config.py), as a scenario's ``model`` takes them; with ``--hardware``,
@@ -16,6 +17,7 @@ from pydantic import ValidationError
 from sim.errors import KvsimError
 from sim.hf_config import is_config_path, load_hf_config
 from sim.limits import MAX_TOKENS
+from sim.lora import LoraConfig, gpu_lora_bytes, lora_problem
 from sim.specs import (
     DTYPE_BYTES,
     WEIGHT_DTYPE_BITS,
@@ -43,6 +45,9 @@ def add_parser(sub) -> None:
     p.add_argument("--expert-parallel", action="store_true",
                    help="with --hardware: a mixture of experts' experts placed whole on the GPUs (an uneven "
                         "placement sizes every GPU's cache by the fullest)")
+    p.add_argument("--max-loras", type=int, help="with --hardware: LoRA adapter slots (vLLM's --max-loras), their "
+                                                 "weights beside the model's")
+    p.add_argument("--max-lora-rank", type=int, default=16, help="with --max-loras: the slots' rank (default 16)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="with --hardware: share of HBM used")
     drafter = p.add_mutually_exclusive_group()
     drafter.add_argument("--draft-model", help="with --hardware: a speculative draft model (preset or Hugging Face "
@@ -111,12 +116,14 @@ def _window_sizes(model: ModelSpec, seq_len: int, dtype: str) -> dict:
 
 
 def capacity(model: ModelSpec, hardware: HardwareSpec, seq_len: int, block_size: int, utilization: float,
-             drafter: SpeculativeConfig | None = None) -> dict:
+             drafter: SpeculativeConfig | None = None, lora: LoraConfig | None = None) -> dict:
     """What fits on ``hardware`` (its tensor-parallel group) beside the weights (and a speculative ``drafter``'s
-    weights and KV, sim/speculative.py): KV blocks (a block over the group, KV heads copied where the group has
-    more GPUs than KV heads), tokens, and whole sequences of ``seq_len`` tokens (each its blocks, none shared)."""
+    weights and KV, sim/speculative.py; LoRA adapter slots, sim/lora.py): KV blocks (a block over the group, KV
+    heads copied where the group has more GPUs than KV heads), tokens, and whole sequences of ``seq_len`` tokens
+    (each its blocks, none shared)."""
     draft = (0, 0) if drafter is None else drafter_bytes(drafter, model, hardware, block_size)
-    blocks = kv_capacity_blocks(model, hardware, block_size, utilization, None, *draft)
+    slots = 0 if lora is None else gpu_lora_bytes(model, hardware.tensor_parallel, lora)
+    blocks = kv_capacity_blocks(model, hardware, block_size, utilization, None, *draft, lora_bytes=slots)
     return {"hardware": hardware.name, "tensor_parallel": hardware.tensor_parallel,
             **({"pipeline_parallel": hardware.pipeline_parallel} if hardware.pipeline_parallel > 1 else {}),
             **({"expert_parallel": True} if hardware.expert_parallel else {}),
@@ -125,7 +132,7 @@ def capacity(model: ModelSpec, hardware: HardwareSpec, seq_len: int, block_size:
             "kv_blocks": blocks, "kv_tokens": blocks * seq_len // pages_per_sequence(model, seq_len, block_size)
             if model.kv_pages() else blocks * block_size,
             "sequences": blocks // pages_per_sequence(model, seq_len, block_size),
-            "hbm_budget": hbm_budget(model, hardware, block_size, blocks, utilization, None, *draft)}
+            "hbm_budget": hbm_budget(model, hardware, block_size, blocks, utilization, None, *draft, lora_bytes=slots)}
 
 
 def _drafter(args: argparse.Namespace, model: ModelSpec) -> SpeculativeConfig | None:
@@ -143,6 +150,23 @@ def _drafter(args: argparse.Namespace, model: ModelSpec) -> SpeculativeConfig | 
     if why:
         raise KvsimError("--draft-model", why)
     return SpeculativeConfig(method="draft_model", num_speculative_tokens=1, acceptance_rate=1.0, model=draft)
+
+
+def _lora(args: argparse.Namespace, model: ModelSpec, hardware: HardwareSpec) -> LoraConfig | None:
+    """The LoRA slots ``--max-loras`` and ``--max-lora-rank`` ask for (None: none)."""
+    if args.max_loras is None:
+        return None
+    why = lora_problem(model)
+    if why:
+        raise KvsimError("--max-loras", why)
+    if hardware.pipeline_parallel > 1:
+        raise KvsimError("--max-loras", "LoRA with pipeline stages is not modelled")
+    try:
+        return LoraConfig(max_loras=args.max_loras, max_lora_rank=args.max_lora_rank)
+    except ValidationError as e:
+        err = e.errors()[0]
+        flag = "--max-loras" if err["loc"] and err["loc"][0] == "max_loras" else "--max-lora-rank"
+        raise KvsimError(flag, err["msg"].removeprefix("Value error, ")) from None
 
 
 def _model(args: argparse.Namespace) -> ModelSpec:
@@ -207,9 +231,11 @@ def main(args: argparse.Namespace) -> int:
         hw = _hardware(args, model)
         try:
             info["fits"] = capacity(model, hw, args.seq_len, args.block_size, args.gpu_memory_utilization,
-                                    _drafter(args, model))
+                                    _drafter(args, model), _lora(args, model, hw))
         except ValueError as e:   # the weights alone do not fit
             raise KvsimError("--hardware", str(e)) from None
+    elif args.max_loras is not None:
+        raise KvsimError("--max-loras", "needs --hardware (the adapter slots take room from the cache that fits there)")
     elif args.draft_model is not None or args.eagle or args.eagle3:
         raise KvsimError("--draft-model" if args.draft_model is not None else "--eagle3" if args.eagle3 else "--eagle",
                          "needs --hardware (the drafter takes room from the cache that fits there)")
@@ -259,6 +285,9 @@ def main(args: argparse.Namespace) -> int:
         print(f"  of its {b['hbm_bytes'] / 1e9:.2f} GB: weights {b['weights_bytes'] / 1e9:.2f}, activation reserve "
               f"{b['activation_reserve_bytes'] / 1e9:.2f}, KV cache {b['kv_cache_bytes'] / 1e9:.2f}, unused "
               f"{b['unused_bytes'] / 1e9:.2f} GB")
+        if "lora_slots_bytes" in b:
+            print(f"  of the weights, {args.max_loras} LoRA slots of rank {args.max_lora_rank}: "
+                  f"{b['lora_slots_bytes'] / 1e9:.2f} GB")
         if "draft_weights_bytes" in b:
             print(f"  the drafter's part: weights {b['draft_weights_bytes'] / 1e9:.2f} GB, its KV in the blocks "
                   f"{b['draft_kv_cache_bytes'] / 1e9:.2f} GB")
