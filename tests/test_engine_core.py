@@ -171,7 +171,8 @@ def test_fuzzed_static_batching_equals(monkeypatch):
     assert covered >= 36, f"only {covered} of 40 static fuzz runs ran in the core"
 
 
-ROUTERS = ["round_robin", "random", "least_requests", "least_kv", "power_of_two", "session", "prefix_affinity"]
+ROUTERS = ["round_robin", "random", "least_requests", "least_kv", "power_of_two", "session", "prefix_affinity",
+           "lora_affinity"]
 
 
 def _fuzz_equal(monkeypatch, key: str, draw, count: int = 40) -> int:
@@ -344,7 +345,8 @@ def test_fuzzed_clusters_equal(monkeypatch):
     """Fuzz cases moved inside the core, on 2 to 6 replicas behind every router (the routing rules the core
     applies itself included, sim/cluster/routers.py ``core_rule``): the core and the SimPy loop agree."""
 
-    policies = ["round_robin", "random", "least_requests", "least_kv", "power_of_two", "session", "prefix_affinity"]
+    policies = ["round_robin", "random", "least_requests", "least_kv", "power_of_two", "session", "prefix_affinity",
+                "lora_affinity"]
     covered = 0
     for i in range(42):
         rng = random.Random(f"cluster-core:{i}")

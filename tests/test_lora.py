@@ -175,6 +175,24 @@ def test_a_drawn_workload_runs_on_a_cluster_of_replicas():
     assert res.summary["lora"]["gpu_loads"] >= len(set(res.requests["lora_id"]))
 
 
+def test_the_lora_affinity_router_keeps_an_adapters_requests_together():
+    # two replicas of one slot each; adapters 0, 0, 1, 1 arrive 1 ms apart. Round robin sends each replica one
+    # request of each adapter, so each serves them one adapter at a time and loads both; lora_affinity sends
+    # the second request of adapter 0 where adapter 0 already sits (its load, 1, is within the slack), and
+    # adapter 1's to the other replica: each replica loads one adapter
+    reqs = [{"arrival": 0.001 * i, "prompt_len": 200, "output_len": 50, "lora": a} for i, a in enumerate([0, 0, 1, 1])]
+
+    def run(policy: str):
+        data = {**copy.deepcopy(BASE), "workload": {"requests": reqs},
+                "cluster": {"replicas": 2, "router": {"policy": policy}}}
+        return run_scenario(scenario_from_dict(data))
+
+    rr, aff = run("round_robin"), run("lora_affinity")
+    assert list(rr.requests["replica"]) == [0, 1, 0, 1] and rr.summary["lora"]["gpu_loads"] == 4
+    assert list(aff.requests["replica"]) == [0, 0, 1, 1] and aff.summary["lora"]["gpu_loads"] == 2
+    assert aff.summary["ttft_s"]["p90"] < rr.summary["ttft_s"]["p90"]
+
+
 @pytest.mark.parametrize("change, key", [
     ({"model": "mixtral-8x7b", "hardware": {"name": "h100-80gb", "tensor_parallel": 2}}, "model"),
     ({"hardware": {"name": "h100-80gb", "pipeline_parallel": 2}}, "hardware.pipeline_parallel"),

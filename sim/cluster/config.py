@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sim.specs import LINK_PRESETS, HardwareSpec, check_preset, complete_from_preset
 
 ROUTER_POLICIES = ("round_robin", "random", "least_requests", "least_kv", "power_of_two", "prefix_affinity",
-                   "session")
+                   "session", "lora_affinity")
 
 
 
@@ -39,10 +39,11 @@ class RouterConfig(_Strict):
     """The global scheduler in front of the replicas (sim/cluster/routers.py)."""
 
     policy: Literal["round_robin", "random", "least_requests", "least_kv", "power_of_two", "prefix_affinity",
-                    "session"] = "round_robin"
+                    "session", "lora_affinity"] = "round_robin"
     overhead_s: float = Field(default=0.0, ge=0, le=60)   # the router's decision time, before the replica
-    # prefix_affinity: a replica whose load (queued + running requests) exceeds the least loaded one's by
-    # more than this is not considered, however much of the prompt it has cached
+    # prefix_affinity, lora_affinity: a replica whose load (queued + running requests) exceeds the least loaded
+    # one's by more than this is not considered, however much of the prompt it has cached or whichever adapters
+    # it holds
     load_slack: int = Field(default=8, ge=0)
 
 

@@ -99,6 +99,18 @@ class Replica:
         """Whether this replica's KV manager keeps a prefix cache."""
         return getattr(self.manager, "prefix_cache", None) is not None
 
+    def serves_adapters(self) -> bool:
+        """Whether this replica serves LoRA adapters (sim/lora.py)."""
+        return self.engine.scheduler.adapters is not None
+
+    def adapter_residency(self, lora_id: int) -> int:
+        """Where this replica holds LoRA adapter ``lora_id`` (sim/lora.py): 2 in a GPU slot, 1 in its host cache,
+        0 neither (or no LoRA)."""
+        cache = self.engine.scheduler.adapters
+        if cache is None:
+            return 0
+        return 2 if lora_id in cache.gpu else 1 if lora_id in cache.host else 0
+
     def cached_prefix_blocks(self, req: Request, hashes: list[int]) -> int:
         """How many leading full blocks of the prompt this replica's prefix cache holds (read-only)."""
         cache = getattr(self.manager, "prefix_cache", None)

@@ -42,6 +42,8 @@ class ReplicaView(Protocol):
     def load(self) -> int: ...
     def kv_usage(self) -> float: ...
     def cached_prefix_blocks(self, req: Request, hashes: list[int]) -> int: ...
+    def serves_adapters(self) -> bool: ...
+    def adapter_residency(self, lora_id: int) -> int: ...
     def has_prefix_cache(self) -> bool: ...
     @property
     def block_size(self) -> int: ...
@@ -245,6 +247,32 @@ class PrefixAffinity(Router):
 
     def core_rule(self, requests: Sequence[Request], num_replicas: int) -> CoreRule | None:
         return CoreRule(CoreRule.AFFINITY, slack=int(self.config.load_slack))   # (the core reads the caches too)
+
+
+@register("lora_affinity")
+class LoraAffinity(Router):
+    """A request naming a LoRA adapter goes, among the replicas within ``load_slack`` requests of the least
+    loaded, to one holding its adapter in a GPU slot, else in its host cache, else to the least loaded (then
+    fewest submitted, then lowest index); a base-model request to the least loaded (sim/lora.py: an adapter
+    found in a slot needs no load, and a batch's slots are its adapters)."""
+
+    reads_memory = False
+
+    def attach(self, replicas: Sequence[ReplicaView]) -> None:
+        self.reads_state = any(r.serves_adapters() for r in replicas)   # (else: the least loaded, by loads alone)
+
+    def choose(self, req: Request, replicas: Sequence[ReplicaView]) -> int:
+        loads = [r.load() for r in replicas]
+        if req.lora_id < 0:
+            return least_loaded(replicas, None, loads)
+        floor = min(loads) + self.config.load_slack
+        among = [i for i, x in enumerate(loads) if x <= floor]
+        held = {i: replicas[i].adapter_residency(req.lora_id) for i in among}
+        return min(among, key=lambda i: (-held[i], loads[i], replicas[i].submitted, i))
+
+    def core_rule(self, requests: Sequence[Request], num_replicas: int) -> CoreRule | None:
+        # (with no adapter named, every choice is the least loaded replica)
+        return None if any(r.lora_id >= 0 for r in requests) else CoreRule(CoreRule.LEAST_LOAD)
 
 
 @register("session")
