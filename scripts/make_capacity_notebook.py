@@ -260,6 +260,43 @@ two stages of 8 hold, and its all-reduces span 16 GPUs. Two stages of 8 decode f
 stage reads half the weights for each of the two batches in flight, and only the hidden states cross the
 link. Four stages of 4 hold about as much KV, but a lone batch's way through four stages of slower 4-GPU
 GEMMs sets the pace at this load: the stages spend much of each step waiting for each other."""),
+    ("md", """## 7. A mixture of experts on 8 GPUs: experts split or placed whole
+
+`scenarios/expert_parallel.yaml`: Qwen3-30B-A3B (128 experts of 768, 8 a token) on eight H100s, the first
+2,000 Azure conversation requests, at the trace's rate and ten and thirty times it. Split by tensor
+parallelism, every GPU holds 96 columns of every expert; placed whole (`hardware.expert_parallel`, vLLM's
+`--enable-expert-parallel`), each holds 16 experts, and a step waits for the GPU the router loaded most."""),
+    ("code", r"""ep = {}
+for scale in (1.0, 0.1, 1 / 30):
+    for whole in (False, True):
+        r = run_scenario(load_scenario(SCN / "expert_parallel.yaml", [f"workload.time_scale={scale}",
+                                                                       f"hardware.expert_parallel={str(whole).lower()}"]))
+        s = r.summary
+        ep[(f"{1 / scale:g}x the rate", "whole" if whole else "split")] = {
+            "TTFT p50 (s)": s["ttft_s"]["p50"], "TPOT mean (ms)": 1e3 * s["tpot_s"]["mean"],
+            "output tok/s": s["output_throughput_tok_s"]}
+experts = pd.DataFrame(ep).T
+display(experts)
+ax = experts["TPOT mean (ms)"].unstack().plot.bar(rot=0, color=["#1971c2", "#e8590c"], figsize=(6, 2.6))
+ax.set_ylabel("mean TPOT (ms)")
+show(ax.figure, "expert_parallel.png")"""),
+    ("md", """At the trace's rate a decode batch is small: whole experts make the busiest GPU read whole experts' weights
+and wait for the one its router loaded most, so decode is slower than with every expert split eight ways.
+At ten times the rate and more the batches are large, the split experts' 96-column GEMMs fill their tiles
+poorly and whole experts are faster; the imbalance priced is that of uniform routing (a floor: real
+routers are less even, which is what vLLM's expert load balancer addresses)."""),
+    ("md", """## 8. LoRA replicas: how many, behind which router
+
+`scenarios/lora.yaml`: Llama-3.1-8B serving 32 rank-16 adapters (Zipf popularity), 8 adapter slots a replica,
+1,000 Azure conversation requests at four times their rate, TTFT p90 under 1 s and TPOT p90 under 50 ms. A
+replica's batch holds at most 8 adapters, so a router that sends requests where their adapter already sits
+needs fewer replicas than one that spreads them."""),
+    ("code", r"""answer = capacity(SCN / "lora.yaml", "--slo", "ttft_p90=1", "--slo", "tpot_p90=0.05",
+                  "--set", "workload.limit=1000", "--set", "workload.time_scale=0.25", "--set", "cluster.replicas=1",
+                  "--vary", "cluster.router.policy=round_robin,lora_affinity")
+display(pd.DataFrame(answer["layouts"])[["layout", "replicas", "gpus", "ttft_p90", "tpot_p90"]])"""),
+    ("md", """Round robin needs 5 H100s, `lora_affinity` 3: with each adapter's requests kept on the replicas that hold
+it, a replica's batch names fewer adapters, and fewer requests wait for a slot."""),
 ]
 
 
