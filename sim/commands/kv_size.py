@@ -278,7 +278,8 @@ def main(args: argparse.Namespace) -> int:
     if fits:
         shape = (f"{fits['pipeline_parallel']} stages of {fits['tensor_parallel']}" if "pipeline_parallel" in fits
                  else f"{fits['tensor_parallel']}")
-        print(f"on {shape} x {fits['hardware']} at gpu_memory_utilization "
+        whole = " (experts placed whole)" if fits.get("expert_parallel") else ""
+        print(f"on {shape} x {fits['hardware']}{whole} at gpu_memory_utilization "
               f"{fits['gpu_memory_utilization']:g} (5% of it kept for activations): {fits['kv_blocks']:,} blocks, "
               f"{fits['kv_tokens']:,} tokens, {fits['sequences']:,} sequences of {args.seq_len:,} tokens")
         b = fits["hbm_budget"]
