@@ -95,12 +95,9 @@ def lora_problem(model: ModelSpec) -> str | None:
 
 def _projections(model: ModelSpec) -> list[tuple[int, int, bool]]:
     """One layer's LoRA-wrapped projections as (input, output, column-parallel): fused QKV, output, gate and up
-    (or up), down, unsharded."""
-    h, hd = model.hidden_size, model.head_dim
-    q, kv = model.num_heads * hd, model.num_kv_heads * hd
-    gate = 2 if model.gated_mlp else 1
-    inter = model.intermediate_size
-    return [(h, q + 2 * kv, True), (q, h, False), (h, gate * inter, True), (inter, h, False)]
+    (or up), down, unsharded (``ModelSpec.projection_matrices`` of a dense model, whose four they are)."""
+    return [(k, n, column) for (k, n, _), column in zip(model.projection_matrices(), (True, False, True, False),
+                                                        strict=True)]
 
 
 def lora_shapes(model: ModelSpec, tp: int) -> list[tuple[int, int]]:
