@@ -24,6 +24,7 @@ lane, chunked prefill with preemption) and a cluster behind each router:
     spec-ngram        scenarios/speculative.yaml with prompt lookup, 500 requests, 64 in flight
     samples-n4        scenarios/parallel_sampling.yaml, 1,000 requests of 4 samples over a prefix cache of 2,000
                       blocks with 4 shared prefixes (forks, copies, hits, evictions, recomputed groups)
+    lora2000-affinity scenarios/lora.yaml on 2 replicas of 4 slots at twice the rate, lora_affinity (skips, loads)
 """
 
 from __future__ import annotations
@@ -75,6 +76,9 @@ CASES: dict[str, Callable[[], Scenario]] = {
         "workload.synthetic.num_requests=1000", "workload.synthetic.n=4", "kv_cache.prefix_caching=true",
         "kv_cache.num_gpu_blocks=2000", "workload.synthetic.shared_prefix.groups=4",
         "workload.synthetic.shared_prefix.length=64", "output.plots=false"]),
+    "lora2000-affinity": lambda: load_scenario(ROOT / "scenarios/lora.yaml", [
+        "cluster.replicas=2", "workload.time_scale=0.5", "lora.max_loras=4", "cluster.router.policy=lora_affinity",
+        "output.plots=false"]),
 }
 
 

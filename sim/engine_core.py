@@ -17,13 +17,15 @@ each request's pages of the blocks its next query sees, freed before a step allo
 chunk, as the next step is planned; by identity with a prefix cache); in a cluster, a router that reads at most the replicas' loads and KV usage; a client with a concurrency limit in front (sim/clients.py: its sends, hand-overs, slot releases and pauses, sim/csrc/client.c; ``core_client``); speculative decoding (sim/speculative.py: each decode's drafts, the acceptance
 draws from the Speculation's own generator, whose state the core takes and gives back, sim/csrc/speculate.c;
 the rejected drafts' blocks trimmed; the drafter's passes priced from its executor's constants and size
-terms). There a step
+terms); LoRA serving (sim/lora.py: the batch's adapter limit in admission, each plan's adapters made
+resident in the GPU slots and host cache, their loads and kernels priced, ``lora_affinity`` routing over
+the engines' residency; sim/csrc/core/lora.inc). There a step
 costs about a microsecond instead of tens: the requests'
 state lives in typed arrays, each step is planned, priced, updated and recorded without a Python object,
 and only the executor's GEMM, all-reduce and LM-head times (once per size), the recorder (a chunk of rows
 at a time), the router (once per request, where it reads the replicas), the block hashes of each request's
 shareable content (once per request: ``_hashes_of``) and the progress bar are called
-back (and the drafter's size terms, once per size). Disaggregated prefill/decode pools run here too
+back (and the drafter's size terms and the LoRA kernels' price, once per size). Disaggregated prefill/decode pools run here too
 (sim/cluster/disagg_core.py). Everything else (beam search, the GPU executor) runs the SimPy loop. ``KVSIM_CORE=0`` (or
 ``KVSIM_NATIVE=0``, or ``enabled = False`` here) runs the SimPy loop for every scenario:
 tests/test_engine_core.py and tests/test_engine_core_prefix.py compare them.
@@ -106,6 +108,9 @@ def core_supported(scheduler: Any, manager: Any, executor: Any, requests: list[R
         return False   # (the core starts a cache from an unused pool, its free queue in id order)
     if type(executor) is not CostModelExecutor or not executor._core_priced:
         return False
+    if (scheduler.lora is None) != (executor._lora is None) or (scheduler.lora is not None
+                                                                and type(scheduler) is not ContinuousScheduler):
+        return False   # (LoRA: the scheduler's adapters and the executor's kernels both, continuous batching)
     return requests is None or requests_supported(requests, forks_in_core(scheduler, manager))
 
 
@@ -311,14 +316,17 @@ def run_engines(requests: list[Request], engines: list[EngineParts], lag: float,
     caching = any(getattr(p.scheduler.manager, "prefix_cache", None) is not None for p in engines)
     hashes = _hashes_of(requests, engines[0].scheduler.manager.block_size) if caching else None
     drafts = draft_counts(n, [p.scheduler for p in engines])
-    specs = [_engine_spec(p, drafts) for p in engines]
+    adapters = adapter_ids(requests) if any(p.scheduler.lora is not None for p in engines) else None
+    specs = [_engine_spec(p, drafts, adapters) for p in engines]
     results = native.run_core(n, ints, arrival, where, float(lag), route, state, progress, PROGRESS_EVERY,
                               counters, times, specs, hashes, client)
     for err, _, _ in results:
         _raise(err)
     for e, (parts, spec) in enumerate(zip(engines, specs)):
-        if len(spec) > 4:
+        if len(spec) > 4 and spec[4] is not None:
             write_speculation(parts.scheduler.speculation, spec[4], requests, drafts, where == e)
+        if len(spec) > 5:
+            write_lora(parts.scheduler.adapters, spec[5][6])
     if client is not None:   # (the core wrote each request's send time over its arrival)
         for req, sent in zip(requests, arrival.tolist()):
             req.arrival_s = sent
@@ -478,9 +486,40 @@ def write_speculation(spec: Any, args: tuple, requests: list[Request], drafts: n
         counts[1] += int(drafts[1, g])
 
 
-def _engine_spec(parts: EngineParts, drafts: np.ndarray | None) -> tuple:
+def adapter_ids(requests: list[Request]) -> tuple[np.ndarray, int]:
+    """Each request's LoRA adapter as core.c reads it (sim/csrc/core/lora.inc): dense ids 0..A-1 in the order of
+    the adapters' own ids (-1: the base model), and A."""
+    ids = np.fromiter((r.lora_id for r in requests), dtype=np.int64, count=len(requests))
+    named = np.unique(ids[ids >= 0])
+    return np.where(ids >= 0, np.searchsorted(named, ids), -1).astype(np.int64), len(named)
+
+
+def _lora(scheduler: Any, executor: CostModelExecutor, adapters: tuple[np.ndarray, int] | None) -> tuple | None:
+    """core.c's tuple for an engine's LoRA serving (sim/lora.py; None: none): max_loras, host entries, a disk
+    load's and a slot copy's seconds, each request's dense adapter id and how many (``adapter_ids``), the
+    loads' totals (written by the core: GPU loads, disk loads, seconds), and the kernels' price."""
+    lora = scheduler.lora
+    if lora is None or adapters is None:
+        return None
+    cache = scheduler.adapters
+    return (lora.max_loras, lora.host_slots, float(lora.load_latency_s), float(cache.copy_s), adapters[0],
+            adapters[1], np.zeros(3, dtype=np.float64), executor._lora_kernels)
+
+
+def write_lora(cache: Any, totals: np.ndarray) -> None:
+    """An engine's adapter loads back onto its AdapterCache (its counters, as the SimPy loop leaves them; the
+    slots' and host cache's final contents stay in the core)."""
+    gpu_loads, disk_loads, load_s = totals.tolist()
+    cache.gpu_loads += int(gpu_loads)
+    cache.disk_loads += int(disk_loads)
+    cache.load_s += load_s
+
+
+def _engine_spec(parts: EngineParts, drafts: np.ndarray | None, adapters: tuple[np.ndarray, int] | None = None
+                 ) -> tuple:
     """core.c's tuple for one engine: settings, the cost model (``_pricing``), the rows' sink, the chunk size and,
-    where it speculates, its speculation (``_speculation``, counting into ``drafts``)."""
+    where it speculates, its speculation (``_speculation``, counting into ``drafts``), where it serves LoRA
+    adapters, their state (``_lora``, after a None speculation)."""
     scheduler, recorder = parts.scheduler, parts.recorder
     mgr = scheduler.manager
     cfg = scheduler.config
@@ -500,13 +539,17 @@ def _engine_spec(parts: EngineParts, drafts: np.ndarray | None) -> tuple:
                 # the same double)
     width, chunk = len(STEP_COLUMNS), Columns.CHUNK_ROWS
     speculation = _speculation(scheduler, parts.executor, drafts)
-    breakdown_parts = BREAKDOWN_PARTS if speculation is None else (*BREAKDOWN_PARTS, "draft")
+    lora = _lora(scheduler, parts.executor, adapters)
+    breakdown_parts = (BREAKDOWN_PARTS if speculation is None and lora is None
+                       else (*BREAKDOWN_PARTS, "draft" if lora is None else "lora"))
 
     def sink(main: memoryview, breakdown: memoryview, m: int) -> None:
         rows = np.frombuffer(main, dtype=np.float64).reshape(width, chunk)[:, :m]
         bd = np.frombuffer(breakdown, dtype=np.float64).reshape(len(breakdown_parts), chunk)[:, :m]
         recorder.record_columns(rows, dict(zip(breakdown_parts, bd)))
 
+    if lora is not None:
+        return settings, _pricing(parts.executor), sink, chunk, speculation, lora
     if speculation is None:
         return settings, _pricing(parts.executor), sink, chunk
     return settings, _pricing(parts.executor), sink, chunk, speculation

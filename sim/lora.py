@@ -18,7 +18,7 @@ vLLM (v1) serves LoRA adapters beside one base model:
   set it from your logs). The step waits for its loads (``AdapterCache``).
 - **Kernels**: every LoRA-wrapped projection adds a shrink (x A) and an expand (. B) launch over the batch's
   adapter tokens, grouped by adapter, at the slots' ``max_lora_rank`` (the buffers' width; a smaller adapter is
-  zero-padded) (``CostModelExecutor._lora_time``).
+  zero-padded) (``CostModelExecutor._lora_kernels``).
 
 - **Prefix caching**: block hashes are keyed by the request's adapter (sim/workload/tokens.py ``root_hash``), so
   a cached block serves only requests of its adapter.

@@ -155,6 +155,7 @@ def _static(data: dict) -> dict:
         d["scheduler"]["policy"] = "fcfs"
     d["kv_cache"]["prefix_caching"] = False
     d["kv_cache"].pop("cpu_offload_gib", None)
+    d.pop("lora", None)   # (LoRA with static batching is refused)
     return d
 
 
@@ -294,7 +295,7 @@ def _into_core(data: dict, samples: bool = True) -> dict:
     if isinstance(d.get("hardware"), dict):   # (pipeline stages run the SimPy loop: tests/test_pipeline_parallel.py)
         for key in ("pipeline_parallel", "pipeline_link"):
             d["hardware"].pop(key, None)
-    d.pop("lora", None)   # (LoRA serving runs the SimPy loop: tests/test_lora.py)
+    # (LoRA serving as drawn: the core runs it too)
     work = d["workload"]   # (a client limit, as drawn: the core runs it too)
     work.pop("timeout_s", None)   # (client timeouts: tests/test_timeouts.py; a client limit below refuses them)
     for r in work.get("requests", []):

@@ -263,7 +263,7 @@ def _into_core(data: dict, index: int) -> dict:
     if isinstance(d.get("hardware"), dict):   # (pipeline stages run the SimPy loop: tests/test_pipeline_parallel.py)
         for key in ("pipeline_parallel", "pipeline_link"):
             d["hardware"].pop(key, None)
-    d.pop("lora", None)   # (LoRA serving runs the SimPy loop: tests/test_lora.py)
+    # (LoRA serving as drawn: the core runs it too, its adapters keying the cache's hashes)
     d["workload"].pop("timeout_s", None)   # (client timeouts: tests/test_timeouts.py)
     work = d["workload"]   # (a client limit, as drawn: the core runs it too)
     for r in work.get("requests", []):

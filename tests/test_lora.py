@@ -18,7 +18,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from result_compare import assert_same, off_and_on, same_cluster_outcome
 
+from sim import engine_core
 from sim.errors import KvsimError
 from sim.lora import LoraConfig, draw_adapters, gpu_lora_bytes, slot_bytes
 from sim.runner import build_parts, gpu_blocks, run_scenario
@@ -215,3 +217,34 @@ def test_a_request_naming_an_adapter_needs_the_section():
     del data["lora"]
     with pytest.raises(KvsimError, match="workload.requests: a request names a LoRA adapter"):
         scenario_from_dict(data)
+
+
+PRESSURE = {"synthetic": {"num_requests": 60, "arrival": {"process": "poisson", "rate": 30.0},
+                          "prompt_len": {"dist": "uniform", "min": 40, "max": 500},
+                          "output_len": {"dist": "uniform", "min": 5, "max": 60}}}
+
+
+@pytest.mark.parametrize("policy, slots, blocks", [("fcfs", 1, 2000), ("fcfs", 2, 60), ("priority", 1, 60),
+                                                   ("round_robin", 2, 80), ("longest_prefix_first", 1, 60)])
+def test_the_compiled_core_serves_adapters_as_the_simpy_loop_does(monkeypatch, policy, slots, blocks):
+    # six adapters (Zipf) over one or two slots, the cache roomy or tight (preemptions, heads blocked on
+    # blocks): the same requests, steps and loads bit for bit, every invariant checked after each step
+    data = {**copy.deepcopy(BASE), "workload": copy.deepcopy(PRESSURE),
+            "lora": {"max_loras": slots, "max_cpu_loras": slots + 1, "adapters": 6, "share": 0.8}}
+    data["scheduler"]["policy"] = policy
+    data["kv_cache"] = {"num_gpu_blocks": blocks, "prefix_caching": policy == "longest_prefix_first"}
+    loop, core = off_and_on(monkeypatch, engine_core, "enabled",
+                            lambda: run_scenario(scenario_from_dict(copy.deepcopy(data)), check_integrity=True))
+    assert_same(loop, core)
+    assert core.profile["compiled_core"] and not loop.profile.get("compiled_core")
+    assert core.summary["lora"]["gpu_loads"] > 6 and core.steps["time_lora_s"].gt(0).any()
+
+
+@pytest.mark.parametrize("policy", ["lora_affinity", "round_robin", "least_requests"])
+def test_a_cluster_of_lora_replicas_runs_in_the_core_as_in_the_simpy_loop(monkeypatch, policy):
+    data = {**copy.deepcopy(BASE), "workload": copy.deepcopy(PRESSURE),
+            "lora": {"max_loras": 1, "max_cpu_loras": 2, "adapters": 4},
+            "cluster": {"replicas": 3, "router": {"policy": policy}}}
+    loop, core = off_and_on(monkeypatch, engine_core, "enabled",
+                            lambda: run_scenario(scenario_from_dict(copy.deepcopy(data)), check_integrity=True))
+    assert same_cluster_outcome(loop, core, policy)

@@ -70,8 +70,8 @@ class Router:
     reads_load = True
     reads_memory = True
     reads_state = True
-    # whether ``core_rule``'s rule reads the replicas' prefix caches itself (the core then runs a pool whose
-    # router reads them)
+    # whether ``core_rule``'s rule reads the replicas' caches itself, prefix caches or adapter slots (the core
+    # then runs a pool whose router reads them)
     rule_reads_caches = False
 
     def __init__(self, config, seed: int) -> None:
@@ -99,13 +99,15 @@ class CoreRule:
     """A routing rule of the compiled core: ``kind`` (``LEAST_LOAD``: least_loaded over every replica;
     ``LEAST_KV``: the least KV usage, then load; ``PAIR``: least_loaded over request g's pair ``choices[g]``
     (ascending); ``AFFINITY``: PrefixAffinity with ``slack``, its hits read from the engines' prefix caches;
-    ``FOLLOW``: where the earlier request ``choices[g]`` went, or least_loaded where it is -1)."""
+    ``FOLLOW``: where the earlier request ``choices[g]`` went, or least_loaded where it is -1; ``LORA``:
+    LoraAffinity with ``slack``, the adapters' residency read from the engines)."""
 
     LEAST_LOAD: ClassVar[int] = 1
     LEAST_KV: ClassVar[int] = 2
     PAIR: ClassVar[int] = 3
     AFFINITY: ClassVar[int] = 4
     FOLLOW: ClassVar[int] = 5
+    LORA: ClassVar[int] = 6
 
     kind: int
     choices: np.ndarray | None = None   # int64: PAIR num_requests x 2, FOLLOW num_requests
@@ -257,6 +259,7 @@ class LoraAffinity(Router):
     found in a slot needs no load, and a batch's slots are its adapters)."""
 
     reads_memory = False
+    rule_reads_caches = True   # (the core reads the engines' adapter slots and host caches)
 
     def attach(self, replicas: Sequence[ReplicaView]) -> None:
         self.reads_state = any(r.serves_adapters() for r in replicas)   # (else: the least loaded, by loads alone)
@@ -272,7 +275,9 @@ class LoraAffinity(Router):
 
     def core_rule(self, requests: Sequence[Request], num_replicas: int) -> CoreRule | None:
         # (with no adapter named, every choice is the least loaded replica)
-        return None if any(r.lora_id >= 0 for r in requests) else CoreRule(CoreRule.LEAST_LOAD)
+        if any(r.lora_id >= 0 for r in requests):
+            return CoreRule(CoreRule.LORA, slack=int(self.config.load_slack))
+        return CoreRule(CoreRule.LEAST_LOAD)
 
 
 @register("session")

@@ -9,7 +9,7 @@ KVCacheManager with or without prefix caching, a WindowedKVCacheManager (window 
 allocate_windowed) or a ContiguousKVManager (allocate_region over extents.c),
 with parallel samples (forked sequences: sharing.py's groups, below) but no beams, with or without client
 timeouts (workload.timeout_s: ContinuousScheduler._expire, core/schedule.inc `expire`), and the cost model,
-with or without speculative decoding (speculate.c's draws),
+with or without speculative decoding (speculate.c's draws), with or without LoRA adapters (core/lora.inc),
 stepping one step per event as the plain loop does (no decode runs: a step here costs about a
 microsecond):
 
@@ -64,6 +64,7 @@ saying what it holds. */
 #include "core/release.inc"
 #include "core/queues.inc"
 #include "core/preemption.inc"
+#include "core/lora.inc"
 #include "core/admission.inc"
 #include "core/schedule.inc"
 #include "core/pricing.inc"

@@ -642,12 +642,12 @@ class CostModelExecutor:
 
     def enable_lora(self, lora: Any) -> None:
         """Price LoRA serving's kernels and adapter loads in every step (sim/lora.py; ``lora``: the scenario's
-        section). Steps are then priced one by one (a decode run's price does not know its adapters)."""
+        section). Steps are then priced one by one (a decode run's price does not know its adapters); the
+        compiled core asks ``_lora_kernels`` once a size (sim/csrc/core/pricing.inc ``lora_kernels``)."""
         self._lora = lora
         self._lora_shapes = lora_shapes(self.model, self.hardware.tensor_parallel)
         self._lora_memo: dict[tuple[int, int, bool], float] = {}
         self.supports_decode_runs = False
-        self._core_priced = False
 
     def _lora_parts(self, plan: StepPlan, graph: bool) -> tuple[float, float]:
         """(the LoRA kernels' seconds, the adapter loads' seconds) of ``plan``: none without adapters."""

@@ -117,6 +117,9 @@ class SchedulerBase:
         self.lora, self.adapters = lora, adapters
         self.drop_lane()
         self._lane_policy = False
+        # (a head blocked on blocks may be skipped next step for its adapter, letting later ones start: so
+        # admission tries every step)
+        self._note_blocked = False
 
     def _plan_lora(self, plan, batch: list) -> None:
         """The plan's LoRA adapters (distinct ids of its requests), the tokens of the requests that name one,

@@ -17,8 +17,10 @@ enum { URGENT = 0, NORMAL = 1 };
 enum { ROLE_COLOCATED = 0, ROLE_PREFILL = 1, ROLE_DECODE = 2 };
 /* routers chosen here (sim/cluster/routers.py, Router.core_rule): least_requests; least_kv; power_of_two
 over the pairs drawn ahead; prefix_affinity over a pool without prefix caches; session (each request
-follows an earlier one, found ahead, or goes to the least loaded) */
-enum { RULE_CALL = 0, RULE_LEAST_LOAD = 1, RULE_LEAST_KV = 2, RULE_PAIR = 3, RULE_AFFINITY = 4, RULE_FOLLOW = 5 };
+follows an earlier one, found ahead, or goes to the least loaded); lora_affinity (over the engines' adapter
+residency) */
+enum { RULE_CALL = 0, RULE_LEAST_LOAD = 1, RULE_LEAST_KV = 2, RULE_PAIR = 3, RULE_AFFINITY = 4, RULE_FOLLOW = 5,
+       RULE_LORA = 6 };
 
 static int fail(const char *what, int64_t a, int64_t b);
 static inline double py_max(double a, double b) { return b > a ? b : a; }   /* Python's max(a, b) */
@@ -231,6 +233,28 @@ typedef struct {
     double dr_c[8];
     PyObject *dr_terms_fn;
     Terms dr_terms;
+    /* LoRA serving (sim/lora.py; ``lr_max`` 0: none): each request's adapter (``lr_id``, the world's: dense
+    ids in the order of the adapters' own, -1 the base model); admission's and the plan's sets of adapters
+    (``lr_seen[a] == lr_stamp``: in the set being made); the GPU slots' adapters, least recently used first
+    (``lr_gpu``, at most ``lr_max``); the host cache's (a list through ``lr_hprev``/``lr_hnext`` from
+    ``lr_hhead``, least recently used first, at most ``lr_hcap``; ``lr_where``: bit 0 in a slot, bit 1 in the
+    host cache); the plan's adapters in ascending order (``lr_batch``), their tokens and the seconds their
+    loads take; the loads' totals (AdapterCache's counters); the kernels' seconds by (tokens, adapters,
+    graph), ``lr_fn``'s, once each */
+    int64_t lr_max, lr_hcap, lr_n;
+    const int64_t *lr_id;
+    double lr_disk_s, lr_copy_s;
+    int64_t *lr_seen, lr_stamp;
+    int64_t *lr_gpu, *lr_batch, *lr_hprev, *lr_hnext, lr_hhead, lr_htail;
+    Py_ssize_t lr_ngpu, lr_nbatch, lr_nhost;
+    int8_t *lr_where;
+    int64_t lr_tokens, lr_gpu_loads, lr_disk_loads;
+    double lr_load, lr_load_s;
+    Vec lr_skip;          /* admission: the requests skipped (their adapter one too many), in skip order */
+    PyObject *lr_fn;
+    Terms lr_terms;
+    Py_buffer lr_ids_buf, lr_totals_buf;
+    int lr_held;          /* the two buffers are held */
 } Core;
 
 static void unhold(Core *c, int64_t r);
