@@ -81,10 +81,6 @@ def core_supported(scheduler: Any, manager: Any, executor: Any, requests: list[R
     cfg = scheduler.config
     if not _speculation_supported(scheduler, executor):
         return False
-    if scheduler.timeout_s is not None and (getattr(cfg, "preemption", "recompute") == "swap"
-                                            or getattr(manager, "host", None) is not None
-                                            or type(scheduler) is StaticScheduler):
-        return False   # (a swapped, loading or static batch's abort: the SimPy loop, the schedulers' ``_expire``)
     if type(manager) is ContiguousKVManager:
         if manager.space.num_free != manager.num_blocks:
             return False   # (the core starts the space unused: one free extent)
@@ -671,9 +667,11 @@ def _collect(scheduler: Any, requests: list[Request]) -> None:
 
 
 def abort_reasons(requests: list[Request], counters: np.ndarray, schedulers: list[Any], where: np.ndarray) -> None:
-    """Each request the core aborted (its client's timeout) gets the SimPy loop's reason: where it was (bit 2
-    of ``counters[4]``: running) and the tokens it had sent (``counters[2]``)."""
+    """Each request the core aborted (its client's timeout) gets the SimPy loop's reason: where it was (bits 2,
+    3 and 4 of ``counters[4]``: running, swapped out, loading from the host tier; none: queued) and the tokens it
+    had sent (``counters[2]``)."""
     for g in np.flatnonzero(counters[0] == int(RequestStatus.ABORTED)).tolist():
         limit = schedulers[where[g]].timeout_s
-        state = "running" if counters[4, g] & 4 else "queued"
+        bits = counters[4, g]
+        state = "running" if bits & 4 else "swapped" if bits & 8 else "loading" if bits & 16 else "queued"
         requests[g].reject_reason = timeout_reason(limit, state, int(counters[2, g]))

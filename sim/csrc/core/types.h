@@ -113,7 +113,7 @@ typedef struct {
     int64_t *turn;       /* round-robin: the step at which a request's turn began */
     int8_t *stat, *in_pre;
     int64_t *int_zero;   /* bit 0: first scheduled, bit 1: rejected, while the clock was SimPy's int 0; bit 2:
-                            aborted while running */
+                            aborted while running, bit 3 while swapped out, bit 4 while loading from the host tier */
     double *fsched, *ftok, *ltok, *fin, *rej;
     int64_t *dst;         /* disaggregated: the decode engine each request was routed to (-1: none) */
     /* queues: running (in rank order), waiting (a ring: preempted requests go to its front), staged */
