@@ -19,7 +19,9 @@ draws from the Speculation's own generator, whose state the core takes and gives
 the rejected drafts' blocks trimmed; the drafter's passes priced from its executor's constants and size
 terms); LoRA serving (sim/lora.py: the batch's adapter limit in admission, each plan's adapters made
 resident in the GPU slots and host cache, their loads and kernels priced, ``lora_affinity`` routing over
-the engines' residency; sim/csrc/core/lora.inc). There a step
+the engines' residency; sim/csrc/core/lora.inc); pipeline stages (sim/executors/pipeline.py: chunks capped
+at a batch's tokens, each step's microbatches priced on each stage kind's cost model, core/pricing.inc
+``price_pipeline``). There a step
 costs about a microsecond instead of tens: the requests'
 state lives in typed arrays, each step is planned, priced, updated and recorded without a Python object,
 and only the executor's GEMM, all-reduce and LM-head times (once per size), the recorder (a chunk of rows
@@ -56,6 +58,7 @@ from sim.executors.engine_params import (
     ATTENTION_OPS_PER_LAYER,
     FUSED_ELEMENTWISE_KERNELS,
 )
+from sim.executors.pipeline import PipelineExecutor
 from sim.kv.contiguous import ContiguousKVManager
 from sim.kv.manager import KVCacheManager
 from sim.kv.prefix_cache import NO_BLOCKS
@@ -102,6 +105,11 @@ def core_supported(scheduler: Any, manager: Any, executor: Any, requests: list[R
         return False
     if cache is not None and (manager.pool.num_free != manager.num_blocks or cache.cached.any()):
         return False   # (the core starts a cache from an unused pool, its free queue in id order)
+    if type(executor) is PipelineExecutor:   # (its stages' cost models; no drafts, adapters or forks with them)
+        if not all(type(s) is CostModelExecutor and s._core_priced for s in executor.stages) or \
+                scheduler.speculation is not None or scheduler.lora is not None:
+            return False
+        return requests is None or requests_supported(requests)
     if type(executor) is not CostModelExecutor or not executor._core_priced:
         return False
     if (scheduler.lora is None) != (executor._lora is None) or (scheduler.lora is not None
@@ -120,11 +128,11 @@ def _speculation_supported(scheduler: Any, executor: Any) -> bool:
                                         and drafter.executor._core_priced)
 
 
-def forks_in_core(scheduler: Any, manager: Any) -> bool:
+def forks_in_core(scheduler: Any, manager: Any, executor: Any = None) -> bool:
     """Whether the core forks parallel samples on this engine (``core_supported`` otherwise): continuous
-    batching over the paged manager, without drafts."""
+    batching over the paged manager, without drafts or pipeline stages (``executor``, where known)."""
     return (type(scheduler) is ContinuousScheduler and type(manager) is KVCacheManager
-            and scheduler.speculation is None)
+            and scheduler.speculation is None and type(executor) is not PipelineExecutor)
 
 
 def requests_supported(requests: list[Request], forks: bool = False) -> bool:
@@ -154,9 +162,9 @@ def admission(prompt: np.ndarray, out: np.ndarray, scheduler: ContinuousSchedule
     mml = scheduler.max_model_len
     capped = served_outputs(prompt, out, mml)
     mgr = scheduler.manager
-    budget = scheduler.max_num_batched_tokens
+    budget = scheduler.batch_tokens   # (one batch's: pipeline stages run several, sim/executors/pipeline.py)
     need = blocks_needed(prompt, capped, mgr, width)
-    bad = (prompt >= mml) | (need > mgr.num_blocks) | (budget < 1)
+    bad = (prompt >= mml) | (need > mgr.num_blocks) | (scheduler.max_num_batched_tokens < 1)
     if width is not None:
         bad |= width > budget   # a decode step of every sample at once
     if not scheduler.config.chunked_prefill:
@@ -321,7 +329,7 @@ def run_engines(requests: list[Request], engines: list[EngineParts], lag: float,
     for e, (parts, spec) in enumerate(zip(engines, specs)):
         if len(spec) > 4 and spec[4] is not None:
             write_speculation(parts.scheduler.speculation, spec[4], requests, drafts, where == e)
-        if len(spec) > 5:
+        if len(spec) > 5 and spec[5] is not None:
             write_lora(parts.scheduler.adapters, spec[5][6])
     if client is not None:   # (the core wrote each request's send time over its arrival)
         for req, sent in zip(requests, arrival.tolist()):
@@ -531,24 +539,42 @@ def _engine_spec(parts: EngineParts, drafts: np.ndarray | None, adapters: tuple[
                 getattr(scheduler.waiting, "window", 0), getattr(scheduler.waiting, "max_bypass", 0), int(static),
                 CONTIGUOUS_MODES.get(getattr(mgr, "mode", ""), 0), getattr(mgr, "max_model_len", 0),
                 mgr.host.capacity if getattr(mgr, "host", None) is not None else 0, *_window_settings(mgr),
-                int(np.float64(scheduler.timeout_s or 0.0).view(np.int64)))   # (the timeout's bits: core.c reads
+                int(np.float64(scheduler.timeout_s or 0.0).view(np.int64)),   # (the timeout's bits: core.c reads
                 # the same double)
+                scheduler.batch_tokens)
     width, chunk = len(STEP_COLUMNS), Columns.CHUNK_ROWS
     speculation = _speculation(scheduler, parts.executor, drafts)
     lora = _lora(scheduler, parts.executor, adapters)
-    breakdown_parts = (BREAKDOWN_PARTS if speculation is None and lora is None
-                       else (*BREAKDOWN_PARTS, "draft" if lora is None else "lora"))
+    pipeline = _pipeline(parts.executor)
+    extra = "lora" if lora is not None else "pipeline" if pipeline is not None else "draft"
+    breakdown_parts = BREAKDOWN_PARTS if speculation is None and lora is None and pipeline is None \
+        else (*BREAKDOWN_PARTS, extra)
 
     def sink(main: memoryview, breakdown: memoryview, m: int) -> None:
         rows = np.frombuffer(main, dtype=np.float64).reshape(width, chunk)[:, :m]
         bd = np.frombuffer(breakdown, dtype=np.float64).reshape(len(breakdown_parts), chunk)[:, :m]
         recorder.record_columns(rows, dict(zip(breakdown_parts, bd)))
 
-    if lora is not None:
-        return settings, _pricing(parts.executor), sink, chunk, speculation, lora
+    pricing = _pricing(parts.executor if pipeline is None else parts.executor.stages[-1])
+    if lora is not None or pipeline is not None:
+        return settings, pricing, sink, chunk, speculation, lora, pipeline
     if speculation is None:
-        return settings, _pricing(parts.executor), sink, chunk
-    return settings, _pricing(parts.executor), sink, chunk, speculation
+        return settings, pricing, sink, chunk
+    return settings, pricing, sink, chunk, speculation
+
+
+def _pipeline(executor: Any) -> tuple | None:
+    """core.c's tuple for an engine's pipeline stages (sim/executors/pipeline.py; None: none): each stage kind's
+    pricing (``_pricing``), the kind of each stage, the hop's latency and seconds a token, a microbatch's
+    tokens and whether a chunk over them is cut."""
+    if type(executor) is not PipelineExecutor:
+        return None
+    kinds: dict[int, int] = {}
+    for stage in executor.stages:
+        kinds.setdefault(id(stage), len(kinds))
+    unique = list({id(s): s for s in executor.stages}.values())
+    return ([_pricing(s) for s in unique], tuple(kinds[id(s)] for s in executor.stages), float(executor.hop_latency_s),
+            float(executor.hop_s_per_token), int(executor.batch_tokens), bool(executor.chunked))
 
 
 def _window_settings(mgr: Any) -> tuple[int, int, int]:

@@ -292,9 +292,7 @@ def _into_core(data: dict, samples: bool = True) -> dict:
         d["scheduler"]["policy"] = "fcfs"
     d["scheduler"]["batching"] = "continuous"
     d["kv_cache"].update(allocator="paged")   # prefix caching as drawn: unhit without shared prefixes
-    if isinstance(d.get("hardware"), dict):   # (pipeline stages run the SimPy loop: tests/test_pipeline_parallel.py)
-        for key in ("pipeline_parallel", "pipeline_link"):
-            d["hardware"].pop(key, None)
+    # (pipeline stages as drawn: the core runs them too)
     # (LoRA serving as drawn: the core runs it too)
     work = d["workload"]   # (a client limit, as drawn: the core runs it too)
     work.pop("timeout_s", None)   # (client timeouts: tests/test_timeouts.py; a client limit below refuses them)

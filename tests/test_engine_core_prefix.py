@@ -260,9 +260,7 @@ def _into_core(data: dict, index: int) -> dict:
         d["scheduler"]["policy"] = "fcfs"
     d["scheduler"]["batching"] = "continuous"
     d["kv_cache"].update(allocator="paged", prefix_caching=True)
-    if isinstance(d.get("hardware"), dict):   # (pipeline stages run the SimPy loop: tests/test_pipeline_parallel.py)
-        for key in ("pipeline_parallel", "pipeline_link"):
-            d["hardware"].pop(key, None)
+    # (pipeline stages as drawn: the core runs them too)
     # (LoRA serving as drawn: the core runs it too, its adapters keying the cache's hashes)
     d["workload"].pop("timeout_s", None)   # (client timeouts: tests/test_timeouts.py)
     work = d["workload"]   # (a client limit, as drawn: the core runs it too)

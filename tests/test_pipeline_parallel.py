@@ -14,14 +14,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from result_compare import assert_same, off_and_on, same_cluster_outcome
 
+from sim import engine_core
 from sim.cluster.layouts import gpus_of
 from sim.errors import KvsimError
 from sim.executors.cost_model import make_cost_model_executor
 from sim.executors.pipeline import PipelineExecutor
+from sim.native import native
 from sim.pipeline_stages import stage_layers, stage_weight_bytes
 from sim.runner import run_scenario
-from sim.scenario import SchedulerConfig, scenario_from_dict
+from sim.scenario import SchedulerConfig, load_scenario, scenario_from_dict
 from sim.sched.plan import ScheduledRequest, StepPlan
 from sim.specs import HardwareSpec, ModelSpec, hbm_budget, kv_capacity_blocks
 
@@ -129,7 +132,7 @@ def test_a_step_stands_for_one_batch_a_stage():
     res = run_scenario(scenario_from_dict(copy.deepcopy(BASE)), check_integrity=True)
     assert list(res.steps["num_prefill_tokens"][:4]) == [512, 512, 512, 512]
     assert res.summary["step_model"]["stage_layers"] == [16, 16]
-    assert res.summary["hbm_budget"]["gpus"] == 2 and not res.profile["compiled_core"]
+    assert res.summary["hbm_budget"]["gpus"] == 2 and res.profile["compiled_core"] == (native is not None)
     pipe = _pipeline(2, budget=512)
     one = StepPlan(scheduled=[ScheduledRequest(0, 512, 0, [])])
     assert res.steps["duration_s"][0] == pytest.approx(pipe.execute(one).duration_s, rel=1e-12)
@@ -188,3 +191,26 @@ def test_kv_size_prints_the_stages():
                           "--hardware", "h100-80gb", "--pipeline-parallel", "2"], cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout
     assert "on 2 stages of 1 x h100-80gb at gpu_memory_utilization 0.9" in out and "15,903 blocks" in out
+
+
+@pytest.mark.parametrize("changes", [
+    [],
+    ["hardware.tensor_parallel=4", "hardware.pipeline_parallel=4", "scheduler.policy=priority"],
+    ["hardware.pipeline_parallel=3", "scheduler.chunked_prefill=false", "scheduler.max_num_batched_tokens=8192"],
+    ["kv_cache.prefix_caching=true", "scheduler.policy=round_robin", "workload.timeout_s=3"],
+    ["cluster.replicas=2", "cluster.router.policy=least_requests"],
+])
+def test_the_compiled_core_prices_pipelines_as_the_simpy_loop_does(monkeypatch, changes):
+    # the shipped 405B scenario (300 requests): stages of one or two kinds, chunks cut to a batch's tokens,
+    # microbatches placed longest first, bit for bit with the SimPy loop (every invariant checked a step)
+    def run():
+        scn = load_scenario(ROOT / "scenarios/pipeline_parallel.yaml", ["workload.limit=300", *changes])
+        return run_scenario(scn, check_integrity=True)
+
+    loop, core = off_and_on(monkeypatch, engine_core, "enabled", run)
+    if "cluster.replicas=2" in changes:
+        assert same_cluster_outcome(loop, core) == (native is not None)
+    else:
+        assert_same(loop, core)
+        assert core.profile["compiled_core"] == (native is not None)
+    assert core.steps["time_pipeline_s"].ge(0).all() and (core.steps["time_pipeline_s"] > 0).any()

@@ -160,7 +160,7 @@ def _in_core(pool: list[Replica], requests: list[Request], router: Router) -> bo
     """Whether the compiled core runs this colocated pool: it covers every replica, they admit alike,
     and the router reads at most the replicas' loads and KV usage, or their prefix caches through its core
     rule (prefix_affinity)."""
-    forks = all(forks_in_core(rep.scheduler, rep.manager) for rep in pool)
+    forks = all(forks_in_core(rep.scheduler, rep.manager, rep.engine.executor) for rep in pool)
     if (router.reads_state and not router.rule_reads_caches) or not requests_supported(requests, forks):
         return False
     return (all(core_supported(rep.scheduler, rep.manager, rep.engine.executor, None) for rep in pool)

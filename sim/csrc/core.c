@@ -10,6 +10,7 @@ allocate_windowed) or a ContiguousKVManager (allocate_region over extents.c),
 with parallel samples (forked sequences: sharing.py's groups, below) but no beams, with or without client
 timeouts (workload.timeout_s: ContinuousScheduler._expire, core/schedule.inc `expire`), and the cost model,
 with or without speculative decoding (speculate.c's draws), with or without LoRA adapters (core/lora.inc),
+with or without pipeline stages (sim/executors/pipeline.py: price_pipeline),
 stepping one step per event as the plain loop does (no decode runs: a step here costs about a
 microsecond):
 

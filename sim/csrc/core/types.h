@@ -11,7 +11,7 @@ gave up, workload.timeout_s, with int_zero's bit 2 set where it was running then
 enum { PH_WAITING = 0, PH_PREFILL = 1, PH_DECODE = 2, PH_PREEMPTED = 3, PH_SWAPPED = 4, PH_IDLE = 5, PH_DONE = 6,
        PH_HOST_LOAD = 7 };
 enum { MAIN_COLS = 18, BD_COLS = 8 };
-enum { CFG_SIZE = 27 };   /* an engine's settings (engine_core._engine_spec) */   /* (the 8th, the draft part, where speculating) */
+enum { CFG_SIZE = 28 };   /* an engine's settings (engine_core._engine_spec) */   /* (the 8th, the draft part, where speculating) */
 enum { ERR_NONE = 0, ERR_DEADLOCK = 1, ERR_DURATION = 2, ERR_LIVELOCK = 3 };
 enum { URGENT = 0, NORMAL = 1 };
 enum { ROLE_COLOCATED = 0, ROLE_PREFILL = 1, ROLE_DECODE = 2 };
@@ -68,7 +68,7 @@ typedef struct {
 typedef struct World World;
 
 /* one engine: its requests (local positions 0..N-1), scheduler, KV counters, pricing and results */
-typedef struct {
+typedef struct Core {
     World *w;
     Py_ssize_t N;         /* requests in the world (the per-request arrays are the world's, shared) */
     int64_t index;        /* this engine's position in the world */
@@ -255,6 +255,18 @@ typedef struct {
     Terms lr_terms;
     Py_buffer lr_ids_buf, lr_totals_buf;
     int lr_held;          /* the two buffers are held */
+    /* pipeline stages (sim/executors/pipeline.py; ``pp`` 0: none): a request's chunk is at most ``batch_tokens``
+    (one batch's budget; max_batched is the p batches in flight's); each stage kind's pricing in a Core of its
+    own (``pp_kinds``, only its pricing fields and plan entries used), the kind of each of the ``pp`` stages,
+    the hop's latency and seconds a token; the step's units, microbatches and their prices (scratch) */
+    int64_t batch_tokens;
+    int pp, pp_nkinds, pp_chunked;
+    struct Core *pp_kinds;
+    int64_t *pp_kind_of;
+    double pp_hop_lat, pp_hop_tok;
+    int64_t *pp_un, *pp_uc, *pp_ub, *pp_ord;   /* units: tokens, context, bin; the placing order */
+    Py_ssize_t pp_ucap;
+    double *pp_d, *pp_bd;             /* per kind and microbatch: duration, breakdown (BD_COLS - 1 parts) */
 } Core;
 
 static void unhold(Core *c, int64_t r);
