@@ -107,7 +107,8 @@ def core_supported(scheduler: Any, manager: Any, executor: Any, requests: list[R
         return False   # (the core starts a cache from an unused pool, its free queue in id order)
     if type(executor) is PipelineExecutor:   # (its stages' cost models; no drafts, adapters or forks with them)
         if not all(type(s) is CostModelExecutor and s._core_priced for s in executor.stages) or \
-                scheduler.speculation is not None or scheduler.lora is not None:
+                scheduler.speculation is not None or scheduler.lora is not None or \
+                executor.batch_tokens != scheduler.batch_tokens:
             return False
         return requests is None or requests_supported(requests)
     if type(executor) is not CostModelExecutor or not executor._core_priced:

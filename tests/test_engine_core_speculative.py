@@ -114,6 +114,10 @@ def _forced(i: int) -> dict:
     """Fuzz case ``i`` moved inside the core, speculating: its own draw where it has one, else 1 to 5 drafts
     (ngram, or an EAGLE or EAGLE-3 head where the block count is given), any acceptance from none to all."""
     data = _into_core(fuzz.draw_scenario(random.Random(f"engine-core-spec:{i}"), i), samples=False)
+    data.pop("lora", None)   # (LoRA and pipeline stages are refused with speculative decoding)
+    if isinstance(data.get("hardware"), dict):
+        for key in ("pipeline_parallel", "pipeline_link"):
+            data["hardware"].pop(key, None)
     if "speculative" not in data:
         rng = random.Random(f"engine-core-spec-force:{i}")
         k = rng.randint(1, 5)

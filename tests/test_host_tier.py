@@ -93,21 +93,23 @@ def test_a_prefix_evicted_from_the_gpu_comes_back_from_host_memory():
     assert phase_means(r.timeline, reqs)["host_load"] == pytest.approx(3 * BLOCK_LOAD_S / 3, rel=1e-9)
 
 
-def test_a_client_that_gives_up_during_the_load_aborts_it_there():
+def test_a_client_that_gives_up_during_the_load_aborts_it_there(monkeypatch):
     """C's client gives up 10 ms after sending it, while its 3 blocks come from host memory (19.7 ms): the
     engine, idle until the load's end, aborts C as it plans then (its blocks freed; the link was busy until
-    then anyway); A and B, one step each, finish first."""
+    then anyway); A and B, one step each, finish first. The same in the SimPy loop and in the core."""
     plain = _run(16)
     data = _scenario(16)
     data["workload"]["timeout_s"] = 0.01
-    timed = run_scenario(scenario_from_dict(data), check_integrity=True)
+    loop, timed = off_and_on(monkeypatch, engine_core, "enabled",
+                             lambda: run_scenario(scenario_from_dict(copy.deepcopy(data)), check_integrity=True))
+    assert_same(loop, timed)
     admitted = plain.steps.iloc[-2].start_s + 1.0                      # (as above: arrivals 1 s apart)
     reqs = timed.requests.set_index("req_id")
     assert list(reqs["status"]) == ["FINISHED", "FINISHED", "ABORTED"]
     assert reqs.loc[2, "finish_s"] == pytest.approx(admitted + 3 * BLOCK_LOAD_S, rel=1e-12)
     assert reqs.loc[2, "reject_reason"] == "client timeout after 0.01 s (loading, 0 tokens out)"
     assert timed.summary["num_aborted"] == 1 and timed.summary["num_steps"] == 2   # C never computes
-    assert not timed.profile["compiled_core"]
+    assert timed.profile["compiled_core"] == (native is not None) and not loop.profile["compiled_core"]
 
 
 def test_a_tier_too_small_to_keep_the_prefix_loads_nothing():

@@ -238,32 +238,3 @@ def test_a_client_that_gives_up_sends_its_next_request_at_the_deadline(monkeypat
     assert reqs.loc[1, "arrival_s"] == 0.0 + 0.02          # sent at r0's deadline
     assert reqs.loc[1, "client_wait_s"] == pytest.approx(0.02)
     assert reqs.loc[1, "status"] == "FINISHED"
-
-
-def test_a_request_loading_its_prefix_from_the_host_tier_is_aborted_when_the_engine_next_wakes(monkeypatch):
-    """r0's 100 prompt blocks go to the host tier when r1's prompt needs the GPU cache; r2, r0's prompt again,
-    loads 51 of them back over a 1 GB/s link (0.43 s). Its deadline (0.3 s) falls inside the load, the engine
-    waits for the load's end, and there the request is aborted ("loading"), its blocks given back: in the
-    SimPy loop and in the core alike."""
-    data = copy.deepcopy(BASE)
-    data["model"] = "llama-2-7b"
-    data["hardware"] = {"name": "h100-80gb", "host_link_bandwidth": 1e9}
-    data["kv_cache"] = {"block_size": 16, "num_gpu_blocks": 300, "prefix_caching": True, "cpu_offload_gib": 4}
-    data["scheduler"] = {"max_num_seqs": 4, "max_num_batched_tokens": 512, "chunked_prefill": True}
-    data["workload"] = {"requests": [
-        {"arrival": 0.0, "prompt_len": 1616, "output_len": 2, "prefix_group": 0, "prefix_len": 1600},
-        {"arrival": 1.0, "prompt_len": 4000, "output_len": 2, "prefix_group": 1, "prefix_len": 3984},
-        {"arrival": 2.0, "prompt_len": 1616, "output_len": 2, "prefix_group": 0, "prefix_len": 1600}]}
-    plain = run_scenario(scenario_from_dict(copy.deepcopy(data)), check_integrity=True)
-    tl = plain.timeline
-    start, end = tl.loc[(tl["req_id"] == 2) & (tl["phase"] == "host_load"), ["start_s", "end_s"]].iloc[0]
-    assert start == 2.0 and 2.3 < end
-    data["workload"]["timeout_s"] = 0.3
-    loop, core = off_and_on(monkeypatch, engine_core, "enabled",
-                            lambda: run_scenario(scenario_from_dict(copy.deepcopy(data)), check_integrity=True))
-    assert_same(loop, core)
-    assert core.profile["compiled_core"] == (native is not None)
-    r2 = core.requests.iloc[2]
-    assert r2["status"] == "ABORTED" and r2["finish_s"] == end
-    assert r2["reject_reason"] == "client timeout after 0.3 s (loading, 0 tokens out)"
-    assert list(core.requests["status"][:2]) == ["FINISHED", "FINISHED"]
