@@ -328,9 +328,9 @@ def run_engines(requests: list[Request], engines: list[EngineParts], lag: float,
     for err, _, _ in results:
         _raise(err)
     for e, (parts, spec) in enumerate(zip(engines, specs)):
-        if len(spec) > 4 and spec[4] is not None:
+        if spec[4] is not None:
             write_speculation(parts.scheduler.speculation, spec[4], requests, drafts, where == e)
-        if len(spec) > 5 and spec[5] is not None:
+        if spec[5] is not None:
             write_lora(parts.scheduler.adapters, spec[5][6])
     if client is not None:   # (the core wrote each request's send time over its arrival)
         for req, sent in zip(requests, arrival.tolist()):
@@ -522,9 +522,9 @@ def write_lora(cache: Any, totals: np.ndarray) -> None:
 
 def _engine_spec(parts: EngineParts, drafts: np.ndarray | None, adapters: tuple[np.ndarray, int] | None = None
                  ) -> tuple:
-    """core.c's tuple for one engine: settings, the cost model (``_pricing``), the rows' sink, the chunk size and,
-    where it speculates, its speculation (``_speculation``, counting into ``drafts``), where it serves LoRA
-    adapters, their state (``_lora``, after a None speculation)."""
+    """core.c's tuple for one engine: settings, the cost model (``_pricing``; a pipeline's: its last stage's), the
+    rows' sink, the chunk size, its speculation (``_speculation``, counting into ``drafts``), its LoRA adapters'
+    state (``_lora``) and its pipeline stages (``_pipeline``), each None where it has none."""
     scheduler, recorder = parts.scheduler, parts.recorder
     mgr = scheduler.manager
     cfg = scheduler.config
@@ -557,11 +557,7 @@ def _engine_spec(parts: EngineParts, drafts: np.ndarray | None, adapters: tuple[
         recorder.record_columns(rows, dict(zip(breakdown_parts, bd)))
 
     pricing = _pricing(parts.executor if pipeline is None else parts.executor.stages[-1])
-    if lora is not None or pipeline is not None:
-        return settings, pricing, sink, chunk, speculation, lora, pipeline
-    if speculation is None:
-        return settings, pricing, sink, chunk
-    return settings, pricing, sink, chunk, speculation
+    return settings, pricing, sink, chunk, speculation, lora, pipeline
 
 
 def _pipeline(executor: Any) -> tuple | None:
@@ -570,11 +566,9 @@ def _pipeline(executor: Any) -> tuple | None:
     tokens and whether a chunk over them is cut."""
     if type(executor) is not PipelineExecutor:
         return None
-    kinds: dict[int, int] = {}
-    for stage in executor.stages:
-        kinds.setdefault(id(stage), len(kinds))
-    unique = list({id(s): s for s in executor.stages}.values())
-    return ([_pricing(s) for s in unique], tuple(kinds[id(s)] for s in executor.stages), float(executor.hop_latency_s),
+    kinds = list({id(s): s for s in executor.stages}.values())   # (in order of first appearance)
+    kind_of = {id(s): k for k, s in enumerate(kinds)}
+    return ([_pricing(s) for s in kinds], tuple(kind_of[id(s)] for s in executor.stages), float(executor.hop_latency_s),
             float(executor.hop_s_per_token), int(executor.batch_tokens), bool(executor.chunked))
 
 

@@ -201,11 +201,12 @@ def test_kv_size_prints_the_stages():
     ["cluster.replicas=2", "cluster.router.policy=least_requests"],
 ])
 def test_the_compiled_core_prices_pipelines_as_the_simpy_loop_does(monkeypatch, changes):
-    # the shipped 405B scenario (300 requests): stages of one or two kinds, chunks cut to a batch's tokens,
-    # microbatches placed longest first, bit for bit with the SimPy loop (every invariant checked a step)
+    # the shipped 405B scenario (120 requests): stages of one or two kinds, chunks cut to a batch's tokens,
+    # microbatches placed longest first, bit for bit with the SimPy loop (every invariant checked a step in
+    # the core; the loop's checks over 44,000 blocks a step would take minutes)
     def run():
-        scn = load_scenario(ROOT / "scenarios/pipeline_parallel.yaml", ["workload.limit=300", *changes])
-        return run_scenario(scn, check_integrity=True)
+        scn = load_scenario(ROOT / "scenarios/pipeline_parallel.yaml", ["workload.limit=120", *changes])
+        return run_scenario(scn, check_integrity=engine_core.enabled)
 
     loop, core = off_and_on(monkeypatch, engine_core, "enabled", run)
     if "cluster.replicas=2" in changes:

@@ -150,7 +150,7 @@ def run_disaggregated(requests: list[Request], prefill: list[Replica], decode: l
                 tot_f, counters, times)
     for e, (part, spec, (_, records, totals)) in enumerate(zip(parts, specs, results)):
         mine = where == e if e < mp else dst == e
-        if len(spec) > 4 and spec[4] is not None:   # (a request drafts on its decode engine only: one token on the prefill side)
+        if spec[4] is not None:   # (a request drafts on its decode engine only: one token on the prefill side)
             write_speculation(part.scheduler.speculation, spec[4], requests, drafts, mine & (e >= mp))
         if e >= mp:
             part.scheduler.num_truncated += int(np.count_nonzero(cut_d & mine))
