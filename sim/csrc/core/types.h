@@ -236,18 +236,18 @@ typedef struct Core {
     /* LoRA serving (sim/lora.py; ``lr_max`` 0: none): each request's adapter (``lr_id``, the world's: dense
     ids in the order of the adapters' own, -1 the base model); admission's and the plan's sets of adapters
     (``lr_seen[a] == lr_stamp``: in the set being made); the GPU slots' adapters, least recently used first
-    (``lr_gpu``, at most ``lr_max``); the host cache's (a list through ``lr_hprev``/``lr_hnext`` from
-    ``lr_hhead``, least recently used first, at most ``lr_hcap``; ``lr_where``: bit 0 in a slot, bit 1 in the
-    host cache); the plan's adapters in ascending order (``lr_batch``), their tokens and the seconds their
-    loads take; the loads' totals (AdapterCache's counters); the kernels' seconds by (tokens, adapters,
-    graph), ``lr_fn``'s, once each */
-    int64_t lr_max, lr_hcap, lr_n;
+    (``lr_gpu``, at most ``lr_max``; ``lr_in_gpu``: whether each is there); the host cache's (``lr_host``, an
+    LRU of at most max_cpu_loras ids: hostlru.h); the plan's adapters in ascending order (``lr_batch``), their
+    tokens and the seconds their loads take; the loads' totals (AdapterCache's counters); the kernels' seconds
+    by (tokens, adapters, graph), ``lr_fn``'s, once each */
+    int64_t lr_max, lr_n;
     const int64_t *lr_id;
     double lr_disk_s, lr_copy_s;
     int64_t *lr_seen, lr_stamp;
-    int64_t *lr_gpu, *lr_batch, *lr_hprev, *lr_hnext, lr_hhead, lr_htail;
-    Py_ssize_t lr_ngpu, lr_nbatch, lr_nhost;
-    int8_t *lr_where;
+    int64_t *lr_gpu, *lr_batch;
+    Py_ssize_t lr_ngpu, lr_nbatch;
+    int8_t *lr_in_gpu;
+    HostLru lr_host;
     int64_t lr_tokens, lr_gpu_loads, lr_disk_loads;
     double lr_load, lr_load_s;
     Vec lr_skip;          /* admission: the requests skipped (their adapter one too many), in skip order */
