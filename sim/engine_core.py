@@ -687,12 +687,17 @@ def _collect(scheduler: Any, requests: list[Request]) -> None:
             aborted.append(req)
 
 
+# where a request was when its client gave up: counters[4]'s bits (core/types.h ABORT_*); none of them: queued
+ABORT_PLACES = ((4, "running"), (8, "swapped"), (16, "loading"), (32, "waiting for a decode seat"), (64, "in transfer"))
+
+
 def abort_reasons(requests: list[Request], counters: np.ndarray, schedulers: list[Any], where: np.ndarray) -> None:
-    """Each request the core aborted (its client's timeout) gets the SimPy loop's reason: where it was (bits 2,
-    3 and 4 of ``counters[4]``: running, swapped out, loading from the host tier; none: queued) and the tokens it
-    had sent (``counters[2]``)."""
+    """Each request the core aborted (its client's timeout) gets the SimPy loop's reason: where it was (bits 2
+    to 6 of ``counters[4]``, ``ABORT_PLACES``: running, swapped out, loading from the host tier, or between
+    prefill and decode pools waiting for a decode seat or in transfer; none: queued) and the tokens it had
+    sent (``counters[2]``); ``where``: the engine whose scheduler's timeout it was."""
     for g in np.flatnonzero(counters[0] == int(RequestStatus.ABORTED)).tolist():
         limit = schedulers[where[g]].timeout_s
-        bits = counters[4, g]
-        state = "running" if bits & 4 else "swapped" if bits & 8 else "loading" if bits & 16 else "queued"
+        bits = int(counters[4, g])
+        state = next((place for bit, place in ABORT_PLACES if bits & bit), "queued")
         requests[g].reject_reason = timeout_reason(limit, state, int(counters[2, g]))

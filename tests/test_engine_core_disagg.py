@@ -4,6 +4,7 @@ bit (summary.json apart from wall_time_s, the per-step, per-request, timeline an
 pulled and pushed, sent after the prefill and layer by layer, a decode pool short of seats and of blocks
 (bookings queued, requests queued ahead, refusals after a prefill), prefill engines waiting for blocks held
 by transfers, every decode policy, preemption by recompute and by swap, prefix caches, a client in front,
+client timeouts (given up on either pool, waiting for a decode seat or in transfer),
 speculating decode engines, routers on both sides and fuzzed clusters; the integrity checks on after every
 step."""
 
@@ -136,6 +137,23 @@ def test_prefix_affinity_over_decode_caches_equals(monkeypatch, mode):
                  cluster__decode={"replicas": 3}, cluster__kv_transfer={"link": "infiniband-400g", "mode": mode})
     data["workload"]["synthetic"]["shared_prefix"] = {"groups": 3, "length": 24}
     _equal(monkeypatch, data)
+
+
+@pytest.mark.parametrize("mode, bandwidth_gb_s, timeout", [("pull", 0.05, 0.02), ("push", 0.005, 0.1)])
+def test_client_timeouts_between_the_pools_equal(monkeypatch, mode, bandwidth_gb_s, timeout):
+    """Two seats a replica on both sides and a slow link: clients give up with their prompts queued, with their
+    KV waiting for a decode seat (pulled), crossing the link, and queued or running on their decode replica;
+    the same aborts at the same times, with the same reasons and the same counts by replica."""
+    data = _case(cluster__prefill={"replicas": 2, "scheduler": {"max_num_seqs": 2}},
+                 cluster__decode={"replicas": 2, "scheduler": {"max_num_seqs": 2}},
+                 cluster__kv_transfer={"link": {"bandwidth_gb_s": bandwidth_gb_s, "latency_s": 0.001}, "mode": mode},
+                 workload__timeout_s=timeout)
+    core = _equal(monkeypatch, data)
+    aborted = core.requests[core.requests["status"] == "ABORTED"]
+    places = {reason.split("(")[1].split(",")[0] for reason in aborted["reject_reason"]}
+    assert {"queued", "in transfer", "running"} <= places
+    assert mode == "push" or "waiting for a decode seat" in places
+    assert core.replicas["aborted"].sum() == core.summary["num_aborted"] > 0
 
 
 def test_a_router_reading_what_the_core_cannot_show_runs_the_loop():

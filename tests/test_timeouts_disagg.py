@@ -4,7 +4,8 @@ held given back, and the abort counted on the replica that had it (on the way be
 
 References: the same run without the timeout (until the first abort both runs are the same, so an
 engine's abort falls at its first step starting at or after the deadline), the deadline itself (arrival +
-timeout) where the handoff aborts a request, and the order of deadlines, not of hand-overs.
+timeout) where the handoff aborts a request, and the order of deadlines, not of hand-overs. Each run is made
+in the SimPy loop and in the compiled core, which must agree bit for bit.
 """
 
 from __future__ import annotations
@@ -12,10 +13,14 @@ from __future__ import annotations
 import copy
 
 import numpy as np
+import pandas as pd
 import pytest
+from result_compare import assert_same
 from test_cluster_disagg import LINK, _kv_bytes_per_token, _pd
 
+import sim.engine_core as engine_core
 from sim.fuzz_cluster import check_cluster_outcome
+from sim.native import native
 from sim.request import Request
 from sim.runner import run_scenario
 from sim.scenario import scenario_from_dict
@@ -23,10 +28,23 @@ from sim.sched.deadlines import ByDeadline, InOrder
 
 
 def _run(data: dict, timeout: float | None):
+    """The run in the SimPy loop and in the compiled core (where built): the same results; the core's."""
     data = copy.deepcopy(data)
     if timeout is not None:
         data["workload"]["timeout_s"] = timeout
-    return run_scenario(scenario_from_dict(data), check_integrity=True)
+    runs = []
+    before = engine_core.enabled
+    try:
+        for on in (False, True):
+            engine_core.enabled = on
+            runs.append(run_scenario(scenario_from_dict(copy.deepcopy(data)), check_integrity=True))
+    finally:
+        engine_core.enabled = before
+    loop, core = runs
+    assert_same(loop, core)
+    pd.testing.assert_frame_equal(loop.replicas, core.replicas, check_exact=True)
+    assert core.profile["compiled_core"] == (native is not None)
+    return core
 
 
 def _first_step_at_or_after(res, replica: int, t: float) -> float:

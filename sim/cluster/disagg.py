@@ -27,7 +27,7 @@ The seam (vLLM's KV-connector hooks, done from outside the scheduler through its
   returns nothing for a request with computed tokens) allocates blocks for its prompt plus the next
   token (pull: already there); push: the decode manager's ``allocate_slots`` is wrapped to book the
   received prompt tokens as held KV (``note_computed``) then, as a swap-in would.
-Client timeouts (``workload.timeout_s``, SimPy loop only): a request whose client gives up while its prefill
+Client timeouts (``workload.timeout_s``; the compiled core aborts alike, core/disagg.inc): a request whose client gives up while its prefill
 is queued or running is aborted by the prefill replica's scheduler at its next step; while it waits in a
 decode replica's queue for its blocks (pull), at its deadline exactly, its prefill blocks freed then; during
 its transfer, when the transfer lands (the link is not freed early), the decode blocks it had booked (pull)

@@ -17,7 +17,9 @@ output token, every refusal at once); a decode engine's queue ahead of its polic
 keeps it; a prefill router
 the core covers for a colocated pool; a decode router applied by the core where its rule reads no order of
 calls (least_requests, least_kv, prefix_affinity: its hits read from the decode engines' caches), else
-called with the decode engines' counts. Everything else runs the SimPy loop (client timeouts too).
+called with the decode engines' counts; client timeouts (``workload.timeout_s``): a request given up on its
+prefill engine, waiting for its decode engine's blocks (pull), in transfer, or on its decode engine, as
+sim/cluster/disagg.py aborts it. Everything else runs the SimPy loop.
 """
 
 from __future__ import annotations
@@ -34,11 +36,13 @@ from sim.cluster.link import KVLink
 from sim.cluster.replica import Replica, check_released
 from sim.cluster.routers import LeastKV, LeastRequests, PrefixAffinity, Router
 from sim.engine_core import (
+    ABORT_PLACES,
     EngineParts,
     ReplicaState,
     _engine_spec,
     _hashes_of,
     _raise,
+    abort_reasons,
     admission,
     core_route,
     core_supported,
@@ -58,8 +62,6 @@ def disagg_supported(prefill: list[Replica], decode: list[Replica], requests: li
     """Whether the compiled core runs these pools (the module docstring; ``client``: one is in front)."""
     if not engine_core.enabled or not requests_supported(requests) or (client and not in_send_order(requests)):
         return False
-    if any(rep.scheduler.timeout_s is not None for rep in prefill + decode):
-        return False   # (client timeouts between the pools: the SimPy loop, sim/cluster/disagg.py)
     if router.reads_state and not router.rule_reads_caches:
         return False
     if decode_router.reads_state and not decode_router.rule_reads_caches:
@@ -146,8 +148,13 @@ def run_disaggregated(requests: list[Request], prefill: list[Replica], decode: l
         for req, sent in zip(requests, arrival.tolist()):
             req.arrival_s = sent
     dst = hand_i[0]
+    aborted = counters[0] == int(RequestStatus.ABORTED)
+    handoff_bits = sum(bit for bit, place in ABORT_PLACES if place in ("waiting for a decode seat", "in transfer"))
+    between = aborted & (counters[4] & handoff_bits != 0)   # (given up in the hand-off: no engine's)
+    on_prefill = aborted & ~between & (dst < 0)
     _write_back(requests, prefill, decode, handoff, link, served, where, dst, own, out_d, hand_i, hand_f, tot_i,
-                tot_f, counters, times)
+                tot_f, counters, times, between, on_prefill)
+    abort_reasons(requests, counters, [p.scheduler for p in parts], np.where(dst >= 0, dst, where))
     for e, (part, spec, (_, records, totals)) in enumerate(zip(parts, specs, results)):
         mine = where == e if e < mp else dst == e
         if spec[4] is not None:   # (a request drafts on its decode engine only: one token on the prefill side)
@@ -157,22 +164,24 @@ def run_disaggregated(requests: list[Request], prefill: list[Replica], decode: l
         handed = [requests[g] for g in np.flatnonzero(mine).tolist()]
         write_engine(part.scheduler, handed, records, totals, collect=e >= mp)
         check_released((prefill + decode)[e], free_blocks=totals[17])
-        if e < mp:   # a prefill engine finished every request it did not refuse (some went on to the decode pool)
-            sched = part.scheduler
+        if e < mp:   # a prefill engine finished every request it did not refuse or abort (some went on to the
+            sched = part.scheduler   # decode pool)
             sched.rejected.extend(requests[g] for g in np.flatnonzero(mine & bad_p).tolist())
-            sched.finished.extend(requests[g] for g in np.flatnonzero(mine & ~bad_p).tolist())
+            sched.finished.extend(requests[g] for g in np.flatnonzero(mine & ~bad_p & ~on_prefill).tolist())
+            sched.aborted.extend(requests[g] for g in np.flatnonzero(mine & on_prefill).tolist())
 
 
 def _write_back(requests: list[Request], prefill: list[Replica], decode: list[Replica], handoff: Handoff,
                 link: KVLink, served: dict[int, int], where: np.ndarray, dst: np.ndarray, own: np.ndarray,
                 out_d: np.ndarray, hand_i: np.ndarray, hand_f: np.ndarray, tot_i: np.ndarray, tot_f: np.ndarray,
-                counters: np.ndarray, times: np.ndarray) -> None:
+                counters: np.ndarray, times: np.ndarray, between: np.ndarray, on_prefill: np.ndarray) -> None:
     """The run's per-request results onto the Requests (their lengths as each pool left them), the replicas'
-    hand-over counts, ``served`` and the hand-off's and link's records."""
+    hand-over counts, ``served`` and the hand-off's and link's records (``between``: the requests given up in
+    the hand-off, ``on_prefill``: on their prefill engine)."""
     mp = len(prefill)
     decoded = dst >= 0
-    for req, g_dst, o_d in zip(requests, dst.tolist(), out_d.tolist()):
-        req.output_len = o_d if g_dst >= 0 else 1
+    for req, g_dst, o_d, o, gone in zip(requests, dst.tolist(), out_d.tolist(), own.tolist(), between.tolist()):
+        req.output_len = o_d if g_dst >= 0 else o if gone else 1   # (the hand-off had given it its own back)
     write_requests(requests, counters, times)
     d_sched = decode[0].scheduler
     for g in np.flatnonzero(decoded).tolist():   # refused on arrival at the decode pool: its reason, its prefill's
@@ -195,8 +204,8 @@ def _write_back(requests: list[Request], prefill: list[Replica], decode: list[Re
     prefill_end, start, took = (hand_f[k].tolist() for k in range(3))
     for g, req in enumerate(requests):
         rid = req.req_id
-        if req.status == RequestStatus.REJECTED and not decoded[g]:
-            continue   # (refused by its prefill replica: no hand-off)
+        if (req.status == RequestStatus.REJECTED and not decoded[g]) or on_prefill[g]:
+            continue   # (refused, or given up, on its prefill replica: no hand-off)
         handoff.prefill_of[rid] = prefill[where[g]].replica_id
         handoff.cached_tokens[rid] = cached[g]
         if own[g] <= 1:
@@ -206,7 +215,11 @@ def _write_back(requests: list[Request], prefill: list[Replica], decode: list[Re
             handoff.transfer_start[rid] = start[g]
         if not math.isnan(took[g]):
             handoff.transfer_s[rid] = took[g]
+        if decoded[g]:
             handoff.decode_of[rid] = decode[dst[g] - mp].replica_id
+    finish = times[3]
+    for g in sorted(np.flatnonzero(between).tolist(), key=lambda g: finish[g]):   # (in the order they were given up)
+        handoff.aborted_at[requests[g].req_id] = float(finish[g])
     handoff.done_on_prefill = int(tot_i[1])
     handoff.in_flight = int(tot_i[2])
     link.bytes_sent = int(tot_i[0])

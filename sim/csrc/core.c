@@ -35,7 +35,8 @@ microsecond):
 
   - disaggregated prefill/decode (sim/cluster/disagg.py, link.py; Disagg, handoff.h): the prefill pool's
     deferred frees, pulled KV's bookings, the transfers' processes and the link, the decode pool's queue
-    ahead, in SimPy's event order.
+    ahead, client timeouts between the pools (a request given up while it waits for decode blocks or
+    crosses the link; the decode engines' deadlines by time: deadlines.inc), in SimPy's event order.
 
 Rows go to the caller a chunk at a time (``sink``); everything else comes back at the end.
 
@@ -63,6 +64,7 @@ saying what it holds. */
 #include "core/allocation.inc"
 #include "core/forks.inc"
 #include "core/release.inc"
+#include "core/deadlines.inc"
 #include "core/queues.inc"
 #include "core/preemption.inc"
 #include "core/lora.inc"

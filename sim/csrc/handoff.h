@@ -8,6 +8,8 @@ SimPy's order (time, priority, eid):
     TX_WIRE     the bytes have left: the link is released (a TX_RELEASE event), then the latency, or landed
     TX_RELEASE  the link's release is processed: the next transfer waiting for it is granted
     TX_LAND     the latency is over: the KV has landed
+    TX_GIVE_UP  pull, with client timeouts: the deadline of a request routed to a decode engine; if it still
+                waits there for its blocks, it is aborted (not a transfer's: a timer set as it is routed)
 
 The link (a SimPy resource of capacity 1) grants in request order: ``queue`` (a FIFO of requests through
 ``next``) holds those waiting, ``busy`` whether one holds it. Invariants: at most one transfer holds the
@@ -19,7 +21,7 @@ link; a transfer is in the queue, holds the link, or has released it. */
 #include <Python.h>
 #include <stdint.h>
 
-enum { TX_START = 0, TX_GRANT = 1, TX_WIRE = 2, TX_RELEASE = 3, TX_LAND = 4 };
+enum { TX_START = 0, TX_GRANT = 1, TX_WIRE = 2, TX_RELEASE = 3, TX_LAND = 4, TX_GIVE_UP = 5 };
 
 typedef struct {
     double t;
@@ -66,6 +68,26 @@ static inline int64_t fifo_pop(Fifo *q, const int64_t *next)
         q->tail = -1;
     q->len--;
     return g;
+}
+
+/* g taken out of the FIFO wherever it is (the others keep their order); whether it was there */
+static inline int fifo_remove(Fifo *q, int64_t *next, int64_t g)
+{
+    int64_t before = -1, at = q->head;
+    while (at >= 0 && at != g) {
+        before = at;
+        at = next[at];
+    }
+    if (at < 0)
+        return 0;
+    if (before < 0)
+        q->head = next[g];
+    else
+        next[before] = next[g];
+    if (q->tail == g)
+        q->tail = before;
+    q->len--;
+    return 1;
 }
 
 #endif

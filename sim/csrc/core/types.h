@@ -13,6 +13,8 @@ enum { PH_WAITING = 0, PH_PREFILL = 1, PH_DECODE = 2, PH_PREEMPTED = 3, PH_SWAPP
 enum { MAIN_COLS = 18, BD_COLS = 8 };
 enum { CFG_SIZE = 28 };   /* an engine's settings (engine_core._engine_spec) */   /* (the 8th, the draft part, where speculating) */
 enum { ERR_NONE = 0, ERR_DEADLOCK = 1, ERR_DURATION = 2, ERR_LIVELOCK = 3 };
+/* where a request was when its client gave up (int_zero's bits; none of them: queued) */
+enum { ABORT_RUNNING = 4, ABORT_SWAPPED = 8, ABORT_LOADING = 16, ABORT_SEAT = 32, ABORT_TRANSFER = 64 };
 enum { URGENT = 0, NORMAL = 1 };
 enum { ROLE_COLOCATED = 0, ROLE_PREFILL = 1, ROLE_DECODE = 2 };
 /* routers chosen here (sim/cluster/routers.py, Router.core_rule): least_requests; least_kv; power_of_two
@@ -113,7 +115,9 @@ typedef struct Core {
     int64_t *turn;       /* round-robin: the step at which a request's turn began */
     int8_t *stat, *in_pre;
     int64_t *int_zero;   /* bit 0: first scheduled, bit 1: rejected, while the clock was SimPy's int 0; bit 2:
-                            aborted while running, bit 3 while swapped out, bit 4 while loading from the host tier */
+                            aborted while running, bit 3 while swapped out, bit 4 while loading from the host tier;
+                            between prefill and decode pools, bit 5 while waiting for a decode seat, bit 6 in
+                            transfer (enum ABORT_*) */
     double *fsched, *ftok, *ltok, *fin, *rej;
     int64_t *dst;         /* disaggregated: the decode engine each request was routed to (-1: none) */
     /* queues: running (in rank order), waiting (a ring: preempted requests go to its front), staged */
@@ -122,10 +126,13 @@ typedef struct Core {
     Py_ssize_t ndone;     /* the last step's finished, first ``ndone`` of ``done`` in finish order */
     Py_ssize_t nrun, wq_head, wq_len, nstaged, nswapped;
     /* client timeouts (workload.timeout_s; 0: none): the requests handed over, in that order, a ring of N + 1
-    whose head's deadline (arrival + timeout) comes first; ``aborted`` counts those it ended */
+    whose head's deadline (arrival + timeout) comes first, or (``dl_heap``: a decode engine, handed its
+    requests as their prefills end) a binary heap by deadline, ties in hand-over order (deadlines.inc);
+    ``aborted`` counts those it ended */
     double timeout;
     int64_t *dl;
     Py_ssize_t dl_head, dl_len;
+    int dl_heap;
     int64_t aborted;
     /* the plan being made: entries (request, new tokens, context) and its counters */
     int64_t *e_idx, *e_new, *e_ctx, *e_draft;   /* e_draft: of the new tokens, drafts to verify */
@@ -332,6 +339,11 @@ typedef struct Disagg {
     int rule;                   /* or the decode router's rule, applied here (RULE_LEAST_LOAD, _LEAST_KV, _AFFINITY) */
     int64_t slack;              /* RULE_AFFINITY: its load slack */
     int64_t *state;             /* per decode engine: handed over, finished or rejected, blocks used, incoming */
+    /* client timeouts (workload.timeout_s; 0: none): each request's hand-over count on its decode engine (the
+    deadline heaps' tie-break), and whether it waits in a decode engine's ``pullq`` (pull) */
+    double timeout;
+    int64_t *handed_seq, handed_next;
+    int8_t *in_pullq;
 } Disagg;
 
 
