@@ -465,3 +465,65 @@ def test_concurrent_stages_replayed_by_their_workers(tmp_path):
     text = text_table([first, second])
     assert "(20 requests by 2 concurrent, 1 seed(s)" in text and "(30 requests by 6 concurrent" in text
     assert first.to_json()["concurrency"] == 2 and np.isfinite(second.to_json()["windows_s"][0][1])
+
+
+METRIC_AND_PROMPT_COLUMNS = ["ttft_s_mean", "ttft_s_median", "ttft_s_p90", "ttft_s_p99", "e2e_s_mean", "e2e_s_median",
+                             "e2e_s_p90", "e2e_s_p99", "decode_s_per_token_mean", "achieved_req_s", "prompt_len_mean",
+                             "prompt_len_median", "prompt_len_p10", "prompt_len_p90", "prompt_len_p99"]
+
+
+def _planned(tmp_path, drop: list[str], name: str = "plan.csv") -> Path:
+    """The shipped runs file without the columns ``drop`` (a benchmark not yet run)."""
+    f = tmp_path / name
+    pd.read_csv(RUNS).drop(columns=drop).to_csv(f, index=False)
+    return f
+
+
+def test_a_row_without_measurements_is_a_prediction_only(tmp_path):
+    """No measured figures and no server-side prompt lengths: each prompt is the client's system prompt and
+    question plus a BOS token (100 + 466 + 1 = 567 for the 7B codegen run), nothing is measured, and the
+    row asks for no goal."""
+    stages = read_runs(_planned(tmp_path, METRIC_AND_PROMPT_COLUMNS))
+    s = stages[0]
+    assert not s.has_measurements and s.prompts_from_client
+    assert s.prompt_quantiles == {"mean": 567.0, "p10": 567.0, "p50": 567.0, "p90": 567.0, "p99": 567.0}
+    assert all(np.isnan(v) for v in s.measured.values())
+    r = StageResult(s, [dict.fromkeys(s.measured, 1.0)])
+    assert check_goals([r]) == [] and not r.falsely_saturated and np.isnan(r.error("ttft_mean"))
+    assert len(build_requests([s], seed=0)[0]) == 3000
+    assert {q["prompt_len"] for q in build_requests([s], seed=0)[0]} == {567}
+
+
+def test_a_prediction_does_not_read_the_measured_figures(tmp_path):
+    """The same run with and without its measured columns (prompt lengths kept): the same predictions, bit
+    for bit; the table shows '-' for what was not measured and the CLI checks no goal."""
+    only_inputs = _planned(tmp_path, METRIC_AND_PROMPT_COLUMNS[:10])
+    picked = ["llama-2-7b-tp1-codegen"]
+    with_figures = evaluate(read_runs(RUNS), seeds=[0], max_duration_s=5, runs=picked)
+    without = evaluate(read_runs(only_inputs), seeds=[0], max_duration_s=5, runs=picked)
+    assert [r.predictions for r in without] == [r.predictions for r in with_figures]
+    assert "TTFT mean             -" in text_table(without)
+    out = tmp_path / "out"
+    r = kvsim("fidelity", str(only_inputs), "--run", picked[0], "--duration", "5", "--seeds", "1", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "no measured figures: predictions only, no goal checked" in r.stdout
+    assert (out / "parity.png").stat().st_size > 0
+    doc = json.loads((out / "fidelity.json").read_text())
+    assert doc["goals_total"] == 0 and doc["stages"][0]["measured"]["ttft_mean"] is None
+
+
+def test_measured_columns_and_prompt_lengths_come_all_or_none(tmp_path):
+    """A header with some of a group's columns names the others (a misspelt one is not taken as not measured);
+    a row with some of the five prompt lengths names those it lacks."""
+    for dropped in ("prompt_len_p99", "achieved_req_s"):
+        with pytest.raises(KvsimError) as e:
+            read_runs(_planned(tmp_path, [dropped]))
+        assert e.value.what.startswith(f"missing column(s): {dropped} ")
+    table = pd.read_csv(RUNS)
+    table.loc[0, "prompt_len_p99"] = None
+    f = tmp_path / "gap.csv"
+    table.to_csv(f, index=False)
+    r = kvsim("fidelity", str(f), "--seeds", "1", "--duration", "5")
+    assert r.returncode == 2
+    assert r.stderr.strip() == (f"error: {f}:2: prompt_len_p99: give the five server-side prompt lengths, or none "
+                                "(then the client's, plus a BOS token)")

@@ -58,6 +58,7 @@ class StageResult:
 
     @property
     def falsely_saturated(self) -> bool:
+        """Predicted mean TTFT above 3x the measured one plus 50 ms (False where none was measured)."""
         return self.predicted("ttft_mean") > 3 * self.stage.measured["ttft_mean"] + 0.05
 
     def to_json(self) -> dict[str, Any]:

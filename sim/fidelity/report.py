@@ -44,8 +44,11 @@ def text_table(results: list[StageResult]) -> str:
         for m in METRICS:
             lo, hi = r.spread(m)
             scale, unit = (1.0, "") if m == "req_per_s" else (1e3, " ms")
-            lines.append(f"  {LABELS[m]:<14}{r.stage.measured[m] * scale:>9.4g}{unit:3}{r.predicted(m) * scale:>9.4g}"
-                         f"{unit:3}{f'{lo * scale:.4g} .. {hi * scale:.4g}':>21}{unit:3}{r.error(m):>+9.1%}")
+            measured = r.stage.measured[m]
+            shown, error = ((f"{'-':>9}{'':3}", f"{'-':>9}") if math.isnan(measured)
+                            else (f"{measured * scale:>9.4g}{unit:3}", f"{r.error(m):>+9.1%}"))
+            lines.append(f"  {LABELS[m]:<14}{shown}{r.predicted(m) * scale:>9.4g}"
+                         f"{unit:3}{f'{lo * scale:.4g} .. {hi * scale:.4g}':>21}{unit:3}{error}")
         if r.engine:
             running = sum(e["running_mean"] for e in r.engine) / len(r.engine)
             waiting = sum(e["waiting_mean"] for e in r.engine) / len(r.engine)
@@ -58,6 +61,11 @@ def text_table(results: list[StageResult]) -> str:
                          "may have ended earlier (EOS)")
         if r.falsely_saturated:
             lines.append("  ! falsely saturated: predicted mean TTFT above 3x measured + 50 ms")
+        if not r.stage.has_measurements:
+            lines.append("  (no measured figures: a prediction only)")
+        if r.stage.prompts_from_client:
+            lines.append(f"  prompts of {r.stage.prompt_quantiles['mean']:g} tokens each (no server-side lengths given: "
+                         "the client's plus a BOS token)")
         if any(r.refused):
             lines.append(f"  refused by the API server (prompt + output_len > max_model_len {r.stage.max_model_len}): "
                          f"{min(r.refused)}..{max(r.refused)} of {r.stage.num_requests} requests (not in the figures)")
@@ -77,9 +85,11 @@ def _run_style(i: int) -> tuple[str, str]:
 
 
 def parity_figure(results: list[StageResult], path: Path, title: str = "kvsim vs measured") -> None:
-    """Predicted against measured (log-log), one panel per metric family, seed spread as error bars."""
+    """Predicted against measured (log-log), one panel per metric family, seed spread as error bars (stages
+    and figures that were not measured are left out; a panel with none says so)."""
     from matplotlib.figure import Figure  # no pyplot: leaves the caller's backend alone
 
+    results = [r for r in results if r.stage.has_measurements]
     panels = [("TTFT (s)", ["ttft_mean", "ttft_p90"]), ("E2E (s)", ["e2e_mean", "e2e_p90"]),
               ("decode time per token (s)", ["decode_per_token"])]
     runs = sorted({r.stage.run for r in results})
@@ -96,6 +106,8 @@ def parity_figure(results: list[StageResult], path: Path, title: str = "kvsim vs
         for r in results:
             for m, fill in zip(metrics, ("full", "none")):
                 meas, pred = r.stage.measured[m], r.predicted(m)
+                if math.isnan(meas):   # (a prediction only: no point to place)
+                    continue
                 lo, hi = r.spread(m)
                 values += [meas, pred, lo, hi]
                 marker, color = run_styles[r.stage.run]
@@ -108,6 +120,10 @@ def parity_figure(results: list[StageResult], path: Path, title: str = "kvsim vs
                     labelled.add(r.stage.run)
                 ax.errorbar([meas], [pred], yerr=[[pred - lo], [hi - pred]], fmt=marker, fillstyle=fill,
                             color=color, capsize=3, label=legend)
+        if not any(v > 0 for v in values):
+            ax.text(0.5, 0.5, f"no measured {label}", ha="center", va="center", transform=ax.transAxes)
+            ax.set_axis_off()
+            continue
         lo_v, hi_v = min(v for v in values if v > 0) * 0.7, max(values) * 1.4
         ax.plot([lo_v, hi_v], [lo_v, hi_v], "k-", lw=0.8)
         for f, style in ((1.1, "--"), (1 / 1.1, "--")):
@@ -122,12 +138,15 @@ def parity_figure(results: list[StageResult], path: Path, title: str = "kvsim vs
         ax.grid(True, which="both", alpha=0.3)
     title_note = None if per_point else "filled: mean, open: p90"
     fig.suptitle(title)
-    if below:
-        handles, labels = axes[0].get_legend_handles_labels()
+    first = next((ax for ax in axes if ax.get_legend_handles_labels()[0]), None)   # (the panel with the legend)
+    if first is None:
+        fig.tight_layout()
+    elif below:
+        handles, labels = first.get_legend_handles_labels()
         fig.legend(handles, labels, loc="lower center", ncol=LEGEND_COLUMNS, fontsize=6, title=title_note,
                    title_fontsize=6, frameon=False)
         fig.tight_layout(rect=(0, (0.13 * legend_rows + 0.25) / fig.get_figheight(), 1, 1))
     else:
-        axes[0].legend(fontsize=6, loc="upper left", title=title_note, title_fontsize=6)
+        first.legend(fontsize=6, loc="upper left", title=title_note, title_fontsize=6)
         fig.tight_layout()
     fig.savefig(path, dpi=110, format="png")

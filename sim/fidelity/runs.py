@@ -2,7 +2,11 @@
 
 One row per (run, stage). Stages of a run ran one after the other on one server; each row carries the server
 settings, the client's load (rate x duration requests, 100 fixed prompts cycled) and the measured
-client-side figures. Every problem is a KvsimError naming the file, the line and the column.
+client-side figures. A row without measured figures (their columns absent, or its cells empty) is a benchmark
+not yet run: kvsim predicts it and checks nothing; without the server-side prompt lengths, each prompt is
+taken as the client's count plus a BOS token (``client_prompt_quantiles``). The measured columns, and the
+prompt lengths' five, come all or none. Every problem is a KvsimError naming the
+file, the line and the column.
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ METRIC_COLUMNS = {
 }
 INT_COLUMNS = ["stage", "tensor_parallel", "max_model_len", "max_num_batched_tokens", "max_num_seqs",
                "num_groups", "num_prompts_per_group", "system_prompt_len", "question_len", "output_len"]
-FLOAT_COLUMNS = ["rate_req_s", "duration_s", "prompt_len_mean", "prompt_len_median", "prompt_len_p10",
-                 "prompt_len_p90", "prompt_len_p99", *METRIC_COLUMNS.values()]
+FLOAT_COLUMNS = ["rate_req_s", "duration_s"]
+# server-side prompt lengths: all five given, or none (then the client's, ``client_prompt_quantiles``)
+PROMPT_COLUMNS = {"mean": "prompt_len_mean", "p10": "prompt_len_p10", "p50": "prompt_len_median",
+                  "p90": "prompt_len_p90", "p99": "prompt_len_p99"}
 TEXT_COLUMNS = ["run", "model", "gpu"]
 OPTIONAL = ["num_gpu_kv_blocks_vllm_log", "load", "ignore_eos", "concurrency_level", "num_requests"]
 # the client's load types kvsim rebuilds (inference-perf's load.type; an empty or missing cell: constant)
@@ -54,7 +60,7 @@ class MeasuredStage:
     system_prompt_len: int
     output_len: int
     prompt_quantiles: dict[str, float]   # mean, p10, p50, p90, p99 (server-side tokens)
-    measured: dict[str, float]           # METRIC_COLUMNS keys
+    measured: dict[str, float]           # METRIC_COLUMNS keys (NaN: not measured, a prediction only)
     model_spec: ModelSpec | None = None  # a model with no preset: from its config.json (``read_runs(models=)``),
                                          # or a preset quantized as the model id's suffix says
     load: str = "constant"               # one of LOADS
@@ -65,10 +71,24 @@ class MeasuredStage:
     requests: int = 0                    # load concurrent: the stage's requests (inference-perf's num_requests)
     pipeline_parallel: int = 1           # pipeline stages (an optional column; each a tensor_parallel group)
 
+    prompts_from_client: bool = False    # no server-side prompt lengths given: ``client_prompt_quantiles``
+
     @property
     def num_requests(self) -> int:
         return self.requests if self.load == "concurrent" else round(self.rate_req_s * self.duration_s)
 
+    @property
+    def has_measurements(self) -> bool:
+        """Whether any figure was measured (else the row only asks for a prediction)."""
+        return any(not math.isnan(v) for v in self.measured.values())
+
+
+def client_prompt_quantiles(system_prompt_len: int, question_len: int) -> dict[str, float]:
+    """Prompt lengths where the server-side ones are not given: every prompt the client's tokens plus the BOS
+    token the server adds. (Re-tokenising the client's random token ids usually makes a few percent more:
+    in the shipped runs 566 client tokens became 591.6 on average; give the measured lengths where known.)"""
+    n = float(system_prompt_len + question_len + 1)
+    return {"mean": n, "p10": n, "p50": n, "p90": n, "p99": n}
 
 # a GPU named without its memory size: the size its SXM part ships with
 DEFAULT_MEMORY = {"a100": "a100-80gb", "h100": "h100-80gb", "h200": "h200-141gb"}
@@ -102,6 +122,9 @@ def read_runs(path: str | Path, models: dict[str, ModelSpec] | None = None) -> l
     rows = list(csv.DictReader(text.splitlines()))
     header = set(rows[0]) if rows else set(text.splitlines()[0].split(",") if text.strip() else [])
     missing = [c for c in TEXT_COLUMNS + INT_COLUMNS + FLOAT_COLUMNS if c not in header]
+    for group in (list(METRIC_COLUMNS.values()), list(PROMPT_COLUMNS.values())):   # (all of a group, or none)
+        if header & set(group):
+            missing += [c for c in group if c not in header]
     if missing:
         raise KvsimError(f"{path}:1", f"missing column(s): {', '.join(missing)} (the format of "
                                       "sim/data/ground_truth/vllm_h100_runs.csv)")
@@ -109,6 +132,11 @@ def read_runs(path: str | Path, models: dict[str, ModelSpec] | None = None) -> l
         raise KvsimError(str(path), "no runs (only a header)")
     by_id = {k.lower(): v for k, v in (models or {}).items()}
     return [_stage(row, f"{path}:{i + 2}", by_id) for i, row in enumerate(rows)]
+
+
+def _optional(row: dict, col: str, where: str) -> float:
+    """A column that may be absent or empty (NaN then)."""
+    return _num(row, col, where, float) if (row.get(col) or "").strip() else math.nan
 
 
 def _num(row: dict, col: str, where: str, kind: type) -> float:
@@ -171,8 +199,14 @@ def _stage(row: dict, where: str, models: dict[str, ModelSpec]) -> MeasuredStage
         raise KvsimError(where, f"pipeline_parallel: must be 1 .. 64, got {stages}")
     blocks_raw = (row.get("num_gpu_kv_blocks_vllm_log") or "").strip()
     blocks = int(_num(row, "num_gpu_kv_blocks_vllm_log", where, int)) if blocks_raw else None
-    q = {"mean": floats["prompt_len_mean"], "p10": floats["prompt_len_p10"], "p50": floats["prompt_len_median"],
-         "p90": floats["prompt_len_p90"], "p99": floats["prompt_len_p99"]}
+    q = {key: _optional(row, col, where) for key, col in PROMPT_COLUMNS.items()}
+    given = [col for key, col in PROMPT_COLUMNS.items() if not math.isnan(q[key])]
+    if given and len(given) < len(PROMPT_COLUMNS):
+        raise KvsimError(where, f"{', '.join(sorted(set(PROMPT_COLUMNS.values()) - set(given)))}: give the five "
+                                "server-side prompt lengths, or none (then the client's, plus a BOS token)")
+    from_client = not given
+    if from_client:
+        q = client_prompt_quantiles(ints["system_prompt_len"], ints["question_len"])
     if not (q["p10"] <= q["p50"] <= q["p90"] <= q["p99"]) or q["p10"] < 1:
         raise KvsimError(where, "prompt_len_p10 <= median <= p90 <= p99 (and >= 1) must hold")
     return MeasuredStage(
@@ -182,9 +216,9 @@ def _stage(row: dict, where: str, models: dict[str, ModelSpec]) -> MeasuredStage
         num_gpu_blocks=blocks, rate_req_s=floats["rate_req_s"], duration_s=floats["duration_s"],
         num_prompts=ints["num_groups"] * ints["num_prompts_per_group"],
         system_prompt_len=ints["system_prompt_len"], output_len=ints["output_len"], prompt_quantiles=q,
-        measured={m: floats[c] for m, c in METRIC_COLUMNS.items()}, model_spec=spec, load=load,
+        measured={m: _optional(row, c, where) for m, c in METRIC_COLUMNS.items()}, model_spec=spec, load=load,
         ignore_eos=eos not in _FALSE, num_groups=ints["num_groups"], question_len=ints["question_len"],
-        concurrency=level, requests=requests, pipeline_parallel=stages)
+        concurrency=level, requests=requests, pipeline_parallel=stages, prompts_from_client=from_client)
 
 
 def group_runs(stages: list[MeasuredStage]) -> dict[str, list[MeasuredStage]]:
