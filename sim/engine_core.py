@@ -62,6 +62,7 @@ from sim.executors.pipeline import PipelineExecutor
 from sim.kv.contiguous import ContiguousKVManager
 from sim.kv.manager import KVCacheManager
 from sim.kv.prefix_cache import NO_BLOCKS
+from sim.kv.sliding_only import SlidingKVCacheManager, fits_window
 from sim.kv.window_pages import WindowedKVCacheManager
 from sim.metrics import STEP_COLUMNS, Columns, Recorder
 from sim.native import native
@@ -88,8 +89,11 @@ def core_supported(scheduler: Any, manager: Any, executor: Any, requests: list[R
         if manager.space.num_free != manager.num_blocks:
             return False   # (the core starts the space unused: one free extent)
         cache = None
-    elif type(manager) not in (KVCacheManager, WindowedKVCacheManager):
+    elif type(manager) not in (KVCacheManager, WindowedKVCacheManager, SlidingKVCacheManager):
         return False
+    elif requests is not None and not fits_window(manager, requests):
+        return False   # (tables cut to the window: the SimPy loop; within it a plain manager's; callers that pass
+                       # no requests check ``fits_window`` themselves)
     else:
         cache = manager.prefix_cache
         if manager.host is not None and len(manager.host):
@@ -649,7 +653,7 @@ def write_engine(scheduler: ContinuousScheduler, requests: list[Request], record
     scheduler.num_preemptions += preemptions
     scheduler.swapped_blocks += swapped_blocks
     mgr = scheduler.manager
-    if type(mgr) not in (KVCacheManager, WindowedKVCacheManager):   # (a contiguous allocator keeps neither peaks
+    if type(mgr) not in (KVCacheManager, WindowedKVCacheManager, SlidingKVCacheManager):   # (a contiguous allocator keeps neither peaks
         # nor sums: its rows say all)
         if collect:
             _collect(scheduler, requests)

@@ -385,8 +385,9 @@ def _timeout(rng: random.Random, data: dict) -> None:
 
 def _sliding_window(data: dict) -> None:
     """Sometimes tiny-gemma where tiny-llama was drawn with a block count (its shapes, with sliding-window
-    layers, or chunked ones as Llama 4 has), its cache as vLLM's hybrid manager keeps it where the case allows
-    (sim/kv/window_pages.py), else every token kept (``kv_cache.hybrid_manager: false``), and now and then the
+    layers, every layer's now and then as Mistral-7B-v0.1's, or chunked ones as Llama 4 has), its cache as
+    vLLM's hybrid manager keeps it where the case allows (sim/kv/window_pages.py, sim/kv/sliding_only.py), else
+    every token kept (``kv_cache.hybrid_manager: false``), and now and then the
     latter anyway. Drawn from a stream of its own (the case's other draws stay as they were)."""
     rng = random.Random(f"window:{data['seed']}")
     model = data["model"]
@@ -397,7 +398,8 @@ def _sliding_window(data: dict) -> None:
         model["name"] = "tiny-gemma"
     else:
         data["model"] = model = {"name": "tiny-gemma"}
-    if rng.random() < 0.4:   # Llama 4's kind instead: chunks of 64 on the same three layers
+    chunks = rng.random() < 0.4
+    if chunks:   # Llama 4's kind instead: chunks of 64 on the same three layers
         model.update(sliding_window=0, sliding_layers=None, attention_chunk_size=64, chunked_layers=3)
     kv = data["kv_cache"]
     for key in ("swap_space_gb", "cpu_offload_gib"):   # (its 4 layers' blocks are twice tiny-llama's 2 layers')
@@ -405,6 +407,8 @@ def _sliding_window(data: dict) -> None:
             kv[key] *= 2
     if rng.random() < 0.2 or not _pages_allowed(data):
         data["kv_cache"]["hybrid_manager"] = False
+    if not chunks and rng.random() < 0.5:   # Mistral-7B-v0.1's kind: every layer in the window
+        model["sliding_layers"] = 4   # (tables cut to the window, sim/kv/sliding_only.py)
 
 
 def _pages_allowed(data: dict) -> bool:

@@ -170,7 +170,7 @@ def fan_out_samples(scn: Scenario, workload: Workload) -> None:
 def _check_sequences_supported(scn: Scenario, requests: list) -> None:
     """Parallel samples and beams fork block tables: only the paged allocator with continuous batching does,
     without speculative decoding (its drafts are one sequence's). (Fanned out, samples are requests.)"""
-    paged = scn.model_spec.kv_pages() is not None
+    paged = scn.model_spec.kv_pages() is not None or scn.model_spec.sliding_only()
     staged = scn.hardware_spec.pipeline_parallel > 1
     if (scn.scheduler.batching == "continuous" and scn.kv_cache.allocator == "paged" and scn.speculative is None
             and not paged and not staged):
@@ -203,15 +203,16 @@ def _check_sequences_supported(scn: Scenario, requests: list) -> None:
 def window_pages(scn: Scenario) -> tuple[LocalAttention, int, int] | None:
     """The window pages' settings of the scenario's manager (sim/kv/window_pages.py): what the local layers
     see, the pages a logical block takes, and the most tokens one step computes for a request (the prefill
-    budget with chunked prefill, else its whole KV); None where the model keeps every token
+    budget with chunked prefill, else its whole KV); a model whose every layer is local (``sliding_only``,
+    sim/kv/sliding_only.py) takes no pages (0); None where the model keeps every token
     (``ModelSpec.kv_pages``)."""
     model = scn.model_spec
     pages = model.kv_pages()
-    if pages is None:
+    if pages is None and not model.sliding_only():
         return None
     sch = scn.scheduler
     step_tokens = batched_tokens(sch, model.max_model_len) if sch.chunked_prefill else model.max_model_len
-    return model.local_attention, pages[1], step_tokens
+    return model.local_attention, pages[1] if pages else 0, step_tokens
 
 
 def build_parts(scn: Scenario, num_gpu: int, num_cpu: int, executor: Any = None, replica_id: int = 0):

@@ -454,7 +454,7 @@ def _hybrid_manager_problem(scn: Scenario) -> tuple[str, str] | None:
     continuous batching on the paged allocator, preemption by recompute, one sequence a request (or samples
     fanned out as requests), a GPU-only prefix cache, no drafts, colocated engines."""
     model = scn.model_spec
-    if model.kv_pages() is None:
+    if model.kv_pages() is None and not model.sliding_only():
         return None
     sch, kv, syn = scn.scheduler, scn.kv_cache, scn.workload.synthetic
     forks = sch.parallel_sampling == "fork" and syn is not None and syn.n > 1

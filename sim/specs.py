@@ -198,7 +198,8 @@ class ModelSpec(BaseModel):
         10 full, 52 sliding, g = 10 and six sliding groups, the last padded); a block is a page of one group.
         kvsim keeps the full layers' table as a full-attention model's, so it pages a model whose full layers
         fill one group (all but models with 1.5 times more full layers than local ones) and that has full
-        layers at all (not Mistral-7B-v0.1's every-layer window): the others keep every token."""
+        layers at all (a model whose every layer is local, Mistral-7B-v0.1's, is ``sliding_only``): the others
+        keep every token."""
         sliding = self.local_layers
         full = self.num_layers - sliding
         if not self.hybrid_kv or not sliding or not full:
@@ -208,6 +209,12 @@ class ModelSpec(BaseModel):
         if -(-full // group) != 1:
             return None
         return group, -(-sliding // group)
+
+    def sliding_only(self) -> bool:
+        """Whether every layer is local and the cache keeps only what their queries see (``hybrid_kv``): vLLM's
+        hybrid manager then keeps one group of all the layers, each request's blocks behind the window freed
+        (sim/kv/sliding_only.py; Mistral-7B-v0.1 and its fine-tunes: every layer a 4,096-token window)."""
+        return self.hybrid_kv and self.local_layers == self.num_layers > 0
 
     def kv_bytes_per_token(self, dtype: str | None = None) -> int:
         """2 x layers x kv_heads x head_dim x bytes (of ``dtype``, else the KV dtype): the K and V of one token in

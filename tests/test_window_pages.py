@@ -141,7 +141,8 @@ def test_blocks_are_pages_of_one_group():
     assert split.kv_pages() == (12, 1)
     assert ModelSpec.from_name("gemma-2-9b").kv_pages() == (21, 1)
     assert split.model_copy(update={"num_layers": 28, "sliding_layers": 8}).kv_pages() is None
-    assert ModelSpec.from_name("mistral-7b-v0.1").kv_pages() is None
+    assert ModelSpec.from_name("mistral-7b-v0.1").kv_pages() is None   # (its tables are cut instead: sliding_only)
+    assert ModelSpec.from_name("mistral-7b-v0.1").sliding_only() and not gemma.sliding_only()
     assert gemma.model_copy(update={"hybrid_kv": False}).kv_pages() is None
     # the cache: the same bytes in blocks of 10 layers instead of 62
     scn = {"model": "gemma-3-27b", "hardware": "h100-80gb", "workload": {"requests": [{"prompt_len": 5,

@@ -86,13 +86,14 @@ def kv_size(model: ModelSpec, seq_len: int, dtype: str, block_size: int) -> dict
 
 def pages_per_sequence(model: ModelSpec, seq_len: int, block_size: int) -> int:
     """Blocks a sequence of ``seq_len`` tokens holds once its last token is computed: its table, and under
-    window pages those of what its next query sees (sim/kv/window_pages.py)."""
+    window pages those of what its next query sees (sim/kv/window_pages.py); where every layer is local, the
+    blocks its last query sees alone (sim/kv/sliding_only.py)."""
     table = -(-seq_len // block_size)
     pages = model.kv_pages()
-    if pages is None:
+    if pages is None and not model.sliding_only():
         return table
     first = model.local_attention.first_visible(seq_len - 1) // block_size
-    return table + pages[1] * (table - first)
+    return table - first if pages is None else table + pages[1] * (table - first)
 
 
 def _window_sizes(model: ModelSpec, seq_len: int, dtype: str) -> dict:
@@ -112,7 +113,8 @@ def _window_sizes(model: ModelSpec, seq_len: int, dtype: str) -> dict:
             "local_layers": layers, "layers_per_block": pages[0] if pages else model.num_layers,
             "bytes_per_sequence_all_layers": per_layer * model.num_layers * seq_len,
             "bytes_per_sequence_window_only": window_only,
-            "bytes_per_sequence_kept": window_only if pages else per_layer * model.num_layers * seq_len}
+            "bytes_per_sequence_kept": window_only if pages or model.sliding_only()
+            else per_layer * model.num_layers * seq_len}
 
 
 def capacity(model: ModelSpec, hardware: HardwareSpec, seq_len: int, block_size: int, utilization: float,
@@ -130,7 +132,7 @@ def capacity(model: ModelSpec, hardware: HardwareSpec, seq_len: int, block_size:
             "gpu_memory_utilization": utilization, "group_bytes_per_block": group_kv_bytes_per_block(
                 model, hardware, block_size) + draft[1],
             "kv_blocks": blocks, "kv_tokens": blocks * seq_len // pages_per_sequence(model, seq_len, block_size)
-            if model.kv_pages() else blocks * block_size,
+            if model.kv_pages() or model.sliding_only() else blocks * block_size,
             "sequences": blocks // pages_per_sequence(model, seq_len, block_size),
             "hbm_budget": hbm_budget(model, hardware, block_size, blocks, utilization, None, *draft, lora_bytes=slots)}
 
@@ -262,7 +264,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"  {kind} {info['local_span']:,} tokens on {info['local_layers']} of {model.num_layers} layers; "
               "their attention reads what a query sees")
         alone, whole = info["bytes_per_sequence_window_only"], info["bytes_per_sequence_all_layers"]
-        if model.kv_pages():
+        if model.kv_pages() or model.sliding_only():
             print(f"  their blocks leave the cache when no query sees them (vLLM's hybrid KV cache manager): a block holds "
                   f"{info['layers_per_block']} layers, a {args.seq_len:,}-token sequence {alone / 1e9:.3f} GB of KV "
                   f"against {whole / 1e9:.3f} GB with every token kept (--disable-hybrid-kv-cache-manager)")
