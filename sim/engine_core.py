@@ -62,7 +62,7 @@ from sim.executors.pipeline import PipelineExecutor
 from sim.kv.contiguous import ContiguousKVManager
 from sim.kv.manager import KVCacheManager
 from sim.kv.prefix_cache import NO_BLOCKS
-from sim.kv.sliding_only import SlidingKVCacheManager, fits_window
+from sim.kv.sliding_only import SlidingKVCacheManager
 from sim.kv.window_pages import WindowedKVCacheManager
 from sim.metrics import STEP_COLUMNS, Columns, Recorder
 from sim.native import native
@@ -91,9 +91,6 @@ def core_supported(scheduler: Any, manager: Any, executor: Any, requests: list[R
         cache = None
     elif type(manager) not in (KVCacheManager, WindowedKVCacheManager, SlidingKVCacheManager):
         return False
-    elif requests is not None and not fits_window(manager, requests):
-        return False   # (tables cut to the window: the SimPy loop; within it a plain manager's; callers that pass
-                       # no requests check ``fits_window`` themselves)
     else:
         cache = manager.prefix_cache
         if manager.host is not None and len(manager.host):
@@ -190,6 +187,8 @@ def blocks_needed(prompt: np.ndarray, capped: np.ndarray, mgr: Any, width: np.nd
     need = -(-slots // mgr.block_size)
     if type(mgr) is WindowedKVCacheManager:   # and its window's pages (WindowedKVCacheManager.can_ever_fit)
         need = need + mgr.sliding_groups * mgr.window_blocks_max(slots)
+    elif type(mgr) is SlidingKVCacheManager:   # its window's blocks alone (SlidingKVCacheManager.can_ever_fit)
+        need = np.minimum(need, -(-(mgr.local.span - 1 + np.minimum(mgr.step_tokens, slots)) // mgr.block_size) + 1)
     if width is not None:   # n samples share the prompt's full blocks (KVCacheManager.can_ever_fit)
         need = need + (width - 1) * (need - prompt // mgr.block_size)
     return need
@@ -546,7 +545,7 @@ def _engine_spec(parts: EngineParts, drafts: np.ndarray | None, adapters: tuple[
                 mgr.host.capacity if getattr(mgr, "host", None) is not None else 0, *_window_settings(mgr),
                 int(np.float64(scheduler.timeout_s or 0.0).view(np.int64)),   # (the timeout's bits: core.c reads
                 # the same double)
-                scheduler.batch_tokens)
+                scheduler.batch_tokens, int(type(mgr) is SlidingKVCacheManager))   # (tables cut to the window)
     width, chunk = len(STEP_COLUMNS), Columns.CHUNK_ROWS
     speculation = _speculation(scheduler, parts.executor, drafts)
     lora = _lora(scheduler, parts.executor, adapters)
@@ -577,7 +576,10 @@ def _pipeline(executor: Any) -> tuple | None:
 
 
 def _window_settings(mgr: Any) -> tuple[int, int, int]:
-    """core.c's window pages of a manager: (pages a logical block, span, chunked); (0, 0, 0): none."""
+    """core.c's window of a manager: (pages a logical block, span, chunked); (0, span, chunked) where every layer
+    is local and the tables themselves are cut (``SlidingKVCacheManager``); (0, 0, 0): none."""
+    if type(mgr) is SlidingKVCacheManager:
+        return 0, mgr.local.span, int(mgr.local.chunked)
     if type(mgr) is not WindowedKVCacheManager:
         return 0, 0, 0
     return mgr.sliding_groups, mgr.local.span, int(mgr.local.chunked)

@@ -111,6 +111,27 @@ def _mistral(hybrid: bool, **kv) -> dict:
             "output": {"plots": False}}
 
 
+def _both(data: dict):
+    """The run in the SimPy loop and in the compiled core (where built), the invariants checked after every step:
+    the same results bit for bit; the core's."""
+    from result_compare import assert_same
+
+    import sim.engine_core as engine_core
+    from sim.native import native
+
+    runs = []
+    before = engine_core.enabled
+    try:
+        for on in (False, True):
+            engine_core.enabled = on
+            runs.append(run_scenario(scenario_from_dict(data), check_integrity=True))
+    finally:
+        engine_core.enabled = before
+    assert_same(*runs)
+    assert runs[1].profile["compiled_core"] == (native is not None)
+    return runs[1]
+
+
 def test_a_context_longer_than_the_cache_runs_in_its_window():
     """Every token kept, 12,010 tokens never fit 9,600 slots: refused. Cut to the window, it runs: at most
     384 blocks at once, while a chunk from c tokens holds blocks (c - 4,095) // 16 .. (c + 2,048) / 16 - 1 (c =
@@ -118,8 +139,8 @@ def test_a_context_longer_than_the_cache_runs_in_its_window():
     blocks (c - 4,095) // 16 = 494 .. 750: 257, until the request ends and gives them back."""
     kept = run_scenario(scenario_from_dict(_mistral(False)), check_integrity=True)
     assert kept.summary["num_rejected"] == 1
-    cut = run_scenario(scenario_from_dict(_mistral(True)), check_integrity=True)
-    assert cut.summary["num_finished"] == 1 and not cut.profile["compiled_core"]
+    cut = _both(_mistral(True))
+    assert cut.summary["num_finished"] == 1
     block_bytes = 16 * ModelSpec.from_name("mistral-7b-v0.1").kv_bytes_per_token()   # 16 x 128 KiB
     assert cut.summary["kv_bytes_peak"] == 384 * block_bytes
     decoding = cut.steps[cut.steps["num_prefill_tokens"] == 0]
@@ -142,7 +163,7 @@ def test_prefix_caching_over_the_window_serves_a_repeated_prompt():
     data["workload"]["requests"].append({"arrival": 30.0, "prompt_len": 12000, "output_len": 10,
                                          "hash_ids": list(range(750))})
     data["workload"]["requests"][0]["hash_ids"] = list(range(750))
-    res = run_scenario(scenario_from_dict(data), check_integrity=True)
+    res = _both(data)
     reqs = res.requests.set_index("req_id")
     assert list(reqs["num_cached_tokens"]) == [0, 749 * 16]
     assert np.isfinite(reqs["finish_s"]).all()
@@ -178,9 +199,9 @@ def test_with_room_to_spare_the_window_changes_memory_not_time():
     """A cache no schedule fills (8 requests of at most 520 tokens in 2,000 blocks): every step and request the
     same, to the bit, as with every token kept (the attention is priced over the window either way); each
     step holds at most the blocks it would with every token kept."""
-    cut = run_scenario(scenario_from_dict(_tiny(True, 2000)), check_integrity=True)
+    cut = _both(_tiny(True, 2000))
     kept = run_scenario(scenario_from_dict(_tiny(False, 2000)), check_integrity=True)
-    assert not cut.profile["compiled_core"] and kept.summary["num_preemptions"] == 0
+    assert kept.summary["num_preemptions"] == 0
     memory = ("kv_", "slots_")   # (the steps' memory columns: blocks, bytes, usage, the slots' breakdown)
     same = [c for c in cut.steps.columns if not c.startswith(memory)]
     assert {"start_s", "duration_s", "num_prefill_tokens", "num_decode_tokens", "num_waiting"} <= set(same)
@@ -193,8 +214,9 @@ def test_with_room_to_spare_the_window_changes_memory_not_time():
 @pytest.mark.parametrize("caching", [False, True])
 def test_a_small_cache_under_pressure_keeps_every_invariant(caching):
     """30 blocks for 8 seats: preemptions by recompute (prefix hits over the shared prefixes, with a cache), the
-    invariants checked after every step; every request ends, and no block is left held."""
-    res = run_scenario(scenario_from_dict(_tiny(True, 30, caching, rate=200.0)), check_integrity=True)
+    invariants checked after every step, in the loop and the core alike; every request ends, and no block is
+    left held."""
+    res = _both(_tiny(True, 30, caching, rate=200.0))
     s = res.summary
     assert s["num_finished"] == 60 and s["num_preemptions"] > 0
     assert res.steps["kv_blocks_used"].iloc[-1] == 0
@@ -202,23 +224,13 @@ def test_a_small_cache_under_pressure_keeps_every_invariant(caching):
         assert s["prefix_cache_hit_rate"] > 0
 
 
-def test_within_the_window_the_core_runs_it_as_the_plain_manager(monkeypatch):
-    """Prompts and outputs within Mistral-7B-v0.1's 4,096 tokens: nothing ever leaves a window, so the compiled
-    core (a plain manager) and the SimPy loop (the window manager) give the same results bit for bit; one
-    request past the window sends the run to the loop."""
-    from result_compare import assert_same, off_and_on
-
-    import sim.engine_core as engine_core
-    from sim.native import native
-
+def test_a_mixed_load_equals_in_the_loop_and_the_core():
+    """40 requests, prompts of 100 to 6,000 tokens (some past the window, some within it), shared prefixes of
+    1,000 tokens, 300 blocks: drops, hits by the one-group rule and preemptions, the same bit for bit."""
     data = _mistral(True, prefix_caching=True, num_gpu_blocks=300)
-    data["workload"] = {"synthetic": {"num_requests": 80, "arrival": {"process": "poisson", "rate": 20.0},
-                                      "prompt_len": {"dist": "uniform", "min": 100, "max": 3000},
+    data["workload"] = {"synthetic": {"num_requests": 40, "arrival": {"process": "poisson", "rate": 20.0},
+                                      "prompt_len": {"dist": "uniform", "min": 100, "max": 6000},
                                       "output_len": {"dist": "uniform", "min": 1, "max": 1000},
                                       "shared_prefix": {"groups": 4, "length": 1000}}}
-    loop, core = off_and_on(monkeypatch, engine_core, "enabled",
-                            lambda: run_scenario(scenario_from_dict(data), check_integrity=True))
-    assert_same(loop, core)
-    assert core.profile["compiled_core"] == (native is not None) and core.summary["num_preemptions"] > 0
-    data["workload"]["synthetic"]["prompt_len"]["max"] = 4000   # (some request now outgrows the window)
-    assert not run_scenario(scenario_from_dict(data)).profile["compiled_core"]
+    res = _both(data)
+    assert res.summary["num_preemptions"] > 0 and res.summary["prefix_cache_hit_rate"] > 0

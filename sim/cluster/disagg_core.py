@@ -54,7 +54,6 @@ from sim.engine_core import (
     write_requests,
     write_speculation,
 )
-from sim.kv.sliding_only import fits_window
 from sim.request import Request, RequestStatus
 
 
@@ -70,8 +69,7 @@ def disagg_supported(prefill: list[Replica], decode: list[Replica], requests: li
     for pool in (prefill, decode):
         if not same_admission([rep.scheduler for rep in pool]):
             return False
-        if not all(core_supported(rep.scheduler, rep.manager, rep.engine.executor, None)
-                   and fits_window(rep.manager, requests) for rep in pool):
+        if not all(core_supported(rep.scheduler, rep.manager, rep.engine.executor, None) for rep in pool):
             return False
     return True
 

@@ -48,7 +48,6 @@ from sim.engine_core import (
     same_admission,
 )
 from sim.errors import KvsimError
-from sim.kv.sliding_only import fits_window
 from sim.progress_bar import ProgressBar
 from sim.request import Request, RequestStatus
 from sim.scenario import Scenario
@@ -164,8 +163,7 @@ def _in_core(pool: list[Replica], requests: list[Request], router: Router) -> bo
     forks = all(forks_in_core(rep.scheduler, rep.manager, rep.engine.executor) for rep in pool)
     if (router.reads_state and not router.rule_reads_caches) or not requests_supported(requests, forks):
         return False
-    return (all(core_supported(rep.scheduler, rep.manager, rep.engine.executor, None)
-                and fits_window(rep.manager, requests) for rep in pool)
+    return (all(core_supported(rep.scheduler, rep.manager, rep.engine.executor, None) for rep in pool)
             and same_admission([rep.scheduler for rep in pool], requests))
 
 

@@ -6,7 +6,8 @@ It computes what sim/engine.py's SimPy loop computes (and sim/cluster/runner.py'
 behind one arrival process) with a ContinuousScheduler (FCFS, round-robin or priority; preemption by
 recompute or by swap) or a StaticScheduler (FCFS or priority, no prefix cache: schedule_static), a
 KVCacheManager with or without prefix caching, a WindowedKVCacheManager (window pages beside each table:
-allocate_windowed) or a ContiguousKVManager (allocate_region over extents.c),
+allocate_windowed), a SlidingKVCacheManager (every layer local: tables cut to the window, allocate_sliding)
+or a ContiguousKVManager (allocate_region over extents.c),
 with parallel samples (forked sequences: sharing.py's groups, below) but no beams, with or without client
 timeouts (workload.timeout_s: ContinuousScheduler._expire, core/schedule.inc `expire`), and the cost model,
 with or without speculative decoding (speculate.c's draws), with or without LoRA adapters (core/lora.inc),
@@ -61,6 +62,7 @@ saying what it holds. */
 #include "core/prefix_cache.inc"
 #include "core/regions.inc"
 #include "core/window_pages.inc"
+#include "core/sliding_only.inc"
 #include "core/allocation.inc"
 #include "core/forks.inc"
 #include "core/release.inc"

@@ -26,13 +26,14 @@ makes no manager call (the scheduler's fast path), so blocks that leave the wind
 its next block boundary; those a prefill chunk leaves behind are freed as the next step is planned.
 
 Where no request outgrows the window (its prompt and output within ``span`` tokens), nothing ever leaves it
-and a hit is the cached run from block 0: this manager then does exactly what ``KVCacheManager`` does, and
-the compiled core runs it as one (``fits_window``).
+and a hit is the cached run from block 0: this manager then does exactly what ``KVCacheManager`` does. The
+compiled core keeps the same tables (core.c ``sonly``: ``nulls[i]`` null entries, ``allocate_sliding``,
+``drop_nulls``, ``sliding_hit``), with the SimPy loop's results bit for bit.
 
 Invariants (``check_integrity``): each table is nulls then real blocks; a block's ref count is the number of
 tables holding it; held token slots are the real blocks' filled slots; logical blocks count real entries.
 Swaps, a host tier, forked sequences, drafts, static batching and prefill/decode pools are refused by the
-scenario (``scenario._hybrid_manager_problem``), and the compiled core leaves these engines to the SimPy loop.
+scenario (``scenario._hybrid_manager_problem``).
 """
 
 from __future__ import annotations
@@ -343,15 +344,6 @@ class SlidingKVCacheManager(KVCacheManager):
         ts, reserved, internal, external, free = self.memory_slots()
         assert min(ts, reserved, internal, external, free) >= 0, f"negative slot count {(ts, reserved, internal)}"
         assert ts + reserved + internal + external + free == self.capacity_slots, "slot accounting does not add up"
-
-
-def fits_window(manager: object, requests: Sequence[Request]) -> bool:
-    """Whether ``manager`` acts as a plain ``KVCacheManager`` over ``requests``: it is not a
-    ``SlidingKVCacheManager``, or no request's KV outgrows its window (the module docstring)."""
-    if type(manager) is not SlidingKVCacheManager:
-        return True
-    span = manager.local.span
-    return all(r.max_kv_tokens <= span for r in requests)
 
 
 def _window_hit_end(cached: np.ndarray, need: int) -> int:

@@ -11,7 +11,7 @@ gave up, workload.timeout_s, with int_zero's bit 2 set where it was running then
 enum { PH_WAITING = 0, PH_PREFILL = 1, PH_DECODE = 2, PH_PREEMPTED = 3, PH_SWAPPED = 4, PH_IDLE = 5, PH_DONE = 6,
        PH_HOST_LOAD = 7 };
 enum { MAIN_COLS = 18, BD_COLS = 8 };
-enum { CFG_SIZE = 28 };   /* an engine's settings (engine_core._engine_spec) */   /* (the 8th, the draft part, where speculating) */
+enum { CFG_SIZE = 29 };   /* an engine's settings (engine_core._engine_spec) */   /* (the 8th, the draft part, where speculating) */
 enum { ERR_NONE = 0, ERR_DEADLOCK = 1, ERR_DURATION = 2, ERR_LIVELOCK = 3 };
 /* where a request was when its client gave up (int_zero's bits; none of them: queued) */
 enum { ABORT_RUNNING = 4, ABORT_SWAPPED = 8, ABORT_LOADING = 16, ABORT_SEAT = 32, ABORT_TRANSFER = 64 };
@@ -187,6 +187,11 @@ typedef struct Core {
     int64_t *wfirst, *whave, *wstale, *wupto, **wpg;
     int64_t *stale;
     Py_ssize_t nstale, stale_cap;
+    /* every layer local (sim/kv/sliding_only.py; ``sonly``, with ``wg`` 0): no pages, each request's table is
+    cut to the window itself, its first ``nulls[i]`` entries null (their blocks freed, last first, as they left
+    the window: ``drop_nulls``); the stale list as above */
+    int sonly;
+    int64_t *nulls;
     /* the cache's host tier (kv_cache.cpu_offload_gib; ``host.cap`` 0: none): hashes of blocks copied to host
     memory (hostlru.h), the tokens its loads served at first admissions, the blocks loaded in all and in the
     step being planned */
