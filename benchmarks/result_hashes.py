@@ -25,6 +25,10 @@ lane, chunked prefill with preemption) and a cluster behind each router:
     samples-n4        scenarios/parallel_sampling.yaml, 1,000 requests of 4 samples over a prefix cache of 2,000
                       blocks with 4 shared prefixes (forks, copies, hits, evictions, recomputed groups)
     lora2000-affinity scenarios/lora.yaml on 2 replicas of 4 slots at twice the rate, lora_affinity (skips, loads)
+    pd2000-timeout    pd2000-pull sent four times as fast, clients giving up after 10 s (aborts on both pools,
+                      waiting for a decode seat and in transfer)
+    mistral-window    the quickstart on Mistral-7B-v0.1 (every layer a 4,096-token window) on one H100 with 3,000
+                      blocks and a prefix cache: tables cut to the window, one-group hits, preemptions
 """
 
 from __future__ import annotations
@@ -78,6 +82,11 @@ CASES: dict[str, Callable[[], Scenario]] = {
         "workload.synthetic.shared_prefix.length=64", "output.plots=false"]),
     "lora2000-affinity": lambda: load_scenario(ROOT / "scenarios/lora.yaml", [
         "cluster.replicas=2", "workload.time_scale=0.5", "lora.max_loras=4", "cluster.router.policy=lora_affinity",
+        "output.plots=false"]),
+    "pd2000-timeout": lambda: load_scenario(ROOT / "scenarios/cluster_disaggregated.yaml", [
+        "output.plots=false", "workload.time_scale=0.25", "workload.timeout_s=10"]),
+    "mistral-window": lambda: load_scenario(QUICKSTART, [
+        "model=mistral-7b-v0.1", "hardware=h100-80gb", "kv_cache.num_gpu_blocks=3000", "kv_cache.prefix_caching=true",
         "output.plots=false"]),
 }
 
