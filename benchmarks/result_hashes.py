@@ -27,8 +27,9 @@ lane, chunked prefill with preemption) and a cluster behind each router:
     lora2000-affinity scenarios/lora.yaml on 2 replicas of 4 slots at twice the rate, lora_affinity (skips, loads)
     pd2000-timeout    pd2000-pull sent four times as fast, clients giving up after 10 s (aborts on both pools,
                       waiting for a decode seat and in transfer)
-    mistral-window    the quickstart on Mistral-7B-v0.1 (every layer a 4,096-token window) on one H100 with 3,000
-                      blocks and a prefix cache: tables cut to the window, one-group hits, preemptions
+    mistral-window    scenarios/mooncake_conversation.yaml's first 600 requests on Mistral-7B-v0.1 (every layer a
+                      4,096-token window) on one H100 with 3,000 blocks: tables cut to the window, one-group
+                      hits, preemptions, refusals past its 32,768-token context
 """
 
 from __future__ import annotations
@@ -85,8 +86,8 @@ CASES: dict[str, Callable[[], Scenario]] = {
         "output.plots=false"]),
     "pd2000-timeout": lambda: load_scenario(ROOT / "scenarios/cluster_disaggregated.yaml", [
         "output.plots=false", "workload.time_scale=0.25", "workload.timeout_s=10"]),
-    "mistral-window": lambda: load_scenario(QUICKSTART, [
-        "model=mistral-7b-v0.1", "hardware=h100-80gb", "kv_cache.num_gpu_blocks=3000", "kv_cache.prefix_caching=true",
+    "mistral-window": lambda: load_scenario(ROOT / "scenarios/mooncake_conversation.yaml", [
+        "model=mistral-7b-v0.1", "hardware=h100-80gb", "kv_cache.num_gpu_blocks=3000", "workload.limit=600",
         "output.plots=false"]),
 }
 
