@@ -164,15 +164,17 @@ def test_kv_size_of_a_config_file(tmp_path):
     d = json.loads(kvsim("kv-size", "--model", str(path), "--seq-len", "1000", "--json").stdout)
     assert d["model"] == "qwen" and d["bytes_per_token"] == 2 * 28 * 4 * 128 * 2 == 57_344
     assert d["bytes_per_sequence"] == 57_344_000
-    # a window on every layer (no max_window_layers): every token's KV kept all the same; kept for the window
-    # only, 28 layers x 4,096 tokens x 2,048 bytes a layer and token
+    # a window on every layer (no max_window_layers): the cache keeps the window alone, 28 layers x 4,096 tokens
+    # x 2,048 bytes a layer and token (vLLM's one sliding group), every token with the hybrid manager off
     path.write_text(json.dumps({**cfg, "use_sliding_window": True, "sliding_window": 4096}))
     d = json.loads(kvsim("kv-size", "--model", str(path), "--seq-len", "10000", "--json").stdout)
-    assert d["bytes_per_sequence"] == 57_344 * 10_000
+    assert d["bytes_per_sequence"] == d["bytes_per_sequence_window_only"] == 28 * 4096 * 2 * 4 * 128 * 2 == 234_881_024
     assert (d["local_attention"], d["local_span"], d["local_layers"]) == ("sliding_window", 4096, 28)
-    assert d["bytes_per_sequence_window_only"] == 28 * 4096 * 2 * 4 * 128 * 2 == 234_881_024
+    kept = kvsim("kv-size", "--model", str(path), "--seq-len", "10000", "--json", "--disable-hybrid-kv-cache-manager")
+    assert json.loads(kept.stdout)["bytes_per_sequence"] == 57_344 * 10_000
     text = kvsim("kv-size", "--model", str(path), "--seq-len", "10000").stdout
-    assert "sliding window: 4,096 tokens on 28 of 28 layers" in text and "against 0.235 GB with what a query" in text
+    assert "sliding window: 4,096 tokens on 28 of 28 layers" in text
+    assert "a 10,000-token sequence 0.235 GB of KV against 0.573 GB with every token kept" in text
 
 
 def test_kv_size_unknown_model():
