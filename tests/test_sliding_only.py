@@ -234,3 +234,31 @@ def test_a_mixed_load_equals_in_the_loop_and_the_core():
                                       "shared_prefix": {"groups": 4, "length": 1000}}}
     res = _both(data)
     assert res.summary["num_preemptions"] > 0 and res.summary["prefix_cache_hit_rate"] > 0
+
+
+def test_fuzzed_cases_on_every_layer_sliding():
+    """Drawn fuzz cases moved onto tiny-gemma with all four layers in its 64-token window (the settings the
+    window's tables refuse turned off): each run with the invariants checked after every step, again without
+    decode runs and in the SimPy loop instead of the compiled core, all three the same (``sim.fuzz.run_case``)."""
+    import random
+
+    from sim.fuzz import _pages_allowed, draw_scenario, run_case
+
+    ran = 0
+    for i in range(300):
+        d = draw_scenario(random.Random(f"sliding-only:{i}"), i)
+        name = d["model"].get("name") if isinstance(d["model"], dict) else d["model"]
+        if "num_gpu_blocks" not in d["kv_cache"] or name not in ("tiny-llama", "tiny-gemma"):
+            continue
+        d["model"] = {"name": "tiny-gemma", "sliding_layers": 4}
+        d["kv_cache"].update(hybrid_manager=True, allocator="paged")
+        for key in ("swap_space_gb", "cpu_offload_gib"):
+            d["kv_cache"].pop(key, None)
+        d["scheduler"].update(batching="continuous", preemption="recompute", parallel_sampling="fanout")
+        d.pop("speculative", None)
+        if not _pages_allowed(d):   # (beams)
+            continue
+        case = run_case(d, i)
+        assert case.outcome in ("ok", "refused"), (i, case.error)
+        ran += case.outcome == "ok"
+    assert ran >= 60
