@@ -36,6 +36,19 @@ if TYPE_CHECKING:
 FEW_EVENTS = 8   # up to this many of a decode run's block allocations are made in plain Python (else numpy)
 
 
+class WindowMoves:
+    """For a manager whose windows move as requests grow (sim/kv/window_pages.py, sliding_only.py): the decode
+    lane's block boundaries go through ``allocate_slots``, which moves them, not the bulk paths."""
+
+    def grow_full_tables(self, reqs: list[Request], at: list[int], computed: list[int], finals: list[int]) -> bool:
+        """Not here (False, nothing done)."""
+        return False
+
+    def grow_lane(self, lane: DecodeLane) -> bool:
+        """Not here (False, nothing done)."""
+        return False
+
+
 class KVCacheManager(SharingMixin):
     """Paged KV memory for a set of requests, keyed by ``req_id``. Block sharing (prefix caching,
     forked sequences, copy-on-write) lives in ``SharingMixin`` (sim/kv/sharing.py)."""

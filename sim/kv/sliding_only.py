@@ -44,14 +44,15 @@ from collections.abc import Sequence
 import numpy as np
 
 from sim.executors.local_attention import LocalAttention
-from sim.kv.manager import KVCacheManager
+from sim.kv.manager import KVCacheManager, WindowMoves
 from sim.kv.prefix_cache import NO_BLOCKS
+from sim.kv.window_pages import window_hit_end
 from sim.request import Request
 
 NULL = -1   # a table entry whose block left the window (vLLM's null_block)
 
 
-class SlidingKVCacheManager(KVCacheManager):
+class SlidingKVCacheManager(WindowMoves, KVCacheManager):
     """The paged manager with each table cut to the window (the module docstring). ``local``: what every layer
     sees; ``step_tokens``: the most tokens one step computes for a request, for ``can_ever_fit``."""
 
@@ -116,14 +117,6 @@ class SlidingKVCacheManager(KVCacheManager):
             total += 1 - self._leaving(reqs[i].req_id, self._first(c), gone)
             most = max(most, total)
         return most
-
-    def grow_full_tables(self, reqs: list[Request], at: list[int], computed: list[int], finals: list[int]) -> bool:
-        """Not here: the boundaries go through ``allocate_slots``, which moves the windows."""
-        return False
-
-    def grow_lane(self, lane) -> bool:
-        """Not here: the boundaries go through ``allocate_slots``, which moves the windows."""
-        return False
 
     # ------------------------------------------------------------ allocation
     def allocate_slots(self, req: Request, num_new_tokens: int, cached: Sequence[int] | np.ndarray | None = None,
@@ -278,7 +271,7 @@ class SlidingKVCacheManager(KVCacheManager):
             miss = np.flatnonzero(found[start:] < 0)
             end = start + (int(miss[0]) if len(miss) else max_blocks - start)
         else:
-            end = _window_hit_end(found >= 0, -(-(span - 1) // bs))
+            end = window_hit_end((found >= 0).tolist(), -(-(span - 1) // bs))
         hit = found[:end].copy()
         hit[:self._first(end * bs)] = NULL
         return hit
@@ -344,18 +337,3 @@ class SlidingKVCacheManager(KVCacheManager):
         ts, reserved, internal, external, free = self.memory_slots()
         assert min(ts, reserved, internal, external, free) >= 0, f"negative slot count {(ts, reserved, internal)}"
         assert ts + reserved + internal + external + free == self.capacity_slots, "slot accounting does not add up"
-
-
-def _window_hit_end(cached: np.ndarray, need: int) -> int:
-    """The end (in blocks) of vLLM's sliding-window hit over blocks whose cached flags are ``cached``: from the
-    last block down, the first run of ``need`` cached blocks ends it; with none, the cached run from block
-    0."""
-    run = 0
-    for i in range(len(cached) - 1, -1, -1):
-        if not cached[i]:
-            run = 0
-            continue
-        run += 1
-        if run >= need:
-            return i + run
-    return run

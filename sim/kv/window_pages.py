@@ -49,13 +49,28 @@ from collections.abc import Sequence
 import numpy as np
 
 from sim.executors.local_attention import LocalAttention
-from sim.kv.manager import KVCacheManager
+from sim.kv.manager import KVCacheManager, WindowMoves
 from sim.kv.prefix_cache import NO_BLOCKS
 from sim.request import Request
 
 _PAGE_STEP = np.uint64(0x9E3779B97F4A7C15)
 _M64 = (1 << 64) - 1
 FEW_PAGES = 16   # up to this many pages are hashed and cached in plain Python (else numpy)
+
+
+def window_hit_end(cached: Sequence[bool], need: int) -> int:
+    """The end (in blocks) of vLLM's sliding-window hit over blocks whose cached flags are ``cached``: right to
+    left, as vLLM searches, the first run of ``need`` cached blocks ends it; with none, the cached blocks from
+    block 0 (fewer than the window needs)."""
+    run = 0
+    for i in range(len(cached) - 1, -1, -1):
+        if not cached[i]:
+            run = 0
+            continue
+        run += 1
+        if run >= need:
+            return i + run
+    return run
 
 
 def page_hashes(block_hashes: np.ndarray, groups: int) -> np.ndarray:
@@ -84,7 +99,7 @@ def page_hashes_few(block_hashes: list[int], groups: int) -> list[int]:
     return out
 
 
-class WindowedKVCacheManager(KVCacheManager):
+class WindowedKVCacheManager(WindowMoves, KVCacheManager):
     """The paged manager with each request's window pages beside its table (the module docstring). ``local``:
     what the local layers see; ``sliding_groups``: pages a logical block takes in the window; ``step_tokens``:
     the most tokens one step computes for a request (the prefill budget, else its whole KV), for
@@ -165,14 +180,6 @@ class WindowedKVCacheManager(KVCacheManager):
             most = max(most, total)
         return most
 
-    def grow_full_tables(self, reqs: list[Request], at: list[int], computed: list[int], finals: list[int]) -> bool:
-        """Not here: the boundaries go through ``allocate_slots``, which moves the windows."""
-        return False
-
-    def grow_lane(self, lane) -> bool:
-        """Not here: the boundaries go through ``allocate_slots``, which moves the windows."""
-        return False
-
     # ------------------------------------------------------------ allocation
     def allocate_slots(self, req: Request, num_new_tokens: int, cached: Sequence[int] | np.ndarray | None = None,
                        loaded: int = 0, drafts: int = 0) -> bool:
@@ -251,16 +258,7 @@ class WindowedKVCacheManager(KVCacheManager):
         need = -(-(span - 1) // bs)
         if 0 < need <= full and (self._cached_pages(hashes, full - need, full) >= 0).all():
             return full   # (the usual case: the window's blocks before the hit's end are cached)
-        have = (self._cached_pages(hashes, 0, full) >= 0).all(axis=1).tolist()
-        run = 0
-        for i in range(full - 1, -1, -1):   # right to left, as vLLM searches
-            if not have[i]:
-                run = 0
-                continue
-            run += 1
-            if run >= need:
-                return i + run
-        return run   # (the cached blocks from block 0, fewer than the window needs)
+        return window_hit_end((self._cached_pages(hashes, 0, full) >= 0).all(axis=1).tolist(), need)
 
     def match_prefix_blocks(self, req: Request) -> np.ndarray:
         """The full group's cached run (the manager's), cut to where the window's pages are cached too (a
