@@ -188,7 +188,7 @@ def blocks_needed(prompt: np.ndarray, capped: np.ndarray, mgr: Any, width: np.nd
     if type(mgr) is WindowedKVCacheManager:   # and its window's pages (WindowedKVCacheManager.can_ever_fit)
         need = need + mgr.sliding_groups * mgr.window_blocks_max(slots)
     elif type(mgr) is SlidingKVCacheManager:   # its window's blocks alone (SlidingKVCacheManager.can_ever_fit)
-        need = np.minimum(need, -(-(mgr.local.span - 1 + np.minimum(mgr.step_tokens, slots)) // mgr.block_size) + 1)
+        need = mgr.window_blocks_max(slots)
     if width is not None:   # n samples share the prompt's full blocks (KVCacheManager.can_ever_fit)
         need = need + (width - 1) * (need - prompt // mgr.block_size)
     return need
@@ -695,6 +695,7 @@ def _collect(scheduler: Any, requests: list[Request]) -> None:
 
 # where a request was when its client gave up: counters[4]'s bits (core/types.h ABORT_*); none of them: queued
 ABORT_PLACES = ((4, "running"), (8, "swapped"), (16, "loading"), (32, "waiting for a decode seat"), (64, "in transfer"))
+ABORT_HANDOFF = 32 | 64   # the two places between prefill and decode pools (no engine had the request then)
 
 
 def abort_reasons(requests: list[Request], counters: np.ndarray, schedulers: list[Any], where: np.ndarray) -> None:

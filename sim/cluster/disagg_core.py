@@ -36,7 +36,7 @@ from sim.cluster.link import KVLink
 from sim.cluster.replica import Replica, check_released
 from sim.cluster.routers import LeastKV, LeastRequests, PrefixAffinity, Router
 from sim.engine_core import (
-    ABORT_PLACES,
+    ABORT_HANDOFF,
     EngineParts,
     ReplicaState,
     _engine_spec,
@@ -149,8 +149,7 @@ def run_disaggregated(requests: list[Request], prefill: list[Replica], decode: l
             req.arrival_s = sent
     dst = hand_i[0]
     aborted = counters[0] == int(RequestStatus.ABORTED)
-    handoff_bits = sum(bit for bit, place in ABORT_PLACES if place in ("waiting for a decode seat", "in transfer"))
-    between = aborted & (counters[4] & handoff_bits != 0)   # (given up in the hand-off: no engine's)
+    between = aborted & (counters[4] & ABORT_HANDOFF != 0)   # (given up in the hand-off: no engine's)
     on_prefill = aborted & ~between & (dst < 0)
     _write_back(requests, prefill, decode, handoff, link, served, where, dst, own, out_d, hand_i, hand_f, tot_i,
                 tot_f, counters, times, between, on_prefill)

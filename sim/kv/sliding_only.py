@@ -70,15 +70,15 @@ class SlidingKVCacheManager(WindowMoves, KVCacheManager):
         """The first logical block the query after ``computed`` tokens sees."""
         return self.local.first_visible(computed) // self.block_size
 
-    def window_blocks_max(self, max_kv: int) -> int:
-        """The most blocks a request of ``max_kv`` KV tokens ever holds: a step computes at most
-        ``step_tokens`` tokens, whose first query sees at most ``span - 1`` before it (plus a block for
-        alignment)."""
+    def window_blocks_max(self, max_kv: int | np.ndarray) -> int | np.ndarray:
+        """The most blocks a request of ``max_kv`` KV tokens ever holds (each of an array of them): a step
+        computes at most ``step_tokens`` tokens, whose first query sees at most ``span - 1`` before it (plus a
+        block for alignment)."""
         bs = self.block_size
-        return min(-(-max_kv // bs), -(-(self.local.span - 1 + min(self.step_tokens, max_kv)) // bs) + 1)
+        return np.minimum(-(-max_kv // bs), -(-(self.local.span - 1 + np.minimum(self.step_tokens, max_kv)) // bs) + 1)
 
     def can_ever_fit(self, req: Request) -> bool:
-        return self.window_blocks_max(req.max_kv_tokens) <= self.num_blocks
+        return bool(self.window_blocks_max(req.max_kv_tokens) <= self.num_blocks)
 
     def _leaving(self, rid: int, first: int, gone: Counter[int] | None = None) -> int:
         """Blocks freed when ``rid``'s window moves to start at logical block ``first`` (a block shared by
