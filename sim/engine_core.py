@@ -274,24 +274,31 @@ def run_core(requests: list[Request], scheduler: ContinuousScheduler, executor: 
 
 
 def same_admission(schedulers: list[ContinuousScheduler], requests: list[Request] | None = None) -> bool:
-    """Whether these engines cap and reject a request alike (the settings ``prepare`` reads): the replicas
-    of one pool; or, given ``requests``, engines whose caches differ in size only (a mixed fleet's groups)
-    where every one of them has room for every request (so no block count decides a rejection or its
-    reason)."""
+    """Whether these engines cap a request's output alike and the core can reject requests as each does (the
+    settings ``prepare`` reads): the replicas of one pool; or, given ``requests``, engines whose caches differ
+    in size only (a mixed fleet's groups: a request one group cannot hold is rejected there, by that engine's
+    own admission, ``run_engines``)."""
     def key(s: ContinuousScheduler) -> tuple:
         m = s.manager
         return (s.max_model_len, s.max_num_batched_tokens, s.config.chunked_prefill, m.block_size, m.num_blocks)
     keys = {key(s) for s in schedulers}
-    if len(keys) == 1:
-        return True
-    if requests is None or len({k[:-1] for k in keys}) != 1:
-        return False
+    return len(keys) == 1 or (requests is not None and len({k[:-1] for k in keys}) == 1)
+
+
+def own_admissions(requests: list[Request], schedulers: list[ContinuousScheduler],
+                   samples: np.ndarray) -> list[np.ndarray | None] | None:
+    """Each engine's admission of ``requests`` (1: queued, 0: rejected on arrival there) where the engines'
+    caches differ so that some request fits one and not another (a mixed fleet's groups); None where every
+    engine admits alike. Read before ``prepare`` cuts outputs (the caps are the same everywhere)."""
     prompt, out = request_lengths(requests)
-    samples = np.fromiter((r.n for r in requests), dtype=np.int64, count=len(requests))
     width = samples if (samples > 1).any() else None
-    capped = served_outputs(prompt, out, schedulers[0].max_model_len)
-    return all(not (blocks_needed(prompt, capped, s.manager, width) > s.manager.num_blocks).any()
-               for s in {key(s): s for s in schedulers}.values())
+    by_size: dict[int, np.ndarray] = {}
+    for s in schedulers:
+        if s.manager.num_blocks not in by_size:
+            by_size[s.manager.num_blocks] = (~admission(prompt, out, s, width)[2]).astype(np.int64)
+    if len({a.tobytes() for a in by_size.values()}) <= 1:
+        return None
+    return [by_size[s.manager.num_blocks] for s in schedulers]
 
 
 def run_engines(requests: list[Request], engines: list[EngineParts], lag: float, *, dest: list[int] | None = None,
@@ -312,6 +319,7 @@ def run_engines(requests: list[Request], engines: list[EngineParts], lag: float,
         raise ValueError("run_engines: the engines cap or reject requests differently")
     n, m = len(requests), len(engines)
     samples = np.fromiter((r.n for r in requests), dtype=np.int64, count=n)   # (no beams here: requests_supported)
+    own = own_admissions(requests, [p.scheduler for p in engines], samples)
     accepted, cut = prepare(requests, engines[0].scheduler, samples)
     ints = request_ints(requests, np.fromiter((r.output_len for r in requests), dtype=np.int64, count=n), accepted,
                         samples)
@@ -326,6 +334,8 @@ def run_engines(requests: list[Request], engines: list[EngineParts], lag: float,
     drafts = draft_counts(n, [p.scheduler for p in engines])
     adapters = adapter_ids(requests) if any(p.scheduler.lora is not None for p in engines) else None
     specs = [_engine_spec(p, drafts, adapters) for p in engines]
+    if own is not None:   # (each engine rejects what its own cache cannot hold)
+        specs = [(*spec, admit) for spec, admit in zip(specs, own)]
     results = native.run_core(n, ints, arrival, where, float(lag), route, state, progress, PROGRESS_EVERY,
                               counters, times, specs, hashes, client)
     for err, _, _ in results:
@@ -339,6 +349,10 @@ def run_engines(requests: list[Request], engines: list[EngineParts], lag: float,
         for req, sent in zip(requests, arrival.tolist()):
             req.arrival_s = sent
     abort_reasons(requests, counters, [p.scheduler for p in engines], where)
+    if len({p.scheduler.manager.num_blocks for p in engines}) > 1:   # a rejection's reason is its own engine's
+        for g in np.flatnonzero((accepted == 0) | (times[4] == times[4])).tolist():   # (``prepare``: engine 0's)
+            req = requests[g]
+            req.reject_reason = engines[where[g]].scheduler.reject_reason(req) if times[4, g] == times[4, g] else None
     table = None
     if columns:   # (request_columns leaves each request's final status in counters[0])
         table = request_columns(requests, ints, arrival, counters, times)

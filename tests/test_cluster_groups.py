@@ -139,17 +139,23 @@ def test_caches_of_other_sizes_that_hold_every_request_run_in_the_core(monkeypat
     pd.testing.assert_frame_equal(loop.replicas, core.replicas, check_exact=True)
 
 
-def test_a_request_too_large_for_one_group_is_rejected_there_only():
+@pytest.mark.parametrize("policy", ["round_robin", "least_kv", "least_requests"])
+def test_a_request_too_large_for_one_group_is_rejected_there_only(monkeypatch, policy):
     """Group 1 holds 8 blocks (128 tokens): a request routed there with more KV than that is rejected with
-    its reason; on group 0 (120 blocks) every request fits. Such a fleet runs in the SimPy loop."""
-    data = _fleet([{"replicas": 1}, {"replicas": 1, "kv_cache": {"num_gpu_blocks": 8}}])
-    res = run_scenario(scenario_from_dict(data))
-    assert not res.profile["compiled_core"]
+    its reason; on group 0 (120 blocks) every request fits. The compiled core gives each engine its own
+    admission: the same results as the SimPy loop, bit for bit."""
+    data = _fleet([{"replicas": 1}, {"replicas": 1, "kv_cache": {"num_gpu_blocks": 8}}], policy=policy)
+    loop, res = off_and_on(monkeypatch, engine_core, "enabled",
+                           lambda: run_scenario(scenario_from_dict(data), check_integrity=True))
+    assert res.profile["compiled_core"] == (native is not None) and not loop.profile["compiled_core"]
+    for table in ("requests", "steps", "replicas"):
+        pd.testing.assert_frame_equal(getattr(loop, table), getattr(res, table), check_exact=True)
     reqs = res.requests
     need = -(-(reqs["prompt_tokens"] + reqs["output_tokens"] - 1) // 16)   # (as served: none is capped)
     rejected = reqs["status"] == "REJECTED"
     assert (rejected == ((reqs["replica"] == 1) & (need > 8))).all() and rejected.any()
-    assert reqs.loc[rejected, "reject_reason"].str.len().gt(0).all()
+    assert list(reqs.loc[rejected, "reject_reason"]) == [f"needs {n} KV blocks, the cache has 8" for n in need[rejected]]
+    assert (reqs.loc[~rejected, "reject_reason"].fillna("") == "").all()
 
 
 @pytest.mark.parametrize("cluster, message", [
