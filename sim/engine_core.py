@@ -290,6 +290,8 @@ def own_admissions(requests: list[Request], schedulers: list[ContinuousScheduler
     """Each engine's admission of ``requests`` (1: queued, 0: rejected on arrival there) where the engines'
     caches differ so that some request fits one and not another (a mixed fleet's groups); None where every
     engine admits alike. Read before ``prepare`` cuts outputs (the caps are the same everywhere)."""
+    if len({s.manager.num_blocks for s in schedulers}) == 1:
+        return None
     prompt, out = request_lengths(requests)
     width = samples if (samples > 1).any() else None
     by_size: dict[int, np.ndarray] = {}
