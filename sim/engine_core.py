@@ -47,7 +47,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -273,34 +273,48 @@ def run_core(requests: list[Request], scheduler: ContinuousScheduler, executor: 
                        columns=columns, client=client)[0][0]
 
 
+def _admission_key(s: ContinuousScheduler) -> tuple:
+    """The settings ``add_request`` decides by (``admission``): context and token limits, chunking, the cache."""
+    m = s.manager
+    return s.max_model_len, s.batch_tokens, s.max_num_batched_tokens, s.config.chunked_prefill, m.num_blocks
+
+
 def same_admission(schedulers: list[ContinuousScheduler], requests: list[Request] | None = None) -> bool:
-    """Whether these engines cap a request's output alike and the core can reject requests as each does (the
-    settings ``prepare`` reads): the replicas of one pool; or, given ``requests``, engines whose caches differ
-    in size only (a mixed fleet's groups: a request one group cannot hold is rejected there, by that engine's
-    own admission, ``run_engines``)."""
-    def key(s: ContinuousScheduler) -> tuple:
-        m = s.manager
-        return (s.max_model_len, s.max_num_batched_tokens, s.config.chunked_prefill, m.block_size, m.num_blocks)
-    keys = {key(s) for s in schedulers}
-    return len(keys) == 1 or (requests is not None and len({k[:-1] for k in keys}) == 1)
+    """Whether the core can admit requests as each of these engines does: engines that cap and reject alike
+    (the replicas of one pool); or, given ``requests``, any engines of one block size (a mixed fleet's groups:
+    each engine then caps outputs and rejects requests by its own settings, ``own_admissions``)."""
+    if len({_admission_key(s) + (s.manager.block_size,) for s in schedulers}) == 1:
+        return True
+    return requests is not None and len({s.manager.block_size for s in schedulers}) == 1
+
+
+class OwnAdmission(NamedTuple):
+    """One engine's ``admission`` of every request: outputs as it serves them, which it cuts, which it queues."""
+
+    capped: np.ndarray
+    cut: np.ndarray
+    accepted: np.ndarray
 
 
 def own_admissions(requests: list[Request], schedulers: list[ContinuousScheduler],
-                   samples: np.ndarray) -> list[np.ndarray | None] | None:
-    """Each engine's admission of ``requests`` (1: queued, 0: rejected on arrival there) where the engines'
-    caches differ so that some request fits one and not another (a mixed fleet's groups); None where every
-    engine admits alike. Read before ``prepare`` cuts outputs (the caps are the same everywhere)."""
-    if len({s.manager.num_blocks for s in schedulers}) == 1:
+                   samples: np.ndarray) -> list[OwnAdmission] | None:
+    """Each engine's admission of ``requests`` where the engines' settings differ so that some request is
+    capped or rejected differently (a mixed fleet's groups); None where every engine admits alike. Read
+    from the requests' own outputs, before ``prepare`` caps them."""
+    if len({_admission_key(s) for s in schedulers}) == 1:
         return None
     prompt, out = request_lengths(requests)
     width = samples if (samples > 1).any() else None
-    by_size: dict[int, np.ndarray] = {}
+    by_key: dict[tuple, OwnAdmission] = {}
     for s in schedulers:
-        if s.manager.num_blocks not in by_size:
-            by_size[s.manager.num_blocks] = (~admission(prompt, out, s, width)[2]).astype(np.int64)
-    if len({a.tobytes() for a in by_size.values()}) <= 1:
+        if _admission_key(s) not in by_key:
+            capped, cut, bad = admission(prompt, out, s, width)
+            by_key[_admission_key(s)] = OwnAdmission(capped, cut, (~bad).astype(np.int64))
+    first = next(iter(by_key.values()))
+    if all(np.array_equal(a.capped, first.capped) and np.array_equal(a.accepted, first.accepted)
+           for a in by_key.values()):
         return None
-    return [by_size[s.manager.num_blocks] for s in schedulers]
+    return [by_key[_admission_key(s)] for s in schedulers]
 
 
 def run_engines(requests: list[Request], engines: list[EngineParts], lag: float, *, dest: list[int] | None = None,
@@ -323,8 +337,8 @@ def run_engines(requests: list[Request], engines: list[EngineParts], lag: float,
     samples = np.fromiter((r.n for r in requests), dtype=np.int64, count=n)   # (no beams here: requests_supported)
     own = own_admissions(requests, [p.scheduler for p in engines], samples)
     accepted, cut = prepare(requests, engines[0].scheduler, samples)
-    ints = request_ints(requests, np.fromiter((r.output_len for r in requests), dtype=np.int64, count=n), accepted,
-                        samples)
+    ints_out = np.fromiter((r.output_len for r in requests), dtype=np.int64, count=n)   # (as engine 0 serves them)
+    ints = request_ints(requests, ints_out, accepted, samples)
     arrival = np.fromiter((r.arrival_s for r in requests), dtype=np.float64, count=n)
     where = np.full(n, -1, dtype=np.int64) if dest is None else np.array(dest, dtype=np.int64)
     state = np.zeros((m, 4), dtype=np.int64)
@@ -336,8 +350,8 @@ def run_engines(requests: list[Request], engines: list[EngineParts], lag: float,
     drafts = draft_counts(n, [p.scheduler for p in engines])
     adapters = adapter_ids(requests) if any(p.scheduler.lora is not None for p in engines) else None
     specs = [_engine_spec(p, drafts, adapters) for p in engines]
-    if own is not None:   # (each engine rejects what its own cache cannot hold)
-        specs = [(*spec, admit) for spec, admit in zip(specs, own)]
+    if own is not None:   # (each engine caps and rejects by its own settings)
+        specs = [(*spec, (admit.capped, admit.accepted)) for spec, admit in zip(specs, own)]
     results = native.run_core(n, ints, arrival, where, float(lag), route, state, progress, PROGRESS_EVERY,
                               counters, times, specs, hashes, client)
     for err, _, _ in results:
@@ -351,7 +365,15 @@ def run_engines(requests: list[Request], engines: list[EngineParts], lag: float,
         for req, sent in zip(requests, arrival.tolist()):
             req.arrival_s = sent
     abort_reasons(requests, counters, [p.scheduler for p in engines], where)
-    if len({p.scheduler.manager.num_blocks for p in engines}) > 1:   # a rejection's reason is its own engine's
+    if own is not None:   # each request as its own engine served it (``prepare`` capped them as engine 0)
+        served = ints_out.copy()
+        for e, admit in enumerate(own):
+            mine = where == e
+            served[mine] = admit.capped[mine]
+        ints[2] = served
+        for g in np.flatnonzero(served != ints_out).tolist():
+            requests[g].output_len = int(served[g])
+    if len({_admission_key(p.scheduler) for p in engines}) > 1:   # a rejection's reason is its own engine's
         for g in np.flatnonzero((accepted == 0) | (times[4] == times[4])).tolist():   # (``prepare``: engine 0's)
             req = requests[g]
             req.reject_reason = engines[where[g]].scheduler.reject_reason(req) if times[4, g] == times[4, g] else None
@@ -364,7 +386,7 @@ def run_engines(requests: list[Request], engines: list[EngineParts], lag: float,
     runs = []
     for e, (parts, (_, records, totals)) in enumerate(zip(engines, results)):
         mine = where == e
-        parts.scheduler.num_truncated += int(np.count_nonzero(cut & mine))
+        parts.scheduler.num_truncated += int(np.count_nonzero((cut if own is None else own[e].cut) & mine))
         write_engine(parts.scheduler, [requests[g] for g in np.flatnonzero(mine).tolist()], records, totals)
         runs.append(CoreRun(steps=totals[5], waits=totals[6], free_blocks=totals[17]))
     runs[0].columns = table

@@ -158,6 +158,26 @@ def test_a_request_too_large_for_one_group_is_rejected_there_only(monkeypatch, p
     assert (reqs.loc[~rejected, "reject_reason"].fillna("") == "").all()
 
 
+@pytest.mark.parametrize("policy", ["round_robin", "least_requests"])
+def test_groups_with_limits_of_their_own_run_in_the_core_as_in_the_loop(monkeypatch, policy):
+    """Group 1 prefills whole prompts of at most 128 tokens (no chunking) in 60 blocks: a longer prompt routed
+    there is rejected for its budget, by that engine's own admission; the same results as the SimPy loop."""
+    data = _fleet([{"replicas": 1}, {"replicas": 2, "kv_cache": {"num_gpu_blocks": 60},
+                                     "scheduler": {"max_num_batched_tokens": 128, "chunked_prefill": False}}],
+                  policy=policy)
+    loop, core = off_and_on(monkeypatch, engine_core, "enabled",
+                            lambda: run_scenario(scenario_from_dict(data), check_integrity=True))
+    assert core.profile["compiled_core"] == (native is not None) and not loop.profile["compiled_core"]
+    for table in ("requests", "steps", "replicas"):
+        pd.testing.assert_frame_equal(getattr(loop, table), getattr(core, table), check_exact=True)
+    reqs = core.requests
+    rejected = reqs["status"] == "REJECTED"
+    assert (rejected == ((reqs["replica"] > 0) & (reqs["prompt_tokens"] > 128))).all() and rejected.any()
+    assert list(reqs.loc[rejected, "reject_reason"]) == [
+        f"prompt of {p} tokens exceeds max_num_batched_tokens 128 without chunked prefill"
+        for p in reqs.loc[rejected, "prompt_tokens"]]
+
+
 @pytest.mark.parametrize("cluster, message", [
     ({"replicas": 2, "groups": [{"replicas": 1}]}, "not replicas with groups"),
     ({"groups": []}, "groups"),

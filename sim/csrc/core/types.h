@@ -239,7 +239,8 @@ typedef struct Core {
     Speculate spec;
     int64_t *sp_drafted, *sp_accepted;
     Py_buffer sp_state, sp_totals, sp_counts;
-    Py_buffer acc_buf;   /* a mixed fleet's engine with an admission of its own: which requests it queues */
+    Py_buffer acc_buf, out_buf;   /* a mixed fleet's engine with an admission of its own: which requests it
+                                     queues, and their outputs as it serves them */
     int acc_held;
     int sp_held;          /* the three buffers are held */
     int dr_mode;
