@@ -130,30 +130,15 @@ class SlidingKVCacheManager(WindowMoves, KVCacheManager):
             return self._allocate_hit(req, num_new_tokens, np.asarray(cached, dtype=np.int64))
         rid = req.req_id
         table = self.block_tables.get(rid)
-        fresh = not table
-        if table is None:
-            table = self.block_tables[rid] = []
-        computed = req.num_computed_tokens
-        first = self._first(computed)
-        if first > self._nulls.get(rid, 0) and table:   # blocks leave the window
+        first = self._first(req.num_computed_tokens)
+        if table and first > self._nulls.get(rid, 0):   # blocks leave the window
             if self.prefix_cache is not None:   # (a block a decode filled joins the cache before it can leave)
-                self._cache_full_blocks(req, table, computed)
+                self._cache_full_blocks(req, table, req.num_computed_tokens)
             self._drop_before(req, first)
-        end = computed + num_new_tokens
-        need = -(-end // self.block_size) - len(table)
-        if need > self.pool.num_free:
+        if not super().allocate_slots(req, num_new_tokens):   # (the table grows as a full-attention one)
             return False
-        if need > 0 or fresh:
-            old = len(table)
-            if need > 0:
-                table.extend(self.pool.allocate(need))
-            self._note_table(req, table, old)
         if num_new_tokens > 1:   # its next query sees past this chunk: what it leaves goes next step
             self.stale_pages[rid] = req
-        if self.prefix_cache is not None:
-            if fresh:
-                self._first_lookup(req, 0)
-            self._cache_full_blocks(req, table, end)
         return True
 
     def _allocate_hit(self, req: Request, num_new_tokens: int, cached: np.ndarray) -> bool:
@@ -175,39 +160,19 @@ class SlidingKVCacheManager(WindowMoves, KVCacheManager):
             table.extend(self.pool.allocate(need))
         req.num_computed_tokens = hits * bs
         self._first_lookup(req, hits * bs)
-        self._note_table(req, table)
+        self._note_table(req, table, self._nulls[rid])   # (the null entries hold nothing)
         self._cached_upto[rid] = hits   # (the hit's blocks are cached under these very hashes)
         if num_new_tokens > 1:
             self.stale_pages[rid] = req
         self._cache_full_blocks(req, table, req.num_computed_tokens + num_new_tokens)
         return True
 
-    def _note_table(self, req: Request, table: list[int], old: int = 0) -> None:
-        """The manager's counters and peaks after a table grew from ``old`` entries, its null ones left out."""
-        self._logical_blocks += len(table) - max(old, self._nulls.get(req.req_id, 0))   # (nulls lead the table)
-        self._owners[req.req_id] = req
-        prefix = req.prefix_group >= 0
-        if prefix:
-            refs = self._prefix_refs
-            for i in range(old, min(len(table), req.prefix_len // self.block_size)):
-                if table[i] >= 0:
-                    refs[table[i]] += 1
-                    self._prefix_logical += 1
-        self._note_beyond(req)
-        self._note_peaks(prefix)
-
     def _cache_full_blocks(self, req: Request, table: list[int], num_tokens: int) -> None:
-        """Offer the table's full blocks up to ``num_tokens`` tokens to the cache, null entries skipped."""
-        full = min(num_tokens // self.block_size, len(table))
-        done = self._cached_upto.get(req.req_id, 0)
-        if full <= done:
-            return
-        hashes = self._hashes_upto(req, full)
+        """The manager's, from past the null entries (they lead the table, before any full block to cache)."""
         nulls = self._nulls.get(req.req_id, 0)
-        lo = max(done, nulls)
-        if lo < full:
-            self.prefix_cache.insert_run(table[lo:full], hashes[lo:full])
-        self._cached_upto[req.req_id] = full
+        if self._cached_upto.get(req.req_id, 0) < nulls:
+            self._cached_upto[req.req_id] = nulls
+        super()._cache_full_blocks(req, table, num_tokens)
 
     def _drop_before(self, req: Request, first: int) -> None:
         """The blocks of ``req``'s logical blocks before ``first`` leave the window: freed, last first (vLLM's
