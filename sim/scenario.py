@@ -293,9 +293,47 @@ def apply_override(data: dict, path: list[str], value: Any, base_dir: Path | str
     node[_position(node, path[-1], path) if isinstance(node, list) else path[-1]] = value
 
 
-def _explain(err: ValidationError, source: str, lines: dict[tuple, int], overridden: set[tuple]) -> KvsimError:
-    errors = err.errors()
+def _data_loc(data: object, loc: tuple, kind: str) -> tuple[tuple, bool]:
+    """(``loc`` as a path through ``data``, whether a part was dropped): pydantic puts the union member it
+    tried into an error's loc ('constrained-int', 'list[ConcurrencyStep]'); a part that is neither a key nor
+    a position of the input there is such a tag (but a missing key, the last part of a 'missing' error)."""
+    node, kept = data, []
+    for i, part in enumerate(loc):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        elif kind == "missing" and i == len(loc) - 1 and isinstance(node, dict):
+            pass
+        else:
+            continue
+        kept.append(part)
+    return tuple(kept), len(kept) < len(loc)
+
+
+def _union_branch(errors: list, data: object) -> dict:
+    """The error to report where the first lies inside a union: of the errors under the same input, the one
+    whose member matched the input deepest (a list's item's key rather than "should be an integer"); among
+    equals an unknown key, then an error about the value rather than its type (another member's)."""
     first = errors[0]
+    head, tagged = _data_loc(data, first["loc"], first["type"])
+    if not tagged:
+        return first
+    def rank(e: dict, loc: tuple) -> tuple:
+        return len(loc), e["type"] == "extra_forbidden", not e["type"].endswith("_type")
+
+    best, best_rank = first, rank(first, head)
+    for e in errors[1:]:
+        loc, in_union = _data_loc(data, e["loc"], e["type"])
+        if in_union and loc[:len(head)] == head and rank(e, loc) > best_rank:
+            best, best_rank = e, rank(e, loc)
+    return {**best, "loc": _data_loc(data, best["loc"], best["type"])[0]}
+
+
+def _explain(err: ValidationError, source: str, lines: dict[tuple, int], overridden: set[tuple],
+             data: object = None) -> KvsimError:
+    errors = err.errors()
+    first = errors[0] if data is None else _union_branch(errors, data)
     if first["type"] == "string_type" and len(first["loc"]) > 1:
         # a mapping given where a preset name or a mapping is accepted (model, hardware): report the
         # mapping branch's own error (an unknown key first), not "should be a valid string"
@@ -355,7 +393,7 @@ def scenario_from_dict(
     try:
         scn = Scenario.model_validate(data)
     except ValidationError as e:
-        raise _explain(e, source, lines or {}, overridden) from None
+        raise _explain(e, source, lines or {}, overridden, data) from None
     problem = unsupported_combination(scn)
     if problem:
         key, what = problem
