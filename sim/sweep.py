@@ -49,7 +49,7 @@ from sim.limits import MAX_GRID_RUNS
 from sim.output import flatten
 from sim.scenario import Scenario, apply_override, scenario_from_dict
 from sim.sweep_lock import SweepLock
-from sim.worker_pool import worker_pool
+from sim.worker_pool import require_ray, worker_pool
 from sim.yamlfile import read_yaml_file
 
 RESULTS_CSV = "results.csv"
@@ -444,10 +444,9 @@ def _run_local(sweep: Sweep, todo: list[Task], workers: int, on_done, trace=lamb
 
 
 def _run_ray(sweep: Sweep, todo: list[Task], address: str | None, on_done, trace=lambda t: None) -> None:
-    try:
-        import ray
-    except ImportError:
-        raise KvsimError("--ray", "Ray is not installed; install it with: pip install 'kvsim[ray]'") from None
+    require_ray()
+    import ray
+
     started = not ray.is_initialized()
     if started:  # a local cluster (no address) is started here and shut down when the sweep ends
         ray.init(address=address or None, include_dashboard=False, log_to_driver=False)
@@ -486,6 +485,8 @@ def run_sweep(sweep: Sweep, workers: int = 1, ray_address: str | None = None, us
     and once more at the end, also on Ctrl-C, so a resumed sweep loses at most the last few seconds.
     Holds the folder's lock throughout (a second sweep on the folder refuses).
     ``trace_dir``: each run that runs writes its Chrome trace-event JSON there as ``TASK_ID.json``."""
+    if use_ray:
+        require_ray()
     with SweepLock(sweep.out_dir):
         return _run_locked(sweep, workers, ray_address, use_ray, progress, flush_every_s, trace_dir, trace_limit)
 

@@ -9,12 +9,21 @@ started is cancelled. A block that ends normally waits for its workers to finish
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from typing import Any
+
+
+def require_ray() -> None:
+    """Refuse ``--ray`` where Ray is not installed (sweep checks it before making its out folder)."""
+    if importlib.util.find_spec("ray") is None:
+        from sim.errors import KvsimError
+
+        raise KvsimError("--ray", "Ray is not installed; install it with: pip install 'kvsim[ray]'")
 
 
 def worker_init(parent: int) -> None:

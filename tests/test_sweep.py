@@ -161,11 +161,13 @@ def test_key_paths_walk_the_schema():
     assert "unknown key 'rates'" in check_key_path(["workload", "synthetic", "arrival", "rates"])
 
 
-@pytest.mark.skipif(importlib.util.find_spec("ray") is not None, reason="ray is installed")
-def test_ray_missing_is_a_clear_error(tmp_path, capsys):
+def test_ray_missing_is_a_clear_error_before_any_output(tmp_path, capsys, monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
     code, _, err = _cli(capsys, "sweep", str(_files(tmp_path, {"kv_cache.block_size": [4]})), "--ray")
     assert code == 2 and err.strip() == (
         "error: --ray: Ray is not installed; install it with: pip install 'kvsim[ray]'")
+    assert not (tmp_path / "res").exists()   # (the sweep's out folder: nothing made)
 
 
 def test_cli_runs_and_resumes(tmp_path, capsys):

@@ -32,6 +32,7 @@ from typing import Any
 
 from sim.errors import KvsimError
 from sim.scenario import apply_override
+from sim.worker_pool import require_ray
 
 METRICS = {"ttft": "ttft_s", "tpot": "tpot_s", "itl": "itl_s", "e2e": "e2e_s"}
 STATS = ("mean", "p50", "p90", "p99")
@@ -112,10 +113,9 @@ class CandidateRunner:
     def __call__(self, datas: list[dict]) -> list[dict[str, Any]]:
         base_dir, source, slos = self.base_dir, self.source, self.slos
         if self.use_ray:
-            try:
-                import ray
-            except ImportError:
-                raise KvsimError("--ray", "Ray is not installed; install it with: pip install 'kvsim[ray]'") from None
+            require_ray()
+            import ray
+
             if not ray.is_initialized():
                 ray.init(address=self.ray_address or None)
             remote = ray.remote(evaluate)
