@@ -330,7 +330,14 @@ def _union_branch(errors: list, data: object) -> dict:
     return {**best, "loc": _data_loc(data, best["loc"], best["type"])[0]}
 
 
-def _explain(err: ValidationError, source: str, lines: dict[tuple, int], overridden: set[tuple],
+def _origin(path: tuple, overridden: dict[tuple, str]) -> str:
+    """`` (from --set)`` (or the flag that set it) where the key at ``path`` came from a command-line override:
+    one that set the key, a mapping holding it, or a key inside it; the last such override wins."""
+    flags = [flag for key, flag in overridden.items() if key[:len(path)] == path or path[:len(key)] == key]
+    return f" (from {flags[-1]})" if flags else ""
+
+
+def _explain(err: ValidationError, source: str, lines: dict[tuple, int], overridden: dict[tuple, str],
              data: object = None) -> KvsimError:
     errors = err.errors()
     first = errors[0] if data is None else _union_branch(errors, data)
@@ -357,18 +364,21 @@ def _explain(err: ValidationError, source: str, lines: dict[tuple, int], overrid
             line = lines[loc[:n]]
             break
     named = tuple(str(p) for p in loc)   # (a list item's position is an int in the loc, text in the --set path)
-    via = " (from --set)" if any(named[:n] in overridden for n in range(1, len(named) + 1)) else ""
+    via = _origin(named, overridden)
     where = f"{source}:{line}" if line and not via else source
     return KvsimError(where, f"{key}: {msg}{via}")
 
 
-def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
-    """Read, override and validate a scenario file. Raises KvsimError on any problem."""
+def load_scenario(path: str | Path, overrides: list[str] | None = None, varied: list[str] | None = None
+                  ) -> Scenario:
+    """Read, override and validate a scenario file. Raises KvsimError on any problem. ``varied``: overrides
+    applied after ``overrides``, from ``kvsim compare``'s --vary (errors name that flag)."""
     path = Path(path)
     source = str(path)
     text = read_text_bounded(path, "scenario file")
     data, lines = _parse_yaml(text, source)
-    return scenario_from_dict(data, base_dir=path.parent, source=source, lines=lines, overrides=overrides)
+    return scenario_from_dict(data, base_dir=path.parent, source=source, lines=lines, overrides=overrides,
+                              varied=varied)
 
 
 def scenario_from_dict(
@@ -377,17 +387,23 @@ def scenario_from_dict(
     source: str = "<scenario>",
     lines: dict[tuple, int] | None = None,
     overrides: list[str] | None = None,
+    varied: list[str] | None = None,
 ) -> Scenario:
-    """Validate a scenario given as a dict (notebooks build them this way)."""
+    """Validate a scenario given as a dict (notebooks build them this way); ``overrides`` (--set) and then
+    ``varied`` (--vary) are ``key.path=value`` texts applied to it."""
     if isinstance(data, dict) and "grid" in data and "workload" not in data:
         raise KvsimError(source, "a sweep file (base, grid), not a scenario: run it with `kvsim sweep FILE`")
     data = dict(data)   # (the caller's dict is left as it was: overrides copy the mappings they change)
-    overridden: set[tuple] = set()
-    for text in overrides or []:
-        path, value = parse_override(text)
-        _copy_along(data, path)
-        apply_override(data, path, value, base_dir)
-        overridden.add(tuple(path))
+    overridden: dict[tuple, str] = {}   # each overridden key path: the flag that set it last
+    for text, flag in [*((t, "--set") for t in overrides or []), *((t, "--vary") for t in varied or [])]:
+        try:
+            path, value = parse_override(text)
+            _copy_along(data, path)
+            apply_override(data, path, value, base_dir)
+        except KvsimError as e:
+            raise KvsimError(flag, e.what) if e.where == "--set" else e from None
+        overridden.pop(tuple(path), None)
+        overridden[tuple(path)] = flag
     if is_config_path(data.get("model")):   # a Hugging Face config.json (sim/hf_config.py)
         data["model"] = load_hf_config(Path(base_dir) / data["model"]).model_dump()
     try:
@@ -400,8 +416,13 @@ def scenario_from_dict(
         path = tuple(key.split("."))
         line = next(((lines or {}).get(path[:n]) for n in range(len(path), 0, -1) if (lines or {}).get(path[:n])),
                     None)
-        via = " (from --set)" if any(path[:n] in overridden for n in range(1, len(path) + 1)) else ""
+        via = _origin(path, overridden)
         raise KvsimError(f"{source}:{line}" if line and not via else source, f"{key}: {what}{via}")
+    trace = None if scn.workload.trace is None else Path(base_dir) / scn.workload.trace   # (an absolute one as is)
+    if trace is not None and not trace.exists():   # (checked here, where its line is known, and before any run)
+        line = (lines or {}).get(("workload", "trace"))
+        via = _origin(("workload", "trace"), overridden)
+        raise KvsimError(f"{source}:{line}" if line and not via else source, f"workload.trace: no such file {trace}{via}")
     if scn.speculative is not None and not scn.speculative.enabled:
         scn.speculative = None   # (checked above; ``speculative.enabled: false`` runs without drafts)
     scn._base_dir = Path(base_dir)

@@ -207,3 +207,14 @@ def test_a_fold_can_train_on_a_subset_of_the_other_models(tables):
     assert not set(zip(train.N, train.K)) & set(zip(test.N, test.K))
     # one training model: no other model's curves to stack on
     assert "stacked_trees" not in fits["corrected"].gemm_correction and fits["corrected"].gemm_correction["trees"]
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["validate", "--calibration", "no-such-gpu"], "--calibration"),
+    (["calibrate", "--base", "no-such-gpu", "--out", "unused.json"], "--base"),
+])
+def test_unknown_calibration_names_the_flag(argv, flag, capsys):
+    table = str(Path(__file__).parents[1] / "sim/data/vidur/h100_Qwen-72B_mlp.csv")
+    assert cli_main([*argv, "--measurements", table]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: {flag}: no calibration file 'no-such-gpu' and no shipped one named 'no-such-gpu'")

@@ -214,8 +214,10 @@ def _main_layouts(args: argparse.Namespace, slos: list[SLO]) -> int:
     layouts = combinations(parse_vary(args.vary))
     prepared: dict[tuple, tuple[dict, object]] = {}
     for layout in layouts:   # every layout read, and so checked, before any search
-        data, overrides = _search_data(args, args.overrides + [f"{k}={v}" for k, v in layout])
-        prepared[tuple(layout)] = (data, load_scenario(args.scenario, overrides))
+        varied = [f"{k}={v}" for k, v in layout]
+        data, overrides = _search_data(args, args.overrides + varied)
+        sets = [*overrides[:len(args.overrides)], *overrides[len(args.overrides) + len(varied):]]
+        prepared[tuple(layout)] = (data, load_scenario(args.scenario, sets, varied))   # (errors name --vary)
     if costs is not None:   # every layout's hardware priced before any search
         cost_of({name: 0 for _, scn in prepared.values() for name in hardware_names(scn)}, costs)
     out = prepare_out_dir(args.out) if args.out else None

@@ -105,20 +105,24 @@ def run_all(scenario: str, vary: list[tuple[str, list[str]]], overrides: list[st
     at a time in worker processes. Each summary gains ``swap_time_s``: the engine time spent moving
     blocks to and from CPU memory."""
     combos = combinations(vary)
-    scns = [load_scenario(scenario, overrides + [f"{k}={v}" for k, v in combo]) for combo in combos]
+    scns = [load_scenario(scenario, overrides, [f"{k}={v}" for k, v in combo]) for combo in combos]
     if workers > 1 and len(scns) > 1:
         from sim.worker_pool import worker_pool
 
         with worker_pool(min(workers, len(scns))) as pool:   # (stopped at once on Ctrl-C or an error)
-            ran = list(pool.map(_run_one, scns))
+            ran = list(pool.map(_run_one, scns, combos))
     else:
-        ran = [_run_one(scn) for scn in scns]
+        ran = [_run_one(scn, combo) for scn, combo in zip(scns, combos)]
     return {label_of(combo): res for combo, res in zip(combos, ran)}
 
 
-def _run_one(scn) -> Result:
-    """``run_scenario`` plus the summary's ``swap_time_s``."""
-    res = run_scenario(scn)
+def _run_one(scn, combo: list[tuple[str, str]]) -> Result:
+    """``run_scenario`` plus the summary's ``swap_time_s``; an error names the combination that failed."""
+    try:
+        res = run_scenario(scn)
+    except KvsimError as e:
+        varied = ", ".join(f"{k}={v}" for k, v in combo)
+        raise KvsimError(e.where, f"{e.what} (with --vary {varied})") from None
     steps = res.steps
     res.summary["swap_time_s"] = float(steps["time_swap_s"].sum()) if "time_swap_s" in steps else 0.0
     return res

@@ -111,17 +111,19 @@ def engine_params_of(doc: dict[str, Any], source: str = "calibration") -> Engine
         raise KvsimError(source, f"engine: {exc}") from None
 
 
-def load_calibration(ref: str, base_dir: Path | None = None) -> tuple[CostParams, dict[str, Any]]:
+def load_calibration(ref: str, base_dir: Path | None = None, key: str = "executor.calibration"
+                     ) -> tuple[CostParams, dict[str, Any]]:
     """Read a calibration: a JSON path (relative to ``base_dir``) or a bare shipped hardware name. A derived
     calibration (``derived_from``: a shipped name; see ``derived_document``) reads as its source's
-    document with its own ``hardware``, ``derived_from`` and ``derivation``."""
+    document with its own ``hardware``, ``derived_from`` and ``derivation``. ``key``: what named it (the
+    scenario key, or a command's flag), for the error where there is no such calibration."""
     path = Path(ref)
     if not path.is_absolute() and base_dir is not None:
         path = base_dir / path
     if not path.is_file():
         shipped = shipped_calibration(ref)
         if shipped is None:
-            raise KvsimError("executor.calibration", f"no calibration file {str(path)!r} and no shipped one "
+            raise KvsimError(key, f"no calibration file {str(path)!r} and no shipped one "
                                                      f"named {ref!r}")
         path = shipped
     try:

@@ -66,7 +66,7 @@ def calibrate_files(hardware_name: str, paths: list[str | Path], tp: int | None 
 def calibrate_from_base(base_ref: str, paths: list[str | Path]) -> dict[str, Any]:
     """A new model's calibration: the base calibration plus local points for every projection shape the
     measurements hold (interpolated in ln M within M's token block per shape, shape_correction.py); nothing else is refitted."""
-    params, base = load_calibration(base_ref)
+    params, base = load_calibration(base_ref, key="--base")
     df = read_measurements(paths)
     hw = hardware_of(base.get("hardware", ""))
     check_device(df, hw.name)
@@ -150,7 +150,7 @@ def validate(doc: dict[str, Any], df: pd.DataFrame, hardware: HardwareSpec | Non
 
 
 def validate_files(calibration: str | Path, paths: list[str | Path]) -> Validation:
-    _, doc = load_calibration(str(calibration))
+    _, doc = load_calibration(str(calibration), key="--calibration")
     return validate(doc, read_measurements(paths))
 
 
