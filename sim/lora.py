@@ -49,7 +49,7 @@ class LoraConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     max_loras: int = Field(default=1, ge=1, le=1024)            # --max-loras: adapters in one batch (GPU slots)
-    max_lora_rank: int = 16                                      # --max-lora-rank: the slots' rank
+    max_lora_rank: int = Field(default=16, json_schema_extra={"enum": list(LORA_RANKS)})   # --max-lora-rank: the slots' rank
     max_cpu_loras: int | None = Field(default=None, ge=1, le=1_000_000)   # --max-cpu-loras (default max_loras)
     # an adapter's load from disk into host memory: a rank-16 adapter of a 7B model loads in 25-70 ms with PEFT
     # (huggingface/peft issue 981); vLLM's own load (safetensors into a LoRAModel) is of the same kind

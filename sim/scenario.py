@@ -37,7 +37,7 @@ class _Strict(BaseModel):
 
 
 class KVCacheConfig(_Strict):
-    block_size: int = Field(default=16, ge=1, le=1024)
+    block_size: int = Field(default=16, ge=1, le=1024, json_schema_extra={"enum": [1 << k for k in range(11)]})
     num_gpu_blocks: int | None = Field(default=None, ge=1, le=L.MAX_BLOCKS)     # overrides the capacity computed from HBM
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     activation_reserve_gb: float | None = Field(default=None, ge=0, le=L.MAX_GB)
@@ -611,4 +611,10 @@ def _pipeline_problem(scn: Scenario) -> tuple[str, str] | None:
 
 
 def scenario_json_schema() -> dict:
-    return Scenario.model_json_schema()
+    """The JSON Schema of scenario files. A ``model`` or ``hardware`` mapping (and a pool's or group's) needs
+    every field, or a ``name`` (a preset, or a model id) and only the fields that differ from it."""
+    schema = Scenario.model_json_schema()
+    for spec in ("ModelSpec", "HardwareSpec"):
+        entry = schema["$defs"][spec]
+        entry["anyOf"] = [{"required": entry.pop("required")}, {"required": ["name"]}]
+    return schema
