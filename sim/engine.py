@@ -250,6 +250,7 @@ class Engine:
         eager = self.eager_steps
         gave_up = getattr(sched, "aborted", [])   # requests whose clients gave up (workload.timeout_s)
         now = env.now   # the engine's clock: >= env.now, and < _next_arrival while ahead of it
+        unrecorded = 0   # preemptions of plans that came out empty (no row of their own): on the next row
         while True:
             if staged and not sched.has_work():
                 self._admit_staged()
@@ -265,7 +266,8 @@ class Engine:
                 continue
             start = now
             run = None
-            if runner is not None and not staged and not sched.loading:   # (a load's end bounds no run)
+            if runner is not None and not staged and not sched.loading and not unrecorded:   # (a load's end
+                # bounds no run; a run's rows count no preemption)
                 if chain_from is not None:   # the last run ended at an arrival routed elsewhere: go on
                     run = runner.plan_next(chain_from, self._next_arrival, step)   # from its arrays
                 if run is None:
@@ -320,6 +322,7 @@ class Engine:
             if arrived:
                 self._admit_staged()
             if plan.is_empty():
+                unrecorded += sched.stats.num_preempted
                 # every request left was aborted (workload.timeout_s): idle, or plan the arrivals just admitted
                 if not sched.has_work() or (arrived and len(gave_up) > aborted):
                     continue
@@ -350,6 +353,9 @@ class Engine:
                     continue
                 raise KvsimError("engine", f"deadlock at t={start:.3f}s: {sched.num_waiting()} waiting, "
                                  f"{len(sched.running)} running, nothing can be scheduled")
+            if unrecorded:
+                sched.stats.num_preempted += unrecorded
+                unrecorded = 0
             result = execute(plan)
             if not result.duration_s > 0:
                 raise KvsimError("executor", f"step {step} returned a non-positive duration {result.duration_s}")

@@ -95,13 +95,24 @@ def test_every_decode_policy_under_pressure_equals(monkeypatch, policy, preempti
     assert core.summary["num_finished"] + core.summary["num_rejected"] == 80
 
 
-def test_refusals_after_a_prefill_equal(monkeypatch):
-    """A decode pool too small for the longer requests: they run their prefill, cross the link and are refused
-    on arrival at the decode pool (pulled: they book nothing), keeping their prefill's counters and times."""
+def test_refusals_by_the_decode_pool_equal(monkeypatch):
+    """A decode pool too small for the longer requests: they are refused on arrival at their prefill replica,
+    with the decode pool's reason; nothing is computed, held or sent for them, and the results keep their
+    own output lengths."""
     data = _case(cluster__decode={"replicas": 2, "kv_cache": {"num_gpu_blocks": 20}})
     core = _equal(monkeypatch, data)
-    refused = core.requests[core.requests["status"] == "REJECTED"]
-    assert len(refused) and refused["first_token_s"].notna().all()
+    reqs = core.requests
+    # by hand: blocks of 4 tokens for the prompt and every output token but the last, more than 20
+    need = -(-(reqs["prompt_tokens"] + reqs["output_tokens"] - 1) // 4)
+    expect = (need > 20) & (reqs["output_tokens"] > 1)
+    refused = reqs["status"] == "REJECTED"
+    assert expect.any() and (refused == expect).all()
+    assert reqs.loc[refused, "reject_reason"].str.fullmatch(
+        r"the decode pool refuses it: needs \d+ KV blocks, the cache has 20").all()
+    assert reqs.loc[refused, ["first_token_s", "transfer_s"]].isna().all().all()
+    sent = reqs.loc[reqs["status"] == "FINISHED"]
+    assert core.summary["cluster"]["transferred_kv_bytes"] == \
+        int(sent.loc[sent["output_tokens"] > 1, "prompt_tokens"].sum()) * core.scenario.model_spec.kv_bytes_per_token()
 
 
 @pytest.mark.parametrize("policy", ["round_robin", "power_of_two", "least_kv", "session", "prefix_affinity"])
@@ -186,3 +197,15 @@ def test_fuzzed_disaggregated_clusters_equal(monkeypatch, part):
             scenario_from_dict(copy.deepcopy(d), source="<fuzz>"), check_integrity=True))
         covered += same_cluster_outcome(loop, core, f"case {i}")
     assert covered >= 12, f"only {covered} disaggregated fuzz runs ran in the core"
+
+
+def test_preemptions_of_an_empty_plan_are_on_the_next_row(monkeypatch):
+    """A prefill replica whose blocks wait on transfers: a plan that preempts and still starts nothing has no
+    row; its preemptions are counted on the replica's next row, so the step table adds up to the summary."""
+    data = _case(cluster__prefill={"replicas": 2, "kv_cache": {"num_gpu_blocks": 30}},
+                 cluster__decode={"replicas": 2, "scheduler": {"max_num_seqs": 2}})
+    core = _equal(monkeypatch, data)
+    assert core.summary["num_preemptions"] > 0
+    assert int(core.steps["num_preempted"].sum()) == core.summary["num_preemptions"]
+    per_replica = core.steps.groupby("replica")["num_preempted"].sum()
+    assert per_replica.to_dict() == core.replicas.set_index("replica")["preemptions"].to_dict()

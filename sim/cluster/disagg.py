@@ -36,8 +36,10 @@ order). An abort in the queue or the transfer counts on the request's prefill re
 never had it).
 Transferred bytes: every prompt token of every request that decodes (output_len > 1); the decode side's
 prefix cache is not consulted before the transfer (no deduplication). A request with one output token
-finishes on its prefill replica and transfers nothing; one the decode replica would reject reserves
-nothing and is rejected on arrival.
+finishes on its prefill replica and transfers nothing. One the decode pool would refuse (its replicas
+admit alike) is refused on arrival at its prefill replica, with the decode pool's reason: nothing is
+computed, held or sent for it. A request that never leaves its prefill replica (refused, or given up
+there) keeps its own output length in the results (``restore_lengths``).
 """
 
 from __future__ import annotations
@@ -53,7 +55,15 @@ from sim.cluster.replica import Replica
 from sim.cluster.routers import Router
 from sim.engine import delay_to
 from sim.request import Request
+from sim.sched.base import SchedulerBase
 from sim.sched.deadlines import ByDeadline, UnlessHandedOn, mark_aborted
+
+
+def decode_refusal(decode: SchedulerBase, req: Request) -> str:
+    """Why the decode pool (``decode``: one of its schedulers; they admit alike) would refuse ``req`` with its
+    own output length, as its prefill replica says it ('' if it would not)."""
+    why = decode.refusal(req)
+    return f"the decode pool refuses it: {why}" if why else ""
 
 
 class Handoff:
@@ -85,6 +95,7 @@ class Handoff:
         self.done_on_prefill = 0                  # requests of one output token, finished on their prefill replica
         self._drained: simpy.Event | None = None
         self._incoming: set[int] = set()          # handed to a decode replica, not yet admitted there
+        self.refused: dict[int, str] = {}         # req_id -> why the decode pool would refuse it (refused at once)
 
     # ------------------------------------------------------------ prefill side
     def attach_prefill(self, rep: Replica) -> None:
@@ -93,6 +104,12 @@ class Handoff:
         rep.engine.may_block = True
         if self.timeout_s is not None:   # (what it has handed on is no longer its own to abort)
             rep.scheduler.deadlines = UnlessHandedOn(self.prefill_of)
+        refused = self.refused
+
+        def reject_reason(req: Request, _own: Callable[[Request], str] = rep.scheduler.reject_reason) -> str:
+            return _own(req) or refused.get(req.req_id, "")   # (its own reason first, then the decode pool's)
+
+        rep.scheduler.reject_reason = reject_reason
 
         def deferred_free(req: Request, _free: Callable[[Request], None] = free) -> None:
             rid = req.req_id
@@ -116,8 +133,20 @@ class Handoff:
 
     def submit_prefill(self, rep: Replica, req: Request) -> None:
         self.output_len[req.req_id] = req.output_len
+        if req.output_len > 1:
+            why = decode_refusal(self.decode[0].scheduler, req)
+            if why:
+                self.refused[req.req_id] = why
         req.output_len = 1
         rep.submit(req)
+
+    def restore_lengths(self, requests: Sequence[Request]) -> None:
+        """After the run: a request that never left its prefill replica (refused, or given up there) gets its
+        own output length back (it ran there with one token)."""
+        for req in requests:
+            rid = req.req_id
+            if rid in self.output_len and rid not in self.prefill_of and rid not in self.aborted_at:
+                req.output_len = self.output_len[rid]
 
     def _send(self, req: Request, free: Callable[[Request], None], src: Replica):
         """The KV over the link; then the prefill side lets go of its blocks."""

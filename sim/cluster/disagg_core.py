@@ -31,7 +31,7 @@ import numpy as np
 
 import sim.engine_core as engine_core
 from sim.clients import in_send_order
-from sim.cluster.disagg import Handoff
+from sim.cluster.disagg import Handoff, decode_refusal
 from sim.cluster.link import KVLink
 from sim.cluster.replica import Replica, check_released
 from sim.cluster.routers import LeastKV, LeastRequests, PrefixAffinity, Router
@@ -104,11 +104,17 @@ def run_disaggregated(requests: list[Request], prefill: list[Replica], decode: l
     ones = np.ones(n, dtype=np.int64)
     _, _, bad_p = admission(prompt, ones, p_sched)            # (one output token: never cut)
     out_d, cut_d, bad_d = admission(prompt, own, d_sched)     # as the decode pool's add_request sees them
+    refused_d = bad_d & ~bad_p & (own > 1)   # the decode pool would refuse them: refused at once (Handoff)
+    for i in np.flatnonzero(refused_d).tolist():
+        handoff.refused[requests[i].req_id] = decode_refusal(d_sched, requests[i])
     for req in requests:   # Handoff.submit_prefill: its own length kept, one token on the prefill side
         handoff.output_len[req.req_id] = req.output_len
         req.output_len = 1
     for i in np.flatnonzero(bad_p).tolist():   # refused where they arrive: the prefill pool's reason
         requests[i].reject_reason = p_sched.reject_reason(requests[i])
+    for i in np.flatnonzero(refused_d).tolist():   # or the decode pool's
+        requests[i].reject_reason = handoff.refused[requests[i].req_id]
+    bad_p = bad_p | refused_d
     ints = request_ints(requests, ones, (~bad_p).astype(np.int64))
     arrival = np.fromiter((r.arrival_s for r in requests), dtype=np.float64, count=n)
     where = np.full(n, -1, dtype=np.int64) if dest is None else np.array(dest, dtype=np.int64)
@@ -179,8 +185,9 @@ def _write_back(requests: list[Request], prefill: list[Replica], decode: list[Re
     the hand-off, ``on_prefill``: on their prefill engine)."""
     mp = len(prefill)
     decoded = dst >= 0
-    for req, g_dst, o_d, o, gone in zip(requests, dst.tolist(), out_d.tolist(), own.tolist(), between.tolist()):
-        req.output_len = o_d if g_dst >= 0 else o if gone else 1   # (the hand-off had given it its own back)
+    for req, g_dst, o_d, o in zip(requests, dst.tolist(), out_d.tolist(), own.tolist()):
+        req.output_len = o_d if g_dst >= 0 else o   # (one that never left its prefill engine: its own, as
+        # Handoff.restore_lengths gives it; one of one output token finished there with it)
     write_requests(requests, counters, times)
     d_sched = decode[0].scheduler
     for g in np.flatnonzero(decoded).tolist():   # refused on arrival at the decode pool: its reason, its prefill's

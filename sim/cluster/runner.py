@@ -342,6 +342,7 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
     finally:
         if bar is not None:
             bar.close()
+    handoff.restore_lengths(requests)
     _check_ended(requests)
     _check_released(prefill + decode)
     res = cluster_result(scn, workload, prefill + decode, served, handoff, link, fe_out, fe_token,

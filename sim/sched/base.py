@@ -185,14 +185,18 @@ class SchedulerBase:
             return self.max_model_len - req.prompt_len
         return req.output_len
 
-    def would_reject(self, req: Request) -> bool:
-        """Whether ``add_request`` would reject ``req`` now (nothing changes)."""
+    def refusal(self, req: Request) -> str:
+        """Why ``add_request`` would reject ``req`` now ('' when it would queue it; nothing changes)."""
         out = req.output_len
         req.output_len = self.served_output_len(req)   # (as add_request cuts it; undone below)
         try:
-            return bool(self.reject_reason(req))
+            return self.reject_reason(req)
         finally:
             req.output_len = out
+
+    def would_reject(self, req: Request) -> bool:
+        """Whether ``add_request`` would reject ``req`` now (nothing changes)."""
+        return bool(self.refusal(req))
 
     def add_request(self, req: Request, now: float) -> bool:
         """Queue a new arrival, or reject it with a reason. Returns whether it was queued."""

@@ -151,6 +151,7 @@ typedef struct Core {
     int64_t **gtbl;          /* with a prefix cache, blocks by identity: the n - 1 siblings' tables, one after another */
     int8_t *gpriv, *e_sib;   /* e_sib: an entry of a sibling sequence (its request's entry is just before) */
     int64_t st_copy;
+    int64_t unrecorded_preempted;   /* preempted by plans that came out empty (no row): on the next row */
     /* the plan's entries: room for one a running request (e_base) and one more a forked request's sibling
     (sib_total: grow_entries at each fork) */
     Py_ssize_t e_cap, e_base;
