@@ -49,8 +49,8 @@ def stage_weight_bytes(model: ModelSpec, stages: int) -> list[int]:
     first, the final norm and the LM head on the last."""
     if stages == 1:
         return [model.weight_bytes()]
-    emb = model.vocab_size * model.hidden_size * model.dtype_bytes
-    norm = model.hidden_size * model.dtype_bytes
+    emb = model.vocab_size * model.hidden_size * model.activation_bytes   # (unquantized under W8A8 too)
+    norm = model.hidden_size * model.activation_bytes
     out = []
     for i, layers in enumerate(stage_layers(model.num_layers, stages)):
         # a stage's layers alone: the weights of a model of that many layers, less its embedding, head and norm

@@ -21,6 +21,7 @@ from sim.executors.local_attention import LocalAttention
 
 GiB = 1024**3
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
+W8A8_DTYPES = ("fp8", "int8")   # a model dtype of 8 bits: its projections' weights and inputs (W8A8)
 # weight-only quantized linear weights (AWQ, GPTQ, Marlin): bits a weight; the GEMMs dequantize them to the
 # model's dtype and multiply at its rate
 WEIGHT_DTYPE_BITS = {"int4": 4, "int8": 8, "fp8": 8, "mxfp4": 4}
@@ -153,6 +154,15 @@ class ModelSpec(BaseModel):
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
+
+    @property
+    def activation_bytes(self) -> int:
+        """Bytes of an activation element between the GEMMs (the residual stream, norms, rotary, SiLU, the
+        all-reduces, the logits) and of every weight that is not a projection's (embeddings, LM head, norms):
+        the dtype's, but 16-bit under 8-bit weights and activations (``dtype`` fp8 or int8, W8A8): vLLM's
+        W8A8 linear methods quantize each GEMM's input on the fly and return the checkpoint's bf16, whose
+        embeddings, LM head and norms stay unquantized."""
+        return 2 if self.dtype in W8A8_DTYPES else DTYPE_BYTES[self.dtype]
 
     @property
     def kv_dtype_bytes(self) -> int:
@@ -357,23 +367,26 @@ class ModelSpec(BaseModel):
         return self.num_params() - (self.num_layers - self.dense_layers) * idle
 
     def weight_bytes(self) -> int:
-        """Bytes of every weight as stored: ``num_params`` x dtype bytes, or with ``weight_dtype`` the projections
-        and experts (the routed experts alone under ``weight_scope`` experts) at its bits plus their scales
-        (``weight_bytes_per_element``) and the rest in ``dtype``."""
-        if self.weight_dtype is None:
+        """Bytes of every weight as stored: ``num_params`` x dtype bytes; under W8A8 (``dtype`` fp8 or int8) the
+        projections and experts in it and the rest (embeddings, LM head, norms) 16-bit
+        (``activation_bytes``); with ``weight_dtype`` the projections and experts (the routed experts alone
+        under ``weight_scope`` experts) at its bits plus their scales (``weight_bytes_per_element``) and the
+        rest in ``dtype``."""
+        if self.weight_dtype is None and self.activation_bytes == self.dtype_bytes:
             return self.num_params() * self.dtype_bytes
-        bits = WEIGHT_DTYPE_BITS[self.weight_dtype]
-        scale = WEIGHT_SCALE_BYTES.get(self.weight_dtype, SCALE_BYTES)
+        quantized = self.weight_dtype is not None
+        bits = WEIGHT_DTYPE_BITS[self.weight_dtype] if quantized else 8 * self.dtype_bytes
+        scale = WEIGHT_SCALE_BYTES.get(self.weight_dtype, SCALE_BYTES) if quantized else 0
         routed = len(self.attention_matrices())   # (the routed experts' gate-and-up and down follow attention)
         proj = proj_params = 0
         for layers, dense in self.layer_groups():
             for i, (k, n, copies) in enumerate(self.projection_matrices(dense)):
-                if self.weight_scope == "experts" and (dense or not routed <= i < routed + 2):
+                if quantized and self.weight_scope == "experts" and (dense or not routed <= i < routed + 2):
                     continue   # (kept in the dtype with the rest)
                 group = self.weight_group_size or k
                 proj += layers * copies * (k * n * bits // 8 + scale * math.ceil(k / group) * n)
                 proj_params += layers * copies * k * n
-        return proj + (self.num_params() - proj_params) * self.dtype_bytes
+        return proj + (self.num_params() - proj_params) * self.activation_bytes
 
     @classmethod
     def from_name(cls, name: str) -> ModelSpec:

@@ -207,11 +207,12 @@ def test_the_multi_token_prediction_layer():
     from sim.speculative import SpeculativeConfig, drafter_bytes
 
     cfg = SpeculativeConfig(method="mtp", num_speculative_tokens=1, acceptance_rate=0.8)
-    attention = 7168 * 2112 + 1536 * 128 * 192 + 512 * 128 * 256 + 128 * 128 * 7168 + 2 * 7168 + 1536 + 512
-    layer = attention + 257 * 3 * 7168 * 2048 + 7168 * 256
+    # in the fp8 checkpoint the projections take a byte a weight, the norms and the router's gate two (bf16)
+    projections = 7168 * 2112 + 1536 * 128 * 192 + 512 * 128 * 256 + 128 * 128 * 7168 + 257 * 3 * 7168 * 2048
+    norms, gate = 2 * 7168 + 1536 + 512, 7168 * 256
     weights, block = drafter_bytes(cfg, V3, HardwareSpec.from_name("h200-141gb").model_copy(
         update={"tensor_parallel": 8}), 64)
-    assert weights == layer + 2 * 7168 * 7168
+    assert weights == projections + 2 * (norms + gate) + 2 * 7168 * 7168
     assert block == 8 * 64 * 576 * 2
     # priced as an EAGLE head, which has its shape: the same run either way
     data = {"model": "deepseek-v2-lite", "hardware": "h100-80gb", "output": {"plots": False},

@@ -61,6 +61,23 @@ def test_int4_weights_and_their_scales_by_hand():
     assert mix.weight_bytes() == 32 * (725_614_592 + 22_675_456) + 2 * 263_458_816
 
 
+def test_w8a8_projections_in_8_bits_the_rest_and_the_activations_in_16():
+    """fp8 or int8 weights and activations (``dtype``: Llama-2-7B-FP8, -quantized.w8a8): the projections take a
+    byte a weight; the embeddings, LM head and norms stay bf16 in the checkpoint (262,410,240 weights, 2 bytes);
+    the activations between the GEMMs are bf16 too (vLLM's W8A8 GEMMs return it), so a step's all-reduces,
+    elementwise kernels and LM head cost what the fp16 model's do, and only its projections change."""
+    for dtype in ("fp8", "int8"):
+        w8a8 = ModelSpec(**{**L7.model_dump(), "dtype": dtype, "kv_dtype": "fp16"})
+        assert w8a8.weight_bytes() == 32 * 202_375_168 + 524_820_480
+    tp4 = H100.model_copy(update={"tensor_parallel": 4})
+    fp16 = CostModelExecutor(L7, tp4, CostParams(**IDEAL))
+    fp8 = CostModelExecutor(ModelSpec(**{**L7.model_dump(), "dtype": "fp8", "kv_dtype": "fp16"}), tp4, CostParams(**IDEAL))
+    for tokens in (1, 4096):
+        assert fp8._linear(tokens)[1] == fp16._linear(tokens)[1]   # all-reduces: 4096 x 2 bytes a token
+        assert fp8._linear(tokens)[0] < fp16._linear(tokens)[0]    # (the projections: fp8 bytes and rate)
+    assert fp8._elem_s_per_token == fp16._elem_s_per_token and fp8._lm_head(8) == fp16._lm_head(8)
+
+
 def test_the_cache_gets_the_memory_the_weights_no_longer_take():
     # H100: 80 GiB x 0.9 usable, 5% of it reserved for activations; 16-token blocks of 2 x 32 x 32 x 128 x 2 x 16
     # = 8,388,608 bytes: (77,309,411,328 x 0.95 - weights) / 8,388,608

@@ -187,7 +187,7 @@ class CostModelExecutor:
         self.derived_from = derived_from   # a derived calibration's measured source (derived_document)
         self.calibrated_for = calibrated_for   # the hardware the calibration was made for, where not this one
         tp = hardware.tensor_parallel
-        b = model.dtype_bytes
+        b = model.activation_bytes   # (the elementwise kernels' and all-reduces' elements: 16-bit under W8A8)
         self._peak, self._bw = hardware.peak_flops, hardware.hbm_bandwidth
         # the GEMMs' rate: fp8 weights and activations on fp8 tensor cores where the GPU has them; attention
         # stays at the fp16 rate (its kernels compute in fp16/bf16)
@@ -263,7 +263,7 @@ class CostModelExecutor:
     # ------------------------------------------------------------ engine-level terms
     def _init_engine(self, e: EngineParams, memo: PriceMemo) -> None:
         """Constants of the engine-level step (sim/executors/engine_params.py)."""
-        b, h = self.model.dtype_bytes, self.model.hidden_size
+        b, h = self.model.activation_bytes, self.model.hidden_size
         self._graph_max = e.graph_max_tokens if e.cuda_graphs else 0
         pad = [0] * (self._graph_max + 1)
         sizes = capture_sizes(self._graph_max) if self._graph_max else []
@@ -625,7 +625,7 @@ class CostModelExecutor:
         rows (as that many experts' worth of ``per`` rows, so that the rows of an expert stay the mean's and
         its tiles as many as without expert parallelism, the weights read its active experts'; rows of fewer
         than the smallest tile's still fill one)."""
-        p, b, m = self.params, self.model.dtype_bytes, self.model
+        p, m = self.params, self.model
         e, k_top = m.num_experts, m.experts_per_token
         active = e * (1.0 - (1.0 - k_top / e) ** tokens)
         per = tokens * k_top / active
@@ -639,7 +639,8 @@ class CostModelExecutor:
                           self._grouped_experts(groups, rows, most_active / groups))
         else:
             experts = self._grouped_experts(active, per)
-        router = gemm_time_scalar(tokens, e, m.hidden_size, self._gemm_peak, self._bw, b, p)
+        # (the router's gate is not quantized under W8A8: 16-bit, at the 16-bit rate)
+        router = gemm_time_scalar(tokens, e, m.hidden_size, self._peak, self._bw, m.activation_bytes, p)
         return router + experts + MOE_AUX_KERNELS * p.kernel_latency_s
 
     def enable_lora(self, lora: Any) -> None:
@@ -700,9 +701,9 @@ class CostModelExecutor:
         m, p, e = self.model, self.params, self.engine
         if e is None or not m.num_experts:
             raise ValueError("moe_kernel_time needs the engine terms and a mixture-of-experts model")
-        router = gemm_time_scalar(tokens, m.num_experts, m.hidden_size, self._gemm_peak, self._bw, m.dtype_bytes, p)
+        router = gemm_time_scalar(tokens, m.num_experts, m.hidden_size, self._peak, self._bw, m.activation_bytes, p)
         inter = m.intermediate_size // self.hardware.tensor_parallel
-        silu = tokens * m.experts_per_token * 3 * inter * m.dtype_bytes / (self._bw * p.memory_eff)
+        silu = tokens * m.experts_per_token * 3 * inter * m.activation_bytes / (self._bw * p.memory_eff)
         launches = 2 + MOE_AUX_KERNELS   # the two grouped GEMMs and the small kernels
         return (self._moe_mlp_time(tokens) - router - launches * p.kernel_latency_s
                 + (launches + 1) * e.graph_kernel_s + silu)
@@ -724,8 +725,9 @@ class CostModelExecutor:
             return 0.0
         hit = self._head_cache.get(seqs)
         if hit is None:
+            # (16-bit under W8A8 too: its LM head is not quantized, ``ModelSpec.activation_bytes``)
             hit = self._head_cache[seqs] = gemm_time_scalar(seqs, self._vocab_shard, self.model.hidden_size,
-                                                            self._gemm_peak, self._bw, self.model.dtype_bytes,
+                                                            self._peak, self._bw, self.model.activation_bytes,
                                                             self.params)
         return hit
 

@@ -54,8 +54,8 @@ class PipelineExecutor:
         self.batch_tokens = batch_tokens   # a microbatch's token budget (the per-batch max_num_batched_tokens)
         self.chunked = chunked             # prefill chunks may be cut into pieces of at most batch_tokens
         bw, self.hop_latency_s = hardware.pipeline_link_figures()
-        act = max(2, model.dtype_bytes) if model.dtype != "fp8" else 2   # (activations in 16 bits under fp8)
-        self.hop_s_per_token = HOP_TENSORS * model.hidden_size * act / (hardware.tensor_parallel * bw)
+        self.hop_s_per_token = (HOP_TENSORS * model.hidden_size * model.activation_bytes   # (16-bit under W8A8)
+                                / (hardware.tensor_parallel * bw))
         self.swap_s_per_block = 0.0   # (swap and a host tier are refused with a pipeline: scenario.py)
 
     @classmethod
