@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CELLS = [
     ("md", """# Capacity planning with kvsim clusters
 
-Three questions a serving team asks before buying GPUs, answered on the CPU in a few minutes:
+Questions a serving team asks before buying GPUs, answered on the CPU in a few minutes:
 
 1. How many replicas does the Azure conversation hour need to meet a TTFT and a TPOT SLO? (`kvsim capacity`)
 2. Which router makes the most of prefix caching on multi-turn conversations? (Mooncake trace)
@@ -20,6 +20,8 @@ Three questions a serving team asks before buying GPUs, answered on the CPU in a
 4. A 70B model quantized on one GPU, or in fp16 on two?
 5. With one H100 in hand, how many A100s (or H100s) to add, and which router spreads a mixed fleet's load?
 6. A model too large for one node: one tensor-parallel group across both nodes, or pipeline stages?
+7. A mixture of experts on 8 GPUs: each expert split over every GPU, or placed whole (expert parallelism)?
+8. LoRA adapters: how many replicas, behind which router?
 
 Every run is `run_scenario(load_scenario(path, overrides))` with a `cluster:` section set through
 overrides; `kvsim capacity` is the same search from the shell."""),
@@ -157,7 +159,7 @@ traffic a fleet is sized for: size it on the whole trace."""),
 Llama-3.1-70B on H100s behind the concurrency sweep's client (300 requests, prompts and outputs drawn from
 lognormals, at most N in flight). SLOs: TTFT p90 under 1 s, TPOT p90 under 50 ms. Three checkpoints named by
 their Hugging Face ids: fp16 (141 GB of weights), AWQ's int4 weights (39.5 GB), FP8 weights and activations
-(70.6 GB, the KV cache kept in 16 bits as vLLM keeps it); each on one GPU and on two. `kvsim capacity
+(72.7 GB: the projections in fp8, the embeddings and LM head in bf16; the KV cache kept in 16 bits as vLLM keeps it); each on one GPU and on two. `kvsim capacity
 --search concurrency --vary ...` finds, for each layout, the most requests in flight that meet both SLOs, and
 ranks the layouts by requests in flight per GPU. Quantized GEMMs are priced by the bytes they read, with
 the fp16 kernels' fitted efficiencies (no Marlin kernel has been timed: README, What is not built yet)."""),
@@ -187,7 +189,7 @@ show(ax.figure, "quantized.png")"""),
     ("md", """In fp16 the model does not fit one GPU, and the pair is short of KV (17,632 tokens), so TTFT binds first:
 requests wait for blocks. The int4 weights free most of one GPU for the cache and a decode step reads about a
 quarter of the fp16 weights' bytes, so one GPU serves more requests than the fp16 pair. FP8 on one GPU leaves
-little room for the cache; on two it does best per GPU here: half the weight bytes, a large cache, and steps
+almost no room for the cache (a request at a time); on two it does best per GPU here: half the weight bytes, a large cache, and steps
 of many tokens multiplied at the fp8 tensor cores' doubled rate, where int4's weight-only GEMMs still
 multiply in fp16."""),
     ("md", """## 5. A mixed fleet: what to add beside the GPUs you have
