@@ -111,9 +111,9 @@ def test_each_moe_layer_launches_its_small_kernels():
 
 def test_fused_moe_kernel_against_vllms_benchmark():
     # vLLM's fused MoE kernel on H100, Mixtral-8x7B at TP 2 (sim/data/kernels/: 15 timings published in vLLM
-    # PR 24700, 144 us at 1 token to 1,123 us at 1,536). The shipped calibration prices them within 4% on
-    # average, within 13% each; with the grouped tiles at the dense GEMMs' efficiency, prefill-sized
-    # batches come out 16-19% fast (the Triton kernel gathers its rows by expert).
+    # PR 24700, 144 us at 1 token to 1,123 us at 1,536). The shipped calibration prices them within 2.5% on
+    # average, within 8% each; with the grouped tiles at the dense GEMMs' efficiency, prefill-sized
+    # batches come out fast (the Triton kernel gathers its rows by expert).
     from sim.executors.cost_model import engine_params_of, load_calibration
     from sim.executors.moe_kernel import load_table, log_errors
 
@@ -122,10 +122,42 @@ def test_fused_moe_kernel_against_vllms_benchmark():
     tokens, seconds = load_table()
     assert (tokens[0], seconds[0], tokens[-1], seconds[-1]) == (1, 144.03e-6, 1536, 1122.93e-6)
     shipped = np.exp(log_errors(params, engine, engine.moe_tile_eff, tokens, seconds)) - 1
-    assert np.mean(np.abs(shipped)) < 0.04
-    assert np.max(np.abs(shipped)) < 0.13
+    assert np.mean(np.abs(shipped)) < 0.025
+    assert np.max(np.abs(shipped)) < 0.08
     dense = np.exp(log_errors(params, engine, 1.0, tokens, seconds)) - 1
-    assert np.all(dense[tokens >= 512] < -0.15)
+    assert np.all(dense[tokens >= 512] < 0)
+
+
+def test_an_experts_row_tiles_are_their_binomial_expectation():
+    # one expert's rows of n tokens each choosing it with p = k / E: X ~ Binomial(n, p); padded to T-row
+    # tiles it runs ceil(X / T) of them; given that it is active, E[ceil(X / T) | X > 0], summed exactly here
+    import math
+
+    from sim.executors.expert_rows import row_tiles
+
+    def exact(n: int, p: float, t: int) -> float:
+        pmf = [math.comb(n, x) * p ** x * (1 - p) ** (n - x) for x in range(n + 1)]
+        return sum(q * math.ceil(x / t) for x, q in enumerate(pmf)) / (1 - pmf[0])
+
+    for n, p, t in [(1, 0.25, 64), (7, 0.25, 16), (300, 0.25, 64), (700, 0.25, 128), (600, 8 / 256, 16)]:
+        assert row_tiles(n, p, t) == pytest.approx(exact(n, p, t), rel=1e-9)
+    assert row_tiles(1000, 1.0, 64) == 16   # one expert takes every row: ceil(1000 / 64)
+
+
+def test_the_fused_kernel_grows_smoothly_where_the_mean_crosses_a_tile():
+    # Mixtral-8x7B at TP 2 (top 2 of 8): the mean rows an expert are tokens / 4; priced from the mean alone,
+    # every expert took a new row tile at once at 257, 513 and 1,025 tokens (+35-46% in one token). With
+    # each expert's rows random, one more token adds a little and never takes any away.
+    from sim.executors.cost_model import engine_params_of, load_calibration
+    from sim.executors.moe_kernel import table_executor
+
+    params, doc = load_calibration("h100-80gb")
+    exe = table_executor(params, engine_params_of(doc), engine_params_of(doc).moe_tile_eff,
+                         model="mixtral-8x7b", hardware="h100-80gb", tensor_parallel=2)
+    times = np.array([exe.moe_kernel_time(t) for t in range(1, 2049)])
+    assert np.all(np.diff(times) >= 0)
+    # (below 16 tokens each one more wakes experts: 144 -> 229 us from 1 to 2 tokens, measured)
+    assert np.max(times[16:] / times[15:-1]) < 1.05
 
 
 def test_the_fit_finds_a_known_tile_efficiency():

@@ -54,6 +54,8 @@ the batch and looks the linear time up in a per-token-count cache.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +75,7 @@ from sim.executors.engine_params import (
     capture_sizes,
     graph_max_tokens_for,
 )
+from sim.executors.expert_rows import row_tiles
 from sim.executors.layer_terms import attention_shapes, attention_terms, mlp_shapes
 from sim.executors.price_memo import PriceMemo, price_memo
 from sim.executors.roofline import (
@@ -629,16 +632,18 @@ class CostModelExecutor:
         e, k_top = m.num_experts, m.experts_per_token
         active = e * (1.0 - (1.0 - k_top / e) ** tokens)
         per = tokens * k_top / active
+        # an active expert's row tiles: its rows random about ``per`` (sim/executors/expert_rows.py)
+        tiles = partial(row_tiles, tokens, k_top / e)
         if self._ep > 1:
             most_active, most_rows = busiest_gpu(e, k_top, self._ep, tokens)
             # its rows as experts of the mean's rows (at least a tile's: fewer ride in a padded tile), reading
             # only its active experts' weights
             rows = max(per, self._min_tile_rows)
             groups = max(most_active, most_rows / rows)
-            experts = max(self._grouped_experts(most_active, per),
-                          self._grouped_experts(groups, rows, most_active / groups))
+            experts = max(self._grouped_experts(most_active, per, tiles=tiles),
+                          self._grouped_experts(groups, rows, most_active / groups, tiles))
         else:
-            experts = self._grouped_experts(active, per)
+            experts = self._grouped_experts(active, per, tiles=tiles)
         # (the router's gate is not quantized under W8A8: 16-bit, at the 16-bit rate)
         router = gemm_time_scalar(tokens, e, m.hidden_size, self._peak, self._bw, m.activation_bytes, p)
         return router + experts + MOE_AUX_KERNELS * p.kernel_latency_s
@@ -678,10 +683,12 @@ class CostModelExecutor:
             per_layer += 2 * len(self._lora_shapes) * (self.engine.graph_kernel_s - p.kernel_latency_s)
         return self._layers * per_layer
 
-    def _grouped_experts(self, groups: float, per: float, weights_read: float = 1.0) -> float:
+    def _grouped_experts(self, groups: float, per: float, weights_read: float = 1.0,
+                         tiles: Callable[[int], float] | None = None) -> float:
         """The fused kernel's up and down launches over ``groups`` experts of ``per`` rows each (expected,
         fractional), their tiles at ``moe_tile_eff``; ``weights_read``: the share of those experts' weights
-        read (the rest are the same experts' rows again)."""
+        read (the rest are the same experts' rows again); ``tiles``: an expert's expected row tiles for a
+        tile height (else ceil(per / height))."""
         p, b = self.params, self.model.dtype_bytes
         (_, k_up, n_up), (_, k_down, n_down) = self._expert_shapes
         eff = self._moe_tile_eff
@@ -689,8 +696,9 @@ class CostModelExecutor:
         if weights_read != 1.0:   # (None: the dtype's bytes)
             stored = [(b if w is None else w) * weights_read for w in stored]
         w_up, w_down = stored
-        return (grouped_gemm_time_scalar(groups, per, n_up, k_up, self._gemm_peak, self._bw, b, p, eff, w_up)
-                + grouped_gemm_time_scalar(groups, per, n_down, k_down, self._gemm_peak, self._bw, b, p, eff, w_down))
+        return (grouped_gemm_time_scalar(groups, per, n_up, k_up, self._gemm_peak, self._bw, b, p, eff, w_up, tiles)
+                + grouped_gemm_time_scalar(groups, per, n_down, k_down, self._gemm_peak, self._bw, b, p, eff, w_down,
+                                           tiles))
 
     def moe_kernel_time(self, tokens: int) -> float:
         """Seconds of one mixture-of-experts layer's fused kernels as vLLM's kernel benchmark times them

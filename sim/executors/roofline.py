@@ -32,6 +32,7 @@ here accepts numpy arrays as well as scalars (the calibrator prices thousands of
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -136,15 +137,18 @@ def gemm_time_scalar(m: int, n: int, k: int, peak: float, bandwidth: float, dtyp
 
 def grouped_gemm_time_scalar(groups: float, m: float, n: int, k: int, peak: float, bandwidth: float,
                              dtype_bytes: int, params: CostParams, tile_eff: float = 1.0,
-                             weight_bytes: float | None = None) -> float:
+                             weight_bytes: float | None = None,
+                             row_tiles: Callable[[int], float] | None = None) -> float:
     """Seconds for one launch of ``groups`` independent ``[m, k] x [k, n]`` GEMMs (a fused mixture-of-experts
     kernel: each active expert's rows against its own weights). The module's formulas with every group's
     tiles in the same waves and every group's weights and activations in the bytes; ``groups`` and ``m``
     may be expected (fractional) counts. No learned correction: the corrections were measured on dense
     library GEMMs, not on grouped kernels; ``tile_eff`` scales the tiles' compute efficiencies instead (the
     grouped kernel's share of the library's, fitted to that kernel's own timings: EngineParams.moe_tile_eff).
+    ``row_tiles``: a group's expected row tiles for a tile height (its rows random about the mean ``m``:
+    sim/executors/expert_rows.py), instead of ceil(m / height).
     Invariant: at least the groups' bytes at full bandwidth x ``memory_eff``, plus one kernel latency."""
-    return _launch_time(groups, m, n, k, peak, bandwidth, dtype_bytes, params, tile_eff, weight_bytes)
+    return _launch_time(groups, m, n, k, peak, bandwidth, dtype_bytes, params, tile_eff, weight_bytes, row_tiles)
 
 
 def _traffic(groups: Any, m: Any, n: Any, k: Any, dtype_bytes: int, weight_bytes: float | None) -> Any:
@@ -155,14 +159,17 @@ def _traffic(groups: Any, m: Any, n: Any, k: Any, dtype_bytes: int, weight_bytes
 
 
 def _launch_time(groups: float, m: float, n: int, k: int, peak: float, bandwidth: float, dtype_bytes: int,
-                 params: CostParams, tile_eff: float = 1.0, weight_bytes: float | None = None) -> float:
+                 params: CostParams, tile_eff: float = 1.0, weight_bytes: float | None = None,
+                 row_tiles: Callable[[int], float] | None = None) -> float:
     """The module's formulas for one launch of ``groups`` ``[m, k] x [k, n]`` GEMMs, latency included, no
-    learned correction (``groups = 1``: one GEMM); every compute efficiency times ``tile_eff``."""
+    learned correction (``groups = 1``: one GEMM); every compute efficiency times ``tile_eff``; ``row_tiles``
+    (a tile height -> a group's expected row tiles) replaces ceil(m / height)."""
     if params.tiles:
         sms, q = params.num_sms, params.wave_quant
         t_c = math.inf
         for tm, tn, eff in params.tiles:
-            tiles = groups * math.ceil(m / tm) * math.ceil(n / tn)
+            rows = math.ceil(m / tm) if row_tiles is None else row_tiles(tm)
+            tiles = groups * rows * math.ceil(n / tn)
             waves = q * math.ceil(tiles / sms) + (1.0 - q) * (tiles / sms) if tiles >= sms else tiles / sms
             t_c = min(t_c, 2.0 * waves * sms * tm * tn * k / (peak * eff * tile_eff))
     else:
