@@ -224,7 +224,7 @@ Llama-3.1-405B. DeepSeek's latent is a fraction of Llama's KV a token, but vLLM 
 GPU of a tensor-parallel group, where Llama's KV heads are split eight ways: over the group a DeepSeek token
 takes more bytes than a Llama one, and with more weights besides, its cache holds fewer tokens. It still decodes
 faster, reading 37B parameters a token instead of 405B. (kvsim prices DeepSeek-class models optimistically:
-the README's public check finds it 2.6-3.9x faster than a measured vLLM 0.7.4.)"""),
+the README's public check finds it 2.5-3.7x faster than a measured vLLM 0.7.4.)"""),
     ("code", """models = {}
 for name in ("deepseek-ai/DeepSeek-V3", "neuralmagic/Meta-Llama-3.1-405B-Instruct-FP8"):
     scn = load_scenario(SCN / "deepseek_v3.yaml", [f"model={name}", "workload.limit=1000"])
