@@ -234,7 +234,7 @@ def _pricing(ex: CostModelExecutor) -> tuple:
                 ex._eager_ops, ex._attn_dec_new_bytes, *local)   # (eager ops over all layers: a mixture's router and more)
         floats = (*head, ex._eng_half, ex._eng_kv_s, ex._eng_qo_s, e.sampler_s, e.step_gap_s,
                   1.0 if e.overlap_cpu else 0.0, ex._swap_s_per_block, ex._fused_s_per_token, e.graph_kernel_s,
-                  p.elementwise_latency_s, e.cpu_step_s, e.cpu_seq_s, e.eager_op_s, ex._overhead, ex._copy_s_per_block)
+                  p.elementwise_latency_s, e.cpu_step_s, e.cpu_seq_s, e.eager_op_s, ex._empty_step_s, ex._copy_s_per_block)
         return 1, ints, floats, np.array(ex._pad, dtype=np.int64), ex._engine_linear, ex._lm_head
 
     def linear(tokens: int, _graph: bool) -> tuple[float, float]:

@@ -256,6 +256,9 @@ class CostModelExecutor:
         self.engine = engine
         memo = price_memo(model, hardware, params, engine)   # (shared with executors of the same setup)
         self._linear_cache, self._head_cache = memo.linear, memo.head
+        # a step of no tokens (swaps or copies alone): the fixed overhead; in engine mode no GPU work, the CPU
+        # side of a step and its gap (vLLM's engine still schedules it and syncs)
+        self._empty_step_s = self._overhead if engine is None else engine.cpu_step_s + engine.step_gap_s
         if engine is not None:
             self._init_engine(engine, memo)
         consts = self._decode_constants()
@@ -831,9 +834,10 @@ class CostModelExecutor:
             elementwise = self._layers * (tokens * self._elem_s_per_token + self._elem_fixed)
         swap = (len(plan.blocks_to_swap_out) + len(plan.blocks_to_swap_in)) * self._swap_s_per_block
         copy = len(plan.blocks_to_copy) * self._copy_s_per_block
+        overhead = self._overhead if tokens else self._empty_step_s
         breakdown = {"linear": linear, "attention": attention, "elementwise": elementwise, "allreduce": comm,
-                     "swap": swap, "copy": copy, "overhead": self._overhead}
-        duration = linear + attention + elementwise + comm + swap + copy + self._overhead
+                     "swap": swap, "copy": copy, "overhead": overhead}
+        duration = linear + attention + elementwise + comm + swap + copy + overhead
         if spec is not None:
             breakdown["draft"] = spec[1]
             duration += spec[1]
