@@ -330,10 +330,12 @@ def _union_branch(errors: list, data: object) -> dict:
     return {**best, "loc": _data_loc(data, best["loc"], best["type"])[0]}
 
 
-def _origin(path: tuple, overridden: dict[tuple, str]) -> str:
+def _origin(path: tuple, overridden: dict[tuple, str], in_file: bool = True) -> str:
     """`` (from --set)`` (or the flag that set it) where the key at ``path`` came from a command-line override:
-    one that set the key, a mapping holding it, or a key inside it; the last such override wins."""
-    flags = [flag for key, flag in overridden.items() if key[:len(path)] == path or path[:len(key)] == key]
+    one that set the key or a mapping holding it, or, for a key the file does not have (``in_file``), one
+    that set a key inside it (``--set foo.bar=1``: an unknown ``foo``); the last such override wins."""
+    flags = [flag for key, flag in overridden.items()
+             if path[:len(key)] == key or (not in_file and key[:len(path)] == path)]
     return f" (from {flags[-1]})" if flags else ""
 
 
@@ -364,7 +366,7 @@ def _explain(err: ValidationError, source: str, lines: dict[tuple, int], overrid
             line = lines[loc[:n]]
             break
     named = tuple(str(p) for p in loc)   # (a list item's position is an int in the loc, text in the --set path)
-    via = _origin(named, overridden)
+    via = _origin(named, overridden, loc in lines)
     where = f"{source}:{line}" if line and not via else source
     return KvsimError(where, f"{key}: {msg}{via}")
 
