@@ -364,7 +364,6 @@ def run_engines(requests: list[Request], engines: list[EngineParts], lag: float,
     if client is not None:   # (the core wrote each request's send time over its arrival)
         for req, sent in zip(requests, arrival.tolist()):
             req.arrival_s = sent
-    abort_reasons(requests, counters, [p.scheduler for p in engines], where)
     if own is not None:   # each request as its own engine served it (``prepare`` capped them as engine 0)
         served = ints_out.copy()
         for e, admit in enumerate(own):
@@ -377,6 +376,9 @@ def run_engines(requests: list[Request], engines: list[EngineParts], lag: float,
         for g in np.flatnonzero((accepted == 0) | (times[4] == times[4])).tolist():   # (``prepare``: engine 0's)
             req = requests[g]
             req.reject_reason = engines[where[g]].scheduler.reject_reason(req) if times[4, g] == times[4, g] else None
+    # (after the refusals' reasons: a request engine 0 would refuse that its own engine took and then aborted
+    # keeps its abort's reason)
+    abort_reasons(requests, counters, [p.scheduler for p in engines], where)
     table = None
     if columns:   # (request_columns leaves each request's final status in counters[0])
         table = request_columns(requests, ints, arrival, counters, times)

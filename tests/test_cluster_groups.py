@@ -178,6 +178,23 @@ def test_groups_with_limits_of_their_own_run_in_the_core_as_in_the_loop(monkeypa
         for p in reqs.loc[rejected, "prompt_tokens"]]
 
 
+def test_a_request_group_0_would_refuse_and_its_own_group_aborted_keeps_its_timeouts_reason(monkeypatch):
+    """Group 0 holds 8 blocks, group 1 120: a long request routed to group 1 is taken there (group 0 would
+    refuse it) and its client gives up after 20 ms, while it runs: its reason is the timeout's, in the core as in the
+    loop (the core first wrote the refusals' reasons over it)."""
+    data = _fleet([{"replicas": 1, "kv_cache": {"num_gpu_blocks": 8}}, {"replicas": 1}])
+    data["workload"]["timeout_s"] = 0.02
+    loop, core = off_and_on(monkeypatch, engine_core, "enabled",
+                            lambda: run_scenario(scenario_from_dict(data), check_integrity=True))
+    assert core.profile["compiled_core"] == (native is not None) and not loop.profile["compiled_core"]
+    for table in ("requests", "steps", "replicas"):
+        pd.testing.assert_frame_equal(getattr(loop, table), getattr(core, table), check_exact=True)
+    reqs = core.requests
+    need = -(-(reqs["prompt_tokens"] + reqs["output_tokens"] - 1) // 16)
+    taken = (reqs["replica"] == 1) & (need > 8) & (reqs["status"] == "ABORTED")
+    assert taken.any() and reqs.loc[taken, "reject_reason"].str.startswith("client timeout after 0.02 s").all()
+
+
 @pytest.mark.parametrize("cluster, message", [
     ({"replicas": 2, "groups": [{"replicas": 1}]}, "not replicas with groups"),
     ({"groups": []}, "groups"),
