@@ -42,6 +42,17 @@ def _fleet(groups: list[dict] | None = None, policy: str = "round_robin", **clus
     return data
 
 
+def _core_as_loop(monkeypatch, data: dict):
+    """The run of ``data`` in the compiled core (where it is built) after checking that it gives the SimPy
+    loop's requests, steps and replicas tables bit for bit."""
+    loop, core = off_and_on(monkeypatch, engine_core, "enabled",
+                            lambda: run_scenario(scenario_from_dict(data), check_integrity=True))
+    assert core.profile["compiled_core"] == (native is not None) and not loop.profile["compiled_core"]
+    for table in ("requests", "steps", "replicas"):
+        pd.testing.assert_frame_equal(getattr(loop, table), getattr(core, table), check_exact=True)
+    return core
+
+
 MIXED = [{"replicas": 1, "hardware": "h100-80gb"}, {"replicas": 2, "hardware": "a100-80gb"}]
 
 
@@ -145,11 +156,7 @@ def test_a_request_too_large_for_one_group_is_rejected_there_only(monkeypatch, p
     its reason; on group 0 (120 blocks) every request fits. The compiled core gives each engine its own
     admission: the same results as the SimPy loop, bit for bit."""
     data = _fleet([{"replicas": 1}, {"replicas": 1, "kv_cache": {"num_gpu_blocks": 8}}], policy=policy)
-    loop, res = off_and_on(monkeypatch, engine_core, "enabled",
-                           lambda: run_scenario(scenario_from_dict(data), check_integrity=True))
-    assert res.profile["compiled_core"] == (native is not None) and not loop.profile["compiled_core"]
-    for table in ("requests", "steps", "replicas"):
-        pd.testing.assert_frame_equal(getattr(loop, table), getattr(res, table), check_exact=True)
+    res = _core_as_loop(monkeypatch, data)
     reqs = res.requests
     need = -(-(reqs["prompt_tokens"] + reqs["output_tokens"] - 1) // 16)   # (as served: none is capped)
     rejected = reqs["status"] == "REJECTED"
@@ -165,11 +172,7 @@ def test_groups_with_limits_of_their_own_run_in_the_core_as_in_the_loop(monkeypa
     data = _fleet([{"replicas": 1}, {"replicas": 2, "kv_cache": {"num_gpu_blocks": 60},
                                      "scheduler": {"max_num_batched_tokens": 128, "chunked_prefill": False}}],
                   policy=policy)
-    loop, core = off_and_on(monkeypatch, engine_core, "enabled",
-                            lambda: run_scenario(scenario_from_dict(data), check_integrity=True))
-    assert core.profile["compiled_core"] == (native is not None) and not loop.profile["compiled_core"]
-    for table in ("requests", "steps", "replicas"):
-        pd.testing.assert_frame_equal(getattr(loop, table), getattr(core, table), check_exact=True)
+    core = _core_as_loop(monkeypatch, data)
     reqs = core.requests
     rejected = reqs["status"] == "REJECTED"
     assert (rejected == ((reqs["replica"] > 0) & (reqs["prompt_tokens"] > 128))).all() and rejected.any()
@@ -184,11 +187,7 @@ def test_a_request_group_0_would_refuse_and_its_own_group_aborted_keeps_its_time
     loop (the core first wrote the refusals' reasons over it)."""
     data = _fleet([{"replicas": 1, "kv_cache": {"num_gpu_blocks": 8}}, {"replicas": 1}])
     data["workload"]["timeout_s"] = 0.02
-    loop, core = off_and_on(monkeypatch, engine_core, "enabled",
-                            lambda: run_scenario(scenario_from_dict(data), check_integrity=True))
-    assert core.profile["compiled_core"] == (native is not None) and not loop.profile["compiled_core"]
-    for table in ("requests", "steps", "replicas"):
-        pd.testing.assert_frame_equal(getattr(loop, table), getattr(core, table), check_exact=True)
+    core = _core_as_loop(monkeypatch, data)
     reqs = core.requests
     need = -(-(reqs["prompt_tokens"] + reqs["output_tokens"] - 1) // 16)
     taken = (reqs["replica"] == 1) & (need > 8) & (reqs["status"] == "ABORTED")
