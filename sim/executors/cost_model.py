@@ -126,8 +126,7 @@ def load_calibration(ref: str, base_dir: Path | None = None, key: str = "executo
     if not path.is_file():
         shipped = shipped_calibration(ref)
         if shipped is None:
-            raise KvsimError(key, f"no calibration file {str(path)!r} and no shipped one "
-                                                     f"named {ref!r}")
+            raise KvsimError(key, f"no calibration file {str(path)!r} and no shipped one named {ref!r}")
         path = shipped
     try:
         data = dict(derived_document(read_document(path), str(path)))   # (its nested values: read-only)
