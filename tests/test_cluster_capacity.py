@@ -133,3 +133,20 @@ def test_concurrency_search_when_one_request_fails() -> None:
 
     with pytest.raises(KvsimError, match="fail even with one request in flight"):
         search_concurrency({"workload": {}}, _threshold_runner(0, []), 128, 2)
+
+
+def test_a_search_says_where_meeting_the_slos_was_not_monotone() -> None:
+    # levels up to 37 meet, and so does 48 (a percentile near its bound stepping back); three at a time the
+    # search tries 1, 2, 4 / 8, 16, 32 / 64, 128 (64 fails), then 40, 48, 56 (40 fails), then bisects to 37:
+    # the answer names 48 as out of order, and the CLI's note says so; a monotone outcome names none
+    from sim.cluster.capacity import search_concurrency
+    from sim.commands.capacity import _out_of_order_note
+
+    def run(datas: list[dict]) -> list[dict]:
+        return [{"meets": c <= 37 or c == 48} for c in (d["workload"]["max_concurrency"] for d in datas)]
+
+    answer = search_concurrency({"workload": {}}, run, 128, 3)
+    assert answer["concurrency"] == 37 and answer["out_of_order"] == [48]
+    assert _out_of_order_note([48], "concurrency").startswith(
+        "note: meeting the SLOs is not monotone in concurrency here: higher concurrencies meet (48)")
+    assert search_concurrency({"workload": {}}, _threshold_runner(37, []), 128, 1)["out_of_order"] == []

@@ -168,6 +168,17 @@ def _spread(lo: float, hi: float, k: int, integer: bool) -> list[float]:
     return pts
 
 
+def out_of_order(answer: dict[str, Any], key: str, more_is_harder: bool) -> list[float]:
+    """The candidates tried on the far side of ``answer[key]`` whose outcome contradicts it: a larger fleet
+    that fails (``more_is_harder`` False: replicas), or a higher rate or concurrency that meets. The searches
+    bisect assuming that meeting the SLOs is monotone in ``key``; near an SLO's bound a percentile can step
+    back and forth (a random router, a few hundred requests), and then a smaller answer may exist that
+    bisection did not visit."""
+    x = answer[key]
+    return [c[key] for c in answer["candidates"]
+            if c[key] > x and (c["meets"] if more_is_harder else not c["meets"])]
+
+
 def search_replicas(data: dict, run: Runner, max_replicas: int, workers: int, group: int | None = None
                     ) -> dict[str, Any]:
     """The fewest replicas meeting the SLOs; every candidate's figures in ``candidates``. ``group``: of that
@@ -230,6 +241,7 @@ def search_replicas(data: dict, run: Runner, max_replicas: int, workers: int, gr
     if disagg:
         answer.update(prefill=seen[hi]["prefill"], decode=seen[hi]["decode"])
     answer["candidates"] = [seen[k] for k in sorted(seen)]
+    answer["out_of_order"] = out_of_order(answer, "replicas", more_is_harder=False)
     return answer
 
 
@@ -268,7 +280,9 @@ def search_rate(data: dict, run: Runner, base_rate: float, workers: int, toleran
             break
         try_rates(_spread(good, bad, w, integer=False))
         good, bad = bracket()
-    return {"rate": good, "candidates": [seen[k] for k in sorted(seen)]}
+    answer = {"rate": good, "candidates": [seen[k] for k in sorted(seen)]}
+    answer["out_of_order"] = out_of_order(answer, "rate", more_is_harder=True)
+    return answer
 
 
 def search_concurrency(data: dict, run: Runner, max_concurrency: int, workers: int) -> dict[str, Any]:
@@ -310,4 +324,6 @@ def search_concurrency(data: dict, run: Runner, max_concurrency: int, workers: i
                 bad = m
                 break
             good = m
-    return {"concurrency": good, "candidates": [seen[k] for k in sorted(seen)]}
+    answer = {"concurrency": good, "candidates": [seen[k] for k in sorted(seen)]}
+    answer["out_of_order"] = out_of_order(answer, "concurrency", more_is_harder=True)
+    return answer

@@ -92,6 +92,7 @@ def search_layouts(layouts: list[Layout], data_of: Callable[[Layout], dict], sce
             if key != "replicas":
                 row[f"{key}_per_cost"] = answer[key] / row["cost_per_hour"] if row["cost_per_hour"] else math.inf
         row["candidates"] = answer["candidates"]
+        row["out_of_order"] = answer.get("out_of_order", [])
         rows.append(row)
     score = score_key(key, costs is not None)
     met = [r for r in rows if r["gpus"] is not None]

@@ -189,6 +189,8 @@ def main(args: argparse.Namespace) -> int:
             print(f"highest concurrency meeting {slo_text}: {answer['concurrency']} requests in flight")
         else:
             print(f"highest rate meeting {slo_text}: {answer['rate']:.4g} requests/s")
+        if answer.get("out_of_order"):
+            print(_out_of_order_note(answer["out_of_order"], x))
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         write_text(out / "capacity.json", summary_json(answer))
@@ -234,7 +236,7 @@ def _main_layouts(args: argparse.Namespace, slos: list[SLO]) -> int:
 
         answer = search_layouts(layouts, lambda lay: prepared[tuple(lay)][0], lambda lay: prepared[tuple(lay)][1],
                                 search, key, costs, tuple(s.name for s in slos))
-    rows = [{k: v for k, v in r.items() if k not in ("candidates", "varied", "gpus_by_hardware")}
+    rows = [{k: v for k, v in r.items() if k not in ("candidates", "varied", "gpus_by_hardware", "out_of_order")}
             for r in answer["layouts"]]
     table = pd.DataFrame(rows)
     if args.json:
@@ -256,6 +258,18 @@ def _main_layouts(args: argparse.Namespace, slos: list[SLO]) -> int:
         if not args.json:
             print(f"wrote capacity.json, capacity.csv, capacity.png to {out}/")
     return 0 if answer["layout"] is not None else 1
+
+
+def _out_of_order_note(values: list, x: str) -> str:
+    """The warning where the tried candidates show that meeting the SLOs is not monotone in ``x``."""
+    shown = ", ".join(f"{v:.4g}" for v in values)
+    if x == "replicas":
+        what = f"larger fleets fail ({shown} replicas)"
+    else:
+        what = f"higher {'rates' if x == 'rate' else 'concurrencies'} meet ({shown})"
+    return (f"note: meeting the SLOs is not monotone in {x} here: {what}; the search assumes it is, so a "
+            "better answer may lie among values it did not try (an SLO's percentile is near its bound: run "
+            "more requests, another seed, or relax the SLOs)")
 
 
 def _print_layouts(answer: dict, rows: list[dict], slos: list[SLO], key: str, priced: bool,
@@ -284,6 +298,9 @@ def _print_layouts(answer: dict, rows: list[dict], slos: list[SLO], key: str, pr
         g = answer["gpus"]
         print(f"most {unit} {per} meeting {slo_text}: {answer['layout']} ({answer[key]:.4g} {unit} on "
               f"{g} GPU{'s' if g != 1 else ''}: {answer[score_key(key, priced)]:.4g} {per})")
+    for r in answer["layouts"]:
+        if r.get("out_of_order"):
+            print(f"{r['layout']}: {_out_of_order_note(r['out_of_order'], key)}")
 
 
 def plot_layouts(table: pd.DataFrame, key: str, path: Path) -> Path:
