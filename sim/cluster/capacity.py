@@ -20,6 +20,12 @@ Search (each candidate an independent run of the scenario with ``cluster.replica
 
 Assumes the SLO figures get no worse with more replicas and no better with more load or concurrency (monotone);
 ``candidates`` lists every run so a violation can be seen.
+
+Seeds (``seeds`` > 1, ``kvsim capacity --seeds N``): each candidate runs with the scenario's seed and the
+N - 1 after it (other draws of a synthetic workload's arrivals and lengths, of a random router's choices)
+and meets only if every seed's run meets; its figures are the worst seed's (``across_seeds``), its
+``seeds`` each seed's. An answer then holds for N draws of the traffic, not for one draw's luck near a
+percentile's bound.
 """
 
 from __future__ import annotations
@@ -95,6 +101,42 @@ def evaluate(data: dict, base_dir: str, source: str, slos: list[SLO]) -> dict[st
 
 Runner = Callable[[list[dict]], list[dict[str, Any]]]
 
+# a candidate's figures that are better when higher: across seeds the lowest is the worst
+_HIGHER_IS_BETTER = ("goodput_req_s", "num_finished", "output_throughput_tok_s")
+
+
+def seed_list(data: dict, seeds: int) -> list[int]:
+    """The seeds a candidate runs with: the scenario's own (``seed``, 0 by default) and the ``seeds`` - 1 after it."""
+    base = int(data.get("seed") or 0)
+    return list(range(base, base + seeds))
+
+
+def across_seeds(rows: list[dict[str, Any]], seeds: list[int], slos: list[SLO]) -> dict[str, Any]:
+    """One candidate's runs under ``seeds`` (``rows[i]`` ran with ``seeds[i]``) as one row: it meets only if
+    every run meets; each figure is the worst run's (an SLO's figure and ``worst_ratio`` the highest, a NaN
+    figure failing; the attainments, goodput, finished requests and throughput the lowest); ``seeds_met``
+    counts the runs that meet and ``seeds`` holds each run's row with its seed."""
+    out: dict[str, Any] = {}
+    for s in slos:
+        values = [r[s.name] for r in rows]
+        out[s.name] = math.nan if any(v != v for v in values) else max(values)
+    out["meets"] = all(r["meets"] for r in rows)
+    for key in rows[0]:
+        if key.startswith("attain_") or key in _HIGHER_IS_BETTER:
+            values = [r[key] for r in rows]
+            out[key] = math.nan if any(v != v for v in values) else min(values)
+    out["worst_ratio"] = max(r["worst_ratio"] for r in rows)
+    out["seeds_met"] = sum(bool(r["meets"]) for r in rows)
+    out["seeds"] = [{"seed": seed, **r} for seed, r in zip(seeds, rows)]
+    return out
+
+
+def seeds_agree(answer: dict[str, Any], slos: list[SLO]) -> bool:
+    """Whether every candidate's seeds gave the same SLO figures (nothing in the scenario is drawn at random:
+    a trace replayed as recorded, a router that draws nothing), so that more seeds only cost time."""
+    rows = [c for cand in answer["candidates"] for c in cand.get("splits", [cand])]
+    return all(len({repr(run[s.name]) for run in row["seeds"]}) == 1 for row in rows if "seeds" in row for s in slos)
+
 
 class CandidateRunner:
     """Evaluates scenario dicts in order: inline, in a process pool, or on Ray (as ``kvsim sweep`` does).
@@ -102,15 +144,27 @@ class CandidateRunner:
     The pool is started at the first batch of candidates and kept for the whole search (``close``, or
     ``with``): its workers keep what a run leaves in a process (the parsed calibration, the memoised
     prices: sim/executors/document_cache.py, price_memo.py) from one round of the bisection to the next,
-    instead of a fresh pool each round starting from nothing."""
+    instead of a fresh pool each round starting from nothing.
+
+    ``seeds`` > 1: each candidate runs under that many seeds (``seed_list``; all of a round's runs side by side)
+    and comes back as one row (``across_seeds``)."""
 
     def __init__(self, base_dir: str, source: str, slos: list[SLO], workers: int = 1, use_ray: bool = False,
-                 ray_address: str | None = None) -> None:
+                 ray_address: str | None = None, seeds: int = 1) -> None:
         self.base_dir, self.source, self.slos = base_dir, source, slos
         self.workers, self.use_ray, self.ray_address = workers, use_ray, ray_address
+        self.seeds = seeds
         self._pool = None
 
     def __call__(self, datas: list[dict]) -> list[dict[str, Any]]:
+        if self.seeds <= 1:
+            return self._evaluate(datas)
+        lists = [seed_list(d, self.seeds) for d in datas]
+        runs = self._evaluate([_with(d, seed=seed) for d, seeds in zip(datas, lists) for seed in seeds])
+        n = self.seeds
+        return [across_seeds(runs[i * n:(i + 1) * n], seeds, self.slos) for i, seeds in enumerate(lists)]
+
+    def _evaluate(self, datas: list[dict]) -> list[dict[str, Any]]:
         base_dir, source, slos = self.base_dir, self.source, self.slos
         if self.use_ray:
             require_ray()
@@ -148,9 +202,9 @@ class CandidateRunner:
 
 
 def parallel_runner(base_dir: str, source: str, slos: list[SLO], workers: int = 1, use_ray: bool = False,
-                    ray_address: str | None = None) -> CandidateRunner:
+                    ray_address: str | None = None, seeds: int = 1) -> CandidateRunner:
     """A ``CandidateRunner`` (close it, or use it in ``with``, when the search is done)."""
-    return CandidateRunner(base_dir, source, slos, workers, use_ray, ray_address)
+    return CandidateRunner(base_dir, source, slos, workers, use_ray, ray_address, seeds)
 
 
 def _with(data: dict, **keys: Any) -> dict:

@@ -1,12 +1,13 @@
 """kvsim capacity SCENARIO.yaml --slo ttft_p90=2 [--slo ...] [--search replicas|rate|concurrency] [--max N]
-[--vary KEY=V1,V2 ... [--gpu-cost HARDWARE=PRICE ...]] [--workers N | --ray [ADDRESS]] [--set key.path=value ...]
-[--out DIR] [--json]
+[--vary KEY=V1,V2 ... [--gpu-cost HARDWARE=PRICE ...]] [--seeds N] [--workers N | --ray [ADDRESS]]
+[--set key.path=value ...] [--out DIR] [--json]
 
 The fewest replicas (or, for the scenario's fleet, the highest request rate, its goodput, or the most
 requests a client may keep in flight) meeting every SLO, by bisection over independent runs (sim/cluster/capacity.py). Prints the SLO attainment curve (each
 candidate's figures) and, with --out, writes capacity.json, capacity.csv and capacity.png. With --vary, the
 same search for each layout (sim/cluster/layouts.py) and the best layout: the fewest GPUs, or the most
-requests a second (in flight) per GPU; with --gpu-cost, by price instead.
+requests a second (in flight) per GPU; with --gpu-cost, by price instead. With --seeds N, a candidate meets
+only if it meets under each of N seeds (the scenario's and the N - 1 after it), its figures the worst seed's.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from sim import limits as L
 from sim.cluster.capacity import (
     SLO,
     parallel_runner,
@@ -25,6 +27,8 @@ from sim.cluster.capacity import (
     search_concurrency,
     search_rate,
     search_replicas,
+    seed_list,
+    seeds_agree,
 )
 from sim.cluster.layouts import cost_of, gpus_of, hardware_names, score_key, search_layouts
 from sim.cluster.replica import pool_scenario
@@ -34,6 +38,7 @@ from sim.output import prepare_out_dir, summary_json, write_atomic, write_text
 from sim.scenario import apply_override, load_scenario, parse_override
 
 MAX_WORKERS = 1024
+MAX_SEEDS = 1000
 
 
 def add_parser(sub) -> None:
@@ -52,6 +57,9 @@ def add_parser(sub) -> None:
     p.add_argument("--max", type=int, default=None,
                    help="most replicas (default 64), or highest concurrency (default: the workload's requests), "
                         "to consider")
+    p.add_argument("--seeds", type=int, default=1, metavar="N",
+                   help="run each candidate under N seeds (the scenario's seed and the N - 1 after it): it meets only "
+                        "if every seed's run meets, and its figures are the worst seed's (default 1)")
     p.add_argument("--workers", type=int, default=1, help="candidates run in parallel processes")
     p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS", help="run candidates on Ray")
     p.add_argument("--vary", action="append", default=[], metavar="KEY.PATH=V1,V2",
@@ -150,14 +158,19 @@ def main(args: argparse.Namespace) -> int:
         raise KvsimError("--max", f"must be at least 1, got {args.max}")
     if not 1 <= args.workers <= MAX_WORKERS:
         raise KvsimError("--workers", f"must be 1 .. {MAX_WORKERS}, got {args.workers}")
+    if not 1 <= args.seeds <= MAX_SEEDS:
+        raise KvsimError("--seeds", f"must be 1 .. {MAX_SEEDS}, got {args.seeds}")
+    if args.seeds > 1 and any(parse_override(v.split("=", 1)[0] + "=0")[0] == ["seed"] for v in args.vary):
+        raise KvsimError("--seeds", "runs each candidate under several seeds: do not also vary seed with --vary")
     load_scenario(args.scenario)                          # the file itself: errors with its line numbers
     if args.vary or args.gpu_cost:
         return _main_layouts(args, slos)
     data, overrides = _search_data(args, args.overrides)
     scn = load_scenario(args.scenario, overrides)         # validates the overrides
+    _check_seeds(scn.seed, args.seeds)
     out = prepare_out_dir(args.out) if args.out else None
     with parallel_runner(str(Path(args.scenario).parent), args.scenario, slos, workers=args.workers,
-                         use_ray=args.ray is not None, ray_address=args.ray or None) as run:
+                         use_ray=args.ray is not None, ray_address=args.ray or None, seeds=args.seeds) as run:
         if args.search == "replicas":
             answer = search_replicas(data, run, args.max or 64, args.workers, args.group)
             x = "replicas"
@@ -167,13 +180,15 @@ def main(args: argparse.Namespace) -> int:
         else:
             answer = search_rate(data, run, _base_rate(scn), args.workers)
             x = "rate"
-    rows = [{k: v for k, v in c.items() if k != "splits"} for c in answer["candidates"]]
+    if args.seeds > 1:
+        answer["seeds"] = seed_list(data, args.seeds)
+    rows = [{k: v for k, v in c.items() if k not in ("splits", "seeds")} for c in answer["candidates"]]
     table = pd.DataFrame(rows)
     if args.json:
         print(summary_json(answer), end="")
     else:
         cols = [x] + [c for c in ("prefill", "decode") if c in table] + [s.name for s in slos] + \
-            [f"attain_{s.name}" for s in slos] + ["meets"]
+            [f"attain_{s.name}" for s in slos] + ["meets"] + (["seeds_met"] if args.seeds > 1 else [])
         print(table[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
         slo_text = ", ".join(f"{s.name} <= {s.value:g} s" for s in slos)
         if x == "replicas" and "group" in answer:
@@ -191,6 +206,8 @@ def main(args: argparse.Namespace) -> int:
             print(f"highest rate meeting {slo_text}: {answer['rate']:.4g} requests/s")
         if answer.get("out_of_order"):
             print(_out_of_order_note(answer["out_of_order"], x))
+        if args.seeds > 1:
+            print(_seeds_note(answer, slos, args.seeds))
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         write_text(out / "capacity.json", summary_json(answer))
@@ -222,10 +239,12 @@ def _main_layouts(args: argparse.Namespace, slos: list[SLO]) -> int:
         prepared[tuple(layout)] = (data, load_scenario(args.scenario, sets, varied))   # (errors name --vary)
     if costs is not None:   # every layout's hardware priced before any search
         cost_of({name: 0 for _, scn in prepared.values() for name in hardware_names(scn)}, costs)
+    for _, scn in prepared.values():
+        _check_seeds(scn.seed, args.seeds)
     out = prepare_out_dir(args.out) if args.out else None
     key = args.search
     with parallel_runner(str(Path(args.scenario).parent), args.scenario, slos, workers=args.workers,
-                         use_ray=args.ray is not None, ray_address=args.ray or None) as run:
+                         use_ray=args.ray is not None, ray_address=args.ray or None, seeds=args.seeds) as run:
         def search(layout, data):
             scn = prepared[tuple(layout)][1]
             if key == "replicas":
@@ -236,6 +255,8 @@ def _main_layouts(args: argparse.Namespace, slos: list[SLO]) -> int:
 
         answer = search_layouts(layouts, lambda lay: prepared[tuple(lay)][0], lambda lay: prepared[tuple(lay)][1],
                                 search, key, costs, tuple(s.name for s in slos))
+    if args.seeds > 1:
+        answer["seeds"] = args.seeds
     rows = [{k: v for k, v in r.items() if k not in ("candidates", "varied", "gpus_by_hardware", "out_of_order")}
             for r in answer["layouts"]]
     table = pd.DataFrame(rows)
@@ -243,10 +264,13 @@ def _main_layouts(args: argparse.Namespace, slos: list[SLO]) -> int:
         print(summary_json(answer), end="")
     else:
         _print_layouts(answer, rows, slos, key, costs is not None, args.group)
+        if args.seeds > 1:
+            print(_seeds_note({"candidates": [c for r in answer["layouts"] for c in r["candidates"]]}, slos,
+                              args.seeds))
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         write_text(out / "capacity.json", summary_json(answer))
-        cands = pd.DataFrame([{"layout": r["layout"], **{k: v for k, v in c.items() if k != "splits"}}
+        cands = pd.DataFrame([{"layout": r["layout"], **{k: v for k, v in c.items() if k not in ("splits", "seeds")}}
                               for r in answer["layouts"] for c in r["candidates"]])
         write_atomic(out / "capacity.csv", lambda p: cands.to_csv(p, index=False))
         tmp = out / ".capacity.partial.png"
@@ -260,6 +284,22 @@ def _main_layouts(args: argparse.Namespace, slos: list[SLO]) -> int:
     return 0 if answer["layout"] is not None else 1
 
 
+def _check_seeds(seed: int, seeds: int) -> None:
+    """The last seed a candidate would run with must be a valid scenario seed."""
+    if seed + seeds - 1 > L.MAX_SEED:
+        raise KvsimError("--seeds", f"the scenario's seed {seed} plus {seeds - 1} passes the largest seed {L.MAX_SEED}")
+
+
+def _seeds_note(answer: dict, slos: list[SLO], seeds: int) -> str:
+    """What ``--seeds`` did: each candidate under N seeds, its figures the worst seed's; or that the seeds all
+    gave the same figures."""
+    if seeds_agree(answer, slos):
+        return (f"note: all {seeds} seeds gave every candidate the same figures: nothing in this scenario is drawn "
+                "at random (a trace replayed as recorded, a router that draws nothing), so more seeds add only time")
+    return (f"each candidate ran under {seeds} seeds; it meets only if every seed's run meets (seeds_met), and its "
+            "figures are the worst seed's (each seed's in the JSON's seeds)")
+
+
 def _out_of_order_note(values: list, x: str) -> str:
     """The warning where the tried candidates show that meeting the SLOs is not monotone in ``x``."""
     shown = ", ".join(f"{v:.4g}" for v in values)
@@ -269,7 +309,7 @@ def _out_of_order_note(values: list, x: str) -> str:
         what = f"higher {'rates' if x == 'rate' else 'concurrencies'} meet ({shown})"
     return (f"note: meeting the SLOs is not monotone in {x} here: {what}; the search assumes it is, so a "
             "better answer may lie among values it did not try (an SLO's percentile is near its bound: run "
-            "more requests, another seed, or relax the SLOs)")
+            "more requests, several seeds with --seeds N, or relax the SLOs)")
 
 
 def _print_layouts(answer: dict, rows: list[dict], slos: list[SLO], key: str, priced: bool,
