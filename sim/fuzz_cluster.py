@@ -4,7 +4,8 @@
                                                colocated replicas behind any router (a mixed fleet of 2-3
                                                groups with settings of their own too), or prefill and decode
                                                pools (pull, push or layer-wise push, any link, pools with hardware, a
-                                               tensor-parallel degree, a cache and limits of their own)
+                                               tensor-parallel degree, a cache and limits of their own), or the
+                                               ranks of one data-parallel engine (cluster.data_parallel)
     run_cluster_case(data)      -> CaseResult  run it three ways and check the outcome
     fuzz_clusters(seed, count)  -> FuzzReport  many cases; failures keep the scenario, to replay with ``kvsim run``
 
@@ -56,6 +57,7 @@ from sim.fuzz import (
 
 COLOCATED_P = 0.5   # share of colocated cases (the rest: prefill/decode pools)
 GROUPS_P = 0.3      # of the colocated cases: a mixed fleet of 2-3 groups (cluster.groups)
+DATA_PARALLEL_P = 0.25   # of the colocated cases of one group: the ranks of a data-parallel engine
 EPS = 1e-9
 
 
@@ -96,7 +98,7 @@ def draw_cluster_scenario(rng: random.Random, index: int = 0) -> dict:
             data["cluster"] = {"groups": groups, "router": router}
             return data
         data["cluster"] = {"replicas": rng.randint(1, 4), "router": router}
-        return data
+        return _data_parallel(index, data)
     # prefill/decode pools: paged blocks, continuous batching, one sequence a request, every token of a
     # sliding-window model kept (pools move whole tables)
     data["kv_cache"]["allocator"] = "paged"
@@ -117,6 +119,31 @@ def draw_cluster_scenario(rng: random.Random, index: int = 0) -> dict:
     data["cluster"] = {"prefill": _pool(rng, data, "prefill"), "decode": _pool(rng, data, "decode"),
                        "kv_transfer": transfer, "router": router}
     return data
+
+
+def _data_parallel(index: int, data: dict) -> dict:
+    """Sometimes (``DATA_PARALLEL_P``, a stream of its own: the other draws stay) the replicas as the 2 or 4
+    ranks of one data-parallel engine of tiny-deepseek (sim/cluster/data_parallel.py): ranks of 1 or 2 GPUs,
+    experts split or placed whole, a cache of its own size, what the group refuses dropped."""
+    rng = random.Random(f"data-parallel:{index}")
+    if rng.random() >= DATA_PARALLEL_P:
+        return data
+    from sim.specs import HardwareSpec
+
+    hw = data["hardware"] if isinstance(data["hardware"], dict) else HardwareSpec.from_name(data["hardware"]).model_dump()
+    data["hardware"] = {**hw, "tensor_parallel": rng.choice([1, 2]), "pipeline_parallel": 1,
+                        "expert_parallel": rng.random() < 0.5}
+    data["model"] = "tiny-deepseek"
+    kv = data["kv_cache"]
+    kv.pop("gpu_memory_utilization", None)
+    kv.pop("activation_reserve_gb", None)
+    kv["num_gpu_blocks"] = max(8, drawn_cache_tokens(data) // kv.get("block_size", 16))
+    data["cluster"].update(replicas=rng.choice([2, 4]), data_parallel=True)
+    for section in ("lora", "speculative"):
+        data.pop(section, None)
+    for key in ("max_concurrency", "think_time_s", "think_time_dist"):   # (a client's limit: refused with a group)
+        data["workload"].pop(key, None)
+    return drop_refused(data)
 
 
 # ---------------------------------------------------------------- checking

@@ -75,7 +75,8 @@ def gpu_blocks(scn: Scenario) -> int:
         return kv.num_gpu_blocks
     try:
         return kv_capacity_blocks(scn.model_spec, scn.hardware_spec, kv.block_size, kv.gpu_memory_utilization,
-                                  _reserve_bytes(kv), *draft_bytes(scn), lora_bytes=lora_slot_bytes(scn))
+                                  _reserve_bytes(kv), *draft_bytes(scn), lora_bytes=lora_slot_bytes(scn),
+                                  data_parallel=data_parallel_size(scn))
     except ValueError as e:
         raise KvsimError(f"{scn.source}: model", str(e)) from None
 
@@ -87,7 +88,14 @@ def hbm_budget_of(scn: Scenario, num_gpu: int) -> dict[str, int] | None:
     if kv.num_gpu_blocks is not None:
         return None
     return hbm_budget(scn.model_spec, scn.hardware_spec, kv.block_size, num_gpu, kv.gpu_memory_utilization,
-                      _reserve_bytes(kv), *draft_bytes(scn), lora_bytes=lora_slot_bytes(scn))
+                      _reserve_bytes(kv), *draft_bytes(scn), lora_bytes=lora_slot_bytes(scn),
+                      data_parallel=data_parallel_size(scn))
+
+
+def data_parallel_size(scn: Scenario) -> int:
+    """The ranks of the scenario's data-parallel group (``cluster.data_parallel``: its replicas), else 1."""
+    cl = scn.cluster
+    return cl.replicas if cl is not None and cl.data_parallel else 1
 
 
 def draft_bytes(scn: Scenario) -> tuple[int, int]:

@@ -460,7 +460,16 @@ def unsupported_combination(scn: Scenario) -> tuple[str, str] | None:
         if problem:
             return problem
     return (_hybrid_manager_problem(scn) or _tensor_parallel_problem(scn) or _pipeline_problem(scn)
-            or _group_problem(scn) or _lora_problem(scn))
+            or _group_problem(scn) or _lora_problem(scn) or _data_parallel_problem(scn))
+
+
+def _data_parallel_problem(scn: Scenario) -> tuple[str, str] | None:
+    """(key, why) where a data-parallel group (``cluster.data_parallel``) cannot be built as given."""
+    if scn.cluster is None or not scn.cluster.data_parallel:
+        return None
+    from sim.cluster.data_parallel import data_parallel_problem  # (lazy: sim.cluster imports this module)
+
+    return data_parallel_problem(scn)
 
 
 def _lora_problem(scn: Scenario) -> tuple[str, str] | None:

@@ -533,6 +533,7 @@ def kv_capacity_blocks(
     draft_weight_bytes: int = 0,
     draft_block_bytes: int = 0,
     lora_bytes: int = 0,
+    data_parallel: int = 1,
 ) -> int:
     """Blocks that fit: (HBM x utilization x TP - weights - activation reserve) / (block bytes x KV replicas);
     over pipeline stages, the tightest stage's count (sim/pipeline_stages.py).
@@ -550,8 +551,8 @@ def kv_capacity_blocks(
         return pipeline_capacity_blocks(model, hardware, block_size, gpu_memory_utilization, activation_reserve_bytes)
     usable = hardware.hbm_bytes * gpu_memory_utilization * hardware.tensor_parallel
     reserve = activation_reserve(usable, activation_reserve_bytes)
-    weights = model.weight_bytes() + draft_weight_bytes + lora_bytes
-    free = usable - weights - reserve - expert_placement_excess(model, hardware)
+    weights = rank_weight_bytes(model, hardware, data_parallel) + draft_weight_bytes + lora_bytes
+    free = usable - weights - reserve - (expert_placement_excess(model, hardware) if data_parallel == 1 else 0)
     if free <= 0:
         what = "model weights" if not draft_weight_bytes else "model and draft weights"
         what += " and LoRA slots" if lora_bytes else ""
@@ -572,6 +573,26 @@ def expert_placement_excess(model: ModelSpec, hardware: HardwareSpec) -> int:
     return weight_excess_bytes(model, hardware.tensor_parallel)
 
 
+def rank_weight_bytes(model: ModelSpec, hardware: HardwareSpec, data_parallel: int = 1) -> int:
+    """Bytes of weights on a tensor-parallel group that is one of ``data_parallel`` ranks (vLLM's
+    ``--data-parallel-size``): attention, dense layers, shared experts, embeddings and LM head whole on each
+    rank, the routed experts shared by the D x T GPUs: split evenly, 1/D of them a rank, or with
+    ``hardware.expert_parallel`` placed whole, each GPU keeping room for the fullest one's ceil(E / (D x T))
+    experts (sim/expert_parallel.py). ``model.weight_bytes()`` for one rank, or a dense model."""
+    if data_parallel == 1 or not model.num_experts:
+        return model.weight_bytes()
+    from sim.expert_parallel import expert_bytes  # (it reads ModelSpec, defined here)
+
+    layers = model.num_layers - model.dense_layers
+    routed = expert_bytes(model) * model.num_experts * layers
+    tp = hardware.tensor_parallel
+    if hardware.expert_parallel:
+        share = tp * math.ceil(model.num_experts / (data_parallel * tp)) * expert_bytes(model) * layers
+    else:
+        share = routed / data_parallel
+    return round(model.weight_bytes() - routed + share)
+
+
 def activation_reserve(usable: float, activation_reserve_bytes: int | None) -> float:
     """The bytes kept for activations out of ``usable`` HBM: as given, else 5% of it."""
     return 0.05 * usable if activation_reserve_bytes is None else activation_reserve_bytes
@@ -579,20 +600,22 @@ def activation_reserve(usable: float, activation_reserve_bytes: int | None) -> f
 
 def hbm_budget(model: ModelSpec, hardware: HardwareSpec, block_size: int, num_blocks: int,
                gpu_memory_utilization: float = 0.9, activation_reserve_bytes: int | None = None,
-               draft_weight_bytes: int = 0, draft_block_bytes: int = 0, lora_bytes: int = 0) -> dict[str, int]:
+               draft_weight_bytes: int = 0, draft_block_bytes: int = 0, lora_bytes: int = 0,
+               data_parallel: int = 1) -> dict[str, int]:
     """Where a tensor-parallel group's HBM goes when its cache is sized from it (``kv_capacity_blocks``):
     the weights, the activation reserve, ``num_blocks`` KV blocks, and the rest (what
     ``gpu_memory_utilization`` leaves out and what is too small for a block). Bytes over the group; the
     four parts sum to ``hbm_bytes``. A speculative drafter's weights are in ``weights_bytes`` and its KV in
     ``kv_cache_bytes`` (each also given alone, ``draft_weights_bytes`` and ``draft_kv_cache_bytes``); LoRA
-    adapter slots in ``weights_bytes`` (and alone, ``lora_slots_bytes``)."""
+    adapter slots in ``weights_bytes`` (and alone, ``lora_slots_bytes``). ``data_parallel``: one rank's
+    (``rank_weight_bytes``)."""
     if hardware.pipeline_parallel > 1:
         from sim.pipeline_stages import pipeline_hbm_budget
 
         return pipeline_hbm_budget(model, hardware, block_size, num_blocks, gpu_memory_utilization,
                                    activation_reserve_bytes)
     total = hardware.hbm_bytes * hardware.tensor_parallel
-    weights = model.weight_bytes() + draft_weight_bytes + lora_bytes
+    weights = rank_weight_bytes(model, hardware, data_parallel) + draft_weight_bytes + lora_bytes
     reserve = round(activation_reserve(total * gpu_memory_utilization, activation_reserve_bytes))
     kv = num_blocks * (group_kv_bytes_per_block(model, hardware, block_size) + draft_block_bytes)
     out = {"gpus": hardware.tensor_parallel, "hbm_bytes": total, "weights_bytes": weights,

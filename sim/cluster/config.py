@@ -8,6 +8,7 @@ Three shapes, exclusive:
               router: {policy: least_requests}}
     cluster: {prefill: {replicas: 2}, decode: {replicas: 6},                          # disaggregated
               kv_transfer: {link: infiniband-400g}, router: {policy: least_requests}}
+    cluster: {replicas: 8, data_parallel: true, router: {policy: least_requests}}   # one data-parallel engine
 
 A pool, or a group of a mixed colocated fleet, may override ``hardware``, ``tensor_parallel``, ``kv_cache``
 and ``scheduler`` (the last two key by key over the scenario's own); one router spreads the requests over
@@ -140,6 +141,10 @@ class ClusterConfig(_Strict):
     prefill: PoolConfig | None = None
     decode: PoolConfig | None = None
     kv_transfer: KVTransferConfig | None = None
+    # the replicas are the ranks of one data-parallel engine of a mixture of experts (vLLM's
+    # --data-parallel-size): attention on each rank's own requests, the expert layers over every rank's GPUs,
+    # all ranks stepping together (sim/cluster/data_parallel.py)
+    data_parallel: bool = False
 
     @model_validator(mode="after")
     def _shape(self) -> ClusterConfig:
@@ -156,6 +161,9 @@ class ClusterConfig(_Strict):
             raise ValueError("give replicas (colocated), groups (colocated, mixed) or prefill and decode pools")
         if self.kv_transfer is not None and not pools[0]:
             raise ValueError("kv_transfer applies to prefill and decode pools")
+        if self.data_parallel and self.replicas is None:
+            raise ValueError("data_parallel: the ranks of one data-parallel engine are given as replicas (N ranks), "
+                             "not as groups or prefill and decode pools")
         return self
 
     @property

@@ -280,6 +280,10 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
         for group, _ in cfg.colocated_groups():   # (a group may batch or allocate its own way)
             _check_sequences_supported(pool_scenario(scn, group), requests)
         try:
+            if cfg.data_parallel:   # one data-parallel engine: its ranks in lockstep (sim/cluster/data_parallel.py)
+                from sim.cluster.data_parallel import run_data_parallel
+
+                return run_data_parallel(scn, workload, check, lag, fe_out, fe_token, t0, bar, keep_steps)
             return _run_colocated(scn, workload, check, lag, fe_out, fe_token, t0, bar, keep_steps)
         finally:
             if bar is not None:

@@ -1,11 +1,13 @@
 """kvsim kv-size --model NAME|CONFIG.json --seq-len N [--dtype fp16] [--block-size 16] [--weight-dtype int4]
-[--hardware NAME [--tensor-parallel T] [--pipeline-parallel P] [--expert-parallel] [--max-loras N [--max-lora-rank R]]
+[--hardware NAME [--tensor-parallel T] [--pipeline-parallel P] [--expert-parallel] [--data-parallel D]
+[--max-loras N [--max-lora-rank R]]
 [--gpu-memory-utilization U] [--draft-model NAME | --eagle | --eagle3]]
 [--json]:
 the KV arithmetic of a preset or
 of a Hugging Face config.json (sim/hf_config.py), as a scenario's ``model`` takes them; with ``--hardware``,
 how many blocks, tokens and sequences of ``--seq-len`` fit beside the weights (as a scenario sizes its cache:
-sim.specs.kv_capacity_blocks)."""
+sim.specs.kv_capacity_blocks); with ``--data-parallel D``, for one rank of a data-parallel engine of a mixture
+of experts (its share of the experts) and for its D ranks together."""
 
 from __future__ import annotations
 
@@ -45,6 +47,9 @@ def add_parser(sub) -> None:
     p.add_argument("--expert-parallel", action="store_true",
                    help="with --hardware: a mixture of experts' experts placed whole on the GPUs (an uneven "
                         "placement sizes every GPU's cache by the fullest)")
+    p.add_argument("--data-parallel", type=int, default=1, metavar="D",
+                   help="with --hardware: the group is one of D ranks of a data-parallel engine of a mixture of experts "
+                        "(vLLM's --data-parallel-size), which share the experts: one rank's cache, and all D ranks'")
     p.add_argument("--max-loras", type=int, help="with --hardware: LoRA adapter slots (vLLM's --max-loras), their "
                                                  "weights beside the model's")
     p.add_argument("--max-lora-rank", type=int, default=16, help="with --max-loras: the slots' rank (default 16)")
@@ -118,14 +123,28 @@ def _window_sizes(model: ModelSpec, seq_len: int, dtype: str) -> dict:
 
 
 def capacity(model: ModelSpec, hardware: HardwareSpec, seq_len: int, block_size: int, utilization: float,
-             drafter: SpeculativeConfig | None = None, lora: LoraConfig | None = None) -> dict:
+             drafter: SpeculativeConfig | None = None, lora: LoraConfig | None = None, data_parallel: int = 1) -> dict:
     """What fits on ``hardware`` (its tensor-parallel group) beside the weights (and a speculative ``drafter``'s
     weights and KV, sim/speculative.py; LoRA adapter slots, sim/lora.py): KV blocks (a block over the group, KV
     heads copied where the group has more GPUs than KV heads), tokens, and whole sequences of ``seq_len`` tokens
-    (each its blocks, none shared)."""
+    (each its blocks, none shared). ``data_parallel`` > 1: the group is one of that many ranks of a
+    data-parallel engine (sim/cluster/data_parallel.py), holding its share of the experts; ``data_parallel``
+    gives the ranks' blocks, tokens and sequences together."""
     draft = (0, 0) if drafter is None else drafter_bytes(drafter, model, hardware, block_size)
     slots = 0 if lora is None else gpu_lora_bytes(model, hardware.tensor_parallel, lora)
-    blocks = kv_capacity_blocks(model, hardware, block_size, utilization, None, *draft, lora_bytes=slots)
+    blocks = kv_capacity_blocks(model, hardware, block_size, utilization, None, *draft, lora_bytes=slots,
+                                data_parallel=data_parallel)
+    out = _fits(model, hardware, seq_len, block_size, utilization, blocks, draft, slots, data_parallel)
+    if data_parallel > 1:
+        out["data_parallel"] = {"ranks": data_parallel, "kv_blocks": data_parallel * out["kv_blocks"],
+                                "kv_tokens": data_parallel * out["kv_tokens"],
+                                "sequences": data_parallel * out["sequences"]}
+    return out
+
+
+def _fits(model: ModelSpec, hardware: HardwareSpec, seq_len: int, block_size: int, utilization: float, blocks: int,
+          draft: tuple[int, int], slots: int, data_parallel: int) -> dict:
+    """``capacity``'s figures of one group holding ``blocks`` blocks."""
     return {"hardware": hardware.name, "tensor_parallel": hardware.tensor_parallel,
             **({"pipeline_parallel": hardware.pipeline_parallel} if hardware.pipeline_parallel > 1 else {}),
             **({"expert_parallel": True} if hardware.expert_parallel else {}),
@@ -134,7 +153,8 @@ def capacity(model: ModelSpec, hardware: HardwareSpec, seq_len: int, block_size:
             "kv_blocks": blocks, "kv_tokens": blocks * seq_len // pages_per_sequence(model, seq_len, block_size)
             if model.kv_pages() or model.sliding_only() else blocks * block_size,
             "sequences": blocks // pages_per_sequence(model, seq_len, block_size),
-            "hbm_budget": hbm_budget(model, hardware, block_size, blocks, utilization, None, *draft, lora_bytes=slots)}
+            "hbm_budget": hbm_budget(model, hardware, block_size, blocks, utilization, None, *draft, lora_bytes=slots,
+                                     data_parallel=data_parallel)}
 
 
 def _drafter(args: argparse.Namespace, model: ModelSpec) -> SpeculativeConfig | None:
@@ -218,8 +238,26 @@ def _hardware(args: argparse.Namespace, model: ModelSpec) -> HardwareSpec:
         raise KvsimError("--pipeline-parallel", "a speculative drafter with pipeline stages is not modelled")
     if not 0 < args.gpu_memory_utilization <= 1:
         raise KvsimError("--gpu-memory-utilization", f"must be in (0, 1], got {args.gpu_memory_utilization}")
-    return HardwareSpec(**{**preset.model_dump(), "tensor_parallel": args.tensor_parallel,
-                           "pipeline_parallel": args.pipeline_parallel, "expert_parallel": args.expert_parallel})
+    hw = HardwareSpec(**{**preset.model_dump(), "tensor_parallel": args.tensor_parallel,
+                         "pipeline_parallel": args.pipeline_parallel, "expert_parallel": args.expert_parallel})
+    if args.data_parallel != 1:
+        _check_data_parallel(args, model, hw)
+    return hw
+
+
+def _check_data_parallel(args: argparse.Namespace, model: ModelSpec, hw: HardwareSpec) -> None:
+    """``--data-parallel`` as a scenario's ``cluster.data_parallel`` takes it (sim/cluster/data_parallel.py)."""
+    from sim.cluster.data_parallel import group_problem
+
+    if args.data_parallel < 1:
+        raise KvsimError("--data-parallel", f"must be at least 1, got {args.data_parallel}")
+    problem = group_problem(model, hw, args.data_parallel)
+    if problem is not None:
+        raise KvsimError("--data-parallel", problem[1])
+    for there, flag in ((hw.pipeline_parallel > 1, "--pipeline-parallel"), (args.max_loras is not None, "--max-loras"),
+                        (args.draft_model is not None or args.eagle or args.eagle3, "a speculative drafter")):
+        if there:
+            raise KvsimError("--data-parallel", f"a data-parallel group with {flag} is not modelled")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -233,9 +271,11 @@ def main(args: argparse.Namespace) -> int:
         hw = _hardware(args, model)
         try:
             info["fits"] = capacity(model, hw, args.seq_len, args.block_size, args.gpu_memory_utilization,
-                                    _drafter(args, model), _lora(args, model, hw))
+                                    _drafter(args, model), _lora(args, model, hw), args.data_parallel)
         except ValueError as e:   # the weights alone do not fit
             raise KvsimError("--hardware", str(e)) from None
+    elif args.data_parallel != 1:
+        raise KvsimError("--data-parallel", "needs --hardware (each rank's cache is what its GPUs leave)")
     elif args.max_loras is not None:
         raise KvsimError("--max-loras", "needs --hardware (the adapter slots take room from the cache that fits there)")
     elif args.draft_model is not None or args.eagle or args.eagle3:
@@ -284,6 +324,11 @@ def main(args: argparse.Namespace) -> int:
         print(f"on {shape} x {fits['hardware']}{whole} at gpu_memory_utilization "
               f"{fits['gpu_memory_utilization']:g} (5% of it kept for activations): {fits['kv_blocks']:,} blocks, "
               f"{fits['kv_tokens']:,} tokens, {fits['sequences']:,} sequences of {args.seq_len:,} tokens")
+        if "data_parallel" in fits:
+            d = fits["data_parallel"]
+            print(f"  (one of {d['ranks']} data-parallel ranks, holding 1/{d['ranks']} of the experts; the "
+                  f"{d['ranks']} ranks: {d['kv_blocks']:,} blocks, {d['kv_tokens']:,} tokens, {d['sequences']:,} "
+                  f"sequences)")
         b = fits["hbm_budget"]
         print(f"  of its {b['hbm_bytes'] / 1e9:.2f} GB: weights {b['weights_bytes'] / 1e9:.2f}, activation reserve "
               f"{b['activation_reserve_bytes'] / 1e9:.2f}, KV cache {b['kv_cache_bytes'] / 1e9:.2f}, unused "

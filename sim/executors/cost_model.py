@@ -630,20 +630,25 @@ class CostModelExecutor:
         rows (as that many experts' worth of ``per`` rows, so that the rows of an expert stay the mean's and
         its tiles as many as without expert parallelism, the weights read its active experts'; rows of fewer
         than the smallest tile's still fill one)."""
+        return self._moe_time(tokens, tokens)
+
+    def _moe_time(self, tokens: int, rows: int) -> float:
+        """``_moe_mlp_time`` with the router's gate over ``tokens`` tokens and the experts over ``rows`` of them
+        (a data-parallel group's expert layers compute every rank's tokens: sim/executors/data_parallel.py)."""
         p, m = self.params, self.model
         e, k_top = m.num_experts, m.experts_per_token
-        active = e * (1.0 - (1.0 - k_top / e) ** tokens)
-        per = tokens * k_top / active
+        active = e * (1.0 - (1.0 - k_top / e) ** rows)
+        per = rows * k_top / active
         # an active expert's row tiles: its rows random about ``per`` (sim/executors/expert_rows.py)
-        tiles = partial(row_tiles, tokens, k_top / e)
+        tiles = partial(row_tiles, rows, k_top / e)
         if self._ep > 1:
-            most_active, most_rows = busiest_gpu(e, k_top, self._ep, tokens)
+            most_active, most_rows = busiest_gpu(e, k_top, self._ep, rows)
             # its rows as experts of the mean's rows (at least a tile's: fewer ride in a padded tile), reading
             # only its active experts' weights
-            rows = max(per, self._min_tile_rows)
-            groups = max(most_active, most_rows / rows)
+            mean_rows = max(per, self._min_tile_rows)
+            groups = max(most_active, most_rows / mean_rows)
             experts = max(self._grouped_experts(most_active, per, tiles=tiles),
-                          self._grouped_experts(groups, rows, most_active / groups, tiles))
+                          self._grouped_experts(groups, mean_rows, most_active / groups, tiles))
         else:
             experts = self._grouped_experts(active, per, tiles=tiles)
         # (the router's gate is not quantized under W8A8: 16-bit, at the 16-bit rate)

@@ -1,0 +1,240 @@
+"""One data-parallel engine of a mixture of experts (``cluster: {replicas: D, data_parallel: true}``): D ranks
+in lockstep.
+
+vLLM's ``--data-parallel-size D`` runs D engine cores, each a tensor-parallel group with its own scheduler
+and KV cache, behind one API server that sends each request to one of them (here the cluster's router; vLLM
+picks the rank with the fewest waiting x 4 + running requests, close to ``least_requests``). Their expert
+layers are collectives over every rank's GPUs, so the ranks step together: while any rank has work, every
+rank runs a forward pass (a dummy one if it has nothing scheduled), and a step lasts as long as the slowest
+rank's (sim/executors/data_parallel.py prices it).
+
+    group loop:  while any rank has work:
+                     each rank with work: plan = schedule(now) (its staged arrivals join after, as an
+                                          engine's do under async scheduling)
+                     results = pricer.group_step(plans)           every result the slowest rank's duration
+                     yield timeout(duration)
+                     each rank with a plan: update, record its step (its wait for the others in overhead)
+                 idle: wait for an arrival at any rank
+
+The ranks are the cluster's replicas (replicas.csv has a row each, the router's loads read them), their
+Engine objects kept for their hand-over (``submit``: staged while a step runs under async scheduling),
+their counters and their recorders, but driven by this one loop instead of their own. Steps run one at a
+time (no decode runs) and in the SimPy loop (the compiled core does not run a group).
+"""
+
+from __future__ import annotations
+
+import time
+
+import simpy
+
+from sim.cluster.replica import Replica, build_replica
+from sim.cluster.results import ClusterResult, cluster_result
+from sim.cluster.routers import make_router
+from sim.errors import KvsimError
+from sim.executors.data_parallel import DataParallelPricer
+from sim.progress_bar import ProgressBar
+from sim.scenario import Scenario
+from sim.specs import HardwareSpec, ModelSpec
+from sim.workload.build import Workload
+
+GPUS_PER_NODE = 8
+
+
+def group_problem(model: ModelSpec, hw: HardwareSpec, ranks: int) -> tuple[str, str] | None:
+    """(what, why) where ``ranks`` ranks of ``hw``'s tensor-parallel groups cannot serve ``model`` as one
+    data-parallel engine; ``what``: ``ranks``, ``model`` or ``expert_parallel``, the setting to name."""
+    gpus = ranks * hw.tensor_parallel
+    if not model.num_experts:
+        return "model", (f"{model.name} is dense: its data-parallel ranks share no layer and step on their own, "
+                         "as plain replicas")
+    if ranks < 2:
+        return "ranks", "a data-parallel group needs at least 2 ranks"
+    if gpus > GPUS_PER_NODE:
+        return "ranks", (f"{ranks} ranks x {hw.tensor_parallel} GPUs = {gpus} GPUs span nodes ({GPUS_PER_NODE} a "
+                         "node): the all-to-all across nodes (DeepEP over RDMA) is not modelled")
+    if hw.expert_parallel and model.num_experts < gpus:
+        return "expert_parallel", (f"{model.name}'s {model.num_experts} experts over {gpus} GPUs would leave "
+                                   f"{gpus - model.num_experts} of them without an expert")
+    if not hw.expert_parallel and model.intermediate_size % gpus:
+        return "ranks", (f"the expert layers split each expert over the group's {gpus} GPUs, which does not "
+                         f"divide {model.name}'s MLP intermediate size {model.intermediate_size} (experts placed "
+                         "whole, expert parallelism, need not)")
+    return None
+
+
+def data_parallel_problem(scn: Scenario) -> tuple[str, str] | None:
+    """(key, why) where ``cluster.data_parallel`` meets what a data-parallel group is not modelled with."""
+    cl = scn.cluster
+    if cl is None or not cl.data_parallel:
+        return None
+    problem = group_problem(scn.model_spec, scn.hardware_spec, cl.replicas or 1)
+    if problem is not None:
+        what, why = problem
+        key = {"model": "cluster.data_parallel", "ranks": "cluster.replicas",
+               "expert_parallel": "hardware.expert_parallel"}[what]
+        return key, why + (" (cluster.replicas without data_parallel)" if what == "model" else "")
+    hw = scn.hardware_spec
+    sch, kv = scn.scheduler, scn.kv_cache
+    from sim.executors.cost_model import shipped_calibration
+
+    ref = scn.executor.calibration
+    if ref == "roofline" or (ref is None and shipped_calibration(hw.name) is None):
+        where = "executor.calibration" if ref else "hardware"
+        return where, ("a data-parallel group is priced with a calibration's engine-level terms, and "
+                       f"{'the roofline' if ref else hw.name} has none (h100-80gb, a100-80gb and the GPUs "
+                       "derived from them ship them)")
+    rows = (
+        ("hardware.pipeline_parallel", "pipeline stages", hw.pipeline_parallel > 1),
+        ("executor.kind", f"the {scn.executor.kind} executor (executor.kind: cost_model prices the group)",
+         scn.executor.kind != "cost_model"),
+        ("executor.engine", "isolated operators (the group is priced with the engine-level terms)",
+         scn.executor.engine is False),
+        ("scheduler.batching", "static batching", sch.batching == "static"),
+        ("kv_cache.allocator", f"the {kv.allocator} allocator", kv.allocator != "paged"),
+        ("kv_cache.cpu_offload_gib", "a host tier of the prefix cache", bool(kv.cpu_offload_gib)),
+        ("speculative", "speculative decoding", scn.speculative is not None),
+        ("lora", "LoRA serving", scn.lora is not None),
+        ("workload.max_concurrency", "a client with a concurrency limit", bool(scn.workload.max_concurrency)),
+    )
+    for key, what, clash in rows:
+        if clash:
+            return key, f"a data-parallel group (cluster.data_parallel) with {what} is not modelled"
+    return None
+
+
+class LockstepGroup:
+    """The ranks' one engine loop (module docstring). ``engines``: the ranks' Engines, never started."""
+
+    def __init__(self, env: simpy.Environment, pool: list[Replica], pricer: DataParallelPricer,
+                 max_stall: int, check_integrity: bool) -> None:
+        self.env, self.pool, self.pricer = env, pool, pricer
+        self.engines = [rep.engine for rep in pool]
+        self.max_stall = max_stall
+        self.check_integrity = check_integrity
+        self.num_steps = 0
+
+    def start(self) -> simpy.Process:
+        return self.env.process(self._loop())
+
+    def _idle(self):
+        """Wait until a request reaches any rank (or arrivals end)."""
+        wake = self.env.event()
+        for engine in self.engines:
+            engine._wake = wake
+        yield wake
+        for engine in self.engines:
+            engine._wake = None
+
+    def _loop(self):
+        env, engines = self.env, self.engines
+        scheds = [e.scheduler for e in engines]
+        unrecorded = [0] * len(engines)   # preemptions of a rank's plans that came out empty: on its next row
+        stall = 0
+        while True:
+            for e, s in zip(engines, scheds):
+                if e._staged and not s.has_work():
+                    e._admit_staged()
+            if not any(s.has_work() for s in scheds):
+                if all(e._arrivals_done for e in engines):
+                    return
+                yield from self._idle()
+                continue
+            start = env.now
+            plans = self._plan(start, unrecorded)
+            if all(p is None for p in plans):   # (requests aborted or arrived, or held blocks released: plan again)
+                continue
+            results = self.pricer.group_step(plans)
+            duration = next(r for r in results if r is not None).duration_s
+            if not duration > 0:
+                raise KvsimError("executor", f"step {self.num_steps} returned a non-positive duration {duration}")
+            for e in engines:
+                e._busy = True
+            yield env.timeout(duration)
+            for e in engines:
+                e._busy = False
+            now = env.now
+            moved = False
+            for e, s, plan, result in zip(engines, scheds, plans, results):
+                if plan is None:
+                    continue
+                done = s.update(plan, result, now)
+                e.recorder.record_step(start, plan, result, s)
+                if self.check_integrity:
+                    s.check_integrity()
+                if e.on_step is not None:
+                    e.on_step(self.num_steps + 1)
+                moved = moved or bool(s.stats.num_sampled or done or e._advanced(plan))
+            self.num_steps += 1
+            stall = 0 if moved else stall + 1
+            if stall >= self.max_stall:
+                raise KvsimError("engine", f"no progress for {stall} steps at t={now:.3f}s in the data-parallel "
+                                 f"group ({sum(s.num_waiting() for s in scheds)} waiting, "
+                                 f"{sum(len(s.running) for s in scheds)} running): livelock")
+
+    def _plan(self, start: float, unrecorded: list[int]) -> list:
+        """Each rank's plan at ``start`` (None: nothing to run, a dummy pass). A plan that comes out empty is
+        handled as an engine's (sim/engine.py): its preemptions go on the rank's next row; with work left and
+        none of its requests just aborted nor held blocks to release, nothing can ever run there (a
+        deadlock: never expected, since requests that can never fit are refused)."""
+        plans = []
+        for i, e in enumerate(self.engines):
+            s = e.scheduler
+            if not s.has_work():
+                plans.append(None)
+                continue
+            gave_up = getattr(s, "aborted", [])
+            aborted = len(gave_up)
+            plan = s.schedule(start)
+            arrived = bool(e._staged)
+            if arrived:
+                e._admit_staged()
+            if plan.is_empty():
+                unrecorded[i] += s.stats.num_preempted
+                if not (not s.has_work() or (arrived and len(gave_up) > aborted) or s.release_held()):
+                    raise KvsimError("engine", f"deadlock at t={start:.3f}s on rank {i}: {s.num_waiting()} waiting, "
+                                     f"{len(s.running)} running, nothing can be scheduled")
+                plans.append(None)
+                continue
+            if unrecorded[i]:
+                s.stats.num_preempted += unrecorded[i]
+                unrecorded[i] = 0
+            plans.append(plan)
+        return plans
+
+
+def run_data_parallel(scn: Scenario, workload: Workload, check: bool, lag: float, fe_out: float, fe_token: float,
+                      t0: float, bar: ProgressBar | None = None, keep_steps: bool = True) -> ClusterResult:
+    """The group's run: its ranks built as a colocated pool's replicas (each rank's KV sized for its share of the
+    experts: sim.specs.rank_weight_bytes), one pricer for the group, the cluster's router and arrivals, the
+    ranks driven by one ``LockstepGroup``."""
+    from sim.cluster.runner import _arrivals, _check_released, _observed, _show_progress
+    from sim.executors.cost_model import CostModelExecutor, make_cost_model_executor
+
+    cfg = scn.cluster
+    ranks = int(cfg.replicas)
+    requests = workload.requests
+    env = simpy.Environment()
+    served: dict[int, int] = {}
+    base = make_cost_model_executor(model=scn.model_spec, hardware=scn.hardware_spec, config=scn.executor,
+                                    kv=scn.kv_cache, base_dir=scn.base_dir, scheduler=scn.scheduler)
+    if not isinstance(base, CostModelExecutor) or base.engine is None:
+        raise KvsimError(f"{scn.source}: executor.calibration", "a data-parallel group is priced with the "
+                         "engine-level terms, which this calibration does not have (the shipped ones do)")
+    pricer = DataParallelPricer(base, ranks, scn.kv_cache.block_size)
+    pool = [build_replica(scn, i, "colocated", env, check, lag, pricer) for i in range(ranks)]
+    for rep in pool:
+        rep.engine.multi_step = False
+    router = _observed(make_router(cfg.router, scn.seed), pool, requests, lag)
+    if bar is not None:
+        _show_progress(bar, pool, [])
+    group = LockstepGroup(env, pool, pricer, scn.scheduler.max_steps_without_progress, check)
+    env.process(_arrivals(env, requests, lag, router, pool, Replica.submit, served))
+    group.start()
+    env.run()
+    _check_released(pool)
+    res = cluster_result(scn, workload, pool, served, None, None, fe_out, fe_token, time.perf_counter() - t0, lag,
+                         keep_steps=keep_steps)
+    res.profile["compiled_core"] = False
+    return res
+

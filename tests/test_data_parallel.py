@@ -1,0 +1,200 @@
+"""A data-parallel engine of a mixture of experts (cluster.data_parallel): each rank's weights and KV by hand,
+the group's expert layer as a tensor-parallel group of all its GPUs on every rank's rows, lockstep steps
+(every rank's step starts together and lasts the slowest rank's), conservation, determinism, errors."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from sim.cli import main
+from sim.executors.cost_model import make_cost_model_executor
+from sim.executors.data_parallel import DataParallelPricer
+from sim.executors.roofline import allreduce_time, gemm_time_scalar
+from sim.runner import gpu_blocks, run_scenario
+from sim.scenario import load_scenario
+from sim.sched.plan import ScheduledRequest, StepPlan
+from sim.specs import HardwareSpec, ModelSpec, rank_weight_bytes
+
+GiB = 1 << 30
+MIXTRAL = ModelSpec.from_name("mixtral-8x7b")
+
+SCENARIO = {
+    "name": "dp", "seed": 3, "model": "mixtral-8x7b", "hardware": "h100-80gb",
+    "frontend": {"enabled": False}, "output": {"plots": False},
+    "cluster": {"replicas": 4, "data_parallel": True, "router": {"policy": "least_requests"}},
+    "workload": {"synthetic": {"num_requests": 120, "arrival": {"process": "poisson", "rate": 20},
+                               "prompt_len": {"dist": "uniform", "min": 50, "max": 900},
+                               "output_len": {"dist": "uniform", "min": 5, "max": 80}}},
+}
+
+
+@pytest.fixture
+def scenario(tmp_path: Path) -> Path:
+    path = tmp_path / "dp.yaml"
+    path.write_text(yaml.safe_dump(SCENARIO))
+    return path
+
+
+def _expert_bytes_by_hand() -> int:
+    """Mixtral-8x7B: one expert of one layer, gate and up (2 x 4,096 x 14,336) and down (14,336 x 4,096), fp16."""
+    return 3 * 4096 * 14336 * 2
+
+
+def test_a_rank_holds_its_share_of_the_experts() -> None:
+    hw = HardwareSpec.from_name("h100-80gb")
+    routed = 32 * 8 * _expert_bytes_by_hand()        # 32 layers of 8 experts: 90.2 GB
+    whole = MIXTRAL.weight_bytes()
+    assert rank_weight_bytes(MIXTRAL, hw, 4) == whole - routed + routed // 4   # each expert split four ways
+    # placed whole over 3 GPUs: each keeps room for ceil(8 / 3) = 3 experts a layer
+    ep = hw.model_copy(update={"expert_parallel": True})
+    assert rank_weight_bytes(MIXTRAL, ep, 3) == whole - routed + 3 * 32 * _expert_bytes_by_hand()
+    assert rank_weight_bytes(MIXTRAL, hw, 1) == whole   # one rank: the single engine's
+
+
+def test_each_rank_caches_in_what_its_weights_leave(scenario: Path) -> None:
+    scn = load_scenario(scenario)
+    usable = 80 * GiB * 0.9                               # one H100 a rank, gpu_memory_utilization 0.9
+    weights = MIXTRAL.weight_bytes() - 32 * 8 * _expert_bytes_by_hand() * 3 / 4
+    block = 16 * 32 * 2 * 8 * 128 * 2                     # 16 tokens x 32 layers x K and V x 8 heads x 128 x fp16
+    assert gpu_blocks(scn) == math.floor((usable * 0.95 - weights) / block)   # (5% kept for activations)
+    # the single engine of the same GPU cannot hold Mixtral at all
+    with pytest.raises(Exception, match="do not fit"):
+        gpu_blocks(load_scenario(scenario, ["cluster=null"]))
+
+
+def _pricers(path: Path, ranks: int):
+    """(the group's pricer, a single engine of tensor-parallel degree ``ranks``) of the test scenario."""
+    one = load_scenario(path, [f"cluster.replicas={ranks}"])
+    base = make_cost_model_executor(model=one.model_spec, hardware=one.hardware_spec, config=one.executor,
+                                    kv=one.kv_cache, scheduler=one.scheduler)
+    group = load_scenario(path, ["cluster=null", f"hardware.tensor_parallel={ranks}"])
+    tp = make_cost_model_executor(model=group.model_spec, hardware=group.hardware_spec, config=group.executor,
+                                  kv=group.kv_cache, scheduler=group.scheduler)
+    return DataParallelPricer(base, ranks, 16), tp
+
+
+@pytest.mark.parametrize("tokens", [1, 7, 64, 512])
+def test_the_expert_layer_is_a_tensor_parallel_group_of_all_the_gpus_on_every_ranks_rows(scenario: Path,
+                                                                                         tokens: int) -> None:
+    """Experts split over the group's 4 GPUs compute 4 x tokens rows: the experts of a TP-4 engine on 4 x tokens
+    tokens (the gate apart: each rank's over its own tokens)."""
+    dp, tp4 = _pricers(scenario, 4)
+    m = MIXTRAL
+
+    def gate(ex, t: int) -> float:   # the router's gate, [t, 4,096] x [4,096, 8] in fp16
+        return gemm_time_scalar(t, m.num_experts, m.hidden_size, ex._peak, ex._bw, 2, ex.params)
+
+    experts_dp = dp._moe_mlp_time(tokens) - gate(dp, tokens)
+    experts_tp = tp4._moe_mlp_time(4 * tokens) - gate(tp4, 4 * tokens)
+    assert experts_dp == pytest.approx(experts_tp, rel=1e-12)
+
+
+def test_each_expert_layer_gathers_and_scatters_the_groups_hidden_states(scenario: Path) -> None:
+    """At TP 1 a rank has no all-reduce of its own: its allreduce time is the 32 expert layers' all-gather and
+    reduce-scatter, an all-reduce's traffic of 4 ranks x padded tokens x 4,096 x 2 bytes over 4 GPUs."""
+    dp, _ = _pricers(scenario, 4)
+    hw = dp.hardware
+    plan = StepPlan(scheduled=[ScheduledRequest(i, 1, 100 + i, []) for i in range(3)])   # 3 decodes: padded to 4
+    (res,) = dp.group_step([plan])
+    by_hand = 32 * float(allreduce_time(4 * 4 * 4096 * 2, 4, hw.interconnect_bandwidth, hw.interconnect_latency_s,
+                                        dp.params))
+    assert res.breakdown["allreduce"] == pytest.approx(by_hand, rel=1e-12)
+
+
+def test_a_group_step_lasts_its_slowest_rank_and_pads_every_rank_to_the_largest(scenario: Path) -> None:
+    dp, _ = _pricers(scenario, 4)
+    decode = StepPlan(scheduled=[ScheduledRequest(0, 1, 300, [])])
+    prefill = StepPlan(scheduled=[ScheduledRequest(1, 700, 0, [])])
+    alone = dp.group_step([decode, None, None, None])[0]
+    together = dp.group_step([decode, prefill, None, None])
+    assert together[0].duration_s == together[1].duration_s > 4 * alone.duration_s
+    for r in together[:2]:   # each result's parts add up to the group's step
+        assert sum(r.breakdown.values()) == pytest.approx(r.duration_s, rel=1e-12)
+    # the decode rank's own work is priced on 700 padded tokens: its GEMMs are the prefill rank's
+    assert together[0].breakdown["linear"] == pytest.approx(together[1].breakdown["linear"], rel=1e-3)
+    assert together[2] is None and together[3] is None
+
+
+def test_ranks_step_in_lockstep_and_every_request_ends(scenario: Path) -> None:
+    # (a small cache: the integrity checks after every step read every block)
+    res = run_scenario(load_scenario(scenario, ["kv_cache.num_gpu_blocks=1500"]), check_integrity=True)
+    s = res.summary
+    assert s["num_finished"] + s["num_rejected"] == 120 and s["num_finished"] == 120
+    steps = res.steps
+    # rows that start together last the same; the group's steps do not overlap
+    assert (steps.groupby("start_s")["duration_s"].nunique() == 1).all()
+    group = steps.groupby("start_s")["duration_s"].first().sort_index()
+    starts, durations = group.index.to_numpy(), group.to_numpy()
+    assert np.all(starts[1:] >= starts[:-1] + durations[:-1] - 1e-12)
+    # every rank served requests (least_requests), and each request's replica is one of the four
+    per = res.requests.groupby("replica").size()
+    assert sorted(per.index.tolist()) == [0, 1, 2, 3] and per.sum() == 120
+    assert s["step_model"]["data_parallel"] == 4
+
+
+def test_same_seed_same_results(scenario: Path) -> None:
+    a = run_scenario(load_scenario(scenario), check_integrity=False)
+    b = run_scenario(load_scenario(scenario), check_integrity=False)
+    assert a.requests.equals(b.requests) and a.steps.equals(b.steps)
+
+
+@pytest.mark.parametrize("sets, message", [
+    (["model=llama-3.1-8b"], "cluster.data_parallel: llama-3.1-8b is dense"),
+    (["cluster.replicas=1"], "cluster.replicas: a data-parallel group needs at least 2 ranks"),
+    (["cluster.replicas=8", "hardware.tensor_parallel=2"], "16 GPUs span nodes"),
+    (["cluster.replicas=3"], "does not divide mixtral-8x7b's MLP intermediate size"),
+    (["kv_cache.prefix_caching=true", "kv_cache.cpu_offload_gib=4"], "with a host tier of the prefix cache is not"),
+    (["workload.max_concurrency=4"], "with a client with a concurrency limit is not modelled"),
+    (["cluster={groups: [{replicas: 2}], data_parallel: true}"], "given as replicas"),
+])
+def test_settings_a_group_does_not_model_exit_2_in_one_line(scenario: Path, capsys, sets: list[str],
+                                                             message: str) -> None:
+    args = [a for kv in sets for a in ("--set", kv)]
+    assert main(["run", str(scenario), *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_kv_size_gives_one_ranks_cache_and_the_groups(capsys) -> None:
+    assert main(["kv-size", "--model", "mixtral-8x7b", "--seq-len", "1000", "--hardware", "h100-80gb",
+                 "--data-parallel", "4", "--json"]) == 0
+    fits = json.loads(capsys.readouterr().out)["fits"]
+    weights = MIXTRAL.weight_bytes() - 32 * 8 * _expert_bytes_by_hand() * 3 / 4
+    blocks = math.floor((80 * GiB * 0.9 * 0.95 - weights) / (16 * 32 * 2 * 8 * 128 * 2))
+    assert fits["kv_blocks"] == blocks and fits["kv_tokens"] == 16 * blocks
+    assert fits["data_parallel"] == {"ranks": 4, "kv_blocks": 4 * blocks, "kv_tokens": 64 * blocks,
+                                     "sequences": 4 * (blocks // 63)}   # (1,000 tokens: 63 blocks each)
+    assert fits["hbm_budget"]["weights_bytes"] == round(weights)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "llama-3.1-8b", "--hardware", "h100-80gb", "--data-parallel", "2"], "llama-3.1-8b is dense"),
+    (["--model", "mixtral-8x7b", "--data-parallel", "2"], "needs --hardware"),
+    (["--model", "mixtral-8x7b", "--hardware", "h100-80gb", "--data-parallel", "4", "--tensor-parallel", "4"],
+     "16 GPUs span nodes"),
+])
+def test_kv_size_data_parallel_errors_exit_2(capsys, args: list[str], message: str) -> None:
+    assert main(["kv-size", "--seq-len", "100", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_capacity_does_not_grow_a_data_parallel_engine_as_a_fleet(scenario: Path, capsys) -> None:
+    assert main(["capacity", str(scenario), "--slo", "ttft_p90=0.1"]) == 2
+    err = capsys.readouterr().err
+    assert "--search: replicas: a data-parallel engine's replicas are its ranks" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_the_shipped_scenario_runs_eight_ranks_of_deepseek_v3() -> None:
+    root = Path(__file__).resolve().parents[1]
+    res = run_scenario(load_scenario(root / "scenarios" / "data_parallel.yaml", ["workload.limit=60"]))
+    assert res.summary["num_finished"] == 60
+    assert res.summary["cluster"]["replicas"] == 8 and res.summary["step_model"]["data_parallel"] == 8
+    assert (res.steps.groupby("start_s")["duration_s"].nunique() == 1).all()
