@@ -198,3 +198,37 @@ def test_the_shipped_scenario_runs_eight_ranks_of_deepseek_v3() -> None:
     assert res.summary["num_finished"] == 60
     assert res.summary["cluster"]["replicas"] == 8 and res.summary["step_model"]["data_parallel"] == 8
     assert (res.steps.groupby("start_s")["duration_s"].nunique() == 1).all()
+
+
+class _Rank:
+    """A replica as a router sees it: ``waiting`` queued and ``running`` running requests."""
+
+    def __init__(self, waiting: int, running: int) -> None:
+        self.waiting, self._running, self.submitted = waiting, running, 0
+
+    def load(self) -> int:
+        return self.waiting + self._running
+
+    def running(self) -> int:
+        return self._running
+
+
+def test_dp_balance_weighs_a_waiting_request_as_four_running_ones() -> None:
+    from sim.cluster.config import RouterConfig
+    from sim.cluster.routers import DataParallelBalance
+
+    router = DataParallelBalance(RouterConfig(policy="dp_balance"), seed=0)
+    # scores 4 x waiting + running: 0 x 4 + 7 = 7, 2 x 4 + 0 = 8, 1 x 4 + 2 = 6: the third, though the most loaded
+    assert router.choose(None, [_Rank(0, 7), _Rank(2, 0), _Rank(1, 2)]) == 2
+    assert router.choose(None, [_Rank(2, 0), _Rank(0, 7), _Rank(1, 3)]) == 1   # 8, then 7 and 7: the lower index
+    # least_requests would take the least loaded (the first: 3 against 4)
+    assert router.choose(None, [_Rank(1, 2), _Rank(0, 4)]) == 1
+
+
+def test_dp_balance_spreads_a_burst_over_idle_ranks(scenario: Path) -> None:
+    """Every request at t = 0 (inline, a burst of 8 over 4 idle ranks): each rank's first request makes it
+    score 4, so the burst goes round the ranks: 0, 1, 2, 3, 0, 1, 2, 3."""
+    reqs = [{"arrival": 0.0, "prompt_len": 100, "output_len": 10} for _ in range(8)]
+    res = run_scenario(load_scenario(scenario, ["cluster.router.policy=dp_balance",
+                                                f"workload={{requests: {reqs}}}"]))
+    assert res.requests.sort_values("req_id")["replica"].tolist() == [0, 1, 2, 3, 0, 1, 2, 3]

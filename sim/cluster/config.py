@@ -8,7 +8,7 @@ Three shapes, exclusive:
               router: {policy: least_requests}}
     cluster: {prefill: {replicas: 2}, decode: {replicas: 6},                          # disaggregated
               kv_transfer: {link: infiniband-400g}, router: {policy: least_requests}}
-    cluster: {replicas: 8, data_parallel: true, router: {policy: least_requests}}   # one data-parallel engine
+    cluster: {replicas: 8, data_parallel: true, router: {policy: dp_balance}}   # one data-parallel engine
 
 A pool, or a group of a mixed colocated fleet, may override ``hardware``, ``tensor_parallel``, ``kv_cache``
 and ``scheduler`` (the last two key by key over the scenario's own); one router spreads the requests over
@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sim.specs import LINK_PRESETS, HardwareSpec, check_preset, complete_from_preset
 
 ROUTER_POLICIES = ("round_robin", "random", "least_requests", "least_kv", "power_of_two", "prefix_affinity",
-                   "session", "lora_affinity")
+                   "session", "lora_affinity", "dp_balance")
 
 
 
@@ -40,7 +40,7 @@ class RouterConfig(_Strict):
     """The global scheduler in front of the replicas (sim/cluster/routers.py)."""
 
     policy: Literal["round_robin", "random", "least_requests", "least_kv", "power_of_two", "prefix_affinity",
-                    "session", "lora_affinity"] = "round_robin"
+                    "session", "lora_affinity", "dp_balance"] = "round_robin"
     overhead_s: float = Field(default=0.0, ge=0, le=60)   # the router's decision time, before the replica
     # prefix_affinity, lora_affinity: a replica whose load (queued + running requests) exceeds the least loaded
     # one's by more than this is not considered, however much of the prompt it has cached or whichever adapters

@@ -90,6 +90,11 @@ class Replica:
         return (self.submitted + self.incoming - len(self._finished) - len(self._rejected) - len(self._aborted)
                 - self._pending_finished())
 
+    def running(self) -> int:
+        """Requests in this replica's running batch now (the rest of ``load`` waits: queued, staged, swapped
+        out, or on their way)."""
+        return len(self.engine.scheduler.running)
+
     def kv_usage(self) -> float:
         """Used blocks / blocks, counting those a decode run in progress holds by now (taken, less the
         tables of the requests it has finished)."""

@@ -20,6 +20,8 @@ sent the fewest requests so far, then to the lowest index.
                      chases hits regardless of queues.
     session          a request whose hash ids extend an earlier request's (a conversation's next turn,
                      Mooncake traces) goes where that request went; any other request, least_requests.
+    dp_balance       vLLM's data-parallel balancer: the least 4 x waiting + running requests (its
+                     running ones: ``ReplicaView.running``), then the lowest index.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class ReplicaView(Protocol):
     submitted: int   # requests routed here so far: the tie-break after load (then the lowest index)
 
     def load(self) -> int: ...
+    def running(self) -> int: ...
     def kv_usage(self) -> float: ...
     def cached_prefix_blocks(self, req: Request, hashes: list[int]) -> int: ...
     def serves_adapters(self) -> bool: ...
@@ -162,6 +165,26 @@ class LeastRequests(Router):
 
     def core_rule(self, requests: Sequence[Request], num_replicas: int) -> CoreRule | None:
         return CoreRule(CoreRule.LEAST_LOAD)
+
+
+@register("dp_balance")
+class DataParallelBalance(Router):
+    """vLLM's balancer over the ranks of a data-parallel engine (its API server's ``DPLBAsyncMPClient``): the
+    least 4 x waiting + running requests (a queued request weighs four running ones: it is TTFT still to
+    come), ties to the lowest index. vLLM reads counts its coordinator publishes every 100 ms and adds each
+    request it sends to the chosen rank's waiting count until the next; kvsim reads them as of the moment.
+    It reads which requests run, so a pool behind it runs in the SimPy loop."""
+
+    reads_memory = False
+
+    def choose(self, req: Request, replicas: Sequence[ReplicaView]) -> int:
+        best = None
+        for i, r in enumerate(replicas):
+            running = r.running()
+            key = (4 * (r.load() - running) + running, i)
+            if best is None or key < best:
+                best = key
+        return best[1]
 
 
 @register("least_kv")
