@@ -232,3 +232,20 @@ def test_dp_balance_spreads_a_burst_over_idle_ranks(scenario: Path) -> None:
     res = run_scenario(load_scenario(scenario, ["cluster.router.policy=dp_balance",
                                                 f"workload={{requests: {reqs}}}"]))
     assert res.requests.sort_values("req_id")["replica"].tolist() == [0, 1, 2, 3, 0, 1, 2, 3]
+
+
+def test_the_summary_says_what_stepping_together_cost(scenario: Path) -> None:
+    """Two ranks, a prompt of 100 tokens on one and of 300 on the other at t = 0, two output tokens each: a
+    step of the prompts (the first rank's 100 padded to 300), then one of a decode each. Token slots 2 x 300
+    + 2 x 1 = 602, tokens 100 + 300 + 2 = 402: padding 200 / 602; no dummy pass."""
+    reqs = [{"arrival": 0.0, "prompt_len": p, "output_len": 2} for p in (100, 300)]
+    res = run_scenario(load_scenario(scenario, ["cluster.replicas=2", "cluster.router.policy=round_robin",
+                                                f"workload={{requests: {reqs}}}"]))
+    dp = res.summary["cluster"]["data_parallel"]
+    assert dp["ranks"] == 2 and dp["group_steps"] == 2 and dp["dummy_rank_steps"] == 0
+    assert dp["padding_share"] == pytest.approx(200 / 602, rel=1e-12)
+    # the first rank waits for the second's longer prompt in the first step, in its overhead column
+    steps = res.steps
+    first = steps[steps["start_s"] == steps["start_s"].min()]
+    assert 0 < dp["wait_share"] < 0.5
+    assert first["duration_s"].nunique() == 1

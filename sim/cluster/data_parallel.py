@@ -113,6 +113,12 @@ class LockstepGroup:
         self.max_stall = max_stall
         self.check_integrity = check_integrity
         self.num_steps = 0
+        # what lockstep costs, summed over the group's steps (``stats``)
+        self._tokens = 0          # tokens the ranks scheduled
+        self._slots = 0           # ranks x the largest rank's tokens: what the padded passes computed
+        self._busy_s = 0.0        # seconds of the ranks that had a plan
+        self._wait_s = 0.0        # ... of them waiting for the slowest rank
+        self._dummy = 0           # rank-steps with no plan (a dummy pass)
 
     def start(self) -> simpy.Process:
         return self.env.process(self._loop())
@@ -148,6 +154,7 @@ class LockstepGroup:
             duration = next(r for r in results if r is not None).duration_s
             if not duration > 0:
                 raise KvsimError("executor", f"step {self.num_steps} returned a non-positive duration {duration}")
+            self._count(plans, duration)
             for e in engines:
                 e._busy = True
             yield env.timeout(duration)
@@ -171,6 +178,26 @@ class LockstepGroup:
                 raise KvsimError("engine", f"no progress for {stall} steps at t={now:.3f}s in the data-parallel "
                                  f"group ({sum(s.num_waiting() for s in scheds)} waiting, "
                                  f"{sum(len(s.running) for s in scheds)} running): livelock")
+
+    def _count(self, plans: list, duration: float) -> None:
+        """Add one group step to the lockstep figures (``stats``)."""
+        tokens = [0 if p is None else p.num_tokens for p in plans]
+        self._tokens += sum(tokens)
+        self._slots += len(plans) * max(tokens)
+        ran = sum(p is not None for p in plans)
+        self._busy_s += ran * duration
+        self._wait_s += sum(self.pricer.last_waits)
+        self._dummy += len(plans) - ran
+
+    def stats(self) -> dict:
+        """What stepping together cost the run: the group's steps; the share of the token slots its padded
+        passes computed that were padding (every rank's batch padded to the largest, a dummy pass's all of
+        it); the share of the ranks' busy time spent waiting for the slowest rank; the rank-steps that were
+        dummy passes."""
+        return {"ranks": len(self.engines), "group_steps": self.num_steps,
+                "padding_share": 1.0 - self._tokens / self._slots if self._slots else 0.0,
+                "wait_share": self._wait_s / self._busy_s if self._busy_s else 0.0,
+                "dummy_rank_steps": self._dummy}
 
     def _plan(self, start: float, unrecorded: list[int]) -> list:
         """Each rank's plan at ``start`` (None: nothing to run, a dummy pass). A plan that comes out empty is
@@ -235,6 +262,7 @@ def run_data_parallel(scn: Scenario, workload: Workload, check: bool, lag: float
     _check_released(pool)
     res = cluster_result(scn, workload, pool, served, None, None, fe_out, fe_token, time.perf_counter() - t0, lag,
                          keep_steps=keep_steps)
+    res.summary["cluster"]["data_parallel"] = group.stats()
     res.profile["compiled_core"] = False
     return res
 

@@ -65,6 +65,7 @@ class DataParallelPricer(CostModelExecutor):
         self._native_consts = None
         self._group_tokens = 0        # the largest rank's tokens this step
         self._group_prefill = False   # some rank prefills this step
+        self.last_waits: list[float] = []   # each rank's wait for the slowest in the last group step (0: none)
 
     def _moe_mlp_time(self, tokens: int) -> float:
         """The expert layer of the group: the gate on this rank's ``tokens``, the experts on every rank's."""
@@ -100,12 +101,15 @@ class DataParallelPricer(CostModelExecutor):
         results = [None if p is None else self.execute(p) for p in plans]
         duration = max(r.duration_s for r in results if r is not None)
         out: list[StepResult | None] = []
+        self.last_waits = []
         for r in results:
             if r is None:
                 out.append(None)
+                self.last_waits.append(0.0)
                 continue
             parts = dict(r.breakdown)
             parts["overhead"] += duration - r.duration_s
+            self.last_waits.append(duration - r.duration_s)
             out.append(StepResult(duration_s=duration, breakdown=parts))
         return out
 
