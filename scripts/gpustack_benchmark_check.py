@@ -13,6 +13,9 @@ prompt sent at once unless a concurrency is given):
 - Qwen3-14B on one A100 (qwen3-14b/a100.md; vLLM 0.11.0, `vllm serve Qwen/Qwen3-14B`, taken as the 80 GB
   one, whose calibration kvsim ships): random prompts of 32,000, 4,000, 2,000 and 128 tokens. No engine run
   on an A100 is among the calibration's measurements, so these are its first end-to-end check.
+- DeepSeek-R1-0528 on eight H200s (deepseek-r1/h200.md; vLLM 0.11.0, `vllm serve deepseek-ai/DeepSeek-R1-0528
+  -tp 8`: fp8 block-quantized weights, latent attention in 64-token blocks, no async scheduling): random
+  prompts of 32,000, 4,000, 2,000 and 128 tokens, and 100 ShareGPT conversations four at a time.
 
 kvsim replays each with the mean prompt and output lengths the benchmark printed (gpt-oss stops at its end
 token, so its outputs are shorter than asked), vLLM's serving defaults (8,192 batched tokens, 1,024
@@ -44,19 +47,34 @@ CASES = {
     "Qwen3-14B A100, random 4K": ("Qwen/Qwen3-14B", 500, 3995.88, 199.57, None, {1: (407.05, 197.625, 0.25461)}),
     "Qwen3-14B A100, random 2K": ("Qwen/Qwen3-14B", 500, 1996.35, 100.0, None, {1: (175.66, 86.908, 0.30173)}),
     "Qwen3-14B A100, random 128": ("Qwen/Qwen3-14B", 1000, 127.698, 4.0, None, {1: (26.79, 19.451, 0.23335)}),
+    "DeepSeek-R1 H200, random 32K": ("deepseek-ai/DeepSeek-R1-0528", 100, 31999.0, 100.0, None,
+                                     {8: (206.90, 101.352, 0.36579)}),
+    "DeepSeek-R1 H200, random 4K": ("deepseek-ai/DeepSeek-R1-0528", 500, 3995.06, 200.0, None,
+                                    {8: (132.68, 63.059, 0.16423)}),
+    "DeepSeek-R1 H200, random 2K": ("deepseek-ai/DeepSeek-R1-0528", 500, 1996.786, 100.0, None,
+                                    {8: (59.26, 28.912, 0.23702)}),
+    "DeepSeek-R1 H200, random 128": ("deepseek-ai/DeepSeek-R1-0528", 1000, 126.882, 4.0, None,
+                                     {8: (22.07, 19.392, 0.35183)}),
+    "DeepSeek-R1 H200, ShareGPT x4": ("deepseek-ai/DeepSeek-R1-0528", 100, 228.36, 213.38, 4,
+                                      {8: (108.42, 0.12330, 0.01936)}),
 }
 HARDWARE = {name: "a100-80gb" for name in CASES if " A100," in name}
+HARDWARE.update({name: "h200-141gb" for name in CASES if " H200," in name})
+# how each model was served where it differs from the defaults below: its context, its KV blocks (FlashMLA's 64
+# tokens), async scheduling (the DeepSeek runs were served without it at TP 8)
+SERVED = {"DeepSeek-R1": {"max_model_len": 163840, "block_size": 64, "async_scheduling": False}}
 
 
 def predict(model: str, requests: int, prompt: float, output: float, concurrency: int | None, tp: int,
             hardware: str = "h100-80gb") -> tuple[float, float, float]:
     """kvsim's (duration, mean TTFT, mean TPOT) of one case on ``tp`` GPUs (one: without async scheduling, as
     the benchmarks' single-GPU runs were served; two: with it)."""
+    served = next((v for k, v in SERVED.items() if k in model), {})
     data = {"name": "gpustack", "model": model, "hardware": {"name": hardware, "tensor_parallel": tp},
-            "kv_cache": {"prefix_caching": True}, "output": {"plots": False},
+            "kv_cache": {"prefix_caching": True, "block_size": served.get("block_size", 16)}, "output": {"plots": False},
             "scheduler": {"chunked_prefill": True, "max_num_batched_tokens": 8192, "max_num_seqs": 1024,
-                          "async_scheduling": tp > 1},
-            "workload": {"max_model_len": 40960 if "Qwen3" in model else 32768, "synthetic": {
+                          "async_scheduling": served.get("async_scheduling", tp > 1)},
+            "workload": {"max_model_len": served.get("max_model_len", 40960 if "Qwen3" in model else 32768), "synthetic": {
                 "num_requests": requests, "arrival": {"process": "burst"},
                 "prompt_len": {"dist": "fixed", "value": round(prompt)},
                 "output_len": {"dist": "fixed", "value": max(1, round(output))}}}}
