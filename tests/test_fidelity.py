@@ -146,6 +146,38 @@ def test_a_runs_file_may_give_pipeline_stages(tmp_path):
         read_runs(f)
 
 
+def test_a_runs_file_may_give_data_parallel_engines(tmp_path):
+    """An optional data_parallel column (vLLM's --data-parallel-size): the 7B run's server as 2 engines behind
+    vLLM's balancer, each with the logged 7,463 blocks; a dense model's engines are plain replicas, a mixture
+    of experts' the ranks of one data-parallel engine. The engines' running requests add up in the report."""
+    lines = RUNS.read_text().splitlines()
+    head = lines[0] + ",data_parallel"
+    rows = [line + ",2" for line in lines[1:] if "7b" in line]
+    f = tmp_path / "dp.csv"
+    f.write_text("\n".join([head, *rows]) + "\n")
+    stages = read_runs(f)
+    assert [s.data_parallel for s in stages] == [2, 2]
+    scn, _, _ = run_scenario_for(stages[:1], seed=0)
+    assert (scn.cluster.replicas, scn.cluster.data_parallel, scn.cluster.router.policy) == (2, False, "dp_balance")
+    assert scn.kv_cache.num_gpu_blocks == 7463
+    moe = dataclasses.replace(stages[0], model="mixtral-8x7b", num_gpu_blocks=None)
+    scn, _, _ = run_scenario_for([moe], seed=0)
+    assert (scn.cluster.replicas, scn.cluster.data_parallel) == (2, True)
+    f.write_text("\n".join([head, rows[0][:-1] + "0"]) + "\n")
+    with pytest.raises(KvsimError, match="dp.csv:2: data_parallel: must be 1 .. 64, got 0"):
+        read_runs(f)
+
+
+def test_engines_behind_one_server_add_up_their_running_requests():
+    """Two engines' steps (replica 0: 4 running for 1 s then 2 for 1 s; replica 1: 6 running for 2 s): time
+    means 3 and 6, so 9 running in all."""
+    steps = pd.DataFrame({"replica": [0, 0, 1], "start_s": [0.0, 1.0, 0.0], "duration_s": [1.0, 1.0, 2.0],
+                          "num_running": [4, 2, 6], "num_waiting": [1, 0, 0], "kv_usage": [0.1, 0.2, 0.3],
+                          "num_preempted": [0, 1, 0]})
+    engine = stage_engine(steps, (0.0, 10.0))
+    assert engine == {"running_mean": 9.0, "waiting_mean": 0.5, "kv_usage_peak": 0.3, "preemptions": 1}
+
+
 def test_requests_cycle_the_prompts_and_stages_run_back_to_back():
     stages = group_runs(read_runs(RUNS))["llama-2-7b-tp1-codegen"]
     reqs, windows, refused = build_requests(stages, seed=3)

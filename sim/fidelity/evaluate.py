@@ -112,9 +112,13 @@ def stage_engine(steps: pd.DataFrame, window: tuple[float, float]) -> dict[str, 
     inside = steps[(steps["start_s"] >= start) & (steps["start_s"] < end)]
     if inside.empty:
         return {"running_mean": 0.0, "waiting_mean": 0.0, "kv_usage_peak": 0.0, "preemptions": 0}
-    d = inside["duration_s"].to_numpy(dtype=float)
-    running = float((inside["num_running"].to_numpy(dtype=float) * d).sum() / d.sum())
-    waiting = float((inside["num_waiting"].to_numpy(dtype=float) * d).sum() / d.sum())
+    # (engines behind one server, data_parallel: each engine's time means, summed over the engines)
+    engines = [rows for _, rows in inside.groupby("replica")] if "replica" in inside else [inside]
+    running = waiting = 0.0
+    for rows in engines:
+        d = rows["duration_s"].to_numpy(dtype=float)
+        running += float((rows["num_running"].to_numpy(dtype=float) * d).sum() / d.sum())
+        waiting += float((rows["num_waiting"].to_numpy(dtype=float) * d).sum() / d.sum())
     return {"running_mean": running, "waiting_mean": waiting, "kv_usage_peak": float(inside["kv_usage"].max()),
             "preemptions": int(inside["num_preempted"].sum())}
 

@@ -188,7 +188,9 @@ def build_requests(stages: list[MeasuredStage], seed: int, starts: list[float] |
 
 
 def server_settings(stage: MeasuredStage) -> dict[str, Any]:
-    """The scenario keys of the measured server (everything but the workload)."""
+    """The scenario keys of the measured server (everything but the workload): with ``data_parallel`` > 1 its
+    engines as a cluster behind vLLM's balancer (``dp_balance``), the ranks of one data-parallel engine for a
+    mixture of experts, plain replicas for a dense model (whose ranks share nothing)."""
     spec = stage.model_spec or ModelSpec.from_name(stage.model)
     model = spec.model_dump() | {"max_model_len": stage.max_model_len}
     hardware = HardwareSpec.from_name(stage.hardware).model_dump() | {"tensor_parallel": stage.tensor_parallel,
@@ -198,9 +200,14 @@ def server_settings(stage: MeasuredStage) -> dict[str, Any]:
         kv["num_gpu_blocks"] = stage.num_gpu_blocks
     else:   # (activation_reserve_gb is over every GPU of the server)
         kv["activation_reserve_gb"] = NON_KV_GIB_PER_GPU * stage.tensor_parallel * stage.pipeline_parallel
-    return {"model": model, "hardware": hardware, "kv_cache": kv,
-            "scheduler": {"max_num_seqs": stage.max_num_seqs, "chunked_prefill": True,
-                          "max_num_batched_tokens": stage.max_num_batched_tokens}}
+    out = {"model": model, "hardware": hardware, "kv_cache": kv,
+           "scheduler": {"max_num_seqs": stage.max_num_seqs, "chunked_prefill": True,
+                         "max_num_batched_tokens": stage.max_num_batched_tokens}}
+    if stage.data_parallel > 1:   # vLLM's --data-parallel-size: engines behind its own balancer, each with the
+        # limits and the logged KV blocks; a mixture of experts' ranks step together (sim/cluster/data_parallel.py)
+        out["cluster"] = {"replicas": stage.data_parallel, "router": {"policy": "dp_balance"},
+                          **({"data_parallel": True} if spec.num_experts else {})}
+    return out
 
 
 def run_scenario_for(stages: list[MeasuredStage], seed: int, overrides: list[str] | None = None,

@@ -31,8 +31,10 @@ def text_table(results: list[StageResult]) -> str:
     """A plain-text table: a block per stage, a line per metric."""
     lines = []
     for r in results:
+        ranks = r.stage.data_parallel
         kv = "" if r.kv_blocks is None else \
-            f", {r.kv_blocks:,} KV blocks{' (estimated)' if r.kv_blocks_estimated else ''}"
+            f", {r.kv_blocks:,} KV blocks{' (estimated)' if r.kv_blocks_estimated else ''}" \
+            + (f" an engine x {ranks} data-parallel engines" if ranks > 1 else "")
         start = ""
         if r.windows and max(w[0] for w in r.windows) > 0:   # a later stage: from when its predecessor drained
             lo, hi = min(w[0] for w in r.windows), max(w[0] for w in r.windows)

@@ -70,6 +70,7 @@ class MeasuredStage:
     concurrency: int = 0                 # load concurrent: the client's requests in flight (its workers)
     requests: int = 0                    # load concurrent: the stage's requests (inference-perf's num_requests)
     pipeline_parallel: int = 1           # pipeline stages (an optional column; each a tensor_parallel group)
+    data_parallel: int = 1               # vLLM's --data-parallel-size (an optional column): engines behind the server
 
     prompts_from_client: bool = False    # no server-side prompt lengths given: ``client_prompt_quantiles``
 
@@ -197,6 +198,10 @@ def _stage(row: dict, where: str, models: dict[str, ModelSpec]) -> MeasuredStage
     stages = int(_num(row, "pipeline_parallel", where, int)) if stages_raw else 1
     if not 1 <= stages <= 64:
         raise KvsimError(where, f"pipeline_parallel: must be 1 .. 64, got {stages}")
+    ranks_raw = (row.get("data_parallel") or "").strip()
+    ranks = int(_num(row, "data_parallel", where, int)) if ranks_raw else 1
+    if not 1 <= ranks <= 64:
+        raise KvsimError(where, f"data_parallel: must be 1 .. 64, got {ranks}")
     blocks_raw = (row.get("num_gpu_kv_blocks_vllm_log") or "").strip()
     blocks = int(_num(row, "num_gpu_kv_blocks_vllm_log", where, int)) if blocks_raw else None
     q = {key: _optional(row, col, where) for key, col in PROMPT_COLUMNS.items()}
@@ -218,7 +223,8 @@ def _stage(row: dict, where: str, models: dict[str, ModelSpec]) -> MeasuredStage
         system_prompt_len=ints["system_prompt_len"], output_len=ints["output_len"], prompt_quantiles=q,
         measured={m: _optional(row, c, where) for m, c in METRIC_COLUMNS.items()}, model_spec=spec, load=load,
         ignore_eos=eos not in _FALSE, num_groups=ints["num_groups"], question_len=ints["question_len"],
-        concurrency=level, requests=requests, pipeline_parallel=stages, prompts_from_client=from_client)
+        concurrency=level, requests=requests, pipeline_parallel=stages, data_parallel=ranks,
+        prompts_from_client=from_client)
 
 
 def group_runs(stages: list[MeasuredStage]) -> dict[str, list[MeasuredStage]]:
@@ -230,8 +236,8 @@ def group_runs(stages: list[MeasuredStage]) -> dict[str, list[MeasuredStage]]:
         ss.sort(key=lambda s: s.stage)
         first = ss[0]
         for s in ss[1:]:
-            server = (s.model, s.hardware, s.tensor_parallel, s.pipeline_parallel, s.max_num_seqs)
+            server = (s.model, s.hardware, s.tensor_parallel, s.pipeline_parallel, s.data_parallel, s.max_num_seqs)
             if server != (first.model, first.hardware, first.tensor_parallel, first.pipeline_parallel,
-                          first.max_num_seqs):
+                          first.data_parallel, first.max_num_seqs):
                 raise KvsimError(name, f"stage {s.stage} has other server settings than stage {first.stage}")
     return runs
