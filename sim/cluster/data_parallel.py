@@ -218,7 +218,7 @@ class LockstepGroup:
                 e._admit_staged()
             if plan.is_empty():
                 unrecorded[i] += s.stats.num_preempted
-                if not (not s.has_work() or (arrived and len(gave_up) > aborted) or s.release_held()):
+                if s.has_work() and not (arrived and len(gave_up) > aborted) and not s.release_held():
                     raise KvsimError("engine", f"deadlock at t={start:.3f}s on rank {i}: {s.num_waiting()} waiting, "
                                      f"{len(s.running)} running, nothing can be scheduled")
                 plans.append(None)
