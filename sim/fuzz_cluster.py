@@ -141,8 +141,6 @@ def _data_parallel(index: int, data: dict) -> dict:
     data["cluster"].update(replicas=rng.choice([2, 4]), data_parallel=True)
     for section in ("lora", "speculative"):
         data.pop(section, None)
-    for key in ("max_concurrency", "think_time_s", "think_time_dist"):   # (a client's limit: refused with a group)
-        data["workload"].pop(key, None)
     return drop_refused(data)
 
 

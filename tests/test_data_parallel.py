@@ -150,7 +150,6 @@ def test_same_seed_same_results(scenario: Path) -> None:
     (["cluster.replicas=8", "hardware.tensor_parallel=2"], "16 GPUs span nodes"),
     (["cluster.replicas=3"], "does not divide mixtral-8x7b's MLP intermediate size"),
     (["kv_cache.prefix_caching=true", "kv_cache.cpu_offload_gib=4"], "with a host tier of the prefix cache is not"),
-    (["workload.max_concurrency=4"], "with a client with a concurrency limit is not modelled"),
     (["cluster={groups: [{replicas: 2}], data_parallel: true}"], "given as replicas"),
 ])
 def test_settings_a_group_does_not_model_exit_2_in_one_line(scenario: Path, capsys, sets: list[str],
@@ -249,3 +248,12 @@ def test_the_summary_says_what_stepping_together_cost(scenario: Path) -> None:
     first = steps[steps["start_s"] == steps["start_s"].min()]
     assert 0 < dp["wait_share"] < 0.5
     assert first["duration_s"].nunique() == 1
+
+
+def test_a_client_with_one_request_in_flight_sends_each_when_the_last_is_answered(scenario: Path) -> None:
+    """A client of one slot in front of the group (no frontend, no pauses): each request is sent as the one
+    before it finishes, whichever rank served it."""
+    res = run_scenario(load_scenario(scenario, ["workload.max_concurrency=1", "workload.synthetic.num_requests=20"]))
+    reqs = res.requests.sort_values("arrival_s")
+    assert (reqs["status"] == "FINISHED").all() and reqs["replica"].nunique() > 1
+    assert reqs["arrival_s"].to_numpy()[1:].tolist() == reqs["finish_s"].to_numpy()[:-1].tolist()

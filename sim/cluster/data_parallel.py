@@ -28,12 +28,14 @@ import time
 
 import simpy
 
+from sim.clients import ClientPool, planned_arrivals
 from sim.cluster.replica import Replica, build_replica
 from sim.cluster.results import ClusterResult, cluster_result
 from sim.cluster.routers import make_router
 from sim.errors import KvsimError
 from sim.executors.data_parallel import DataParallelPricer
 from sim.progress_bar import ProgressBar
+from sim.request import Request
 from sim.scenario import Scenario
 from sim.specs import HardwareSpec, ModelSpec
 from sim.workload.build import Workload
@@ -95,7 +97,6 @@ def data_parallel_problem(scn: Scenario) -> tuple[str, str] | None:
         ("kv_cache.cpu_offload_gib", "a host tier of the prefix cache", bool(kv.cpu_offload_gib)),
         ("speculative", "speculative decoding", scn.speculative is not None),
         ("lora", "LoRA serving", scn.lora is not None),
-        ("workload.max_concurrency", "a client with a concurrency limit", bool(scn.workload.max_concurrency)),
     )
     for key, what, clash in rows:
         if clash:
@@ -256,12 +257,23 @@ def run_data_parallel(scn: Scenario, workload: Workload, check: bool, lag: float
     if bar is not None:
         _show_progress(bar, pool, [])
     group = LockstepGroup(env, pool, pricer, scn.scheduler.max_steps_without_progress, check)
-    env.process(_arrivals(env, requests, lag, router, pool, Replica.submit, served))
+    planned = None
+    if scn.workload.max_concurrency:   # a client with a concurrency limit (sim/clients.py): it answers a request
+        planned = planned_arrivals(requests)   # when its rank's step finishes it (the ranks' on_step)
+
+        def deliver(req: Request) -> None:   # routed as it reaches the group
+            rep = pool[router.choose(req, pool)]
+            served[req.req_id] = rep.replica_id
+            rep.submit(req)
+
+        ClientPool.for_scenario(scn, [rep.engine for rep in pool], deliver, requests, lag).start()
+    else:
+        env.process(_arrivals(env, requests, lag, router, pool, Replica.submit, served))
     group.start()
     env.run()
     _check_released(pool)
     res = cluster_result(scn, workload, pool, served, None, None, fe_out, fe_token, time.perf_counter() - t0, lag,
-                         keep_steps=keep_steps)
+                         planned=planned, keep_steps=keep_steps)
     res.summary["cluster"]["data_parallel"] = group.stats()
     res.profile["compiled_core"] = False
     return res
