@@ -182,7 +182,7 @@ class LockstepGroup:
 
     def _count(self, plans: list, duration: float) -> None:
         """Add one group step to the lockstep figures (``stats``)."""
-        tokens = [0 if p is None else p.num_tokens for p in plans]
+        tokens = self.pricer.last_tokens
         self._tokens += sum(tokens)
         self._slots += len(plans) * max(tokens)
         ran = sum(p is not None for p in plans)

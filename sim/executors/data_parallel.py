@@ -66,6 +66,7 @@ class DataParallelPricer(CostModelExecutor):
         self._group_tokens = 0        # the largest rank's tokens this step
         self._group_prefill = False   # some rank prefills this step
         self.last_waits: list[float] = []   # each rank's wait for the slowest in the last group step (0: none)
+        self.last_tokens: list[int] = []    # each rank's tokens in the last group step (0: a dummy pass)
 
     def _moe_mlp_time(self, tokens: int) -> float:
         """The expert layer of the group: the gate on this rank's ``tokens``, the experts on every rank's."""
@@ -95,7 +96,7 @@ class DataParallelPricer(CostModelExecutor):
     def group_step(self, plans: list[StepPlan | None]) -> list[StepResult | None]:
         """One lockstep step of the group: each rank's result (None where it has no plan: a dummy pass), every
         one lasting the slowest rank's time, what a rank waits for the others in its ``overhead``."""
-        tokens = [0 if p is None else p.num_tokens for p in plans]
+        tokens = self.last_tokens = [0 if p is None else p.num_tokens for p in plans]
         self._group_tokens = max(tokens)
         self._group_prefill = any(p is not None and _prefills(p) for p in plans)
         results = [None if p is None else self.execute(p) for p in plans]
