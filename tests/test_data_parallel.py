@@ -257,3 +257,16 @@ def test_a_client_with_one_request_in_flight_sends_each_when_the_last_is_answere
     reqs = res.requests.sort_values("arrival_s")
     assert (reqs["status"] == "FINISHED").all() and reqs["replica"].nunique() > 1
     assert reqs["arrival_s"].to_numpy()[1:].tolist() == reqs["finish_s"].to_numpy()[:-1].tolist()
+
+
+def test_dp_balance_reads_counts_at_most_100_ms_old(scenario: Path) -> None:
+    """Two ranks. A (one output token, done within a few ms) at t = 0 goes to rank 0, which the balancer then
+    counts as one waiting request; B at t = 0.05, within 100 ms of that reading, goes to rank 1 although rank 0
+    is idle again (live counts would tie, and the tie goes to rank 0); C at t = 0.2 reads the counts anew: both
+    idle, rank 0."""
+    reqs = [{"arrival": t, "prompt_len": 10, "output_len": 1} for t in (0.0, 0.05, 0.2)]
+    res = run_scenario(load_scenario(scenario, ["cluster.replicas=2", "cluster.router.policy=dp_balance",
+                                                f"workload={{requests: {reqs}}}"]))
+    done = res.requests.sort_values("req_id")
+    assert done["finish_s"].iloc[0] < 0.05
+    assert done["replica"].tolist() == [0, 1, 0]

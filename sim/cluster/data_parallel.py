@@ -3,10 +3,10 @@ in lockstep.
 
 vLLM's ``--data-parallel-size D`` runs D engine cores, each a tensor-parallel group with its own scheduler
 and KV cache, behind one API server that sends each request to one of them (here the cluster's router;
-vLLM's own balancer is ``dp_balance``: the fewest 4 x waiting + running requests). Their expert
-layers are collectives over every rank's GPUs, so the ranks step together: while any rank has work, every
-rank runs a forward pass (a dummy one if it has nothing scheduled), and a step lasts as long as the slowest
-rank's (sim/executors/data_parallel.py prices it).
+vLLM's own balancer is ``dp_balance``: the fewest 4 x waiting + running requests, by counts up to 100 ms
+old). Their expert layers are collectives over every rank's GPUs, so the ranks step together: while any rank
+has work, every rank runs a forward pass (a dummy one if it has nothing scheduled), and a step lasts as long
+as the slowest rank's (sim/executors/data_parallel.py prices it).
 
     group loop:  while any rank has work:
                      each rank with work: plan = schedule(now) (its staged arrivals join after, as an

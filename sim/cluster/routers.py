@@ -21,11 +21,13 @@ sent the fewest requests so far, then to the lowest index.
     session          a request whose hash ids extend an earlier request's (a conversation's next turn,
                      Mooncake traces) goes where that request went; any other request, least_requests.
     dp_balance       vLLM's data-parallel balancer: the least 4 x waiting + running requests (its
-                     running ones: ``ReplicaView.running``), then the lowest index.
+                     running ones: ``ReplicaView.running``), then the lowest index, the counts read at most
+                     100 ms apart and each request sent counted as waiting until the next reading.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
@@ -171,20 +173,34 @@ class LeastRequests(Router):
 class DataParallelBalance(Router):
     """vLLM's balancer over the ranks of a data-parallel engine (its API server's ``DPLBAsyncMPClient``): the
     least 4 x waiting + running requests (a queued request weighs four running ones: it is TTFT still to
-    come), ties to the lowest index. vLLM reads counts its coordinator publishes every 100 ms and adds each
-    request it sends to the chosen rank's waiting count until the next; kvsim reads them as of the moment.
-    It reads which requests run, so a pool behind it runs in the SimPy loop."""
+    come), ties to the lowest index. Its counts are those its coordinator published, at most ``REFRESH_S``
+    old: here each rank's as of the first choice ``REFRESH_S`` or more after the last reading, and between
+    readings every request sent to a rank adds one to that rank's waiting count, as vLLM's client adds it.
+    Without the simulation's clock (a router never attached to a pool) it reads them as of each choice. It
+    reads which requests run, so a pool behind it runs in the SimPy loop."""
 
     reads_memory = False
+    REFRESH_S = 0.1   # vLLM's DP coordinator publishes the engines' counts every 100 ms
+
+    def __init__(self, config, seed: int) -> None:
+        super().__init__(config, seed)
+        self._env = None
+        self._counts: list[list[int]] | None = None   # [waiting, running] per rank, as last read and since sent
+        self._read_at = -math.inf
+
+    def attach(self, replicas: Sequence[ReplicaView]) -> None:
+        engine = getattr(replicas[0], "engine", None) if replicas else None
+        self._env = getattr(engine, "env", None)
 
     def choose(self, req: Request, replicas: Sequence[ReplicaView]) -> int:
-        best = None
-        for i, r in enumerate(replicas):
-            running = r.running()
-            key = (4 * (r.load() - running) + running, i)
-            if best is None or key < best:
-                best = key
-        return best[1]
+        now = None if self._env is None else self._env.now
+        if now is None or self._counts is None or now - self._read_at >= self.REFRESH_S:
+            self._counts = [[r.load() - r.running(), r.running()] for r in replicas]
+            self._read_at = -math.inf if now is None else now
+        counts = self._counts
+        best = min(range(len(counts)), key=lambda i: (4 * counts[i][0] + counts[i][1], i))
+        counts[best][0] += 1
+        return best
 
 
 @register("least_kv")
