@@ -164,7 +164,7 @@ def main(args: argparse.Namespace) -> int:
         raise KvsimError("--workers", f"must be 1 .. {MAX_WORKERS}, got {args.workers}")
     if not 1 <= args.seeds <= MAX_SEEDS:
         raise KvsimError("--seeds", f"must be 1 .. {MAX_SEEDS}, got {args.seeds}")
-    if args.seeds > 1 and any(parse_override(v.split("=", 1)[0] + "=0")[0] == ["seed"] for v in args.vary):
+    if args.seeds > 1 and any(v.split("=", 1)[0].strip() == "seed" for v in args.vary):
         raise KvsimError("--seeds", "runs each candidate under several seeds: do not also vary seed with --vary")
     load_scenario(args.scenario)                          # the file itself: errors with its line numbers
     if args.vary or args.gpu_cost:
@@ -259,8 +259,8 @@ def _main_layouts(args: argparse.Namespace, slos: list[SLO]) -> int:
 
         answer = search_layouts(layouts, lambda lay: prepared[tuple(lay)][0], lambda lay: prepared[tuple(lay)][1],
                                 search, key, costs, tuple(s.name for s in slos))
-    if args.seeds > 1:
-        answer["seeds"] = args.seeds
+    if args.seeds > 1:   # (seed is not varied: every layout runs the same seeds)
+        answer["seeds"] = seed_list(next(iter(prepared.values()))[0], args.seeds)
     rows = [{k: v for k, v in r.items() if k not in ("candidates", "varied", "gpus_by_hardware", "out_of_order")}
             for r in answer["layouts"]]
     table = pd.DataFrame(rows)
