@@ -118,7 +118,7 @@ def draw_cluster_scenario(rng: random.Random, index: int = 0) -> dict:
     transfer = {"link": link, "mode": mode, **({"layerwise": True} if mode == "push" and rng.random() < 0.5 else {})}
     data["cluster"] = {"prefill": _pool(rng, data, "prefill"), "decode": _pool(rng, data, "decode"),
                        "kv_transfer": transfer, "router": router}
-    return data
+    return _data_parallel_pools(index, data)
 
 
 def _data_parallel(index: int, data: dict) -> dict:
@@ -139,6 +139,28 @@ def _data_parallel(index: int, data: dict) -> dict:
     kv.pop("activation_reserve_gb", None)
     kv["num_gpu_blocks"] = max(8, drawn_cache_tokens(data) // kv.get("block_size", 16))
     data["cluster"].update(replicas=rng.choice([2, 4]), data_parallel=True)
+    for section in ("lora", "speculative"):
+        data.pop(section, None)
+    return drop_refused(data)
+
+
+def _data_parallel_pools(index: int, data: dict) -> dict:
+    """Sometimes (``DATA_PARALLEL_P``, a stream of its own) the prefill pool, the decode pool or both as the 2 or
+    4 ranks of a data-parallel engine of tiny-deepseek, ranks of 1 or 2 GPUs on the scenario's hardware, a
+    cache of its own size, what the group refuses dropped."""
+    rng = random.Random(f"data-parallel-pools:{index}")
+    if rng.random() >= DATA_PARALLEL_P:
+        return data
+    data["model"] = "tiny-deepseek"
+    for role in ("prefill", "decode"):
+        if rng.random() < 0.6:
+            pool = data["cluster"][role]
+            pool.pop("hardware", None)
+            pool.update(replicas=rng.choice([2, 4]), tensor_parallel=rng.choice([1, 2]), data_parallel=True)
+    kv = data["kv_cache"]
+    kv.pop("gpu_memory_utilization", None)
+    kv.pop("activation_reserve_gb", None)
+    kv["num_gpu_blocks"] = max(8, drawn_cache_tokens(data) // kv.get("block_size", 16))
     for section in ("lora", "speculative"):
         data.pop(section, None)
     return drop_refused(data)

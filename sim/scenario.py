@@ -136,6 +136,9 @@ class Scenario(_Strict):
 
     _base_dir: Path = PrivateAttr(default=Path("."))
     _source: str = PrivateAttr(default="<scenario>")
+    # a prefill or decode pool's scenario whose replicas are one data-parallel engine's ranks: how many
+    # (sim/cluster/replica.py pool_scenario; 1 otherwise)
+    _pool_ranks: int = PrivateAttr(default=1)
 
     @field_validator("model", mode="before")
     @classmethod
@@ -464,8 +467,9 @@ def unsupported_combination(scn: Scenario) -> tuple[str, str] | None:
 
 
 def _data_parallel_problem(scn: Scenario) -> tuple[str, str] | None:
-    """(key, why) where a data-parallel group (``cluster.data_parallel``) cannot be built as given."""
-    if scn.cluster is None or not scn.cluster.data_parallel:
+    """(key, why) where a data-parallel group (``cluster.data_parallel``, or a pool's) cannot be built as given."""
+    cl = scn.cluster
+    if cl is None or not (cl.data_parallel or any(p is not None and p.data_parallel for p in (cl.prefill, cl.decode))):
         return None
     from sim.cluster.data_parallel import data_parallel_problem  # (lazy: sim.cluster imports this module)
 

@@ -270,3 +270,37 @@ def test_dp_balance_reads_counts_at_most_100_ms_old(scenario: Path) -> None:
     done = res.requests.sort_values("req_id")
     assert done["finish_s"].iloc[0] < 0.05
     assert done["replica"].tolist() == [0, 1, 0]
+
+
+PD = {"prefill": {"replicas": 2, "tensor_parallel": 2}, "decode": {"replicas": 4, "data_parallel": True},
+      "kv_transfer": {"link": "nvlink"}, "router": {"policy": "least_requests"}}
+
+
+@pytest.mark.parametrize("mode", ["pull", "push"])
+def test_a_decode_pool_of_data_parallel_ranks(scenario: Path, mode: str) -> None:
+    """Prefill on 2 replicas of TP 2, decode on one data-parallel engine of 4 ranks: every request finishes,
+    its prompt KV crosses the link once (the bytes sent are the prompts' KV), the decode ranks step together
+    (their rows that start together last the same) and each sizes its cache for a quarter of the experts."""
+    pd = {**PD, "kv_transfer": {"link": "nvlink", "mode": mode}}
+    res = run_scenario(load_scenario(scenario, [f"cluster={pd}"]), check_integrity=True)
+    s = res.summary
+    assert s["num_finished"] == 120
+    kv_token = 32 * 2 * 8 * 128 * 2   # Mixtral: 32 layers x K and V x 8 heads x 128 x fp16
+    decoded = res.requests[res.requests["output_tokens"] > 1]
+    assert s["cluster"]["transferred_kv_bytes"] == int(decoded["prompt_tokens"].sum()) * kv_token
+    steps = res.steps[res.steps["replica"] >= 2]   # (replicas 0-1 prefill, 2-5 the decode ranks)
+    assert (steps.groupby("start_s")["duration_s"].nunique() == 1).all()
+    assert set(s["cluster"]["data_parallel"]) == {"decode"} and s["cluster"]["data_parallel"]["decode"]["ranks"] == 4
+    rank_blocks = res.replicas.set_index("replica")["num_gpu_blocks"]
+    weights = MIXTRAL.weight_bytes() - 32 * 8 * _expert_bytes_by_hand() * 3 / 4
+    assert rank_blocks[2] == math.floor((80 * GiB * 0.9 * 0.95 - weights) / (16 * kv_token))
+
+
+def test_a_data_parallel_pool_is_refused_where_the_group_cannot_be(scenario: Path, capsys) -> None:
+    pd = {**PD, "decode": {"replicas": 3, "data_parallel": True}}   # 14,336 / 3 experts' columns
+    assert main(["run", str(scenario), "--set", f"cluster={pd}"]) == 2
+    err = capsys.readouterr().err
+    assert "cluster.decode.replicas: the expert layers split each expert over the group's 3 GPUs" in err
+    pd = {**PD, "decode": {"replicas": 4, "data_parallel": True}}
+    assert main(["run", str(scenario), "--set", f"cluster={pd}", "--set", "model=llama-3.1-8b"]) == 2
+    assert "cluster.decode.data_parallel: llama-3.1-8b is dense" in capsys.readouterr().err

@@ -111,6 +111,8 @@ class PoolConfig(_Strict):
     tensor_parallel: int | None = Field(default=None, ge=1)
     kv_cache: dict[str, Any] | None = None
     scheduler: dict[str, Any] | None = None
+    # a prefill or decode pool's replicas as the ranks of one data-parallel engine (sim/cluster/data_parallel.py)
+    data_parallel: bool = False
 
     @field_validator("hardware", mode="before")
     @classmethod
@@ -163,7 +165,10 @@ class ClusterConfig(_Strict):
             raise ValueError("kv_transfer applies to prefill and decode pools")
         if self.data_parallel and self.replicas is None:
             raise ValueError("data_parallel: the ranks of one data-parallel engine are given as replicas (N ranks), "
-                             "not as groups or prefill and decode pools")
+                             "or as a prefill or decode pool's replicas (prefill: {replicas: N, data_parallel: true})")
+        if self.groups is not None and any(g.data_parallel for g in self.groups):
+            raise ValueError("groups: a mixed fleet's groups are plain replicas; data_parallel is for the cluster's "
+                             "replicas or a prefill or decode pool")
         return self
 
     @property

@@ -66,16 +66,35 @@ def group_problem(model: ModelSpec, hw: HardwareSpec, ranks: int) -> tuple[str, 
 
 
 def data_parallel_problem(scn: Scenario) -> tuple[str, str] | None:
-    """(key, why) where ``cluster.data_parallel`` meets what a data-parallel group is not modelled with."""
+    """(key, why) where ``cluster.data_parallel`` (or a prefill or decode pool's ``data_parallel``) meets what a
+    data-parallel group is not modelled with."""
     cl = scn.cluster
-    if cl is None or not cl.data_parallel:
+    if cl is None:
         return None
-    problem = group_problem(scn.model_spec, scn.hardware_spec, cl.replicas or 1)
+    if cl.data_parallel:
+        return _settings_problem(scn, cl.replicas or 1, "cluster")
+    if cl.disaggregated:
+        from sim.cluster.replica import pool_scenario
+
+        for role in ("prefill", "decode"):
+            pool = getattr(cl, role)
+            if pool.data_parallel:
+                problem = _settings_problem(pool_scenario(scn, pool), pool.replicas, f"cluster.{role}")
+                if problem is not None:
+                    return problem
+    return None
+
+
+def _settings_problem(scn: Scenario, ranks: int, where: str) -> tuple[str, str] | None:
+    """(key, why) where ``ranks`` ranks of ``scn``'s hardware cannot be one data-parallel engine of its model, or
+    its settings are ones a group is not modelled with; ``where``: the cluster section the ranks are given in."""
+    problem = group_problem(scn.model_spec, scn.hardware_spec, ranks)
     if problem is not None:
         what, why = problem
-        key = {"model": "cluster.data_parallel", "ranks": "cluster.replicas",
-               "expert_parallel": "hardware.expert_parallel"}[what]
-        return key, why + (" (cluster.replicas without data_parallel)" if what == "model" else "")
+        key = {"model": f"{where}.data_parallel", "ranks": f"{where}.replicas",
+               "expert_parallel": "hardware.expert_parallel" if where == "cluster" else f"{where}.data_parallel"}[what]
+        plain = "cluster.replicas" if where == "cluster" else f"the {where.split('.')[1]} pool"
+        return key, why + (f" ({plain} without data_parallel)" if what == "model" else "")
     hw = scn.hardware_spec
     sch, kv = scn.scheduler, scn.kv_cache
     from sim.executors.cost_model import shipped_calibration
@@ -148,9 +167,11 @@ class LockstepGroup:
                 yield from self._idle()
                 continue
             start = env.now
-            plans = self._plan(start, unrecorded)
-            if all(p is None for p in plans):   # (requests aborted or arrived, or held blocks released: plan again)
-                continue
+            plans, changed = self._plan(start, unrecorded)
+            if all(p is None for p in plans):
+                if not changed:   # every rank with work waits for memory held by transfers: wake() ends it
+                    yield from self._idle()
+                continue          # (requests aborted or arrived, or held blocks released: plan again)
             results = self.pricer.group_step(plans)
             duration = next(r for r in results if r is not None).duration_s
             if not duration > 0:
@@ -200,12 +221,15 @@ class LockstepGroup:
                 "wait_share": self._wait_s / self._busy_s if self._busy_s else 0.0,
                 "dummy_rank_steps": self._dummy}
 
-    def _plan(self, start: float, unrecorded: list[int]) -> list:
-        """Each rank's plan at ``start`` (None: nothing to run, a dummy pass). A plan that comes out empty is
-        handled as an engine's (sim/engine.py): its preemptions go on the rank's next row; with work left and
-        none of its requests just aborted nor held blocks to release, nothing can ever run there (a
-        deadlock: never expected, since requests that can never fit are refused)."""
+    def _plan(self, start: float, unrecorded: list[int]) -> tuple[list, bool]:
+        """Each rank's plan at ``start`` (None: nothing to run, a dummy pass), and whether a rank whose plan came
+        out empty changed so that planning again may find work. An empty plan is handled as an engine's
+        (sim/engine.py): its preemptions go on the rank's next row; with work left and none of its requests
+        just aborted nor held blocks to release, a rank of a prefill or decode pool (``may_block``) waits for
+        memory that transfers hold, and any other rank can never run (a deadlock: never expected, since
+        requests that can never fit are refused)."""
         plans = []
+        changed = False
         for i, e in enumerate(self.engines):
             s = e.scheduler
             if not s.has_work():
@@ -220,43 +244,54 @@ class LockstepGroup:
             if plan.is_empty():
                 unrecorded[i] += s.stats.num_preempted
                 if s.has_work() and not (arrived and len(gave_up) > aborted) and not s.release_held():
-                    raise KvsimError("engine", f"deadlock at t={start:.3f}s on rank {i}: {s.num_waiting()} waiting, "
-                                     f"{len(s.running)} running, nothing can be scheduled")
+                    if not e.may_block:
+                        raise KvsimError("engine", f"deadlock at t={start:.3f}s on rank {i}: {s.num_waiting()} "
+                                         f"waiting, {len(s.running)} running, nothing can be scheduled")
+                    changed = changed or bool(s.stats.num_preempted or arrived)   # (made room, or requests came)
+                else:
+                    changed = True
                 plans.append(None)
                 continue
             if unrecorded[i]:
                 s.stats.num_preempted += unrecorded[i]
                 unrecorded[i] = 0
             plans.append(plan)
-        return plans
+        return plans, changed
 
 
-def run_data_parallel(scn: Scenario, workload: Workload, check: bool, lag: float, fe_out: float, fe_token: float,
-                      t0: float, bar: ProgressBar | None = None, keep_steps: bool = True) -> ClusterResult:
-    """The group's run: its ranks built as a colocated pool's replicas (each rank's KV sized for its share of the
-    experts: sim.specs.rank_weight_bytes), one pricer for the group, the cluster's router and arrivals, the
-    ranks driven by one ``LockstepGroup``."""
-    from sim.cluster.runner import _arrivals, _check_released, _observed, _show_progress
+def build_group(scn: Scenario, ids: range, role: str, env: simpy.Environment, check: bool,
+                lag: float) -> tuple[list[Replica], LockstepGroup]:
+    """The ranks ``ids`` of one data-parallel engine of ``scn`` (the cluster's replicas, or a prefill or decode
+    pool's: ``role``), built as a pool's replicas (each rank's KV sized for its share of the experts:
+    sim.specs.rank_weight_bytes) sharing one pricer, and the ``LockstepGroup`` that drives them (not started)."""
     from sim.executors.cost_model import CostModelExecutor, make_cost_model_executor
 
-    cfg = scn.cluster
-    ranks = int(cfg.replicas)
-    requests = workload.requests
-    env = simpy.Environment()
-    served: dict[int, int] = {}
     base = make_cost_model_executor(model=scn.model_spec, hardware=scn.hardware_spec, config=scn.executor,
                                     kv=scn.kv_cache, base_dir=scn.base_dir, scheduler=scn.scheduler)
     if not isinstance(base, CostModelExecutor) or base.engine is None:
         raise KvsimError(f"{scn.source}: executor.calibration", "a data-parallel group is priced with the "
                          "engine-level terms, which this calibration does not have (the shipped ones do)")
-    pricer = DataParallelPricer(base, ranks, scn.kv_cache.block_size)
-    pool = [build_replica(scn, i, "colocated", env, check, lag, pricer) for i in range(ranks)]
+    pricer = DataParallelPricer(base, len(ids), scn.kv_cache.block_size)
+    pool = [build_replica(scn, i, role, env, check, lag, pricer) for i in ids]
     for rep in pool:
         rep.engine.multi_step = False
+    return pool, LockstepGroup(env, pool, pricer, scn.scheduler.max_steps_without_progress, check)
+
+
+def run_data_parallel(scn: Scenario, workload: Workload, check: bool, lag: float, fe_out: float, fe_token: float,
+                      t0: float, bar: ProgressBar | None = None, keep_steps: bool = True) -> ClusterResult:
+    """The group's run: its ranks (``build_group``), the cluster's router and arrivals, the ranks driven by one
+    ``LockstepGroup``."""
+    from sim.cluster.runner import _arrivals, _check_released, _observed, _show_progress
+
+    cfg = scn.cluster
+    requests = workload.requests
+    env = simpy.Environment()
+    served: dict[int, int] = {}
+    pool, group = build_group(scn, range(int(cfg.replicas)), "colocated", env, check, lag)
     router = _observed(make_router(cfg.router, scn.seed), pool, requests, lag)
     if bar is not None:
         _show_progress(bar, pool, [])
-    group = LockstepGroup(env, pool, pricer, scn.scheduler.max_steps_without_progress, check)
     planned = None
     if scn.workload.max_concurrency:   # a client with a concurrency limit (sim/clients.py): it answers a request
         planned = planned_arrivals(requests)   # when its rank's step finishes it (the ranks' on_step)

@@ -22,7 +22,8 @@ from sim.scenario import KVCacheConfig, Scenario, SchedulerConfig
 
 def pool_scenario(scn: Scenario, pool: PoolConfig | None) -> Scenario:
     """The scenario a pool's replicas run: the pool's hardware, tensor_parallel, kv_cache and scheduler
-    keys over the scenario's own."""
+    keys over the scenario's own; a data-parallel pool's also knows its ranks (``_pool_ranks``: each sizes its
+    cache for its share of the experts)."""
     if pool is None:
         return scn
     update: dict = {}
@@ -40,6 +41,7 @@ def pool_scenario(scn: Scenario, pool: PoolConfig | None) -> Scenario:
     sub = scn.model_copy(update=update)
     sub._base_dir = scn.base_dir
     sub._source = scn.source
+    sub._pool_ranks = pool.replicas if pool.data_parallel else 1
     return sub
 
 

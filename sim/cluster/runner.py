@@ -292,15 +292,17 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
     p_scn, d_scn = pool_scenario(scn, cfg.prefill), pool_scenario(scn, cfg.decode)
     _check_disaggregated(scn, [p_scn, d_scn], requests)
     n_p = cfg.prefill.replicas
-    prefill = build_pool(p_scn, range(n_p), "prefill", env, check, lag)
-    decode = build_pool(d_scn, range(n_p, n_p + cfg.decode.replicas), "decode", env, check, 0.0)
+    groups: dict[str, Any] = {}   # a data-parallel pool's LockstepGroup, by role (sim/cluster/data_parallel.py)
+    prefill = _build_pool(p_scn, cfg.prefill, range(n_p), "prefill", env, check, lag, groups)
+    decode = _build_pool(d_scn, cfg.decode, range(n_p, n_p + cfg.decode.replicas), "decode", env, check, 0.0, groups)
     bw, lat = cfg.link.bandwidth_latency()
     link = KVLink(env, bw, lat)
     handoff = Handoff(env, decode, make_router(cfg.router, scn.seed + 1), link, scn.model_spec.kv_bytes_per_token(),
                       pull=cfg.link.mode == "pull", layers=scn.model_spec.num_layers if cfg.link.layerwise else 0,
                       timeout_s=scn.workload.timeout_s)
     router = _observed(make_router(cfg.router, scn.seed), prefill, requests, lag)
-    if disagg_supported(prefill, decode, requests, router, handoff.router, bool(scn.workload.max_concurrency)):
+    if not groups and disagg_supported(prefill, decode, requests, router, handoff.router,
+                                       bool(scn.workload.max_concurrency)):
         clients = scn.workload.max_concurrency   # a client with a concurrency limit (sim/clients.py)
         planned = planned_arrivals(requests) if clients else None   # (the client's sends replace them)
         client = core_client(scn, requests, fe_out, fe_token) if clients else None
@@ -337,9 +339,12 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
                                 answers=[on_prefill] * len(prefill) + [None] * len(decode)).start()
     else:
         env.process(_arrivals(env, requests, lag, router, prefill, handoff.submit_prefill, served))
-    loops = [rep.engine.start() for rep in prefill]
-    for rep in decode:
-        rep.engine.start()
+    loops = [groups["prefill"].start()] if "prefill" in groups else [rep.engine.start() for rep in prefill]
+    if "decode" in groups:
+        groups["decode"].start()
+    else:
+        for rep in decode:
+            rep.engine.start()
     env.process(handoff.close_after(loops))
     try:
         env.run()
@@ -351,8 +356,22 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
     _check_released(prefill + decode)
     res = cluster_result(scn, workload, prefill + decode, served, handoff, link, fe_out, fe_token,
                          time.perf_counter() - t0, lag, planned=planned, keep_steps=keep_steps)
+    if groups:
+        res.summary["cluster"]["data_parallel"] = {role: group.stats() for role, group in groups.items()}
     res.profile["compiled_core"] = False
     return res
+
+
+def _build_pool(scn: Scenario, pool: Any, ids: range, role: str, env: simpy.Environment, check: bool, lag: float,
+                groups: dict[str, Any]) -> list[Replica]:
+    """A prefill or decode pool's replicas: as ``build_pool`` builds them, or, for a data-parallel pool, the
+    ranks of one engine, their ``LockstepGroup`` put in ``groups`` under ``role``."""
+    if not pool.data_parallel:
+        return build_pool(scn, ids, role, env, check, lag)
+    from sim.cluster.data_parallel import build_group
+
+    reps, groups[role] = build_group(scn, ids, role, env, check, lag)
+    return reps
 
 
 def _check_ended(requests: list[Request]) -> None:
