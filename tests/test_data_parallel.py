@@ -304,3 +304,8 @@ def test_a_data_parallel_pool_is_refused_where_the_group_cannot_be(scenario: Pat
     pd = {**PD, "decode": {"replicas": 4, "data_parallel": True}}
     assert main(["run", str(scenario), "--set", f"cluster={pd}", "--set", "model=llama-3.1-8b"]) == 2
     assert "cluster.decode.data_parallel: llama-3.1-8b is dense" in capsys.readouterr().err
+
+
+def test_capacity_does_not_grow_a_data_parallel_pool_as_a_fleet(scenario: Path, capsys) -> None:
+    assert main(["capacity", str(scenario), "--slo", "ttft_p90=0.1", "--set", f"cluster={PD}"]) == 2
+    assert "--search: replicas: a data-parallel engine's replicas are its ranks" in capsys.readouterr().err

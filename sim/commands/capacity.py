@@ -126,7 +126,9 @@ def _search_data(args: argparse.Namespace, overrides: list[str]) -> tuple[dict, 
                              "scenario with cluster.groups")
         if not 0 <= args.group < len(groups):
             raise KvsimError("--group", f"the fleet has groups 0 .. {len(groups) - 1}, not {args.group}")
-    elif args.search == "replicas" and isinstance(cl, dict) and cl.get("data_parallel"):
+    elif args.search == "replicas" and isinstance(cl, dict) and (
+            cl.get("data_parallel") or any(isinstance(cl.get(k), dict) and cl[k].get("data_parallel")
+                                           for k in ("prefill", "decode"))):
         raise KvsimError("--search", "replicas: a data-parallel engine's replicas are its ranks, one engine's size "
                          "and not a fleet's; compare sizes with --vary cluster.replicas=2,4,8 and --search rate or "
                          "concurrency")
