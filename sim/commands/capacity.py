@@ -130,8 +130,8 @@ def _search_data(args: argparse.Namespace, overrides: list[str]) -> tuple[dict, 
             cl.get("data_parallel") or any(isinstance(cl.get(k), dict) and cl[k].get("data_parallel")
                                            for k in ("prefill", "decode"))):
         raise KvsimError("--search", "replicas: a data-parallel engine's replicas are its ranks, one engine's size "
-                         "and not a fleet's; compare sizes with --vary cluster.replicas=2,4,8 and --search rate or "
-                         "concurrency")
+                         "and not a fleet's; compare sizes with --vary (cluster.replicas=2,4,8, or a pool's, "
+                         "cluster.decode.replicas=4,8) and --search rate or concurrency")
     elif args.search == "replicas" and groups is not None:
         raise KvsimError(f"{args.scenario}: cluster.groups", "a mixed fleet has no one replica count to search; "
                          "give --group I to grow group I, or use --search rate or concurrency")
