@@ -31,6 +31,7 @@ End-of-run checks (``check_cluster_outcome``), computed from the run's tables:
 
 from __future__ import annotations
 
+import copy
 import random
 import time
 import traceback
@@ -44,6 +45,7 @@ from sim.fuzz import (
     HARDWARE,
     CaseResult,
     FuzzReport,
+    _combination_problem,
     _has_beams,
     _timeout,
     draw_client,
@@ -130,6 +132,7 @@ def _data_parallel(index: int, data: dict) -> dict:
         return data
     from sim.specs import HardwareSpec
 
+    original = copy.deepcopy(data)
     hw = data["hardware"] if isinstance(data["hardware"], dict) else HardwareSpec.from_name(data["hardware"]).model_dump()
     data["hardware"] = {**hw, "tensor_parallel": rng.choice([1, 2]), "pipeline_parallel": 1,
                         "expert_parallel": rng.random() < 0.5}
@@ -141,7 +144,7 @@ def _data_parallel(index: int, data: dict) -> dict:
     data["cluster"].update(replicas=rng.choice([2, 4]), data_parallel=True)
     for section in ("lora", "speculative"):
         data.pop(section, None)
-    return drop_refused(data)
+    return _refused_dropped(data, original)
 
 
 def _data_parallel_pools(index: int, data: dict) -> dict:
@@ -151,6 +154,7 @@ def _data_parallel_pools(index: int, data: dict) -> dict:
     rng = random.Random(f"data-parallel-pools:{index}")
     if rng.random() >= DATA_PARALLEL_P:
         return data
+    original = copy.deepcopy(data)
     data["model"] = "tiny-deepseek"
     for role in ("prefill", "decode"):
         if rng.random() < 0.6:
@@ -163,7 +167,26 @@ def _data_parallel_pools(index: int, data: dict) -> dict:
     kv["num_gpu_blocks"] = max(8, drawn_cache_tokens(data) // kv.get("block_size", 16))
     for section in ("lora", "speculative"):
         data.pop(section, None)
-    return drop_refused(data)
+    return _refused_dropped(data, original)
+
+
+def _refused_dropped(data: dict, original: dict) -> dict:
+    """``data`` (a case made data-parallel) with each setting the schema refuses dropped back to its default,
+    as ``drop_refused`` does; ``original`` (the case as drawn) where what is refused is the model or the cluster
+    itself (the conversion does not hold: dropping either would undo it, or leave a refusal no key removes)."""
+    problem = _combination_problem(data)
+    while problem is not None:
+        section, _, key = problem[0].partition(".")
+        if section in ("model", "cluster"):
+            return original
+        if section == "speculative" or not key:
+            dropped = data.pop(section, None) is not None
+        else:
+            dropped = isinstance(data.get(section), dict) and data[section].pop(key, None) is not None
+        if not dropped:   # (a refusal no key of the case removes)
+            return original
+        problem = _combination_problem(data)
+    return data
 
 
 # ---------------------------------------------------------------- checking
