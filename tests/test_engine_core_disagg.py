@@ -186,13 +186,14 @@ def test_a_router_reading_what_the_core_cannot_show_runs_the_loop():
     assert not disagg_supported(*pools, requests, custom, shipped, client=False)
 
 
-@pytest.mark.parametrize("part", range(2))   # 2 x 40 draws (about half disaggregated): test workers share them
+@pytest.mark.parametrize("part", range(2))   # 2 x 50 draws (about half disaggregated): test workers share them
 def test_fuzzed_disaggregated_clusters_equal(monkeypatch, part):
     covered = 0
-    for i in range(40 * part, 40 * part + 40):
+    for i in range(50 * part, 50 * part + 50):
         data = draw_cluster_scenario(random.Random(f"engine-core-disagg:{i}"), i)
-        if "prefill" not in data["cluster"]:
-            continue
+        cl = data["cluster"]
+        if "prefill" not in cl or any(cl[role].get("data_parallel") for role in ("prefill", "decode")):
+            continue   # (a data-parallel pool runs in the SimPy loop only: sim/cluster/data_parallel.py)
         loop, core = off_and_on(monkeypatch, engine_core, "enabled", lambda d=data: run_scenario(
             scenario_from_dict(copy.deepcopy(d), source="<fuzz>"), check_integrity=True))
         covered += same_cluster_outcome(loop, core, f"case {i}")
