@@ -136,15 +136,8 @@ def _data_parallel(index: int, data: dict) -> dict:
     hw = data["hardware"] if isinstance(data["hardware"], dict) else HardwareSpec.from_name(data["hardware"]).model_dump()
     data["hardware"] = {**hw, "tensor_parallel": rng.choice([1, 2]), "pipeline_parallel": 1,
                         "expert_parallel": rng.random() < 0.5}
-    data["model"] = "tiny-deepseek"
-    kv = data["kv_cache"]
-    kv.pop("gpu_memory_utilization", None)
-    kv.pop("activation_reserve_gb", None)
-    kv["num_gpu_blocks"] = max(8, drawn_cache_tokens(data) // kv.get("block_size", 16))
     data["cluster"].update(replicas=rng.choice([2, 4]), data_parallel=True)
-    for section in ("lora", "speculative"):
-        data.pop(section, None)
-    return _refused_dropped(data, original)
+    return _tiny_moe(data, original)
 
 
 def _data_parallel_pools(index: int, data: dict) -> dict:
@@ -155,12 +148,19 @@ def _data_parallel_pools(index: int, data: dict) -> dict:
     if rng.random() >= DATA_PARALLEL_P:
         return data
     original = copy.deepcopy(data)
-    data["model"] = "tiny-deepseek"
     for role in ("prefill", "decode"):
         if rng.random() < 0.6:
             pool = data["cluster"][role]
             pool.pop("hardware", None)
             pool.update(replicas=rng.choice([2, 4]), tensor_parallel=rng.choice([1, 2]), data_parallel=True)
+    return _tiny_moe(data, original)
+
+
+def _tiny_moe(data: dict, original: dict) -> dict:
+    """A case made data-parallel, served by tiny-deepseek with a cache of its own size (sized from the drawn
+    cache's tokens), without what a data-parallel group refuses (LoRA, drafts), the rest as ``_refused_dropped``
+    leaves it."""
+    data["model"] = "tiny-deepseek"
     kv = data["kv_cache"]
     kv.pop("gpu_memory_utilization", None)
     kv.pop("activation_reserve_gb", None)
