@@ -583,11 +583,11 @@ def rank_weight_bytes(model: ModelSpec, hardware: HardwareSpec, data_parallel: i
         return model.weight_bytes()
     from sim.expert_parallel import expert_bytes  # (it reads ModelSpec, defined here)
 
-    layers = model.num_layers - model.dense_layers
-    routed = expert_bytes(model) * model.num_experts * layers
+    layers, one = model.num_layers - model.dense_layers, expert_bytes(model)
+    routed = one * model.num_experts * layers
     tp = hardware.tensor_parallel
     if hardware.expert_parallel:
-        share = tp * math.ceil(model.num_experts / (data_parallel * tp)) * expert_bytes(model) * layers
+        share = tp * math.ceil(model.num_experts / (data_parallel * tp)) * one * layers
     else:
         share = routed / data_parallel
     return round(model.weight_bytes() - routed + share)

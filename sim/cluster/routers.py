@@ -195,7 +195,8 @@ class DataParallelBalance(Router):
     def choose(self, req: Request, replicas: Sequence[ReplicaView]) -> int:
         now = None if self._env is None else self._env.now
         if now is None or self._counts is None or now - self._read_at >= self.REFRESH_S:
-            self._counts = [[r.load() - r.running(), r.running()] for r in replicas]
+            running = [r.running() for r in replicas]
+            self._counts = [[r.load() - n, n] for r, n in zip(replicas, running)]
             self._read_at = -math.inf if now is None else now
         counts = self._counts
         best = min(range(len(counts)), key=lambda i: (4 * counts[i][0] + counts[i][1], i))
