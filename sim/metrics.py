@@ -437,8 +437,7 @@ def _stats(x: np.ndarray, weights: np.ndarray | None = None) -> dict[str, float]
         return {"mean": float(x.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
     if weights.sum() == 0:
         return {"mean": math.nan, "p50": math.nan, "p90": math.nan, "p99": math.nan}
-    order = np.argsort(x, kind="stable")
-    xs, ws = x[order], weights[order]
+    xs, ws = _sorted_pairs(x, weights)
     cum = np.cumsum(ws)
     total = cum[-1]
 
@@ -446,6 +445,18 @@ def _stats(x: np.ndarray, weights: np.ndarray | None = None) -> dict[str, float]
         return float(xs[np.searchsorted(cum, p * total, side="left")])
 
     return {"mean": float((xs * ws).sum() / total), "p50": q(0.5), "p90": q(0.9), "p99": q(0.99)}
+
+
+def _sorted_pairs(x: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``x`` and ``weights`` in the order of ``np.argsort(x, kind="stable")``. Where the values repeat (a
+    run's step durations: one distinct value in 5 to 20 steps), the compiled ``sort_pairs``
+    groups them in linear time, the same order exactly; else (or without it) numpy sorts."""
+    if native is not None and len(x) >= 4096 and weights.dtype == np.float64:
+        xs, ws = np.empty(len(x)), np.empty(len(x))
+        if native.sort_pairs(np.ascontiguousarray(x), np.ascontiguousarray(weights), xs, ws, len(x) // 4):
+            return xs, ws
+    order = np.argsort(x, kind="stable")
+    return x[order], weights[order]
 
 
 def fanout_summary(reqs: pd.DataFrame) -> dict:

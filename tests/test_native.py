@@ -630,3 +630,41 @@ def test_compiled_write_counters_move_the_survivors_k_steps_on():
     native.write_counters(batch, c0, g0, rem, 7, 12.5)
     assert [(r.num_computed_tokens, r.num_generated, r.last_token_s) for r in batch] == [
         (-1, -1, -1.0), (-1, -1, -1.0), (29, 10, 12.5), (30, 9, 12.5), (-1, -1, -1.0), (-1, -1, -1.0)]
+
+
+@needs_native
+def test_compiled_sort_pairs_is_numpys_stable_order():
+    """Repeated values, -0.0 beside 0.0 (equal: input order) and ties of different weights come out in
+    np.argsort(kind="stable")'s order; a NaN or too many distinct values leave the outputs untouched."""
+    rng = np.random.default_rng(7)
+    x = rng.choice(np.array([3.5, 0.0, -0.0, 1e-3, 7.25, 2.0**-30, 1e300]), size=20_000)
+    w = rng.integers(1, 50, size=x.size).astype(np.float64)
+    order = np.argsort(x, kind="stable")
+    xs, ws = np.full(x.size, 9.0), np.full(x.size, 9.0)
+    assert native.sort_pairs(x, w, xs, ws, 16)
+    assert np.array_equal(xs.view(np.int64), x[order].view(np.int64))   # (bits: the zeros' signs too)
+    assert np.array_equal(ws, w[order])
+    by_hand = np.array([-0.0, 0.0, 1.0, 1.0, 2.0])   # 1.0 twice: input order, weights 30 then 10
+    xs, ws = np.empty(5), np.empty(5)
+    assert native.sort_pairs(np.array([1.0, -0.0, 2.0, 1.0, 0.0]), np.array([30.0, 1, 2, 10, 4]), xs, ws, 5)
+    assert np.array_equal(xs.view(np.int64), by_hand.view(np.int64)) and list(ws) == [1, 4, 30, 10, 2]
+    many = rng.random(5_000)
+    xs, ws = np.full(5_000, 9.0), np.full(5_000, 9.0)
+    assert not native.sort_pairs(many, many, xs, ws, 4_999) and (xs == 9.0).all() and (ws == 9.0).all()
+    assert native.sort_pairs(many, many, xs, ws, 5_000) and np.array_equal(xs, np.sort(many))
+    nan = np.array([1.0, np.nan, 0.5])
+    out = np.full(3, 9.0)
+    assert not native.sort_pairs(nan, nan, out, out.copy(), 3) and (out == 9.0).all()
+
+
+@needs_native
+def test_weighted_stats_are_the_same_with_the_compiled_sort_off(monkeypatch):
+    """``_stats`` over a run's gaps (repeated durations) gives the same bits through either sort."""
+    import sim.metrics as metrics
+
+    rng = np.random.default_rng(3)
+    x = rng.choice(rng.random(700) * 0.05, size=50_000)
+    w = rng.integers(1, 64, size=x.size).astype(np.float64)
+    on = metrics._stats(x, w)
+    monkeypatch.setattr(metrics, "native", None)
+    assert metrics._stats(x, w) == on

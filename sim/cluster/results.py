@@ -42,7 +42,7 @@ from sim.metrics import (
     with_latencies,
 )
 from sim.runner import Result, hbm_budget_of
-from sim.sched.records import TokenGaps
+from sim.sched.records import TokenGaps, joined_gaps
 from sim.specs import group_kv_bytes_per_block
 from sim.speculative import add_request_columns
 from sim.speculative import summary_of as speculation_summary
@@ -67,25 +67,30 @@ class _Merged:
     timeout_s: float | None = None   # workload.timeout_s (summarize then counts the aborted)
 
 
-def _step_table(reps: list[Replica], only: list[str] | None = None) -> tuple[pd.DataFrame, list[int]]:
+def _step_table(reps: list[Replica], only: list[str] | None = None,
+                shares: bool = False) -> tuple[pd.DataFrame, list[int]]:
     """Every replica's per-step table (``steps_frame`` and ``kv_bytes_used``), one replica after another,
     each recorder read once straight into its rows and released; with several replicas, tagged with
     ``replica`` after ``step``, and a column some replica lacks is NaN in its rows (pd.concat's outer join).
-    ``only``: just these columns (and ``step``, ``replica``). Also the row offsets: replica i's rows are
-    ``bounds[i]:bounds[i + 1]``."""
+    ``only``: just these columns, no ``step`` nor ``replica``. ``shares`` (with ``only``, for
+    ``_merged_summary``): the slot columns as each step's share of its replica's capacity_slots (``_shares``,
+    float64). Also the row offsets: replica i's rows are ``bounds[i]:bounds[i + 1]``."""
     recs = [rep.engine.recorder for rep in reps]
     lengths = [rec.num_steps for rec in recs]
     bounds = [0, *itertools.accumulate(lengths)]
     own = [[name for name in (*rec.step_names(), "kv_bytes_used") if only is None or name in only] for rec in recs]
     names = list(dict.fromkeys(name for cols in own for name in cols))
-    starts = np.repeat(np.array(bounds[:-1], dtype=np.int64), lengths)
-    cols = {"step": np.arange(bounds[-1], dtype=np.int64) - starts}
-    if len(reps) > 1:
-        cols["replica"] = np.repeat(np.array([r.replica_id for r in reps], dtype=np.int64), lengths)
-    del starts
+    cols = {}
+    if only is None:
+        starts = np.repeat(np.array(bounds[:-1], dtype=np.int64), lengths)
+        cols["step"] = np.arange(bounds[-1], dtype=np.int64) - starts
+        if len(reps) > 1:
+            cols["replica"] = np.repeat(np.array([r.replica_id for r in reps], dtype=np.int64), lengths)
+        del starts
     everywhere = set.intersection(*(set(c) for c in own))
-    cols.update((name, np.empty(bounds[-1], dtype=_dtype(name) if name in everywhere else np.float64))
-                for name in names)
+    floats = set(SLOT_COLS) if shares and only is not None else set()
+    cols.update((name, np.empty(bounds[-1], dtype=_dtype(name) if name in everywhere and name not in floats
+                                else np.float64)) for name in names)
     for rep, rec, at, has in zip(reps, recs, bounds, own):
         rows = slice(at, at + rec.num_steps)
         rec.read_steps(cols, at, release=True)
@@ -94,6 +99,8 @@ def _step_table(reps: list[Replica], only: list[str] | None = None) -> tuple[pd.
             np.multiply(cols["kv_blocks_used"][rows], bpb, out=cols["kv_bytes_used"][rows])
         for name in set(names).difference(has):
             cols[name][rows] = np.nan
+        for name in floats.intersection(names):
+            np.divide(cols[name][rows], float(rep.manager.capacity_slots), out=cols[name][rows])
     return pd.DataFrame(cols, copy=False), bounds
 
 
@@ -186,7 +193,7 @@ def cluster_result(scn, workload, reps: list[Replica], served: dict[int, int], h
     if planned is not None:
         add_client_waits(reqs, planned)
     add_sample_columns(reqs, workload.origin)
-    steps, bounds = _step_table(reps, None if keep_steps else SUMMARY_STEP_COLUMNS)
+    steps, bounds = _step_table(reps, None if keep_steps else SUMMARY_STEP_COLUMNS, shares=len(reps) > 1)
     if len(reps) == 1:   # the single engine's summary, built exactly as sim/runner.py builds it
         rep = reps[0]
         manager, sched = rep.manager, rep.scheduler
@@ -202,7 +209,8 @@ def cluster_result(scn, workload, reps: list[Replica], served: dict[int, int], h
                                                                             rep.block_size)))
         timeline = sched.timeline_frame() if hasattr(sched, "timeline_frame") else None
     else:
-        summary, timeline = _merged_summary(scn, reqs, reps, steps, bounds, handoff, wall_time_s)
+        summary, timeline = _merged_summary(scn, reqs, reps, steps, bounds, handoff, wall_time_s,
+                                            shares_in=not keep_steps)
     ids = reqs["req_id"].to_numpy()
     pre = np.array([served.get(int(i), -1) for i in ids], dtype=np.int64)
     if handoff is not None:
@@ -244,17 +252,16 @@ def cluster_result(scn, workload, reps: list[Replica], served: dict[int, int], h
 
 
 def _merged_summary(scn, reqs, reps, steps: pd.DataFrame, bounds: list[int], handoff: Handoff | None,
-                    wall_time_s: float):
-    """The summary over every replica's steps (``_step_table``), and the merged timeline."""
-    gaps = TokenGaps()
-    for rep in reps:
-        gaps.step_gaps.extend(rep.scheduler.gaps.step_gaps)
-        gaps.other_gaps.extend(rep.scheduler.gaps.other_gaps)
+                    wall_time_s: float, shares_in: bool = False):
+    """The summary over every replica's steps (``_step_table``), and the merged timeline. ``shares_in``: the
+    table's slot columns are the shares already (``_step_table(only=..., shares=True)``)."""
+    gaps = joined_gaps([rep.scheduler.gaps for rep in reps])
     merged = _Merged(sum(r.scheduler.num_truncated for r in reps), sum(r.scheduler.num_preemptions for r in reps),
                      sum(r.scheduler.swapped_blocks for r in reps), gaps, reps[0].scheduler.timeout_s)
     # what summarize reads of the steps, each step's slots as a share of its own replica's capacity
     share = pd.DataFrame({"duration_s": steps["duration_s"].to_numpy(), "kv_usage": steps["kv_usage"].to_numpy(),
-                          **{c: _shares(steps[c].to_numpy(), reps, bounds) for c in SLOT_COLS}}, copy=False)
+                          **{c: steps[c].to_numpy() if shares_in else _shares(steps[c].to_numpy(), reps, bounds)
+                             for c in SLOT_COLS}}, copy=False)
     serving = [r for r in reps if r.role != "decode"]
     summary = summarize(reqs, share, merged, capacity_slots=1, wall_time_s=wall_time_s,
                         prefix_cache_hit_rate=_hit_rate(serving))

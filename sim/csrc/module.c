@@ -1,5 +1,5 @@
 /* The extension module sim._native: its method table (the functions live in pricing.c, requests.c,
-blocks.c, lane.c, recording.c and core.c; sim/native.py loads the module, or None where it was not built). */
+blocks.c, lane.c, recording.c, sorting.c and core.c; sim/native.py loads the module, or None where it was not built). */
 #include "native.h"
 
 static PyMethodDef methods[] = {
@@ -77,6 +77,10 @@ static PyMethodDef methods[] = {
      "h = hash((previous h, key)) from parent, the key of block j (first token s = start + j * step) being "
      "(tag, chunks[s // c], s % c) where chunks is a sequence, else (tag, a, s), or (tag, a, b, s) where b is not "
      "None (sim/workload/tokens.py block_hashes)."},
+    {"sort_pairs", kv_sort_pairs, METH_VARARGS,
+     "sort_pairs(x, w, xs_out, ws_out, limit) -> bool: xs_out, ws_out get x and w (float64) in the order of "
+     "np.argsort(x, kind=\"stable\"); False, nothing written, where x holds a NaN or more than limit distinct "
+     "values (sorting.c)."},
     {"run_core", kv_run_core, METH_VARARGS,
      "run_core(n, requests, arrivals, dest, lag, route, state, progress, every, counters, times, specs) -> "
      "[(error, records, totals), ...]: the whole run of one engine or of a colocated pool behind one arrival "

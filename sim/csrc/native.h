@@ -67,6 +67,8 @@ PyObject *kv_finish_counters(PyObject *self, PyObject *args);
 PyObject *kv_step_backs(PyObject *self, PyObject *args);
 PyObject *kv_put_columns(PyObject *self, PyObject *args);
 PyObject *kv_put_rows(PyObject *self, PyObject *args);
+/* sorting.c: weighted values that repeat, in a stable sort's order */
+PyObject *kv_sort_pairs(PyObject *self, PyObject *args);
 /* core.c: one engine's whole run (sim/engine_core.py) */
 PyObject *kv_run_core(PyObject *self, PyObject *args);
 

@@ -72,12 +72,38 @@ class StepGaps:
                 np.frombuffer(self.counts, dtype=np.int64) if self.counts else np.zeros(0, dtype=np.int64))
 
 
+class JoinedStepGaps:
+    """Several engines' ``StepGaps`` read as one, in their order (a cluster's summary): ``arrays()`` joins
+    their columns once, with no growing copy of each."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: list[StepGaps]) -> None:
+        self.parts = parts
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self.parts)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        pairs = [p.arrays() for p in self.parts]
+        return (np.concatenate([d for d, _ in pairs]) if pairs else np.zeros(0),
+                np.concatenate([c for _, c in pairs]) if pairs else np.zeros(0, dtype=np.int64))
+
+
 @dataclass
 class TokenGaps:
     """Inter-token gaps without one object per token: regular gaps (one step apart) are counted per step."""
 
     step_gaps: StepGaps = field(default_factory=StepGaps)                 # (step duration, tokens with that gap)
     other_gaps: array = field(default_factory=lambda: array("d"))        # gaps spanning a preemption or a pause
+
+
+def joined_gaps(parts: list[TokenGaps]) -> TokenGaps:
+    """The engines' gaps as one ``TokenGaps``: every regular gap in the engines' order, then every other
+    gap in the engines' order (what extending one by each in turn holds)."""
+    others = [np.frombuffer(g.other_gaps, dtype=np.float64) for g in parts if len(g.other_gaps)]
+    return TokenGaps(JoinedStepGaps([g.step_gaps for g in parts]),   # type: ignore[arg-type]
+                     np.concatenate(others) if others else np.zeros(0))   # type: ignore[arg-type]
 
 
 class Transitions:
