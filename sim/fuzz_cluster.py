@@ -125,8 +125,9 @@ def draw_cluster_scenario(rng: random.Random, index: int = 0) -> dict:
 
 def _data_parallel(index: int, data: dict) -> dict:
     """Sometimes (``DATA_PARALLEL_P``, a stream of its own: the other draws stay) the replicas as the 2 or 4
-    ranks of one data-parallel engine of tiny-deepseek (sim/cluster/data_parallel.py): ranks of 1 or 2 GPUs,
-    experts split or placed whole, a cache of its own size, what the group refuses dropped."""
+    ranks of one data-parallel engine of tiny-deepseek (sim/cluster/data_parallel.py), or 4 as two engines of
+    2 (``data_parallel_size``): ranks of 1 or 2 GPUs, experts split or placed whole, a cache of its own size,
+    what the group refuses dropped."""
     rng = random.Random(f"data-parallel:{index}")
     if rng.random() >= DATA_PARALLEL_P:
         return data
@@ -137,6 +138,8 @@ def _data_parallel(index: int, data: dict) -> dict:
     data["hardware"] = {**hw, "tensor_parallel": rng.choice([1, 2]), "pipeline_parallel": 1,
                         "expert_parallel": rng.random() < 0.5}
     data["cluster"].update(replicas=rng.choice([2, 4]), data_parallel=True)
+    if data["cluster"]["replicas"] == 4 and rng.random() < 0.5:
+        data["cluster"]["data_parallel_size"] = 2
     return _tiny_moe(data, original)
 
 
@@ -223,6 +226,22 @@ def check_cluster_outcome(result, scn, beams: bool = False) -> list[str]:
     spec = summary.get("speculative", {})   # (drafts rejected were computed and thrown away)
     rejected = spec.get("draft_tokens", 0) - spec.get("accepted_tokens", 0)
     bad += _check_steps(steps, result.replicas, done, reqs, beams, rejected)
+    if scn.cluster.data_parallel and len(steps):
+        bad += _check_lockstep(steps, scn.cluster.ranks_per_engine)
+    return bad
+
+
+def _check_lockstep(steps: pd.DataFrame, ranks: int) -> list[str]:
+    """A colocated fleet of data-parallel engines of ``ranks`` ranks each (replicas numbered engine after
+    engine): within an engine, the rows that start together last the same, and its group steps do not overlap."""
+    bad = []
+    for engine, rows in steps.groupby(steps["replica"] // ranks):
+        group = rows.groupby("start_s")["duration_s"]
+        if (group.nunique() != 1).any():
+            bad.append(f"engine {engine}: ranks' steps that start together last differently")
+        first = group.first().sort_index()
+        if (first.index.to_numpy()[1:] < (first.index + first).to_numpy()[:-1] - EPS).any():
+            bad.append(f"engine {engine}: group steps overlap")
     return bad
 
 

@@ -93,12 +93,12 @@ def hbm_budget_of(scn: Scenario, num_gpu: int) -> dict[str, int] | None:
 
 
 def data_parallel_size(scn: Scenario) -> int:
-    """The ranks of the scenario's data-parallel group (``cluster.data_parallel``: its replicas; a data-parallel
-    prefill or decode pool's scenario: the pool's), else 1."""
+    """The ranks of each of the scenario's data-parallel engines (``cluster.data_parallel``: its replicas, or
+    ``data_parallel_size`` of them; a data-parallel prefill or decode pool's scenario: the pool's), else 1."""
     if scn._pool_ranks > 1:
         return scn._pool_ranks
     cl = scn.cluster
-    return cl.replicas if cl is not None and cl.data_parallel else 1
+    return cl.ranks_per_engine if cl is not None else 1
 
 
 def draft_bytes(scn: Scenario) -> tuple[int, int]:

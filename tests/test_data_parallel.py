@@ -151,6 +151,10 @@ def test_same_seed_same_results(scenario: Path) -> None:
     (["cluster.replicas=3"], "does not divide mixtral-8x7b's MLP intermediate size"),
     (["kv_cache.prefix_caching=true", "kv_cache.cpu_offload_gib=4"], "with a host tier of the prefix cache is not"),
     (["cluster={groups: [{replicas: 2}], data_parallel: true}"], "given as replicas"),
+    (["cluster.data_parallel=false", "cluster.data_parallel_size=2"], "give it with data_parallel: true"),
+    (["cluster.replicas=6", "cluster.data_parallel_size=4"], "6 replicas do not split into engines of 4 ranks"),
+    (["cluster.replicas=16", "cluster.data_parallel_size=8", "hardware.tensor_parallel=2"],
+     "cluster.data_parallel_size: 8 ranks x 2 GPUs = 16 GPUs span nodes"),
 ])
 def test_settings_a_group_does_not_model_exit_2_in_one_line(scenario: Path, capsys, sets: list[str],
                                                              message: str) -> None:
@@ -309,3 +313,59 @@ def test_a_data_parallel_pool_is_refused_where_the_group_cannot_be(scenario: Pat
 def test_capacity_does_not_grow_a_data_parallel_pool_as_a_fleet(scenario: Path, capsys) -> None:
     assert main(["capacity", str(scenario), "--slo", "ttft_p90=0.1", "--set", f"cluster={PD}"]) == 2
     assert "--search: replicas: a data-parallel engine's replicas are its ranks" in capsys.readouterr().err
+
+
+FLEET = ["cluster.replicas=4", "cluster.data_parallel_size=2"]   # two engines of two ranks each
+
+
+def test_each_rank_of_a_fleet_holds_its_engines_share_of_the_experts(scenario: Path) -> None:
+    """Four ranks as two engines of two: each rank holds half of every expert (not a quarter, as one engine
+    of the four would)."""
+    usable = 80 * GiB * 0.9
+    block = 16 * 32 * 2 * 8 * 128 * 2
+    for sets, share in ((FLEET, 1 / 2), (["cluster.replicas=4"], 1 / 4)):
+        weights = MIXTRAL.weight_bytes() - 32 * 8 * _expert_bytes_by_hand() * (1 - share)
+        assert gpu_blocks(load_scenario(scenario, sets)) == math.floor((usable * 0.95 - weights) / block)
+
+
+def test_the_engines_of_a_fleet_step_on_their_own(scenario: Path) -> None:
+    """Round-robin over four ranks, prompts of 100 and 300 tokens to engine 0's ranks and of 50 and 50 to engine
+    1's at t = 0, two output tokens each: each engine steps twice, its ranks together and padded to its own
+    largest batch only. Token slots 2 x 300 + 2 (engine 0) + 2 x 50 + 2 (engine 1) = 704, tokens 402 + 102:
+    padding 200 / 704."""
+    reqs = [{"arrival": 0.0, "prompt_len": p, "output_len": 2} for p in (100, 300, 50, 50)]
+    res = run_scenario(load_scenario(scenario, [*FLEET, "cluster.router.policy=round_robin",
+                                                f"workload={{requests: {reqs}}}"]), check_integrity=True)
+    dp = res.summary["cluster"]["data_parallel"]
+    assert (dp["engines"], dp["ranks"], dp["group_steps"], dp["dummy_rank_steps"]) == (2, 2, 4, 0)
+    assert dp["padding_share"] == pytest.approx(200 / 704, rel=1e-12)
+    steps = res.steps
+    assert sorted(steps["replica"].unique()) == [0, 1, 2, 3] and len(steps) == 8
+    first = steps[steps["start_s"] == 0.0].set_index("replica")["duration_s"]
+    assert first[0] == first[1] and first[2] == first[3]       # ranks of an engine last the same
+    assert first[2] < first[0]                                 # engine 1's 50-token prompts: a shorter pass
+    # engine 1 takes its second step when its own first ends, not when engine 0's does
+    second = steps[steps["start_s"] > 0].groupby(steps["replica"] // 2)["start_s"].min()
+    assert second[1] == pytest.approx(first[2], abs=1e-12) and second[0] == pytest.approx(first[0], abs=1e-12)
+    assert res.summary["num_finished"] == 4
+
+
+def test_capacity_adds_whole_engines(scenario: Path, capsys) -> None:
+    """--search replicas over engines of two ranks: every candidate a whole number of engines; the answer's
+    engines meet the SLOs in a plain run and one engine fewer does not."""
+    slos = {"ttft_p90": 0.08, "tpot_p90": 0.02}
+    assert main(["capacity", str(scenario), "--set", "cluster.data_parallel_size=2", "--workers", "2", "--json",
+                 *[a for name, v in slos.items() for a in ("--slo", f"{name}={v}")]]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    n = answer["engines"]
+    assert answer["replicas"] == 2 * n and n >= 2
+    assert all(c["replicas"] == 2 * c["engines"] for c in answer["candidates"])
+
+    def figures(engines: int) -> dict[str, float]:
+        reqs = run_scenario(load_scenario(scenario, [f"cluster.replicas={2 * engines}", "cluster.data_parallel_size=2"]),
+                            check_integrity=False).requests
+        done = reqs[reqs["status"] == "FINISHED"]
+        return {"ttft_p90": float(np.percentile(done["ttft_s"], 90)), "tpot_p90": float(np.percentile(done["tpot_s"], 90))}
+
+    assert all(v <= slos[k] for k, v in figures(n).items())
+    assert any(v > slos[k] for k, v in figures(n - 1).items())

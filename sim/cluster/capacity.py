@@ -233,22 +233,25 @@ def out_of_order(answer: dict[str, Any], key: str, more_is_harder: bool) -> list
             if c[key] > x and (c["meets"] if more_is_harder else not c["meets"])]
 
 
-def search_replicas(data: dict, run: Runner, max_replicas: int, workers: int, group: int | None = None
-                    ) -> dict[str, Any]:
+def search_replicas(data: dict, run: Runner, max_replicas: int, workers: int, group: int | None = None,
+                    per_engine: int = 1) -> dict[str, Any]:
     """The fewest replicas meeting the SLOs; every candidate's figures in ``candidates``. ``group``: of that
-    group of a mixed fleet (``cluster.groups``), the others as they are (the answer names it)."""
+    group of a mixed fleet (``cluster.groups``), the others as they are (the answer names it). ``per_engine``:
+    the replicas are ranks of data-parallel engines of that many (``cluster.data_parallel_size``): whole
+    engines are added, each candidate and the answer naming its ``engines`` too."""
     disagg = "prefill" in (data.get("cluster") or {})
-    seen: dict[int, dict[str, Any]] = {}
+    seen: dict[int, dict[str, Any]] = {}   # by the candidate's count of engines (of replicas: per_engine 1)
     key = "cluster__replicas" if group is None else f"cluster__groups__{group}__replicas"
+    max_units = max(1, max_replicas // per_engine)
 
     def try_totals(totals: list[int]) -> None:
         todo = [n for n in totals if n not in seen]
         if not todo:
             return
         if not disagg:
-            rows = run([_with(data, **{key: n}) for n in todo])
+            rows = run([_with(data, **{key: n * per_engine}) for n in todo])
             for n, row in zip(todo, rows):
-                seen[n] = {"replicas": n, **row}
+                seen[n] = {"replicas": n * per_engine, **({"engines": n} if per_engine > 1 else {}), **row}
             return
         jobs = [(n, p) for n in todo for p in range(1, n)]
         rows = run([_with(data, cluster__prefill__replicas=p, cluster__decode__replicas=n - p) for n, p in jobs])
@@ -261,13 +264,13 @@ def search_replicas(data: dict, run: Runner, max_replicas: int, workers: int, gr
     n = lo + 1
     while hi is None:                    # grow geometrically, `workers` candidates a round
         batch = []
-        while len(batch) < max(1, workers) and n <= max_replicas:
+        while len(batch) < max(1, workers) and n <= max_units:
             batch.append(n)
             n = n * 2 if n > 1 else 2
         if not batch:
             break
-        if batch[-1] < max_replicas and n > max_replicas and len(batch) < max(1, workers):
-            batch.append(max_replicas)
+        if batch[-1] < max_units and n > max_units and len(batch) < max(1, workers):
+            batch.append(max_units)
         try_totals(batch)
         for m in sorted(batch):
             if seen[m]["meets"]:
@@ -275,13 +278,13 @@ def search_replicas(data: dict, run: Runner, max_replicas: int, workers: int, gr
                 break
             lo = max(lo, m)
     if hi is None:
-        if max_replicas not in seen:
-            try_totals([max_replicas])
-            if seen[max_replicas]["meets"]:
-                hi = max_replicas
+        if max_units not in seen:
+            try_totals([max_units])
+            if seen[max_units]["meets"]:
+                hi = max_units
         if hi is None:
-            raise KvsimError("capacity", f"no fleet of up to {max_replicas} replicas meets the SLOs "
-                             "(raise --max, or relax the SLOs)")
+            fleet = f"{max_units * per_engine} replicas" + (f" ({max_units} engines)" if per_engine > 1 else "")
+            raise KvsimError("capacity", f"no fleet of up to {fleet} meets the SLOs (raise --max, or relax the SLOs)")
     while hi - lo > 1:                    # bisect: every known failure below every known success
         try_totals(_spread(lo, hi, max(1, workers), integer=True))
         for m in sorted(k for k in seen if lo < k < hi):
@@ -289,7 +292,9 @@ def search_replicas(data: dict, run: Runner, max_replicas: int, workers: int, gr
                 hi = m
                 break
             lo = m
-    answer: dict[str, Any] = {"replicas": hi}
+    answer: dict[str, Any] = {"replicas": hi * per_engine}
+    if per_engine > 1:
+        answer["engines"] = hi
     if group is not None:
         answer["group"] = group
     if disagg:

@@ -9,6 +9,7 @@ Three shapes, exclusive:
     cluster: {prefill: {replicas: 2}, decode: {replicas: 6},                          # disaggregated
               kv_transfer: {link: infiniband-400g}, router: {policy: least_requests}}
     cluster: {replicas: 8, data_parallel: true, router: {policy: dp_balance}}   # one data-parallel engine
+    cluster: {replicas: 16, data_parallel: true, data_parallel_size: 8}        # two engines of 8 ranks
 
 A pool, or a group of a mixed colocated fleet, may override ``hardware``, ``tensor_parallel``, ``kv_cache``
 and ``scheduler`` (the last two key by key over the scenario's own); one router spreads the requests over
@@ -147,6 +148,9 @@ class ClusterConfig(_Strict):
     # --data-parallel-size): attention on each rank's own requests, the expert layers over every rank's GPUs,
     # all ranks stepping together (sim/cluster/data_parallel.py)
     data_parallel: bool = False
+    # with data_parallel: the ranks of each engine (vLLM's --data-parallel-size); the replicas are then
+    # replicas / data_parallel_size such engines side by side behind the router (None: one engine of them all)
+    data_parallel_size: int | None = Field(default=None, ge=2)
 
     @model_validator(mode="after")
     def _shape(self) -> ClusterConfig:
@@ -166,6 +170,12 @@ class ClusterConfig(_Strict):
         if self.data_parallel and self.replicas is None:
             raise ValueError("data_parallel: the ranks of one data-parallel engine are given as replicas (N ranks), "
                              "or as a prefill or decode pool's replicas (prefill: {replicas: N, data_parallel: true})")
+        if self.data_parallel_size is not None and not self.data_parallel:
+            raise ValueError("data_parallel_size: the ranks of each data-parallel engine; give it with "
+                             "data_parallel: true")
+        if self.data_parallel_size is not None and self.replicas is not None and self.replicas % self.data_parallel_size:
+            raise ValueError(f"data_parallel_size: {self.replicas} replicas do not split into engines of "
+                             f"{self.data_parallel_size} ranks (give a multiple of it)")
         if self.groups is not None and any(g.data_parallel for g in self.groups):
             raise ValueError("groups: a mixed fleet's groups are plain replicas; data_parallel is for the cluster's "
                              "replicas or a prefill or decode pool")
@@ -174,6 +184,13 @@ class ClusterConfig(_Strict):
     @property
     def disaggregated(self) -> bool:
         return self.prefill is not None
+
+    @property
+    def ranks_per_engine(self) -> int:
+        """The ranks of each data-parallel engine of the cluster's replicas (``data_parallel``; 1: none)."""
+        if not self.data_parallel:
+            return 1
+        return self.data_parallel_size or int(self.replicas or 1)
 
     @property
     def num_replicas(self) -> int:

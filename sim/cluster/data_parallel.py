@@ -33,6 +33,7 @@ from sim.cluster.replica import Replica, build_replica
 from sim.cluster.results import ClusterResult, cluster_result
 from sim.cluster.routers import make_router
 from sim.errors import KvsimError
+from sim.executors.cost_model import CostModelExecutor
 from sim.executors.data_parallel import DataParallelPricer
 from sim.progress_bar import ProgressBar
 from sim.request import Request
@@ -72,7 +73,7 @@ def data_parallel_problem(scn: Scenario) -> tuple[str, str] | None:
     if cl is None:
         return None
     if cl.data_parallel:
-        return _settings_problem(scn, cl.replicas or 1, "cluster")
+        return _settings_problem(scn, cl.ranks_per_engine, "cluster")
     if cl.disaggregated:
         from sim.cluster.replica import pool_scenario
 
@@ -91,7 +92,9 @@ def _settings_problem(scn: Scenario, ranks: int, where: str) -> tuple[str, str] 
     problem = group_problem(scn.model_spec, scn.hardware_spec, ranks)
     if problem is not None:
         what, why = problem
-        key = {"model": f"{where}.data_parallel", "ranks": f"{where}.replicas",
+        sized = where == "cluster" and scn.cluster.data_parallel_size is not None
+        ranks_key = f"{where}.data_parallel_size" if sized else f"{where}.replicas"
+        key = {"model": f"{where}.data_parallel", "ranks": ranks_key,
                "expert_parallel": "hardware.expert_parallel" if where == "cluster" else f"{where}.data_parallel"}[what]
         plain = "cluster.replicas" if where == "cluster" else f"the {where.split('.')[1]} pool"
         return key, why + (f" ({plain} without data_parallel)" if what == "model" else "")
@@ -212,14 +215,8 @@ class LockstepGroup:
         self._dummy += len(plans) - ran
 
     def stats(self) -> dict:
-        """What stepping together cost the run: the group's steps; the share of the token slots its padded
-        passes computed that were padding (every rank's batch padded to the largest, a dummy pass's all of
-        it); the share of the ranks' busy time spent waiting for the slowest rank; the rank-steps that were
-        dummy passes."""
-        return {"ranks": len(self.engines), "group_steps": self.num_steps,
-                "padding_share": 1.0 - self._tokens / self._slots if self._slots else 0.0,
-                "wait_share": self._wait_s / self._busy_s if self._busy_s else 0.0,
-                "dummy_rank_steps": self._dummy}
+        """What stepping together cost the run (``fleet_stats`` of this group alone)."""
+        return fleet_stats([self])
 
     def _plan(self, start: float, unrecorded: list[int]) -> tuple[list, bool]:
         """Each rank's plan at ``start`` (None: nothing to run, a dummy pass), and whether a rank whose plan came
@@ -259,19 +256,38 @@ class LockstepGroup:
         return plans, changed
 
 
-def build_group(scn: Scenario, ids: range, role: str, env: simpy.Environment, check: bool,
-                lag: float) -> tuple[list[Replica], LockstepGroup]:
-    """The ranks ``ids`` of one data-parallel engine of ``scn`` (the cluster's replicas, or a prefill or decode
-    pool's: ``role``), built as a pool's replicas (each rank's KV sized for its share of the experts:
-    sim.specs.rank_weight_bytes) sharing one pricer, and the ``LockstepGroup`` that drives them (not started)."""
-    from sim.executors.cost_model import CostModelExecutor, make_cost_model_executor
+def group_base(scn: Scenario) -> CostModelExecutor:
+    """The single engine's cost model that a data-parallel group of ``scn`` is priced over (its engine-level
+    terms required)."""
+    from sim.executors.cost_model import make_cost_model_executor
 
     base = make_cost_model_executor(model=scn.model_spec, hardware=scn.hardware_spec, config=scn.executor,
                                     kv=scn.kv_cache, base_dir=scn.base_dir, scheduler=scn.scheduler)
     if not isinstance(base, CostModelExecutor) or base.engine is None:
         raise KvsimError(f"{scn.source}: executor.calibration", "a data-parallel group is priced with the "
                          "engine-level terms, which this calibration does not have (the shipped ones do)")
-    pricer = DataParallelPricer(base, len(ids), scn.kv_cache.block_size)
+    return base
+
+
+def fleet_stats(groups: list[LockstepGroup]) -> dict:
+    """What stepping together cost the run, over one or several engines of equal ranks: the engines and each
+    one's ranks; their group steps, summed; the share of the token slots their padded passes computed that
+    were padding (every rank's batch padded to its engine's largest, a dummy pass's all of it); the share of
+    the ranks' busy time spent waiting for their engine's slowest rank; the rank-steps that were dummy passes."""
+    tokens, slots = sum(g._tokens for g in groups), sum(g._slots for g in groups)
+    busy, wait = sum(g._busy_s for g in groups), sum(g._wait_s for g in groups)
+    return {"engines": len(groups), "ranks": len(groups[0].engines), "group_steps": sum(g.num_steps for g in groups),
+            "padding_share": 1.0 - tokens / slots if slots else 0.0, "wait_share": wait / busy if busy else 0.0,
+            "dummy_rank_steps": sum(g._dummy for g in groups)}
+
+
+def build_group(scn: Scenario, ids: range, role: str, env: simpy.Environment, check: bool,
+                lag: float, base: CostModelExecutor | None = None) -> tuple[list[Replica], LockstepGroup]:
+    """The ranks ``ids`` of one data-parallel engine of ``scn`` (the cluster's replicas, or a prefill or decode
+    pool's: ``role``), built as a pool's replicas (each rank's KV sized for its share of the experts:
+    sim.specs.rank_weight_bytes) sharing one pricer, and the ``LockstepGroup`` that drives them (not started).
+    ``base``: the cost model to price over (``group_base``; several engines of one scenario share it)."""
+    pricer = DataParallelPricer(base or group_base(scn), len(ids), scn.kv_cache.block_size)
     pool = [build_replica(scn, i, role, env, check, lag, pricer) for i in ids]
     for rep in pool:
         rep.engine.multi_step = False
@@ -280,7 +296,8 @@ def build_group(scn: Scenario, ids: range, role: str, env: simpy.Environment, ch
 
 def run_data_parallel(scn: Scenario, workload: Workload, check: bool, lag: float, fe_out: float, fe_token: float,
                       t0: float, bar: ProgressBar | None = None, keep_steps: bool = True) -> ClusterResult:
-    """The group's run: its ranks (``build_group``), the cluster's router and arrivals, the ranks driven by one
+    """The engines' run: each engine's ranks (``build_group``; ``cluster.data_parallel_size`` of them, or every
+    replica), the cluster's router over every rank and the arrivals, each engine's ranks driven by its own
     ``LockstepGroup``."""
     from sim.cluster.runner import _arrivals, _check_released, _observed, _show_progress
 
@@ -288,7 +305,12 @@ def run_data_parallel(scn: Scenario, workload: Workload, check: bool, lag: float
     requests = workload.requests
     env = simpy.Environment()
     served: dict[int, int] = {}
-    pool, group = build_group(scn, range(int(cfg.replicas)), "colocated", env, check, lag)
+    size, base = cfg.ranks_per_engine, group_base(scn)
+    pool, groups = [], []
+    for first in range(0, int(cfg.replicas), size):
+        ranks, group = build_group(scn, range(first, first + size), "colocated", env, check, lag, base)
+        pool += ranks
+        groups.append(group)
     router = _observed(make_router(cfg.router, scn.seed), pool, requests, lag)
     if bar is not None:
         _show_progress(bar, pool, [])
@@ -304,12 +326,13 @@ def run_data_parallel(scn: Scenario, workload: Workload, check: bool, lag: float
         ClientPool.for_scenario(scn, [rep.engine for rep in pool], deliver, requests, lag).start()
     else:
         env.process(_arrivals(env, requests, lag, router, pool, Replica.submit, served))
-    group.start()
+    for group in groups:
+        group.start()
     env.run()
     _check_released(pool)
     res = cluster_result(scn, workload, pool, served, None, None, fe_out, fe_token, time.perf_counter() - t0, lag,
                          planned=planned, keep_steps=keep_steps)
-    res.summary["cluster"]["data_parallel"] = group.stats()
+    res.summary["cluster"]["data_parallel"] = fleet_stats(groups)
     res.profile["compiled_core"] = False
     return res
 

@@ -127,11 +127,12 @@ def _search_data(args: argparse.Namespace, overrides: list[str]) -> tuple[dict, 
         if not 0 <= args.group < len(groups):
             raise KvsimError("--group", f"the fleet has groups 0 .. {len(groups) - 1}, not {args.group}")
     elif args.search == "replicas" and isinstance(cl, dict) and (
-            cl.get("data_parallel") or any(isinstance(cl.get(k), dict) and cl[k].get("data_parallel")
-                                           for k in ("prefill", "decode"))):
+            (cl.get("data_parallel") and not cl.get("data_parallel_size"))
+            or any(isinstance(cl.get(k), dict) and cl[k].get("data_parallel") for k in ("prefill", "decode"))):
         raise KvsimError("--search", "replicas: a data-parallel engine's replicas are its ranks, one engine's size "
-                         "and not a fleet's; compare sizes with --vary (cluster.replicas=2,4,8, or a pool's, "
-                         "cluster.decode.replicas=4,8) and --search rate or concurrency")
+                         "and not a fleet's; to add whole engines, give each one's ranks (--set "
+                         "cluster.data_parallel_size=8), or compare sizes with --vary (cluster.replicas=2,4,8, or a "
+                         "pool's, cluster.decode.replicas=4,8) and --search rate or concurrency")
     elif args.search == "replicas" and groups is not None:
         raise KvsimError(f"{args.scenario}: cluster.groups", "a mixed fleet has no one replica count to search; "
                          "give --group I to grow group I, or use --search rate or concurrency")
@@ -139,6 +140,13 @@ def _search_data(args: argparse.Namespace, overrides: list[str]) -> tuple[dict, 
         overrides.append("cluster.replicas=1")            # e.g. only --set cluster.router.policy=...: a fleet
         apply_override(data, ["cluster", "replicas"], 1)
     return data, overrides
+
+
+def _per_engine(scn) -> int:
+    """The replicas a replicas search adds at a time: each data-parallel engine's ranks
+    (``cluster.data_parallel_size``), else 1."""
+    cl = scn.cluster
+    return cl.data_parallel_size if cl is not None and cl.data_parallel and cl.data_parallel_size else 1
 
 
 def _costs(texts: list[str]) -> dict[str, float] | None:
@@ -178,7 +186,7 @@ def main(args: argparse.Namespace) -> int:
     with parallel_runner(str(Path(args.scenario).parent), args.scenario, slos, workers=args.workers,
                          use_ray=args.ray is not None, ray_address=args.ray or None, seeds=args.seeds) as run:
         if args.search == "replicas":
-            answer = search_replicas(data, run, args.max or 64, args.workers, args.group)
+            answer = search_replicas(data, run, args.max or 64, args.workers, args.group, _per_engine(scn))
             x = "replicas"
         elif args.search == "concurrency":
             answer = search_concurrency(data, run, args.max or _num_requests(scn), args.workers)
@@ -193,7 +201,7 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print(summary_json(answer), end="")
     else:
-        cols = [x] + [c for c in ("prefill", "decode") if c in table] + [s.name for s in slos] + \
+        cols = [x] + [c for c in ("engines", "prefill", "decode") if c in table] + [s.name for s in slos] + \
             [f"attain_{s.name}" for s in slos] + ["meets"] + (["seeds_met"] if args.seeds > 1 else [])
         print(table[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
         slo_text = ", ".join(f"{s.name} <= {s.value:g} s" for s in slos)
@@ -205,6 +213,9 @@ def main(args: argparse.Namespace) -> int:
                   f"{slo_text}: {answer['replicas']} ({gpus_of(scn, answer)[0]} GPUs in the fleet)")
         elif x == "replicas":
             split = f" ({answer['prefill']} prefill + {answer['decode']} decode)" if "prefill" in answer else ""
+            if "engines" in answer:
+                e = answer["engines"]
+                split = f" ({e} data-parallel engine{'s' if e != 1 else ''} of {answer['replicas'] // e} ranks)"
             print(f"fewest replicas meeting {slo_text}: {answer['replicas']}{split}")
         elif x == "concurrency":
             print(f"highest concurrency meeting {slo_text}: {answer['concurrency']} requests in flight")
@@ -254,7 +265,7 @@ def _main_layouts(args: argparse.Namespace, slos: list[SLO]) -> int:
         def search(layout, data):
             scn = prepared[tuple(layout)][1]
             if key == "replicas":
-                return search_replicas(data, run, args.max or 64, args.workers, args.group)
+                return search_replicas(data, run, args.max or 64, args.workers, args.group, _per_engine(scn))
             if key == "concurrency":
                 return search_concurrency(data, run, args.max or _num_requests(scn), args.workers)
             return search_rate(data, run, _base_rate(scn), args.workers)
