@@ -145,8 +145,8 @@ def _data_parallel(index: int, data: dict) -> dict:
 
 def _data_parallel_pools(index: int, data: dict) -> dict:
     """Sometimes (``DATA_PARALLEL_P``, a stream of its own) the prefill pool, the decode pool or both as the 2 or
-    4 ranks of a data-parallel engine of tiny-deepseek, ranks of 1 or 2 GPUs on the scenario's hardware, a
-    cache of its own size, what the group refuses dropped."""
+    4 ranks of a data-parallel engine of tiny-deepseek (4 sometimes as two engines of 2), ranks of 1 or 2 GPUs
+    on the scenario's hardware, a cache of its own size, what the group refuses dropped."""
     rng = random.Random(f"data-parallel-pools:{index}")
     if rng.random() >= DATA_PARALLEL_P:
         return data
@@ -156,6 +156,8 @@ def _data_parallel_pools(index: int, data: dict) -> dict:
             pool = data["cluster"][role]
             pool.pop("hardware", None)
             pool.update(replicas=rng.choice([2, 4]), tensor_parallel=rng.choice([1, 2]), data_parallel=True)
+            if pool["replicas"] == 4 and rng.random() < 0.5:   # (two engines of two ranks)
+                pool["data_parallel_size"] = 2
     return _tiny_moe(data, original)
 
 
@@ -226,16 +228,23 @@ def check_cluster_outcome(result, scn, beams: bool = False) -> list[str]:
     spec = summary.get("speculative", {})   # (drafts rejected were computed and thrown away)
     rejected = spec.get("draft_tokens", 0) - spec.get("accepted_tokens", 0)
     bad += _check_steps(steps, result.replicas, done, reqs, beams, rejected)
-    if scn.cluster.data_parallel and len(steps):
-        bad += _check_lockstep(steps, scn.cluster.ranks_per_engine)
+    cl = scn.cluster
+    if cl.data_parallel and len(steps):
+        bad += _check_lockstep(steps, 0, cl.num_replicas, cl.ranks_per_engine)
+    if cl.disaggregated and len(steps):
+        for pool, first in ((cl.prefill, 0), (cl.decode, cl.prefill.replicas)):
+            if pool.data_parallel:
+                bad += _check_lockstep(steps, first, pool.replicas, pool.ranks_per_engine)
     return bad
 
 
-def _check_lockstep(steps: pd.DataFrame, ranks: int) -> list[str]:
-    """A colocated fleet of data-parallel engines of ``ranks`` ranks each (replicas numbered engine after
-    engine): within an engine, the rows that start together last the same, and its group steps do not overlap."""
+def _check_lockstep(steps: pd.DataFrame, first: int, count: int, ranks: int) -> list[str]:
+    """Data-parallel engines of ``ranks`` ranks each on replicas ``first`` .. ``first + count - 1`` (numbered
+    engine after engine): within an engine, the rows that start together last the same, and its group steps do
+    not overlap."""
     bad = []
-    for engine, rows in steps.groupby(steps["replica"] // ranks):
+    mine = steps[steps["replica"].between(first, first + count - 1)]
+    for engine, rows in mine.groupby((mine["replica"] - first) // ranks):
         group = rows.groupby("start_s")["duration_s"]
         if (group.nunique() != 1).any():
             bad.append(f"engine {engine}: ranks' steps that start together last differently")

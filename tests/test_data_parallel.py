@@ -369,3 +369,36 @@ def test_capacity_adds_whole_engines(scenario: Path, capsys) -> None:
 
     assert all(v <= slos[k] for k, v in figures(n).items())
     assert any(v > slos[k] for k, v in figures(n - 1).items())
+
+
+def test_a_decode_pool_of_two_data_parallel_engines(scenario: Path) -> None:
+    """The decode pool's four ranks as two engines of two: every request finishes, each engine's ranks step
+    together on their own (rows of an engine that start together last the same; the two engines' steps
+    do not all start together), each rank caches beside half of the experts."""
+    pd = {**PD, "decode": {"replicas": 4, "data_parallel": True, "data_parallel_size": 2}}
+    res = run_scenario(load_scenario(scenario, [f"cluster={pd}"]), check_integrity=True)
+    s = res.summary
+    assert s["num_finished"] == 120
+    dp = s["cluster"]["data_parallel"]["decode"]
+    assert (dp["engines"], dp["ranks"]) == (2, 2)
+    steps = res.steps[res.steps["replica"] >= 2]   # (replicas 0-1 prefill; 2-3 engine 0, 4-5 engine 1)
+    engine = steps["replica"] // 2
+    assert (steps.groupby([engine, "start_s"])["duration_s"].nunique() == 1).all()
+    assert set(steps.loc[engine == 1, "start_s"]) != set(steps.loc[engine == 2, "start_s"])
+    assert dp["group_steps"] == sum(steps.loc[engine == e, "start_s"].nunique() for e in (1, 2))
+    kv_token = 32 * 2 * 8 * 128 * 2
+    weights = MIXTRAL.weight_bytes() - 32 * 8 * _expert_bytes_by_hand() / 2
+    blocks = res.replicas.set_index("replica")["num_gpu_blocks"]
+    assert (blocks[2:] == math.floor((80 * GiB * 0.9 * 0.95 - weights) / (16 * kv_token))).all()
+
+
+@pytest.mark.parametrize("decode, message", [
+    ({"replicas": 4, "data_parallel_size": 2}, "give it with data_parallel: true"),
+    ({"replicas": 6, "data_parallel": True, "data_parallel_size": 4}, "6 replicas do not split into engines of 4"),
+    ({"replicas": 6, "data_parallel": True, "data_parallel_size": 3},
+     "cluster.decode.data_parallel_size: the expert layers split each expert over the group's 3 GPUs"),
+])
+def test_a_pools_engines_are_checked(scenario: Path, capsys, decode: dict, message: str) -> None:
+    assert main(["run", str(scenario), "--set", f"cluster={ {**PD, 'decode': decode} }"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err

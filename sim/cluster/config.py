@@ -10,6 +10,7 @@ Three shapes, exclusive:
               kv_transfer: {link: infiniband-400g}, router: {policy: least_requests}}
     cluster: {replicas: 8, data_parallel: true, router: {policy: dp_balance}}   # one data-parallel engine
     cluster: {replicas: 16, data_parallel: true, data_parallel_size: 8}        # two engines of 8 ranks
+    (a prefill or decode pool takes data_parallel and data_parallel_size too)
 
 A pool, or a group of a mixed colocated fleet, may override ``hardware``, ``tensor_parallel``, ``kv_cache``
 and ``scheduler`` (the last two key by key over the scenario's own); one router spreads the requests over
@@ -104,6 +105,16 @@ def _check_partial(section: str, v: dict[str, Any] | None) -> dict[str, Any] | N
     return v
 
 
+def _check_engines(data_parallel: bool, size: int | None, replicas: int | None) -> None:
+    """``data_parallel_size`` (the ranks of each data-parallel engine) only with ``data_parallel``, and
+    dividing the replicas."""
+    if size is not None and not data_parallel:
+        raise ValueError("data_parallel_size: the ranks of each data-parallel engine; give it with data_parallel: true")
+    if size is not None and replicas is not None and replicas % size:
+        raise ValueError(f"data_parallel_size: {replicas} replicas do not split into engines of {size} ranks "
+                         "(give a multiple of it)")
+
+
 class PoolConfig(_Strict):
     """One pool of identical replicas: prefill, decode, or a group of a mixed colocated fleet."""
 
@@ -112,8 +123,20 @@ class PoolConfig(_Strict):
     tensor_parallel: int | None = Field(default=None, ge=1)
     kv_cache: dict[str, Any] | None = None
     scheduler: dict[str, Any] | None = None
-    # a prefill or decode pool's replicas as the ranks of one data-parallel engine (sim/cluster/data_parallel.py)
+    # a prefill or decode pool's replicas as the ranks of one data-parallel engine (sim/cluster/data_parallel.py),
+    # or of several of data_parallel_size ranks each
     data_parallel: bool = False
+    data_parallel_size: int | None = Field(default=None, ge=2)
+
+    @model_validator(mode="after")
+    def _engines(self) -> PoolConfig:
+        _check_engines(self.data_parallel, self.data_parallel_size, self.replicas)
+        return self
+
+    @property
+    def ranks_per_engine(self) -> int:
+        """The ranks of each data-parallel engine of the pool (``data_parallel``; 1: none)."""
+        return (self.data_parallel_size or self.replicas) if self.data_parallel else 1
 
     @field_validator("hardware", mode="before")
     @classmethod
@@ -170,12 +193,7 @@ class ClusterConfig(_Strict):
         if self.data_parallel and self.replicas is None:
             raise ValueError("data_parallel: the ranks of one data-parallel engine are given as replicas (N ranks), "
                              "or as a prefill or decode pool's replicas (prefill: {replicas: N, data_parallel: true})")
-        if self.data_parallel_size is not None and not self.data_parallel:
-            raise ValueError("data_parallel_size: the ranks of each data-parallel engine; give it with "
-                             "data_parallel: true")
-        if self.data_parallel_size is not None and self.replicas is not None and self.replicas % self.data_parallel_size:
-            raise ValueError(f"data_parallel_size: {self.replicas} replicas do not split into engines of "
-                             f"{self.data_parallel_size} ranks (give a multiple of it)")
+        _check_engines(self.data_parallel, self.data_parallel_size, self.replicas)
         if self.groups is not None and any(g.data_parallel for g in self.groups):
             raise ValueError("groups: a mixed fleet's groups are plain replicas; data_parallel is for the cluster's "
                              "replicas or a prefill or decode pool")
@@ -188,9 +206,7 @@ class ClusterConfig(_Strict):
     @property
     def ranks_per_engine(self) -> int:
         """The ranks of each data-parallel engine of the cluster's replicas (``data_parallel``; 1: none)."""
-        if not self.data_parallel:
-            return 1
-        return self.data_parallel_size or int(self.replicas or 1)
+        return (self.data_parallel_size or int(self.replicas or 1)) if self.data_parallel else 1
 
     @property
     def num_replicas(self) -> int:

@@ -73,26 +73,27 @@ def data_parallel_problem(scn: Scenario) -> tuple[str, str] | None:
     if cl is None:
         return None
     if cl.data_parallel:
-        return _settings_problem(scn, cl.ranks_per_engine, "cluster")
+        return _settings_problem(scn, cl.ranks_per_engine, "cluster", cl.data_parallel_size is not None)
     if cl.disaggregated:
         from sim.cluster.replica import pool_scenario
 
         for role in ("prefill", "decode"):
             pool = getattr(cl, role)
             if pool.data_parallel:
-                problem = _settings_problem(pool_scenario(scn, pool), pool.replicas, f"cluster.{role}")
+                problem = _settings_problem(pool_scenario(scn, pool), pool.ranks_per_engine, f"cluster.{role}",
+                                            pool.data_parallel_size is not None)
                 if problem is not None:
                     return problem
     return None
 
 
-def _settings_problem(scn: Scenario, ranks: int, where: str) -> tuple[str, str] | None:
+def _settings_problem(scn: Scenario, ranks: int, where: str, sized: bool) -> tuple[str, str] | None:
     """(key, why) where ``ranks`` ranks of ``scn``'s hardware cannot be one data-parallel engine of its model, or
-    its settings are ones a group is not modelled with; ``where``: the cluster section the ranks are given in."""
+    its settings are ones a group is not modelled with; ``where``: the cluster section the ranks are given in,
+    ``sized``: as its ``data_parallel_size`` (else as its replicas)."""
     problem = group_problem(scn.model_spec, scn.hardware_spec, ranks)
     if problem is not None:
         what, why = problem
-        sized = where == "cluster" and scn.cluster.data_parallel_size is not None
         ranks_key = f"{where}.data_parallel_size" if sized else f"{where}.replicas"
         key = {"model": f"{where}.data_parallel", "ranks": ranks_key,
                "expert_parallel": "hardware.expert_parallel" if where == "cluster" else f"{where}.data_parallel"}[what]

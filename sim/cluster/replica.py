@@ -41,7 +41,7 @@ def pool_scenario(scn: Scenario, pool: PoolConfig | None) -> Scenario:
     sub = scn.model_copy(update=update)
     sub._base_dir = scn.base_dir
     sub._source = scn.source
-    sub._pool_ranks = pool.replicas if pool.data_parallel else 1
+    sub._pool_ranks = pool.ranks_per_engine
     return sub
 
 

@@ -292,7 +292,7 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
     p_scn, d_scn = pool_scenario(scn, cfg.prefill), pool_scenario(scn, cfg.decode)
     _check_disaggregated(scn, [p_scn, d_scn], requests)
     n_p = cfg.prefill.replicas
-    groups: dict[str, Any] = {}   # a data-parallel pool's LockstepGroup, by role (sim/cluster/data_parallel.py)
+    groups: dict[str, list] = {}   # a data-parallel pool's LockstepGroups, by role (sim/cluster/data_parallel.py)
     prefill = _build_pool(p_scn, cfg.prefill, range(n_p), "prefill", env, check, lag, groups)
     decode = _build_pool(d_scn, cfg.decode, range(n_p, n_p + cfg.decode.replicas), "decode", env, check, 0.0, groups)
     bw, lat = cfg.link.bandwidth_latency()
@@ -339,12 +339,9 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
                                 answers=[on_prefill] * len(prefill) + [None] * len(decode)).start()
     else:
         env.process(_arrivals(env, requests, lag, router, prefill, handoff.submit_prefill, served))
-    loops = [groups["prefill"].start()] if "prefill" in groups else [rep.engine.start() for rep in prefill]
-    if "decode" in groups:
-        groups["decode"].start()
-    else:
-        for rep in decode:
-            rep.engine.start()
+    loops = [g.start() for g in groups["prefill"]] if "prefill" in groups else [rep.engine.start() for rep in prefill]
+    for loop in groups["decode"] if "decode" in groups else [rep.engine for rep in decode]:
+        loop.start()
     env.process(handoff.close_after(loops))
     try:
         env.run()
@@ -357,20 +354,28 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
     res = cluster_result(scn, workload, prefill + decode, served, handoff, link, fe_out, fe_token,
                          time.perf_counter() - t0, lag, planned=planned, keep_steps=keep_steps)
     if groups:
-        res.summary["cluster"]["data_parallel"] = {role: group.stats() for role, group in groups.items()}
+        from sim.cluster.data_parallel import fleet_stats
+
+        res.summary["cluster"]["data_parallel"] = {role: fleet_stats(engines) for role, engines in groups.items()}
     res.profile["compiled_core"] = False
     return res
 
 
 def _build_pool(scn: Scenario, pool: Any, ids: range, role: str, env: simpy.Environment, check: bool, lag: float,
-                groups: dict[str, Any]) -> list[Replica]:
+                groups: dict[str, list]) -> list[Replica]:
     """A prefill or decode pool's replicas: as ``build_pool`` builds them, or, for a data-parallel pool, the
-    ranks of one engine, their ``LockstepGroup`` put in ``groups`` under ``role``."""
+    ranks of its engines (``data_parallel_size`` each, or all of them one), their ``LockstepGroup``s put in
+    ``groups`` under ``role``."""
     if not pool.data_parallel:
         return build_pool(scn, ids, role, env, check, lag)
-    from sim.cluster.data_parallel import build_group
+    from sim.cluster.data_parallel import build_group, group_base
 
-    reps, groups[role] = build_group(scn, ids, role, env, check, lag)
+    reps, groups[role] = [], []
+    size, base = pool.ranks_per_engine, group_base(scn)
+    for first in range(ids.start, ids.stop, size):
+        ranks, group = build_group(scn, range(first, first + size), role, env, check, lag, base)
+        reps += ranks
+        groups[role].append(group)
     return reps
 
 
