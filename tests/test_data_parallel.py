@@ -402,3 +402,10 @@ def test_a_pools_engines_are_checked(scenario: Path, capsys, decode: dict, messa
     assert main(["run", str(scenario), "--set", f"cluster={ {**PD, 'decode': decode} }"]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_capacity_max_below_one_engine_exits_2(scenario: Path, capsys) -> None:
+    assert main(["capacity", str(scenario), "--set", "cluster.data_parallel_size=2", "--slo", "ttft_p90=0.1",
+                 "--max", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--max: 1 replicas hold no whole data-parallel engine of 2 ranks" in err and len(err.strip().splitlines()) == 1

@@ -242,7 +242,9 @@ def search_replicas(data: dict, run: Runner, max_replicas: int, workers: int, gr
     disagg = "prefill" in (data.get("cluster") or {})
     seen: dict[int, dict[str, Any]] = {}   # by the candidate's count of engines (of replicas: per_engine 1)
     key = "cluster__replicas" if group is None else f"cluster__groups__{group}__replicas"
-    max_units = max(1, max_replicas // per_engine)
+    if max_replicas < per_engine:
+        raise KvsimError("--max", f"{max_replicas} replicas hold no whole data-parallel engine of {per_engine} ranks")
+    max_units = max_replicas // per_engine
 
     def try_totals(totals: list[int]) -> None:
         todo = [n for n in totals if n not in seen]
@@ -283,7 +285,8 @@ def search_replicas(data: dict, run: Runner, max_replicas: int, workers: int, gr
             if seen[max_units]["meets"]:
                 hi = max_units
         if hi is None:
-            fleet = f"{max_units * per_engine} replicas" + (f" ({max_units} engines)" if per_engine > 1 else "")
+            engines = f" ({max_units} engine{'s' if max_units != 1 else ''})" if per_engine > 1 else ""
+            fleet = f"{max_units * per_engine} replicas{engines}"
             raise KvsimError("capacity", f"no fleet of up to {fleet} meets the SLOs (raise --max, or relax the SLOs)")
     while hi - lo > 1:                    # bisect: every known failure below every known success
         try_totals(_spread(lo, hi, max(1, workers), integer=True))
