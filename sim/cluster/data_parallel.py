@@ -295,6 +295,19 @@ def build_group(scn: Scenario, ids: range, role: str, env: simpy.Environment, ch
     return pool, LockstepGroup(env, pool, pricer, scn.scheduler.max_steps_without_progress, check)
 
 
+def build_engines(scn: Scenario, ids: range, size: int, role: str, env: simpy.Environment, check: bool,
+                  lag: float) -> tuple[list[Replica], list[LockstepGroup]]:
+    """The replicas ``ids`` as data-parallel engines of ``size`` ranks each (``build_group``, engine after
+    engine, over one base cost model), and their ``LockstepGroup``s (not started)."""
+    base = group_base(scn)
+    reps, groups = [], []
+    for first in range(ids.start, ids.stop, size):
+        ranks, group = build_group(scn, range(first, first + size), role, env, check, lag, base)
+        reps += ranks
+        groups.append(group)
+    return reps, groups
+
+
 def run_data_parallel(scn: Scenario, workload: Workload, check: bool, lag: float, fe_out: float, fe_token: float,
                       t0: float, bar: ProgressBar | None = None, keep_steps: bool = True) -> ClusterResult:
     """The engines' run: each engine's ranks (``build_group``; ``cluster.data_parallel_size`` of them, or every
@@ -306,12 +319,7 @@ def run_data_parallel(scn: Scenario, workload: Workload, check: bool, lag: float
     requests = workload.requests
     env = simpy.Environment()
     served: dict[int, int] = {}
-    size, base = cfg.ranks_per_engine, group_base(scn)
-    pool, groups = [], []
-    for first in range(0, int(cfg.replicas), size):
-        ranks, group = build_group(scn, range(first, first + size), "colocated", env, check, lag, base)
-        pool += ranks
-        groups.append(group)
+    pool, groups = build_engines(scn, range(int(cfg.replicas)), cfg.ranks_per_engine, "colocated", env, check, lag)
     router = _observed(make_router(cfg.router, scn.seed), pool, requests, lag)
     if bar is not None:
         _show_progress(bar, pool, [])

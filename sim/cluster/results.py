@@ -72,9 +72,8 @@ def _step_table(reps: list[Replica], only: list[str] | None = None,
     """Every replica's per-step table (``steps_frame`` and ``kv_bytes_used``), one replica after another,
     each recorder read once straight into its rows and released; with several replicas, tagged with
     ``replica`` after ``step``, and a column some replica lacks is NaN in its rows (pd.concat's outer join).
-    ``only``: just these columns, no ``step`` nor ``replica``. ``shares`` (with ``only``, for
-    ``_merged_summary``): the slot columns as each step's share of its replica's capacity_slots (``_shares``,
-    float64). Also the row offsets: replica i's rows are ``bounds[i]:bounds[i + 1]``."""
+    ``only``: just these columns, no ``step`` nor ``replica``. ``shares`` (a table for ``_merged_summary``
+    alone): the slot columns as each step's share of its replica's capacity_slots (``_shares``, float64). Also the row offsets: replica i's rows are ``bounds[i]:bounds[i + 1]``."""
     recs = [rep.engine.recorder for rep in reps]
     lengths = [rec.num_steps for rec in recs]
     bounds = [0, *itertools.accumulate(lengths)]
@@ -88,7 +87,7 @@ def _step_table(reps: list[Replica], only: list[str] | None = None,
             cols["replica"] = np.repeat(np.array([r.replica_id for r in reps], dtype=np.int64), lengths)
         del starts
     everywhere = set.intersection(*(set(c) for c in own))
-    floats = set(SLOT_COLS) if shares and only is not None else set()
+    floats = set(SLOT_COLS) if shares else set()
     cols.update((name, np.empty(bounds[-1], dtype=_dtype(name) if name in everywhere and name not in floats
                                 else np.float64)) for name in names)
     for rep, rec, at, has in zip(reps, recs, bounds, own):
@@ -193,7 +192,8 @@ def cluster_result(scn, workload, reps: list[Replica], served: dict[int, int], h
     if planned is not None:
         add_client_waits(reqs, planned)
     add_sample_columns(reqs, workload.origin)
-    steps, bounds = _step_table(reps, None if keep_steps else SUMMARY_STEP_COLUMNS, shares=len(reps) > 1)
+    shares = len(reps) > 1 and not keep_steps   # (a table the merged summary alone reads: its slots as shares)
+    steps, bounds = _step_table(reps, None if keep_steps else SUMMARY_STEP_COLUMNS, shares=shares)
     if len(reps) == 1:   # the single engine's summary, built exactly as sim/runner.py builds it
         rep = reps[0]
         manager, sched = rep.manager, rep.scheduler
@@ -209,8 +209,7 @@ def cluster_result(scn, workload, reps: list[Replica], served: dict[int, int], h
                                                                             rep.block_size)))
         timeline = sched.timeline_frame() if hasattr(sched, "timeline_frame") else None
     else:
-        summary, timeline = _merged_summary(scn, reqs, reps, steps, bounds, handoff, wall_time_s,
-                                            shares_in=not keep_steps)
+        summary, timeline = _merged_summary(scn, reqs, reps, steps, bounds, handoff, wall_time_s, shares_in=shares)
     ids = reqs["req_id"].to_numpy()
     pre = np.array([served.get(int(i), -1) for i in ids], dtype=np.int64)
     if handoff is not None:

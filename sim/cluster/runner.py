@@ -368,14 +368,9 @@ def _build_pool(scn: Scenario, pool: Any, ids: range, role: str, env: simpy.Envi
     ``groups`` under ``role``."""
     if not pool.data_parallel:
         return build_pool(scn, ids, role, env, check, lag)
-    from sim.cluster.data_parallel import build_group, group_base
+    from sim.cluster.data_parallel import build_engines
 
-    reps, groups[role] = [], []
-    size, base = pool.ranks_per_engine, group_base(scn)
-    for first in range(ids.start, ids.stop, size):
-        ranks, group = build_group(scn, range(first, first + size), role, env, check, lag, base)
-        reps += ranks
-        groups[role].append(group)
+    reps, groups[role] = build_engines(scn, ids, pool.ranks_per_engine, role, env, check, lag)
     return reps
 
 
