@@ -652,6 +652,9 @@ def test_compiled_sort_pairs_is_numpys_stable_order():
     xs, ws = np.full(5_000, 9.0), np.full(5_000, 9.0)
     assert not native.sort_pairs(many, many, xs, ws, 4_999) and (xs == 9.0).all() and (ws == 9.0).all()
     assert native.sort_pairs(many, many, xs, ws, 5_000) and np.array_equal(xs, np.sort(many))
+    spread = rng.random(70_000)   # nearly all distinct: given up after the first 65,536 whatever the limit
+    out = np.full(70_000, 9.0)
+    assert not native.sort_pairs(spread, spread, out, out.copy(), 70_000) and (out == 9.0).all()
     nan = np.array([1.0, np.nan, 0.5])
     out = np.full(3, 9.0)
     assert not native.sort_pairs(nan, nan, out, out.copy(), 3) and (out == 9.0).all()

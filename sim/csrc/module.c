@@ -80,7 +80,7 @@ static PyMethodDef methods[] = {
     {"sort_pairs", kv_sort_pairs, METH_VARARGS,
      "sort_pairs(x, w, xs_out, ws_out, limit) -> bool: xs_out, ws_out get x and w (float64) in the order of "
      "np.argsort(x, kind=\"stable\"); False, nothing written, where x holds a NaN or more than limit distinct "
-     "values (sorting.c)."},
+     "values, or where 60% of its first 65,536 are distinct (sorting.c)."},
     {"run_core", kv_run_core, METH_VARARGS,
      "run_core(n, requests, arrivals, dest, lag, route, state, progress, every, counters, times, specs) -> "
      "[(error, records, totals), ...]: the whole run of one engine or of a colocated pool behind one arrival "

@@ -81,7 +81,7 @@ static int groups_grow(Groups *t)
 }
 
 /* the pairs' order into xs_out, ws_out; 0 where there are more than ``limit`` distinct values or a NaN
-(nothing written), -1 on a memory error */
+(nothing written; also where 60% of the first 65,536 are distinct), -1 on a memory error */
 static int sort_pairs(const double *x, const double *w, Py_ssize_t n, Py_ssize_t limit, double *xs_out,
                       double *ws_out)
 {
@@ -95,8 +95,11 @@ static int sort_pairs(const double *x, const double *w, Py_ssize_t n, Py_ssize_t
         goto done;
     int32_t groups = 0;
     ok = 0;
+    /* values nearly all distinct give up early: after the first 65,536, more than 60% of them distinct (a run's
+       durations repeat more and more as it goes on: 27% there for 5% in all on the Azure hour's 8 replicas) */
+    const Py_ssize_t probe = 65536;
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (isnan(x[i]))
+        if (isnan(x[i]) || (i == probe && (int64_t)groups * 5 > (int64_t)probe * 3))
             goto done;
         const uint64_t key = key_of(x[i]);
         size_t h = groups_slot(&table, key);
