@@ -363,7 +363,8 @@ data-parallel run checks these figures (README, Data-parallel attention)."""),
     ("md", """## 11. How many nodes: a fleet of data-parallel engines
 
 `cluster.data_parallel_size: 8` makes the replicas engines of eight ranks each (one node of eight H200s
-apiece), each stepping on its own, and `--search replicas` then adds whole engines. The same 2,000 requests
+apiece), each stepping on its own, the scenario's router (`dp_balance`) picking the engine and each
+engine's own balancer its rank, and `--search replicas` then adds whole engines. The same 2,000 requests
 at ten times their rate, TTFT p90 under 1 s and TPOT p90 under 100 ms: how many nodes as data-parallel
 engines, and how many as TP 8 replicas?"""),
     ("code", r"""slos = ["--slo", "ttft_p90=1", "--slo", "tpot_p90=0.1"]
@@ -390,7 +391,7 @@ show(fig, "data_parallel_fleet.png")"""),
     ("md", """On one or two nodes the data-parallel engines queue less than TP 8 (their cache holds more: TTFT p90 2.7
 and 1.7 s against 64 and 14 s), but their decode is slow: each rank's every step reads its whole copy of the
 attention and dense weights and waits for its engine's busiest rank, whose prefill chunk pads every rank's
-batch. TPOT p90 falls with each node added yet stays above TP 8's, and six engines (48 GPUs) are needed
+batch. TPOT p90 falls with each node added yet stays above TP 8's, and eight engines (64 GPUs) are needed
 where three TP 8 replicas (24 GPUs) meet both bounds. The same caveat holds: no measured data-parallel run checks these figures."""),
 ]
 

@@ -329,11 +329,12 @@ def test_each_rank_of_a_fleet_holds_its_engines_share_of_the_experts(scenario: P
 
 
 def test_the_engines_of_a_fleet_step_on_their_own(scenario: Path) -> None:
-    """Round-robin over four ranks, prompts of 100 and 300 tokens to engine 0's ranks and of 50 and 50 to engine
-    1's at t = 0, two output tokens each: each engine steps twice, its ranks together and padded to its own
-    largest batch only. Token slots 2 x 300 + 2 (engine 0) + 2 x 50 + 2 (engine 1) = 704, tokens 402 + 102:
-    padding 200 / 704."""
-    reqs = [{"arrival": 0.0, "prompt_len": p, "output_len": 2} for p in (100, 300, 50, 50)]
+    """Round-robin over the two engines, each engine's balancer over its two ranks (``test_a_fleet_routes_
+    to_an_engine_then_to_its_rank``: requests 0-3 to replicas 0, 2, 1, 3), prompts of 100 and 300 tokens to
+    engine 0's ranks and of 50 and 50 to engine 1's at t = 0, two output tokens each: each engine steps
+    twice, its ranks together and padded to its own largest batch only. Token slots 2 x 300 + 2 (engine 0)
+    + 2 x 50 + 2 (engine 1) = 704, tokens 402 + 102: padding 200 / 704."""
+    reqs = [{"arrival": 0.0, "prompt_len": p, "output_len": 2} for p in (100, 50, 300, 50)]
     res = run_scenario(load_scenario(scenario, [*FLEET, "cluster.router.policy=round_robin",
                                                 f"workload={{requests: {reqs}}}"]), check_integrity=True)
     dp = res.summary["cluster"]["data_parallel"]
@@ -409,3 +410,44 @@ def test_capacity_max_below_one_engine_exits_2(scenario: Path, capsys) -> None:
                  "--max", "1"]) == 2
     err = capsys.readouterr().err
     assert "--max: 1 replicas hold no whole data-parallel engine of 2 ranks" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_fleet_routes_to_an_engine_then_to_its_rank(scenario: Path) -> None:
+    """Two engines of two ranks behind round_robin, four requests at t = 0: the gateway alternates engines
+    (0, 1, 0, 1); each engine's balancer reads its ranks' counts once (all idle) and counts what it sends as
+    waiting: its first request to its rank 0, its second to its rank 1. Replicas 0, 2, 1, 3, where round-robin
+    over the ranks themselves would give 0, 1, 2, 3."""
+    reqs = [{"arrival": 0.0, "prompt_len": 40, "output_len": 3} for _ in range(4)]
+    res = run_scenario(load_scenario(scenario, [*FLEET, "cluster.router.policy=round_robin",
+                                                f"workload={{requests: {reqs}}}"]))
+    assert res.requests.sort_values("req_id")["replica"].tolist() == [0, 2, 1, 3]
+
+
+def test_an_engine_reads_as_the_sum_of_its_ranks() -> None:
+    """``EngineView``: load, running and submissions summed over its ranks, KV usage their mean, the cached
+    prefix the longest any rank holds."""
+    from sim.cluster.engine_fleet import EngineView
+
+    class Rank:
+        def __init__(self, load: int, running: int, usage: float, cached: int, submitted: int) -> None:
+            self._load, self._running, self._usage, self._cached = load, running, usage, cached
+            self.submitted, self.block_size = submitted, 16
+
+        def load(self) -> int:
+            return self._load
+
+        def running(self) -> int:
+            return self._running
+
+        def kv_usage(self) -> float:
+            return self._usage
+
+        def cached_prefix_blocks(self, req, hashes) -> int:
+            return self._cached
+
+        def has_prefix_cache(self) -> bool:
+            return self._cached > 0
+
+    view = EngineView([Rank(3, 2, 0.5, 0, 7), Rank(5, 1, 0.25, 4, 9)])
+    assert (view.load(), view.running(), view.submitted, view.kv_usage()) == (8, 3, 16, 0.375)
+    assert view.cached_prefix_blocks(None, []) == 4 and view.has_prefix_cache() and view.block_size == 16

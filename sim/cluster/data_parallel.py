@@ -29,6 +29,7 @@ import time
 import simpy
 
 from sim.clients import ClientPool, planned_arrivals
+from sim.cluster.engine_fleet import engine_router
 from sim.cluster.replica import Replica, build_replica
 from sim.cluster.results import ClusterResult, cluster_result
 from sim.cluster.routers import make_router
@@ -320,7 +321,8 @@ def run_data_parallel(scn: Scenario, workload: Workload, check: bool, lag: float
     env = simpy.Environment()
     served: dict[int, int] = {}
     pool, groups = build_engines(scn, range(int(cfg.replicas)), cfg.ranks_per_engine, "colocated", env, check, lag)
-    router = _observed(make_router(cfg.router, scn.seed), pool, requests, lag)
+    router = _observed(engine_router(make_router(cfg.router, scn.seed), len(pool), cfg.ranks_per_engine), pool,
+                       requests, lag)
     if bar is not None:
         _show_progress(bar, pool, [])
     planned = None

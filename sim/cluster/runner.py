@@ -34,6 +34,7 @@ import simpy
 from sim.clients import ClientPool, core_client, in_send_order, planned_arrivals
 from sim.cluster.disagg import Handoff
 from sim.cluster.disagg_core import disagg_supported, run_disaggregated
+from sim.cluster.engine_fleet import FleetRouter, engine_router
 from sim.cluster.link import KVLink
 from sim.cluster.replica import Replica, build_pool, check_released, pool_scenario
 from sim.cluster.results import ClusterResult, cluster_result
@@ -297,10 +298,14 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
     decode = _build_pool(d_scn, cfg.decode, range(n_p, n_p + cfg.decode.replicas), "decode", env, check, 0.0, groups)
     bw, lat = cfg.link.bandwidth_latency()
     link = KVLink(env, bw, lat)
-    handoff = Handoff(env, decode, make_router(cfg.router, scn.seed + 1), link, scn.model_spec.kv_bytes_per_token(),
+    to_decode = engine_router(make_router(cfg.router, scn.seed + 1), len(decode), cfg.decode.ranks_per_engine)
+    if isinstance(to_decode, FleetRouter):   # (its engines' views and balancers; the handoff attaches no router)
+        to_decode.attach(decode)
+    handoff = Handoff(env, decode, to_decode, link, scn.model_spec.kv_bytes_per_token(),
                       pull=cfg.link.mode == "pull", layers=scn.model_spec.num_layers if cfg.link.layerwise else 0,
                       timeout_s=scn.workload.timeout_s)
-    router = _observed(make_router(cfg.router, scn.seed), prefill, requests, lag)
+    router = _observed(engine_router(make_router(cfg.router, scn.seed), n_p, cfg.prefill.ranks_per_engine), prefill,
+                       requests, lag)
     if not groups and disagg_supported(prefill, decode, requests, router, handoff.router,
                                        bool(scn.workload.max_concurrency)):
         clients = scn.workload.max_concurrency   # a client with a concurrency limit (sim/clients.py)
