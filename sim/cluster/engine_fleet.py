@@ -66,8 +66,8 @@ class FleetRouter(Router):
 
     name = "fleet"
 
-    def __init__(self, gateway: Router, size: int, seed: int) -> None:
-        super().__init__(gateway.config, seed)
+    def __init__(self, gateway: Router, size: int) -> None:
+        super().__init__(gateway.config, 0)   # (it draws nothing itself: the gateway's router draws)
         self.gateway, self.size = gateway, size
         self.balancers: list[DataParallelBalance] = []
         self.engines: list[EngineView] = []
@@ -95,4 +95,4 @@ def engine_router(router: Router, replicas: int, size: int) -> Router:
     each engine's balancer over its ranks (``FleetRouter``)."""
     if size <= 1 or replicas <= size:
         return router
-    return FleetRouter(router, size, 0)
+    return FleetRouter(router, size)
