@@ -248,8 +248,8 @@ def _check_lockstep(steps: pd.DataFrame, first: int, count: int, ranks: int) -> 
         group = rows.groupby("start_s")["duration_s"]
         if (group.nunique() != 1).any():
             bad.append(f"engine {engine}: ranks' steps that start together last differently")
-        first = group.first().sort_index()
-        if (first.index.to_numpy()[1:] < (first.index + first).to_numpy()[:-1] - EPS).any():
+        steps_of = group.first().sort_index()   # (each group step's start and duration)
+        if (steps_of.index.to_numpy()[1:] < (steps_of.index + steps_of).to_numpy()[:-1] - EPS).any():
             bad.append(f"engine {engine}: group steps overlap")
     return bad
 
