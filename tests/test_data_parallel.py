@@ -342,6 +342,7 @@ def test_the_engines_of_a_fleet_step_on_their_own(scenario: Path) -> None:
     assert dp["padding_share"] == pytest.approx(200 / 704, rel=1e-12)
     steps = res.steps
     assert sorted(steps["replica"].unique()) == [0, 1, 2, 3] and len(steps) == 8
+    assert res.replicas["engine"].tolist() == [0, 0, 1, 1]
     first = steps[steps["start_s"] == 0.0].set_index("replica")["duration_s"]
     assert first[0] == first[1] and first[2] == first[3]       # ranks of an engine last the same
     assert first[2] < first[0]                                 # engine 1's 50-token prompts: a shorter pass
@@ -382,6 +383,7 @@ def test_a_decode_pool_of_two_data_parallel_engines(scenario: Path) -> None:
     assert s["num_finished"] == 120
     dp = s["cluster"]["data_parallel"]["decode"]
     assert (dp["engines"], dp["ranks"]) == (2, 2)
+    assert res.replicas["engine"].tolist() == [-1, -1, 0, 0, 1, 1]   # (the prefill pool's plain replicas: -1)
     steps = res.steps[res.steps["replica"] >= 2]   # (replicas 0-1 prefill; 2-3 engine 0, 4-5 engine 1)
     engine = steps["replica"] // 2
     assert (steps.groupby([engine, "start_s"])["duration_s"].nunique() == 1).all()

@@ -304,6 +304,9 @@ def build_engines(scn: Scenario, ids: range, size: int, role: str, env: simpy.En
     reps, groups = [], []
     for first in range(ids.start, ids.stop, size):
         ranks, group = build_group(scn, range(first, first + size), role, env, check, lag, base)
+        if len(ids) > size:   # (a fleet: each rank knows its engine, replicas.csv's ``engine``)
+            for rep in ranks:
+                rep.dp_engine = len(groups)
         reps += ranks
         groups.append(group)
     return reps, groups

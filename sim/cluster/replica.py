@@ -57,6 +57,7 @@ class Replica:
     submitted: int = 0
     incoming: int = 0    # routed here and not yet submitted (a decode replica's KV on its way)
     group: int | None = None   # its group in a mixed colocated fleet (cluster.groups)
+    dp_engine: int | None = None   # its data-parallel engine in a fleet of several (data_parallel_size), in its pool
 
     def __post_init__(self) -> None:
         # what ``load`` reads at every arrival (the scheduler's lists are never replaced)

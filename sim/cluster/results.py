@@ -170,6 +170,8 @@ def replicas_frame(reps: list[Replica], steps: pd.DataFrame, bounds: list[int], 
         table.insert(table.columns.get_loc("tensor_parallel") + 1, "pipeline_parallel", stages)
     if any(rep.group is not None for rep in reps):   # a mixed colocated fleet: each replica's group
         table.insert(1, "group", [rep.group for rep in reps])
+    if any(rep.dp_engine is not None for rep in reps):   # data-parallel engines, several in a pool: each rank's
+        table.insert(2, "engine", [-1 if rep.dp_engine is None else rep.dp_engine for rep in reps])
     return table
 
 
