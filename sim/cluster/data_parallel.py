@@ -216,10 +216,6 @@ class LockstepGroup:
         self._wait_s += sum(self.pricer.last_waits)
         self._dummy += len(plans) - ran
 
-    def stats(self) -> dict:
-        """What stepping together cost the run (``fleet_stats`` of this group alone)."""
-        return fleet_stats([self])
-
     def _plan(self, start: float, unrecorded: list[int]) -> tuple[list, bool]:
         """Each rank's plan at ``start`` (None: nothing to run, a dummy pass), and whether a rank whose plan came
         out empty changed so that planning again may find work. An empty plan is handled as an engine's

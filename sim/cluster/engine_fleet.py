@@ -64,8 +64,6 @@ class FleetRouter(Router):
     """The gateway's ``router`` over the engines, then each engine's ``DataParallelBalance`` over its
     ``size`` ranks; ``choose`` returns the rank's index in the whole pool."""
 
-    name = "fleet"
-
     def __init__(self, gateway: Router, size: int) -> None:
         super().__init__(gateway.config, 0)   # (it draws nothing itself: the gateway's router draws)
         self.gateway, self.size = gateway, size
