@@ -64,6 +64,7 @@ def latency_breakdown(runs: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]], pat
     ax.invert_yaxis()
     ax.set_xlabel("mean seconds per finished request (the parts add up to the mean E2E)")
     ax.set_title("where a request's time goes")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    if parts:   # (no finished request: no part to name)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     width = max((len(str(k)) for k in labels), default=4)
     return _save(fig, path, left=min(0.3 + 0.07 * width, 3.0), right=1.3)

@@ -15,6 +15,7 @@ from sim.atomic_dir import commit_stage, new_stage, replace_dir
 from sim.cluster.capacity import parse_slo
 from sim.cluster.output import write_cluster_files
 from sim.commands.progress import add_progress_args, progress_mode
+from sim.commands.rejections import rejection_note
 from sim.commands.summary_table import print_summary
 from sim.commands.trace_args import add_trace_args, check_trace_args
 from sim.output import prepare_results_dir, summary_json, write_table, write_tables
@@ -113,6 +114,9 @@ def main(args: argparse.Namespace) -> int:
             sys.stdout.write(summary_json(result.summary))
         else:
             print_summary(result.summary, title=f"{scn.name}  ({args.scenario})")
+        note = rejection_note(result.requests)
+        if note:
+            print(note, file=notes)
         if out is not None:
             files = write_results(result, out, plots=scn.output.plots and not args.no_plots, stage=stage,
                                   stream=stream)
