@@ -90,7 +90,7 @@ class StepRunner:
             # tiny CPU steps: one thread is faster and far steadier than an oversubscribed pool
             torch.set_num_threads(cpu_threads)
         if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError("executor.device is cuda but no CUDA device is available (use device: cpu)")
+            raise RuntimeError("cuda, but no CUDA device is available (use device: cpu)")
         name = dtype or (shape.dtype if self.device.type == "cuda" else "fp32")
         self.dtype = getattr(torch, TORCH_DTYPES.get(name, "float16"))
         self.num_layers = min(num_layers or shape.num_layers, shape.num_layers)

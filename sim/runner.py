@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
+import re
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -287,13 +290,39 @@ def run_scenario(scn: Scenario, check_integrity: bool | None = None, progress: b
     callers that read only the summary and the requests (capacity searches, sweeps)."""
     # (filling the large per-step tables is erratic on huge pages: sim/small_pages.py; the cyclic collector
     # finds next to nothing in a run: sim/gc_pause.py)
-    with small_pages(), gc_paused():
+    with small_pages(), gc_paused(), located_errors(scn):
         if scn.cluster is not None:   # replicas behind a router (sim/cluster/)
             from sim.cluster.runner import run_cluster
 
             return run_cluster(scn, check_integrity=check_integrity, progress=progress,
                                progress_after_s=progress_after_s, keep_steps=keep_steps)
         return _run_engine(scn, check_integrity, progress, progress_after_s, step_stream, keep_steps)
+
+
+@contextlib.contextmanager
+def located_errors(scn: Scenario) -> Iterator[None]:
+    """An error found while building or running ``scn`` that names one of its keys (``executor.device``, or
+    ``FILE: kv_cache``) is raised again with the key's line in the file (``Scenario.key_error``; the file
+    alone where a command-line flag set the key)."""
+    try:
+        yield
+    except KvsimError as e:
+        key = _scenario_key(e.where, scn.source)
+        if key is None:
+            raise
+        raise scn.key_error(key, e.what, name_flag=False) from None   # (commands add the flags they varied)
+
+
+def _scenario_key(where: str, source: str) -> str | None:
+    """The scenario key that ``where`` names (a dotted path of a scenario section, or ``SOURCE: key``), else None."""
+    prefixed = where.startswith(f"{source}: ")
+    key = where[len(source) + 2:] if prefixed else where
+    if not _KEY.fullmatch(key) or key.split(".")[0] not in Scenario.model_fields or not (prefixed or "." in key):
+        return None
+    return key
+
+
+_KEY = re.compile(r"[a-z_]+(\.[a-z0-9_]+)*")
 
 
 def _run_engine(scn: Scenario, check_integrity: bool | None, progress: bool, progress_after_s: float,

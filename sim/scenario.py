@@ -139,6 +139,9 @@ class Scenario(_Strict):
     # a prefill or decode pool's scenario whose replicas are one data-parallel engine's ranks: how many
     # (sim/cluster/replica.py pool_scenario; 1 otherwise)
     _pool_ranks: int = PrivateAttr(default=1)
+    # each key path's line in the file, and the command-line flag that last set a key (for errors found later)
+    _lines: dict = PrivateAttr(default_factory=dict)
+    _overridden: dict = PrivateAttr(default_factory=dict)
 
     @field_validator("model", mode="before")
     @classmethod
@@ -187,6 +190,12 @@ class Scenario(_Strict):
     def resolve_path(self, path: str) -> Path:
         p = Path(path)
         return p if p.is_absolute() else self._base_dir / p
+
+    def key_error(self, key: str, what: str, name_flag: bool = True) -> KvsimError:
+        """The error of ``key`` (a dotted path, e.g. ``executor.device``) found after loading, located as loading
+        locates its own: ``FILE:LINE`` of the key (or of the nearest mapping above it that the file has), or the
+        file (and, with ``name_flag``, the flag) where a command-line override set it."""
+        return _key_error(key, what, self._source, self._lines, self._overridden, name_flag)
 
 
 # ---------------------------------------------------------------- loading
@@ -417,12 +426,7 @@ def scenario_from_dict(
         raise _explain(e, source, lines or {}, overridden, data) from None
     problem = unsupported_combination(scn)
     if problem:
-        key, what = problem
-        path = tuple(key.split("."))
-        line = next(((lines or {}).get(path[:n]) for n in range(len(path), 0, -1) if (lines or {}).get(path[:n])),
-                    None)
-        via = _origin(path, overridden)
-        raise KvsimError(f"{source}:{line}" if line and not via else source, f"{key}: {what}{via}")
+        raise _key_error(*problem, source, lines or {}, overridden)
     trace = None if scn.workload.trace is None else Path(base_dir) / scn.workload.trace   # (an absolute one as is)
     if trace is not None and not trace.exists():   # (checked here, where its line is known, and before any run)
         line = (lines or {}).get(("workload", "trace"))
@@ -432,7 +436,19 @@ def scenario_from_dict(
         scn.speculative = None   # (checked above; ``speculative.enabled: false`` runs without drafts)
     scn._base_dir = Path(base_dir)
     scn._source = source
+    scn._lines = dict(lines or {})
+    scn._overridden = dict(overridden)
     return scn
+
+
+def _key_error(key: str, what: str, source: str, lines: dict[tuple, int], overridden: dict[tuple, str],
+               name_flag: bool = True) -> KvsimError:
+    """``FILE:LINE: key: what``, the line the key's (or the nearest mapping's above it that the file has); where a
+    command-line override set it, ``FILE: key: what (from --set)``."""
+    path = tuple(key.split("."))
+    line = next((lines[path[:n]] for n in range(len(path), 0, -1) if lines.get(path[:n])), None)
+    via = _origin(path, overridden)
+    return KvsimError(f"{source}:{line}" if line and not via else source, f"{key}: {what}{via if name_flag else ''}")
 
 
 def unsupported_combination(scn: Scenario) -> tuple[str, str] | None:
