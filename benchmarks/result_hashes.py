@@ -30,6 +30,8 @@ lane, chunked prefill with preemption) and a cluster behind each router:
     mistral-window    scenarios/mooncake_conversation.yaml's first 600 requests on Mistral-7B-v0.1 (every layer a
                       4,096-token window) on one H100 with 3,000 blocks: tables cut to the window, one-group
                       hits, preemptions, refusals past its 32,768-token context
+    dp8-deepseek      scenarios/data_parallel.yaml as shipped: eight DeepSeek-V3 ranks in lockstep, dp_balance
+    dp-fleet          the same as two engines of eight ranks at four times the rate, least_requests at the gateway
 """
 
 from __future__ import annotations
@@ -89,6 +91,10 @@ CASES: dict[str, Callable[[], Scenario]] = {
     "mistral-window": lambda: load_scenario(ROOT / "scenarios/mooncake_conversation.yaml", [
         "model=mistral-7b-v0.1", "hardware=h100-80gb", "kv_cache.num_gpu_blocks=3000", "workload.limit=600",
         "output.plots=false"]),
+    "dp8-deepseek": lambda: load_scenario(ROOT / "scenarios/data_parallel.yaml", ["output.plots=false"]),
+    "dp-fleet": lambda: load_scenario(ROOT / "scenarios/data_parallel.yaml", [
+        "cluster.replicas=16", "cluster.data_parallel_size=8", "cluster.router.policy=least_requests",
+        "workload.time_scale=0.25", "output.plots=false"]),
 }
 
 

@@ -21,7 +21,9 @@ terms); LoRA serving (sim/lora.py: the batch's adapter limit in admission, each 
 resident in the GPU slots and host cache, their loads and kernels priced, ``lora_affinity`` routing over
 the engines' residency; sim/csrc/core/lora.inc); pipeline stages (sim/executors/pipeline.py: chunks capped
 at a batch's tokens, each step's microbatches priced on each stage kind's cost model, core/pricing.inc
-``price_pipeline``). There a step
+``price_pipeline``); data-parallel engines of colocated ranks stepping in lockstep (sim/cluster/data_parallel.py,
+core/lockstep.inc: one process a group, each rank priced on the group's padded tokens, the step the slowest
+rank's; the router reading the ranks' running requests and the clock too, ``ReplicaState``). There a step
 costs about a microsecond instead of tens: the requests'
 state lives in typed arrays, each step is planned, priced, updated and recorded without a Python object,
 and only the executor's GEMM, all-reduce and LM-head times (once per size), the recorder (a chunk of rows
@@ -54,6 +56,7 @@ import numpy as np
 from sim.core_requests import request_columns
 from sim.errors import KvsimError
 from sim.executors.cost_model import BREAKDOWN_PARTS, CostModelExecutor
+from sim.executors.data_parallel import DataParallelPricer
 from sim.executors.engine_params import (
     ATTENTION_OPS_PER_LAYER,
     FUSED_ELEMENTWISE_KERNELS,
@@ -77,9 +80,11 @@ CONTIGUOUS_MODES = {"contiguous-max": 1, "contiguous-pow2": 2, "contiguous-oracl
 PROGRESS_EVERY = 500   # steps between two calls of the progress callback (as the SimPy loop's bar reads)
 
 
-def core_supported(scheduler: Any, manager: Any, executor: Any, requests: list[Request] | None) -> bool:
+def core_supported(scheduler: Any, manager: Any, executor: Any, requests: list[Request] | None,
+                   grouped: bool = False) -> bool:
     """Whether the compiled core runs this engine (the module docstring lists what it covers) over
-    ``requests`` (None: they were checked already, ``requests_supported``)."""
+    ``requests`` (None: they were checked already, ``requests_supported``); ``grouped``: as a rank of a
+    data-parallel group (its executor a ``DataParallelPricer``, priced as the group's)."""
     if not enabled or native is None or not hasattr(native, "run_core"):
         return False
     cfg = scheduler.config
@@ -112,7 +117,10 @@ def core_supported(scheduler: Any, manager: Any, executor: Any, requests: list[R
                 executor.batch_tokens != scheduler.batch_tokens:
             return False
         return requests is None or requests_supported(requests)
-    if type(executor) is not CostModelExecutor or not executor._core_priced:
+    if grouped:
+        if type(executor) is not DataParallelPricer or not executor.group_core_priced:
+            return False
+    elif type(executor) is not CostModelExecutor or not executor._core_priced:
         return False
     if (scheduler.lora is None) != (executor._lora is None) or (scheduler.lora is not None
                                                                 and type(scheduler) is not ContinuousScheduler):
@@ -320,7 +328,8 @@ def own_admissions(requests: list[Request], schedulers: list[ContinuousScheduler
 def run_engines(requests: list[Request], engines: list[EngineParts], lag: float, *, dest: list[int] | None = None,
                 choose: Callable[[Request, list[ReplicaState]], int] | None = None,
                 rule: tuple[int, np.ndarray | None, int] | None = None,
-                progress: Callable[[int], None] | None = None, columns: bool = False, client: tuple | None = None
+                progress: Callable[[int], None] | None = None, columns: bool = False, client: tuple | None = None,
+                attach: Callable[[list[ReplicaState]], None] | None = None, groups: tuple[int, np.ndarray] | None = None
                 ) -> tuple[list[CoreRun], np.ndarray]:
     """Several engines fed by one arrival process: ``requests`` in hand-over order, each at its arrival +
     ``lag`` (or, given ``client``, sim/clients.py ``core_client``: sent in this order by a client with a
@@ -330,7 +339,11 @@ def run_engines(requests: list[Request], engines: list[EngineParts], lag: float,
     engines' ``ReplicaState`` as of that moment). The engines must admit alike (``same_admission``).
     Returns each engine's run and the engine each request went to (``columns``: the first run carries the
     requests' columns, and the Requests get only their status); errors are raised as the SimPy loop raises
-    them."""
+    them. ``attach``: called with the engines' ``ReplicaState`` views before the first choice (a router
+    that reads them: ``Router.attach``). ``groups``: (ranks, counts) where the engines are data-parallel groups
+    of that many consecutive ranks, each stepping in lockstep (sim/cluster/data_parallel.py), the (groups, 6)
+    float table ``counts`` filled with each group's steps, tokens, token slots, busy and waiting seconds and
+    dummy passes."""
     if not same_admission([p.scheduler for p in engines], requests):
         raise ValueError("run_engines: the engines cap or reject requests differently")
     n, m = len(requests), len(engines)
@@ -341,8 +354,8 @@ def run_engines(requests: list[Request], engines: list[EngineParts], lag: float,
     ints = request_ints(requests, ints_out, accepted, samples)
     arrival = np.fromiter((r.arrival_s for r in requests), dtype=np.float64, count=n)
     where = np.full(n, -1, dtype=np.int64) if dest is None else np.array(dest, dtype=np.int64)
-    state = np.zeros((m, 4), dtype=np.int64)
-    route = core_route(requests, [p.scheduler.manager for p in engines], state, dest, rule, choose)
+    state = np.zeros((m, STATE_COLS), dtype=np.int64)
+    route = core_route(requests, [p.scheduler.manager for p in engines], state, dest, rule, choose, attach)
     counters = np.empty((6, n), dtype=np.int64)
     times = np.empty((5, n), dtype=np.float64)
     caching = any(getattr(p.scheduler.manager, "prefix_cache", None) is not None for p in engines)
@@ -352,8 +365,9 @@ def run_engines(requests: list[Request], engines: list[EngineParts], lag: float,
     specs = [_engine_spec(p, drafts, adapters) for p in engines]
     if own is not None:   # (each engine caps and rejects by its own settings)
         specs = [(*spec, (admit.capped, admit.accepted)) for spec, admit in zip(specs, own)]
+    more = () if groups is None else (None, groups)   # (no prefill/decode pools here)
     results = native.run_core(n, ints, arrival, where, float(lag), route, state, progress, PROGRESS_EVERY,
-                              counters, times, specs, hashes, client)
+                              counters, times, specs, hashes, client, *more)
     for err, _, _ in results:
         _raise(err)
     for e, (parts, spec) in enumerate(zip(engines, specs)):
@@ -413,10 +427,11 @@ def request_ints(requests: list[Request], output: np.ndarray, accepted: np.ndarr
 
 
 def core_route(requests: list[Request], managers: list[Any], state: np.ndarray, dest: list[int] | None,
-               rule: tuple | None, choose: Callable | None) -> tuple | Callable[[int], int] | None:
+               rule: tuple | None, choose: Callable | None, attach: Callable | None = None
+               ) -> tuple | Callable[[int], int] | None:
     """core.c's ``route`` for the engines of ``managers`` (the first rows of ``state``): None where ``dest``
     chose ahead, the router's rule (``CoreRule.as_core_arg``), else a call of ``choose`` with their
-    ``ReplicaState`` views."""
+    ``ReplicaState`` views (given first to ``attach``, where there is one)."""
     if dest is not None:
         return None
     if rule is not None:
@@ -426,6 +441,8 @@ def core_route(requests: list[Request], managers: list[Any], state: np.ndarray, 
     if choose is None:
         raise ValueError("run_engines: give dest or choose")
     views = [ReplicaState(state, e, mgr.num_blocks, mgr.block_size) for e, mgr in enumerate(managers)]
+    if attach is not None:
+        attach(views)
 
     def route(g: int) -> int:
         return choose(requests[g], views)
@@ -437,16 +454,33 @@ def draft_counts(n: int, schedulers: list[Any]) -> np.ndarray | None:
     return np.zeros((2, n), dtype=np.int64) if any(s.speculation is not None for s in schedulers) else None
 
 
+STATE_COLS = 6   # core.c's STATE_COLS: ReplicaState's row
+
+
+class CoreClock:
+    """The core's clock as a router reads an engine's (``replica.engine.env.now``: ``dp_balance``), from the
+    bits core.c writes into the first row of ``state`` before each choice."""
+
+    def __init__(self, state: np.ndarray) -> None:
+        self._bits = state[0, 5:6]
+        self.env = self
+
+    @property
+    def now(self) -> float:
+        return float(self._bits.view(np.float64)[0])
+
+
 class ReplicaState:
     """What a router reads of an engine in the core (sim/cluster/replica.py Replica's ``load``,
-    ``submitted``, ``kv_usage``, ``block_size``; no prefix cache), as of the arrival being routed: core.c
-    writes ``state`` (per engine: handed over, finished or rejected, blocks in use, routed there with their
-    KV on its way) before each choice."""
+    ``submitted``, ``running``, ``kv_usage``, ``block_size``, the clock as ``engine.env.now``; no prefix
+    cache), as of the arrival being routed: core.c writes ``state`` (per engine: handed over, finished or
+    rejected, blocks in use, routed there with their KV on its way, running; the clock) before each choice."""
 
     def __init__(self, state: np.ndarray, index: int, num_blocks: int, block_size: int) -> None:
         self._row = state[index]
         self._num_blocks = num_blocks
         self.block_size = block_size
+        self.engine = CoreClock(state)
 
     @property
     def submitted(self) -> int:
@@ -455,6 +489,10 @@ class ReplicaState:
     def load(self) -> int:
         """Requests handed over (or routed here, their KV on its way) and not yet finished or rejected."""
         return int(self._row[0] + self._row[3] - self._row[1])
+
+    def running(self) -> int:
+        """Requests in its running batch (the rest of ``load`` waits)."""
+        return int(self._row[4])
 
     def kv_usage(self) -> float:
         return int(self._row[2]) / self._num_blocks
@@ -636,6 +674,12 @@ def _raise(err: tuple) -> None:
     if kind == 3:
         raise KvsimError("engine", f"no progress for {stall} steps at t={t:.3f}s ({waiting} waiting, {running} "
                          "running): livelock")
+    if kind == 4:   # (a data-parallel group's: sim/cluster/data_parallel.py LockstepGroup's messages)
+        raise KvsimError("engine", f"deadlock at t={t:.3f}s on rank {step}: {waiting} waiting, {running} running, "
+                         "nothing can be scheduled")
+    if kind == 5:
+        raise KvsimError("engine", f"no progress for {stall} steps at t={t:.3f}s in the data-parallel group ({waiting} "
+                         f"waiting, {running} running): livelock")
 
 
 def write_status(requests: list[Request], status: np.ndarray) -> None:

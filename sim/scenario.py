@@ -445,8 +445,9 @@ def _key_error(key: str, what: str, source: str, lines: dict[tuple, int], overri
                name_flag: bool = True) -> KvsimError:
     """``FILE:LINE: key: what``, the line the key's (or the nearest mapping's above it that the file has); where a
     command-line override set it, ``FILE: key: what (from --set)``."""
-    path = tuple(key.split("."))
-    line = next((lines[path[:n]] for n in range(len(path), 0, -1) if lines.get(path[:n])), None)
+    path = tuple(key.split("."))   # (as --set names it; the lines know a list's items by their index)
+    at = tuple(int(part) if part.isdigit() else part for part in path)
+    line = next((lines[at[:n]] for n in range(len(at), 0, -1) if lines.get(at[:n])), None)
     via = _origin(path, overridden)
     return KvsimError(f"{source}:{line}" if line and not via else source, f"{key}: {what}{via if name_flag else ''}")
 

@@ -19,20 +19,25 @@ as the slowest rank's (sim/executors/data_parallel.py prices it).
 The ranks are the cluster's replicas (replicas.csv has a row each, the router's loads read them), their
 Engine objects kept for their hand-over (``submit``: staged while a step runs under async scheduling),
 their counters and their recorders, but driven by this one loop instead of their own. Steps run one at a
-time (no decode runs) and in the SimPy loop (the compiled core does not run a group).
+time (no decode runs). The compiled core runs the same loop (sim/csrc/core/lockstep.inc, ``groups_in_core``:
+colocated engines without a client in front, one sequence a request, a router reading at most the ranks'
+counts, KV usage and the clock), with the same results; prefill/decode pools of such engines run here.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
+import numpy as np
 import simpy
 
 from sim.clients import ClientPool, planned_arrivals
-from sim.cluster.engine_fleet import engine_router
+from sim.cluster.engine_fleet import FleetRouter, engine_router
 from sim.cluster.replica import Replica, build_replica
 from sim.cluster.results import ClusterResult, cluster_result
-from sim.cluster.routers import make_router
+from sim.cluster.routers import DataParallelBalance, Router, make_router
+from sim.engine_core import core_supported, requests_supported, same_admission
 from sim.errors import KvsimError
 from sim.executors.cost_model import CostModelExecutor
 from sim.executors.data_parallel import DataParallelPricer
@@ -147,6 +152,11 @@ class LockstepGroup:
 
     def start(self) -> simpy.Process:
         return self.env.process(self._loop())
+
+    @property
+    def counts(self) -> LockstepCounts:
+        return LockstepCounts(len(self.engines), self.num_steps, self._tokens, self._slots, self._busy_s, self._wait_s,
+                              self._dummy)
 
     def _idle(self):
         """Wait until a request reaches any rank (or arrivals end)."""
@@ -267,16 +277,52 @@ def group_base(scn: Scenario) -> CostModelExecutor:
     return base
 
 
-def fleet_stats(groups: list[LockstepGroup]) -> dict:
+@dataclass(frozen=True)
+class LockstepCounts:
+    """What stepping together cost one engine's run (``LockstepGroup.counts``, or the compiled core's counts of
+    a group): its ranks; its group steps; the tokens its ranks scheduled and the token slots its padded passes
+    computed (ranks x the largest rank's tokens, a step at a time); the seconds of the ranks that had a plan
+    and of them waiting for the slowest rank; the rank-steps with no plan (dummy passes)."""
+
+    ranks: int
+    steps: int
+    tokens: int
+    slots: int
+    busy_s: float
+    wait_s: float
+    dummy: int
+
+
+def fleet_stats(engines: list[LockstepCounts]) -> dict:
     """What stepping together cost the run, over one or several engines of equal ranks: the engines and each
     one's ranks; their group steps, summed; the share of the token slots their padded passes computed that
     were padding (every rank's batch padded to its engine's largest, a dummy pass's all of it); the share of
     the ranks' busy time spent waiting for their engine's slowest rank; the rank-steps that were dummy passes."""
-    tokens, slots = sum(g._tokens for g in groups), sum(g._slots for g in groups)
-    busy, wait = sum(g._busy_s for g in groups), sum(g._wait_s for g in groups)
-    return {"engines": len(groups), "ranks": len(groups[0].engines), "group_steps": sum(g.num_steps for g in groups),
+    tokens, slots = sum(g.tokens for g in engines), sum(g.slots for g in engines)
+    busy, wait = sum(g.busy_s for g in engines), sum(g.wait_s for g in engines)
+    return {"engines": len(engines), "ranks": engines[0].ranks, "group_steps": sum(g.steps for g in engines),
             "padding_share": 1.0 - tokens / slots if slots else 0.0, "wait_share": wait / busy if busy else 0.0,
-            "dummy_rank_steps": sum(g._dummy for g in groups)}
+            "dummy_rank_steps": sum(g.dummy for g in engines)}
+
+
+def groups_in_core(pool: list[Replica], requests: list[Request], router: Router) -> bool:
+    """Whether the compiled core runs these engines' ranks (sim/csrc/core/lockstep.inc): each rank one it
+    covers (as a group's, ``core_supported``), one sequence a request, and a router that reads at most the
+    ranks' loads, running requests, KV usage and the clock (the gateway's, for a fleet: ``FleetRouter``)."""
+    gateway = router.gateway if isinstance(router, FleetRouter) else router
+    if gateway.reads_state and not isinstance(gateway, DataParallelBalance):
+        return False
+    if not requests_supported(requests) or any(r.n > 1 for r in requests):
+        return False
+    return (all(core_supported(rep.scheduler, rep.manager, rep.engine.executor, None, grouped=True) for rep in pool)
+            and same_admission([rep.scheduler for rep in pool], requests))
+
+
+def core_counts(ranks: int, row: list[float]) -> LockstepCounts:
+    """One group's ``LockstepCounts`` from the core's row (steps, tokens, slots, busy and waiting seconds,
+    dummy passes)."""
+    steps, tokens, slots, busy, wait, dummy = row
+    return LockstepCounts(ranks, int(steps), int(tokens), int(slots), busy, wait, int(dummy))
 
 
 def build_group(scn: Scenario, ids: range, role: str, env: simpy.Environment, check: bool,
@@ -319,9 +365,22 @@ def run_data_parallel(scn: Scenario, workload: Workload, check: bool, lag: float
     requests = workload.requests
     env = simpy.Environment()
     served: dict[int, int] = {}
-    pool, groups = build_engines(scn, range(int(cfg.replicas)), cfg.ranks_per_engine, "colocated", env, check, lag)
-    router = _observed(engine_router(make_router(cfg.router, scn.seed), len(pool), cfg.ranks_per_engine), pool,
-                       requests, lag)
+    size = cfg.ranks_per_engine
+    pool, groups = build_engines(scn, range(int(cfg.replicas)), size, "colocated", env, check, lag)
+    router = engine_router(make_router(cfg.router, scn.seed), len(pool), size)
+    if not scn.workload.max_concurrency and groups_in_core(pool, requests, router):   # (sim/csrc/core/lockstep.inc)
+        from sim.cluster.runner import _run_in_core
+        from sim.runner import CORE_REQUEST_COLUMNS
+
+        counts = np.zeros((len(groups), 6))
+        columns = _run_in_core(pool, requests, router, None, lag, served, bar, columns=CORE_REQUEST_COLUMNS,
+                               groups=(size, counts))
+        res = cluster_result(scn, workload, pool, served, None, None, fe_out, fe_token, time.perf_counter() - t0, lag,
+                             columns=columns, keep_steps=keep_steps)
+        res.summary["cluster"]["data_parallel"] = fleet_stats([core_counts(size, row) for row in counts.tolist()])
+        res.profile["compiled_core"] = True
+        return res
+    router = _observed(router, pool, requests, lag)
     if bar is not None:
         _show_progress(bar, pool, [])
     planned = None
@@ -342,7 +401,7 @@ def run_data_parallel(scn: Scenario, workload: Workload, check: bool, lag: float
     _check_released(pool)
     res = cluster_result(scn, workload, pool, served, None, None, fe_out, fe_token, time.perf_counter() - t0, lag,
                          planned=planned, keep_steps=keep_steps)
-    res.summary["cluster"]["data_parallel"] = fleet_stats(groups)
+    res.summary["cluster"]["data_parallel"] = fleet_stats([g.counts for g in groups])
     res.profile["compiled_core"] = False
     return res
 

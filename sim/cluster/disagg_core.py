@@ -37,6 +37,7 @@ from sim.cluster.replica import Replica, check_released
 from sim.cluster.routers import LeastKV, LeastRequests, PrefixAffinity, Router
 from sim.engine_core import (
     ABORT_HANDOFF,
+    STATE_COLS,
     EngineParts,
     ReplicaState,
     _engine_spec,
@@ -118,10 +119,10 @@ def run_disaggregated(requests: list[Request], prefill: list[Replica], decode: l
     ints = request_ints(requests, ones, (~bad_p).astype(np.int64))
     arrival = np.fromiter((r.arrival_s for r in requests), dtype=np.float64, count=n)
     where = np.full(n, -1, dtype=np.int64) if dest is None else np.array(dest, dtype=np.int64)
-    state = np.zeros((mp + md, 4), dtype=np.int64)   # (the prefill engines' rows are read)
+    state = np.zeros((mp + md, STATE_COLS), dtype=np.int64)   # (the prefill engines' rows are read)
     route = core_route(requests, [rep.manager for rep in prefill], state, dest, rule, choose)
 
-    d_state = np.zeros((md, 4), dtype=np.int64)
+    d_state = np.zeros((md, STATE_COLS), dtype=np.int64)
     d_views = [ReplicaState(d_state, j, rep.manager.num_blocks, rep.block_size) for j, rep in enumerate(decode)]
 
     def route_decode(g: int) -> int:   # (Handoff: the request's own length back before the decode router)

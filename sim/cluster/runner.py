@@ -135,19 +135,20 @@ def _observed(router: Router, pool: list[Replica], requests: list[Request], lag:
 
 def _run_in_core(pool: list[Replica], requests: list[Request], router: Router, dest: list[int] | None, lag: float,
                  served: dict[int, int], bar: ProgressBar | None = None, columns: bool = False,
-                 client: tuple | None = None) -> dict[str, Any] | None:
+                 client: tuple | None = None, groups: tuple[int, np.ndarray] | None = None) -> dict[str, Any] | None:
     """The colocated pool's run in the compiled engine core: its router's choices made ahead (``dest``) or
     at each arrival from the replicas' loads and KV usage (by the core itself where the router has a
     ``core_rule``, else a call of ``choose``), as ``_arrivals`` and the replicas' engine loops make them,
     with the same results. ``columns``: the requests' table's columns come back (sim/core_requests.py),
     the Requests getting only their status. ``client``: sent by a client with a concurrency limit
-    (sim/clients.py ``core_client``)."""
+    (sim/clients.py ``core_client``). ``groups``: the replicas are data-parallel engines' ranks
+    (``run_engines``' groups; the router, attached to the ranks' views, reads them and the clock there)."""
     parts = [EngineParts(rep.scheduler, rep.engine.executor, rep.engine.recorder, rep.engine.async_scheduling,
                          rep.engine.max_stall, rep.engine.check_integrity) for rep in pool]
     rule = None if dest is not None else router.core_rule(requests, len(pool))
     runs, where = run_engines(requests, parts, lag, dest=dest, choose=router.choose,
                               rule=None if rule is None else rule.as_core_arg(), progress=bar.at if bar else None,
-                              columns=columns, client=client)
+                              columns=columns, client=client, attach=router.attach if groups else None, groups=groups)
     counts = np.bincount(where, minlength=len(pool))
     for rep, n, run in zip(pool, counts.tolist(), runs):
         rep.submitted = n
@@ -361,7 +362,8 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
     if groups:
         from sim.cluster.data_parallel import fleet_stats
 
-        res.summary["cluster"]["data_parallel"] = {role: fleet_stats(engines) for role, engines in groups.items()}
+        res.summary["cluster"]["data_parallel"] = {role: fleet_stats([g.counts for g in engines])
+                                                  for role, engines in groups.items()}
     res.profile["compiled_core"] = False
     return res
 

@@ -79,6 +79,7 @@ saying what it holds. */
 #include "core/disagg.inc"
 #include "core/client.inc"
 #include "core/loop.inc"
+#include "core/lockstep.inc"
 #include "core/engine_setup.inc"
 #include "core/pool_setup.inc"
 #include "core/module.inc"

@@ -61,6 +61,8 @@ class DataParallelPricer(CostModelExecutor):
         self._eng_linear_cache: dict = {}
         self._eng_fixed_cache: dict = {}
         self._linear_cache: dict = {}
+        # the compiled core prices its steps only as a group's (core.c lockstep.inc), never as one engine's
+        self.group_core_priced = self._core_priced
         self._core_priced = False
         self._native_consts = None
         self._group_tokens = 0        # the largest rank's tokens this step

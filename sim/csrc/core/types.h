@@ -12,7 +12,10 @@ enum { PH_WAITING = 0, PH_PREFILL = 1, PH_DECODE = 2, PH_PREEMPTED = 3, PH_SWAPP
        PH_HOST_LOAD = 7 };
 enum { MAIN_COLS = 18, BD_COLS = 8 };
 enum { CFG_SIZE = 29 };   /* an engine's settings (engine_core._engine_spec) */   /* (the 8th, the draft part, where speculating) */
-enum { ERR_NONE = 0, ERR_DEADLOCK = 1, ERR_DURATION = 2, ERR_LIVELOCK = 3 };
+enum { ERR_NONE = 0, ERR_DEADLOCK = 1, ERR_DURATION = 2, ERR_LIVELOCK = 3, ERR_RANK_DEADLOCK = 4,
+       ERR_GROUP_LIVELOCK = 5 };   /* (4, 5: a data-parallel group's, on its first rank; 4's err_step: the rank) */
+enum { STATE_COLS = 6 };   /* a router's view of an engine: handed over, ended, blocks in use, incoming, running,
+                              and (the first row's) the clock's bits (ReplicaState) */
 /* where a request was when its client gave up (int_zero's bits; none of them: queued) */
 enum { ABORT_RUNNING = 4, ABORT_SWAPPED = 8, ABORT_LOADING = 16, ABORT_SEAT = 32, ABORT_TRANSFER = 64 };
 enum { URGENT = 0, NORMAL = 1 };
@@ -69,9 +72,28 @@ typedef struct {
 
 typedef struct World World;
 
+/* a data-parallel group (sim/cluster/data_parallel.py LockstepGroup): the ranks engines[first .. first + size)
+step together, one process for all of them: each rank plans on its own, every rank's tokens priced padded to
+the largest rank's (``tokens``; CUDA graphs only where no rank prefills: ``prefill``), the step lasting the
+slowest rank's time, the others waiting for it in their overhead; a rank with no plan runs a dummy pass (no
+row). Its own counts: steps, stall, and what lockstep cost (LockstepGroup._count) */
+typedef struct Group {
+    Py_ssize_t first, size;
+    Event ev;
+    int state;            /* 0: start, 1: after a wake, 2: after a step */
+    int wakes;            /* it waits for an arrival on any rank (an untriggered wake) */
+    int8_t *planned;      /* per rank: a plan this step */
+    int64_t tokens;       /* the largest rank's tokens this step */
+    int prefill;          /* some rank prefills this step */
+    int64_t steps, stall, max_stall;
+    int64_t tok_sum, slots, dummy;
+    double busy_s, wait_s;
+} Group;
+
 /* one engine: its requests (local positions 0..N-1), scheduler, KV counters, pricing and results */
 typedef struct Core {
     World *w;
+    Group *grp;           /* its data-parallel group (NULL: it steps on its own) */
     Py_ssize_t N;         /* requests in the world (the per-request arrays are the world's, shared) */
     int64_t index;        /* this engine's position in the world */
     /* its pool (disaggregated prefill/decode: the requests' KV arrays are the pool's, their counters and
@@ -319,6 +341,8 @@ struct World {
     int64_t progress_every, steps;
     int err;              /* an engine stopped with an error */
     Py_ssize_t mr;        /* the engines the arrival process routes to: the first mr (all, or the prefill pool) */
+    Group *groups;        /* NULL, or the engines as G data-parallel groups of consecutive ranks (one process each) */
+    Py_ssize_t G;
     struct Disagg *dg;    /* NULL, or disaggregated prefill/decode */
 };
 

@@ -1,0 +1,102 @@
+"""Data-parallel engines in the compiled core (sim/csrc/core/lockstep.inc): the same results as the SimPy
+loop's LockstepGroup, bit for bit, for one engine and fleets, every router the core takes, preemption by
+recompute and swap, prefix caching, client timeouts; the lockstep counts recomputed from the step table."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from result_compare import assert_same
+
+from sim import engine_core
+from sim.runner import run_scenario
+from sim.scenario import scenario_from_dict
+
+BASE = {
+    "name": "dp-core", "seed": 5, "model": "mixtral-8x7b", "hardware": {"name": "h100-80gb"},
+    "output": {"plots": False},
+    "scheduler": {"max_num_seqs": 32, "max_num_batched_tokens": 1024},
+    "cluster": {"replicas": 4, "data_parallel": True},
+    "workload": {"synthetic": {"num_requests": 160, "arrival": {"process": "poisson", "rate": 30},
+                               "prompt_len": {"dist": "uniform", "min": 20, "max": 1500},
+                               "output_len": {"dist": "uniform", "min": 2, "max": 120}}},
+}
+
+
+def _scenario(**sections) -> dict:
+    data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in BASE.items()}
+    for key, value in sections.items():
+        data[key] = {**data.get(key, {}), **value}
+    return data
+
+
+def _both(data: dict):
+    """(the run in the compiled core, the run in the SimPy loop)."""
+    core = run_scenario(scenario_from_dict(data), check_integrity=True)
+    before, engine_core.enabled = engine_core.enabled, False
+    try:
+        loop = run_scenario(scenario_from_dict(data), check_integrity=True)
+    finally:
+        engine_core.enabled = before
+    return core, loop
+
+
+CASES = {
+    "dp_balance": {},
+    "least_requests": {"cluster": {"router": {"policy": "least_requests"}}},
+    "fleet of two engines, least_kv gateway": {"cluster": {"replicas": 4, "data_parallel_size": 2,
+                                                           "router": {"policy": "least_kv"}}},
+    "fleet of two engines, round_robin gateway": {"cluster": {"replicas": 6, "data_parallel_size": 2,
+                                                              "router": {"policy": "round_robin"}}},
+    "recompute under memory pressure": {"kv_cache": {"num_gpu_blocks": 160}},
+    "swap under memory pressure": {"kv_cache": {"num_gpu_blocks": 160, "swap_space_gb": 4},
+                                   "scheduler": {"preemption": "swap"}},
+    "prefix caching": {"kv_cache": {"prefix_caching": True},
+                       "workload": {"synthetic": {**BASE["workload"]["synthetic"],
+                                                  "shared_prefix": {"groups": 3, "length": 400},
+                                                  "prompt_len": {"dist": "uniform", "min": 420, "max": 1500}}}},
+    "client timeouts": {"workload": {"timeout_s": 1.5}},
+    "expert parallel, no chunked prefill": {"hardware": {"expert_parallel": True},
+                                            "scheduler": {"chunked_prefill": False,
+                                                          "max_num_batched_tokens": 2048}},
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_core_gives_the_loops_results(name: str) -> None:
+    core, loop = _both(_scenario(**CASES[name]))
+    assert core.profile["compiled_core"] is True and loop.profile["compiled_core"] is False
+    assert_same(core, loop)
+
+
+def test_the_cases_reach_what_they_are_named_for() -> None:
+    """(so that the comparisons above cover preemption, swaps, aborts and prefix hits)"""
+    s = run_scenario(scenario_from_dict(_scenario(**CASES["recompute under memory pressure"]))).summary
+    assert s["num_preemptions"] > 0
+    s = run_scenario(scenario_from_dict(_scenario(**CASES["swap under memory pressure"]))).summary
+    assert s["swapped_blocks"] > 0
+    reqs = run_scenario(scenario_from_dict(_scenario(**CASES["client timeouts"]))).requests
+    assert (reqs["status"] == "ABORTED").sum() > 0
+    s = run_scenario(scenario_from_dict(_scenario(**CASES["prefix caching"]))).summary
+    assert s["prefix_cache_hit_rate"] > 0
+
+
+@pytest.mark.parametrize("replicas,size", [(4, 4), (6, 2)])
+def test_the_lockstep_counts_match_the_step_table(replicas: int, size: int) -> None:
+    """padding_share, group_steps and dummy passes recomputed from the per-step rows: a group step is the
+    rows of one engine's ranks that start together; its slots are ranks x the largest rank's tokens."""
+    res = run_scenario(scenario_from_dict(_scenario(cluster={"replicas": replicas, "data_parallel_size": size})))
+    assert res.profile["compiled_core"] is True
+    steps = res.steps
+    tokens = steps["num_prefill_tokens"] + steps["num_decode_tokens"]
+    engine = steps["replica"] // size
+    per_step = tokens.groupby([engine, steps["start_s"]])
+    largest, rows = per_step.max(), per_step.size()
+    dp = res.summary["cluster"]["data_parallel"]
+    assert dp["engines"] == replicas // size and dp["ranks"] == size
+    assert dp["group_steps"] == len(largest)
+    assert dp["dummy_rank_steps"] == int((size - rows).sum())
+    assert dp["padding_share"] == pytest.approx(1.0 - tokens.sum() / (size * largest.sum()), abs=1e-12)
+    # every rank of a group step lasts as long
+    durations = steps["duration_s"].groupby([engine, steps["start_s"]])
+    assert np.all(durations.max() == durations.min())
