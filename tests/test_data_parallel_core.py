@@ -1,6 +1,7 @@
 """Data-parallel engines in the compiled core (sim/csrc/core/lockstep.inc): the same results as the SimPy
 loop's LockstepGroup, bit for bit, for one engine and fleets, every router the core takes, preemption by
-recompute and swap, prefix caching, client timeouts; the lockstep counts recomputed from the step table."""
+recompute and swap, prefix caching, client timeouts, a client with a concurrency limit; the lockstep counts
+recomputed from the step table."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from sim.scenario import scenario_from_dict
 BASE = {
     "name": "dp-core", "seed": 5, "model": "mixtral-8x7b", "hardware": {"name": "h100-80gb"},
     "output": {"plots": False},
-    "scheduler": {"max_num_seqs": 32, "max_num_batched_tokens": 1024},
+    "kv_cache": {"num_gpu_blocks": 400},   # (a small cache: the SimPy loop's integrity checks stay cheap)
+    "scheduler": {"max_num_seqs": 32, "max_num_batched_tokens": 1024, "chunked_prefill": True},
     "cluster": {"replicas": 4, "data_parallel": True},
     "workload": {"synthetic": {"num_requests": 160, "arrival": {"process": "poisson", "rate": 30},
                                "prompt_len": {"dist": "uniform", "min": 20, "max": 1500},
@@ -56,6 +58,9 @@ CASES = {
                                                   "shared_prefix": {"groups": 3, "length": 400},
                                                   "prompt_len": {"dist": "uniform", "min": 420, "max": 1500}}}},
     "client timeouts": {"workload": {"timeout_s": 1.5}},
+    "a client of 6 slots in front": {"workload": {"max_concurrency": 6}},
+    "a client of 12 slots in front of a fleet": {"workload": {"max_concurrency": 12},
+                                                 "cluster": {"replicas": 4, "data_parallel_size": 2}},
     "expert parallel, no chunked prefill": {"hardware": {"expert_parallel": True},
                                             "scheduler": {"chunked_prefill": False,
                                                           "max_num_batched_tokens": 2048}},

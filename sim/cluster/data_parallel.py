@@ -20,8 +20,9 @@ The ranks are the cluster's replicas (replicas.csv has a row each, the router's 
 Engine objects kept for their hand-over (``submit``: staged while a step runs under async scheduling),
 their counters and their recorders, but driven by this one loop instead of their own. Steps run one at a
 time (no decode runs). The compiled core runs the same loop (sim/csrc/core/lockstep.inc, ``groups_in_core``:
-colocated engines without a client in front, one sequence a request, a router reading at most the ranks'
-counts, KV usage and the clock), with the same results; prefill/decode pools of such engines run here.
+colocated engines, one sequence a request, a router reading at most the ranks' counts, KV usage and the
+clock; a client in front sending in arrival order), with the same results; prefill/decode pools of such
+engines run here.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
-from sim.clients import ClientPool, planned_arrivals
+from sim.clients import ClientPool, core_client, in_send_order, planned_arrivals
 from sim.cluster.engine_fleet import FleetRouter, engine_router
 from sim.cluster.replica import Replica, build_replica
 from sim.cluster.results import ClusterResult, cluster_result
@@ -368,15 +369,18 @@ def run_data_parallel(scn: Scenario, workload: Workload, check: bool, lag: float
     size = cfg.ranks_per_engine
     pool, groups = build_engines(scn, range(int(cfg.replicas)), size, "colocated", env, check, lag)
     router = engine_router(make_router(cfg.router, scn.seed), len(pool), size)
-    if not scn.workload.max_concurrency and groups_in_core(pool, requests, router):   # (sim/csrc/core/lockstep.inc)
+    clients = scn.workload.max_concurrency   # a client with a concurrency limit (sim/clients.py)
+    if groups_in_core(pool, requests, router) and (not clients or in_send_order(requests)):   # (core/lockstep.inc)
         from sim.cluster.runner import _run_in_core
         from sim.runner import CORE_REQUEST_COLUMNS
 
+        planned = planned_arrivals(requests) if clients else None   # (the client's sends replace them)
+        client = core_client(scn, requests, fe_out, fe_token) if clients else None
         counts = np.zeros((len(groups), 6))
         columns = _run_in_core(pool, requests, router, None, lag, served, bar, columns=CORE_REQUEST_COLUMNS,
-                               groups=(size, counts))
+                               client=client, groups=(size, counts))
         res = cluster_result(scn, workload, pool, served, None, None, fe_out, fe_token, time.perf_counter() - t0, lag,
-                             columns=columns, keep_steps=keep_steps)
+                             columns=columns, planned=planned, keep_steps=keep_steps)
         res.summary["cluster"]["data_parallel"] = fleet_stats([core_counts(size, row) for row in counts.tolist()])
         res.profile["compiled_core"] = True
         return res
