@@ -105,3 +105,13 @@ def test_the_lockstep_counts_match_the_step_table(replicas: int, size: int) -> N
     # every rank of a group step lasts as long
     durations = steps["duration_s"].groupby([engine, steps["start_s"]])
     assert np.all(durations.max() == durations.min())
+
+
+@pytest.mark.parametrize("clients", [None, 10])
+def test_plain_replicas_behind_dp_balance_run_in_the_core(clients: int | None) -> None:
+    """dp_balance reads each replica's running requests and the clock: the core's views carry both."""
+    data = _scenario(cluster={"replicas": 3, "data_parallel": False, "router": {"policy": "dp_balance"}},
+                     workload={"max_concurrency": clients})
+    core, loop = _both(data)
+    assert core.profile["compiled_core"] is True and loop.profile["compiled_core"] is False
+    assert_same(core, loop)

@@ -177,7 +177,7 @@ class DataParallelBalance(Router):
     old: here each rank's as of the first choice ``REFRESH_S`` or more after the last reading, and between
     readings every request sent to a rank adds one to that rank's waiting count, as vLLM's client adds it.
     Without the simulation's clock (a router never attached to a pool) it reads them as of each choice. It
-    reads which requests run, so a pool behind it runs in the SimPy loop."""
+    reads which requests run: the compiled core's views (``ReplicaState``) carry them and the core's clock."""
 
     reads_memory = False
     REFRESH_S = 0.1   # vLLM's DP coordinator publishes the engines' counts every 100 ms

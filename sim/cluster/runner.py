@@ -38,7 +38,7 @@ from sim.cluster.engine_fleet import FleetRouter, engine_router
 from sim.cluster.link import KVLink
 from sim.cluster.replica import Replica, build_pool, check_released, pool_scenario
 from sim.cluster.results import ClusterResult, cluster_result
-from sim.cluster.routers import Router, make_router
+from sim.cluster.routers import DataParallelBalance, Router, make_router
 from sim.engine import wake_times
 from sim.engine_core import (
     EngineParts,
@@ -142,13 +142,15 @@ def _run_in_core(pool: list[Replica], requests: list[Request], router: Router, d
     with the same results. ``columns``: the requests' table's columns come back (sim/core_requests.py),
     the Requests getting only their status. ``client``: sent by a client with a concurrency limit
     (sim/clients.py ``core_client``). ``groups``: the replicas are data-parallel engines' ranks
-    (``run_engines``' groups; the router, attached to the ranks' views, reads them and the clock there)."""
+    (``run_engines``' groups). The router is attached to the engines' views where it reads their running
+    requests and the clock there (``dp_balance``, a fleet's ``FleetRouter``)."""
     parts = [EngineParts(rep.scheduler, rep.engine.executor, rep.engine.recorder, rep.engine.async_scheduling,
                          rep.engine.max_stall, rep.engine.check_integrity) for rep in pool]
     rule = None if dest is not None else router.core_rule(requests, len(pool))
     runs, where = run_engines(requests, parts, lag, dest=dest, choose=router.choose,
                               rule=None if rule is None else rule.as_core_arg(), progress=bar.at if bar else None,
-                              columns=columns, client=client, attach=router.attach if groups else None, groups=groups)
+                              columns=columns, client=client, groups=groups,
+                              attach=router.attach if groups or isinstance(router, DataParallelBalance) else None)
     counts = np.bincount(where, minlength=len(pool))
     for rep, n, run in zip(pool, counts.tolist(), runs):
         rep.submitted = n
@@ -163,7 +165,8 @@ def _in_core(pool: list[Replica], requests: list[Request], router: Router) -> bo
     and the router reads at most the replicas' loads and KV usage, or their prefix caches through its core
     rule (prefix_affinity)."""
     forks = all(forks_in_core(rep.scheduler, rep.manager, rep.engine.executor) for rep in pool)
-    if (router.reads_state and not router.rule_reads_caches) or not requests_supported(requests, forks):
+    if (router.reads_state and not router.rule_reads_caches and not isinstance(router, DataParallelBalance)) \
+            or not requests_supported(requests, forks):   # (dp_balance reads the ranks' running counts and clock)
         return False
     return (all(core_supported(rep.scheduler, rep.manager, rep.engine.executor, None) for rep in pool)
             and same_admission([rep.scheduler for rep in pool], requests))
