@@ -329,7 +329,7 @@ def run_engines(requests: list[Request], engines: list[EngineParts], lag: float,
                 choose: Callable[[Request, list[ReplicaState]], int] | None = None,
                 rule: tuple[int, np.ndarray | None, int] | None = None,
                 progress: Callable[[int], None] | None = None, columns: bool = False, client: tuple | None = None,
-                attach: Callable[[list[ReplicaState]], None] | None = None, groups: tuple[int, np.ndarray] | None = None
+                attach: Callable[[list[ReplicaState]], None] | None = None, groups: tuple[np.ndarray, np.ndarray] | None = None
                 ) -> tuple[list[CoreRun], np.ndarray]:
     """Several engines fed by one arrival process: ``requests`` in hand-over order, each at its arrival +
     ``lag`` (or, given ``client``, sim/clients.py ``core_client``: sent in this order by a client with a
@@ -340,10 +340,10 @@ def run_engines(requests: list[Request], engines: list[EngineParts], lag: float,
     Returns each engine's run and the engine each request went to (``columns``: the first run carries the
     requests' columns, and the Requests get only their status); errors are raised as the SimPy loop raises
     them. ``attach``: called with the engines' ``ReplicaState`` views before the first choice (a router
-    that reads them: ``Router.attach``). ``groups``: (ranks, counts) where the engines are data-parallel groups
-    of that many consecutive ranks, each stepping in lockstep (sim/cluster/data_parallel.py), the (groups, 6)
-    float table ``counts`` filled with each group's steps, tokens, token slots, busy and waiting seconds and
-    dummy passes."""
+    that reads them: ``Router.attach``). ``groups``: (spans, counts) where some engines are data-parallel groups
+    (sim/cluster/data_parallel.py ``group_spans``: each group's first engine and ranks, int64, ascending),
+    each group's ranks stepping in lockstep, the (groups, 6) float table ``counts`` filled with each group's
+    steps, tokens, token slots, busy and waiting seconds and dummy passes."""
     if not same_admission([p.scheduler for p in engines], requests):
         raise ValueError("run_engines: the engines cap or reject requests differently")
     n, m = len(requests), len(engines)

@@ -115,3 +115,27 @@ def test_plain_replicas_behind_dp_balance_run_in_the_core(clients: int | None) -
     core, loop = _both(data)
     assert core.profile["compiled_core"] is True and loop.profile["compiled_core"] is False
     assert_same(core, loop)
+
+
+POOLS = {
+    "a data-parallel decode pool, pulled KV": {"prefill": {"replicas": 2},
+                                               "decode": {"replicas": 4, "data_parallel": True}},
+    "a data-parallel prefill pool, pushed KV": {"prefill": {"replicas": 4, "data_parallel": True},
+                                                "decode": {"replicas": 2}, "kv_transfer": {"mode": "push"}},
+    "both pools fleets of two engines, layer-wise push": {
+        "prefill": {"replicas": 4, "data_parallel": True, "data_parallel_size": 2},
+        "decode": {"replicas": 4, "data_parallel": True, "data_parallel_size": 2},
+        "kv_transfer": {"mode": "push", "layerwise": True}, "router": {"policy": "dp_balance"}},
+}
+
+
+@pytest.mark.parametrize("name", list(POOLS))
+@pytest.mark.parametrize("workload", [{}, {"timeout_s": 1.5}, {"max_concurrency": 8}])
+def test_data_parallel_pools_in_the_core_give_the_loops_results(name: str, workload: dict) -> None:
+    data = _scenario(workload=workload)
+    data["cluster"] = POOLS[name]
+    core, loop = _both(data)
+    assert core.profile["compiled_core"] is True and loop.profile["compiled_core"] is False
+    assert_same(core, loop)
+    assert set(core.summary["cluster"]["data_parallel"]) == {role for role in ("prefill", "decode")
+                                                              if POOLS[name][role].get("data_parallel")}

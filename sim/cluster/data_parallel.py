@@ -21,8 +21,8 @@ Engine objects kept for their hand-over (``submit``: staged while a step runs un
 their counters and their recorders, but driven by this one loop instead of their own. Steps run one at a
 time (no decode runs). The compiled core runs the same loop (sim/csrc/core/lockstep.inc, ``groups_in_core``:
 colocated engines, one sequence a request, a router reading at most the ranks' counts, KV usage and the
-clock; a client in front sending in arrival order), with the same results; prefill/decode pools of such
-engines run here.
+clock; a client in front sending in arrival order; prefill or decode pools of such engines too, through
+sim/cluster/disagg_core.py), with the same results.
 """
 
 from __future__ import annotations
@@ -319,6 +319,12 @@ def groups_in_core(pool: list[Replica], requests: list[Request], router: Router)
             and same_admission([rep.scheduler for rep in pool], requests))
 
 
+def group_spans(first: int, count: int, size: int) -> np.ndarray:
+    """The compiled core's spans of ``count`` ranks from engine ``first`` as engines of ``size``: (first engine,
+    ranks) of each."""
+    return np.array([(start, size) for start in range(first, first + count, size)], dtype=np.int64)
+
+
 def core_counts(ranks: int, row: list[float]) -> LockstepCounts:
     """One group's ``LockstepCounts`` from the core's row (steps, tokens, slots, busy and waiting seconds,
     dummy passes)."""
@@ -378,7 +384,7 @@ def run_data_parallel(scn: Scenario, workload: Workload, check: bool, lag: float
         client = core_client(scn, requests, fe_out, fe_token) if clients else None
         counts = np.zeros((len(groups), 6))
         columns = _run_in_core(pool, requests, router, None, lag, served, bar, columns=CORE_REQUEST_COLUMNS,
-                               client=client, groups=(size, counts))
+                               client=client, groups=(group_spans(0, len(pool), size), counts))
         res = cluster_result(scn, workload, pool, served, None, None, fe_out, fe_token, time.perf_counter() - t0, lag,
                              columns=columns, planned=planned, keep_steps=keep_steps)
         res.summary["cluster"]["data_parallel"] = fleet_stats([core_counts(size, row) for row in counts.tolist()])

@@ -19,7 +19,9 @@ the core covers for a colocated pool; a decode router applied by the core where 
 calls (least_requests, least_kv, prefix_affinity: its hits read from the decode engines' caches), else
 called with the decode engines' counts; client timeouts (``workload.timeout_s``): a request given up on its
 prefill engine, waiting for its decode engine's blocks (pull), in transfer, or on its decode engine, as
-sim/cluster/disagg.py aborts it. Everything else runs the SimPy loop.
+sim/cluster/disagg.py aborts it; a pool of data-parallel engines (their ranks in lockstep,
+sim/csrc/core/lockstep.inc), its router and a fleet's decode router called with the ranks' running requests
+and the clock too. Everything else runs the SimPy loop.
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ import numpy as np
 import sim.engine_core as engine_core
 from sim.clients import in_send_order
 from sim.cluster.disagg import Handoff, decode_refusal
+from sim.cluster.engine_fleet import FleetRouter
 from sim.cluster.link import KVLink
 from sim.cluster.replica import Replica, check_released
-from sim.cluster.routers import LeastKV, LeastRequests, PrefixAffinity, Router
+from sim.cluster.routers import DataParallelBalance, LeastKV, LeastRequests, PrefixAffinity, Router
 from sim.engine_core import (
     ABORT_HANDOFF,
     STATE_COLS,
@@ -59,20 +62,29 @@ from sim.request import Request, RequestStatus
 
 
 def disagg_supported(prefill: list[Replica], decode: list[Replica], requests: list[Request], router: Router,
-                     decode_router: Router, client: bool) -> bool:
-    """Whether the compiled core runs these pools (the module docstring; ``client``: one is in front)."""
+                     decode_router: Router, client: bool, grouped: set[str] | frozenset = frozenset()) -> bool:
+    """Whether the compiled core runs these pools (the module docstring; ``client``: one is in front;
+    ``grouped``: the roles whose pools are data-parallel engines, sim/csrc/core/lockstep.inc)."""
     if not engine_core.enabled or not requests_supported(requests) or (client and not in_send_order(requests)):
         return False
-    if router.reads_state and not router.rule_reads_caches:
+    if grouped and any(r.n > 1 for r in requests):
         return False
-    if decode_router.reads_state and not decode_router.rule_reads_caches:
+    if not (_reads_counts(router) and _reads_counts(decode_router)):
         return False
-    for pool in (prefill, decode):
+    for role, pool in (("prefill", prefill), ("decode", decode)):
         if not same_admission([rep.scheduler for rep in pool]):
             return False
-        if not all(core_supported(rep.scheduler, rep.manager, rep.engine.executor, None) for rep in pool):
+        if not all(core_supported(rep.scheduler, rep.manager, rep.engine.executor, None, grouped=role in grouped)
+                   for rep in pool):
             return False
     return True
+
+
+def _reads_counts(router: Router) -> bool:
+    """Whether the core can route for ``router``: it reads at most the engines' counts, KV usage, running
+    requests and the clock (``ReplicaState``), or its rule reads their caches; a fleet's gateway likewise."""
+    gateway = router.gateway if isinstance(router, FleetRouter) else router
+    return not gateway.reads_state or gateway.rule_reads_caches or isinstance(gateway, DataParallelBalance)
 
 
 def _decode_rule(router: Router, requests: list[Request], md: int) -> tuple[int, int]:
@@ -93,11 +105,14 @@ def _parts(rep: Replica) -> EngineParts:
 def run_disaggregated(requests: list[Request], prefill: list[Replica], decode: list[Replica], handoff: Handoff,
                       link: KVLink, lag: float, served: dict[int, int], *, dest: list[int] | None = None,
                       rule: tuple | None = None, choose: Callable | None = None,
-                      progress: Callable[[int], None] | None = None, client: tuple | None = None) -> None:
+                      progress: Callable[[int], None] | None = None, client: tuple | None = None,
+                      attach: Callable | None = None, groups: tuple[np.ndarray, np.ndarray] | None = None) -> None:
     """Run the pools in the core over ``requests`` (handed to the prefill pool at arrival + ``lag``, or sent by
     ``client``, sim/clients.py ``core_client``, and handed over ``lag`` after), then leave every result where
     the SimPy loop leaves it: on the Requests, the replicas' schedulers, managers and recorders, ``handoff``'s
-    records, ``link``'s counters and ``served`` (each request's prefill replica)."""
+    records, ``link``'s counters and ``served`` (each request's prefill replica). ``attach``: the prefill
+    router's, given the prefill engines' views; a fleet's decode router is given the decode engines' (as the
+    SimPy loop attaches it); ``groups``: data-parallel engines (``run_engines``')."""
     n, mp, md = len(requests), len(prefill), len(decode)
     prompt = np.fromiter((r.prompt_len for r in requests), dtype=np.int64, count=n)
     own = np.fromiter((r.output_len for r in requests), dtype=np.int64, count=n)
@@ -120,10 +135,12 @@ def run_disaggregated(requests: list[Request], prefill: list[Replica], decode: l
     arrival = np.fromiter((r.arrival_s for r in requests), dtype=np.float64, count=n)
     where = np.full(n, -1, dtype=np.int64) if dest is None else np.array(dest, dtype=np.int64)
     state = np.zeros((mp + md, STATE_COLS), dtype=np.int64)   # (the prefill engines' rows are read)
-    route = core_route(requests, [rep.manager for rep in prefill], state, dest, rule, choose)
+    route = core_route(requests, [rep.manager for rep in prefill], state, dest, rule, choose, attach)
 
     d_state = np.zeros((md, STATE_COLS), dtype=np.int64)
     d_views = [ReplicaState(d_state, j, rep.manager.num_blocks, rep.block_size) for j, rep in enumerate(decode)]
+    if isinstance(handoff.router, FleetRouter):
+        handoff.router.attach(d_views)
 
     def route_decode(g: int) -> int:   # (Handoff: the request's own length back before the decode router)
         req = requests[g]
@@ -148,7 +165,8 @@ def run_disaggregated(requests: list[Request], prefill: list[Replica], decode: l
     drafts = draft_counts(n, [p.scheduler for p in parts])
     specs = [_engine_spec(p, drafts) for p in parts]
     results = engine_core.native.run_core(n, ints, arrival, where, float(lag), route, state, progress,
-                                          engine_core.PROGRESS_EVERY, counters, times, specs, hashes_p, client, disagg)
+                                          engine_core.PROGRESS_EVERY, counters, times, specs, hashes_p, client, disagg,
+                                          groups)
     for err, _, _ in results:
         _raise(err)
     if client is not None:   # (the core wrote each request's send time over its arrival)

@@ -135,7 +135,8 @@ def _observed(router: Router, pool: list[Replica], requests: list[Request], lag:
 
 def _run_in_core(pool: list[Replica], requests: list[Request], router: Router, dest: list[int] | None, lag: float,
                  served: dict[int, int], bar: ProgressBar | None = None, columns: bool = False,
-                 client: tuple | None = None, groups: tuple[int, np.ndarray] | None = None) -> dict[str, Any] | None:
+                 client: tuple | None = None, groups: tuple[np.ndarray, np.ndarray] | None = None
+                 ) -> dict[str, Any] | None:
     """The colocated pool's run in the compiled engine core: its router's choices made ahead (``dest``) or
     at each arrival from the replicas' loads and KV usage (by the core itself where the router has a
     ``core_rule``, else a call of ``choose``), as ``_arrivals`` and the replicas' engine loops make them,
@@ -310,19 +311,28 @@ def run_cluster(scn: Scenario, check_integrity: bool | None = None, progress: bo
                       timeout_s=scn.workload.timeout_s)
     router = _observed(engine_router(make_router(cfg.router, scn.seed), n_p, cfg.prefill.ranks_per_engine), prefill,
                        requests, lag)
-    if not groups and disagg_supported(prefill, decode, requests, router, handoff.router,
-                                       bool(scn.workload.max_concurrency)):
+    spans = _pool_spans(cfg, groups)
+    if disagg_supported(prefill, decode, requests, router, handoff.router, bool(scn.workload.max_concurrency),
+                        grouped=set(groups)):
         clients = scn.workload.max_concurrency   # a client with a concurrency limit (sim/clients.py)
         planned = planned_arrivals(requests) if clients else None   # (the client's sends replace them)
         client = core_client(scn, requests, fe_out, fe_token) if clients else None
         try:   # compiled (sim/cluster/disagg_core.py)
-            _run_disaggregated_in_core(requests, prefill, decode, handoff, link, router, lag, served, bar, client)
+            counts = np.zeros((len(spans), 6)) if groups else None
+            _run_disaggregated_in_core(requests, prefill, decode, handoff, link, router, lag, served, bar, client,
+                                       None if counts is None else (spans, counts))
         finally:
             if bar is not None:
                 bar.close()
         _check_ended(requests)
         res = cluster_result(scn, workload, prefill + decode, served, handoff, link, fe_out, fe_token,
                              time.perf_counter() - t0, lag, planned=planned, keep_steps=keep_steps)
+        if groups:
+            from sim.cluster.data_parallel import core_counts, fleet_stats
+
+            counts_of = iter(core_counts(int(size), row) for (_, size), row in zip(spans.tolist(), counts.tolist()))
+            res.summary["cluster"]["data_parallel"] = {
+                role: fleet_stats([next(counts_of) for _ in engines]) for role, engines in groups.items()}
         res.profile["compiled_core"] = True
         return res
     if bar is not None:   # (before attach_decode, which chains the decode engines' on_step)
@@ -395,12 +405,26 @@ def _check_ended(requests: list[Request]) -> None:
 
 def _run_disaggregated_in_core(requests: list[Request], prefill: list[Replica], decode: list[Replica],
                                handoff: Handoff, link: KVLink, router: Router, lag: float, served: dict[int, int],
-                               bar: ProgressBar | None, client: tuple | None) -> None:
+                               bar: ProgressBar | None, client: tuple | None,
+                               groups: tuple[np.ndarray, np.ndarray] | None = None) -> None:
     """The pools' run in the compiled core, the prefill router's choices made ahead, by its rule or by
-    calling it at each arrival (as ``_run_in_core``'s); ``client``: sent by a client (``core_client``)."""
+    calling it at each arrival (as ``_run_in_core``'s); ``client``: sent by a client (``core_client``);
+    ``groups``: a data-parallel pool's engines (``run_engines``' groups)."""
     reads = router.reads_load or router.reads_memory or router.reads_state
     ahead = None if reads else _route_ahead(router, requests, prefill, lag)
     rule = None if ahead is not None else router.core_rule(requests, len(prefill))
+    attach = router.attach if isinstance(router, (DataParallelBalance, FleetRouter)) else None
     run_disaggregated(requests, prefill, decode, handoff, link, lag, served, dest=ahead,
                       rule=None if rule is None else rule.as_core_arg(), choose=router.choose,
-                      progress=bar.at if bar else None, client=client)
+                      progress=bar.at if bar else None, client=client, attach=attach, groups=groups)
+
+
+def _pool_spans(cfg: Any, groups: dict[str, list]) -> np.ndarray:
+    """The compiled core's spans of the data-parallel engines of the pools in ``groups`` (prefill first)."""
+    from sim.cluster.data_parallel import group_spans
+
+    n_p = cfg.prefill.replicas
+    parts = [group_spans(0, n_p, cfg.prefill.ranks_per_engine)] if "prefill" in groups else []
+    if "decode" in groups:
+        parts.append(group_spans(n_p, cfg.decode.replicas, cfg.decode.ranks_per_engine))
+    return np.concatenate(parts) if parts else np.zeros((0, 2), dtype=np.int64)
