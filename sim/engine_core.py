@@ -503,6 +503,14 @@ class ReplicaState:
     def cached_prefix_blocks(self, req: Request, hashes: list[int]) -> int:
         return 0
 
+    # (a router that reads caches or adapter slots is applied by its core rule, never through views; views of
+    # engines serving adapters are read only by routers that read neither: dp_balance, a data-parallel fleet's)
+    def serves_adapters(self) -> bool:
+        return False
+
+    def adapter_residency(self, lora_id: int) -> int:
+        return 0
+
 
 CONTENT_MEMO = 4096   # distinct prompt contents whose block hashes are kept (repeated prompts: hashed once)
 

@@ -139,3 +139,23 @@ def test_data_parallel_pools_in_the_core_give_the_loops_results(name: str, workl
     assert_same(core, loop)
     assert set(core.summary["cluster"]["data_parallel"]) == {role for role in ("prefill", "decode")
                                                               if POOLS[name][role].get("data_parallel")}
+
+
+@pytest.mark.parametrize("policy", ["lora_affinity", "session"])
+def test_a_fleet_pool_behind_a_gateway_reading_adapters_or_sessions_runs_in_the_core(policy: str) -> None:
+    """(found by the cluster fuzzer, seed 10501 case 39: the gateway's views of the ranks answered no adapter
+    question) with no adapter or session anywhere, the gateway reads loads alone, in the core as in the loop"""
+    data = _scenario()
+    data["cluster"] = {"prefill": {"replicas": 4, "data_parallel": True, "data_parallel_size": 2},
+                       "decode": {"replicas": 2, "data_parallel": True}, "router": {"policy": policy}}
+    core, loop = _both(data)
+    assert core.profile["compiled_core"] is True
+    assert_same(core, loop)
+
+
+def test_a_fleet_pool_behind_prefix_affinity_over_prefix_caches_stays_in_the_loop() -> None:
+    """its gateway would read the ranks' caches through views that hold none: the SimPy loop runs it"""
+    data = _scenario(kv_cache={"prefix_caching": True})
+    data["cluster"] = {"prefill": {"replicas": 4, "data_parallel": True, "data_parallel_size": 2},
+                       "decode": {"replicas": 2}, "router": {"policy": "prefix_affinity"}}
+    assert run_scenario(scenario_from_dict(data)).profile["compiled_core"] is False

@@ -82,9 +82,11 @@ def disagg_supported(prefill: list[Replica], decode: list[Replica], requests: li
 
 def _reads_counts(router: Router) -> bool:
     """Whether the core can route for ``router``: it reads at most the engines' counts, KV usage, running
-    requests and the clock (``ReplicaState``), or its rule reads their caches; a fleet's gateway likewise."""
-    gateway = router.gateway if isinstance(router, FleetRouter) else router
-    return not gateway.reads_state or gateway.rule_reads_caches or isinstance(gateway, DataParallelBalance)
+    requests and the clock (``ReplicaState``), or its rule reads their caches; a fleet's gateway reads at most
+    the first (it is called with views, never applied by a rule)."""
+    if isinstance(router, FleetRouter):
+        return not router.gateway.reads_state or isinstance(router.gateway, DataParallelBalance)
+    return not router.reads_state or router.rule_reads_caches or isinstance(router, DataParallelBalance)
 
 
 def _decode_rule(router: Router, requests: list[Request], md: int) -> tuple[int, int]:
