@@ -54,3 +54,16 @@ def test_all_rejected_run_draws_its_figures_without_warning(tmp_path):
         warnings.simplefilter("error")
         assert main(["run", str(f), "--out", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "latency_breakdown.png").exists()
+
+
+def test_kvsim_compare_prints_each_runs_note(tmp_path, capsys):
+    # one block of 16 tokens: the 20-token prompt needs ceil(23 / 16) = 2 blocks; with 4 blocks every prompt fits
+    f = tmp_path / "s.yaml"
+    f.write_text("model: llama-2-7b\nhardware: a100-80gb\nkv_cache: {block_size: 16, num_gpu_blocks: 1}\n"
+                 "output: {plots: false}\n"
+                 "workload:\n  requests:\n    - {arrival: 0.0, prompt_len: 10, output_len: 5}\n"
+                 "    - {arrival: 0.0, prompt_len: 20, output_len: 3}\n")
+    assert main(["compare", str(f), "--vary", "kv_cache.num_gpu_blocks=1,4"]) == 0
+    out = capsys.readouterr().out
+    assert 'num_gpu_blocks=1: note: 1 of 2 requests rejected: 1 like "needs 2 KV blocks, the cache has 1"' in out
+    assert "num_gpu_blocks=4: note" not in out

@@ -24,6 +24,7 @@ import pandas as pd
 
 from sim.atomic_dir import replace_dir
 from sim.cluster.capacity import parse_slo
+from sim.commands.rejections import rejection_note
 from sim.commands.trace_args import add_trace_args, check_trace_args, per_run_path
 from sim.errors import KvsimError
 from sim.output import flatten, prepare_results_dir, summary_json
@@ -242,6 +243,10 @@ def main(args: argparse.Namespace) -> int:
         sys.stdout.write(compare_json(results, vary))
     else:
         print_table(results)
+    for label, res in results.items():   # (why a run's requests were rejected, where some were)
+        note = rejection_note(res.requests)
+        if note:
+            print(f"{label}: {note}", file=notes)
     if trace is not None:
         from sim.trace_events import write_trace_events
 
