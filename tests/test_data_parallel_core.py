@@ -1,7 +1,7 @@
 """Data-parallel engines in the compiled core (sim/csrc/core/lockstep.inc): the same results as the SimPy
 loop's LockstepGroup, bit for bit, for one engine and fleets, every router the core takes, preemption by
-recompute and swap, prefix caching, client timeouts, a client with a concurrency limit; the lockstep counts
-recomputed from the step table."""
+recompute and swap, prefix caching, client timeouts, a client with a concurrency limit, parallel samples,
+prefill and decode pools; the lockstep counts recomputed from the step table."""
 
 from __future__ import annotations
 
@@ -61,6 +61,14 @@ CASES = {
     "a client of 6 slots in front": {"workload": {"max_concurrency": 6}},
     "a client of 12 slots in front of a fleet": {"workload": {"max_concurrency": 12},
                                                  "cluster": {"replicas": 4, "data_parallel_size": 2}},
+    "parallel samples under memory pressure (forks, preempted groups)": {
+        "kv_cache": {"num_gpu_blocks": 90},
+        "workload": {"synthetic": {**BASE["workload"]["synthetic"], "num_requests": 120, "n": 3,
+                                   "output_len": {"dist": "uniform", "min": 2, "max": 60}}}},
+    "parallel samples on a fleet of two engines": {
+        "cluster": {"replicas": 4, "data_parallel_size": 2, "router": {"policy": "least_kv"}},
+        "workload": {"synthetic": {**BASE["workload"]["synthetic"], "num_requests": 120, "n": 4,
+                                   "output_len": {"dist": "uniform", "min": 2, "max": 60}}}},
     "expert parallel, no chunked prefill": {"hardware": {"expert_parallel": True},
                                             "scheduler": {"chunked_prefill": False,
                                                           "max_num_batched_tokens": 2048}},
@@ -77,6 +85,9 @@ def test_the_core_gives_the_loops_results(name: str) -> None:
 def test_the_cases_reach_what_they_are_named_for() -> None:
     """(so that the comparisons above cover preemption, swaps, aborts and prefix hits)"""
     s = run_scenario(scenario_from_dict(_scenario(**CASES["recompute under memory pressure"]))).summary
+    assert s["num_preemptions"] > 0
+    s = run_scenario(scenario_from_dict(_scenario(**CASES["parallel samples under memory pressure (forks, "
+                                                           "preempted groups)"]))).summary
     assert s["num_preemptions"] > 0
     s = run_scenario(scenario_from_dict(_scenario(**CASES["swap under memory pressure"]))).summary
     assert s["swapped_blocks"] > 0

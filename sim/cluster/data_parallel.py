@@ -20,8 +20,8 @@ The ranks are the cluster's replicas (replicas.csv has a row each, the router's 
 Engine objects kept for their hand-over (``submit``: staged while a step runs under async scheduling),
 their counters and their recorders, but driven by this one loop instead of their own. Steps run one at a
 time (no decode runs). The compiled core runs the same loop (sim/csrc/core/lockstep.inc, ``groups_in_core``:
-colocated engines, one sequence a request, a router reading at most the ranks' counts, KV usage and the
-clock; a client in front sending in arrival order; prefill or decode pools of such engines too, through
+colocated engines, parallel samples forked as on one engine, a router reading at most the ranks' counts, KV
+usage and the clock; a client in front sending in arrival order; prefill or decode pools of such engines too, through
 sim/cluster/disagg_core.py), with the same results.
 """
 
@@ -38,7 +38,7 @@ from sim.cluster.engine_fleet import FleetRouter, engine_router
 from sim.cluster.replica import Replica, build_replica
 from sim.cluster.results import ClusterResult, cluster_result
 from sim.cluster.routers import DataParallelBalance, Router, make_router
-from sim.engine_core import core_supported, requests_supported, same_admission
+from sim.engine_core import core_supported, forks_in_core, requests_supported, same_admission
 from sim.errors import KvsimError
 from sim.executors.cost_model import CostModelExecutor
 from sim.executors.data_parallel import DataParallelPricer
@@ -308,12 +308,13 @@ def fleet_stats(engines: list[LockstepCounts]) -> dict:
 
 def groups_in_core(pool: list[Replica], requests: list[Request], router: Router) -> bool:
     """Whether the compiled core runs these engines' ranks (sim/csrc/core/lockstep.inc): each rank one it
-    covers (as a group's, ``core_supported``), one sequence a request, and a router that reads at most the
+    covers (as a group's, ``core_supported``), its requests (parallel samples where it forks them), and a router that reads at most the
     ranks' loads, running requests, KV usage and the clock (the gateway's, for a fleet: ``FleetRouter``)."""
     gateway = router.gateway if isinstance(router, FleetRouter) else router
     if gateway.reads_state and not isinstance(gateway, DataParallelBalance):
         return False
-    if not requests_supported(requests) or any(r.n > 1 for r in requests):
+    forks = all(forks_in_core(rep.scheduler, rep.manager, rep.engine.executor) for rep in pool)
+    if not requests_supported(requests, forks):
         return False
     return (all(core_supported(rep.scheduler, rep.manager, rep.engine.executor, None, grouped=True) for rep in pool)
             and same_admission([rep.scheduler for rep in pool], requests))
