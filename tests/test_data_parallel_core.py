@@ -57,6 +57,10 @@ CASES = {
                        "workload": {"synthetic": {**BASE["workload"]["synthetic"],
                                                   "shared_prefix": {"groups": 3, "length": 400},
                                                   "prompt_len": {"dist": "uniform", "min": 420, "max": 1500}}}},
+    "prefix_affinity over the ranks' prefix caches (its rule reads them)": {
+        "kv_cache": {"prefix_caching": True}, "cluster": {"router": {"policy": "prefix_affinity"}},
+        "workload": {"synthetic": {**BASE["workload"]["synthetic"], "shared_prefix": {"groups": 3, "length": 400},
+                                   "prompt_len": {"dist": "uniform", "min": 420, "max": 1500}}}},
     "client timeouts": {"workload": {"timeout_s": 1.5}},
     "a client of 6 slots in front": {"workload": {"max_concurrency": 6}},
     "a client of 12 slots in front of a fleet": {"workload": {"max_concurrency": 12},

@@ -34,10 +34,10 @@ import numpy as np
 import simpy
 
 from sim.clients import ClientPool, core_client, in_send_order, planned_arrivals
-from sim.cluster.engine_fleet import FleetRouter, engine_router
+from sim.cluster.engine_fleet import engine_router, routes_in_core
 from sim.cluster.replica import Replica, build_replica
 from sim.cluster.results import ClusterResult, cluster_result
-from sim.cluster.routers import DataParallelBalance, Router, make_router
+from sim.cluster.routers import Router, make_router
 from sim.engine_core import core_supported, forks_in_core, requests_supported, same_admission
 from sim.errors import KvsimError
 from sim.executors.cost_model import CostModelExecutor
@@ -308,10 +308,9 @@ def fleet_stats(engines: list[LockstepCounts]) -> dict:
 
 def groups_in_core(pool: list[Replica], requests: list[Request], router: Router) -> bool:
     """Whether the compiled core runs these engines' ranks (sim/csrc/core/lockstep.inc): each rank one it
-    covers (as a group's, ``core_supported``), its requests (parallel samples where it forks them), and a router that reads at most the
-    ranks' loads, running requests, KV usage and the clock (the gateway's, for a fleet: ``FleetRouter``)."""
-    gateway = router.gateway if isinstance(router, FleetRouter) else router
-    if gateway.reads_state and not isinstance(gateway, DataParallelBalance):
+    covers (as a group's, ``core_supported``), its requests (parallel samples where it forks them), and a
+    router the core can route for (``routes_in_core``)."""
+    if not routes_in_core(router):
         return False
     forks = all(forks_in_core(rep.scheduler, rep.manager, rep.engine.executor) for rep in pool)
     if not requests_supported(requests, forks):
@@ -375,7 +374,8 @@ def run_data_parallel(scn: Scenario, workload: Workload, check: bool, lag: float
     served: dict[int, int] = {}
     size = cfg.ranks_per_engine
     pool, groups = build_engines(scn, range(int(cfg.replicas)), size, "colocated", env, check, lag)
-    router = engine_router(make_router(cfg.router, scn.seed), len(pool), size)
+    # (attached to the ranks first: a router narrows what it reads to what they have, prefix caches or adapters)
+    router = _observed(engine_router(make_router(cfg.router, scn.seed), len(pool), size), pool, requests, lag)
     clients = scn.workload.max_concurrency   # a client with a concurrency limit (sim/clients.py)
     if groups_in_core(pool, requests, router) and (not clients or in_send_order(requests)):   # (core/lockstep.inc)
         from sim.cluster.runner import _run_in_core
@@ -391,7 +391,6 @@ def run_data_parallel(scn: Scenario, workload: Workload, check: bool, lag: float
         res.summary["cluster"]["data_parallel"] = fleet_stats([core_counts(size, row) for row in counts.tolist()])
         res.profile["compiled_core"] = True
         return res
-    router = _observed(router, pool, requests, lag)
     if bar is not None:
         _show_progress(bar, pool, [])
     planned = None

@@ -34,10 +34,10 @@ import numpy as np
 import sim.engine_core as engine_core
 from sim.clients import in_send_order
 from sim.cluster.disagg import Handoff, decode_refusal
-from sim.cluster.engine_fleet import FleetRouter
+from sim.cluster.engine_fleet import FleetRouter, routes_in_core
 from sim.cluster.link import KVLink
 from sim.cluster.replica import Replica, check_released
-from sim.cluster.routers import DataParallelBalance, LeastKV, LeastRequests, PrefixAffinity, Router
+from sim.cluster.routers import LeastKV, LeastRequests, PrefixAffinity, Router
 from sim.engine_core import (
     ABORT_HANDOFF,
     STATE_COLS,
@@ -69,7 +69,7 @@ def disagg_supported(prefill: list[Replica], decode: list[Replica], requests: li
         return False
     if grouped and any(r.n > 1 for r in requests):
         return False
-    if not (_reads_counts(router) and _reads_counts(decode_router)):
+    if not (routes_in_core(router) and routes_in_core(decode_router)):
         return False
     for role, pool in (("prefill", prefill), ("decode", decode)):
         if not same_admission([rep.scheduler for rep in pool]):
@@ -78,15 +78,6 @@ def disagg_supported(prefill: list[Replica], decode: list[Replica], requests: li
                    for rep in pool):
             return False
     return True
-
-
-def _reads_counts(router: Router) -> bool:
-    """Whether the core can route for ``router``: it reads at most the engines' counts, KV usage, running
-    requests and the clock (``ReplicaState``), or its rule reads their caches; a fleet's gateway reads at most
-    the first (it is called with views, never applied by a rule)."""
-    if isinstance(router, FleetRouter):
-        return not router.gateway.reads_state or isinstance(router.gateway, DataParallelBalance)
-    return not router.reads_state or router.rule_reads_caches or isinstance(router, DataParallelBalance)
 
 
 def _decode_rule(router: Router, requests: list[Request], md: int) -> tuple[int, int]:

@@ -87,6 +87,15 @@ class FleetRouter(Router):
         return e * self.size + self.balancers[e].choose(req, self.engines[e].ranks)
 
 
+def routes_in_core(router: Router) -> bool:
+    """Whether the compiled core can route for ``router`` (attached to its pool already): it reads at most the
+    engines' counts, KV usage, running requests and the clock (``ReplicaState``), or its rule reads their
+    caches itself; a fleet's gateway at most the first (it is called with views, never applied by a rule)."""
+    if isinstance(router, FleetRouter):
+        return not router.gateway.reads_state or isinstance(router.gateway, DataParallelBalance)
+    return not router.reads_state or router.rule_reads_caches or isinstance(router, DataParallelBalance)
+
+
 def engine_router(router: Router, replicas: int, size: int) -> Router:
     """The router in front of ``replicas`` data-parallel ranks, ``size`` an engine (1: plain replicas):
     ``router`` itself over one engine's ranks (or plain replicas), else the gateway's over the engines and
