@@ -440,7 +440,8 @@ def core_route(requests: list[Request], managers: list[Any], state: np.ndarray, 
         return rule
     if choose is None:
         raise ValueError("run_engines: give dest or choose")
-    views = [ReplicaState(state, e, mgr.num_blocks, mgr.block_size) for e, mgr in enumerate(managers)]
+    views = [ReplicaState(state, e, mgr.num_blocks, mgr.block_size, getattr(mgr, "prefix_cache", None) is not None)
+             for e, mgr in enumerate(managers)]
     if attach is not None:
         attach(views)
 
@@ -454,7 +455,7 @@ def draft_counts(n: int, schedulers: list[Any]) -> np.ndarray | None:
     return np.zeros((2, n), dtype=np.int64) if any(s.speculation is not None for s in schedulers) else None
 
 
-STATE_COLS = 6   # core.c's STATE_COLS: ReplicaState's row
+STATE_COLS = 7   # core.c's STATE_COLS: ReplicaState's row
 
 
 class CoreClock:
@@ -472,13 +473,15 @@ class CoreClock:
 
 class ReplicaState:
     """What a router reads of an engine in the core (sim/cluster/replica.py Replica's ``load``,
-    ``submitted``, ``running``, ``kv_usage``, ``block_size``, the clock as ``engine.env.now``; no prefix
-    cache), as of the arrival being routed: core.c writes ``state`` (per engine: handed over, finished or
-    rejected, blocks in use, routed there with their KV on its way, running; the clock) before each choice."""
+    ``submitted``, ``running``, ``kv_usage``, ``block_size``, its prefix cache's hits for the request being
+    routed, the clock as ``engine.env.now``), as of the arrival being routed: core.c writes ``state`` (per
+    engine: handed over, finished or rejected, blocks in use, routed there with their KV on its way, running,
+    the leading blocks of that request's prompt its cache holds; the clock) before each choice."""
 
-    def __init__(self, state: np.ndarray, index: int, num_blocks: int, block_size: int) -> None:
+    def __init__(self, state: np.ndarray, index: int, num_blocks: int, block_size: int, cache: bool = False) -> None:
         self._row = state[index]
         self._num_blocks = num_blocks
+        self._cache = cache
         self.block_size = block_size
         self.engine = CoreClock(state)
 
@@ -498,13 +501,14 @@ class ReplicaState:
         return int(self._row[2]) / self._num_blocks
 
     def has_prefix_cache(self) -> bool:
-        return False
+        return self._cache
 
     def cached_prefix_blocks(self, req: Request, hashes: list[int]) -> int:
-        return 0
+        """(the request being routed: core.c counted them from its own hashes, the same as ``hashes``)"""
+        return int(self._row[6])
 
-    # (a router that reads caches or adapter slots is applied by its core rule, never through views; views of
-    # engines serving adapters are read only by routers that read neither: dp_balance, a data-parallel fleet's)
+    # (a router that reads adapter slots is applied by its core rule, never through views; views of engines
+    # serving adapters are read only by routers that do not: dp_balance, a data-parallel fleet's)
     def serves_adapters(self) -> bool:
         return False
 

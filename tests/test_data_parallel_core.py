@@ -168,9 +168,31 @@ def test_a_fleet_pool_behind_a_gateway_reading_adapters_or_sessions_runs_in_the_
     assert_same(core, loop)
 
 
-def test_a_fleet_pool_behind_prefix_affinity_over_prefix_caches_stays_in_the_loop() -> None:
-    """its gateway would read the ranks' caches through views that hold none: the SimPy loop runs it"""
-    data = _scenario(kv_cache={"prefix_caching": True})
-    data["cluster"] = {"prefill": {"replicas": 4, "data_parallel": True, "data_parallel_size": 2},
-                       "decode": {"replicas": 2}, "router": {"policy": "prefix_affinity"}}
-    assert run_scenario(scenario_from_dict(data)).profile["compiled_core"] is False
+SHARED = {"synthetic": {**BASE["workload"]["synthetic"], "num_requests": 200, "shared_prefix": {"groups": 5, "length": 600},
+                         "prompt_len": {"dist": "uniform", "min": 620, "max": 1500}}}
+
+
+@pytest.mark.parametrize("where", ["colocated", "prefill pool", "decode pool"])
+def test_a_fleets_prefix_aware_gateway_reads_the_ranks_caches_in_the_core(where: str) -> None:
+    """The gateway's views carry each rank's hits for the request being routed (core.c counts them): the same
+    choices as the loop's, and not the least loaded engine's (the hits decide many of them)."""
+    fleet = {"replicas": 4, "data_parallel": True, "data_parallel_size": 2}
+    router = {"policy": "prefix_affinity", "load_slack": 4}
+
+    def scenario(policy: str) -> dict:
+        data = _scenario(kv_cache={"prefix_caching": True}, workload=SHARED)
+        if where == "colocated":
+            data["cluster"] = {**fleet, "router": {**router, "policy": policy}}
+        else:
+            data["cluster"] = {"prefill": fleet if where == "prefill pool" else {"replicas": 2},
+                               "decode": fleet if where == "decode pool" else {"replicas": 2},
+                               "router": {**router, "policy": policy}}
+        return data
+
+    core, loop = _both(scenario("prefix_affinity"))
+    assert core.profile["compiled_core"] is True
+    assert_same(core, loop)
+    assert core.summary["prefix_cache_hit_rate"] > 0.3
+    if where == "colocated":   # (a pool's choice of engine is the hand-off's or the arrivals', either way)
+        by_load = run_scenario(scenario_from_dict(scenario("least_requests")))
+        assert (core.requests["replica"] != by_load.requests["replica"]).sum() > 20

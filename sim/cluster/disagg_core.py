@@ -131,7 +131,8 @@ def run_disaggregated(requests: list[Request], prefill: list[Replica], decode: l
     route = core_route(requests, [rep.manager for rep in prefill], state, dest, rule, choose, attach)
 
     d_state = np.zeros((md, STATE_COLS), dtype=np.int64)
-    d_views = [ReplicaState(d_state, j, rep.manager.num_blocks, rep.block_size) for j, rep in enumerate(decode)]
+    d_views = [ReplicaState(d_state, j, rep.manager.num_blocks, rep.block_size, rep.has_prefix_cache())
+               for j, rep in enumerate(decode)]
     if isinstance(handoff.router, FleetRouter):
         handoff.router.attach(d_views)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sim.cluster.routers import DataParallelBalance, ReplicaView, Router
+from sim.cluster.routers import DataParallelBalance, PrefixAffinity, ReplicaView, Router
 from sim.request import Request
 
 
@@ -89,10 +89,11 @@ class FleetRouter(Router):
 
 def routes_in_core(router: Router) -> bool:
     """Whether the compiled core can route for ``router`` (attached to its pool already): it reads at most the
-    engines' counts, KV usage, running requests and the clock (``ReplicaState``), or its rule reads their
-    caches itself; a fleet's gateway at most the first (it is called with views, never applied by a rule)."""
+    engines' counts, KV usage, running requests, the clock and their prefix caches' hits (``ReplicaState``), or
+    its rule reads their caches itself; a fleet's gateway the first (it is called with views, never applied by
+    a rule), not adapter slots."""
     if isinstance(router, FleetRouter):
-        return not router.gateway.reads_state or isinstance(router.gateway, DataParallelBalance)
+        return not router.gateway.reads_state or isinstance(router.gateway, (DataParallelBalance, PrefixAffinity))
     return not router.reads_state or router.rule_reads_caches or isinstance(router, DataParallelBalance)
 
 

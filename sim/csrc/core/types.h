@@ -14,8 +14,9 @@ enum { MAIN_COLS = 18, BD_COLS = 8 };
 enum { CFG_SIZE = 29 };   /* an engine's settings (engine_core._engine_spec) */   /* (the 8th, the draft part, where speculating) */
 enum { ERR_NONE = 0, ERR_DEADLOCK = 1, ERR_DURATION = 2, ERR_LIVELOCK = 3, ERR_RANK_DEADLOCK = 4,
        ERR_GROUP_LIVELOCK = 5 };   /* (4, 5: a data-parallel group's, on its first rank; 4's err_step: the rank) */
-enum { STATE_COLS = 6 };   /* a router's view of an engine: handed over, ended, blocks in use, incoming, running,
-                              and (the first row's) the clock's bits (ReplicaState) */
+enum { STATE_COLS = 7 };   /* a router's view of an engine: handed over, ended, blocks in use, incoming, running,
+                              (the first row's) the clock's bits, and the leading blocks of the prompt being
+                              routed that its prefix cache holds (ReplicaState) */
 /* where a request was when its client gave up (int_zero's bits; none of them: queued) */
 enum { ABORT_RUNNING = 4, ABORT_SWAPPED = 8, ABORT_LOADING = 16, ABORT_SEAT = 32, ABORT_TRANSFER = 64 };
 enum { URGENT = 0, NORMAL = 1 };
