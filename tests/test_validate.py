@@ -94,6 +94,26 @@ def test_one_shape_timed_as_two_operators_keeps_a_curve_per_operator(tables):
         assert np.mean(np.abs(np.log(t.attn_pre_proj / t.mlp_up_proj))) > GOAL_UNSEEN
 
 
+def test_a_shape_timed_as_two_operators_on_a_coarser_grid_keeps_the_common_grid(tables):
+    """Qwen-72B's two-operator shapes (above) timed at every other token count only, beside a table with all
+    of them: each per-operator curve has a point per token count of the whole grid, as the pooled ones do,
+    and the correction prices those shapes at every count (on a grid of its own it could not be read)."""
+    from sim.executors.opmodel import fit_correction
+    from sim.executors.roofline import CostParams
+    from sim.executors.shape_correction import ShapeCorrection
+
+    df = tables["h100"]
+    qwen = df[df.model == "Qwen-72B"]
+    coarse = qwen[qwen.num_tokens.isin(sorted(qwen.num_tokens.unique())[::2])]
+    both = pd.concat([coarse, df[df.model == "Llama-2-7b-hf"]])
+    corr = fit_correction(both, HardwareSpec.from_name("h100-80gb"), CostParams(num_sms=132))
+    grid = corr["grid_m"]
+    assert grid == sorted(df[df.model == "Llama-2-7b-hf"].num_tokens.unique())
+    assert len(corr["op_curves"]) == 6 and all(len(c) == len(grid) for c in corr["op_curves"].values())
+    bank = ShapeCorrection(corr)
+    assert all(np.isfinite(bank.curve(24576, 8192, op)).all() for op in ("attn_pre_proj", "mlp_up_proj"))
+
+
 @pytest.mark.parametrize("gpu", ["a100", "h100"])
 def test_loo_correction_beats_the_rooflines_on_every_unseen_model(gpu):
     results = loo_results(gpu)

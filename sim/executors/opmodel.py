@@ -62,10 +62,13 @@ def predict_gemm(rows: pd.DataFrame, hardware: HardwareSpec, params: CostParams)
                      hardware.hbm_bandwidth, rows.dtype_bytes.to_numpy(), params, rows.operator.to_numpy())
 
 
-def _curves(r: pd.DataFrame, keys: list[str]) -> tuple[np.ndarray, pd.Index, list[list[float]]]:
-    """(grid, index, curves): per ``keys``, the median of column r at each M, on the union of the token counts
-    (linear in M between a shape's own, flat beyond), rounded to 4 decimals."""
+def _curves(r: pd.DataFrame, keys: list[str], grid: np.ndarray | None = None
+            ) -> tuple[np.ndarray, pd.Index, list[list[float]]]:
+    """(grid, index, curves): per ``keys``, the median of column r at each M, on ``grid`` (default: the union of
+    the token counts of ``r``; linear in M between a shape's own, flat beyond), rounded to 4 decimals."""
     table = r.groupby([*keys, "M"]).r.median().unstack("M")
+    if grid is not None:
+        table = table.reindex(columns=grid)
     grid = table.columns.to_numpy()
     curves = []
     for _, row in table.iterrows():
@@ -131,7 +134,7 @@ def curve_data(r: pd.DataFrame) -> dict[str, Any]:
     several = r[r.set_index(["N", "K"]).index.isin([s for s, o in zip(shapes, single) if not o])]
     op_curves = {}
     if not several.empty:
-        _, index, per_op = _curves(several, ["operator", "N", "K"])
+        _, index, per_op = _curves(several, ["operator", "N", "K"], grid)  # on every shape's grid
         op_curves = {f"{o},{n},{k}": c for (o, n, k), c in zip(index, per_op)}
     return {"grid_m": [int(m) for m in grid], "shapes": [[int(n), int(k)] for n, k in shapes], "curves": curves,
             "width_n": WIDTH_N, "width_k": WIDTH_K, "prior_weight": PRIOR_WEIGHT, "ops": single,
