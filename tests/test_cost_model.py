@@ -70,16 +70,16 @@ def test_swap_and_copy_charges():
 
 
 def test_a_step_of_swaps_alone_in_engine_mode_costs_the_cpu_side_and_the_gap():
-    # no tokens: no GPU work and no sampling; the engine's CPU side of a step (0.6 ms) and its gap (259 us in
+    # no tokens: no GPU work and no sampling; the engine's CPU side of a step (0.6 ms) and its gap (267 us in
     # the shipped H100 terms), not the 2 ms fixed overhead of the isolated-operator roofline
     from sim.executors.engine_params import EngineParams
 
-    eng = EngineParams(cpu_step_s=6e-4, step_gap_s=259e-6)
+    eng = EngineParams(cpu_step_s=6e-4, step_gap_s=267e-6)
     exe = CostModelExecutor(L13, A100, CostParams(swap_block_latency_s=10e-6, step_overhead_s=2e-3), engine=eng)
     r = exe.execute(StepPlan(blocks_to_swap_out=[(1, 1), (2, 2)]))
     assert r.breakdown["swap"] == pytest.approx(2 * (409.6e-6 + 10e-6), rel=1e-9)
-    assert r.breakdown["overhead"] == pytest.approx(6e-4 + 259e-6, rel=1e-12)
-    assert r.duration_s == pytest.approx(r.breakdown["swap"] + 6e-4 + 259e-6, rel=1e-12)
+    assert r.breakdown["overhead"] == pytest.approx(6e-4 + 267e-6, rel=1e-12)
+    assert r.duration_s == pytest.approx(r.breakdown["swap"] + 6e-4 + 267e-6, rel=1e-12)
 
 
 def test_tensor_parallel_splits_weights_and_adds_allreduce():
