@@ -161,13 +161,31 @@ def test_shipped_calibration_fits_every_table(tables, gpu):
 
 
 def test_cli_loo_prints_every_model(capsys):
-    assert cli_main(["validate", "--loo", "--hardware", "a100-80gb", "--points", "8", "--json"]) == 0
+    tables = [p for p in shipped_vidur("a100", "mlp") if any(m in p.name for m in ("phi-2", "7b", "Qwen"))]
+    assert cli_main(["validate", "--loo", "--hardware", "a100-80gb", "--points", "8", "--json",
+                     "--measurements", *map(str, tables)]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert [m["model"] for m in out["models"]] == ["CodeLlama-34b-Instruct-hf", "Llama-2-70b-hf", "Llama-2-7b-hf",
-                                                   "Meta-Llama-3-8B", "Qwen-72B", "internlm-20b", "phi-2"]
+    assert [m["model"] for m in out["models"]] == ["Llama-2-7b-hf", "Qwen-72B", "phi-2"]
     rows = sum(m["rows"] for m in out["models"])
     # every raw CSV row is one (token count, TP) point with four projections
-    assert out["all"]["rows"] == rows == sum(4 * len(pd.read_csv(p)) for p in shipped_vidur("a100", "mlp"))
+    assert out["all"]["rows"] == rows == sum(4 * len(pd.read_csv(p)) for p in tables)
+
+
+def test_cli_loo_defaults_to_every_shipped_table_of_the_gpu(monkeypatch, capsys):
+    import sim.commands.validate as command
+    from sim.executors.opmodel import LooResult
+
+    seen = []
+
+    def scored(df, hardware, points):   # the fit itself is checked above: here only which tables it gets
+        seen.append((sorted(df.model.unique()), hardware.name, points))
+        return [LooResult(m, 1, 1, 0.1, 0.08, 0.05, 0.06, 0.03, 1) for m in seen[0][0]]
+
+    monkeypatch.setattr(command, "loo", scored)
+    assert cli_main(["validate", "--loo", "--hardware", "a100-80gb", "--points", "8"]) == 0
+    assert seen == [(["CodeLlama-34b-Instruct-hf", "Llama-2-70b-hf", "Llama-2-7b-hf", "Meta-Llama-3-8B", "Qwen-72B",
+                      "internlm-20b", "phi-2"], "a100-80gb", 8)]
+    assert "all held-out rows" in capsys.readouterr().out
 
 
 def test_cli_calibrate_then_validate_json_and_plot(tmp_path: Path, capsys):
