@@ -153,8 +153,8 @@ pd.DataFrame(rows).T.round(3)"""),
     ("md", """Disaggregation buys TPOT (decode steps carry no prompt chunks) at the price of fewer GPUs for prompts: the
 split decides which SLO binds first, which is why `kvsim capacity` searches the split too
 (`--search replicas` with `prefill`/`decode` pools tries every split of each candidate total). Over the whole hour
-no split beats the colocated fleet at 8 GPUs (16.9 requests a second against 16.1 for 4 + 4; 16.4 with the KV
-pushed); on the hour's first 4,000 requests, 3 + 5 did (17.8 against 16.8). The answer depends on the stretch of
+no split beats the colocated fleet at 8 GPUs (17.3 requests a second against 16.1 for 4 + 4; 16.4 with the KV
+pushed); on the hour's first 4,000 requests, 3 + 5 did (17.7 against 17.0). The answer depends on the stretch of
 traffic a fleet is sized for: size it on the whole trace."""),
     ("md", """## 4. Quantized weights: a 70B on one GPU or on two
 
@@ -232,9 +232,9 @@ display(purchase)
 ax = purchase["price an hour"].plot.barh(color="#2b8a3e", figsize=(6, 2.2))
 ax.set_xlabel("price an hour (this notebook's prices)")
 show(ax.figure, "mixed_purchase.png")"""),
-    ("md", """The routers that read the replicas cut the fleet's mean E2E from 7.1 s (round-robin) to 5.8 s: round-robin
+    ("md", """The routers that read the replicas cut the fleet's mean E2E from 7.0 s (round-robin) to 5.8 s: round-robin
 gives each A100 as many requests as the H100, whose requests finish in well under half the time; least_requests
-sends the H100 about 950 of the 2,000. For the purchase, three A100s beside the H100 meet both SLOs where two
+sends the H100 about 910 of the 2,000. For the purchase, three A100s beside the H100 meet both SLOs where two
 leave TPOT p90 at 31 ms (4 GPUs, 10 an hour at these prices); a second H100 alone meets them (2 GPUs, 8 an
 hour). Which is cheaper follows the prices you pay: kvsim gives the counts, the table does the sums."""),
     ("md", """## 6. Past one node: pipeline stages for Llama-3.1-405B
@@ -388,7 +388,7 @@ for ax in axes:
     ax.set_xlabel("nodes of eight H200s")
 axes[0].legend(fontsize=7)
 show(fig, "data_parallel_fleet.png")"""),
-    ("md", """On one or two nodes the data-parallel engines queue less than TP 8 (their cache holds more: TTFT p90 2.7
+    ("md", """On one or two nodes the data-parallel engines queue less than TP 8 (their cache holds more: TTFT p90 2.8
 and 1.7 s against 64 and 14 s), but their decode is slow: each rank's every step reads its whole copy of the
 attention and dense weights and waits for its engine's busiest rank, whose prefill chunk pads every rank's
 batch. TPOT p90 falls with each node added yet stays above TP 8's, and eight engines (64 GPUs) are needed
