@@ -112,8 +112,9 @@ def test_each_moe_layer_launches_its_small_kernels():
 def test_fused_moe_kernel_against_vllms_benchmark():
     # vLLM's fused MoE kernel on H100, Mixtral-8x7B at TP 2 (sim/data/kernels/: 15 timings published in vLLM
     # PR 24700, 144 us at 1 token to 1,123 us at 1,536). The shipped calibration prices them within 2.6% on
-    # average (2.53% since the 2026-12-07 refit on more tables, 2.42% before), within 8% each; with the grouped tiles at the dense GEMMs' efficiency, prefill-sized
-    # batches come out fast (the Triton kernel gathers its rows by expert).
+    # average (2.53% since the 2026-12-07 refit on more tables, 2.42% before), within 8% each; with the
+    # grouped tiles at the dense GEMMs' efficiency, prefill-sized batches come out fast (the Triton kernel
+    # gathers its rows by expert).
     from sim.executors.cost_model import engine_params_of, load_calibration
     from sim.executors.moe_kernel import load_table, log_errors
 
