@@ -180,20 +180,35 @@ def test_cli_loo_prints_every_model(capsys):
     assert out["all"]["rows"] == rows == sum(4 * len(pd.read_csv(p)) for p in tables)
 
 
+def test_loo_folds_in_worker_processes_give_the_same_results(tables):
+    # each fold is fitted alone: two processes give what one does, bit for bit, in model order
+    df = tables["a100"]
+    small = df[df.model.isin(["phi-2", "Llama-2-7b-hf", "Qwen-72B"]) & (df.tp == 1)]
+    hw = HardwareSpec.from_name("a100-80gb")
+    alone = loo(small, hw, points=8)
+    assert [r.model for r in alone] == ["Llama-2-7b-hf", "Qwen-72B", "phi-2"]
+    assert loo(small, hw, points=8, workers=2) == alone
+
+
+def test_cli_loo_rejects_a_bad_worker_count(capsys):
+    assert cli_main(["validate", "--loo", "--hardware", "a100-80gb", "--workers", "0"]) == 2
+    assert "--workers: must be between 1 and 256, got 0" in capsys.readouterr().err
+
+
 def test_cli_loo_defaults_to_every_shipped_table_of_the_gpu(monkeypatch, capsys):
     import sim.commands.validate as command
     from sim.executors.opmodel import LooResult
 
     seen = []
 
-    def scored(df, hardware, points):   # the fit itself is checked above: here only which tables it gets
-        seen.append((sorted(df.model.unique()), hardware.name, points))
+    def scored(df, hardware, points, workers):   # the fit itself is checked above: here which tables it gets
+        seen.append((sorted(df.model.unique()), hardware.name, points, workers))
         return [LooResult(m, 1, 1, 0.1, 0.08, 0.05, 0.06, 0.03, 1) for m in seen[0][0]]
 
     monkeypatch.setattr(command, "loo", scored)
-    assert cli_main(["validate", "--loo", "--hardware", "a100-80gb", "--points", "8"]) == 0
+    assert cli_main(["validate", "--loo", "--hardware", "a100-80gb", "--points", "8", "--workers", "3"]) == 0
     assert seen == [(["CodeLlama-34b-Instruct-hf", "Llama-2-70b-hf", "Llama-2-7b-hf", "Meta-Llama-3-8B", "Qwen-72B",
-                      "internlm-20b", "phi-2"], "a100-80gb", 8)]
+                      "internlm-20b", "phi-2"], "a100-80gb", 8, 3)]
     assert "all held-out rows" in capsys.readouterr().out
 
 

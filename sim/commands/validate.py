@@ -1,7 +1,7 @@
 """kvsim validate --calibration CALIB.json --measurements FILE... [--json] [--plot PATH]: the model's error.
 
-kvsim validate --loo --hardware NAME [--measurements FILE...] [--points N] [--json]: leave-one-model-out
-MAPE of the four projections (opmodel.py), per held-out model, for the plain roofline, the tile/wave
+kvsim validate --loo --hardware NAME [--measurements FILE...] [--points N] [--workers N] [--json]:
+leave-one-model-out MAPE of the four projections (opmodel.py), per held-out model, for the plain roofline, the tile/wave
 roofline, the learned correction, and the correction plus N of the held-out model's own token counts
 per shape.
 """
@@ -29,6 +29,9 @@ def add_parser(sub) -> None:
                    help="leave-one-model-out: fit on the other models minus the held-out model's GEMM shapes")
     p.add_argument("--hardware", default=None, help="with --loo: hardware preset (default tables: the shipped ones)")
     p.add_argument("--points", type=int, default=16, help="with --loo: own token counts per shape (default 16)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="with --loo: fit the held-out models' folds in this many processes (default 1; same "
+                        "results for any number)")
     p.set_defaults(func=main)
 
 
@@ -64,6 +67,8 @@ def _loo(args: argparse.Namespace) -> int:
     hw = hardware_of(args.hardware)
     if args.points < 2:
         raise KvsimError("--points", f"must be at least 2, got {args.points}")
+    if not 1 <= args.workers <= 256:
+        raise KvsimError("--workers", f"must be between 1 and 256, got {args.workers}")
     paths = args.measurements or shipped_vidur(hw.name.split("-")[0])
     if not paths:
         raise KvsimError("--measurements", f"no shipped Vidur tables for {hw.name}; give some")
@@ -72,7 +77,7 @@ def _loo(args: argparse.Namespace) -> int:
     if models < 2:
         raise KvsimError("--measurements", f"leave-one-model-out needs projection rows of at least two models, "
                                            f"found {models}")
-    results = loo(df, hw, points=args.points)
+    results = loo(df, hw, points=args.points, workers=args.workers)
     if args.json:
         print(json.dumps({"hardware": hw.name, "points": args.points, "models": [asdict(r) for r in results],
                           "all": pooled(results)}, indent=2))

@@ -225,16 +225,27 @@ def loo_rows(df: pd.DataFrame, hardware: HardwareSpec) -> pd.DataFrame:
     return pd.concat(parts)
 
 
-def loo(df: pd.DataFrame, hardware: HardwareSpec, points: int = 16) -> list[LooResult]:
-    """Leave-one-model-out over every model with projection rows in ``df``."""
-    out = []
-    for held in sorted(with_shapes(df).model.unique()):
-        train, test, fits = loo_fold(df, hardware, held)
-        t = test.time_s.to_numpy()
-        corr = fits["corrected"]
-        sample, rest = few_points(test, points)
-        few = replace(corr, gemm_correction={**corr.gemm_correction, "local": fit_local(sample, hardware, corr)})
-        out.append(LooResult(held, len(test), len(train), *(mape(predict_gemm(test, hardware, p), t) for p in (
-            fits["plain"], fits["roofline"], corr, unstacked(corr))),
-                             mape(predict_gemm(rest, hardware, few), rest.time_s.to_numpy()), len(rest)))
-    return out
+def loo(df: pd.DataFrame, hardware: HardwareSpec, points: int = 16, workers: int = 1) -> list[LooResult]:
+    """Leave-one-model-out over every model with projection rows in ``df``, in model order; ``workers`` > 1
+    fits the folds in that many processes (each fold is fitted alone: the same results for any number)."""
+    models = sorted(with_shapes(df).model.unique())
+    if workers <= 1 or len(models) < 2:
+        return [loo_result(df, hardware, held, points) for held in models]
+    from functools import partial
+
+    from sim.worker_pool import worker_pool
+
+    with worker_pool(min(workers, len(models))) as pool:   # (stopped at once on Ctrl-C or an error)
+        return list(pool.map(partial(loo_result, df, hardware, points=points), models))
+
+
+def loo_result(df: pd.DataFrame, hardware: HardwareSpec, held: str, points: int = 16) -> LooResult:
+    """One fold of ``loo``: the model ``held`` scored by fits on the others."""
+    train, test, fits = loo_fold(df, hardware, held)
+    t = test.time_s.to_numpy()
+    corr = fits["corrected"]
+    sample, rest = few_points(test, points)
+    few = replace(corr, gemm_correction={**corr.gemm_correction, "local": fit_local(sample, hardware, corr)})
+    return LooResult(held, len(test), len(train), *(mape(predict_gemm(test, hardware, p), t) for p in (
+        fits["plain"], fits["roofline"], corr, unstacked(corr))),
+                     mape(predict_gemm(rest, hardware, few), rest.time_s.to_numpy()), len(rest))
