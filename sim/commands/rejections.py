@@ -28,5 +28,7 @@ def rejection_note(requests: pd.DataFrame) -> str | None:
     ranked = sorted(kinds.values(), key=lambda kind: -kind[0])   # stable: ties keep first-met order
     named = [f'{count:,} like "{example}"' for count, example in ranked[:SHOWN]]
     more = len(ranked) - SHOWN
-    tail = f"; {sum(k[0] for k in ranked[SHOWN:]):,} for {more:,} other reason{'s' if more > 1 else ''}" if more > 0 else ""
+    tail = ""
+    if more > 0:
+        tail = f"; {sum(k[0] for k in ranked[SHOWN:]):,} for {more:,} other reason{'s' if more > 1 else ''}"
     return f"note: {len(rejected):,} of {len(requests):,} requests rejected: " + "; ".join(named) + tail

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -231,9 +232,7 @@ def loo(df: pd.DataFrame, hardware: HardwareSpec, points: int = 16, workers: int
     models = sorted(with_shapes(df).model.unique())
     if workers <= 1 or len(models) < 2:
         return [loo_result(df, hardware, held, points) for held in models]
-    from functools import partial
-
-    from sim.worker_pool import worker_pool
+    from sim.worker_pool import worker_pool  # (its pools only where asked for)
 
     with worker_pool(min(workers, len(models))) as pool:   # (stopped at once on Ctrl-C or an error)
         return list(pool.map(partial(loo_result, df, hardware, points=points), models))
