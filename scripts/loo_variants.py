@@ -10,11 +10,13 @@ the learner, its features, targets or training rows (``cross_gpu``: the other GP
 kernel mean's widths, and nothing else; a variant that predicts the whole log ratio (``stacked``: trees that
 also read the kernel mean, out of fold for their training rows) is scored as it is. Printed: MAPE of the
 held-out models' four projections per model and pooled over all held-out rows (the README's figure).
-"shipped" is the blend averaged with the stacked trees (``opmodel.STACKED_WEIGHT``) and reproduces ``kvsim
-validate --loo`` (but for A100's Llama-3-8B, 4.94% here against 4.87%: beyond the grid's last token count
-the shipped curves go on from their last value as the plain trees change, sampled 2^(1/32) apart in M,
-where this script evaluates the stacked trees at each row's own token count); "unstacked" is the blend
-alone, as shipped until 2026-12-05.
+"shipped" is an even mean of the blend (its plain trees averaged over ``AVERAGED_SEEDS``), the stacked trees and
+the cross-GPU trees, and reproduces ``kvsim validate --loo`` (but for A100's Llama-3-8B above 4,096 tokens:
+beyond the grid's last token count the shipped curves go on from their last value as the plain trees
+change, sampled 2^(1/32) apart in M, where this script evaluates every part at each row's own token count);
+"stacked_blend" is the blend with one plain ensemble averaged with the stacked trees, as shipped from
+2026-12-05 to 2026-12-07 ("all_averaged", the same as "shipped" with 1,000 trees at 0.05 per averaged
+ensemble, was defined before then); "unstacked" is that blend alone, as shipped until 2026-12-05.
 The "bound" line knows each held-out shape's measurements: it removes the shape's own median log error
 from the shipped blend, the most any per-shape offset could give. Needs scikit-learn (the ``fit`` extra).
 """
@@ -39,7 +41,7 @@ from sim.executors import calibrate, opmodel
 from sim.executors.gemm_features import gemm_features
 from sim.executors.measurements import read_measurements
 from sim.executors.roofline import DEFAULT_NUM_SMS, CostParams
-from sim.executors.tree_ensemble import TREE_SETTINGS
+from sim.executors.tree_ensemble import AVERAGED_SEEDS, AVERAGED_SETTINGS, TREE_SETTINGS
 from sim.executors.validation import hardware_of, shipped_vidur
 from sim.specs import HardwareSpec
 
@@ -93,9 +95,18 @@ def as_learner(f: Fold, whole: np.ndarray) -> np.ndarray:
 
 
 def shipped_blend(f: Fold) -> np.ndarray:
-    """The blend's whole log ratio at the held-out rows (without the stacked trees)."""
+    """The blend's whole log ratio at the held-out rows with one ensemble of plain trees (shipped until
+    2026-12-07; without the stacked trees)."""
     w = opmodel.TREE_WEIGHT
     return (1 - w) * kernel_mean(f) + w * boosted(f.x_train, f.target, f.x_test)
+
+
+def averaged_blend(f: Fold) -> np.ndarray:
+    """The blend with the plain trees as shipped since 2026-12-07: AVERAGED_SEEDS ensembles averaged."""
+    w = opmodel.TREE_WEIGHT
+    trees = np.mean([boosted(f.x_train, f.target, f.x_test, **AVERAGED_SETTINGS, random_state=s)
+                     for s in AVERAGED_SEEDS], axis=0)
+    return (1 - w) * kernel_mean(f) + w * trees
 
 
 def extra_features(d: pd.DataFrame, kind: str, num_sms: int) -> np.ndarray:
@@ -174,8 +185,8 @@ def cross_gpu(f: Fold) -> np.ndarray:
 # name -> (learner's log ratio at the test rows, kernel-mean widths)
 Learner = Callable[[Fold], np.ndarray]
 VARIANTS: dict[str, tuple[Learner, dict[str, float]]] = {
-    "shipped": (lambda f: as_learner(f, (1 - opmodel.STACKED_WEIGHT) * shipped_blend(f)
-                                     + opmodel.STACKED_WEIGHT * stacked(f)), {}),
+    "shipped": (lambda f: as_learner(f, (averaged_blend(f) + stacked(f) + cross_gpu(f)) / 3), {}),
+    "stacked_blend": (lambda f: as_learner(f, (shipped_blend(f) + stacked(f)) / 2), {}),
     "unstacked": (lambda f: boosted(f.x_train, f.target, f.x_test), {}),
     "bagged": (lambda f: (boosted(f.x_train, f.target, f.x_test) + forest(f)) / 2, {}),
     "extra_trees": (lambda f: (boosted(f.x_train, f.target, f.x_test) + ExtraTreesRegressor(

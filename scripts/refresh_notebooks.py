@@ -32,7 +32,7 @@ def output_counts(nb) -> dict[str, int]:
             "errors": sum(o.get("output_type") == "error" for o in outs)}
 
 
-def execute(path: Path, timeout: int = 300):
+def execute(path: Path, timeout: int = 900):
     """A freshly executed copy of the notebook at ``path`` (the file is not changed). The kernel runs without
     KVSIM_CHECK_INTEGRITY (the test suite sets it; the notebooks are demonstrations, checked elsewhere)."""
     nb = nbformat.read(path, as_version=4)

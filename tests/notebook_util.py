@@ -11,14 +11,14 @@ refresh = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(refresh)
 
 
-def execute_fresh(name: str, min_figures: int = 1):
+def execute_fresh(name: str, min_figures: int = 1, timeout: int = 180):
     """The freshly executed notebook ``notebooks/NAME``, after checking it raised nothing and that the stored
     file shows the same numbers of figures and tables, at least ``min_figures`` figures."""
     import nbformat
 
     path = ROOT / "notebooks" / name
     stored = nbformat.read(path, as_version=4)
-    fresh = refresh.execute(path, timeout=180)
+    fresh = refresh.execute(path, timeout=timeout)
     why = refresh.stale(stored, fresh)
     assert not why, f"{name}: {why}"
     assert refresh.output_counts(stored)["figures"] >= min_figures

@@ -124,9 +124,9 @@ def test_bad_buffers_are_refused():
                              exe._native_consts)
 
 
-NATIVE_USERS = ["sim.engine_core", "sim.executors.cost_model", "sim.kv.block_pool", "sim.kv.free_queue", "sim.metrics",
-                "sim.sched.continuous", "sim.sched.decode_lane", "sim.sched.decode_run", "sim.sched.decode_run_apply",
-                "sim.workload.tokens"]
+NATIVE_USERS = ["sim.engine_core", "sim.executors.cost_model", "sim.executors.tree_ensemble", "sim.kv.block_pool",
+                "sim.kv.free_queue", "sim.metrics", "sim.sched.continuous", "sim.sched.decode_lane",
+                "sim.sched.decode_run", "sim.sched.decode_run_apply", "sim.workload.tokens"]
 
 
 def native_off(monkeypatch) -> None:

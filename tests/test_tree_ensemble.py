@@ -46,6 +46,47 @@ def test_numpy_evaluation_matches_scikit_learn():
     assert fit_trees(x, y, ["a", "b", "c", "d"]) == stored
 
 
+def test_ensembles_of_several_seeds_are_stored_as_their_mean():
+    from sklearn.ensemble import HistGradientBoostingRegressor
+    from threadpoolctl import threadpool_limits
+
+    from sim.executors.tree_ensemble import AVERAGED_SETTINGS
+
+    rng = np.random.default_rng(11)
+    x = rng.uniform(-2, 2, size=(2000, 4))
+    y = np.cos(x[:, 0] * x[:, 1]) + 0.3 * x[:, 3] + 0.05 * rng.normal(size=len(x))
+    settings = {**AVERAGED_SETTINGS, "max_iter": 40}
+    stored = fit_trees(x, y, ["a", "b", "c", "d"], settings, seeds=(0, 1, 2))
+    with threadpool_limits(limits=1):
+        refs = [HistGradientBoostingRegressor(random_state=s, early_stopping=False, **settings).fit(x, y)
+                for s in (0, 1, 2)]
+    probe = rng.uniform(-3, 3, size=(400, 4))
+    reference = np.mean([r.predict(probe) for r in refs], axis=0)
+    assert len(stored["feature"]) == 3 * 40
+    # each leaf value is a third of the fitted one, stored to 7 decimals; the base to 8
+    assert np.abs(TreeEnsemble(stored).predict(probe) - reference).max() < 120 * 5e-8 + 5e-9
+    # the seeds draw different features for their splits: the three ensembles differ
+    assert np.ptp([r.predict(probe) for r in refs], axis=0).max() > 1e-3
+
+
+def test_the_compiled_evaluation_equals_numpy_bit_for_bit():
+    from sim.executors.cost_model import load_calibration
+    from sim.native import native
+
+    if native is None:
+        pytest.skip("sim._native is not built")
+    params, _ = load_calibration("h100-80gb")
+    rng = np.random.default_rng(3)
+    m, n, k = rng.integers(1, 8192, 600), rng.integers(64, 30000, 600), rng.integers(64, 30000, 600)
+    x = gemm_features(m, n, k, 132, rng.choice(["mlp_up_proj", "attn_post_proj", ""], 600))
+    for part in ("trees", "stacked_trees", "cross_trees"):
+        trees = TreeEnsemble(params.gemm_correction[part])
+        cols = {"trees": x, "stacked_trees": np.hstack([x, rng.normal(0, 0.1, (600, 1))]),
+                "cross_trees": np.hstack([x, np.full((600, 1), 132.0)])}[part]
+        assert np.array_equal(trees.predict(cols), trees.predict_numpy(cols)), part
+    assert TreeEnsemble(HAND).predict(np.array([[2.0, 0.5], [1.0, 5.0]])) == pytest.approx([1.35, 1.15])
+
+
 def test_gemm_features_by_hand():
     # M = 100, N = 300, K = 64 on 108 SMs
     f = dict(zip(FEATURE_NAMES, gemm_features(np.array([100]), 300, 64, 108)[0]))
@@ -181,6 +222,37 @@ def test_an_unseen_projection_averages_the_blend_with_the_stacked_trees():
     # weight 0 is the blend alone
     assert factor_scalar({**STACKED_CORR, "stacked_weight": 0.0}, 1, 3000, 1000, "mlp_up_proj") == pytest.approx(
         math.exp(0.025))
+
+
+# cross-GPU trees: one tree over the SM count's column (the last one): 0.4 on a GPU of at most 120 SMs, else -0.1
+SMS = len(FEATURE_NAMES)
+CROSS = {"base": 0.0, "features": [*FEATURE_NAMES, "num_sms"], "feature": [[SMS, -1, -1]],
+         "split": [[120.0, 0.4, -0.1]], "right": [[2, 0, 0]]}
+THIRD = 1 / 3
+THREE_PARTS = {**CORR, "stacked_trees": STACKED, "stacked_weight": THIRD, "cross_trees": CROSS,
+               "cross_weight": THIRD}
+
+
+def test_an_unseen_projection_is_the_even_mean_of_the_blend_and_both_stacked_and_cross_gpu_trees():
+    # as above, the blend is [0.025, 0.225] and the stacked tree [0.5, -0.5] at M = 1 and 101; the cross tree
+    # reads the correction's SM count: 0.4 at 108 SMs, -0.1 at 132; a third of each
+    for sms, cross in ((108, 0.4), (132, -0.1)):
+        corr = {**THREE_PARTS, "num_sms": sms}
+        curve = [(0.025 + 0.5 + cross) / 3, (0.225 - 0.5 + cross) / 3]
+        assert factor_scalar(corr, 1, 3000, 1000, "mlp_up_proj") == pytest.approx(math.exp(curve[0]))
+        assert factor(corr, np.array([1, 101]), 3000, 1000, "attn_pre_proj") == pytest.approx(np.exp(curve))
+    # no projection: the blend alone; a measured shape: its own curve; both weights 0: the blend
+    assert factor_scalar(THREE_PARTS, 101, 3000, 1000) == pytest.approx(math.exp(0.225))
+    assert factor_scalar(THREE_PARTS, 101, 1000, 1000, "mlp_down_proj") == pytest.approx(math.exp(0.2))
+    off = {**THREE_PARTS, "stacked_weight": 0.0, "cross_weight": 0.0}
+    assert factor_scalar(off, 1, 3000, 1000, "mlp_up_proj") == pytest.approx(math.exp(0.025))
+
+
+def test_cross_gpu_trees_over_other_columns_are_refused():
+    from sim.executors.shape_correction import check
+
+    with pytest.raises(ValueError, match="cross_trees"):
+        check({**THREE_PARTS, "cross_trees": {**CROSS, "features": list(FEATURE_NAMES)}})
 
 
 def test_stacked_trees_over_other_columns_are_refused():

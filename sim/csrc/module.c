@@ -86,6 +86,10 @@ static PyMethodDef methods[] = {
      "[(error, records, totals), ...]: the whole run of one engine or of a colocated pool behind one arrival "
      "process; route is None (dest chosen ahead), route(g) -> engine, or (rule, pairs, slack) for a router "
      "applied here (sim/engine_core.py prepares the arguments and reads the results)."},
+    {"tree_predict", kv_tree_predict, METH_VARARGS,
+     "tree_predict(out, x, rows, n_features, offsets, trees, feature, threshold, value, left, right, nodes, base): "
+     "out[i] = base + the sum over trees, in order, of the leaf row i of x (rows x n_features float64) reaches "
+     "(sim/executors/tree_ensemble.py TreeEnsemble.predict, bit for bit)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -57,6 +57,8 @@ PyObject *kv_grow_tables(PyObject *self, PyObject *args);
 PyObject *kv_free_table(PyObject *self, PyObject *args);
 PyObject *kv_lane_boundary(PyObject *self, PyObject *args);
 PyObject *kv_lane_grow(PyObject *self, PyObject *args);
+/* trees.c: a stored tree ensemble's prediction */
+PyObject *kv_tree_predict(PyObject *self, PyObject *args);
 /* hashes.c: chained block hashes */
 PyObject *kv_chain_hashes(PyObject *self, PyObject *args);
 /* lane.c: the decode lane's finishes */

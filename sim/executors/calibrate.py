@@ -198,12 +198,15 @@ def allreduce_table(df: pd.DataFrame, points: int = 48) -> dict[str, list[list[f
     return out
 
 
-def fit_params(df: pd.DataFrame, hardware: HardwareSpec) -> CostParams:
-    """Fit every parameter the given rows inform; the others keep their defaults."""
-    from sim.executors.opmodel import fit_correction  # opmodel builds on this module's fitters
+def fit_params(df: pd.DataFrame, hardware: HardwareSpec, cross_gpu: bool = True) -> CostParams:
+    """Fit every parameter the given rows inform; the others keep their defaults. ``cross_gpu``: on a GPU, the
+    GEMM correction's cross-GPU trees learn from the other shipped GPUs' tables too (cross_gpu.py)."""
+    from sim.executors.cross_gpu import is_gpu, shipped_rows  # both build on this module's fitters
+    from sim.executors.opmodel import fit_correction
 
     params = fit_gemm(df, hardware, CostParams(num_sms=DEFAULT_NUM_SMS.get(hardware.name, 108)))
-    params.gemm_correction = fit_correction(df, hardware, params)
+    others = shipped_rows(hardware.name) if cross_gpu and is_gpu(hardware) else []
+    params.gemm_correction = fit_correction(df, hardware, params, others)
     elem = df[df.operator.isin(ELEMENTWISE_OPS)]
     if not elem.empty:
         grid = np.linspace(0.05, 1.2, 116)

@@ -59,3 +59,12 @@ def gemm_features(m: np.ndarray, n: np.ndarray, k: np.ndarray, num_sms: int, op:
     cols += [n % 128, k % 128]
     cols += [(ops == o).astype(float) for o in LINEAR_OPS]
     return np.stack([np.ravel(c) for c in cols], axis=1)
+
+
+# the cross-GPU trees' columns (cross_gpu.py): the features above, then the GPU's SM count
+CROSS_FEATURE_NAMES = [*FEATURE_NAMES, "num_sms"]
+
+
+def with_sms(features: np.ndarray, num_sms: int) -> np.ndarray:
+    """``features`` (rows x FEATURE_NAMES) with the SM count appended as a last column (CROSS_FEATURE_NAMES)."""
+    return np.hstack([features, np.full((len(features), 1), float(num_sms))])

@@ -28,11 +28,12 @@ import numpy as np
 import pandas as pd
 
 from sim.executors.calibrate import fit_baseline, fit_gemm, gemm_shapes, mape
-from sim.executors.gemm_features import FEATURE_NAMES, gemm_features
+from sim.executors.cross_gpu import GpuRows, is_gpu, shipped_rows, training_rows, without
+from sim.executors.gemm_features import CROSS_FEATURE_NAMES, FEATURE_NAMES, gemm_features, with_sms
 from sim.executors.measurements import LINEAR_OPS
 from sim.executors.roofline import DEFAULT_NUM_SMS, CostParams, gemm_time
 from sim.executors.shape_correction import STACKED_FEATURE_NAMES, ShapeCorrection
-from sim.executors.tree_ensemble import fit_trees
+from sim.executors.tree_ensemble import AVERAGED_SEEDS, AVERAGED_SETTINGS, TREE_SETTINGS, fit_trees
 from sim.specs import HardwareSpec
 
 # the correction's kernels (ln units) and prior weights, chosen once for both GPUs on the leave-one-model-out
@@ -45,9 +46,12 @@ OP_WIDTH_N, OP_WIDTH_K, OP_WEIGHT, OP_PRIOR_WEIGHT = 0.3, 0.4, 0.2, 0.35
 # 5.44%, 0.9 5.34% / 5.46%; with the four A100 tables 4.94%, 4.90% and 4.97% on A100 (then with the
 # correction flat beyond the grid; 4.76% at 0.7 since the trees carry it on there, shape_correction.py)
 TREE_WEIGHT = 0.7
-# the stacked trees' share of an unseen projection's curve, the other half the blend above: an even mean, not
-# tuned (kvsim validate --loo: H100 5.44% -> 5.24%, A100 4.76% -> 4.66%, every held-out model better; README)
-STACKED_WEIGHT = 0.5
+# an unseen projection's curve is an even mean, not tuned, of the blend above, the stacked trees (where there are
+# two training models or more) and the cross-GPU trees (where other GPUs' rows are given): kvsim validate --loo,
+# blend and stacked trees, H100 5.44% -> 5.24%, A100 4.76% -> 4.66% on four tables each; all three, with the
+# plain trees averaged over AVERAGED_SEEDS, 5.07% -> 4.96% and 4.47% -> 4.35% on six and seven (README)
+# the cross-GPU trees: as the plain ones, over twice the rows and with twice the trees
+CROSS_SETTINGS = {**TREE_SETTINGS, "max_iter": 600}
 
 
 def with_shapes(df: pd.DataFrame) -> pd.DataFrame:
@@ -78,9 +82,12 @@ def _curves(r: pd.DataFrame, keys: list[str], grid: np.ndarray | None = None
     return grid, table.index, curves
 
 
-def fit_correction(df: pd.DataFrame, hardware: HardwareSpec, params: CostParams) -> dict[str, Any]:
+def fit_correction(df: pd.DataFrame, hardware: HardwareSpec, params: CostParams,
+                   others: Sequence[GpuRows] = ()) -> dict[str, Any]:
     """The stored correction over ``params`` (its own correction ignored) from the projection rows of ``df``:
-    per (N, K) the curve pooled over operators, and per operator those of shapes measured as several."""
+    per (N, K) the curve pooled over operators, and per operator those of shapes measured as several; the
+    plain trees (``AVERAGED_SEEDS`` ensembles averaged), the stacked trees with rows of two models or more,
+    and with ``others`` (other GPUs' rows, cross_gpu.py) the cross-GPU trees."""
     rows = with_shapes(df)
     if rows.empty:
         return {}
@@ -89,12 +96,19 @@ def fit_correction(df: pd.DataFrame, hardware: HardwareSpec, params: CostParams)
     features = gemm_features(rows.M.to_numpy(), rows.N.to_numpy(), rows.K.to_numpy(), params.num_sms,
                              rows.operator.to_numpy())
     out = {**curve_data(r), "num_sms": int(params.num_sms), "tree_weight": TREE_WEIGHT,
-           "trees": fit_trees(features, r.r.to_numpy(), FEATURE_NAMES)}
+           "trees": fit_trees(features, r.r.to_numpy(), FEATURE_NAMES, AVERAGED_SETTINGS, AVERAGED_SEEDS)}
     mean = out_of_fold_kernel_mean(r)
     if mean is not None:
         out["stacked_trees"] = fit_trees(np.hstack([features, mean[:, None]]), r.r.to_numpy(),
                                          STACKED_FEATURE_NAMES)
-        out["stacked_weight"] = STACKED_WEIGHT
+    if others:
+        x, y = training_rows(list(others))
+        out["cross_trees"] = fit_trees(np.vstack([with_sms(features, params.num_sms), x]),
+                                       np.concatenate([r.r.to_numpy(), y]), CROSS_FEATURE_NAMES, CROSS_SETTINGS)
+    share = 1.0 / (1 + ("stacked_trees" in out) + ("cross_trees" in out))   # an even mean of the parts
+    for part in ("stacked", "cross"):
+        if f"{part}_trees" in out:
+            out[f"{part}_weight"] = share
     return out
 
 
@@ -192,55 +206,73 @@ class LooResult:
     plain: float      # plain roofline (one efficiency each, no tiles), fitted on the training rows
     roofline: float   # tile/wave roofline fitted on the training rows
     corrected: float  # the same plus the learned correction
-    unstacked: float  # the learned correction without its stacked trees (the blend alone)
+    unstacked: float  # the learned correction without its stacked and cross-GPU trees (the blend alone)
     few: float        # plus a local correction from ``points`` token counts per shape (scored on the rest)
     few_rows: int     # rows ``few`` is scored on (the held-out rows minus the measured sample)
 
 
-def loo_fold(df: pd.DataFrame, hardware: HardwareSpec, held: str, train_models: Sequence[str] | None = None
-             ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, CostParams]]:
+def loo_fold(df: pd.DataFrame, hardware: HardwareSpec, held: str, train_models: Sequence[str] | None = None,
+             cross_gpu: bool = True) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, CostParams]]:
     """One fold: (training rows, held-out rows, {"plain", "roofline", "corrected"} parameters fitted on the
-    training rows); ``train_models``: train on these models only (default: every other one)."""
+    training rows); ``train_models``: train on these models only (default: every other one); ``cross_gpu``:
+    cross-GPU trees over the other shipped GPUs' tables too, less the held-out model and its shapes."""
     train, test = loo_split(df, held)
     if train_models is not None:
         train = train[train.model.isin(train_models)]
     base = CostParams(num_sms=DEFAULT_NUM_SMS.get(hardware.name, 108))
     roof = fit_gemm(train, hardware, base)
-    corr = replace(roof, gemm_correction=fit_correction(train, hardware, roof))
+    others = (without(shipped_rows(hardware.name), held, pd.MultiIndex.from_frame(test[["N", "K"]].drop_duplicates()))
+              if cross_gpu and is_gpu(hardware) else [])
+    corr = replace(roof, gemm_correction=fit_correction(train, hardware, roof, others))
     return train, test, {"plain": fit_baseline(train, hardware), "roofline": roof, "corrected": corr}
 
 
 def unstacked(params: CostParams) -> CostParams:
-    """``params`` with its correction's stacked trees weighted 0: the blend alone."""
-    return replace(params, gemm_correction={**params.gemm_correction, "stacked_weight": 0.0})
+    """``params`` with its correction's stacked and cross-GPU trees weighted 0: the blend alone."""
+    return replace(params, gemm_correction={**params.gemm_correction, "stacked_weight": 0.0, "cross_weight": 0.0})
 
 
-def loo_rows(df: pd.DataFrame, hardware: HardwareSpec) -> pd.DataFrame:
+def loo_rows(df: pd.DataFrame, hardware: HardwareSpec, cross_gpu: bool = True, workers: int = 1
+             ) -> pd.DataFrame:
     """Every held-out projection row with its predictions (columns pred_plain, pred_roofline, pred_corrected,
-    and pred_unstacked: the correction without its stacked trees)."""
-    parts = []
-    for held in sorted(with_shapes(df).model.unique()):
-        _, test, fits = loo_fold(df, hardware, held)
-        fits["unstacked"] = unstacked(fits["corrected"])
-        parts.append(test.assign(**{f"pred_{k}": predict_gemm(test, hardware, p) for k, p in fits.items()}))
-    return pd.concat(parts)
-
-
-def loo(df: pd.DataFrame, hardware: HardwareSpec, points: int = 16, workers: int = 1) -> list[LooResult]:
-    """Leave-one-model-out over every model with projection rows in ``df``, in model order; ``workers`` > 1
-    fits the folds in that many processes (each fold is fitted alone: the same results for any number)."""
+    and pred_unstacked: the correction without its stacked and cross-GPU trees), in model order; ``workers``
+    as in ``loo``."""
     models = sorted(with_shapes(df).model.unique())
+    one = partial(held_out_rows, df, hardware, cross_gpu=cross_gpu)
     if workers <= 1 or len(models) < 2:
-        return [loo_result(df, hardware, held, points) for held in models]
+        return pd.concat([one(held) for held in models])
+    from sim.worker_pool import worker_pool  # (its pools only where asked for)
+
+    with worker_pool(min(workers, len(models))) as pool:
+        return pd.concat(list(pool.map(one, models)))
+
+
+def held_out_rows(df: pd.DataFrame, hardware: HardwareSpec, held: str, cross_gpu: bool = True) -> pd.DataFrame:
+    """One fold of ``loo_rows``: the rows of model ``held`` with the predictions of fits on the others."""
+    _, test, fits = loo_fold(df, hardware, held, cross_gpu=cross_gpu)
+    fits["unstacked"] = unstacked(fits["corrected"])
+    return test.assign(**{f"pred_{k}": predict_gemm(test, hardware, p) for k, p in fits.items()})
+
+
+def loo(df: pd.DataFrame, hardware: HardwareSpec, points: int = 16, workers: int = 1, cross_gpu: bool = True
+        ) -> list[LooResult]:
+    """Leave-one-model-out over every model with projection rows in ``df``, in model order; ``workers`` > 1
+    fits the folds in that many processes (each fold is fitted alone: the same results for any number);
+    ``cross_gpu`` as in ``loo_fold``."""
+    models = sorted(with_shapes(df).model.unique())
+    one = partial(loo_result, df, hardware, points=points, cross_gpu=cross_gpu)
+    if workers <= 1 or len(models) < 2:
+        return [one(held) for held in models]
     from sim.worker_pool import worker_pool  # (its pools only where asked for)
 
     with worker_pool(min(workers, len(models))) as pool:   # (stopped at once on Ctrl-C or an error)
-        return list(pool.map(partial(loo_result, df, hardware, points=points), models))
+        return list(pool.map(one, models))
 
 
-def loo_result(df: pd.DataFrame, hardware: HardwareSpec, held: str, points: int = 16) -> LooResult:
+def loo_result(df: pd.DataFrame, hardware: HardwareSpec, held: str, points: int = 16, cross_gpu: bool = True
+               ) -> LooResult:
     """One fold of ``loo``: the model ``held`` scored by fits on the others."""
-    train, test, fits = loo_fold(df, hardware, held)
+    train, test, fits = loo_fold(df, hardware, held, cross_gpu=cross_gpu)
     t = test.time_s.to_numpy()
     corr = fits["corrected"]
     sample, rest = few_points(test, points)

@@ -17,6 +17,8 @@ The stored form (``CostParams.gemm_correction``, plain JSON) is
      "num_sms": S,                              their weight in a shape that was not measured; the SM count
      "stacked_trees": {...},                    boosted trees over gemm_features and the kernel mean
      "stacked_weight": w_s,                     (STACKED_FEATURE_NAMES), their weight for a projection
+     "cross_trees": {...},                      boosted trees over gemm_features and the SM count, fitted on
+     "cross_weight": w_c,                       other GPUs' rows too (CROSS_FEATURE_NAMES, cross_gpu.py)
      "local": {"N,K": [[M, delta], ...],        a new model's own measured points (optional): any operator,
                "OP,N,K": [[M, delta], ...]}}     or operator OP only (taking precedence)
 
@@ -33,11 +35,12 @@ With "trees", a shape that was not measured takes (1 - w_t) x that mean + w_t x 
 the grid: the trees read the tile, wave and alignment features of (M, N, K) and the operator, which the
 kernel mean, knowing only how far shapes are apart, cannot (together 5.46% -> 4.76% on A100 and 6.51% ->
 5.44% on H100, leave one model out, README); for a GEMM of no projection, their mean over the four. With
-"stacked_trees" too, a projection's unseen curve is (1 - w_s) x that blend + w_s x the stacked trees, which
-read the kernel mean at each token count beside the features, and so learn where the neighbours' curves
-hold and where they mislead (fitted on the training rows' out-of-fold kernel mean, opmodel.py; 4.76% ->
-4.66% and 5.44% -> 5.24%, every held-out model better on both GPUs); a GEMM of no projection keeps the
-blend. A shape measured in training as the same operator takes its own curve instead: the
+"stacked_trees" and "cross_trees", a projection's unseen curve is (1 - w_s - w_c) x that blend + w_s x the
+stacked trees + w_c x the cross-GPU trees (opmodel.py: an even third each). The stacked trees read the kernel
+mean at each token count beside the features, and so learn where the neighbours' curves hold and where they
+mislead (fitted on the training rows' out-of-fold kernel mean); the cross-GPU trees learned from the other
+GPUs' tables too, against each GPU's own roofline, with the SM count as a column. A GEMM of no projection
+keeps the blend. (The plain trees, "trees", may be several ensembles stored as their mean: tree_ensemble.py.) A shape measured in training as the same operator takes its own curve instead: the
 correction reproduces what was measured and generalises only to what it has not seen. Plus, when
 ``local`` holds the exact shape, its deltas at M: interpolated linearly in ln M among the local points in the same block of 64
 token counts as M (ceil(M / 64) equal), or else of 128, or else of 256 (the tile heights: a GEMM's time
@@ -51,9 +54,9 @@ flat. Fitted on token counts up to 2,048 and scored above (scripts/beyond_grid.p
 carried on, on shapes measured below the cut, 5.24% and 4.24% on held-out models; A100 4.38% / 3.99% and
 4.54% / 4.34%; Llama-3-8B's rows above A100's other tables' 4,096 tokens, held out: 5.15% / 4.23%.
 
-Invariants: a curve is computed once per (operator, N, K) (numpy, about 50 us; 10-13 ms through the trees and
-the stacked trees on a grid of 259-451 token counts, 24-37 ms for a GEMM of no projection, through the trees
-once per operator)
+Invariants: a curve is computed once per (operator, N, K) (numpy, about 50 us for a measured shape; for an
+unseen projection, through the plain, stacked and cross-GPU trees on a grid of 259-451 token counts, and for
+a GEMM of no projection, through the plain trees once per operator, the README gives the times)
 and cached, its part beyond the grid likewise when a GEMM first reaches it; afterwards one lookup costs a
 bisection and a linear interpolation (about 1 us). An empty dict is no correction (factor
 1). Without the "op_*" keys every GEMM is priced operator-blind, as before they existed.
@@ -69,7 +72,7 @@ from typing import Any
 import numpy as np
 
 from sim.executors.curve_bank import CurveBank
-from sim.executors.gemm_features import FEATURE_NAMES, gemm_features
+from sim.executors.gemm_features import CROSS_FEATURE_NAMES, FEATURE_NAMES, gemm_features, with_sms
 from sim.executors.measurements import LINEAR_OPS
 from sim.executors.tree_ensemble import TreeEnsemble
 
@@ -125,6 +128,11 @@ class ShapeCorrection:
                              "mean: refit the calibration")
         self.stacked = TreeEnsemble(data["stacked_trees"]) if data.get("stacked_trees") else None
         self.stacked_weight = float(data.get("stacked_weight", 0.0)) if self.stacked is not None else 0.0
+        if data.get("cross_trees") and data["cross_trees"]["features"] != CROSS_FEATURE_NAMES:
+            raise ValueError("cross_trees: their features are not gemm_features.FEATURE_NAMES and the SM count: "
+                             "refit the calibration")
+        self.cross = TreeEnsemble(data["cross_trees"]) if data.get("cross_trees") else None
+        self.cross_weight = float(data.get("cross_weight", 0.0)) if self.cross is not None else 0.0
         # beyond the grid's last token count, where the trees carry the curves on (empty without trees)
         self.beyond = ([self.grid[-1], *extension(self.grid[-1])]
                        if self.grid and self.trees is not None and self.tree_weight > 0.0 else [])
@@ -164,11 +172,16 @@ class ShapeCorrection:
         w = self.tree_weight
         mean = np.asarray(bank.curve(n, k, name))
         blend = (1.0 - w) * mean + w * self._tree_curve(op, n, k, self.grid)
-        if self.stacked is None or self.stacked_weight <= 0.0 or op not in LINEAR_OPS:
+        s, c = self.stacked_weight, self.cross_weight
+        if s + c <= 0.0 or op not in LINEAR_OPS:
             return blend.tolist()
-        x = np.hstack([gemm_features(np.asarray(self.grid), n, k, self.num_sms, op), mean[:, None]])
-        s = self.stacked_weight
-        return ((1.0 - s) * blend + s * self.stacked.predict(x)).tolist()
+        features = gemm_features(np.asarray(self.grid), n, k, self.num_sms, op)
+        out = (1.0 - s - c) * blend
+        if s > 0.0:
+            out += s * self.stacked.predict(np.hstack([features, mean[:, None]]))
+        if c > 0.0:
+            out += c * self.cross.predict(with_sms(features, self.num_sms))
+        return out.tolist()
 
     def _tree_curve(self, op: str, n: int, k: int, ms: list[float]) -> np.ndarray:
         """The trees at token counts ``ms`` for (op, n, k); for a GEMM of no projection (or one the trees have

@@ -12,9 +12,13 @@ The stored form (plain JSON, part of a calibration's ``gemm_correction["trees"]`
 
     prediction(x) = b + sum over trees of value[leaf reached by x]
 
-Invariants: the fitted model's predictions and ``TreeEnsemble.predict`` agree to the stored rounding (5e-8
-on the values); fitting is deterministic for the same rows (no subsampling, no early stopping, one thread);
-numpy only at run time: scikit-learn is imported by ``fit_trees`` alone.
+An average of ensembles (``fit_trees`` with several seeds: each fitted with its own draw of the features a
+split may choose among) is stored as one: b the mean of their constants, every leaf value divided by their
+number.
+
+Invariants: the fitted models' mean prediction and ``TreeEnsemble.predict`` agree to the stored rounding
+(5e-8 on the values per ensemble); fitting is deterministic for the same rows and seeds (no row subsampling,
+no early stopping, one thread); numpy only at run time: scikit-learn is imported by ``fit_trees`` alone.
 """
 
 from __future__ import annotations
@@ -23,30 +27,41 @@ from typing import Any
 
 import numpy as np
 
+from sim.native import native
+
 # chosen once on the leave-one-model-out folds (docs/per_operator_experiments.md)
 TREE_SETTINGS = {"max_iter": 300, "learning_rate": 0.05, "max_depth": 6, "min_samples_leaf": 20,
                  "l2_regularization": 1.0}
+# the averaged ensembles of the correction's plain trees (opmodel.py): four, each split choosing among a random
+# 30% of the features; 300 trees at three times the step, the shrinkage of the 1,000 at 0.05 first tried
+AVERAGED_SETTINGS = {**TREE_SETTINGS, "learning_rate": 0.15, "max_features": 0.3}
+AVERAGED_SEEDS = (0, 1, 2, 3)
 
 
-def fit_trees(x: np.ndarray, y: np.ndarray, feature_names: list[str]) -> dict[str, Any]:
-    """The stored form of a least-squares boosted ensemble fitted to (x, y) with ``TREE_SETTINGS``."""
+def fit_trees(x: np.ndarray, y: np.ndarray, feature_names: list[str], settings: dict[str, Any] | None = None,
+              seeds: tuple[int, ...] = (0,)) -> dict[str, Any]:
+    """The stored form of the mean of least-squares boosted ensembles fitted to (x, y) with ``settings``
+    (default ``TREE_SETTINGS``), one per random seed in ``seeds``."""
     from sklearn.ensemble import HistGradientBoostingRegressor
     from threadpoolctl import threadpool_limits
 
     # one thread: as fast here as all of them, the same trees on any machine, and no OpenMP spinning against
     # other processes (parallel test workers, a sweep's runs)
     with threadpool_limits(limits=1):
-        model = HistGradientBoostingRegressor(random_state=0, early_stopping=False, **TREE_SETTINGS).fit(x, y)
-    out: dict[str, Any] = {"base": round(float(np.ravel(model._baseline_prediction)[0]), 8),
-                           "features": list(feature_names), "feature": [], "split": [], "right": []}
-    for (tree,) in model._predictors:
+        models = [HistGradientBoostingRegressor(random_state=seed, early_stopping=False,
+                                                **(settings or TREE_SETTINGS)).fit(x, y) for seed in seeds]
+    share = 1.0 / len(models)
+    base = float(np.mean([np.ravel(m._baseline_prediction)[0] for m in models]))
+    out: dict[str, Any] = {"base": round(base, 8), "features": list(feature_names), "feature": [], "split": [],
+                           "right": []}
+    for (tree,) in (p for m in models for p in m._predictors):
         nodes = tree.nodes
         leaf = nodes["is_leaf"].astype(bool)
         split = np.flatnonzero(~leaf)
         if not np.array_equal(nodes["left"][split], split + 1):
             raise RuntimeError("scikit-learn's tree nodes are no longer in depth-first order")
         out["feature"].append(np.where(leaf, -1, nodes["feature_idx"]).astype(int).tolist())
-        out["split"].append([round(float(v), 7) if is_leaf else float(t)
+        out["split"].append([round(float(v) * share, 7) if is_leaf else float(t)
                              for v, t, is_leaf in zip(nodes["value"], nodes["num_threshold"], leaf)])
         out["right"].append(np.where(leaf, 0, nodes["right"]).astype(int).tolist())
     return out
@@ -76,10 +91,21 @@ class TreeEnsemble:
         self.right = np.where(leaf, node, flat["right"].astype(np.int64) + first)
 
     def predict(self, x: np.ndarray) -> np.ndarray:
-        """base + the sum of every tree's leaf value, per row of ``x`` (rows x n_features)."""
+        """base + the sum of every tree's leaf value, per row of ``x`` (rows x n_features); compiled where
+        sim._native is built (the same values bit for bit, tests/test_tree_ensemble.py)."""
         x = np.asarray(x, dtype=float).reshape(-1, self.n_features)
         if not len(self.offsets):
             return np.full(len(x), self.base)
+        if native is not None:
+            out = np.empty(len(x))
+            native.tree_predict(out, np.ascontiguousarray(x), len(x), self.n_features, self.offsets,
+                                len(self.offsets), self.feature, self.threshold, self.value, self.left,
+                                self.right, len(self.feature), self.base)
+            return out
+        return self.predict_numpy(x)
+
+    def predict_numpy(self, x: np.ndarray) -> np.ndarray:
+        """``predict`` with numpy alone (rows x n_features float64)."""
         flat_x = x.ravel()
         row_start = (np.arange(len(x)) * self.n_features)[None, :]
         node = np.repeat(self.offsets[:, None], len(x), axis=1)  # trees x rows, global node index
