@@ -26,7 +26,8 @@ def add_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="print JSON (overall_mape as a fraction)")
     p.add_argument("--plot", default=None, help="write a predicted-vs-measured parity plot here (PNG)")
     p.add_argument("--loo", action="store_true",
-                   help="leave-one-model-out: fit on the other models minus the held-out model's GEMM shapes")
+                   help="leave-one-model-out: fit on the other models minus the held-out model's GEMM shapes "
+                        "(the cross-GPU trees: on the other shipped GPU's tables too, less the same)")
     p.add_argument("--hardware", default=None, help="with --loo: hardware preset (default tables: the shipped ones)")
     p.add_argument("--points", type=int, default=16, help="with --loo: own token counts per shape (default 16)")
     p.add_argument("--workers", type=int, default=1,

@@ -14,6 +14,7 @@ tables are the Vidur tables in sim/data/vidur, one set per GPU (``SHIPPED_GPUS``
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,11 +58,15 @@ def is_gpu(hardware: HardwareSpec) -> bool:
     return DEFAULT_NUM_SMS.get(hardware.name, 108) > 1
 
 
-def without(tables: list[GpuRows], model: str, shapes: pd.MultiIndex) -> list[GpuRows]:
-    """``tables`` less the rows of ``model`` and every row of an (N, K) in ``shapes``."""
+def without(tables: list[GpuRows], model: str, shapes: pd.MultiIndex, only: Sequence[str] | None = None
+            ) -> list[GpuRows]:
+    """``tables`` less the rows of ``model`` and every row of an (N, K) in ``shapes``; with ``only``, of those
+    models alone."""
     out = []
     for t in tables:
         keep = (t.rows.model != model) & ~pd.MultiIndex.from_frame(t.rows[["N", "K"]]).isin(shapes)
+        if only is not None:
+            keep &= t.rows.model.isin(only)
         out.append(GpuRows(t.hardware, t.rows[keep.to_numpy()]))
     return out
 

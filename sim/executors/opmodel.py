@@ -8,6 +8,9 @@ new model from a few of its own measured points.
   models or more, a second ensemble (the stacked trees) reads one more column, the kernel mean at the row
   as a model that was not measured gets it: for a training row, the kernel mean of the curves of the other
   models with none of its model's shapes (``out_of_fold_kernel_mean``).
+- The cross-GPU trees (cross_gpu.py): fitted on these rows and another GPU's, each against its own GPU's
+  tile/wave roofline, with the SM count as a column; an unseen projection's curve is an even mean of the
+  blend, the stacked trees and these.
 - ``loo_split``: train on every other model with the held-out model's (N, K) shapes removed (two models
   with the same hidden size share their attention shapes: those leave training too), test on the
   held-out model. Nothing is judged on a shape it has seen.
@@ -215,14 +218,17 @@ def loo_fold(df: pd.DataFrame, hardware: HardwareSpec, held: str, train_models: 
              cross_gpu: bool = True) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, CostParams]]:
     """One fold: (training rows, held-out rows, {"plain", "roofline", "corrected"} parameters fitted on the
     training rows); ``train_models``: train on these models only (default: every other one); ``cross_gpu``:
-    cross-GPU trees over the other shipped GPUs' tables too, less the held-out model and its shapes."""
+    cross-GPU trees over the other shipped GPUs' tables too, less the held-out model and its shapes (and
+    only of ``train_models`` where given)."""
     train, test = loo_split(df, held)
     if train_models is not None:
         train = train[train.model.isin(train_models)]
     base = CostParams(num_sms=DEFAULT_NUM_SMS.get(hardware.name, 108))
     roof = fit_gemm(train, hardware, base)
-    others = (without(shipped_rows(hardware.name), held, pd.MultiIndex.from_frame(test[["N", "K"]].drop_duplicates()))
-              if cross_gpu and is_gpu(hardware) else [])
+    others = []
+    if cross_gpu and is_gpu(hardware):
+        shapes = pd.MultiIndex.from_frame(test[["N", "K"]].drop_duplicates())
+        others = without(shipped_rows(hardware.name), held, shapes, train_models)
     corr = replace(roof, gemm_correction=fit_correction(train, hardware, roof, others))
     return train, test, {"plain": fit_baseline(train, hardware), "roofline": roof, "corrected": corr}
 
