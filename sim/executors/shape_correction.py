@@ -40,9 +40,9 @@ stacked trees + w_c x the cross-GPU trees (opmodel.py: an even third each). The 
 mean at each token count beside the features, and so learn where the neighbours' curves hold and where they
 mislead (fitted on the training rows' out-of-fold kernel mean); the cross-GPU trees learned from the other
 GPUs' tables too, against each GPU's own roofline, with the SM count as a column. A GEMM of no projection
-keeps the blend. (The plain trees, "trees", may be several ensembles stored as their mean: tree_ensemble.py.) A shape measured in training as the same operator takes its own curve instead: the
-correction reproduces what was measured and generalises only to what it has not seen. Plus, when
-``local`` holds the exact shape, its deltas at M: interpolated linearly in ln M among the local points in the same block of 64
+keeps the blend. (The plain trees, "trees", may be several ensembles stored as their mean: tree_ensemble.py.)
+A shape measured in training as the same operator takes its own curve instead: the correction reproduces
+what was measured and generalises only to what it has not seen. Plus, when ``local`` holds the exact shape, its deltas at M: interpolated linearly in ln M among the local points in the same block of 64
 token counts as M (ceil(M / 64) equal), or else of 128, or else of 256 (the tile heights: a GEMM's time
 steps where M crosses a tile boundary, so a point across one says little about M), or else among all of
 them; flat beyond the points used. The GEMM time is ``roofline x exp(r(M))``.
