@@ -153,7 +153,7 @@ pd.DataFrame(rows).T.round(3)"""),
     ("md", """Disaggregation buys TPOT (decode steps carry no prompt chunks) at the price of fewer GPUs for prompts: the
 split decides which SLO binds first, which is why `kvsim capacity` searches the split too
 (`--search replicas` with `prefill`/`decode` pools tries every split of each candidate total). Over the whole hour
-no split beats the colocated fleet at 8 GPUs (17.3 requests a second against 16.1 for 4 + 4; 16.4 with the KV
+no split beats the colocated fleet at 8 GPUs (17.3 requests a second against 16.4 for 4 + 4; 16.2 with the KV
 pushed); on the hour's first 4,000 requests, 3 + 5 did (17.7 against 17.0). The answer depends on the stretch of
 traffic a fleet is sized for: size it on the whole trace."""),
     ("md", """## 4. Quantized weights: a 70B on one GPU or on two
@@ -232,10 +232,10 @@ display(purchase)
 ax = purchase["price an hour"].plot.barh(color="#2b8a3e", figsize=(6, 2.2))
 ax.set_xlabel("price an hour (this notebook's prices)")
 show(ax.figure, "mixed_purchase.png")"""),
-    ("md", """The routers that read the replicas cut the fleet's mean E2E from 7.0 s (round-robin) to 5.8 s: round-robin
+    ("md", """The routers that read the replicas cut the fleet's mean E2E from 7.0 s (round-robin) to 5.7 and 5.8 s: round-robin
 gives each A100 as many requests as the H100, whose requests finish in well under half the time; least_requests
-sends the H100 about 910 of the 2,000. For the purchase, three A100s beside the H100 meet both SLOs where two
-leave TPOT p90 at 31 ms (4 GPUs, 10 an hour at these prices); a second H100 alone meets them (2 GPUs, 8 an
+sends the H100 about 920 of the 2,000. For the purchase, three A100s beside the H100 meet both SLOs where two
+leave TPOT p90 at 30.4 ms (4 GPUs, 10 an hour at these prices); a second H100 alone meets them (2 GPUs, 8 an
 hour). Which is cheaper follows the prices you pay: kvsim gives the counts, the table does the sums."""),
     ("md", """## 6. Past one node: pipeline stages for Llama-3.1-405B
 
@@ -322,7 +322,7 @@ ax.set_ylabel("TTFT p90 (s)")
 ax.legend(fontsize=7)
 show(ax.figure, "capacity_seeds.png")"""),
     ("md", """Each seed's TTFT p90 climbs with the requests in flight, but the seeds cross the bound at different
-points: seed 0 alone answers 54, all five together 43. The figures in `five` are the worst seed's at each
+points: seed 0 alone answers 53, all five together 43. The figures in `five` are the worst seed's at each
 candidate (`seeds_met` counts the seeds that met). A trace replayed as recorded, behind a router that draws
 nothing, gives every seed the same run; the command then says the seeds agree."""),
     ("md", """## 10. DeepSeek-V3 on eight H200s: tensor parallelism or data-parallel attention

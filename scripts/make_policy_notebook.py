@@ -302,8 +302,8 @@ plt.close(fig)
 Image(FIG / "timeouts.png")"""),
     ("md", """With no timeout every request finishes, half of them after more than 19 s. A 60 s timeout is never reached.
 At 20 s over a third of the requests are aborted, all of them while running, after sending their clients
-113,000 tokens between them; at 5 s nine in ten are, and the finished requests' output falls from 5,129 to
-391 tokens a second. Shedding load before it reaches the engine (section 6's cap, or a rate limit) keeps
+112,000 tokens between them; at 5 s nine in ten are, and the finished requests' output falls from 5,128 to
+388 tokens a second. Shedding load before it reaches the engine (section 6's cap, or a rate limit) keeps
 the work that is done useful; a client timeout alone, under overload, mostly wastes it."""),
     ("md", """Between prefill and decode pools (`scenarios/cluster_disaggregated.yaml`: 2 prefill and 6 decode A100s,
 the quickstart's requests sent four times as fast), a request can be given up on in four places: queued or

@@ -152,7 +152,7 @@ Image(FIG / "hit_rate_windows.png")"""),
     ("md", """With room for the whole distinct KV the two caches hit alike. In less room the window pages hit
 as often or less (less at a tenth and at half of the room), as pages that left every window are evicted before the full layers' blocks, and yet serve the trace
 sooner: every token kept, the running requests' own blocks crowd the cache and preempt one another (in a
-tenth of the room, 90 preemptions against 33 and a median TTFT of 56 s against 32 s when this was
+tenth of the room, 90 preemptions against 33 and a median TTFT of 57 s against 33 s when this was
 written). The hit rate alone does not say which cache serves a trace better."""),
 ]
 
