@@ -10,7 +10,6 @@ fits one fold per GPU as the shipped correction is.
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 
@@ -36,22 +35,9 @@ def tables():
     return {gpu: read_measurements(shipped_vidur(gpu)) for gpu in ("a100", "h100")}
 
 
-def on_one_worker(gpu: str, *marks) -> pytest.param:
-    """The parameter ``gpu`` of a test that reads ``loo_results(gpu)``: pytest-xdist runs all of them on one
-    worker (``--dist loadgroup``, pyproject.toml), so each GPU's folds are fitted once a run, not once a worker.
-    Marked slow: a GPU's folds take two to three minutes on one core (every fold fits the shipped correction's
-    six ensembles), so they run on demand (``pytest -m slow``, README); ``test_one_unseen_model_...`` below
-    fits one fold of each GPU in the default run."""
-    return pytest.param(gpu, marks=[pytest.mark.xdist_group(f"loo-{gpu}"), pytest.mark.slow, *marks])
-
-
-LOO_GPUS = [on_one_worker("a100"), on_one_worker("h100")]
-
-
-@functools.cache
 def loo_results(gpu: str) -> list:
-    """The leave-one-model-out results of one GPU's shipped tables, computed once per test process when a
-    test first asks (a worker that runs only one GPU's tests fits only that GPU's folds)."""
+    """The leave-one-model-out results of one GPU's shipped tables (two to three minutes on one core: every fold
+    fits the shipped correction's six ensembles; run on demand, ``pytest -m slow``, README)."""
     return loo(read_measurements(shipped_vidur(gpu)), HardwareSpec.from_name(f"{gpu}-80gb"), points=FEW_POINTS)
 
 
@@ -161,35 +147,29 @@ def test_the_other_gpus_rows_leave_the_heldout_model_and_its_shapes(tables):
     assert len(left.rows[left.rows.model == "internlm-20b"]) == len(h100.rows[h100.rows.model == "internlm-20b"])
 
 
-@pytest.mark.parametrize("gpu", LOO_GPUS)
-def test_loo_correction_beats_the_rooflines_on_every_unseen_model(gpu):
+@pytest.mark.slow
+@pytest.mark.parametrize("gpu", ["a100", "h100"])
+def test_leave_one_model_out_of_the_shipped_tables(gpu):
+    """Every model of a GPU's shipped tables held out in turn, fitted once for all four checks (one test a GPU:
+    pytest-xdist 3.8's ``loadgroup`` does not keep tests marked ``xdist_group`` on one worker under pytest 9,
+    so tests that shared the fit fitted it once a worker)."""
     results = loo_results(gpu)
     assert len(results) == {"a100": 7, "h100": 6}[gpu]
+    # the correction beats the tile/wave roofline, which beats the plain one, on every unseen model, and a
+    # minute of the model's own shapes beats the correction
     for r in results:
         assert r.corrected < r.roofline < r.plain, r
         assert r.few < r.corrected, r
-
-
-@pytest.mark.parametrize("gpu", LOO_GPUS)
-def test_the_stacked_and_cross_gpu_trees_improve_the_unseen_models(gpu):
+    total = pooled(results)
+    # issue 11's goals: at most 5% on unseen models; about 3% from 64 own token counts per shape
+    assert total["corrected"] <= GOAL_UNSEEN, total
+    assert total["few"] <= GOAL_FEW, total
     # the blend averaged with the stacked and the cross-GPU trees, against the blend alone (the same fit): better
     # over all held-out rows, and no model more than a tenth of a point worse (measured: H100 better for five
     # of six, Llama-2-7B 5.24% against 5.17%; A100 for four of seven, phi-2 6.07% against 6.04%, Llama-2-70B
     # and Qwen-72B within 0.03 point)
-    results = loo_results(gpu)
-    total = pooled(results)
-    assert total["corrected"] < total["unstacked"]
+    assert total["corrected"] < total["unstacked"], total
     assert all(r.corrected < r.unstacked + 0.001 for r in results), results
-
-
-@pytest.mark.parametrize("gpu", LOO_GPUS)
-def test_loo_goal_five_percent_on_unseen_models(gpu):
-    assert pooled(loo_results(gpu))["corrected"] <= GOAL_UNSEEN
-
-
-@pytest.mark.parametrize("gpu", LOO_GPUS)
-def test_few_own_points_reach_about_three_percent(gpu):
-    assert pooled(loo_results(gpu))["few"] <= GOAL_FEW
 
 
 @pytest.mark.parametrize("gpu", ["a100", "h100"])
