@@ -22,7 +22,7 @@ new model from a few of its own measured points.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -243,14 +243,7 @@ def loo_rows(df: pd.DataFrame, hardware: HardwareSpec, cross_gpu: bool = True, w
     """Every held-out projection row with its predictions (columns pred_plain, pred_roofline, pred_corrected,
     and pred_unstacked: the correction without its stacked and cross-GPU trees), in model order; ``workers``
     as in ``loo``."""
-    models = sorted(with_shapes(df).model.unique())
-    one = partial(held_out_rows, df, hardware, cross_gpu=cross_gpu)
-    if workers <= 1 or len(models) < 2:
-        return pd.concat([one(held) for held in models])
-    from sim.worker_pool import worker_pool  # (its pools only where asked for)
-
-    with worker_pool(min(workers, len(models))) as pool:
-        return pd.concat(list(pool.map(one, models)))
+    return pd.concat(per_held_out_model(partial(held_out_rows, df, hardware, cross_gpu=cross_gpu), df, workers))
 
 
 def held_out_rows(df: pd.DataFrame, hardware: HardwareSpec, held: str, cross_gpu: bool = True) -> pd.DataFrame:
@@ -265,14 +258,19 @@ def loo(df: pd.DataFrame, hardware: HardwareSpec, points: int = 16, workers: int
     """Leave-one-model-out over every model with projection rows in ``df``, in model order; ``workers`` > 1
     fits the folds in that many processes (each fold is fitted alone: the same results for any number);
     ``cross_gpu`` as in ``loo_fold``."""
+    return per_held_out_model(partial(loo_result, df, hardware, points=points, cross_gpu=cross_gpu), df, workers)
+
+
+def per_held_out_model(fold: Callable[[str], Any], df: pd.DataFrame, workers: int) -> list[Any]:
+    """``fold(model)`` for every model with projection rows in ``df``, in model order; with ``workers`` > 1 in
+    that many processes (each fold is fitted alone: the same results for any number)."""
     models = sorted(with_shapes(df).model.unique())
-    one = partial(loo_result, df, hardware, points=points, cross_gpu=cross_gpu)
     if workers <= 1 or len(models) < 2:
-        return [one(held) for held in models]
+        return [fold(held) for held in models]
     from sim.worker_pool import worker_pool  # (its pools only where asked for)
 
     with worker_pool(min(workers, len(models))) as pool:   # (stopped at once on Ctrl-C or an error)
-        return list(pool.map(one, models))
+        return list(pool.map(fold, models))
 
 
 def loo_result(df: pd.DataFrame, hardware: HardwareSpec, held: str, points: int = 16, cross_gpu: bool = True
